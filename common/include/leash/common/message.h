@@ -1,0 +1,51 @@
+// Frames and multipart messages as the transport moves them, without ZeroMQ types,
+// so library code and tests need no socket. A Frame is an immutable byte range whose
+// storage is shared (zero-copy from and to the transport). Thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace leash {
+
+class Frame {
+ public:
+  Frame() = default;
+
+  // Copies `size` bytes.
+  static Frame Copy(const void* data, size_t size);
+  static Frame Copy(std::string_view s) { return Copy(s.data(), s.size()); }
+  // Takes the bytes of `bytes` without copying.
+  static Frame Own(std::vector<uint8_t> bytes);
+  // Refers to `data` without copying; `owner` keeps it alive.
+  static Frame Wrap(const void* data, size_t size, std::shared_ptr<const void> owner) {
+    Frame f;
+    f.data_ = static_cast<const uint8_t*>(data);
+    f.size_ = size;
+    f.owner_ = std::move(owner);
+    return f;
+  }
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::shared_ptr<const void> owner_;
+};
+
+// A multipart message: frame 0 is the header, the rest are payloads.
+using Message = std::vector<Frame>;
+
+}  // namespace leash

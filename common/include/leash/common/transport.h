@@ -1,0 +1,51 @@
+// The transport seam: the server and client libraries talk through these interfaces,
+// and only main.cc files (and integration tests) construct the ZeroMQ implementations
+// (zmq_transport.h). Each object is used by one thread at a time unless a method says
+// otherwise.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "leash/common/message.h"
+#include "leash/common/status.h"
+
+namespace leash {
+
+// Opaque routing identity of a connected peer.
+using PeerId = std::string;
+
+struct Inbound {
+  PeerId peer;
+  Message message;
+};
+
+// A shard's listening endpoint (a ROUTER socket in production).
+class ServerTransport {
+ public:
+  virtual ~ServerTransport() = default;
+  // Waits up to `timeout` for the next message. Returns nullopt on timeout or Wake().
+  virtual Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) = 0;
+  // Queues `message` for `peer`. A vanished peer's messages are dropped silently.
+  virtual Status Send(const PeerId& peer, Message message) = 0;
+  // Interrupts a Receive. Thread-safe.
+  virtual void Wake() = 0;
+};
+
+// A client's connections, one per shard (DEALER sockets in production).
+class ClientTransport {
+ public:
+  virtual ~ClientTransport() = default;
+  virtual int num_shards() const = 0;
+  virtual Status Send(int shard, Message message) = 0;
+  // Waits up to `timeout` for a message from any shard. nullopt on timeout or Wake().
+  virtual Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds timeout) = 0;
+  // Drops the connection to `shard` and everything queued on it, and connects again.
+  virtual Status Reconnect(int shard) = 0;
+  // Interrupts a Receive. Thread-safe.
+  virtual void Wake() = 0;
+};
+
+}  // namespace leash

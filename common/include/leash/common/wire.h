@@ -1,0 +1,80 @@
+// Encoding and verification of Leash messages (schema/leash.fbs). Every inbound header
+// is verified here before any field is read; FlatBuffers verification failures are
+// translated to Status only in this file. Thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "leash/common/message.h"
+#include "leash/common/status.h"
+#include "leash/schema/leash_generated.h"
+
+namespace leash {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+
+// Limits a reader enforces on a header before trusting it.
+struct WireLimits {
+  size_t max_header_bytes = 1 << 20;
+  size_t max_keys = size_t{1} << 24;
+};
+
+// Verifies frame 0 of `msg` as an Envelope of this protocol version with a body.
+// InvalidArgument for empty, truncated or garbage bytes; VersionMismatch for another
+// protocol version. The returned pointer lives as long as msg[0].
+Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimits& limits = {});
+
+// Request id of a header that may be malformed; 0 when it cannot be read safely.
+uint64_t PeekRequestId(const Message& msg);
+
+// Builds a one-frame-header message. `build` fills the body and returns its union type
+// and offset. Payload frames are appended after the header.
+template <typename BuildBody>
+Message MakeMessage(uint64_t request_id, BuildBody&& build, std::vector<Frame> payloads = {}) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto [type, body] = build(fbb);
+  auto env = wire::CreateEnvelope(fbb, kProtocolVersion, request_id, type, body);
+  wire::FinishEnvelopeBuffer(fbb, env);
+  Message m;
+  m.reserve(1 + payloads.size());
+  auto detached = std::make_shared<flatbuffers::DetachedBuffer>(fbb.Release());
+  m.push_back(Frame::Wrap(detached->data(), detached->size(), std::shared_ptr<const void>(detached, detached)));
+  for (auto& p : payloads) m.push_back(std::move(p));
+  return m;
+}
+
+Message MakeError(uint64_t request_id, const Status& status);
+// Converts an Error body back to a Status (code and message).
+Status ErrorToStatus(const wire::Error* error);
+
+wire::ErrorCode ToWireCode(StatusCode code);
+StatusCode FromWireCode(wire::ErrorCode code);
+
+// Bytes per value of a wire dtype.
+size_t DTypeSize(wire::DType dtype);
+const char* DTypeName(wire::DType dtype);
+// Parses "fp32"/"f32", "fp16"/"f16", "bf16".
+Result<wire::DType> ParseDType(std::string_view name);
+
+// Encodes float32 values as a payload frame in `dtype`.
+Frame EncodeValues(std::span<const float> values, wire::DType dtype);
+// Decodes a payload frame holding exactly `count` values of `dtype` into `out`.
+// InvalidArgument (naming both sizes) if the frame has another size.
+Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out);
+
+// A decoded row set: either [begin, end) or explicit keys.
+struct Rows {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  std::vector<uint64_t> keys;
+  bool explicit_keys = false;
+  size_t size() const { return explicit_keys ? keys.size() : static_cast<size_t>(end - begin); }
+};
+flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows);
+// Validates `rs` against a table of `table_rows` rows: keys in range, begin <= end.
+Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLimits& limits = {});
+
+}  // namespace leash

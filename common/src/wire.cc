@@ -1,0 +1,205 @@
+// Envelope verification, error replies and tensor payload encoding.
+#include "leash/common/wire.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "leash/common/half.h"
+
+namespace leash {
+
+Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimits& limits) {
+  if (msg.empty()) return InvalidArgument("empty message: expected a FlatBuffers Envelope header frame");
+  const Frame& h = msg[0];
+  if (h.size() < 8) {
+    return InvalidArgument("header of " + std::to_string(h.size()) + " bytes is too short to be an Envelope");
+  }
+  if (h.size() > limits.max_header_bytes) {
+    return ResourceExhausted("header of " + std::to_string(h.size()) + " bytes exceeds the limit of " +
+                             std::to_string(limits.max_header_bytes));
+  }
+  if (!wire::EnvelopeBufferHasIdentifier(h.data())) {
+    return InvalidArgument("header is not a Leash message (file identifier is not LSH1)");
+  }
+  // FlatBuffers reads scalars unaligned-safely only from an aligned buffer start.
+  if (reinterpret_cast<uintptr_t>(h.data()) % 8 != 0) {
+    return InvalidArgument("header frame is not 8-byte aligned");
+  }
+  flatbuffers::Verifier::Options vo;
+  vo.max_depth = 16;
+  vo.max_tables = 100000;
+  vo.check_alignment = true;
+  flatbuffers::Verifier v(h.data(), h.size(), vo);
+  if (!wire::VerifyEnvelopeBuffer(v)) {
+    return InvalidArgument("header failed FlatBuffers verification (truncated or corrupt message)");
+  }
+  const wire::Envelope* env = wire::GetEnvelope(h.data());
+  if (env->version() != kProtocolVersion) {
+    return VersionMismatch("peer speaks protocol version " + std::to_string(env->version()) + ", this build speaks " +
+                           std::to_string(kProtocolVersion) + "; run the same Leash release everywhere");
+  }
+  if (env->body_type() == wire::Body::NONE || env->body() == nullptr) {
+    return InvalidArgument("message has no body");
+  }
+  return env;
+}
+
+uint64_t PeekRequestId(const Message& msg) {
+  auto env = VerifyEnvelope(msg);
+  if (env.ok()) return (*env)->request_id();
+  if (!msg.empty() && msg[0].size() >= 8 && reinterpret_cast<uintptr_t>(msg[0].data()) % 8 == 0) {
+    flatbuffers::Verifier v(msg[0].data(), msg[0].size());
+    // A table that verifies on its own still gives a usable request id.
+    if (v.VerifyBuffer<wire::Envelope>(nullptr)) return wire::GetEnvelope(msg[0].data())->request_id();
+  }
+  return 0;
+}
+
+wire::ErrorCode ToWireCode(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return wire::ErrorCode::Ok;
+    case StatusCode::kInvalidArgument: return wire::ErrorCode::InvalidArgument;
+    case StatusCode::kNotFound: return wire::ErrorCode::NotFound;
+    case StatusCode::kAlreadyExists: return wire::ErrorCode::AlreadyExists;
+    case StatusCode::kFailedPrecondition: return wire::ErrorCode::FailedPrecondition;
+    case StatusCode::kResourceExhausted: return wire::ErrorCode::ResourceExhausted;
+    case StatusCode::kUnavailable: return wire::ErrorCode::Unavailable;
+    case StatusCode::kVersionMismatch: return wire::ErrorCode::VersionMismatch;
+    case StatusCode::kDataLoss: return wire::ErrorCode::DataLoss;
+    case StatusCode::kAborted: return wire::ErrorCode::Aborted;
+    default: return wire::ErrorCode::Internal;
+  }
+}
+
+StatusCode FromWireCode(wire::ErrorCode code) {
+  switch (code) {
+    case wire::ErrorCode::Ok: return StatusCode::kOk;
+    case wire::ErrorCode::InvalidArgument: return StatusCode::kInvalidArgument;
+    case wire::ErrorCode::NotFound: return StatusCode::kNotFound;
+    case wire::ErrorCode::AlreadyExists: return StatusCode::kAlreadyExists;
+    case wire::ErrorCode::FailedPrecondition: return StatusCode::kFailedPrecondition;
+    case wire::ErrorCode::ResourceExhausted: return StatusCode::kResourceExhausted;
+    case wire::ErrorCode::Unavailable: return StatusCode::kUnavailable;
+    case wire::ErrorCode::VersionMismatch: return StatusCode::kVersionMismatch;
+    case wire::ErrorCode::DataLoss: return StatusCode::kDataLoss;
+    case wire::ErrorCode::Aborted: return StatusCode::kAborted;
+    default: return StatusCode::kInternal;
+  }
+}
+
+Message MakeError(uint64_t request_id, const Status& status) {
+  return MakeMessage(request_id, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto msg = fbb.CreateString(status.message());
+    return std::make_pair(wire::Body::Error, wire::CreateError(fbb, ToWireCode(status.code()), msg).Union());
+  });
+}
+
+Status ErrorToStatus(const wire::Error* error) {
+  if (error == nullptr) return Internal("error reply without an error body");
+  StatusCode code = FromWireCode(error->code());
+  if (code == StatusCode::kOk) code = StatusCode::kInternal;
+  return Status(code, error->message() ? error->message()->str() : std::string("(no message)"));
+}
+
+size_t DTypeSize(wire::DType dtype) {
+  switch (dtype) {
+    case wire::DType::F32: return 4;
+    case wire::DType::F16: return 2;
+    case wire::DType::BF16: return 2;
+  }
+  return 0;
+}
+
+const char* DTypeName(wire::DType dtype) {
+  switch (dtype) {
+    case wire::DType::F32: return "fp32";
+    case wire::DType::F16: return "fp16";
+    case wire::DType::BF16: return "bf16";
+  }
+  return "unknown";
+}
+
+Result<wire::DType> ParseDType(std::string_view name) {
+  if (name == "fp32" || name == "f32" || name == "float32") return wire::DType::F32;
+  if (name == "fp16" || name == "f16" || name == "float16") return wire::DType::F16;
+  if (name == "bf16" || name == "bfloat16") return wire::DType::BF16;
+  return InvalidArgument("unknown dtype '" + std::string(name) + "' (expected fp32, fp16 or bf16)");
+}
+
+Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
+  switch (dtype) {
+    case wire::DType::F32: return Frame::Copy(values.data(), values.size_bytes());
+    case wire::DType::F16:
+    case wire::DType::BF16: {
+      std::vector<uint8_t> out(values.size() * 2);
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint16_t h = dtype == wire::DType::F16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+      return Frame::Own(std::move(out));
+    }
+  }
+  return Frame();
+}
+
+Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out) {
+  size_t width = DTypeSize(dtype);
+  if (width == 0) return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
+  if (frame.size() != count * width) {
+    return InvalidArgument("payload has " + std::to_string(frame.size()) + " bytes but the header describes " +
+                           std::to_string(count) + " " + DTypeName(dtype) + " values (" +
+                           std::to_string(count * width) + " bytes)");
+  }
+  const uint8_t* p = frame.data();
+  switch (dtype) {
+    case wire::DType::F32:
+      if (count > 0) std::memcpy(out, p, count * 4);
+      break;
+    case wire::DType::F16:
+    case wire::DType::BF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = dtype == wire::DType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
+      }
+      break;
+  }
+  return Status::Ok();
+}
+
+flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows) {
+  if (rows.explicit_keys) {
+    auto keys = fbb.CreateVector(rows.keys);
+    return wire::CreateRowSet(fbb, 0, 0, keys);
+  }
+  return wire::CreateRowSet(fbb, rows.begin, rows.end);
+}
+
+Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLimits& limits) {
+  if (rs == nullptr) return InvalidArgument("request has no row set");
+  Rows r;
+  if (rs->keys() != nullptr) {
+    if (rs->keys()->size() > limits.max_keys) {
+      return ResourceExhausted("request names " + std::to_string(rs->keys()->size()) + " keys; the limit is " +
+                               std::to_string(limits.max_keys));
+    }
+    r.explicit_keys = true;
+    r.keys.assign(rs->keys()->begin(), rs->keys()->end());
+    for (uint64_t k : r.keys) {
+      if (k >= table_rows) {
+        return InvalidArgument("key " + std::to_string(k) + " is out of range for a table of " +
+                               std::to_string(table_rows) + " rows");
+      }
+    }
+    return r;
+  }
+  r.begin = rs->begin();
+  r.end = rs->end();
+  if (r.begin > r.end || r.end > table_rows) {
+    return InvalidArgument("row range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                           ") is not inside a table of " + std::to_string(table_rows) + " rows");
+  }
+  return r;
+}
+
+}  // namespace leash

@@ -1,0 +1,77 @@
+// A consistent snapshot of one shard (tables, optimizer state, clocks) and the store
+// seam that persists it. The RocksDB store (rocksdb_store.h) is the production one; the
+// in-memory store serves unit tests and fuzzing. A store is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "leash/common/status.h"
+
+namespace leash::server {
+
+// Everything a shard must remember about one table to carry on after a restart.
+struct TableSnapshot {
+  uint32_t table_id = 0;
+  // The table's spec exactly as received (a serialized, verified wire::TableSpec), so a
+  // re-created table can be compared with the original byte for byte.
+  std::vector<uint8_t> spec;
+  uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
+  uint64_t row_end = 0;
+  uint32_t cols = 0;
+  std::vector<float> values;                    // (row_end - row_begin) * cols
+  std::vector<std::vector<float>> slots;        // optimizer state, each the size of values
+  uint64_t optimizer_steps = 0;                 // updates applied (Adam bias correction)
+};
+
+struct WorkerClock {
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 0;
+  int64_t clock = 0;
+  uint64_t last_seq = 0;  // highest push sequence applied from this incarnation
+  std::string name;
+};
+
+struct ShardSnapshot {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  int64_t min_clock = 0;         // minimum live clock when the snapshot was taken
+  uint64_t sequence = 0;         // grows by one with every snapshot this shard writes
+  int64_t unix_ms = 0;           // wall time the snapshot was taken
+  std::vector<TableSnapshot> tables;
+  std::vector<WorkerClock> workers;
+};
+
+class SnapshotStore {
+ public:
+  virtual ~SnapshotStore() = default;
+  // The last snapshot saved, or nullopt for an empty store. DataLoss if what is stored is
+  // corrupt or incomplete; FailedPrecondition if it belongs to another shard layout.
+  virtual Result<std::optional<ShardSnapshot>> Load() = 0;
+  // Replaces the stored snapshot atomically: a crash during Save leaves the previous one.
+  virtual Status Save(const ShardSnapshot& snapshot) = 0;
+  // Human-readable location for logs ("rocksdb:/data/shard0").
+  virtual std::string Describe() const = 0;
+};
+
+// Keeps the last snapshot in memory. For tests and fuzzing.
+class MemorySnapshotStore final : public SnapshotStore {
+ public:
+  Result<std::optional<ShardSnapshot>> Load() override { return last_; }
+  Status Save(const ShardSnapshot& snapshot) override {
+    last_ = snapshot;
+    ++saves_;
+    return Status::Ok();
+  }
+  std::string Describe() const override { return "memory"; }
+  int saves() const { return saves_; }
+
+ private:
+  std::optional<ShardSnapshot> last_;
+  int saves_ = 0;
+};
+
+}  // namespace leash::server

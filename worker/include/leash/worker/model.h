@@ -1,0 +1,66 @@
+// Built-in models a worker trains: parameters as named dense tables, a training step
+// that produces per-parameter gradients, and evaluation. Parameters and gradients cross
+// this interface as host float arrays; inside, a model computes on its kernels::Context
+// (CPU or CUDA). One thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "leash/common/status.h"
+#include "leash/kernels/kernels.h"
+
+namespace leash::worker {
+
+// How a parameter table is initialized, mirroring wire::InitSpec.
+enum class InitKind { kZeros, kUniform, kNormal, kConstant };
+
+struct ParamSpec {
+  std::string name;     // table name, e.g. "mlp/fc1/w"
+  uint64_t rows = 0;    // fc weight: in_features rows of out_features cols (y = x W + b)
+  uint32_t cols = 0;
+  InitKind init = InitKind::kZeros;
+  float init_scale = 0.f;  // Uniform: bound; Normal: stddev; Constant: value
+  size_t size() const { return static_cast<size_t>(rows) * cols; }
+};
+
+struct StepStats {
+  float loss = 0.f;       // mean loss of the batch
+  int64_t correct = 0;    // examples whose prediction was right
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const std::vector<ParamSpec>& params() const = 0;
+  // Number of input features per example and of classes.
+  virtual int64_t input_size() const = 0;
+  virtual int64_t num_classes() const = 0;
+
+  // Sets parameter `index` from `size()` host floats.
+  virtual Status SetParam(size_t index, const float* host) = 0;
+
+  // Forward and backward on a batch of `batch` examples (host images batch x
+  // input_size(), labels in [0, num_classes())). `on_grad(index)` is called as soon as the
+  // gradient of parameter `index` is final (backward order, last layer first), so the
+  // caller can push it while backward goes on; it may call Gradient(index). Gradients are
+  // of the batch's mean loss.
+  virtual Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
+                                      const std::function<void(size_t)>& on_grad = nullptr) = 0;
+  // Copies the gradient of parameter `index` from the last TrainStep into `out_host`.
+  virtual Status Gradient(size_t index, float* out_host) = 0;
+
+  // Loss and correct predictions over `n` examples (evaluated in chunks).
+  virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) = 0;
+};
+
+// The multilayer perceptron: input -> hidden[0] -> ... -> classes, ReLU between layers,
+// softmax cross-entropy. Weights He-initialized (normal, stddev sqrt(2 / fan_in)), biases
+// zero. InvalidArgument for empty or non-positive sizes.
+Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size, std::vector<int64_t> hidden,
+                                       int64_t num_classes, int64_t max_batch);
+
+}  // namespace leash::worker
