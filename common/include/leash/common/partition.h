@@ -3,6 +3,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

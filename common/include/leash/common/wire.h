@@ -41,7 +41,7 @@ Message MakeMessage(uint64_t request_id, BuildBody&& build, std::vector<Frame> p
   Message m;
   m.reserve(1 + payloads.size());
   auto detached = std::make_shared<flatbuffers::DetachedBuffer>(fbb.Release());
-  m.push_back(Frame::Wrap(detached->data(), detached->size(), std::shared_ptr<const void>(detached, detached)));
+  m.push_back(Frame::Wrap(detached->data(), detached->size(), std::shared_ptr<const void>(detached)));
   for (auto& p : payloads) m.push_back(std::move(p));
   return m;
 }
