@@ -21,10 +21,6 @@ Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimit
   if (!wire::EnvelopeBufferHasIdentifier(h.data())) {
     return InvalidArgument("header is not a Leash message (file identifier is not LSH1)");
   }
-  // FlatBuffers reads scalars unaligned-safely only from an aligned buffer start.
-  if (reinterpret_cast<uintptr_t>(h.data()) % 8 != 0) {
-    return InvalidArgument("header frame is not 8-byte aligned");
-  }
   flatbuffers::Verifier::Options vo;
   vo.max_depth = 16;
   vo.max_tables = 100000;
@@ -47,7 +43,7 @@ Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimit
 uint64_t PeekRequestId(const Message& msg) {
   auto env = VerifyEnvelope(msg);
   if (env.ok()) return (*env)->request_id();
-  if (!msg.empty() && msg[0].size() >= 8 && reinterpret_cast<uintptr_t>(msg[0].data()) % 8 == 0) {
+  if (!msg.empty() && msg[0].size() >= 8) {
     flatbuffers::Verifier v(msg[0].data(), msg[0].size());
     // A table that verifies on its own still gives a usable request id.
     if (v.VerifyBuffer<wire::Envelope>(nullptr)) return wire::GetEnvelope(msg[0].data())->request_id();
@@ -200,6 +196,80 @@ Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLim
                            ") is not inside a table of " + std::to_string(table_rows) + " rows");
   }
   return r;
+}
+
+Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto n = fbb.CreateString(name);
+    return std::make_pair(wire::Body::Register, wire::CreateRegister(fbb, worker_id, incarnation, n).Union());
+  });
+}
+
+Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
+                 int64_t staleness, wire::DType dtype) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto rs = BuildRows(fbb, rows);
+    return std::make_pair(wire::Body::Pull, wire::CreatePull(fbb, table_id, rs, worker_id, clock,
+                                                             static_cast<int32_t>(staleness), dtype)
+                                                .Union());
+  });
+}
+
+Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
+                 uint64_t seq, wire::DType dtype, Frame payload) {
+  return MakeMessage(
+      rid,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        auto rs = BuildRows(fbb, rows);
+        return std::make_pair(wire::Body::Push,
+                              wire::CreatePush(fbb, table_id, rs, worker_id, incarnation, seq, dtype).Union());
+      },
+      {std::move(payload)});
+}
+
+Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::make_pair(wire::Body::ClockUpdate, wire::CreateClockUpdate(fbb, worker_id, clock).Union());
+  });
+}
+
+Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::make_pair(wire::Body::Heartbeat, wire::CreateHeartbeat(fbb, worker_id, incarnation).Union());
+  });
+}
+
+Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::make_pair(wire::Body::Leave, wire::CreateLeave(fbb, worker_id, incarnation).Union());
+  });
+}
+
+Message MakeStats(uint64_t rid) {
+  return MakeMessage(rid, [](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::make_pair(wire::Body::Stats, wire::CreateStats(fbb).Union());
+  });
+}
+
+Message MakeCheckpoint(uint64_t rid) {
+  return MakeMessage(rid, [](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::make_pair(wire::Body::Checkpoint, wire::CreateCheckpoint(fbb).Union());
+  });
+}
+
+flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb, const TableSpecArgs& t) {
+  auto name = fbb.CreateString(t.name);
+  auto opt = wire::CreateOptimizerSpec(fbb, t.optimizer, t.learning_rate, t.momentum, t.beta1, t.beta2, t.epsilon,
+                                       t.weight_decay);
+  auto init = wire::CreateInitSpec(fbb, t.init, t.init_scale, t.init_seed);
+  return wire::CreateTableSpec(fbb, name, t.rows, t.cols, opt, init);
+}
+
+Message MakeCreateTable(uint64_t rid, const TableSpecArgs& t) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto spec = BuildTableSpec(fbb, t);
+    return std::make_pair(wire::Body::CreateTable, wire::CreateCreateTable(fbb, spec).Union());
+  });
 }
 
 }  // namespace leash

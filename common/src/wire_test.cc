@@ -1,1 +1,152 @@
-// placeholder
+// Tests of message verification and payload encoding: everything malformed is rejected
+// with a clear error.
+#include "leash/common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace leash {
+namespace {
+
+Rows Range(uint64_t b, uint64_t e) {
+  Rows r;
+  r.begin = b;
+  r.end = e;
+  return r;
+}
+
+TEST(WireTest, VerifiesAWellFormedMessage) {
+  Message m = MakePull(42, 3, Range(0, 5), 7, 9, 1);
+  auto env = VerifyEnvelope(m);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ((*env)->request_id(), 42u);
+  ASSERT_EQ((*env)->body_type(), wire::Body::Pull);
+  EXPECT_EQ((*env)->body_as_Pull()->clock(), 9);
+  EXPECT_EQ(PeekRequestId(m), 42u);
+}
+
+TEST(WireTest, RejectsEmptyShortAndGarbage) {
+  EXPECT_EQ(VerifyEnvelope(Message{}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(VerifyEnvelope(Message{Frame::Copy("abc")}).status().code(), StatusCode::kInvalidArgument);
+  auto st = VerifyEnvelope(Message{Frame::Copy("this is not a flatbuffer at all")}).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("LSH1"), std::string::npos) << st;
+}
+
+TEST(WireTest, EveryTruncationIsRejectedOrReadsTheSameRequest) {
+  Message m = MakeCreateTable(1, TableSpecArgs{.name = "embedding", .rows = 10, .cols = 4});
+  const Frame& h = m[0];
+  int rejected = 0;
+  for (size_t cut = 0; cut < h.size(); ++cut) {
+    auto r = VerifyEnvelope(Message{Frame::Copy(h.data(), cut)});
+    if (!r.ok()) {
+      ++rejected;
+      continue;
+    }
+    // Only trailing alignment padding may be cut: the content must be intact.
+    const wire::TableSpec* spec = (*r)->body_as_CreateTable()->spec();
+    EXPECT_EQ(spec->name()->str(), "embedding") << "cut at " << cut;
+    EXPECT_EQ(spec->rows(), 10u);
+    EXPECT_EQ(spec->cols(), 4u);
+  }
+  EXPECT_GE(rejected, static_cast<int>(h.size()) - 8);
+}
+
+TEST(WireTest, RandomCorruptionNeverCrashesTheVerifier) {
+  Message m = MakePush(1, 0, Range(0, 2), 1, 1, 1, wire::DType::F32, EncodeValues(std::vector<float>{1, 2}, wire::DType::F32));
+  std::mt19937 rng(1);
+  std::vector<uint8_t> bytes(m[0].data(), m[0].data() + m[0].size());
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<uint8_t> b = bytes;
+    for (int k = 0; k < 3; ++k) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    auto r = VerifyEnvelope(Message{Frame::Own(std::move(b))});
+    if (!r.ok()) ++rejected;
+    // Accepted ones must be safe to read.
+    if (r.ok() && (*r)->body_type() == wire::Body::Push && (*r)->body_as_Push()->rows()) {
+      (void)ReadRows((*r)->body_as_Push()->rows(), 100);
+    }
+  }
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(WireTest, RejectsAnotherProtocolVersion) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = wire::CreateStats(fbb);
+  fbb.Finish(wire::CreateEnvelope(fbb, 99, 1, wire::Body::Stats, body.Union()), wire::EnvelopeIdentifier());
+  auto r = VerifyEnvelope(Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())});
+  EXPECT_EQ(r.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_NE(r.status().message().find("99"), std::string::npos);
+}
+
+TEST(WireTest, RejectsAMessageWithoutBody) {
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion, 1), wire::EnvelopeIdentifier());
+  EXPECT_EQ(VerifyEnvelope(Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, HeaderOverTheLimitIsResourceExhausted) {
+  TableSpecArgs t{.name = std::string(5000, 'x'), .rows = 1, .cols = 1};
+  WireLimits limits;
+  limits.max_header_bytes = 1024;
+  EXPECT_EQ(VerifyEnvelope(MakeCreateTable(1, t), limits).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(WireTest, ErrorRepliesCarryCodeAndMessage) {
+  Message m = MakeError(5, NotFound("unknown table 3"));
+  auto env = VerifyEnvelope(m);
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ((*env)->request_id(), 5u);
+  Status st = ErrorToStatus((*env)->body_as_Error());
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.message(), "unknown table 3");
+}
+
+TEST(WireTest, PayloadRoundTripsInEveryDtype) {
+  std::vector<float> v = {0.f, 1.f, -2.5f, 3.1415926f, 1e-3f};
+  for (auto dt : {wire::DType::F32, wire::DType::F16, wire::DType::BF16}) {
+    Frame f = EncodeValues(v, dt);
+    EXPECT_EQ(f.size(), v.size() * DTypeSize(dt));
+    std::vector<float> back(v.size());
+    ASSERT_TRUE(DecodeValues(f, dt, v.size(), back.data()).ok());
+    for (size_t i = 0; i < v.size(); ++i) {
+      EXPECT_NEAR(back[i], v[i], dt == wire::DType::F32 ? 0 : std::fabs(v[i]) / 100 + 1e-6) << DTypeName(dt);
+    }
+  }
+}
+
+TEST(WireTest, PayloadOfTheWrongSizeIsRejectedNamingBothSizes) {
+  Frame f = EncodeValues(std::vector<float>{1, 2, 3}, wire::DType::F32);
+  std::vector<float> out(4);
+  Status st = DecodeValues(f, wire::DType::F32, 4, out.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("12 bytes"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("16 bytes"), std::string::npos) << st;
+}
+
+TEST(WireTest, RowSetsAreCheckedAgainstTheTable) {
+  flatbuffers::FlatBufferBuilder fbb;
+  Rows keys;
+  keys.explicit_keys = true;
+  keys.keys = {1, 5};
+  fbb.Finish(BuildRows(fbb, keys));
+  auto* rs = flatbuffers::GetRoot<wire::RowSet>(fbb.GetBufferPointer());
+  EXPECT_TRUE(ReadRows(rs, 6).ok());
+  EXPECT_EQ(ReadRows(rs, 5).status().code(), StatusCode::kInvalidArgument);
+  WireLimits limits;
+  limits.max_keys = 1;
+  EXPECT_EQ(ReadRows(rs, 6, limits).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReadRows(nullptr, 6).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, ParsesDtypeNames) {
+  EXPECT_EQ(*ParseDType("fp16"), wire::DType::F16);
+  EXPECT_EQ(*ParseDType("bf16"), wire::DType::BF16);
+  EXPECT_EQ(*ParseDType("fp32"), wire::DType::F32);
+  EXPECT_FALSE(ParseDType("int8").ok());
+}
+
+}  // namespace
+}  // namespace leash

@@ -71,10 +71,47 @@ struct Rows {
   uint64_t end = 0;
   std::vector<uint64_t> keys;
   bool explicit_keys = false;
+  static Rows Range(uint64_t b, uint64_t e) {
+    Rows r;
+    r.begin = b;
+    r.end = e;
+    return r;
+  }
   size_t size() const { return explicit_keys ? keys.size() : static_cast<size_t>(end - begin); }
 };
 flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows);
 // Validates `rs` against a table of `table_rows` rows: keys in range, begin <= end.
 Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLimits& limits = {});
+
+// Requests, as the client sends them (also used by tests and tools).
+Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name);
+Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
+                 int64_t staleness, wire::DType dtype = wire::DType::F32);
+// `payload` holds the gradient encoded in `dtype` (see EncodeValues).
+Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
+                 uint64_t seq, wire::DType dtype, Frame payload);
+Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock);
+Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
+Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
+Message MakeStats(uint64_t rid);
+Message MakeCheckpoint(uint64_t rid);
+
+struct TableSpecArgs {
+  std::string name;
+  uint64_t rows = 0;
+  uint32_t cols = 0;
+  wire::OptimizerKind optimizer = wire::OptimizerKind::SGD;
+  float learning_rate = 0.01f;
+  float momentum = 0.9f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.f;
+  wire::InitKind init = wire::InitKind::Zeros;
+  float init_scale = 0.f;
+  uint64_t init_seed = 0;
+};
+flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb, const TableSpecArgs& t);
+Message MakeCreateTable(uint64_t rid, const TableSpecArgs& t);
 
 }  // namespace leash

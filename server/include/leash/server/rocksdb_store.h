@@ -15,12 +15,20 @@ struct RocksDbStoreOptions {
   uint32_t shard = 0;        // identity the directory must match (or is stamped with)
   uint32_t num_shards = 1;
   bool sync = true;          // fsync each snapshot
+  // Values and each optimizer slot are stored in pieces of at most this many bytes (a
+  // positive multiple of 4), so tables of hundreds of MB never make one huge RocksDB value.
+  // Recorded per snapshot: changing it does not affect loading earlier snapshots.
+  uint32_t chunk_bytes = 1u << 20;
 };
 
 // Opens (creating if needed) the store at options.path. A directory that is not a Leash
 // shard store, or belongs to another shard/layout, is refused with FailedPrecondition and
 // a message naming both identities; it is never overwritten. IOError if RocksDB cannot
-// open it (permissions, another process holds the lock).
+// open it (permissions, another process holds the lock). VersionMismatch if the directory
+// was written in another store format; DataLoss if RocksDB or the identity record is corrupt;
+// InvalidArgument for bad options (empty path, shard >= num_shards, bad chunk_bytes).
+// Save returns InvalidArgument, and keeps the previous snapshot, for a snapshot of another
+// shard or whose sizes disagree (values != rows * cols, a slot not the size of values).
 Result<std::unique_ptr<SnapshotStore>> OpenRocksDbStore(const RocksDbStoreOptions& options);
 
 }  // namespace leash::server

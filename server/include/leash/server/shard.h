@@ -1,0 +1,136 @@
+// One parameter-server shard: tables, server-side optimizers, the staleness controller,
+// worker leases, exactly-once pushes and snapshots. The shard is pure request handling:
+// messages come in through Handle(), replies go out through the caller's outbox, time
+// comes from an injected clock and durability from an injected SnapshotStore, so tests
+// drive it without sockets or disks. Serve() runs it on a ServerTransport.
+// Not thread-safe: one request loop owns a Shard (Serve's stop flag is the exception).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "leash/common/message.h"
+#include "leash/common/status.h"
+#include "leash/common/transport.h"
+#include "leash/common/wire.h"
+#include "leash/server/clock_table.h"
+#include "leash/server/snapshot.h"
+
+namespace leash::server {
+
+class Table;
+
+struct ShardOptions {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  int64_t lease_ms = 10000;                  // a silent worker is evicted after this long
+  int64_t checkpoint_interval_ms = 60000;    // 0 disables periodic snapshots
+  size_t max_message_bytes = size_t{512} << 20;
+  WireLimits limits;
+};
+
+struct Outgoing {
+  PeerId peer;
+  Message message;
+};
+
+struct ShardCounters {
+  uint64_t pushes_applied = 0;
+  uint64_t pushes_duplicate = 0;
+  uint64_t pulls_served = 0;
+  uint64_t pulls_parked = 0;
+  uint64_t errors = 0;
+  uint64_t evictions = 0;
+  uint64_t snapshots = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+};
+
+class Shard {
+ public:
+  using NowMs = std::function<int64_t()>;
+  // `store` must outlive the shard. `now_ms` is a monotonic millisecond clock.
+  Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Loads the store's last snapshot (tables, optimizer state, clocks). Returns the
+  // recovered minimum clock, or -1 for an empty store. Restored workers get a fresh
+  // lease to come back. DataLoss/FailedPrecondition from the store are returned as is.
+  Result<int64_t> Recover();
+
+  // Handles one message from `peer`. Every request gets exactly one reply (now, or for a
+  // parked pull when the bound allows); replies released for other peers are appended
+  // too. Malformed input yields an Error reply, never a crash.
+  void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
+
+  // Evicts workers whose lease expired (releasing pulls they held back) and writes a
+  // scheduled snapshot when one is due. Returns the milliseconds until the next deadline.
+  int64_t Tick(std::vector<Outgoing>* out);
+
+  // Writes a snapshot now. Returns its minimum clock.
+  Result<int64_t> Checkpoint();
+
+  int64_t min_clock() const { return clocks_.MinClock(); }
+  size_t live_workers() const { return clocks_.live(); }
+  size_t parked_pulls() const { return parked_.size(); }
+  int64_t recovered_clock() const { return recovered_clock_; }
+  int64_t last_snapshot_clock() const { return last_snapshot_clock_; }
+  const ShardCounters& counters() const { return counters_; }
+  const ShardOptions& options() const { return options_; }
+
+ private:
+  struct ParkedPull {
+    PeerId peer;
+    uint64_t request_id = 0;
+    uint64_t worker_id = 0;
+    uint32_t table_id = 0;
+    Rows rows;
+    wire::DType dtype = wire::DType::F32;
+  };
+
+  Status Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
+                  std::vector<Outgoing>* out);
+  Status OnRegister(const PeerId& peer, uint64_t rid, const wire::Register* m, std::vector<Outgoing>* out);
+  Status OnCreateTable(const PeerId& peer, uint64_t rid, const wire::CreateTable* m, std::vector<Outgoing>* out);
+  Status OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std::vector<Outgoing>* out);
+  Status OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, const Message& message,
+                std::vector<Outgoing>* out);
+  Status OnClock(const PeerId& peer, uint64_t rid, const wire::ClockUpdate* m, std::vector<Outgoing>* out);
+  Status OnHeartbeat(const PeerId& peer, uint64_t rid, const wire::Heartbeat* m, std::vector<Outgoing>* out);
+  Status OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, std::vector<Outgoing>* out);
+  Status OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
+  Status OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
+
+  Result<Table*> FindTable(uint32_t table_id);
+  Message PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype);
+  // Answers every parked pull the current minimum clock allows.
+  void ReleasePulls(std::vector<Outgoing>* out);
+  void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);
+  ShardSnapshot MakeSnapshot() const;
+
+  ShardOptions options_;
+  SnapshotStore* store_;
+  NowMs now_ms_;
+  ClockTable clocks_;
+  ParkedPulls<ParkedPull> parked_;
+  std::vector<std::unique_ptr<Table>> tables_;
+  std::map<std::string, uint32_t> table_by_name_;
+  ShardCounters counters_;
+  int64_t recovered_clock_ = -1;
+  int64_t last_snapshot_clock_ = -1;
+  uint64_t snapshot_sequence_ = 0;
+  int64_t next_snapshot_ms_ = 0;
+};
+
+// Runs `shard` on `transport` until `stop` becomes true: receives, handles, sends replies
+// and ticks. Writes a final snapshot on the way out. Returns the first transport error.
+Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop);
+
+}  // namespace leash::server

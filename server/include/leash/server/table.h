@@ -1,0 +1,73 @@
+// One dense table's rows owned by this shard, with its server-side optimizer.
+// Not thread-safe: owned by the shard's request loop.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "leash/common/partition.h"
+#include "leash/common/status.h"
+#include "leash/common/wire.h"
+#include "leash/server/snapshot.h"
+
+namespace leash::server {
+
+struct OptimizerConfig {
+  wire::OptimizerKind kind = wire::OptimizerKind::SGD;
+  float lr = 0.01f;
+  float momentum = 0.9f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.f;
+};
+
+// Number of optimizer state slots each optimizer keeps per value.
+int OptimizerSlots(wire::OptimizerKind kind);
+
+// Validates a wire TableSpec (name, positive sizes, sane hyper-parameters) and returns
+// its canonical serialization, which two equal specs share byte for byte.
+Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec);
+
+class Table {
+ public:
+  // Builds the table from a canonical spec, owning rows `range`, initialized by its
+  // InitSpec (the same global row gets the same value on any shard).
+  static Result<Table> Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range);
+  // Rebuilds a table from a snapshot; DataLoss if sizes do not add up.
+  static Result<Table> FromSnapshot(const TableSnapshot& snap);
+  TableSnapshot ToSnapshot() const;
+
+  uint32_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  uint64_t rows() const { return rows_; }
+  uint32_t cols() const { return cols_; }
+  RowRange range() const { return range_; }
+  const std::vector<uint8_t>& spec() const { return spec_; }
+  uint64_t steps() const { return steps_; }
+
+  // InvalidArgument unless every row of `rows` is owned by this shard.
+  Status CheckOwned(const Rows& rows) const;
+  // Copies the values of `rows` (row-major) into out (rows.size() * cols floats).
+  void Read(const Rows& rows, float* out) const;
+  // Applies one gradient (rows.size() * cols floats, finite) with the optimizer.
+  void Apply(const Rows& rows, const float* grad);
+
+ private:
+  Table() = default;
+  void ApplyRow(size_t offset, size_t n, const float* g);
+
+  uint32_t id_ = 0;
+  std::string name_;
+  std::vector<uint8_t> spec_;
+  uint64_t rows_ = 0;
+  uint32_t cols_ = 0;
+  RowRange range_;
+  OptimizerConfig opt_;
+  std::vector<float> values_;
+  std::vector<std::vector<float>> slots_;
+  uint64_t steps_ = 0;
+};
+
+}  // namespace leash::server

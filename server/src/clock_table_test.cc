@@ -1,0 +1,106 @@
+// Unit tests of the staleness controller state: minimum clock, joins, leases, parking.
+#include "leash/server/clock_table.h"
+
+#include <gtest/gtest.h>
+
+namespace leash::server {
+namespace {
+
+TEST(ClockTableTest, MinimumIsTheSlowestLiveWorker) {
+  ClockTable t;
+  ASSERT_EQ(*t.Register(1, 1, "a", 0), 0);
+  ASSERT_EQ(*t.Register(2, 1, "b", 0), 0);
+  EXPECT_FALSE(t.Advance(*t.Find(1, 1), 3));  // worker 2 still at 0
+  EXPECT_EQ(t.MinClock(), 0);
+  EXPECT_TRUE(t.Advance(*t.Find(2, 1), 2));
+  EXPECT_EQ(t.MinClock(), 2);
+}
+
+TEST(ClockTableTest, JoiningWorkerStartsAtTheMinimum) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  t.Advance(*t.Find(1, 1), 7);
+  EXPECT_EQ(*t.Register(2, 1, "b", 0), 7);
+  EXPECT_EQ(t.MinClock(), 7);
+}
+
+TEST(ClockTableTest, ClocksNeverGoBack) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  t.Advance(*t.Find(1, 1), 5);
+  EXPECT_FALSE(t.Advance(*t.Find(1, 1), 3));
+  EXPECT_EQ((*t.Find(1, 1))->clock, 5);
+}
+
+TEST(ClockTableTest, RemovingTheSlowestWorkerRaisesTheMinimum) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  ASSERT_TRUE(t.Register(2, 1, "b", 0).ok());
+  t.Advance(*t.Find(1, 1), 4);
+  EXPECT_TRUE(t.Remove(2));
+  EXPECT_EQ(t.MinClock(), 4);
+  EXPECT_FALSE(t.Remove(2));
+}
+
+TEST(ClockTableTest, MinimumStaysWhenTheLastWorkerLeaves) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  t.Advance(*t.Find(1, 1), 9);
+  t.Remove(1);
+  EXPECT_EQ(t.MinClock(), 9);
+  EXPECT_EQ(*t.Register(3, 1, "c", 0), 9);
+}
+
+TEST(ClockTableTest, OlderIncarnationIsRefusedAndNewerReplaces) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 5, "a", 0).ok());
+  EXPECT_EQ(t.Register(1, 4, "a", 0).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(t.Register(1, 6, "a", 0).ok());
+  EXPECT_EQ(t.Find(1, 5).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(t.Find(1, 6).ok());
+}
+
+TEST(ClockTableTest, UnknownWorkerIsToldToRegister) {
+  ClockTable t;
+  auto r = t.Find(42, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("register again"), std::string::npos);
+}
+
+TEST(ClockTableTest, ExpiredListsOnlySilentWorkers) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  ASSERT_TRUE(t.Register(2, 1, "b", 900).ok());
+  auto e = t.Expired(1001, 1000);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], 1u);
+}
+
+TEST(ClockTableTest, AllowsImplementsTheStalenessBound) {
+  ClockTable t;
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  t.Advance(*t.Find(1, 1), 3);
+  EXPECT_TRUE(t.Allows(3, 0));
+  EXPECT_FALSE(t.Allows(4, 0));
+  EXPECT_TRUE(t.Allows(5, 2));
+  EXPECT_FALSE(t.Allows(6, 2));
+}
+
+TEST(ParkedPullsTest, ReleasesExactlyThoseTheMinimumAllows) {
+  ParkedPulls<int> p;
+  p.Park(3, 30);
+  p.Park(1, 10);
+  p.Park(2, 20);
+  p.Park(5, 50);
+  EXPECT_TRUE(p.Release(0).empty());
+  auto r = p.Release(2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0], 10);
+  EXPECT_EQ(r[1], 20);
+  EXPECT_EQ(p.size(), 2u);
+  EXPECT_EQ(p.DropIf([](int v) { return v == 50; }), 1u);
+  EXPECT_EQ(p.Release(100).size(), 1u);
+}
+
+}  // namespace
+}  // namespace leash::server

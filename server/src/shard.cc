@@ -1,0 +1,407 @@
+// Shard request handling: registration, tables, pulls parked under the staleness bound,
+// exactly-once pushes, leases and snapshots. Not thread-safe (one request loop).
+#include "leash/server/shard.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "leash/server/table.h"
+
+namespace leash::server {
+namespace {
+
+size_t MessageBytes(const Message& m) {
+  size_t n = 0;
+  for (const auto& f : m) n += f.size();
+  return n;
+}
+
+bool AllFinite(const float* p, size_t n) {
+  float acc = 0.f;
+  for (size_t i = 0; i < n; ++i) acc += p[i] * 0.f;  // NaN or Inf anywhere makes acc NaN
+  return acc == 0.f;
+}
+
+}  // namespace
+
+Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms)
+    : options_(options), store_(store), now_ms_(std::move(now_ms)) {
+  LEASH_CHECK(options_.num_shards > 0 && options_.shard < options_.num_shards);
+  next_snapshot_ms_ = now_ms_() + options_.checkpoint_interval_ms;
+}
+
+Shard::~Shard() = default;
+
+Result<int64_t> Shard::Recover() {
+  LEASH_ASSIGN_OR_RETURN(std::optional<ShardSnapshot> snap, store_->Load());
+  if (!snap) {
+    spdlog::info("shard {}/{}: {} holds no snapshot, starting empty", options_.shard, options_.num_shards,
+                 store_->Describe());
+    return int64_t{-1};
+  }
+  if (snap->shard != options_.shard || snap->num_shards != options_.num_shards) {
+    return FailedPrecondition("snapshot in " + store_->Describe() + " is of shard " + std::to_string(snap->shard) +
+                              "/" + std::to_string(snap->num_shards) + ", not " + std::to_string(options_.shard) +
+                              "/" + std::to_string(options_.num_shards));
+  }
+  tables_.clear();
+  table_by_name_.clear();
+  for (const TableSnapshot& ts : snap->tables) {
+    LEASH_ASSIGN_OR_RETURN(Table t, Table::FromSnapshot(ts));
+    if (t.id() != tables_.size()) return DataLoss("snapshot tables are not numbered 0..n-1");
+    table_by_name_[t.name()] = t.id();
+    tables_.push_back(std::make_unique<Table>(std::move(t)));
+  }
+  clocks_ = ClockTable(snap->min_clock);
+  int64_t now = now_ms_();
+  for (const WorkerClock& wc : snap->workers) {
+    LiveWorker w;
+    w.worker_id = wc.worker_id;
+    w.incarnation = wc.incarnation;
+    w.name = wc.name;
+    w.clock = wc.clock;
+    w.last_seq = wc.last_seq;
+    w.last_seen_ms = now;  // a fresh lease to come back
+    clocks_.Restore(w);
+  }
+  recovered_clock_ = snap->min_clock;
+  last_snapshot_clock_ = snap->min_clock;
+  snapshot_sequence_ = snap->sequence;
+  spdlog::info("shard {}/{}: recovered snapshot #{} from {} at clock {}: {} tables, {} workers", options_.shard,
+               options_.num_shards, snap->sequence, store_->Describe(), snap->min_clock, tables_.size(),
+               snap->workers.size());
+  return snap->min_clock;
+}
+
+void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
+  counters_.bytes_in += MessageBytes(message);
+  Status st;
+  uint64_t rid = 0;
+  if (MessageBytes(message) > options_.max_message_bytes) {
+    rid = PeekRequestId(message);
+    st = ResourceExhausted("message of " + std::to_string(MessageBytes(message)) + " bytes exceeds this shard's limit of " +
+                           std::to_string(options_.max_message_bytes) + " bytes; split the request");
+  } else {
+    auto env = VerifyEnvelope(message, options_.limits);
+    if (!env.ok()) {
+      rid = PeekRequestId(message);
+      st = env.status();
+    } else {
+      rid = (*env)->request_id();
+      st = Dispatch(peer, *env, message, out);
+    }
+  }
+  if (!st.ok()) {
+    ++counters_.errors;
+    spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
+    out->push_back({peer, MakeError(rid, st)});
+  }
+}
+
+Status Shard::Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
+                       std::vector<Outgoing>* out) {
+  uint64_t rid = env->request_id();
+  // Payload frames are only legal where the body says so.
+  bool takes_payload = env->body_type() == wire::Body::Push;
+  if (!takes_payload && message.size() > 1) {
+    return InvalidArgument("a " + std::string(wire::EnumNameBody(env->body_type())) + " request carries no payload frames, got " +
+                           std::to_string(message.size() - 1));
+  }
+  switch (env->body_type()) {
+    case wire::Body::Register: return OnRegister(peer, rid, env->body_as_Register(), out);
+    case wire::Body::CreateTable: return OnCreateTable(peer, rid, env->body_as_CreateTable(), out);
+    case wire::Body::Pull: return OnPull(peer, rid, env->body_as_Pull(), out);
+    case wire::Body::Push: return OnPush(peer, rid, env->body_as_Push(), message, out);
+    case wire::Body::ClockUpdate: return OnClock(peer, rid, env->body_as_ClockUpdate(), out);
+    case wire::Body::Heartbeat: return OnHeartbeat(peer, rid, env->body_as_Heartbeat(), out);
+    case wire::Body::Leave: return OnLeave(peer, rid, env->body_as_Leave(), out);
+    case wire::Body::Checkpoint: return OnCheckpoint(peer, rid, out);
+    case wire::Body::Stats: return OnStats(peer, rid, out);
+    default:
+      return InvalidArgument(std::string("a shard does not accept ") + wire::EnumNameBody(env->body_type()) +
+                             " messages");
+  }
+}
+
+Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const wire::Register* m, std::vector<Outgoing>* out) {
+  std::string name = m->name() ? m->name()->str() : std::string();
+  LiveWorker* prior = clocks_.FindAny(m->worker_id());
+  bool fresh = prior == nullptr || prior->incarnation != m->incarnation();
+  LEASH_ASSIGN_OR_RETURN(int64_t start, clocks_.Register(m->worker_id(), m->incarnation(), name, now_ms_()));
+  if (fresh) {
+    spdlog::info("shard {}: worker {} '{}' (incarnation {}) joined at clock {}; {} live", options_.shard,
+                 m->worker_id(), name, m->incarnation(), start, clocks_.live());
+  }
+  ReleasePulls(out);  // a replaced incarnation may have been the one holding the minimum back
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::Welcome,
+                                          wire::CreateWelcome(fbb, options_.shard, options_.num_shards, start,
+                                                              static_cast<uint32_t>(options_.lease_ms),
+                                                              recovered_clock_)
+                                              .Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::CreateTable* m,
+                            std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon, CanonicalSpec(m->spec()));
+  std::string name = m->spec()->name()->str();
+  bool created = false;
+  uint32_t id;
+  if (auto it = table_by_name_.find(name); it != table_by_name_.end()) {
+    id = it->second;
+    if (tables_[id]->spec() != canon) {
+      const Table& t = *tables_[id];
+      return AlreadyExists("table '" + name + "' already exists with another spec (" + std::to_string(t.rows()) + " x " +
+                           std::to_string(t.cols()) + ", its own optimizer and init); use another name or the same spec");
+    }
+  } else {
+    id = static_cast<uint32_t>(tables_.size());
+    RangePartitioner part(static_cast<int>(options_.num_shards));
+    RowRange range = part.Range(m->spec()->rows(), static_cast<int>(options_.shard));
+    LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, std::move(canon), range));
+    spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard, id, name, t.rows(),
+                 t.cols(), range.begin, range.end);
+    tables_.push_back(std::make_unique<Table>(std::move(t)));
+    table_by_name_[name] = id;
+    created = true;
+  }
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::TableCreated, wire::CreateTableCreated(fbb, id, created).Union());
+                  })});
+  return Status::Ok();
+}
+
+Result<Table*> Shard::FindTable(uint32_t table_id) {
+  if (table_id >= tables_.size()) {
+    return NotFound("unknown table " + std::to_string(table_id) + " (this shard has " + std::to_string(tables_.size()) +
+                    " tables); create it first");
+  }
+  return tables_[table_id].get();
+}
+
+Message Shard::PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype) {
+  size_t n = rows.size() * table.cols();
+  std::vector<float> values(n);
+  table.Read(rows, values.data());
+  Frame payload = dtype == wire::DType::F32 ? Frame::Own(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(values.data()),
+                                                                              reinterpret_cast<uint8_t*>(values.data() + n)))
+                                            : EncodeValues(values, dtype);
+  ++counters_.pulls_served;
+  return MakeMessage(
+      rid,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::make_pair(wire::Body::PullReply, wire::CreatePullReply(fbb, table.id(), rows.size(), table.cols(),
+                                                                           dtype, clocks_.MinClock())
+                                                         .Union());
+      },
+      {std::move(payload)});
+}
+
+Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m->table_id()));
+  LEASH_ASSIGN_OR_RETURN(Rows rows, ReadRows(m->rows(), table->rows(), options_.limits));
+  LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
+  if (static_cast<int>(m->dtype()) > static_cast<int>(wire::DType::MAX)) return InvalidArgument("unknown reply dtype");
+  if (m->staleness() < 0) return InvalidArgument("staleness must be >= 0");
+  if (LiveWorker* w = clocks_.FindAny(m->worker_id())) w->last_seen_ms = now_ms_();
+  if (clocks_.Allows(m->clock(), m->staleness())) {
+    out->push_back({peer, PullReply(rid, *table, rows, m->dtype())});
+    return Status::Ok();
+  }
+  ++counters_.pulls_parked;
+  parked_.Park(m->clock() - m->staleness(), ParkedPull{peer, rid, m->worker_id(), m->table_id(), std::move(rows), m->dtype()});
+  return Status::Ok();
+}
+
+Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, const Message& message,
+                     std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
+  w->last_seen_ms = now_ms_();
+  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m->table_id()));
+  LEASH_ASSIGN_OR_RETURN(Rows rows, ReadRows(m->rows(), table->rows(), options_.limits));
+  LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
+  if (message.size() != 2) {
+    return InvalidArgument("a push carries exactly one gradient frame after the header, got " +
+                           std::to_string(message.size() - 1));
+  }
+  if (static_cast<int>(m->dtype()) > static_cast<int>(wire::DType::MAX)) return InvalidArgument("unknown gradient dtype");
+  size_t n = rows.size() * table->cols();
+  bool applied = false;
+  if (m->seq() <= w->last_seq) {
+    ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
+  } else {
+    std::vector<float> grad(n);
+    LEASH_RETURN_IF_ERROR(DecodeValues(message[1], m->dtype(), n, grad.data()).WithContext("push to table '" + table->name() + "'"));
+    if (!AllFinite(grad.data(), n)) {
+      return InvalidArgument("push to table '" + table->name() +
+                             "' contains NaN or Inf gradients; it was not applied (check the learning rate and data)");
+    }
+    table->Apply(rows, grad.data());
+    w->last_seq = m->seq();
+    ++counters_.pushes_applied;
+    applied = true;
+  }
+  if (m->clock_after() >= 0 && clocks_.Advance(w, m->clock_after())) ReleasePulls(out);
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::PushReply, wire::CreatePushReply(fbb, applied).Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnClock(const PeerId& peer, uint64_t rid, const wire::ClockUpdate* m, std::vector<Outgoing>* out) {
+  LiveWorker* w = clocks_.FindAny(m->worker_id());
+  if (w == nullptr) {
+    return FailedPrecondition("clock from worker " + std::to_string(m->worker_id()) +
+                              ", which is not registered on this shard (evicted or the shard restarted); register again");
+  }
+  w->last_seen_ms = now_ms_();
+  if (clocks_.Advance(w, m->clock())) ReleasePulls(out);
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::ClockReply, wire::CreateClockReply(fbb, clocks_.MinClock()).Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnHeartbeat(const PeerId& peer, uint64_t rid, const wire::Heartbeat* m, std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
+  w->last_seen_ms = now_ms_();
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::HeartbeatReply,
+                                          wire::CreateHeartbeatReply(fbb, clocks_.MinClock()).Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, std::vector<Outgoing>* out) {
+  LiveWorker* w = clocks_.FindAny(m->worker_id());
+  if (w != nullptr && w->incarnation == m->incarnation()) {
+    std::string name = w->name;
+    clocks_.Remove(m->worker_id());
+    spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard, m->worker_id(), name,
+                 clocks_.live(), clocks_.MinClock());
+    ReleasePulls(out);
+  }
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::LeaveReply, wire::CreateLeaveReply(fbb).Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(int64_t clock, Checkpoint());
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::CheckpointReply, wire::CreateCheckpointReply(fbb, clock).Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out) {
+  int64_t now = now_ms_();
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    std::vector<flatbuffers::Offset<wire::WorkerInfo>> workers;
+                    for (const auto& [id, w] : clocks_.workers()) {
+                      workers.push_back(wire::CreateWorkerInfo(fbb, id, w.incarnation, fbb.CreateString(w.name), w.clock,
+                                                               static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))));
+                    }
+                    std::vector<flatbuffers::Offset<wire::TableInfo>> tables;
+                    for (const auto& t : tables_) {
+                      tables.push_back(wire::CreateTableInfo(fbb, t->id(), fbb.CreateString(t->name()), t->rows(), t->cols(),
+                                                             t->range().size()));
+                    }
+                    auto wv = fbb.CreateVector(workers);
+                    auto tv = fbb.CreateVector(tables);
+                    return std::make_pair(
+                        wire::Body::StatsReply,
+                        wire::CreateStatsReply(fbb, options_.shard, options_.num_shards, clocks_.MinClock(), parked_.size(),
+                                               counters_.pushes_applied, counters_.pulls_served, counters_.errors,
+                                               last_snapshot_clock_, recovered_clock_, wv, tv)
+                            .Union());
+                  })});
+  return Status::Ok();
+}
+
+void Shard::ReleasePulls(std::vector<Outgoing>* out) {
+  for (ParkedPull& p : parked_.Release(clocks_.MinClock())) {
+    // The table and rows were validated when the pull was parked and tables never shrink.
+    out->push_back({p.peer, PullReply(p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
+  }
+}
+
+void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out) {
+  LiveWorker* w = clocks_.FindAny(worker_id);
+  if (w == nullptr) return;
+  spdlog::warn("shard {}: evicting worker {} '{}' at clock {}: {}", options_.shard, worker_id, w->name, w->clock, why);
+  clocks_.Remove(worker_id);
+  ++counters_.evictions;
+  ReleasePulls(out);
+}
+
+int64_t Shard::Tick(std::vector<Outgoing>* out) {
+  int64_t now = now_ms_();
+  for (uint64_t id : clocks_.Expired(now, options_.lease_ms)) Evict(id, "lease expired (no heartbeat)", out);
+  if (options_.checkpoint_interval_ms > 0 && now >= next_snapshot_ms_) {
+    auto r = Checkpoint();
+    if (!r.ok()) spdlog::error("shard {}: scheduled snapshot failed: {}", options_.shard, r.status().ToString());
+    next_snapshot_ms_ = now + options_.checkpoint_interval_ms;
+  }
+  int64_t next = options_.lease_ms / 4;
+  if (options_.checkpoint_interval_ms > 0) next = std::min(next, next_snapshot_ms_ - now);
+  return std::max<int64_t>(1, next);
+}
+
+ShardSnapshot Shard::MakeSnapshot() const {
+  ShardSnapshot s;
+  s.shard = options_.shard;
+  s.num_shards = options_.num_shards;
+  s.min_clock = clocks_.MinClock();
+  s.sequence = snapshot_sequence_ + 1;
+  s.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& t : tables_) s.tables.push_back(t->ToSnapshot());
+  for (const auto& [id, w] : clocks_.workers()) s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
+  return s;
+}
+
+Result<int64_t> Shard::Checkpoint() {
+  auto t0 = std::chrono::steady_clock::now();
+  ShardSnapshot snap = MakeSnapshot();
+  LEASH_RETURN_IF_ERROR(store_->Save(snap).WithContext("snapshot to " + store_->Describe()));
+  snapshot_sequence_ = snap.sequence;
+  last_snapshot_clock_ = snap.min_clock;
+  ++counters_.snapshots;
+  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard, snap.sequence,
+               snap.min_clock, store_->Describe(), ms);
+  return snap.min_clock;
+}
+
+Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop) {
+  std::vector<Outgoing> out;
+  int64_t wait_ms = shard.Tick(&out);
+  Status result;
+  while (!stop.load(std::memory_order_relaxed)) {
+    auto in = transport.Receive(std::chrono::milliseconds(std::min<int64_t>(wait_ms, 100)));
+    if (!in.ok()) {
+      result = in.status();
+      break;
+    }
+    if (in->has_value()) shard.Handle((*in)->peer, (*in)->message, &out);
+    wait_ms = shard.Tick(&out);
+    for (Outgoing& o : out) {
+      Status st = transport.Send(o.peer, std::move(o.message));
+      if (!st.ok()) spdlog::warn("shard {}: reply dropped: {}", shard.options().shard, st.ToString());
+    }
+    out.clear();
+  }
+  auto snap = shard.Checkpoint();
+  if (!snap.ok()) {
+    spdlog::error("shard {}: final snapshot failed: {}", shard.options().shard, snap.status().ToString());
+    if (result.ok()) result = snap.status();
+  }
+  return result;
+}
+
+}  // namespace leash::server

@@ -1,0 +1,411 @@
+// Unit tests of one shard's request handling, driven directly with wire messages, an
+// in-memory snapshot store and a fake clock.
+#include "leash/server/shard.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "leash/common/wire.h"
+
+namespace leash::server {
+namespace {
+
+class ShardTest : public ::testing::Test {
+ protected:
+  ShardTest() { Reset(); }
+
+  void Reset(ShardOptions o = {}) {
+    options_ = o;
+    shard_ = std::make_unique<Shard>(options_, &store_, [this] { return now_; });
+  }
+
+  // Sends `m` from `peer` and returns every reply produced.
+  std::vector<Outgoing> Send(const PeerId& peer, const Message& m) {
+    std::vector<Outgoing> out;
+    shard_->Handle(peer, m, &out);
+    return out;
+  }
+
+  // Sends `m` and expects exactly one reply, to `peer`; returns its envelope.
+  const wire::Envelope* One(const PeerId& peer, const Message& m) {
+    last_ = Send(peer, m);
+    EXPECT_EQ(last_.size(), 1u);
+    if (last_.size() != 1) return nullptr;
+    EXPECT_EQ(last_[0].peer, peer);
+    auto env = VerifyEnvelope(last_[0].message);
+    EXPECT_TRUE(env.ok()) << env.status();
+    return env.ok() ? *env : nullptr;
+  }
+
+  Status ErrorOf(const PeerId& peer, const Message& m) {
+    const wire::Envelope* e = One(peer, m);
+    if (e == nullptr || e->body_type() != wire::Body::Error) return Status::Ok();
+    return ErrorToStatus(e->body_as_Error());
+  }
+
+  void Register(uint64_t worker, uint64_t inc = 1) {
+    const wire::Envelope* e = One("w" + std::to_string(worker), MakeRegister(1, worker, inc, "w"));
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(e->body_type(), wire::Body::Welcome);
+  }
+
+  uint32_t Create(const TableSpecArgs& t) {
+    const wire::Envelope* e = One("admin", MakeCreateTable(2, t));
+    EXPECT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
+    return e->body_as_TableCreated()->table_id();
+  }
+
+  static TableSpecArgs Spec(const std::string& name, uint64_t rows, uint32_t cols, float lr = 1.f) {
+    TableSpecArgs t;
+    t.name = name;
+    t.rows = rows;
+    t.cols = cols;
+    t.learning_rate = lr;
+    return t;
+  }
+
+  static Rows Range(uint64_t b, uint64_t e) {
+    Rows r;
+    r.begin = b;
+    r.end = e;
+    return r;
+  }
+
+  std::vector<float> ReadReply(const Outgoing& o) {
+    auto env = VerifyEnvelope(o.message);
+    EXPECT_TRUE(env.ok());
+    const wire::PullReply* r = (*env)->body_as_PullReply();
+    EXPECT_NE(r, nullptr) << "reply is " << wire::EnumNameBody((*env)->body_type());
+    if (r == nullptr) return {};
+    std::vector<float> v(r->num_rows() * r->cols());
+    EXPECT_TRUE(DecodeValues(o.message[1], r->dtype(), v.size(), v.data()).ok());
+    return v;
+  }
+
+  std::vector<float> Pull(uint32_t table, Rows rows, uint64_t worker = 0, int64_t clock = 0, int64_t s = 0) {
+    auto out = Send("reader", MakePull(3, table, rows, worker, clock, s));
+    EXPECT_EQ(out.size(), 1u);
+    if (out.size() != 1) return {};
+    return ReadReply(out[0]);
+  }
+
+  Status Push(uint32_t table, Rows rows, std::vector<float> g, uint64_t worker, uint64_t seq, uint64_t inc = 1) {
+    const wire::Envelope* e =
+        One("w" + std::to_string(worker), MakePush(4, table, rows, worker, inc, seq, wire::DType::F32, EncodeValues(g, wire::DType::F32)));
+    if (e == nullptr) return Internal("no reply");
+    if (e->body_type() == wire::Body::Error) return ErrorToStatus(e->body_as_Error());
+    EXPECT_EQ(e->body_type(), wire::Body::PushReply);
+    return Status::Ok();
+  }
+
+  ShardOptions options_;
+  MemorySnapshotStore store_;
+  int64_t now_ = 1000;
+  std::unique_ptr<Shard> shard_;
+  std::vector<Outgoing> last_;
+};
+
+TEST_F(ShardTest, RegisterWelcomesWithShardIdentityAndStartClock) {
+  const wire::Envelope* e = One("p", MakeRegister(77, 5, 1, "alpha"));
+  ASSERT_EQ(e->body_type(), wire::Body::Welcome);
+  EXPECT_EQ(e->request_id(), 77u);
+  EXPECT_EQ(e->body_as_Welcome()->start_clock(), 0);
+  EXPECT_EQ(e->body_as_Welcome()->num_shards(), 1u);
+  EXPECT_EQ(e->body_as_Welcome()->recovered_clock(), -1);
+  EXPECT_EQ(shard_->live_workers(), 1u);
+}
+
+TEST_F(ShardTest, CreateTableIsIdempotentForTheSameSpec) {
+  uint32_t a = Create(Spec("w", 4, 3));
+  uint32_t b = Create(Spec("w", 4, 3));
+  EXPECT_EQ(a, b);
+  EXPECT_FALSE(One("admin", MakeCreateTable(2, Spec("w", 4, 3)))->body_as_TableCreated()->created());
+}
+
+TEST_F(ShardTest, CreateTableWithAnotherSpecIsAlreadyExists) {
+  Create(Spec("w", 4, 3));
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 4, 5))).code(), StatusCode::kAlreadyExists);
+  auto other_lr = Spec("w", 4, 3, 0.5f);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, other_lr)).code(), StatusCode::kAlreadyExists);
+}
+
+TEST_F(ShardTest, CreateTableRejectsEmptyShapes) {
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 0, 3))).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("", 2, 3))).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardTest, InitializationIsDeterministicAndScaled) {
+  auto t = Spec("w", 100, 10);
+  t.init = wire::InitKind::Uniform;
+  t.init_scale = 0.5f;
+  t.init_seed = 9;
+  uint32_t id = Create(t);
+  auto v = Pull(id, Range(0, 100));
+  ASSERT_EQ(v.size(), 1000u);
+  double sum = 0;
+  for (float x : v) {
+    EXPECT_LE(std::fabs(x), 0.5f);
+    sum += x;
+  }
+  EXPECT_LT(std::fabs(sum / 1000), 0.05);
+  EXPECT_NE(v[0], v[1]);
+  // A second shard layout gives the same value for the same global row.
+  MemorySnapshotStore other;
+  ShardOptions o;
+  o.shard = 1;
+  o.num_shards = 2;
+  Shard s1(o, &other, [] { return int64_t{0}; });
+  std::vector<Outgoing> out;
+  s1.Handle("a", MakeCreateTable(1, t), &out);
+  out.clear();
+  s1.Handle("a", MakePull(2, 0, Range(50, 51), 0, 0, 0), &out);
+  ASSERT_EQ(out.size(), 1u);
+  auto row = ReadReply(out[0]);
+  ASSERT_EQ(row.size(), 10u);
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(row[static_cast<size_t>(c)], v[500 + static_cast<size_t>(c)]);
+}
+
+TEST_F(ShardTest, SgdPushesWithLearningRateOneSumIntoTheTable) {
+  uint32_t id = Create(Spec("w", 2, 2));
+  Register(1);
+  Register(2);
+  ASSERT_TRUE(Push(id, Range(0, 2), {1, 2, 3, 4}, 1, 1).ok());
+  ASSERT_TRUE(Push(id, Range(0, 2), {10, 20, 30, 40}, 2, 1).ok());
+  ASSERT_TRUE(Push(id, Range(1, 2), {100, 200}, 1, 2).ok());
+  EXPECT_EQ(Pull(id, Range(0, 2)), (std::vector<float>{-11, -22, -133, -244}));
+}
+
+TEST_F(ShardTest, ExplicitKeysPullAndPushRows) {
+  uint32_t id = Create(Spec("e", 5, 2));
+  Register(1);
+  Rows keys;
+  keys.explicit_keys = true;
+  keys.keys = {4, 1};
+  ASSERT_TRUE(Push(id, keys, {1, 2, 3, 4}, 1, 1).ok());
+  EXPECT_EQ(Pull(id, keys), (std::vector<float>{-1, -2, -3, -4}));
+  EXPECT_EQ(Pull(id, Range(0, 5)), (std::vector<float>{0, 0, -3, -4, 0, 0, 0, 0, -1, -2}));
+}
+
+TEST_F(ShardTest, DuplicatePushIsAppliedOnce) {
+  uint32_t id = Create(Spec("w", 1, 2));
+  Register(1);
+  ASSERT_TRUE(Push(id, Range(0, 1), {1, 1}, 1, 1).ok());
+  ASSERT_TRUE(Push(id, Range(0, 1), {1, 1}, 1, 1).ok());
+  EXPECT_FALSE(VerifyEnvelope(last_[0].message).value()->body_as_PushReply()->applied());
+  EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{-1, -1}));
+  EXPECT_EQ(shard_->counters().pushes_duplicate, 1u);
+}
+
+TEST_F(ShardTest, PushFromUnregisteredWorkerIsRefused) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1).code(), StatusCode::kFailedPrecondition);
+  Register(9, 2);
+  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1, /*inc=*/1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0}));
+}
+
+TEST_F(ShardTest, NonFiniteGradientsAreRejectedAndNotApplied) {
+  uint32_t id = Create(Spec("w", 1, 3));
+  Register(1);
+  Status st = Push(id, Range(0, 1), {1, std::numeric_limits<float>::quiet_NaN(), 1}, 1, 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("NaN"), std::string::npos);
+  EXPECT_EQ(Push(id, Range(0, 1), {std::numeric_limits<float>::infinity(), 0, 0}, 1, 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0, 0, 0}));
+}
+
+TEST_F(ShardTest, WrongPayloadSizeIsRejected) {
+  uint32_t id = Create(Spec("w", 2, 2));
+  Register(1);
+  Status st = Push(id, Range(0, 2), {1, 2, 3}, 1, 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("12 bytes"), std::string::npos) << st;
+}
+
+TEST_F(ShardTest, UnknownTableIsNotFound) {
+  Register(1);
+  EXPECT_EQ(Push(7, Range(0, 1), {1}, 1, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(ErrorOf("r", MakePull(1, 7, Range(0, 1), 0, 0, 0)).code(), StatusCode::kNotFound);
+}
+
+TEST_F(ShardTest, RowsOutsideTheTableOrShardAreRejected) {
+  uint32_t id = Create(Spec("w", 4, 1));
+  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(2, 9), 0, 0, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(3, 2), 0, 0, 0)).code(), StatusCode::kInvalidArgument);
+  ShardOptions o;
+  o.shard = 1;
+  o.num_shards = 2;
+  Reset(o);
+  id = Create(Spec("w", 4, 1));  // this shard holds rows [2, 4)
+  Status st = ErrorOf("r", MakePull(1, id, Range(0, 4), 0, 0, 0));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("[2, 4)"), std::string::npos) << st;
+  EXPECT_EQ(Pull(id, Range(2, 4)).size(), 2u);
+}
+
+TEST_F(ShardTest, MalformedMessagesGetErrorRepliesAndTheShardKeepsServing) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  EXPECT_EQ(ErrorOf("x", Message{}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("x", Message{Frame::Copy("garbage!garbage!garbage!")}).code(), StatusCode::kInvalidArgument);
+  Message good = MakePull(1, id, Range(0, 1), 0, 0, 0);
+  for (size_t cut : {4ul, 8ul, good[0].size() / 2, good[0].size() - 1}) {
+    Message truncated{Frame::Copy(good[0].data(), cut)};
+    EXPECT_EQ(ErrorOf("x", truncated).code(), StatusCode::kInvalidArgument) << "cut at " << cut;
+  }
+  Message extra = good;
+  extra.push_back(Frame::Copy("zz"));
+  EXPECT_EQ(ErrorOf("x", extra).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard_->counters().errors, 7u);  // empty, garbage, 4 truncations, extra frame
+  EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0}));
+}
+
+TEST_F(ShardTest, OtherProtocolVersionIsVersionMismatch) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = wire::CreateStats(fbb);
+  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 1, 5, wire::Body::Stats, body.Union()), "LSH1");
+  Status st = ErrorOf("x", Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())});
+  EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
+  EXPECT_EQ(last_[0].message.size(), 1u);
+  EXPECT_EQ(VerifyEnvelope(last_[0].message).value()->request_id(), 5u);
+}
+
+TEST_F(ShardTest, OversizedMessageIsResourceExhausted) {
+  ShardOptions o;
+  o.max_message_bytes = 1000;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1000, 1));
+  Register(1);
+  std::vector<float> g(1000, 1.f);
+  EXPECT_EQ(Push(id, Range(0, 1000), g, 1, 1).code(), StatusCode::kResourceExhausted);
+}
+
+TEST_F(ShardTest, BulkSynchronousPullWaitsForEveryWorkersClock) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  // Worker 1 finished iteration 0 and wants to read for iteration 1 with s = 0.
+  ASSERT_EQ(Send("w1", MakeClock(5, 1, 1)).size(), 1u);
+  EXPECT_TRUE(Send("w1", MakePull(6, id, Range(0, 1), 1, 1, 0)).empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+  // Worker 2's clock releases it, together with worker 2's own clock reply.
+  auto out = Send("w2", MakeClock(7, 2, 1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].peer, "w1");
+  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 6u);
+  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->body_as_PullReply()->min_clock(), 1);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+}
+
+TEST_F(ShardTest, StalePullIsAnsweredExactlyWhenMinimumReachesClockMinusStaleness) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  for (int c = 1; c <= 5; ++c) Send("w1", MakeClock(10 + c, 1, c));
+  // Worker 1 at iteration 5 with s = 2 needs min clock >= 3.
+  EXPECT_TRUE(Send("w1", MakePull(20, id, Range(0, 1), 1, 5, 2)).empty());
+  EXPECT_EQ(Send("w2", MakeClock(21, 2, 1)).size(), 1u);
+  EXPECT_EQ(Send("w2", MakeClock(22, 2, 2)).size(), 1u);
+  auto out = Send("w2", MakeClock(23, 2, 3));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 20u);
+  // Within the bound a pull is served at once.
+  EXPECT_EQ(Send("w1", MakePull(24, id, Range(0, 1), 1, 5, 2)).size(), 1u);
+}
+
+TEST_F(ShardTest, ExpiredLeaseEvictsAndReleasesParkedPulls) {
+  ShardOptions o;
+  o.lease_ms = 100;
+  o.checkpoint_interval_ms = 0;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  Send("w1", MakeClock(1, 1, 1));
+  EXPECT_TRUE(Send("w1", MakePull(2, id, Range(0, 1), 1, 1, 0)).empty());
+  now_ += 60;
+  Send("w1", MakeHeartbeat(3, 1, 1));
+  std::vector<Outgoing> out;
+  now_ += 60;  // worker 2 silent for 120 ms, worker 1 for 60 ms
+  shard_->Tick(&out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].peer, "w1");
+  EXPECT_EQ(shard_->live_workers(), 1u);
+  EXPECT_EQ(shard_->counters().evictions, 1u);
+  EXPECT_EQ(ErrorOf("w2", MakeHeartbeat(4, 2, 1)).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ShardTest, LeaveDropsTheWorkerAtOnce) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  Send("w1", MakeClock(1, 1, 1));
+  EXPECT_TRUE(Send("w1", MakePull(2, id, Range(0, 1), 1, 1, 0)).empty());
+  auto out = Send("w2", MakeLeave(3, 2, 1));
+  ASSERT_EQ(out.size(), 2u);  // the released pull and the leave reply
+  EXPECT_EQ(shard_->live_workers(), 1u);
+}
+
+TEST_F(ShardTest, SnapshotRestoresValuesOptimizerStateAndClocks) {
+  auto spec = Spec("w", 2, 1, 0.1f);
+  spec.optimizer = wire::OptimizerKind::Momentum;
+  spec.momentum = 0.5f;
+  uint32_t id = Create(spec);
+  Register(1);
+  ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 1).ok());
+  Send("w1", MakeClock(1, 1, 4));
+  ASSERT_EQ(*shard_->Checkpoint(), 4);
+  // Continue on the original shard ...
+  ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 2).ok());
+  auto expected = Pull(id, Range(0, 2));
+  // ... and on one recovered from the snapshot: the momentum must carry over.
+  Reset();
+  ASSERT_EQ(*shard_->Recover(), 4);
+  EXPECT_EQ(shard_->min_clock(), 4);
+  EXPECT_EQ(shard_->live_workers(), 1u);
+  ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 2).ok());
+  EXPECT_EQ(Pull(id, Range(0, 2)), expected);
+  // The restored worker's sequence numbers survived: a replay of push 1 is a duplicate.
+  ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 1).ok());
+  EXPECT_EQ(Pull(id, Range(0, 2)), expected);
+  EXPECT_EQ(One("a", MakeRegister(1, 2, 1, "x"))->body_as_Welcome()->recovered_clock(), 4);
+}
+
+TEST_F(ShardTest, ScheduledSnapshotsFollowTheInterval) {
+  ShardOptions o;
+  o.checkpoint_interval_ms = 1000;
+  Reset(o);
+  std::vector<Outgoing> out;
+  shard_->Tick(&out);
+  EXPECT_EQ(store_.saves(), 0);
+  now_ += 1000;
+  shard_->Tick(&out);
+  EXPECT_EQ(store_.saves(), 1);
+  now_ += 500;
+  shard_->Tick(&out);
+  EXPECT_EQ(store_.saves(), 1);
+  now_ += 500;
+  shard_->Tick(&out);
+  EXPECT_EQ(store_.saves(), 2);
+}
+
+TEST_F(ShardTest, StatsReportWorkersTablesAndParkedPulls) {
+  uint32_t id = Create(Spec("w", 3, 2));
+  Register(1);
+  Register(2);
+  Send("w1", MakeClock(1, 1, 1));
+  Send("w1", MakePull(2, id, Range(0, 3), 1, 1, 0));
+  const wire::Envelope* e = One("ctl", MakeStats(9));
+  const wire::StatsReply* r = e->body_as_StatsReply();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->parked_pulls(), 1u);
+  EXPECT_EQ(r->workers()->size(), 2u);
+  EXPECT_EQ(r->tables()->size(), 1u);
+  EXPECT_EQ(r->tables()->Get(0)->local_rows(), 3u);
+  EXPECT_EQ(r->min_clock(), 0);
+}
+
+}  // namespace
+}  // namespace leash::server

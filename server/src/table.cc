@@ -1,0 +1,224 @@
+// Dense table storage, deterministic initialization and optimizer application.
+#include "leash/server/table.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "leash/kernels/cpu.h"
+
+namespace leash::server {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Uniform in (0, 1) from a hash.
+double Unit(uint64_t h) { return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+float InitValue(const wire::InitSpec* init, uint64_t index) {
+  if (init == nullptr) return 0.f;
+  uint64_t h = SplitMix64(init->seed() * 0x100000001b3ULL ^ SplitMix64(index));
+  switch (init->kind()) {
+    case wire::InitKind::Zeros: return 0.f;
+    case wire::InitKind::Constant: return init->scale();
+    case wire::InitKind::Uniform: return static_cast<float>((2.0 * Unit(h) - 1.0) * init->scale());
+    case wire::InitKind::Normal: {
+      double u1 = Unit(h);
+      double u2 = Unit(SplitMix64(h));
+      return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2) * init->scale());
+    }
+  }
+  return 0.f;
+}
+
+OptimizerConfig ReadOptimizer(const wire::OptimizerSpec* o) {
+  OptimizerConfig c;
+  if (o == nullptr) return c;
+  c.kind = o->kind();
+  c.lr = o->learning_rate();
+  c.momentum = o->momentum();
+  c.beta1 = o->beta1();
+  c.beta2 = o->beta2();
+  c.epsilon = o->epsilon();
+  c.weight_decay = o->weight_decay();
+  return c;
+}
+
+const wire::TableSpec* ParseCanonical(const std::vector<uint8_t>& bytes) {
+  flatbuffers::Verifier v(bytes.data(), bytes.size());
+  if (!v.VerifyBuffer<wire::TableSpec>(nullptr)) return nullptr;
+  return flatbuffers::GetRoot<wire::TableSpec>(bytes.data());
+}
+
+}  // namespace
+
+int OptimizerSlots(wire::OptimizerKind kind) {
+  switch (kind) {
+    case wire::OptimizerKind::SGD: return 0;
+    case wire::OptimizerKind::Momentum: return 1;
+    case wire::OptimizerKind::Adam: return 2;
+    case wire::OptimizerKind::Adagrad: return 1;
+  }
+  return 0;
+}
+
+Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
+  if (spec == nullptr || spec->name() == nullptr || spec->name()->size() == 0) {
+    return InvalidArgument("table spec needs a non-empty name");
+  }
+  std::string name = spec->name()->str();
+  if (name.size() > 256) return InvalidArgument("table name longer than 256 bytes");
+  if (spec->rows() == 0 || spec->cols() == 0) {
+    return InvalidArgument("table '" + name + "' needs rows > 0 and cols > 0, got " + std::to_string(spec->rows()) +
+                           " x " + std::to_string(spec->cols()));
+  }
+  if (spec->rows() > (uint64_t{1} << 40) || spec->cols() > (1u << 24)) {
+    return InvalidArgument("table '" + name + "' is implausibly large: " + std::to_string(spec->rows()) + " x " +
+                           std::to_string(spec->cols()));
+  }
+  OptimizerConfig o = ReadOptimizer(spec->optimizer());
+  if (static_cast<int>(o.kind) > static_cast<int>(wire::OptimizerKind::MAX)) {
+    return InvalidArgument("table '" + name + "' names an unknown optimizer");
+  }
+  for (float x : {o.lr, o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay}) {
+    if (!std::isfinite(x) || x < 0) {
+      return InvalidArgument("table '" + name + "' has a negative or non-finite optimizer hyper-parameter");
+    }
+  }
+  if (o.beta1 >= 1 || o.beta2 >= 1) return InvalidArgument("table '" + name + "': Adam betas must be < 1");
+  const wire::InitSpec* init = spec->init();
+  if (init != nullptr) {
+    if (static_cast<int>(init->kind()) > static_cast<int>(wire::InitKind::MAX)) {
+      return InvalidArgument("table '" + name + "' names an unknown initializer");
+    }
+    if (!std::isfinite(init->scale())) return InvalidArgument("table '" + name + "' has a non-finite init scale");
+  }
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto n = fbb.CreateString(name);
+  auto opt = wire::CreateOptimizerSpec(fbb, o.kind, o.lr, o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay);
+  auto in = init ? wire::CreateInitSpec(fbb, init->kind(), init->scale(), init->seed()) : wire::CreateInitSpec(fbb);
+  fbb.Finish(wire::CreateTableSpec(fbb, n, spec->rows(), spec->cols(), opt, in));
+  return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+}
+
+Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range) {
+  const wire::TableSpec* spec = ParseCanonical(canonical_spec);
+  if (spec == nullptr) return Internal("canonical table spec does not verify");
+  Table t;
+  t.id_ = id;
+  t.name_ = spec->name()->str();
+  t.rows_ = spec->rows();
+  t.cols_ = spec->cols();
+  t.range_ = range;
+  t.opt_ = ReadOptimizer(spec->optimizer());
+  size_t n = static_cast<size_t>(range.size()) * t.cols_;
+  t.values_.resize(n);
+  uint64_t first = range.begin * t.cols_;
+  for (size_t i = 0; i < n; ++i) t.values_[i] = InitValue(spec->init(), first + i);
+  t.slots_.assign(static_cast<size_t>(OptimizerSlots(t.opt_.kind)), std::vector<float>(n, 0.f));
+  t.spec_ = std::move(canonical_spec);
+  return t;
+}
+
+Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
+  const wire::TableSpec* spec = ParseCanonical(snap.spec);
+  if (spec == nullptr) return DataLoss("table " + std::to_string(snap.table_id) + " has an unreadable spec");
+  Table t;
+  t.id_ = snap.table_id;
+  t.name_ = spec->name()->str();
+  t.rows_ = spec->rows();
+  t.cols_ = spec->cols();
+  t.range_ = {snap.row_begin, snap.row_end};
+  t.opt_ = ReadOptimizer(spec->optimizer());
+  size_t n = static_cast<size_t>(t.range_.size()) * t.cols_;
+  if (snap.cols != t.cols_ || snap.row_end < snap.row_begin || snap.row_end > t.rows_ || snap.values.size() != n ||
+      snap.slots.size() != static_cast<size_t>(OptimizerSlots(t.opt_.kind))) {
+    return DataLoss("table '" + t.name_ + "' in the snapshot has inconsistent sizes");
+  }
+  for (const auto& s : snap.slots) {
+    if (s.size() != n) return DataLoss("table '" + t.name_ + "' has an optimizer slot of the wrong size");
+  }
+  t.values_ = snap.values;
+  t.slots_ = snap.slots;
+  t.steps_ = snap.optimizer_steps;
+  t.spec_ = snap.spec;
+  return t;
+}
+
+TableSnapshot Table::ToSnapshot() const {
+  TableSnapshot s;
+  s.table_id = id_;
+  s.spec = spec_;
+  s.row_begin = range_.begin;
+  s.row_end = range_.end;
+  s.cols = cols_;
+  s.values = values_;
+  s.slots = slots_;
+  s.optimizer_steps = steps_;
+  return s;
+}
+
+Status Table::CheckOwned(const Rows& rows) const {
+  auto not_owned = [&](uint64_t a, uint64_t b) {
+    return InvalidArgument("rows [" + std::to_string(a) + ", " + std::to_string(b) + ") of table '" + name_ +
+                           "' are not held by this shard, which holds [" + std::to_string(range_.begin) + ", " +
+                           std::to_string(range_.end) + "); is --servers listed in the same order everywhere?");
+  };
+  if (rows.explicit_keys) {
+    for (uint64_t k : rows.keys) {
+      if (k < range_.begin || k >= range_.end) return not_owned(k, k + 1);
+    }
+    return Status::Ok();
+  }
+  if (rows.begin < range_.begin || rows.end > range_.end) return not_owned(rows.begin, rows.end);
+  return Status::Ok();
+}
+
+void Table::Read(const Rows& rows, float* out) const {
+  if (rows.explicit_keys) {
+    for (size_t i = 0; i < rows.keys.size(); ++i) {
+      std::memcpy(out + i * cols_, values_.data() + (rows.keys[i] - range_.begin) * cols_, cols_ * sizeof(float));
+    }
+    return;
+  }
+  size_t n = static_cast<size_t>(rows.end - rows.begin) * cols_;
+  if (n > 0) std::memcpy(out, values_.data() + (rows.begin - range_.begin) * cols_, n * sizeof(float));
+}
+
+void Table::ApplyRow(size_t offset, size_t n, const float* g) {
+  auto len = static_cast<int64_t>(n);
+  float* w = values_.data() + offset;
+  switch (opt_.kind) {
+    case wire::OptimizerKind::SGD:
+      kernels::cpu::SgdUpdate(len, {opt_.lr, opt_.weight_decay}, g, w);
+      break;
+    case wire::OptimizerKind::Momentum:
+      kernels::cpu::MomentumUpdate(len, {opt_.lr, opt_.momentum, opt_.weight_decay}, g, w, slots_[0].data() + offset);
+      break;
+    case wire::OptimizerKind::Adam:
+      kernels::cpu::AdamUpdate(len, {opt_.lr, opt_.beta1, opt_.beta2, opt_.epsilon, opt_.weight_decay},
+                               static_cast<int64_t>(steps_), g, w, slots_[0].data() + offset,
+                               slots_[1].data() + offset);
+      break;
+    case wire::OptimizerKind::Adagrad:
+      kernels::cpu::AdagradUpdate(len, {opt_.lr, opt_.epsilon, opt_.weight_decay}, g, w, slots_[0].data() + offset);
+      break;
+  }
+}
+
+void Table::Apply(const Rows& rows, const float* grad) {
+  ++steps_;
+  if (rows.explicit_keys) {
+    for (size_t i = 0; i < rows.keys.size(); ++i) {
+      ApplyRow((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
+    }
+    return;
+  }
+  ApplyRow((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_, grad);
+}
+
+}  // namespace leash::server

@@ -1,0 +1,315 @@
+// Integration tests with real leash-server processes on loopback: exact SGD sums across
+// shards, restart from the RocksDB snapshot, and hostile raw ZeroMQ peers.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+#include <zmq.hpp>
+
+#include "leash/common/wire.h"
+#include "leash/common/zmq_transport.h"
+#include "leash/worker/client.h"
+#include "support/process.h"
+
+namespace leash {
+namespace {
+
+using testing::Endpoint;
+using testing::FreePort;
+using testing::Process;
+using testing::TempDir;
+
+// A cluster of `n` real shards on free loopback ports.
+class Cluster {
+ public:
+  Cluster(int n, const std::string& dir, std::vector<std::string> extra = {}) : dir_(dir), extra_(std::move(extra)) {
+    for (int i = 0; i < n; ++i) endpoints_.push_back(Endpoint(FreePort()));
+    for (int i = 0; i < n; ++i) Start(i);
+  }
+
+  void Start(int i) {
+    std::vector<std::string> argv = {LEASH_SERVER_BIN,
+                                     "--shard=" + std::to_string(i),
+                                     "--num-shards=" + std::to_string(endpoints_.size()),
+                                     "--bind=" + endpoints_[static_cast<size_t>(i)],
+                                     "--data-dir=" + dir_ + "/shard" + std::to_string(i),
+                                     "--checkpoint-interval=0",
+                                     "--no-sync"};
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
+    if (procs_.size() <= static_cast<size_t>(i)) procs_.resize(static_cast<size_t>(i) + 1);
+    procs_[static_cast<size_t>(i)] = std::make_unique<Process>(argv, dir_ + "/shard" + std::to_string(i) + ".log");
+  }
+
+  Process& shard(int i) { return *procs_[static_cast<size_t>(i)]; }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  std::string servers() const {
+    std::string s;
+    for (const auto& e : endpoints_) s += (s.empty() ? "" : ",") + e;
+    return s;
+  }
+
+  std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& name, bool register_worker = true) {
+    auto t = ConnectZmqClient(ctx, endpoints_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    ClientOptions o;
+    o.name = name;
+    o.register_worker = register_worker;
+    o.connect_timeout_ms = 20000;
+    auto c = Client::Connect(std::move(*t), o);
+    EXPECT_TRUE(c.ok()) << c.status() << "\n" << procs_[0]->ReadLog();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> extra_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::unique_ptr<Process>> procs_;
+};
+
+TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
+  TableOptions t;
+  t.name = name;
+  t.rows = rows;
+  t.cols = cols;
+  t.optimizer = wire::OptimizerKind::SGD;
+  t.learning_rate = 1.f;
+  return t;
+}
+
+TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  ZmqContext ctx;
+  auto a = cluster.Connect(ctx, "a");
+  auto b = cluster.Connect(ctx, "b");
+  ASSERT_TRUE(a && b);
+  auto ta = a->CreateTable(Sgd1("w", 7, 3));  // 7 rows: shard 0 holds 4, shard 1 holds 3
+  auto tb = b->CreateTable(Sgd1("w", 7, 3));
+  ASSERT_TRUE(ta.ok() && tb.ok()) << ta.status() << tb.status();
+  constexpr int kSteps = 20;
+  auto run = [&](Client* c, const TableHandle& t, float scale) {
+    std::vector<float> g(t.size());
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = scale * static_cast<float>(i + 1);
+      ASSERT_TRUE(c->Push(t, g.data()).get().ok());
+      ASSERT_TRUE(c->Clock().get().ok());
+    }
+  };
+  std::thread ra(run, a.get(), *ta, 1.f);
+  std::thread rb(run, b.get(), *tb, 0.5f);
+  ra.join();
+  rb.join();
+  std::vector<float> v(ta->size());
+  ASSERT_TRUE(a->Pull(*ta, v.data()).get().ok());
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(v[i], -kSteps * 1.5f * static_cast<float>(i + 1)) << "value " << i;
+  }
+  // Sparse rows across both shards see the same values.
+  std::vector<uint64_t> keys = {6, 0, 3};
+  std::vector<float> rows(keys.size() * 3);
+  ASSERT_TRUE(b->Pull(*tb, keys, rows.data()).get().ok());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    for (size_t c = 0; c < 3; ++c) EXPECT_EQ(rows[k * 3 + c], v[keys[k] * 3 + c]);
+  }
+  EXPECT_TRUE(a->Leave().ok());
+  EXPECT_TRUE(b->Leave().ok());
+}
+
+TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  ZmqContext ctx;
+  auto fast = cluster.Connect(ctx, "fast");
+  auto slow = cluster.Connect(ctx, "slow");
+  ASSERT_TRUE(fast && slow);
+  auto t = fast->CreateTable(Sgd1("w", 4, 1));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(fast->Clock().get().ok());
+  std::vector<float> v(4);
+  auto pull = fast->Pull(*t, v.data());  // iteration 1 under s = 0 needs the slow worker's clock
+  EXPECT_EQ(pull.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  ASSERT_TRUE(slow->Clock().get().ok());
+  ASSERT_EQ(pull.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(pull.get().ok());
+}
+
+TEST(ClusterTest, RestartedShardServesItsLastSnapshot) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  ZmqContext ctx;
+  std::vector<float> snapshot_values(6);
+  {
+    auto c = cluster.Connect(ctx, "w");
+    ASSERT_TRUE(c);
+    auto t = c->CreateTable(Sgd1("w", 6, 1));
+    ASSERT_TRUE(t.ok());
+    std::vector<float> g = {1, 2, 3, 4, 5, 6};
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(c->Clock().get().ok());
+    auto clocks = c->Checkpoint();
+    ASSERT_TRUE(clocks.ok()) << clocks.status();
+    EXPECT_EQ((*clocks)[0], 3);
+    ASSERT_TRUE(c->Pull(*t, snapshot_values.data()).get().ok());
+    // An update after the snapshot is lost when the shard is killed.
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+  }
+  cluster.shard(0).Kill();
+  cluster.shard(1).Kill();
+  cluster.Start(0);
+  cluster.Start(1);
+  auto c = cluster.Connect(ctx, "reader", /*register_worker=*/false);
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Sgd1("w", 6, 1));
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<float> v(6);
+  ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+  EXPECT_EQ(v, snapshot_values);
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].recovered_clock, 3);
+  EXPECT_NE(cluster.shard(0).ReadLog().find("recovered snapshot"), std::string::npos);
+}
+
+TEST(ClusterTest, GracefulShutdownSnapshotsEveryUpdate) {
+  TempDir dir;
+  Cluster cluster(1, dir.path());
+  ZmqContext ctx;
+  {
+    auto c = cluster.Connect(ctx, "w");
+    ASSERT_TRUE(c);
+    auto t = c->CreateTable(Sgd1("w", 2, 1));
+    ASSERT_TRUE(t.ok());
+    std::vector<float> g = {1, 2};
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+    ASSERT_TRUE(c->Leave().ok());
+  }
+  cluster.shard(0).Signal(SIGTERM);
+  auto code = cluster.shard(0).Wait(std::chrono::seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << cluster.shard(0).ReadLog();
+  cluster.Start(0);
+  auto c = cluster.Connect(ctx, "reader", false);
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Sgd1("w", 2, 1));
+  ASSERT_TRUE(t.ok());
+  std::vector<float> v(2);
+  ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+  EXPECT_EQ(v, (std::vector<float>{-1, -2}));
+}
+
+// A raw DEALER that sends hand-made frames and reads replies.
+class RawPeer {
+ public:
+  RawPeer(zmq::context_t& ctx, const std::string& endpoint) : s_(ctx, zmq::socket_type::dealer) {
+    s_.set(zmq::sockopt::linger, 0);
+    s_.set(zmq::sockopt::rcvtimeo, 10000);
+    s_.connect(endpoint);
+  }
+  void Send(const std::vector<std::string>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      s_.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+  void Send(const Message& m) {
+    std::vector<std::string> frames;
+    for (const auto& f : m) frames.emplace_back(f.view());
+    Send(frames);
+  }
+  // The status of the next reply (OK for a non-error reply), and its request id.
+  Status Reply(uint64_t* rid = nullptr) {
+    Message m;
+    while (true) {
+      zmq::message_t part;
+      if (!s_.recv(part)) return DeadlineExceeded("no reply within 10 s");
+      bool more = part.more();
+      m.push_back(Frame::Copy(part.data(), part.size()));
+      if (!more) break;
+    }
+    auto env = VerifyEnvelope(m);
+    if (!env.ok()) return Internal("unreadable reply: " + env.status().ToString());
+    if (rid != nullptr) *rid = (*env)->request_id();
+    if ((*env)->body_type() == wire::Body::Error) return ErrorToStatus((*env)->body_as_Error());
+    return Status::Ok();
+  }
+
+ private:
+  zmq::socket_t s_;
+};
+
+TEST(ClusterTest, GarbageFromARawPeerGetsErrorRepliesWhileOthersAreServed) {
+  TempDir dir;
+  Cluster cluster(1, dir.path(), {"--max-message-mb=1"});
+  ZmqContext ctx;
+  auto good = cluster.Connect(ctx, "good");
+  ASSERT_TRUE(good);
+  auto t = good->CreateTable(Sgd1("w", 8, 2));
+  ASSERT_TRUE(t.ok());
+
+  zmq::context_t raw_ctx;
+  RawPeer raw(raw_ctx, cluster.endpoints()[0]);
+  raw.Send({"complete garbage, not a flatbuffer"});
+  EXPECT_EQ(raw.Reply().code(), StatusCode::kInvalidArgument);
+
+  Message pull = MakePull(11, 0, Rows::Range(0, 8), 0, 0, 0);
+  raw.Send({std::string(pull[0].view().substr(0, pull[0].size() / 2))});
+  EXPECT_EQ(raw.Reply().code(), StatusCode::kInvalidArgument);
+
+  Message unknown = MakePull(12, 99, Rows::Range(0, 1), 0, 0, 0);
+  raw.Send(unknown);
+  uint64_t rid = 0;
+  Status st = raw.Reply(&rid);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(rid, 12u);
+  EXPECT_NE(st.message().find("unknown table 99"), std::string::npos) << st;
+
+  // Register, then push a gradient whose frame does not match the declared rows.
+  raw.Send(MakeRegister(13, 4242, 1, "raw"));
+  ASSERT_TRUE(raw.Reply().ok());
+  std::vector<float> wrong(3, 1.f);
+  raw.Send(MakePush(14, 0, Rows::Range(0, 8), 4242, 1, 1, wire::DType::F32, EncodeValues(wrong, wire::DType::F32)));
+  EXPECT_EQ(raw.Reply().code(), StatusCode::kInvalidArgument);
+
+  // An oversized tensor (2 MiB against a 1 MiB limit) is refused, not applied.
+  std::vector<float> huge(512 * 1024, 1.f);
+  raw.Send(MakePush(15, 0, Rows::Range(0, 8), 4242, 1, 2, wire::DType::F32, EncodeValues(huge, wire::DType::F32)));
+  EXPECT_EQ(raw.Reply().code(), StatusCode::kResourceExhausted);
+
+  // Another protocol version.
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = wire::CreateStats(fbb);
+  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 7, 16, wire::Body::Stats, body.Union()), wire::EnvelopeIdentifier());
+  raw.Send({std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize())});
+  EXPECT_EQ(raw.Reply().code(), StatusCode::kVersionMismatch);
+
+  // The shard is alive, unharmed and still serving the well-behaved worker.
+  std::vector<float> v(16, -1.f);
+  ASSERT_TRUE(good->Pull(*t, v.data()).get().ok());
+  EXPECT_EQ(v, std::vector<float>(16, 0.f));
+  EXPECT_TRUE(cluster.shard(0).running());
+  auto stats = good->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].errors, 6u);
+}
+
+TEST(ClusterTest, UnreachableShardIsAClearErrorNotAHang) {
+  ZmqContext ctx;
+  auto t = ConnectZmqClient(ctx, {Endpoint(FreePort())});
+  ASSERT_TRUE(t.ok());
+  ClientOptions o;
+  o.connect_timeout_ms = 500;
+  auto c = Client::Connect(std::move(*t), o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("did not answer"), std::string::npos) << c.status();
+}
+
+TEST(ClusterTest, BadEndpointIsInvalidArgument) {
+  ZmqContext ctx;
+  auto t = ConnectZmqClient(ctx, {"not-an-endpoint"});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace leash

@@ -1,0 +1,111 @@
+// Child processes, ports and temp dirs for multi-process tests.
+#include "process.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace leash::testing {
+
+Process::Process(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid_ == 0) {
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    // Die with the test runner even if it is killed before its destructors run.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+}
+
+Process::~Process() { Kill(); }
+
+bool Process::running() { return !Wait(std::chrono::milliseconds(0)).has_value(); }
+
+void Process::Signal(int sig) {
+  if (pid_ > 0 && !exit_code_) ::kill(pid_, sig);
+}
+
+std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
+  if (exit_code_) return exit_code_;
+  if (pid_ <= 0) return std::nullopt;
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+    struct timespec ts{0, 10'000'000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+void Process::Kill() {
+  if (pid_ <= 0 || exit_code_) return;
+  ::kill(pid_, SIGKILL);
+  Wait(std::chrono::seconds(10));
+}
+
+std::string Process::ReadLog() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    throw std::runtime_error("cannot bind a loopback port");
+  }
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string Endpoint(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+TempDir::TempDir() {
+  std::string base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string tmpl = base + "/leash-test-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace leash::testing

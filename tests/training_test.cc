@@ -1,0 +1,135 @@
+// End-to-end: real leash-server shards and leash-worker processes train the MLP on a
+// slice of Fashion-MNIST over loopback; leashctl reports on the running cluster.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "support/process.h"
+
+namespace leash {
+namespace {
+
+using testing::Endpoint;
+using testing::FreePort;
+using testing::Process;
+using testing::TempDir;
+
+constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
+
+std::vector<double> TestAccuracies(const std::string& json_path) {
+  std::ifstream f(json_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  std::vector<double> acc;
+  std::regex re("\"test_accuracy\": ([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
+    acc.push_back(std::stod((*it)[1]));
+  }
+  return acc;
+}
+
+std::vector<double> TrainLosses(const std::string& json_path) {
+  std::ifstream f(json_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  std::vector<double> loss;
+  std::regex re("\"train_loss\": ([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
+    loss.push_back(std::stod((*it)[1]));
+  }
+  return loss;
+}
+
+class TrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST not found at " << kData << " (apt-get install dataset-fashion-mnist)";
+    }
+    for (int i = 0; i < 2; ++i) {
+      ports_.push_back(FreePort());
+      servers_ += (i ? "," : "") + Endpoint(ports_.back());
+    }
+    for (int i = 0; i < 2; ++i) {
+      shards_.push_back(std::make_unique<Process>(
+          std::vector<std::string>{LEASH_SERVER_BIN, "--shard=" + std::to_string(i), "--num-shards=2",
+                                   "--bind=" + Endpoint(ports_[static_cast<size_t>(i)]),
+                                   "--data-dir=" + dir_.path() + "/shard" + std::to_string(i), "--no-sync",
+                                   "--lease-timeout=5s"},
+          dir_.path() + "/shard" + std::to_string(i) + ".log"));
+    }
+  }
+
+  std::unique_ptr<Process> Worker(int index, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {LEASH_WORKER_BIN,       "--servers=" + servers_,
+                                     "--worker-index=" + std::to_string(index), "--num-workers=2",
+                                     "--train-limit=6000",   "--test-limit=2000",
+                                     "--log-every=20",       "--metrics-out=" + dir_.path() + "/w" + std::to_string(index) + ".json"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Process>(argv, dir_.path() + "/w" + std::to_string(index) + ".log");
+  }
+
+  TempDir dir_;
+  std::vector<int> ports_;
+  std::string servers_;
+  std::vector<std::unique_ptr<Process>> shards_;
+};
+
+TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
+  auto w0 = Worker(0, {"--epochs=2", "--staleness=1"});
+  auto w1 = Worker(1, {"--epochs=2", "--staleness=1"});
+  auto c0 = w0->Wait(std::chrono::minutes(4));
+  auto c1 = w1->Wait(std::chrono::minutes(4));
+  ASSERT_TRUE(c0 && c1) << "workers did not finish";
+  ASSERT_EQ(*c0, 0) << w0->ReadLog();
+  ASSERT_EQ(*c1, 0) << w1->ReadLog();
+  for (int i = 0; i < 2; ++i) {
+    std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
+    auto acc = TestAccuracies(path);
+    auto loss = TrainLosses(path);
+    ASSERT_EQ(acc.size(), 2u);
+    EXPECT_GT(acc.back(), 0.72) << "worker " << i;   // 10 classes: chance is 0.10
+    EXPECT_LT(loss[1], loss[0]) << "worker " << i;
+  }
+  std::string log = w0->ReadLog();
+  EXPECT_NE(log.find("samples/s"), std::string::npos);
+  EXPECT_NE(log.find("final test accuracy"), std::string::npos);
+}
+
+TEST_F(TrainingTest, InterruptedWorkerLeavesAtOnceAndLeashctlSeesIt) {
+  auto w0 = Worker(0, {"--epochs=50", "--staleness=0", "--no-eval"});
+  // Wait until it trains, then look at the cluster.
+  ASSERT_TRUE(testing::WaitFor([&] { return w0->ReadLog().find("samples/s") != std::string::npos; },
+                               std::chrono::seconds(60)))
+      << w0->ReadLog();
+  Process status({LEASHCTL_BIN, "--servers=" + servers_, "status"}, dir_.path() + "/status.log");
+  ASSERT_EQ(status.Wait(std::chrono::seconds(20)), 0) << status.ReadLog();
+  EXPECT_NE(status.ReadLog().find("1 live workers"), std::string::npos) << status.ReadLog();
+  w0->Signal(SIGINT);
+  auto code = w0->Wait(std::chrono::seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << w0->ReadLog();
+  // Graceful leave: the shards dropped it without waiting for its 5 s lease.
+  Process after({LEASHCTL_BIN, "--servers=" + servers_, "status"}, dir_.path() + "/after.log");
+  ASSERT_EQ(after.Wait(std::chrono::seconds(20)), 0);
+  EXPECT_NE(after.ReadLog().find("0 live workers"), std::string::npos) << after.ReadLog();
+  EXPECT_NE(shards_[0]->ReadLog().find("left"), std::string::npos);
+}
+
+TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
+  Process bad({LEASH_WORKER_BIN, "--servers=" + servers_, "--batch=zero"}, dir_.path() + "/bad.log");
+  EXPECT_EQ(bad.Wait(std::chrono::seconds(20)), 2);
+  EXPECT_NE(bad.ReadLog().find("--batch"), std::string::npos) << bad.ReadLog();
+  Process lost({LEASH_WORKER_BIN, "--servers=" + Endpoint(FreePort()), "--connect-timeout=1"}, dir_.path() + "/lost.log");
+  EXPECT_EQ(lost.Wait(std::chrono::seconds(60)), 1);
+  EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();
+}
+
+}  // namespace
+}  // namespace leash

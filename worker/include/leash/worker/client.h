@@ -1,0 +1,133 @@
+// Client for a sharded Leash cluster: register, create tables, pull, push and clock, all
+// asynchronous. Thread-safe. One connection per shard (through a ClientTransport); many
+// requests in flight and pipelined. A background I/O thread owns the connections, sends
+// heartbeats (so a long compute step never looks like a death) and resends requests to
+// a shard that went silent once it answers again; pushes carry (worker id, incarnation,
+// sequence) so a resent push is applied at most once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "leash/common/status.h"
+#include "leash/common/transport.h"
+#include "leash/common/wire.h"
+
+namespace leash {
+
+struct ClientOptions {
+  uint64_t worker_id = 0;            // 0: pick a random id
+  std::string name;                  // for logs and status
+  bool register_worker = true;       // false for tools (leashctl) that only read
+  int64_t staleness = 0;             // pulls for iteration c wait until min clock >= c - staleness
+  wire::DType wire_dtype = wire::DType::F32;  // encoding of pushes and pull replies
+  int64_t connect_timeout_ms = 30000;         // Connect() fails if a shard does not answer
+  int64_t shard_silence_ms = 3000;   // a shard silent this long with requests pending is reconnected
+  int64_t heartbeat_ms = 0;          // 0: a third of the shards' lease
+};
+
+// A table's shape, server-side optimizer and initializer.
+using TableOptions = TableSpecArgs;
+
+// A table as created on every shard: its shape and each shard's id for it.
+struct TableHandle {
+  std::string name;
+  uint64_t rows = 0;
+  uint32_t cols = 0;
+  std::vector<uint32_t> shard_ids;
+  size_t size() const { return static_cast<size_t>(rows) * cols; }
+};
+
+struct ShardStats {
+  uint32_t shard = 0;
+  int64_t min_clock = 0;
+  uint64_t parked_pulls = 0;
+  uint64_t pushes_applied = 0;
+  uint64_t pulls_served = 0;
+  uint64_t errors = 0;
+  int64_t last_snapshot_clock = -1;
+  int64_t recovered_clock = -1;
+  struct Worker {
+    uint64_t id = 0;
+    uint64_t incarnation = 0;
+    std::string name;
+    int64_t clock = 0;
+    uint64_t ms_since_heartbeat = 0;
+  };
+  std::vector<Worker> workers;
+  struct TableStat {
+    std::string name;
+    uint64_t rows = 0;
+    uint32_t cols = 0;
+    uint64_t local_rows = 0;
+  };
+  std::vector<TableStat> tables;
+};
+
+struct ClientCounters {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t requests = 0;
+  uint64_t resends = 0;
+};
+
+class Client {
+ public:
+  // Connects through `transport` (one connection per shard) and, unless
+  // options.register_worker is false, registers this worker with every shard. The
+  // worker's clock starts at the largest minimum clock the shards report, so a worker
+  // joining late never drags the others back. Unavailable, naming the shard, if a shard
+  // does not answer within options.connect_timeout_ms; VersionMismatch for a shard of
+  // another protocol version.
+  static Result<std::unique_ptr<Client>> Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options);
+  ~Client();  // stops the I/O thread; does not Leave()
+
+  // Creates `table` on every shard, or finds it if it exists with the same spec.
+  // AlreadyExists if it exists with another spec; InvalidArgument for a bad spec.
+  Result<TableHandle> CreateTable(const TableOptions& table);
+
+  // Reads the whole table into `out` (table.size() floats, alive until the future is
+  // ready) once the staleness bound allows reading for this worker's current clock.
+  // The future fails with NotFound for an unknown table.
+  std::future<Status> Pull(const TableHandle& table, float* out);
+  // Reads rows `keys` (row-major into out, keys.size() * cols floats).
+  std::future<Status> Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out);
+  // Sends the gradient of the whole table (copied before returning). Each shard applies
+  // a given push at most once.
+  std::future<Status> Push(const TableHandle& table, const float* grad);
+  std::future<Status> Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
+
+  // Ends this worker's current iteration on every shard (after the pushes sent before it).
+  std::future<Status> Clock();
+  int64_t clock() const { return clock_.load(); }
+
+  // Leaves the job: every shard drops this worker at once.
+  Status Leave();
+
+  // Statistics of every shard (for leashctl status).
+  Result<std::vector<ShardStats>> Stats();
+  // Makes every shard write a snapshot now; returns the clock each snapshot holds.
+  Result<std::vector<int64_t>> Checkpoint();
+
+  uint64_t worker_id() const { return options_.worker_id; }
+  uint64_t incarnation() const { return incarnation_; }
+  int num_shards() const { return num_shards_; }
+  ClientCounters counters() const;
+
+ private:
+  class Impl;
+  Client(ClientOptions options, int num_shards);
+
+  ClientOptions options_;
+  int num_shards_;
+  uint64_t incarnation_ = 0;
+  std::atomic<int64_t> clock_{0};
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace leash

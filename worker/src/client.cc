@@ -1,0 +1,602 @@
+// leash::Client: request pipelining, heartbeats and resends on a background I/O thread.
+// Callers build messages on their own thread; only the I/O thread touches the transport.
+#include "leash/worker/client.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "leash/common/partition.h"
+
+namespace leash {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t Bytes(const Message& m) {
+  size_t n = 0;
+  for (const auto& f : m) n += f.size();
+  return n;
+}
+
+// A user-level operation fanned out to one or more shards; completes when every part
+// has a reply. Touched only by the I/O thread after submission.
+struct Op {
+  using OnReply = std::function<Status(int shard, const wire::Envelope* env, const Message& msg)>;
+  explicit Op(int parts, OnReply cb) : remaining(parts), on_reply(std::move(cb)) {}
+  std::promise<Status> promise;
+  int remaining;
+  Status error;
+  OnReply on_reply;
+
+  void Complete(Status st) {
+    if (!st.ok() && error.ok()) error = std::move(st);
+    if (--remaining == 0) promise.set_value(error);
+  }
+};
+
+struct Request {
+  uint64_t rid = 0;
+  int shard = 0;
+  Message message;
+  std::shared_ptr<Op> op;  // null for heartbeats
+};
+
+std::future<Status> Ready(Status st) {
+  std::promise<Status> p;
+  p.set_value(std::move(st));
+  return p.get_future();
+}
+
+std::vector<int> AllShards(int n) {
+  std::vector<int> all(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) all[static_cast<size_t>(s)] = s;
+  return all;
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  Impl(std::unique_ptr<ClientTransport> transport, const ClientOptions& options)
+      : transport_(std::move(transport)),
+        options_(options),
+        n_(transport_->num_shards()),
+        last_heard_(static_cast<size_t>(n_), NowMs()),
+        next_reconnect_(static_cast<size_t>(n_), 0),
+        backoff_(static_cast<size_t>(n_), 100),
+        push_seq_(static_cast<size_t>(n_), 0),
+        silence_ms_(options.shard_silence_ms) {}
+
+  ~Impl() { Stop(); }
+
+  void Start() { io_ = std::thread([this] { Loop(); }); }
+
+  void Stop() {
+    if (!io_.joinable()) return;
+    stop_.store(true);
+    transport_->Wake();
+    io_.join();
+  }
+
+  // Submits one message per shard in `parts`; `build(shard, rid, seq)` makes each
+  // message. rid and push sequence numbers are assigned under the queue lock, so their
+  // order is the order messages reach each shard.
+  std::future<Status> Submit(const std::vector<int>& shards, const std::function<Message(int, uint64_t, uint64_t)>& build,
+                             Op::OnReply on_reply, bool is_push = false) {
+    auto op = std::make_shared<Op>(static_cast<int>(shards.size()), std::move(on_reply));
+    auto fut = op->promise.get_future();
+    if (shards.empty()) {
+      op->promise.set_value(Status::Ok());
+      return fut;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_.load()) {
+        op->promise.set_value(Cancelled("client is shut down"));
+        return fut;
+      }
+      for (int s : shards) {
+        uint64_t rid = next_rid_.fetch_add(1);
+        uint64_t seq = is_push ? ++push_seq_[static_cast<size_t>(s)] : 0;
+        queue_.push_back({rid, s, build(s, rid, seq), op});
+      }
+    }
+    transport_->Wake();
+    return fut;
+  }
+
+  // Heartbeats every `interval_ms` (0 stops them). A shard counts as silent only after
+  // missing a few heartbeats, so a pull parked behind a straggler is not resent.
+  void EnableHeartbeats(uint64_t worker_id, uint64_t incarnation, int64_t interval_ms) {
+    hb_worker_.store(worker_id);
+    hb_incarnation_.store(incarnation);
+    silence_ms_.store(std::max(options_.shard_silence_ms, interval_ms * 5 / 2));
+    hb_interval_ms_.store(interval_ms);
+  }
+
+  ClientCounters counters() const {
+    ClientCounters c;
+    c.bytes_sent = bytes_sent_.load();
+    c.bytes_received = bytes_received_.load();
+    c.requests = requests_.load();
+    c.resends = resends_.load();
+    return c;
+  }
+
+  int num_shards() const { return n_; }
+
+ private:
+  void SendNow(Request& r) {
+    bytes_sent_ += Bytes(r.message);
+    Status st = transport_->Send(r.shard, r.message);
+    if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", r.shard, st.ToString());
+  }
+
+  void Loop() {
+    int64_t last_hb = 0;
+    while (!stop_.load()) {
+      std::deque<Request> batch;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.swap(queue_);
+      }
+      int64_t now = NowMs();
+      for (Request& r : batch) {
+        if (inflight_per_shard_[r.shard]++ == 0) last_heard_[static_cast<size_t>(r.shard)] = now;
+        ++requests_;
+        SendNow(r);
+        uint64_t rid = r.rid;
+        inflight_.emplace(rid, std::move(r));
+      }
+      int64_t hb = hb_interval_ms_.load();
+      if (hb > 0 && now - last_hb >= hb) {
+        last_hb = now;
+        for (int s = 0; s < n_; ++s) {
+          Request r;
+          r.rid = next_rid_.fetch_add(1);
+          r.shard = s;
+          r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
+          if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
+          SendNow(r);
+          inflight_.emplace(r.rid, std::move(r));
+        }
+      }
+      CheckSilence(now);
+      int64_t wait = 50;
+      if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
+      auto in = transport_->Receive(std::chrono::milliseconds(wait));
+      if (!in.ok()) {
+        spdlog::error("client transport failed: {}", in.status().ToString());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      // Drain whatever is ready before going back to the queue.
+      while (in.ok() && in->has_value()) {
+        OnMessage((*in)->first, (*in)->second);
+        in = transport_->Receive(std::chrono::milliseconds(0));
+      }
+    }
+    for (auto& [rid, r] : inflight_) {
+      if (r.op) r.op->Complete(Cancelled("client shut down before shard " + std::to_string(r.shard) + " replied"));
+    }
+    inflight_.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Request& r : queue_) {
+      if (r.op) r.op->Complete(Cancelled("client shut down"));
+    }
+    queue_.clear();
+  }
+
+  // A shard that stays silent while requests wait on it is reconnected with backoff and
+  // sent every pending request again, in the original order. Pulls, clocks and
+  // registrations are idempotent; pushes are deduplicated by sequence on the shard.
+  void CheckSilence(int64_t now) {
+    for (int s = 0; s < n_; ++s) {
+      auto i = static_cast<size_t>(s);
+      if (inflight_per_shard_[s] == 0 || now - last_heard_[i] < silence_ms_.load() || now < next_reconnect_[i]) {
+        continue;
+      }
+      spdlog::warn("shard {} silent for {} ms with {} requests pending; reconnecting and resending", s,
+                   now - last_heard_[i], inflight_per_shard_[s]);
+      Status st = transport_->Reconnect(s);
+      if (!st.ok()) spdlog::warn("reconnect to shard {} failed: {}", s, st.ToString());
+      for (auto it = inflight_.begin(); it != inflight_.end();) {
+        if (it->second.shard != s) {
+          ++it;
+        } else if (!it->second.op) {  // stale heartbeat: drop, a new one follows
+          --inflight_per_shard_[s];
+          it = inflight_.erase(it);
+        } else {
+          ++resends_;
+          SendNow(it->second);
+          ++it;
+        }
+      }
+      next_reconnect_[i] = now + backoff_[i];
+      backoff_[i] = std::min<int64_t>(backoff_[i] * 2, 5000);
+    }
+  }
+
+  void OnMessage(int shard, const Message& msg) {
+    auto si = static_cast<size_t>(shard);
+    bytes_received_ += Bytes(msg);
+    last_heard_[si] = NowMs();
+    backoff_[si] = 100;
+    next_reconnect_[si] = 0;
+    auto env = VerifyEnvelope(msg);
+    if (!env.ok()) {
+      spdlog::error("shard {} sent an unreadable reply: {}", shard, env.status().ToString());
+      return;
+    }
+    auto it = inflight_.find((*env)->request_id());
+    if (it == inflight_.end()) return;  // a late duplicate of a resent request
+    Request r = std::move(it->second);
+    inflight_.erase(it);
+    --inflight_per_shard_[shard];
+    const wire::Envelope* e = *env;
+    if (!r.op) {  // heartbeat
+      if (e->body_type() == wire::Body::Error) {
+        spdlog::warn("heartbeat rejected by shard {}: {}", shard, ErrorToStatus(e->body_as_Error()).ToString());
+      }
+      return;
+    }
+    if (e->body_type() == wire::Body::Error) {
+      r.op->Complete(ErrorToStatus(e->body_as_Error()).WithContext("shard " + std::to_string(shard)));
+      return;
+    }
+    r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, e, msg) : Status::Ok());
+  }
+
+  std::unique_ptr<ClientTransport> transport_;
+  ClientOptions options_;
+  int n_;
+  std::mutex mu_;
+  std::deque<Request> queue_;
+  // Taken under mu_ by Submit, so rid order is queue order; heartbeats take theirs too.
+  std::atomic<uint64_t> next_rid_{1};
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+
+  // I/O thread state.
+  std::map<uint64_t, Request> inflight_;  // ordered by rid = send order
+  std::map<int, int64_t> inflight_per_shard_;
+  std::vector<int64_t> last_heard_;
+  std::vector<int64_t> next_reconnect_;
+  std::vector<int64_t> backoff_;
+  std::vector<uint64_t> push_seq_;  // guarded by mu_
+  std::atomic<uint64_t> hb_worker_{0};
+  std::atomic<uint64_t> hb_incarnation_{0};
+  std::atomic<int64_t> silence_ms_{0};
+  std::atomic<int64_t> hb_interval_ms_{0};
+
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> resends_{0};
+};
+
+Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
+
+Client::~Client() {
+  if (impl_) impl_->Stop();
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options) {
+  if (!transport) return InvalidArgument("Client::Connect needs a transport");
+  if (options.staleness < 0) return InvalidArgument("staleness must be >= 0");
+  if (options.worker_id == 0) {
+    std::random_device rd;
+    options.worker_id = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+  }
+  int n = transport->num_shards();
+  std::unique_ptr<Client> c(new Client(options, n));
+  c->incarnation_ = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  c->impl_ = std::make_unique<Impl>(std::move(transport), c->options_);
+  c->impl_->Start();
+
+  // Even tools that do not register make sure every shard answers.
+  std::vector<int> all = AllShards(n);
+  auto starts = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), INT64_MIN);
+  auto lease = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), 0);
+  std::future<Status> fut;
+  if (c->options_.register_worker) {
+    fut = c->impl_->Submit(
+        all,
+        [&](int, uint64_t rid, uint64_t) {
+          return MakeRegister(rid, c->options_.worker_id, c->incarnation_, c->options_.name);
+        },
+        [starts, lease, n](int shard, const wire::Envelope* env, const Message&) -> Status {
+          const wire::Welcome* w = env->body_as_Welcome();
+          if (w == nullptr) return Internal("shard answered Register without a Welcome");
+          if (static_cast<int>(w->num_shards()) != n || static_cast<int>(w->shard()) != shard) {
+            return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
+                                      std::to_string(w->shard()) + " of " + std::to_string(w->num_shards()) +
+                                      "; list the shards in order, all of them");
+          }
+          (*starts)[static_cast<size_t>(shard)] = w->start_clock();
+          (*lease)[static_cast<size_t>(shard)] = w->lease_ms();
+          return Status::Ok();
+        });
+  } else {
+    fut = c->impl_->Submit(
+        all,
+        [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
+        [starts](int shard, const wire::Envelope*, const Message&) -> Status {
+          (*starts)[static_cast<size_t>(shard)] = 0;
+          return Status::Ok();
+        });
+  }
+  if (fut.wait_for(std::chrono::milliseconds(c->options_.connect_timeout_ms)) != std::future_status::ready) {
+    std::string missing;
+    for (int s = 0; s < n; ++s) {
+      if ((*starts)[static_cast<size_t>(s)] == INT64_MIN) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
+    }
+    return Unavailable("shard(s) " + missing + " did not answer within " + std::to_string(c->options_.connect_timeout_ms) +
+                       " ms; check that leash-server is running and --servers / LEASH_SERVERS is right");
+  }
+  LEASH_RETURN_IF_ERROR(fut.get());
+  if (c->options_.register_worker) {
+    int64_t start = *std::max_element(starts->begin(), starts->end());
+    int64_t min_lease = *std::min_element(lease->begin(), lease->end());
+    c->clock_.store(start);
+    int64_t hb = c->options_.heartbeat_ms > 0 ? c->options_.heartbeat_ms : std::max<int64_t>(min_lease / 3, 10);
+    c->impl_->EnableHeartbeats(c->options_.worker_id, c->incarnation_, hb);
+    if (*std::min_element(starts->begin(), starts->end()) != start) {
+      LEASH_RETURN_IF_ERROR(c->Clock().get());  // bring every shard to the same start clock
+      c->clock_.store(start);
+    }
+    spdlog::info("worker {} '{}' registered with {} shard(s), starting at clock {}", c->options_.worker_id,
+                 c->options_.name, n, start);
+  }
+  return c;
+}
+
+Result<TableHandle> Client::CreateTable(const TableOptions& t) {
+  auto ids = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(num_shards_), 0);
+  std::vector<int> all = AllShards(num_shards_);
+  auto fut = impl_->Submit(
+      all,
+      [&](int, uint64_t rid, uint64_t) { return MakeCreateTable(rid, t); },
+      [ids](int shard, const wire::Envelope* env, const Message&) -> Status {
+        const wire::TableCreated* tc = env->body_as_TableCreated();
+        if (tc == nullptr) return Internal("unexpected reply to CreateTable");
+        (*ids)[static_cast<size_t>(shard)] = tc->table_id();
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(fut.get().WithContext("create table '" + t.name + "'"));
+  TableHandle h;
+  h.name = t.name;
+  h.rows = t.rows;
+  h.cols = t.cols;
+  h.shard_ids = *ids;
+  return h;
+}
+
+namespace {
+
+Status CheckPullReply(const wire::Envelope* env, const Message& msg, size_t rows, uint32_t cols, size_t* values) {
+  const wire::PullReply* r = env->body_as_PullReply();
+  if (r == nullptr) return Internal("unexpected reply to Pull");
+  if (r->num_rows() != rows || r->cols() != cols) {
+    return Internal("pull reply has " + std::to_string(r->num_rows()) + " x " + std::to_string(r->cols()) +
+                    " values, expected " + std::to_string(rows) + " x " + std::to_string(cols));
+  }
+  if (msg.size() != 2) return Internal("pull reply without exactly one payload frame");
+  *values = rows * cols;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::future<Status> Client::Pull(const TableHandle& table, float* out) {
+  RangePartitioner part(num_shards_);
+  std::vector<int> shards;
+  for (int s = 0; s < num_shards_; ++s) {
+    if (part.Range(table.rows, s).size() > 0) shards.push_back(s);
+  }
+  int64_t clock = clock_.load();
+  auto dtype = options_.wire_dtype;
+  TableHandle t = table;
+  return impl_->Submit(
+      shards,
+      [&](int s, uint64_t rid, uint64_t) {
+        RowRange rr = part.Range(t.rows, s);
+        Rows rows;
+        rows.begin = rr.begin;
+        rows.end = rr.end;
+        return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
+                        dtype);
+      },
+      [t, out, part](int s, const wire::Envelope* env, const Message& msg) -> Status {
+        RowRange rr = part.Range(t.rows, s);
+        size_t n = 0;
+        LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, rr.size(), t.cols, &n));
+        return DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, out + rr.begin * t.cols);
+      });
+}
+
+std::future<Status> Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {
+  for (uint64_t k : keys) {
+    if (k >= table.rows) {
+      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
+                                   std::to_string(table.rows) + " rows"));
+    }
+  }
+  RangePartitioner part(num_shards_);
+  auto split = std::make_shared<std::vector<std::vector<uint64_t>>>();
+  auto pos = std::make_shared<std::vector<std::vector<size_t>>>();
+  part.Split(table.rows, std::vector<uint64_t>(keys.begin(), keys.end()), split.get(), pos.get());
+  std::vector<int> shards;
+  for (int s = 0; s < num_shards_; ++s) {
+    if (!(*split)[static_cast<size_t>(s)].empty()) shards.push_back(s);
+  }
+  int64_t clock = clock_.load();
+  auto dtype = options_.wire_dtype;
+  TableHandle t = table;
+  return impl_->Submit(
+      shards,
+      [&](int s, uint64_t rid, uint64_t) {
+        Rows rows;
+        rows.explicit_keys = true;
+        rows.keys = (*split)[static_cast<size_t>(s)];
+        return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
+                        dtype);
+      },
+      [t, out, split, pos](int s, const wire::Envelope* env, const Message& msg) -> Status {
+        const auto& p = (*pos)[static_cast<size_t>(s)];
+        size_t n = 0;
+        LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, p.size(), t.cols, &n));
+        std::vector<float> tmp(n);
+        LEASH_RETURN_IF_ERROR(DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, tmp.data()));
+        for (size_t i = 0; i < p.size(); ++i) {
+          std::copy_n(tmp.data() + i * t.cols, t.cols, out + p[i] * t.cols);
+        }
+        return Status::Ok();
+      });
+}
+
+std::future<Status> Client::Push(const TableHandle& table, const float* grad) {
+  RangePartitioner part(num_shards_);
+  std::vector<int> shards;
+  std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
+  for (int s = 0; s < num_shards_; ++s) {
+    RowRange rr = part.Range(table.rows, s);
+    if (rr.size() == 0) continue;
+    shards.push_back(s);
+    payloads[static_cast<size_t>(s)] =
+        EncodeValues(std::span<const float>(grad + rr.begin * table.cols, rr.size() * table.cols), options_.wire_dtype);
+  }
+  return impl_->Submit(
+      shards,
+      [&](int s, uint64_t rid, uint64_t seq) {
+        RowRange rr = part.Range(table.rows, s);
+        Rows rows;
+        rows.begin = rr.begin;
+        rows.end = rr.end;
+        return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, incarnation_, seq,
+                        options_.wire_dtype, payloads[static_cast<size_t>(s)]);
+      },
+      nullptr, /*is_push=*/true);
+}
+
+std::future<Status> Client::Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad) {
+  for (uint64_t k : keys) {
+    if (k >= table.rows) {
+      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
+                                   std::to_string(table.rows) + " rows"));
+    }
+  }
+  RangePartitioner part(num_shards_);
+  std::vector<std::vector<uint64_t>> split;
+  std::vector<std::vector<size_t>> pos;
+  part.Split(table.rows, std::vector<uint64_t>(keys.begin(), keys.end()), &split, &pos);
+  std::vector<int> shards;
+  std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
+  for (int s = 0; s < num_shards_; ++s) {
+    const auto& p = pos[static_cast<size_t>(s)];
+    if (p.empty()) continue;
+    shards.push_back(s);
+    std::vector<float> g(p.size() * table.cols);
+    for (size_t i = 0; i < p.size(); ++i) std::copy_n(grad + p[i] * table.cols, table.cols, g.data() + i * table.cols);
+    payloads[static_cast<size_t>(s)] = EncodeValues(g, options_.wire_dtype);
+  }
+  return impl_->Submit(
+      shards,
+      [&](int s, uint64_t rid, uint64_t seq) {
+        Rows rows;
+        rows.explicit_keys = true;
+        rows.keys = split[static_cast<size_t>(s)];
+        return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, incarnation_, seq,
+                        options_.wire_dtype, payloads[static_cast<size_t>(s)]);
+      },
+      nullptr, /*is_push=*/true);
+}
+
+std::future<Status> Client::Clock() {
+  int64_t next = clock_.fetch_add(1) + 1;
+  std::vector<int> all = AllShards(num_shards_);
+  return impl_->Submit(
+      all,
+      [&](int, uint64_t rid, uint64_t) { return MakeClock(rid, options_.worker_id, next); },
+      nullptr);
+}
+
+Status Client::Leave() {
+  std::vector<int> all = AllShards(num_shards_);
+  impl_->EnableHeartbeats(options_.worker_id, incarnation_, 0);
+  auto fut = impl_->Submit(
+      all,
+      [&](int, uint64_t rid, uint64_t) { return MakeLeave(rid, options_.worker_id, incarnation_); },
+      nullptr);
+  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    return Unavailable("not every shard acknowledged the leave within 5 s; they will evict this worker when its lease expires");
+  }
+  return fut.get();
+}
+
+Result<std::vector<ShardStats>> Client::Stats() {
+  auto stats = std::make_shared<std::vector<ShardStats>>(static_cast<size_t>(num_shards_));
+  std::vector<int> all = AllShards(num_shards_);
+  auto fut = impl_->Submit(
+      all,
+      [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
+      [stats](int s, const wire::Envelope* env, const Message&) -> Status {
+        const wire::StatsReply* r = env->body_as_StatsReply();
+        if (r == nullptr) return Internal("unexpected reply to Stats");
+        ShardStats& o = (*stats)[static_cast<size_t>(s)];
+        o.shard = r->shard();
+        o.min_clock = r->min_clock();
+        o.parked_pulls = r->parked_pulls();
+        o.pushes_applied = r->pushes_applied();
+        o.pulls_served = r->pulls_served();
+        o.errors = r->errors();
+        o.last_snapshot_clock = r->last_snapshot_clock();
+        o.recovered_clock = r->recovered_clock();
+        if (r->workers()) {
+          for (const auto* w : *r->workers()) {
+            o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),
+                                 w->ms_since_heartbeat()});
+          }
+        }
+        if (r->tables()) {
+          for (const auto* t : *r->tables()) {
+            o.tables.push_back({t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
+          }
+        }
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(fut.get());
+  return *stats;
+}
+
+Result<std::vector<int64_t>> Client::Checkpoint() {
+  auto clocks = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(num_shards_), -1);
+  std::vector<int> all = AllShards(num_shards_);
+  auto fut = impl_->Submit(
+      all,
+      [](int, uint64_t rid, uint64_t) { return MakeCheckpoint(rid); },
+      [clocks](int s, const wire::Envelope* env, const Message&) -> Status {
+        const wire::CheckpointReply* r = env->body_as_CheckpointReply();
+        if (r == nullptr) return Internal("unexpected reply to Checkpoint");
+        (*clocks)[static_cast<size_t>(s)] = r->clock();
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(fut.get());
+  return *clocks;
+}
+
+ClientCounters Client::counters() const { return impl_->counters(); }
+
+}  // namespace leash

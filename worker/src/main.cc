@@ -1,0 +1,207 @@
+// leash-worker: trains a built-in model on Fashion-MNIST against a Leash cluster
+// (--servers) or alone in this process (--local, the baseline). SIGTERM/SIGINT: finish
+// the current step, push it, leave the job, exit 0.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <unistd.h>
+
+#include "leash/common/flags.h"
+#include "leash/common/logging.h"
+#include "leash/common/zmq_transport.h"
+#include "leash/kernels/kernels.h"
+#include "leash/worker/client.h"
+#include "leash/worker/dataset.h"
+#include "leash/worker/model.h"
+#include "leash/worker/params.h"
+#include "leash/worker/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+int Fail(const std::string& what, const leash::Status& st) {
+  spdlog::error("{}: {}", what, st.ToString());
+  return 1;
+}
+
+int Run(int argc, char** argv) {
+  std::string servers;
+  bool local = false;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string optimizer = "momentum";
+  std::string wire_dtype = "fp32";
+  std::string name;
+  std::string hidden = "256,128";
+  std::string log_level = "info";
+  std::string metrics_out;
+  std::string device = "cpu";
+  int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, worker_index = 0, num_workers = 1;
+  int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0;
+  double lr = 0.05, momentum = 0.9, weight_decay = 0;
+  bool no_eval = false;
+
+  leash::Flags flags("leash-worker", "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).");
+  flags.String("servers", &servers, "comma-separated shard endpoints in shard order, e.g. tcp://127.0.0.1:7000,tcp://127.0.0.1:7001");
+  flags.Bool("local", &local, "train in this process with no server (the baseline)");
+  flags.Int("staleness", &staleness, "staleness bound s: iteration c reads once every worker finished c-s-1 (0 = bulk-synchronous)");
+  flags.Int("batch", &batch, "examples per step");
+  flags.Double("lr", &lr, "learning rate");
+  flags.String("optimizer", &optimizer, "server-side optimizer: sgd, momentum, adam or adagrad");
+  flags.Double("momentum", &momentum, "momentum of the momentum optimizer");
+  flags.Double("weight-decay", &weight_decay, "L2 weight decay");
+  flags.Int("epochs", &epochs, "passes over this worker's part of the training set");
+  flags.String("data", &data, "directory holding the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
+  flags.Int("seed", &seed, "seed of parameter initialization and shuffling");
+  flags.Int("threads", &threads, "BLAS threads");
+  flags.Int("worker-index", &worker_index, "this worker's index, 0..num-workers-1 (selects its part of the data)");
+  flags.Int("num-workers", &num_workers, "number of workers sharing the training set");
+  flags.String("name", &name, "worker name in logs and status (default: host:pid)");
+  flags.String("hidden", &hidden, "hidden layer sizes of the MLP");
+  flags.String("wire-dtype", &wire_dtype, "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
+  flags.String("device", &device, "cpu, cuda:N or auto");
+  flags.Int("log-every", &log_every, "steps between progress lines");
+  flags.Int("connect-timeout", &connect_timeout_s, "seconds to wait for every shard to answer at start");
+  flags.Int("train-limit", &train_limit, "use only the first N training samples (0: all)");
+  flags.Int("test-limit", &test_limit, "evaluate on only the first N test samples (0: all)");
+  flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
+  flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
+  flags.String("log-level", &log_level, "trace, debug, info, warn or error");
+  if (auto st = flags.Parse(argc, argv); !st.ok()) {
+    std::fprintf(stderr, "leash-worker: %s\n", st.message().c_str());
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (auto st = leash::InitLogging("worker", log_level); !st.ok()) {
+    std::fprintf(stderr, "leash-worker: %s\n", st.message().c_str());
+    return 2;
+  }
+  if (!local && servers.empty()) {
+    spdlog::error("no shards given: set --servers (or LEASH_SERVERS), or use --local to train without a server");
+    return 2;
+  }
+  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || num_workers < 1 || worker_index < 0 ||
+      worker_index >= num_workers || !(lr > 0)) {
+    spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --lr > 0 and "
+                  "0 <= --worker-index < --num-workers");
+    return 2;
+  }
+  leash::worker::OptimizerOptions opt;
+  if (optimizer == "sgd") {
+    opt.kind = leash::wire::OptimizerKind::SGD;
+  } else if (optimizer == "momentum") {
+    opt.kind = leash::wire::OptimizerKind::Momentum;
+  } else if (optimizer == "adam") {
+    opt.kind = leash::wire::OptimizerKind::Adam;
+  } else if (optimizer == "adagrad") {
+    opt.kind = leash::wire::OptimizerKind::Adagrad;
+  } else {
+    spdlog::error("unknown --optimizer '{}' (use sgd, momentum, adam or adagrad)", optimizer);
+    return 2;
+  }
+  opt.learning_rate = static_cast<float>(lr);
+  opt.momentum = static_cast<float>(momentum);
+  opt.weight_decay = static_cast<float>(weight_decay);
+  opt.seed = static_cast<uint64_t>(seed);
+  auto dtype = leash::ParseDType(wire_dtype);
+  if (!dtype.ok()) return Fail("--wire-dtype", dtype.status());
+  std::vector<int64_t> hidden_sizes;
+  for (const auto& h : leash::SplitList(hidden)) {
+    char* end = nullptr;
+    long v = std::strtol(h.c_str(), &end, 10);
+    if (*end != '\0' || v < 1) {
+      spdlog::error("--hidden '{}' is not a list of positive sizes", hidden);
+      return 2;
+    }
+    hidden_sizes.push_back(v);
+  }
+  if (name.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    name = std::string(host) + ":" + std::to_string(getpid());
+  }
+
+  auto dev = leash::kernels::ParseDevice(device);
+  if (!dev.ok()) return Fail("--device", dev.status());
+  auto ctx = leash::kernels::Context::Create(*dev, static_cast<int>(threads));
+  if (!ctx.ok()) return Fail("cannot set up device " + device, ctx.status());
+  spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
+
+  spdlog::info("loading Fashion-MNIST from {}", data);
+  auto train = leash::worker::LoadFashionMnist(data, true);
+  if (!train.ok()) return Fail("training set", train.status());
+  auto test = leash::worker::LoadFashionMnist(data, false);
+  if (!test.ok()) return Fail("test set", test.status());
+  if (train_limit < 0 || test_limit < 0) {
+    spdlog::error("--train-limit and --test-limit must be >= 0");
+    return 2;
+  }
+  train->Truncate(train_limit);
+  test->Truncate(test_limit);
+  auto model = leash::worker::MakeMlp(**ctx, train->features(), hidden_sizes, 10, batch);
+  if (!model.ok()) return Fail("model", model.status());
+
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
+  leash::ZmqContext zctx;
+  std::unique_ptr<leash::Client> client;
+  std::unique_ptr<leash::worker::ParamStore> params;
+  if (local) {
+    params = leash::worker::MakeLocalParams();
+  } else {
+    auto transport = leash::ConnectZmqClient(zctx, leash::SplitList(servers));
+    if (!transport.ok()) return Fail("--servers", transport.status());
+    leash::ClientOptions co;
+    co.name = name;
+    co.staleness = staleness;
+    co.wire_dtype = *dtype;
+    co.connect_timeout_ms = connect_timeout_s * 1000;
+    auto c = leash::Client::Connect(std::move(*transport), co);
+    if (!c.ok()) return Fail("cannot join the cluster", c.status());
+    client = std::move(*c);
+    params = leash::worker::MakeRemoteParams(client.get());
+  }
+  if (auto st = params->Setup((*model)->params(), opt); !st.ok()) return Fail("creating tables", st);
+
+  leash::worker::TrainOptions to;
+  to.epochs = epochs;
+  to.batch = batch;
+  to.worker_index = worker_index;
+  to.num_workers = num_workers;
+  to.seed = static_cast<uint64_t>(seed);
+  to.log_every = log_every;
+  to.evaluate = !no_eval;
+  to.label = local ? "[local]" : "[worker " + std::to_string(worker_index) + "]";
+  spdlog::info("training MLP {} on {} samples ({} of {} workers), batch {}, staleness {}, {} lr {}, {} on the wire",
+               hidden, (train->count - worker_index + num_workers - 1) / num_workers, worker_index, num_workers, batch,
+               staleness, optimizer, lr, leash::DTypeName(*dtype));
+  auto results = leash::worker::Train(**model, *params, *train, &*test, to, &g_stop);
+  leash::Status finish = params->Finish();
+  if (!results.ok()) return Fail("training failed", results.status());
+  if (!finish.ok()) spdlog::warn("leaving the job: {}", finish.ToString());
+  if (client) {
+    auto c = client->counters();
+    spdlog::info("wire: {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent", c.requests, c.bytes_sent / 1e6,
+                 c.bytes_received / 1e6, c.resends);
+  }
+  if (!results->empty() && results->back().test_accuracy >= 0) {
+    std::printf("%s final test accuracy %.2f%%\n", to.label.c_str(), results->back().test_accuracy * 100);
+  }
+  if (!metrics_out.empty()) {
+    if (auto st = leash::worker::WriteResultsJson(metrics_out, local ? "local" : "cluster", to, *results); !st.ok()) {
+      return Fail("metrics", st);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

@@ -1,0 +1,158 @@
+// Remote (cluster) and local (in-process) parameter stores.
+#include "leash/worker/params.h"
+
+#include <deque>
+
+#include "leash/server/table.h"
+
+namespace leash::worker {
+
+TableOptions MakeTableOptions(const ParamSpec& p, const OptimizerOptions& opt, size_t index) {
+  TableOptions t;
+  t.name = p.name;
+  t.rows = p.rows;
+  t.cols = p.cols;
+  t.optimizer = opt.kind;
+  t.learning_rate = opt.learning_rate;
+  t.momentum = opt.momentum;
+  t.weight_decay = opt.weight_decay;
+  switch (p.init) {
+    case InitKind::kZeros: t.init = wire::InitKind::Zeros; break;
+    case InitKind::kUniform: t.init = wire::InitKind::Uniform; break;
+    case InitKind::kNormal: t.init = wire::InitKind::Normal; break;
+    case InitKind::kConstant: t.init = wire::InitKind::Constant; break;
+  }
+  t.init_scale = p.init_scale;
+  t.init_seed = opt.seed * 1000003ULL + index;
+  return t;
+}
+
+namespace {
+
+class RemoteParams final : public ParamStore {
+ public:
+  explicit RemoteParams(Client* client) : client_(client) {}
+
+  Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
+    for (size_t i = 0; i < params.size(); ++i) {
+      LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableOptions(params[i], opt, i)));
+      tables_.push_back(std::move(h));
+    }
+    return Status::Ok();
+  }
+
+  Status PullAll(std::vector<std::vector<float>>* values) override {
+    values->resize(tables_.size());
+    std::vector<std::future<Status>> futs;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      (*values)[i].resize(tables_[i].size());
+      futs.push_back(client_->Pull(tables_[i], (*values)[i].data()));
+    }
+    Status first;
+    for (size_t i = 0; i < futs.size(); ++i) {
+      Status st = futs[i].get();
+      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + tables_[i].name + "'");
+    }
+    return first;
+  }
+
+  void Push(size_t i, const float* grad) override { pending_.push_back(client_->Push(tables_[i], grad)); }
+
+  Status EndIteration() override {
+    // Pushes of the previous iteration must be done before this one's clock goes out:
+    // it bounds what is in flight to two iterations.
+    Status first;
+    for (size_t k = 0; k < previous_; ++k) {
+      Status st = pending_.front().get();
+      pending_.pop_front();
+      if (!st.ok() && first.ok()) first = st.WithContext("push");
+    }
+    previous_ = pending_.size();
+    clocks_.push_back(client_->Clock());
+    while (clocks_.size() > 2) {
+      Status st = clocks_.front().get();
+      clocks_.pop_front();
+      if (!st.ok() && first.ok()) first = st.WithContext("clock");
+    }
+    return first;
+  }
+
+  Status Finish() override {
+    Status first;
+    for (auto& f : pending_) {
+      Status st = f.get();
+      if (!st.ok() && first.ok()) first = st;
+    }
+    for (auto& f : clocks_) {
+      Status st = f.get();
+      if (!st.ok() && first.ok()) first = st;
+    }
+    pending_.clear();
+    clocks_.clear();
+    Status leave = client_->Leave();
+    return first.ok() ? leave : first;
+  }
+
+  int64_t clock() const override { return client_->clock(); }
+
+ private:
+  Client* client_;
+  std::vector<TableHandle> tables_;
+  std::deque<std::future<Status>> pending_;
+  std::deque<std::future<Status>> clocks_;
+  size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
+};
+
+// The same tables, initializers and optimizers a shard runs, in this process.
+class LocalParams final : public ParamStore {
+ public:
+  Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
+    for (size_t i = 0; i < params.size(); ++i) {
+      TableOptions t = MakeTableOptions(params[i], opt, i);
+      flatbuffers::FlatBufferBuilder fbb;
+      fbb.Finish(BuildTableSpec(fbb, t));
+      LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon,
+                             server::CanonicalSpec(flatbuffers::GetRoot<wire::TableSpec>(fbb.GetBufferPointer())));
+      LEASH_ASSIGN_OR_RETURN(server::Table table,
+                             server::Table::Create(static_cast<uint32_t>(i), std::move(canon), {0, t.rows}));
+      tables_.push_back(std::make_unique<server::Table>(std::move(table)));
+    }
+    return Status::Ok();
+  }
+
+  Status PullAll(std::vector<std::vector<float>>* values) override {
+    values->resize(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      const server::Table& t = *tables_[i];
+      (*values)[i].resize(static_cast<size_t>(t.rows()) * t.cols());
+      Rows all;
+      all.end = t.rows();
+      t.Read(all, (*values)[i].data());
+    }
+    return Status::Ok();
+  }
+
+  void Push(size_t i, const float* grad) override {
+    Rows all;
+    all.end = tables_[i]->rows();
+    tables_[i]->Apply(all, grad);
+  }
+
+  Status EndIteration() override {
+    ++clock_;
+    return Status::Ok();
+  }
+  Status Finish() override { return Status::Ok(); }
+  int64_t clock() const override { return clock_; }
+
+ private:
+  std::vector<std::unique_ptr<server::Table>> tables_;
+  int64_t clock_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamStore> MakeRemoteParams(Client* client) { return std::make_unique<RemoteParams>(client); }
+std::unique_ptr<ParamStore> MakeLocalParams() { return std::make_unique<LocalParams>(); }
+
+}  // namespace leash::worker
