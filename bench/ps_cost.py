@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Cost of the parameter server: one leash-worker against one leash-server shard on
+loopback, against the same worker training the same MLP in local mode (no server), in
+the same run. Runs are interleaved (local, cluster, local, ...) so machine noise hits
+both alike; the ratio of medians is reported.
+
+Writes bench/results/ps_cost.json and bench/results/ps_cost.md.
+Usage: bench/ps_cost.py [--build build] [--repeats 3] [--epochs 1] [--batch 64] [--staleness 0]
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_worker(args, build, out_json, extra):
+    cmd = [os.path.join(build, "worker", "leash-worker"), "--epochs", str(args.epochs), "--batch", str(args.batch),
+           "--threads", "1", "--log-every", "0", "--metrics-out", out_json] + extra
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+    with open(out_json) as f:
+        epochs = json.load(f)["epochs"]
+    samples = sum(e["samples"] for e in epochs)
+    seconds = sum(e["train_seconds"] for e in epochs)
+    return {"samples_per_second": samples / seconds, "test_accuracy": epochs[-1]["test_accuracy"]}
+
+
+def run_cluster(args, build, tmp, i):
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    shard = subprocess.Popen([os.path.join(build, "server", "leash-server"), "--bind", endpoint,
+                              "--data-dir", os.path.join(tmp, f"shard{i}"), "--checkpoint-interval", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return run_worker(args, build, os.path.join(tmp, f"cluster{i}.json"),
+                          ["--servers", endpoint, "--staleness", str(args.staleness)])
+    finally:
+        shard.terminate()
+        shard.wait(timeout=60)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--staleness", type=int, default=0)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="leash-bench-")
+    local, cluster = [], []
+    try:
+        for i in range(args.repeats):
+            print(f"[{i + 1}/{args.repeats}] local mode ...", flush=True)
+            local.append(run_worker(args, args.build, os.path.join(tmp, f"local{i}.json"), ["--local"]))
+            print(f"    {local[-1]['samples_per_second']:.0f} samples/s", flush=True)
+            print(f"[{i + 1}/{args.repeats}] 1 worker + 1 shard ...", flush=True)
+            cluster.append(run_cluster(args, args.build, tmp, i))
+            print(f"    {cluster[-1]['samples_per_second']:.0f} samples/s", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med_local = statistics.median(r["samples_per_second"] for r in local)
+    med_cluster = statistics.median(r["samples_per_second"] for r in cluster)
+    result = {
+        "benchmark": "ps_cost",
+        "model": "MLP 784-256-128-10",
+        "batch": args.batch, "epochs": args.epochs, "staleness": args.staleness, "blas_threads": 1,
+        "nproc": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "local": local, "cluster": cluster,
+        "median_local_samples_per_second": med_local,
+        "median_cluster_samples_per_second": med_cluster,
+        "cluster_over_local": med_cluster / med_local,
+    }
+    with open(os.path.join(args.out, "ps_cost.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    runs_local = ", ".join(f"{r['samples_per_second']:.0f}" for r in local)
+    runs_cluster = ", ".join(f"{r['samples_per_second']:.0f}" for r in cluster)
+    md = (f"# Parameter-server cost\n\nMLP 784-256-128-10, batch {args.batch}, {args.epochs} epoch(s), 1 BLAS thread, "
+          f"staleness {args.staleness}, {args.repeats} interleaved runs each, {os.cpu_count()} cores.\n\n"
+          f"| mode | median samples/s | runs |\n|---|---|---|\n"
+          f"| local (no server) | {med_local:.0f} | {runs_local} |\n"
+          f"| 1 worker + 1 shard | {med_cluster:.0f} | {runs_cluster} |\n\n"
+          f"cluster / local = **{med_cluster / med_local:.3f}**\n")
+    with open(os.path.join(args.out, "ps_cost.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

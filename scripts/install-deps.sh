@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Leash builds, tests and trains with (idempotent).
+# Needs root (or sudo). Set LEASH_SKIP_APT=1 to skip when everything is installed.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
+  librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev
+  libgtest-dev libgmock-dev libopenblas-dev
+  dataset-fashion-mnist
+)
+
+if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then exit 0; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "leash: all build packages are installed"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) != 0 ]]; then
+  command -v sudo >/dev/null || { echo "leash: run as root or install sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+echo "leash: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
