@@ -58,7 +58,7 @@ fi
 echo "leash: $SHARDS shards up at $servers (data in $RUN/shard*)"
 
 for ((i = 0; i < WORKERS; i++)); do
-  "$WORKER" --servers="$servers" --worker-index="$i" --num-workers="$WORKERS" --epochs="$EPOCHS" \
+  "$WORKER" --servers="$servers" --name="worker$i" --epochs="$EPOCHS" \
     --staleness="$STALENESS" --metrics-out="$RUN/worker$i.json" "$@" 2>"$RUN/logs/worker$i.log" &
   worker_pids+=($!)
 done

@@ -20,30 +20,18 @@ using testing::TempDir;
 
 constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
 
-std::vector<double> TestAccuracies(const std::string& json_path) {
+// Values of `"key": number` in order of appearance in a worker's metrics JSON.
+std::vector<double> Field(const std::string& json_path, const std::string& key) {
   std::ifstream f(json_path);
   std::stringstream ss;
   ss << f.rdbuf();
   std::string s = ss.str();
-  std::vector<double> acc;
-  std::regex re("\"test_accuracy\": ([0-9.eE+-]+)");
+  std::vector<double> out;
+  std::regex re("\"" + key + "\": ([0-9.eE+-]+)");
   for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
-    acc.push_back(std::stod((*it)[1]));
+    out.push_back(std::stod((*it)[1]));
   }
-  return acc;
-}
-
-std::vector<double> TrainLosses(const std::string& json_path) {
-  std::ifstream f(json_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
-  std::vector<double> loss;
-  std::regex re("\"train_loss\": ([0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
-    loss.push_back(std::stod((*it)[1]));
-  }
-  return loss;
+  return out;
 }
 
 class TrainingTest : public ::testing::Test {
@@ -68,7 +56,7 @@ class TrainingTest : public ::testing::Test {
 
   std::unique_ptr<Process> Worker(int index, const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {LEASH_WORKER_BIN,       "--servers=" + servers_,
-                                     "--worker-index=" + std::to_string(index), "--num-workers=2",
+                                     "--name=w" + std::to_string(index), "--chunk-size=500",
                                      "--train-limit=6000",   "--test-limit=2000",
                                      "--log-every=20",       "--metrics-out=" + dir_.path() + "/w" + std::to_string(index) + ".json"};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -89,14 +77,23 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   ASSERT_TRUE(c0 && c1) << "workers did not finish";
   ASSERT_EQ(*c0, 0) << w0->ReadLog();
   ASSERT_EQ(*c1, 0) << w1->ReadLog();
+  // Every sample of the job was trained exactly once per epoch, by one worker or the other.
+  std::vector<double> samples(2, 0), loss_sum(2, 0);
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
-    auto acc = TestAccuracies(path);
-    auto loss = TrainLosses(path);
-    ASSERT_EQ(acc.size(), 2u);
-    EXPECT_GT(acc.back(), 0.72) << "worker " << i;   // 10 classes: chance is 0.10
-    EXPECT_LT(loss[1], loss[0]) << "worker " << i;
+    auto acc = Field(path, "test_accuracy");
+    auto loss = Field(path, "train_loss");
+    auto n = Field(path, "samples");
+    ASSERT_EQ(acc.size(), 2u) << "worker " << i;
+    EXPECT_GT(acc.back(), 0.72) << "worker " << i;  // 10 classes: chance is 0.10
+    for (size_t e = 0; e < 2; ++e) {
+      samples[e] += n[e];
+      loss_sum[e] += loss[e] * n[e];
+    }
   }
+  EXPECT_EQ(samples[0], 6000);
+  EXPECT_EQ(samples[1], 6000);
+  EXPECT_LT(loss_sum[1] / samples[1], loss_sum[0] / samples[0]);  // the job's training loss fell
   std::string log = w0->ReadLog();
   EXPECT_NE(log.find("samples/s"), std::string::npos);
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);

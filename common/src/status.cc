@@ -19,6 +19,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
     case StatusCode::kCancelled: return "Cancelled";
     case StatusCode::kIOError: return "IOError";
+    case StatusCode::kNotRegistered: return "NotRegistered";
   }
   return "Unknown";
 }

@@ -63,6 +63,7 @@ wire::ErrorCode ToWireCode(StatusCode code) {
     case StatusCode::kVersionMismatch: return wire::ErrorCode::VersionMismatch;
     case StatusCode::kDataLoss: return wire::ErrorCode::DataLoss;
     case StatusCode::kAborted: return wire::ErrorCode::Aborted;
+    case StatusCode::kNotRegistered: return wire::ErrorCode::NotRegistered;
     default: return wire::ErrorCode::Internal;
   }
 }
@@ -79,6 +80,7 @@ StatusCode FromWireCode(wire::ErrorCode code) {
     case wire::ErrorCode::VersionMismatch: return StatusCode::kVersionMismatch;
     case wire::ErrorCode::DataLoss: return StatusCode::kDataLoss;
     case wire::ErrorCode::Aborted: return StatusCode::kAborted;
+    case wire::ErrorCode::NotRegistered: return StatusCode::kNotRegistered;
     default: return StatusCode::kInternal;
   }
 }
@@ -248,6 +250,17 @@ Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
 Message MakeStats(uint64_t rid) {
   return MakeMessage(rid, [](flatbuffers::FlatBufferBuilder& fbb) {
     return std::make_pair(wire::Body::Stats, wire::CreateStats(fbb).Union());
+  });
+}
+
+Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, uint64_t num_samples,
+                         uint32_t chunk_size, uint32_t epochs, uint64_t seed, const ChunkDone* done) {
+  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto plan = wire::CreateDataPlan(fbb, num_samples, chunk_size, epochs, seed);
+    return std::make_pair(wire::Body::ChunkRequest,
+                          wire::CreateChunkRequest(fbb, worker_id, incarnation, plan, done != nullptr,
+                                                   done ? done->epoch : 0, done ? done->chunk : 0)
+                              .Union());
   });
 }
 

@@ -42,12 +42,12 @@ void ClockTable::Restore(const LiveWorker& w) {
 Result<LiveWorker*> ClockTable::Find(uint64_t worker_id, uint64_t incarnation) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
-    return FailedPrecondition("worker " + std::to_string(worker_id) +
+    return NotRegistered("worker " + std::to_string(worker_id) +
                               " is not registered on this shard (it left, was evicted after its lease expired, or "
                               "the shard restarted); register again");
   }
   if (it->second.incarnation != incarnation) {
-    return FailedPrecondition("worker " + std::to_string(worker_id) + " incarnation " + std::to_string(incarnation) +
+    return NotRegistered("worker " + std::to_string(worker_id) + " incarnation " + std::to_string(incarnation) +
                               " was superseded by incarnation " + std::to_string(it->second.incarnation) +
                               "; register again");
   }

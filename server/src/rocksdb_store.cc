@@ -10,7 +10,7 @@
 //   snap/manifest                               sequence, min_clock, unix_ms, chunk size,
 //                                               counts and the CRC32C of every other snap/ key
 //                                               below, then a CRC32C of itself.
-//   snap/workers                                every WorkerClock.
+//   snap/workers                                every WorkerClock, then the data-coverage bytes.
 //   snap/table/<id>/meta                        spec bytes, row range, cols, optimizer steps,
 //                                               slot count.
 //   snap/table/<id>/values/<chunk>              values, at most chunk_bytes per key.
@@ -379,7 +379,8 @@ bool DecodeTableMeta(std::string_view bytes, TableSnapshot* t, uint32_t* num_slo
   return true;
 }
 
-std::string EncodeWorkers(const std::vector<WorkerClock>& workers) {
+// The worker clocks, followed by the job's data-coverage state (opaque bytes).
+std::string EncodeWorkers(const std::vector<WorkerClock>& workers, const std::vector<uint8_t>& coverage) {
   std::string out;
   PutU32(&out, static_cast<uint32_t>(workers.size()));
   for (const WorkerClock& w : workers) {
@@ -389,10 +390,11 @@ std::string EncodeWorkers(const std::vector<WorkerClock>& workers) {
     PutU64(&out, w.last_seq);
     PutBytes(&out, w.name);
   }
+  PutBytes(&out, std::string_view(reinterpret_cast<const char*>(coverage.data()), coverage.size()));
   return out;
 }
 
-bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers) {
+bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers, std::vector<uint8_t>* coverage) {
   Decoder d(bytes);
   uint32_t n = 0;
   if (!d.U32(&n)) return false;
@@ -405,6 +407,9 @@ bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers) {
     w.name.assign(name);
     workers->push_back(std::move(w));
   }
+  std::string_view cov;
+  if (!d.Bytes(&cov)) return false;
+  coverage->assign(cov.begin(), cov.end());
   return d.done();
 }
 
@@ -574,7 +579,7 @@ Status RocksDbStore::BuildBatch(const ShardSnapshot& s, rocksdb::WriteBatch* bat
     }
     m.tables.push_back(std::move(mt));
   }
-  const std::string workers = EncodeWorkers(s.workers);
+  const std::string workers = EncodeWorkers(s.workers, s.coverage);
   m.workers_crc = Crc32c(workers);
   LEASH_RETURN_IF_ERROR(put(std::string(kWorkersKey), workers));
   return put(std::string(kManifestKey), EncodeManifest(m));
@@ -686,7 +691,7 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
   if (s.IsNotFound()) return Damaged(m, "the worker clocks (key " + std::string(kWorkersKey) + ") are missing");
   LEASH_RETURN_IF_ERROR(FromRocksDb(s, path, "reading worker clocks from"));
   if (Crc32c(record) != m.workers_crc) return Damaged(m, "the worker clocks fail their checksum");
-  if (!DecodeWorkers(record, &out.workers) || out.workers.size() != m.num_workers) {
+  if (!DecodeWorkers(record, &out.workers, &out.coverage) || out.workers.size() != m.num_workers) {
     return Damaged(m, "the worker clocks record is malformed");
   }
 

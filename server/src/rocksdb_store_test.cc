@@ -54,6 +54,7 @@ ShardSnapshot MakeSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequenc
   s.min_clock = -3 + static_cast<int64_t>(sequence);
   s.unix_ms = 1700000000123 + static_cast<int64_t>(sequence);
   s.workers = {{7, 2, 41, 900, "worker-a"}, {0xffffffffffffffffull, 1, -1, 0, ""}, {3, 9, 40, 12, std::string("w\0b", 3)}};
+  s.coverage = {1, 0, 2, 255, 0, 7};
   return s;
 }
 
@@ -93,6 +94,7 @@ void ExpectSameSnapshot(const ShardSnapshot& want, const ShardSnapshot& got) {
     EXPECT_EQ(got.workers[i].last_seq, want.workers[i].last_seq);
     EXPECT_EQ(got.workers[i].name, want.workers[i].name);
   }
+  EXPECT_EQ(got.coverage, want.coverage);
   ASSERT_EQ(got.tables.size(), want.tables.size());
   for (size_t i = 0; i < want.tables.size(); ++i) {
     const TableSnapshot& w = want.tables[i];

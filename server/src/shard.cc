@@ -54,6 +54,7 @@ Result<int64_t> Shard::Recover() {
     table_by_name_[t.name()] = t.id();
     tables_.push_back(std::make_unique<Table>(std::move(t)));
   }
+  LEASH_ASSIGN_OR_RETURN(coverage_, DataCoverage::Deserialize(snap->coverage));
   clocks_ = ClockTable(snap->min_clock);
   int64_t now = now_ms_();
   for (const WorkerClock& wc : snap->workers) {
@@ -119,6 +120,7 @@ Status Shard::Dispatch(const PeerId& peer, const wire::Envelope* env, const Mess
     case wire::Body::Leave: return OnLeave(peer, rid, env->body_as_Leave(), out);
     case wire::Body::Checkpoint: return OnCheckpoint(peer, rid, out);
     case wire::Body::Stats: return OnStats(peer, rid, out);
+    case wire::Body::ChunkRequest: return OnChunkRequest(peer, rid, env->body_as_ChunkRequest(), out);
     default:
       return InvalidArgument(std::string("a shard does not accept ") + wire::EnumNameBody(env->body_type()) +
                              " messages");
@@ -168,6 +170,11 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
     tables_.push_back(std::make_unique<Table>(std::move(t)));
     table_by_name_[name] = id;
     created = true;
+    // Persist the new table at once, so a shard that crashes before its next scheduled
+    // snapshot still knows it (values are reproducible from the spec's initializer).
+    if (auto r = Checkpoint(); !r.ok()) {
+      spdlog::error("shard {}: snapshot after creating '{}' failed: {}", options_.shard, name, r.status().ToString());
+    }
   }
   out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
                     return std::make_pair(wire::Body::TableCreated, wire::CreateTableCreated(fbb, id, created).Union());
@@ -255,7 +262,7 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, cons
 Status Shard::OnClock(const PeerId& peer, uint64_t rid, const wire::ClockUpdate* m, std::vector<Outgoing>* out) {
   LiveWorker* w = clocks_.FindAny(m->worker_id());
   if (w == nullptr) {
-    return FailedPrecondition("clock from worker " + std::to_string(m->worker_id()) +
+    return NotRegistered("clock from worker " + std::to_string(m->worker_id()) +
                               ", which is not registered on this shard (evicted or the shard restarted); register again");
   }
   w->last_seen_ms = now_ms_();
@@ -281,6 +288,7 @@ Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, st
   if (w != nullptr && w->incarnation == m->incarnation()) {
     std::string name = w->name;
     clocks_.Remove(m->worker_id());
+    coverage_.Release(m->worker_id());
     spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard, m->worker_id(), name,
                  clocks_.live(), clocks_.MinClock());
     ReleasePulls(out);
@@ -314,12 +322,42 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
                     }
                     auto wv = fbb.CreateVector(workers);
                     auto tv = fbb.CreateVector(tables);
+                    CoverageProgress p = coverage_.Progress();
                     return std::make_pair(
                         wire::Body::StatsReply,
                         wire::CreateStatsReply(fbb, options_.shard, options_.num_shards, clocks_.MinClock(), parked_.size(),
                                                counters_.pushes_applied, counters_.pulls_served, counters_.errors,
-                                               last_snapshot_clock_, recovered_clock_, wv, tv)
+                                               last_snapshot_clock_, recovered_clock_, wv, tv, p.epochs_done, p.epochs,
+                                               p.chunks_done, p.num_chunks, p.chunks_leased,
+                                               last_snapshot_ms_ < 0 ? -1 : now - last_snapshot_ms_)
                             .Union());
+                  })});
+  return Status::Ok();
+}
+
+Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::ChunkRequest* m,
+                             std::vector<Outgoing>* out) {
+  if (options_.shard != 0) return FailedPrecondition("data chunks are leased by shard 0, not shard " + std::to_string(options_.shard));
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
+  w->last_seen_ms = now_ms_();
+  const wire::DataPlan* p = m->plan();
+  bool first_plan = !coverage_.has_plan();
+  LEASH_RETURN_IF_ERROR(coverage_.SetPlan({p->num_samples(), p->chunk_size(), p->epochs(), p->seed()}));
+  if (first_plan) {
+    spdlog::info("shard {}: job trains {} samples in {} chunks of {} for {} epochs", options_.shard, p->num_samples(),
+                 (p->num_samples() + p->chunk_size() - 1) / p->chunk_size(), p->chunk_size(), p->epochs());
+  }
+  if (m->has_done()) coverage_.Complete(m->done_epoch(), m->done_chunk());
+  Grant g = coverage_.Next(m->worker_id());
+  CoverageProgress pr = coverage_.Progress();
+  wire::GrantKind kind = g.kind == Grant::Kind::kChunk  ? wire::GrantKind::Chunk
+                         : g.kind == Grant::Kind::kWait ? wire::GrantKind::Wait
+                                                         : wire::GrantKind::Finished;
+  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                    return std::make_pair(wire::Body::ChunkGrant,
+                                          wire::CreateChunkGrant(fbb, kind, g.epoch, g.chunk, g.begin, g.end, pr.epochs_done,
+                                                                 pr.chunks_done, pr.num_chunks)
+                                              .Union());
                   })});
   return Status::Ok();
 }
@@ -336,6 +374,9 @@ void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* ou
   if (w == nullptr) return;
   spdlog::warn("shard {}: evicting worker {} '{}' at clock {}: {}", options_.shard, worker_id, w->name, w->clock, why);
   clocks_.Remove(worker_id);
+  if (size_t n = coverage_.Release(worker_id); n > 0) {
+    spdlog::warn("shard {}: {} data chunk(s) of evicted worker {} go to other workers", options_.shard, n, worker_id);
+  }
   ++counters_.evictions;
   ReleasePulls(out);
 }
@@ -362,6 +403,7 @@ ShardSnapshot Shard::MakeSnapshot() const {
   s.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const auto& t : tables_) s.tables.push_back(t->ToSnapshot());
   for (const auto& [id, w] : clocks_.workers()) s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
+  s.coverage = coverage_.Serialize();
   return s;
 }
 
@@ -371,6 +413,7 @@ Result<int64_t> Shard::Checkpoint() {
   LEASH_RETURN_IF_ERROR(store_->Save(snap).WithContext("snapshot to " + store_->Describe()));
   snapshot_sequence_ = snap.sequence;
   last_snapshot_clock_ = snap.min_clock;
+  last_snapshot_ms_ = now_ms_();
   ++counters_.snapshots;
   auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard, snap.sequence,

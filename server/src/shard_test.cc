@@ -200,9 +200,9 @@ TEST_F(ShardTest, DuplicatePushIsAppliedOnce) {
 
 TEST_F(ShardTest, PushFromUnregisteredWorkerIsRefused) {
   uint32_t id = Create(Spec("w", 1, 1));
-  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1).code(), StatusCode::kNotRegistered);
   Register(9, 2);
-  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1, /*inc=*/1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Push(id, Range(0, 1), {1}, 9, 1, /*inc=*/1).code(), StatusCode::kNotRegistered);
   EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0}));
 }
 
@@ -334,7 +334,7 @@ TEST_F(ShardTest, ExpiredLeaseEvictsAndReleasesParkedPulls) {
   EXPECT_EQ(out[0].peer, "w1");
   EXPECT_EQ(shard_->live_workers(), 1u);
   EXPECT_EQ(shard_->counters().evictions, 1u);
-  EXPECT_EQ(ErrorOf("w2", MakeHeartbeat(4, 2, 1)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ErrorOf("w2", MakeHeartbeat(4, 2, 1)).code(), StatusCode::kNotRegistered);
 }
 
 TEST_F(ShardTest, LeaveDropsTheWorkerAtOnce) {
@@ -380,6 +380,9 @@ TEST_F(ShardTest, ScheduledSnapshotsFollowTheInterval) {
   std::vector<Outgoing> out;
   shard_->Tick(&out);
   EXPECT_EQ(store_.saves(), 0);
+  Create(Spec("w", 1, 1));  // a new table is persisted at once
+  EXPECT_EQ(store_.saves(), 1);
+  store_ = MemorySnapshotStore();
   now_ += 1000;
   shard_->Tick(&out);
   EXPECT_EQ(store_.saves(), 1);

@@ -23,11 +23,13 @@ int Status(leash::Client& client, bool json) {
       const auto& s = (*stats)[i];
       std::printf("%s{\"shard\": %u, \"min_clock\": %lld, \"live_workers\": %zu, \"parked_pulls\": %llu, "
                   "\"pushes_applied\": %llu, \"pulls_served\": %llu, \"errors\": %llu, \"last_snapshot_clock\": %lld, "
-                  "\"recovered_clock\": %lld, \"workers\": [",
+                  "\"recovered_clock\": %lld, \"snapshot_age_ms\": %lld, \"epochs_done\": %u, \"epochs\": %u, "
+                  "\"chunks_done\": %u, \"num_chunks\": %u, \"workers\": [",
                   i ? ", " : "", s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
                   static_cast<unsigned long long>(s.parked_pulls), static_cast<unsigned long long>(s.pushes_applied),
                   static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors),
-                  static_cast<long long>(s.last_snapshot_clock), static_cast<long long>(s.recovered_clock));
+                  static_cast<long long>(s.last_snapshot_clock), static_cast<long long>(s.recovered_clock),
+                  static_cast<long long>(s.snapshot_age_ms), s.epochs_done, s.epochs, s.chunks_done, s.num_chunks);
       for (size_t w = 0; w < s.workers.size(); ++w) {
         const auto& wk = s.workers[w];
         std::printf("%s{\"id\": %llu, \"name\": \"%s\", \"clock\": %lld, \"ms_since_heartbeat\": %llu}", w ? ", " : "",
@@ -39,13 +41,20 @@ int Status(leash::Client& client, bool json) {
     std::printf("]}\n");
     return 0;
   }
+  const auto& s0 = stats->front();
+  if (s0.epochs > 0) {
+    std::printf("job: epoch %u of %u complete, %u/%u chunks of the current epoch trained, %u leased\n", s0.epochs_done,
+                s0.epochs, s0.chunks_done, s0.num_chunks, s0.chunks_leased);
+  }
   for (const auto& s : *stats) {
+    std::string snap = s.snapshot_age_ms < 0 ? std::string("no snapshot yet")
+                                             : "last snapshot at clock " + std::to_string(s.last_snapshot_clock) + ", " +
+                                                   std::to_string(s.snapshot_age_ms / 1000) + " s ago";
     std::printf("shard %u: min clock %lld, %zu live workers, %llu parked pulls, %llu pushes, %llu pulls, %llu errors, "
-                "last snapshot at clock %lld%s\n",
+                "%s%s\n",
                 s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
                 static_cast<unsigned long long>(s.parked_pulls), static_cast<unsigned long long>(s.pushes_applied),
-                static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors),
-                static_cast<long long>(s.last_snapshot_clock),
+                static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors), snap.c_str(),
                 s.recovered_clock >= 0 ? (", recovered at clock " + std::to_string(s.recovered_clock)).c_str() : "");
     for (const auto& w : s.workers) {
       std::printf("  worker %-28s id %016llx clock %lld, heard from %llu ms ago\n", w.name.c_str(),

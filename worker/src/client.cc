@@ -135,6 +135,8 @@ class Client::Impl {
   }
 
   int num_shards() const { return n_; }
+  bool needs_rejoin() const { return needs_rejoin_.load(); }
+  void clear_needs_rejoin() { needs_rejoin_.store(false); }
 
  private:
   void SendNow(Request& r) {
@@ -245,16 +247,17 @@ class Client::Impl {
     inflight_.erase(it);
     --inflight_per_shard_[shard];
     const wire::Envelope* e = *env;
-    if (!r.op) {  // heartbeat
-      if (e->body_type() == wire::Body::Error) {
-        spdlog::warn("heartbeat rejected by shard {}: {}", shard, ErrorToStatus(e->body_as_Error()).ToString());
+    if (e->body_type() == wire::Body::Error) {
+      Status st = ErrorToStatus(e->body_as_Error()).WithContext("shard " + std::to_string(shard));
+      if (st.code() == StatusCode::kNotRegistered) needs_rejoin_.store(true);
+      if (r.op) {
+        r.op->Complete(std::move(st));
+      } else if (st.code() != StatusCode::kNotRegistered) {
+        spdlog::warn("heartbeat rejected: {}", st.ToString());
       }
       return;
     }
-    if (e->body_type() == wire::Body::Error) {
-      r.op->Complete(ErrorToStatus(e->body_as_Error()).WithContext("shard " + std::to_string(shard)));
-      return;
-    }
+    if (!r.op) return;  // heartbeat acknowledged
     r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, e, msg) : Status::Ok());
   }
 
@@ -284,12 +287,19 @@ class Client::Impl {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> resends_{0};
+  std::atomic<bool> needs_rejoin_{false};
 };
 
 Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
 
 Client::~Client() {
   if (impl_) impl_->Stop();
+}
+
+uint64_t NewIncarnation(uint64_t previous) {
+  auto now = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return std::max(now, previous + 1);
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options) {
@@ -301,66 +311,116 @@ Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport>
   }
   int n = transport->num_shards();
   std::unique_ptr<Client> c(new Client(options, n));
-  c->incarnation_ = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  c->incarnation_ = NewIncarnation(0);
   c->impl_ = std::make_unique<Impl>(std::move(transport), c->options_);
   c->impl_->Start();
-
-  // Even tools that do not register make sure every shard answers.
-  std::vector<int> all = AllShards(n);
-  auto starts = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), INT64_MIN);
-  auto lease = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), 0);
-  std::future<Status> fut;
   if (c->options_.register_worker) {
-    fut = c->impl_->Submit(
-        all,
-        [&](int, uint64_t rid, uint64_t) {
-          return MakeRegister(rid, c->options_.worker_id, c->incarnation_, c->options_.name);
-        },
-        [starts, lease, n](int shard, const wire::Envelope* env, const Message&) -> Status {
-          const wire::Welcome* w = env->body_as_Welcome();
-          if (w == nullptr) return Internal("shard answered Register without a Welcome");
-          if (static_cast<int>(w->num_shards()) != n || static_cast<int>(w->shard()) != shard) {
-            return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
-                                      std::to_string(w->shard()) + " of " + std::to_string(w->num_shards()) +
-                                      "; list the shards in order, all of them");
-          }
-          (*starts)[static_cast<size_t>(shard)] = w->start_clock();
-          (*lease)[static_cast<size_t>(shard)] = w->lease_ms();
-          return Status::Ok();
-        });
-  } else {
-    fut = c->impl_->Submit(
-        all,
-        [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
-        [starts](int shard, const wire::Envelope*, const Message&) -> Status {
-          (*starts)[static_cast<size_t>(shard)] = 0;
-          return Status::Ok();
-        });
+    LEASH_RETURN_IF_ERROR(c->Register());
+    return c;
   }
-  if (fut.wait_for(std::chrono::milliseconds(c->options_.connect_timeout_ms)) != std::future_status::ready) {
+  // Tools that do not register still make sure every shard answers.
+  auto answered = std::make_shared<std::vector<bool>>(static_cast<size_t>(n), false);
+  auto fut = c->impl_->Submit(
+      AllShards(n), [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
+      [answered](int shard, const wire::Envelope*, const Message&) -> Status {
+        (*answered)[static_cast<size_t>(shard)] = true;
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(c->WaitForShards(fut, *answered));
+  return c;
+}
+
+Status Client::WaitForShards(std::future<Status>& fut, const std::vector<bool>& answered) {
+  if (fut.wait_for(std::chrono::milliseconds(options_.connect_timeout_ms)) != std::future_status::ready) {
     std::string missing;
-    for (int s = 0; s < n; ++s) {
-      if ((*starts)[static_cast<size_t>(s)] == INT64_MIN) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
+    for (size_t s = 0; s < answered.size(); ++s) {
+      if (!answered[s]) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
     }
-    return Unavailable("shard(s) " + missing + " did not answer within " + std::to_string(c->options_.connect_timeout_ms) +
+    return Unavailable("shard(s) " + missing + " did not answer within " + std::to_string(options_.connect_timeout_ms) +
                        " ms; check that leash-server is running and --servers / LEASH_SERVERS is right");
   }
-  LEASH_RETURN_IF_ERROR(fut.get());
-  if (c->options_.register_worker) {
-    int64_t start = *std::max_element(starts->begin(), starts->end());
-    int64_t min_lease = *std::min_element(lease->begin(), lease->end());
-    c->clock_.store(start);
-    int64_t hb = c->options_.heartbeat_ms > 0 ? c->options_.heartbeat_ms : std::max<int64_t>(min_lease / 3, 10);
-    c->impl_->EnableHeartbeats(c->options_.worker_id, c->incarnation_, hb);
-    if (*std::min_element(starts->begin(), starts->end()) != start) {
-      LEASH_RETURN_IF_ERROR(c->Clock().get());  // bring every shard to the same start clock
-      c->clock_.store(start);
-    }
-    spdlog::info("worker {} '{}' registered with {} shard(s), starting at clock {}", c->options_.worker_id,
-                 c->options_.name, n, start);
+  return fut.get();
+}
+
+Status Client::Register() {
+  int n = num_shards_;
+  uint64_t incarnation = incarnation_.load();
+  auto starts = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), 0);
+  auto lease = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(n), 0);
+  auto answered = std::make_shared<std::vector<bool>>(static_cast<size_t>(n), false);
+  auto fut = impl_->Submit(
+      AllShards(n),
+      [&](int, uint64_t rid, uint64_t) { return MakeRegister(rid, options_.worker_id, incarnation, options_.name); },
+      [starts, lease, answered, n](int shard, const wire::Envelope* env, const Message&) -> Status {
+        const wire::Welcome* w = env->body_as_Welcome();
+        if (w == nullptr) return Internal("shard answered Register without a Welcome");
+        if (static_cast<int>(w->num_shards()) != n || static_cast<int>(w->shard()) != shard) {
+          return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
+                                    std::to_string(w->shard()) + " of " + std::to_string(w->num_shards()) +
+                                    "; list the shards in order, all of them");
+        }
+        (*starts)[static_cast<size_t>(shard)] = w->start_clock();
+        (*lease)[static_cast<size_t>(shard)] = w->lease_ms();
+        (*answered)[static_cast<size_t>(shard)] = true;
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(WaitForShards(fut, *answered));
+  int64_t start = *std::max_element(starts->begin(), starts->end());
+  int64_t min_lease = *std::min_element(lease->begin(), lease->end());
+  clock_.store(start);
+  int64_t hb = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : std::clamp<int64_t>(min_lease / 4, 10, 1000);
+  impl_->EnableHeartbeats(options_.worker_id, incarnation, hb);
+  if (*std::min_element(starts->begin(), starts->end()) != start) {
+    clock_.store(start - 1);
+    LEASH_RETURN_IF_ERROR(Clock().get());  // bring every shard to the same start clock
   }
-  return c;
+  spdlog::info("worker {:016x} '{}' (incarnation {}) registered with {} shard(s), starting at clock {}",
+               options_.worker_id, options_.name, incarnation, n, start);
+  return Status::Ok();
+}
+
+bool Client::needs_rejoin() const { return impl_->needs_rejoin(); }
+
+Status Client::Rejoin() {
+  impl_->EnableHeartbeats(options_.worker_id, incarnation_.load(), 0);
+  incarnation_ = NewIncarnation(incarnation_.load());
+  impl_->clear_needs_rejoin();
+  spdlog::warn("worker {:016x} was dropped by a shard (evicted or the shard restarted); rejoining as incarnation {}",
+               options_.worker_id, incarnation_.load());
+  return Register();
+}
+
+Result<ChunkGrant> Client::NextChunk(const DataPlanArgs& plan, const ChunkDone* done) {
+  auto grant = std::make_shared<ChunkGrant>();
+  ChunkDone d = done ? *done : ChunkDone{};
+  bool has_done = done != nullptr;
+  uint64_t incarnation = incarnation_.load();
+  auto fut = impl_->Submit(
+      {0},
+      [&](int, uint64_t rid, uint64_t) {
+        return MakeChunkRequest(rid, options_.worker_id, incarnation, plan.num_samples, plan.chunk_size, plan.epochs,
+                                plan.seed, has_done ? &d : nullptr);
+      },
+      [grant](int, const wire::Envelope* env, const Message&) -> Status {
+        const wire::ChunkGrant* g = env->body_as_ChunkGrant();
+        if (g == nullptr) return Internal("unexpected reply to a chunk request");
+        grant->kind = g->kind() == wire::GrantKind::Chunk  ? ChunkGrant::Kind::kChunk
+                      : g->kind() == wire::GrantKind::Wait ? ChunkGrant::Kind::kWait
+                                                           : ChunkGrant::Kind::kFinished;
+        grant->epoch = g->epoch();
+        grant->chunk = g->chunk();
+        grant->begin = g->begin();
+        grant->end = g->end();
+        grant->epochs_done = g->epochs_done();
+        grant->chunks_done = g->chunks_done();
+        grant->num_chunks = g->num_chunks();
+        return Status::Ok();
+      });
+  LEASH_RETURN_IF_ERROR(fut.get().WithContext("data chunk lease"));
+  if (grant->kind == ChunkGrant::Kind::kChunk && (grant->end <= grant->begin || grant->end > plan.num_samples)) {
+    return Internal("shard 0 leased an empty or out-of-range chunk");
+  }
+  return *grant;
 }
 
 Result<TableHandle> Client::CreateTable(const TableOptions& t) {
@@ -564,6 +624,12 @@ Result<std::vector<ShardStats>> Client::Stats() {
         o.errors = r->errors();
         o.last_snapshot_clock = r->last_snapshot_clock();
         o.recovered_clock = r->recovered_clock();
+        o.snapshot_age_ms = r->snapshot_age_ms();
+        o.epochs_done = r->epochs_done();
+        o.epochs = r->epochs();
+        o.chunks_done = r->chunks_done();
+        o.num_chunks = r->num_chunks();
+        o.chunks_leased = r->chunks_leased();
         if (r->workers()) {
           for (const auto* w : *r->workers()) {
             o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),

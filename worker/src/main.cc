@@ -39,9 +39,9 @@ int Run(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_out;
   std::string device = "cpu";
-  int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, worker_index = 0, num_workers = 1;
+  int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0;
-  double lr = 0.05, momentum = 0.9, weight_decay = 0;
+  double lr = 0.01, momentum = 0.9, weight_decay = 0;
   bool no_eval = false;
 
   leash::Flags flags("leash-worker", "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).");
@@ -53,12 +53,11 @@ int Run(int argc, char** argv) {
   flags.String("optimizer", &optimizer, "server-side optimizer: sgd, momentum, adam or adagrad");
   flags.Double("momentum", &momentum, "momentum of the momentum optimizer");
   flags.Double("weight-decay", &weight_decay, "L2 weight decay");
-  flags.Int("epochs", &epochs, "passes over this worker's part of the training set");
+  flags.Int("epochs", &epochs, "epochs of the job: passes over the training set by all workers together");
   flags.String("data", &data, "directory holding the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
   flags.Int("seed", &seed, "seed of parameter initialization and shuffling");
   flags.Int("threads", &threads, "BLAS threads");
-  flags.Int("worker-index", &worker_index, "this worker's index, 0..num-workers-1 (selects its part of the data)");
-  flags.Int("num-workers", &num_workers, "number of workers sharing the training set");
+  flags.Int("chunk-size", &chunk_size, "samples per data chunk leased from shard 0");
   flags.String("name", &name, "worker name in logs and status (default: host:pid)");
   flags.String("hidden", &hidden, "hidden layer sizes of the MLP");
   flags.String("wire-dtype", &wire_dtype, "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
@@ -86,10 +85,9 @@ int Run(int argc, char** argv) {
     spdlog::error("no shards given: set --servers (or LEASH_SERVERS), or use --local to train without a server");
     return 2;
   }
-  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || num_workers < 1 || worker_index < 0 ||
-      worker_index >= num_workers || !(lr > 0)) {
-    spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --lr > 0 and "
-                  "0 <= --worker-index < --num-workers");
+  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || !(lr > 0)) {
+    spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1 "
+                  "and --lr > 0");
     return 2;
   }
   leash::worker::OptimizerOptions opt;
@@ -173,15 +171,13 @@ int Run(int argc, char** argv) {
   leash::worker::TrainOptions to;
   to.epochs = epochs;
   to.batch = batch;
-  to.worker_index = worker_index;
-  to.num_workers = num_workers;
+  to.chunk_size = chunk_size;
   to.seed = static_cast<uint64_t>(seed);
   to.log_every = log_every;
   to.evaluate = !no_eval;
-  to.label = local ? "[local]" : "[worker " + std::to_string(worker_index) + "]";
-  spdlog::info("training MLP {} on {} samples ({} of {} workers), batch {}, staleness {}, {} lr {}, {} on the wire",
-               hidden, (train->count - worker_index + num_workers - 1) / num_workers, worker_index, num_workers, batch,
-               staleness, optimizer, lr, leash::DTypeName(*dtype));
+  to.label = local ? "[local]" : "[" + name + "]";
+  spdlog::info("training MLP {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} on the wire",
+               hidden, train->count, chunk_size, batch, staleness, optimizer, lr, leash::DTypeName(*dtype));
   auto results = leash::worker::Train(**model, *params, *train, &*test, to, &g_stop);
   leash::Status finish = params->Finish();
   if (!results.ok()) return Fail("training failed", results.status());
@@ -191,11 +187,16 @@ int Run(int argc, char** argv) {
     spdlog::info("wire: {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent", c.requests, c.bytes_sent / 1e6,
                  c.bytes_received / 1e6, c.resends);
   }
-  if (!results->empty() && results->back().test_accuracy >= 0) {
-    std::printf("%s final test accuracy %.2f%%\n", to.label.c_str(), results->back().test_accuracy * 100);
+  const auto& epochs_done = results->epochs;
+  std::printf("%s trained %lld chunks%s\n", to.label.c_str(), static_cast<long long>(results->chunks_trained),
+              results->rejoins > 0 ? (", rejoined " + std::to_string(results->rejoins) + " time(s)").c_str() : "");
+  if (!epochs_done.empty() && epochs_done.back().test_accuracy >= 0) {
+    std::printf("%s final test accuracy %.2f%%\n", to.label.c_str(), epochs_done.back().test_accuracy * 100);
   }
   if (!metrics_out.empty()) {
-    if (auto st = leash::worker::WriteResultsJson(metrics_out, local ? "local" : "cluster", to, *results); !st.ok()) {
+    if (auto st = leash::worker::WriteResultsJson(metrics_out, local ? "local" : "cluster", to, epochs_done,
+                                                  results->chunks_trained);
+        !st.ok()) {
       return Fail("metrics", st);
     }
   }

@@ -3,6 +3,7 @@
 
 #include <deque>
 
+#include "leash/server/coverage.h"
 #include "leash/server/table.h"
 
 namespace leash::worker {
@@ -93,6 +94,24 @@ class RemoteParams final : public ParamStore {
     return first.ok() ? leave : first;
   }
 
+  Status Idle() override { return EndIteration(); }
+
+  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+    return client_->NextChunk(plan, done);
+  }
+
+  bool needs_rejoin() const override { return client_->needs_rejoin(); }
+
+  Status Rejoin() override {
+    // Pushes and clocks of the old incarnation are void now: drop them.
+    for (auto& f : pending_) f.wait();
+    for (auto& f : clocks_) f.wait();
+    pending_.clear();
+    clocks_.clear();
+    previous_ = 0;
+    return client_->Rejoin();
+  }
+
   int64_t clock() const override { return client_->clock(); }
 
  private:
@@ -142,11 +161,33 @@ class LocalParams final : public ParamStore {
     ++clock_;
     return Status::Ok();
   }
+  Status Idle() override { return Status::Ok(); }
+
+  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+    LEASH_RETURN_IF_ERROR(coverage_.SetPlan({plan.num_samples, plan.chunk_size, plan.epochs, plan.seed}));
+    if (done != nullptr) coverage_.Complete(done->epoch, done->chunk);
+    server::Grant g = coverage_.Next(1);
+    server::CoverageProgress p = coverage_.Progress();
+    ChunkGrant out;
+    out.kind = g.kind == server::Grant::Kind::kChunk  ? ChunkGrant::Kind::kChunk
+               : g.kind == server::Grant::Kind::kWait ? ChunkGrant::Kind::kWait
+                                                      : ChunkGrant::Kind::kFinished;
+    out.epoch = g.epoch;
+    out.chunk = g.chunk;
+    out.begin = g.begin;
+    out.end = g.end;
+    out.epochs_done = p.epochs_done;
+    out.chunks_done = p.chunks_done;
+    out.num_chunks = p.num_chunks;
+    return out;
+  }
+
   Status Finish() override { return Status::Ok(); }
   int64_t clock() const override { return clock_; }
 
  private:
   std::vector<std::unique_ptr<server::Table>> tables_;
+  server::DataCoverage coverage_;
   int64_t clock_ = 0;
 };
 

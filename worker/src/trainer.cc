@@ -1,4 +1,4 @@
-// Training loop and result reporting.
+// Training loop over leased data chunks, and result reporting.
 #include "leash/worker/trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -6,13 +6,15 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <thread>
 
 namespace leash::worker {
 namespace {
 
-double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 Result<StepStats> EvaluateAll(Model& model, ParamStore& params, std::vector<std::vector<float>>* values,
                               const Dataset& test) {
@@ -21,116 +23,218 @@ Result<StepStats> EvaluateAll(Model& model, ParamStore& params, std::vector<std:
   return model.Evaluate(test.images.data(), test.labels.data(), test.count);
 }
 
+// Per-epoch accumulators of what this worker trained.
+struct EpochAcc {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  double seconds = 0;
+};
+
+class Loop {
+ public:
+  Loop(Model& model, ParamStore& params, const Dataset& train, const Dataset* test, const TrainOptions& o,
+       const std::atomic<bool>* stop)
+      : model_(model), params_(params), train_(train), test_(test), o_(o), stop_(stop) {
+    for (const auto& p : model.params()) grads_.emplace_back(p.size());
+  }
+
+  Result<TrainResult> Run() {
+    DataPlanArgs plan{static_cast<uint64_t>(train_.count), static_cast<uint32_t>(o_.chunk_size),
+                      static_cast<uint32_t>(o_.epochs), o_.seed};
+    start_ = Clock::now();
+    window_start_ = start_;
+    std::optional<ChunkDone> done;
+    while (!Stopping()) {
+      if (params_.needs_rejoin()) LEASH_RETURN_IF_ERROR(Rejoin());
+      auto grant = params_.NextChunk(plan, done ? &*done : nullptr);
+      if (!grant.ok()) {
+        if (grant.status().code() == StatusCode::kNotRegistered) {
+          LEASH_RETURN_IF_ERROR(Rejoin());
+          continue;  // the chunk just trained goes to the queue again when the old lease lapses
+        }
+        return grant.status();
+      }
+      done.reset();
+      LEASH_RETURN_IF_ERROR(ReportEpochs(*grant));
+      if (grant->kind == ChunkGrant::Kind::kFinished) break;
+      if (grant->kind == ChunkGrant::Kind::kWait) {
+        // Others hold the last chunks of the job; keep the clock moving so a tight
+        // staleness bound does not make them wait for this idle worker.
+        LEASH_RETURN_IF_ERROR(Iterate([&] { return params_.Idle(); }));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      auto trained = TrainChunk(*grant);
+      if (!trained.ok()) return trained.status();
+      if (*trained) {
+        done = ChunkDone{grant->epoch, grant->chunk};
+        ++result_.chunks_trained;
+      }
+    }
+    return std::move(result_);
+  }
+
+ private:
+  bool Stopping() const { return stop_ != nullptr && stop_->load(); }
+
+  Status Rejoin() {
+    ++result_.rejoins;
+    return params_.Rejoin();
+  }
+
+  // Runs `step`; a NotRegistered failure (evicted, or a shard restarted without this
+  // worker) makes the worker rejoin instead of failing.
+  template <typename Step>
+  Status Iterate(Step step) {
+    Status st = step();
+    if (st.code() == StatusCode::kNotRegistered || (st.ok() && params_.needs_rejoin())) return Rejoin();
+    return st;
+  }
+
+  // Trains the samples of one chunk. False if stopped before the chunk was complete.
+  Result<bool> TrainChunk(const ChunkGrant& g) {
+    std::vector<int64_t> indices;
+    for (uint64_t i = g.begin; i < g.end; ++i) indices.push_back(static_cast<int64_t>(i));
+    LoaderOptions lo;
+    lo.batch_size = o_.batch;
+    lo.seed = o_.seed * 7919 + g.chunk;
+    BatchLoader loader(train_, std::move(indices), lo, g.epoch);
+    EpochAcc& acc = epochs_[g.epoch];
+    while (auto batch = loader.Next()) {
+      if (Stopping()) return false;
+      auto t0 = Clock::now();
+      StepStats stats;
+      LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
+        LEASH_ASSIGN_OR_RETURN(stats, Step(*batch));
+        return params_.EndIteration();
+      }));
+      double dt = Seconds(t0, Clock::now());
+      acc.steps++;
+      acc.samples += batch->size;
+      acc.loss_sum += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
+      acc.correct += stats.correct;
+      acc.seconds += dt;
+      window_loss_ += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
+      window_samples_ += batch->size;
+      window_correct_ += stats.correct;
+      if (o_.log_every > 0 && ++steps_ % o_.log_every == 0) Progress(g);
+    }
+    return true;
+  }
+
+  Result<StepStats> Step(const Batch& batch) {
+    LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
+    for (size_t i = 0; i < values_.size(); ++i) LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+    Status grad_status;
+    auto st = model_.TrainStep(batch.images.data(), batch.labels.data(), batch.size, [&](size_t i) {
+      Status gs = model_.Gradient(i, grads_[i].data());
+      if (!gs.ok()) {
+        if (grad_status.ok()) grad_status = gs;
+        return;
+      }
+      params_.Push(i, grads_[i].data());
+    });
+    LEASH_RETURN_IF_ERROR(grad_status);
+    return st;
+  }
+
+  void Progress(const ChunkGrant& g) {
+    auto now = Clock::now();
+    double sps = static_cast<double>(window_samples_) / std::max(1e-9, Seconds(window_start_, now));
+    std::printf("%s epoch %u/%lld chunk %u step %lld clock %lld loss %.4f acc %.3f %.0f samples/s\n", o_.label.c_str(),
+                g.epoch + 1, static_cast<long long>(o_.epochs), g.chunk, static_cast<long long>(steps_),
+                static_cast<long long>(params_.clock()), window_loss_ / static_cast<double>(window_samples_),
+                static_cast<double>(window_correct_) / static_cast<double>(window_samples_), sps);
+    std::fflush(stdout);
+    window_loss_ = 0;
+    window_samples_ = 0;
+    window_correct_ = 0;
+    window_start_ = now;
+  }
+
+  // Reports (and evaluates the model for) every epoch the job completed since last time.
+  Status ReportEpochs(const ChunkGrant& g) {
+    while (epochs_reported_ < g.epochs_done) {
+      EpochResult r;
+      r.epoch = epochs_reported_ + 1;
+      const EpochAcc& acc = epochs_[epochs_reported_];
+      r.steps = acc.steps;
+      r.samples = acc.samples;
+      r.train_seconds = acc.seconds;
+      if (acc.samples > 0) {
+        r.train_loss = acc.loss_sum / static_cast<double>(acc.samples);
+        r.train_accuracy = static_cast<double>(acc.correct) / static_cast<double>(acc.samples);
+        r.samples_per_second = static_cast<double>(acc.samples) / std::max(1e-9, acc.seconds);
+      }
+      bool last_pending = epochs_reported_ + 1 < g.epochs_done;  // evaluate once per report
+      if (o_.evaluate && test_ != nullptr && !last_pending) {
+        auto ev = EvaluateAll(model_, params_, &values_, *test_);
+        if (!ev.ok()) return ev.status();
+        r.test_loss = ev->loss;
+        r.test_accuracy = static_cast<double>(ev->correct) / static_cast<double>(test_->count);
+      }
+      r.elapsed_seconds = Seconds(start_, Clock::now());
+      std::string test_part;
+      if (r.test_accuracy >= 0) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, ", test loss %.4f, test accuracy %.2f%%", r.test_loss, r.test_accuracy * 100);
+        test_part = buf;
+      }
+      std::printf("%s job epoch %lld/%lld done after %.1f s: this worker trained %lld samples (loss %.4f, acc %.4f, "
+                  "%.0f samples/s)%s\n",
+                  o_.label.c_str(), static_cast<long long>(r.epoch), static_cast<long long>(o_.epochs),
+                  r.elapsed_seconds, static_cast<long long>(r.samples), r.train_loss, r.train_accuracy,
+                  r.samples_per_second, test_part.c_str());
+      std::fflush(stdout);
+      result_.epochs.push_back(r);
+      ++epochs_reported_;
+    }
+    return Status::Ok();
+  }
+
+  Model& model_;
+  ParamStore& params_;
+  const Dataset& train_;
+  const Dataset* test_;
+  const TrainOptions& o_;
+  const std::atomic<bool>* stop_;
+  std::vector<std::vector<float>> values_;
+  std::vector<std::vector<float>> grads_;
+  std::map<uint32_t, EpochAcc> epochs_;
+  uint32_t epochs_reported_ = 0;
+  TrainResult result_;
+  Clock::time_point start_;
+  Clock::time_point window_start_;
+  int64_t steps_ = 0;
+  double window_loss_ = 0;
+  int64_t window_samples_ = 0;
+  int64_t window_correct_ = 0;
+};
+
 }  // namespace
 
-Result<std::vector<EpochResult>> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
-                                       const TrainOptions& o, const std::atomic<bool>* stop) {
-  if (o.epochs < 1 || o.batch < 1 || o.num_workers < 1 || o.worker_index < 0 || o.worker_index >= o.num_workers) {
-    return InvalidArgument("need epochs >= 1, batch >= 1 and 0 <= worker index < num workers");
+Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
+                          const TrainOptions& o, const std::atomic<bool>* stop) {
+  if (o.epochs < 1 || o.batch < 1 || o.chunk_size < 1 || o.chunk_size > UINT32_MAX || o.epochs > UINT32_MAX) {
+    return InvalidArgument("need epochs >= 1, batch >= 1 and chunk size >= 1");
   }
+  if (train.count < 1) return InvalidArgument("the training set is empty");
   if (train.features() != model.input_size()) {
     return InvalidArgument("dataset has " + std::to_string(train.features()) + " features per sample, the model expects " +
                            std::to_string(model.input_size()));
   }
-  std::vector<int64_t> indices;
-  for (int64_t i = o.worker_index; i < train.count; i += o.num_workers) indices.push_back(i);
-
-  const auto& specs = model.params();
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> grads(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) grads[i].resize(specs[i].size());
-
-  std::vector<EpochResult> results;
-  auto t_start = std::chrono::steady_clock::now();
-  LoaderOptions lo;
-  lo.batch_size = o.batch;
-  lo.seed = o.seed * 7919 + static_cast<uint64_t>(o.worker_index);
-  for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
-    BatchLoader loader(train, indices, lo, epoch);
-    EpochResult r;
-    r.epoch = epoch + 1;
-    double loss_sum = 0;
-    int64_t correct = 0;
-    double window_loss = 0;
-    int64_t window_samples = 0;
-    int64_t window_correct = 0;
-    auto t_epoch = std::chrono::steady_clock::now();
-    auto t_window = t_epoch;
-    while (auto batch = loader.Next()) {
-      if (stop != nullptr && stop->load()) break;
-      LEASH_RETURN_IF_ERROR(params.PullAll(&values));
-      for (size_t i = 0; i < values.size(); ++i) LEASH_RETURN_IF_ERROR(model.SetParam(i, values[i].data()));
-      Status grad_status;
-      auto st = model.TrainStep(batch->images.data(), batch->labels.data(), batch->size, [&](size_t i) {
-        Status g = model.Gradient(i, grads[i].data());
-        if (!g.ok()) {
-          if (grad_status.ok()) grad_status = g;
-          return;
-        }
-        params.Push(i, grads[i].data());
-      });
-      if (!st.ok()) return st.status();
-      LEASH_RETURN_IF_ERROR(grad_status);
-      LEASH_RETURN_IF_ERROR(params.EndIteration());
-      ++r.steps;
-      r.samples += batch->size;
-      loss_sum += static_cast<double>(st->loss) * static_cast<double>(batch->size);
-      correct += st->correct;
-      window_loss += static_cast<double>(st->loss) * static_cast<double>(batch->size);
-      window_samples += batch->size;
-      window_correct += st->correct;
-      if (o.log_every > 0 && r.steps % o.log_every == 0) {
-        auto now = std::chrono::steady_clock::now();
-        double sps = static_cast<double>(window_samples) / std::max(1e-9, Seconds(t_window, now));
-        std::printf("%s epoch %lld/%lld step %lld/%lld clock %lld loss %.4f acc %.3f %.0f samples/s\n", o.label.c_str(),
-                    static_cast<long long>(epoch + 1), static_cast<long long>(o.epochs), static_cast<long long>(r.steps),
-                    static_cast<long long>(loader.num_batches()), static_cast<long long>(params.clock()),
-                    window_loss / static_cast<double>(window_samples),
-                    static_cast<double>(window_correct) / static_cast<double>(window_samples), sps);
-        std::fflush(stdout);
-        window_loss = 0;
-        window_samples = 0;
-        window_correct = 0;
-        t_window = now;
-      }
-    }
-    auto t_trained = std::chrono::steady_clock::now();
-    r.train_seconds = Seconds(t_epoch, t_trained);
-    r.samples_per_second = static_cast<double>(r.samples) / std::max(1e-9, r.train_seconds);
-    if (r.samples > 0) {
-      r.train_loss = loss_sum / static_cast<double>(r.samples);
-      r.train_accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
-    }
-    if (o.evaluate && test != nullptr) {
-      LEASH_ASSIGN_OR_RETURN(StepStats ev, EvaluateAll(model, params, &values, *test));
-      r.test_loss = ev.loss;
-      r.test_accuracy = static_cast<double>(ev.correct) / static_cast<double>(test->count);
-    }
-    r.elapsed_seconds = Seconds(t_start, std::chrono::steady_clock::now());
-    std::printf("%s epoch %lld/%lld done: train loss %.4f acc %.4f, %.0f samples/s%s\n", o.label.c_str(),
-                static_cast<long long>(r.epoch), static_cast<long long>(o.epochs), r.train_loss, r.train_accuracy,
-                r.samples_per_second,
-                r.test_accuracy >= 0
-                    ? (", test loss " + std::to_string(r.test_loss).substr(0, 6) + " test accuracy " +
-                       std::to_string(r.test_accuracy * 100).substr(0, 5) + "%")
-                          .c_str()
-                    : "");
-    std::fflush(stdout);
-    results.push_back(r);
-    if (stop != nullptr && stop->load()) {
-      spdlog::info("stopping after epoch {} step {} as asked", r.epoch, r.steps);
-      break;
-    }
-  }
-  return results;
+  Loop loop(model, params, train, test, o, stop);
+  return loop.Run();
 }
 
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& o,
-                        const std::vector<EpochResult>& results) {
+                        const std::vector<EpochResult>& results, int64_t chunks_trained) {
   std::ofstream f(path);
   if (!f) return IOError("cannot write results to '" + path + "'");
-  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"worker_index\": " << o.worker_index
-    << ",\n  \"num_workers\": " << o.num_workers << ",\n  \"epochs\": [\n";
+  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"chunk_size\": " << o.chunk_size
+    << ",\n  \"chunks_trained\": " << chunks_trained << ",\n  \"epochs\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const EpochResult& r = results[i];
     f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps << ", \"samples\": " << r.samples

@@ -28,6 +28,7 @@ enum class StatusCode : int {
   kDeadlineExceeded = 11,
   kCancelled = 12,
   kIOError = 13,
+  kNotRegistered = 14,  // the worker is not (or no longer) registered with a shard
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -72,6 +73,7 @@ inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
+inline Status NotRegistered(std::string m) { return {StatusCode::kNotRegistered, std::move(m)}; }
 
 // Holds either a T or a non-OK Status.
 template <typename T>

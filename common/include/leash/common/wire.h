@@ -94,6 +94,12 @@ Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock);
 Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeStats(uint64_t rid);
+struct ChunkDone {
+  uint32_t epoch = 0;
+  uint32_t chunk = 0;
+};
+Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, uint64_t num_samples,
+                         uint32_t chunk_size, uint32_t epochs, uint64_t seed, const ChunkDone* done);
 Message MakeCheckpoint(uint64_t rid);
 
 struct TableSpecArgs {

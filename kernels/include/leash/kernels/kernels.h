@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "leash/common/status.h"
+#include "leash/kernels/types.h"
 
 namespace leash::kernels {
 
@@ -40,6 +41,10 @@ int CudaDeviceCount();
 // the library's own message.
 class Context {
  public:
+  // InvalidArgument for cpu_threads < 1 or a CPU index other than 0; Unavailable for a GPU
+  // that does not exist or a build without CUDA. A CPU context sets OpenBLAS's thread
+  // count to `cpu_threads`; that setting is process-wide, so the last CPU context created
+  // wins. `cpu_threads` is ignored for CUDA.
   static Result<std::unique_ptr<Context>> Create(Device device, int cpu_threads = 1);
   virtual ~Context() = default;
   Device device() const { return device_; }
@@ -53,7 +58,11 @@ class Context {
   Device device_;
 };
 
-// An owned float array on a context's device, zero-filled. Move-only.
+// An owned float array on a context's device, zero-filled. Move-only. Destroying it frees
+// the memory (for CUDA after the device finished the work queued on it).
+// Allocate: ResourceExhausted when the memory is not there.
+// CopyFromHost/CopyToHost: InvalidArgument when offset + count exceeds size(), a pointer
+// is null, or `ctx` is on another device than the buffer. CopyToHost waits for the copy.
 class Buffer {
  public:
   Buffer() = default;
@@ -83,9 +92,45 @@ class Buffer {
 // Copies `count` int32 values host -> device memory at `dst` (for labels).
 Status CopyInt32FromHost(Context& ctx, const int32_t* src_host, size_t count, int32_t* dst);
 
-enum class Transpose { kNo, kYes };
+// Like Buffer, for the element types that are not float: int32_t (labels) and uint16_t
+// (fp16 / bf16 bit patterns). Only those two are instantiated. Move-only.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  static Result<DeviceArray> Allocate(Context& ctx, size_t count);
+  ~DeviceArray();
+  DeviceArray(DeviceArray&& other) noexcept;
+  DeviceArray& operator=(DeviceArray&& other) noexcept;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
 
-// C[m x n] = alpha * op(A) * op(B) + beta * C, all row-major; op(A) is m x k, op(B) is k x n.
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  Device device() const { return device_; }
+
+  Status CopyFromHost(Context& ctx, const T* src_host, size_t count, size_t offset = 0);
+  Status CopyToHost(Context& ctx, T* dst_host, size_t count, size_t offset = 0) const;
+
+ private:
+  void Release();
+  T* data_ = nullptr;
+  size_t size_ = 0;
+  Device device_;
+};
+extern template class DeviceArray<int32_t>;
+extern template class DeviceArray<uint16_t>;
+using Int32Buffer = DeviceArray<int32_t>;
+using HalfBuffer = DeviceArray<uint16_t>;
+
+// Sizes are element counts and must be >= 0 (and m, n, k, rows, cols <= INT32_MAX, the
+// BLAS limit); a pointer may be null only when nothing would be read or written through
+// it. Every entry point returns InvalidArgument otherwise.
+
+// C[m x n] = alpha * op(A) * op(B) + beta * C, all row-major; op(A) is m x k, op(B) is k x n
+// (Transpose is in types.h). With beta == 0, C is not read (it may hold NaN). k == 0 gives
+// C = beta * C. On CUDA the product is computed in full fp32 (no TF32).
 Status Gemm(Context& ctx, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, const float* b, float beta, float* c);
 // y[r, c] += bias[c] for a rows x cols matrix y.
@@ -99,31 +144,16 @@ Status ReluBackward(Context& ctx, int64_t n, const float* y, const float* dy, fl
 // Mean softmax cross-entropy of `rows` examples over `classes` logits. Labels must be in
 // [0, classes). Writes dlogits = (softmax - onehot) / rows unless dlogits is null, the mean
 // loss to *loss_host and the number of rows whose argmax equals the label to *correct_host.
+// Either host output may be null to skip it; rows == 0 gives loss 0. The argmax is the
+// first index of the largest logit. On the CPU labels are checked before any output is
+// written; on CUDA they are checked on the device, and a bad label there is reported as
+// InvalidArgument after the call (its dlogits row is zero, the other outputs undefined).
 Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
                            float* dlogits, float* loss_host, int64_t* correct_host);
 
-// Optimizer updates of n parameters w with gradient g. Weight decay adds wd * w to g.
-struct SgdParams {
-  float lr = 0.01f;
-  float weight_decay = 0.f;
-};
-struct MomentumParams {
-  float lr = 0.01f;
-  float momentum = 0.9f;
-  float weight_decay = 0.f;
-};
-struct AdamParams {
-  float lr = 0.001f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float epsilon = 1e-8f;
-  float weight_decay = 0.f;
-};
-struct AdagradParams {
-  float lr = 0.01f;
-  float epsilon = 1e-10f;
-  float weight_decay = 0.f;
-};
+// Optimizer updates of n parameters w with gradient g (SgdParams etc. in types.h). Weight
+// decay adds wd * w to g. Hyper-parameters must be finite (Adam betas in [0, 1), epsilons
+// >= 0, step >= 1); InvalidArgument otherwise.
 // w -= lr * g
 Status SgdUpdate(Context& ctx, int64_t n, const SgdParams& p, const float* g, float* w);
 // v = momentum * v + g; w -= lr * v
@@ -134,5 +164,12 @@ Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, co
                   float* v);
 // acc += g^2; w -= lr * g / (sqrt(acc) + eps)
 Status AdagradUpdate(Context& ctx, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+
+// y[i] = x[i] as IEEE fp16 (bf16 = false) or bfloat16 (bf16 = true) bit patterns, rounded
+// to nearest even; overflow becomes infinity, NaN stays NaN (quiet). Same bits on CPU and
+// CUDA, as leash/common/half.h.
+Status ConvertToHalf(Context& ctx, int64_t n, const float* x, uint16_t* y, bool bf16);
+// y[i] = the exact float value of the fp16 / bf16 bit pattern x[i].
+Status ConvertFromHalf(Context& ctx, int64_t n, const uint16_t* x, float* y, bool bf16);
 
 }  // namespace leash::kernels

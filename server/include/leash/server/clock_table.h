@@ -36,7 +36,7 @@ class ClockTable {
   // Restores a worker from a snapshot as it was.
   void Restore(const LiveWorker& w);
 
-  // The live worker `worker_id` of `incarnation`; FailedPrecondition telling it to
+  // The live worker `worker_id` of `incarnation`; NotRegistered telling it to
   // re-register if it is unknown (never registered, left, or evicted) or superseded.
   Result<LiveWorker*> Find(uint64_t worker_id, uint64_t incarnation);
   LiveWorker* FindAny(uint64_t worker_id);

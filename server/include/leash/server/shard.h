@@ -19,6 +19,7 @@
 #include "leash/common/transport.h"
 #include "leash/common/wire.h"
 #include "leash/server/clock_table.h"
+#include "leash/server/coverage.h"
 #include "leash/server/snapshot.h"
 
 namespace leash::server {
@@ -84,6 +85,7 @@ class Shard {
   int64_t last_snapshot_clock() const { return last_snapshot_clock_; }
   const ShardCounters& counters() const { return counters_; }
   const ShardOptions& options() const { return options_; }
+  const DataCoverage& coverage() const { return coverage_; }
 
  private:
   struct ParkedPull {
@@ -107,6 +109,7 @@ class Shard {
   Status OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, std::vector<Outgoing>* out);
   Status OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
   Status OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
+  Status OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::ChunkRequest* m, std::vector<Outgoing>* out);
 
   Result<Table*> FindTable(uint32_t table_id);
   Message PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype);
@@ -119,6 +122,7 @@ class Shard {
   SnapshotStore* store_;
   NowMs now_ms_;
   ClockTable clocks_;
+  DataCoverage coverage_;  // used on shard 0 only
   ParkedPulls<ParkedPull> parked_;
   std::vector<std::unique_ptr<Table>> tables_;
   std::map<std::string, uint32_t> table_by_name_;
@@ -127,6 +131,7 @@ class Shard {
   int64_t last_snapshot_clock_ = -1;
   uint64_t snapshot_sequence_ = 0;
   int64_t next_snapshot_ms_ = 0;
+  int64_t last_snapshot_ms_ = -1;
 };
 
 // Runs `shard` on `transport` until `stop` becomes true: receives, handles, sends replies

@@ -43,6 +43,7 @@ struct ShardSnapshot {
   int64_t unix_ms = 0;           // wall time the snapshot was taken
   std::vector<TableSnapshot> tables;
   std::vector<WorkerClock> workers;
+  std::vector<uint8_t> coverage;  // data-coverage state of the job (shard 0), serialized
 };
 
 class SnapshotStore {

@@ -52,6 +52,13 @@ struct ShardStats {
   uint64_t errors = 0;
   int64_t last_snapshot_clock = -1;
   int64_t recovered_clock = -1;
+  int64_t snapshot_age_ms = -1;
+  // Data coverage of the job (shard 0 only).
+  uint32_t epochs_done = 0;
+  uint32_t epochs = 0;
+  uint32_t chunks_done = 0;
+  uint32_t num_chunks = 0;
+  uint32_t chunks_leased = 0;
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;
@@ -67,6 +74,26 @@ struct ShardStats {
     uint64_t local_rows = 0;
   };
   std::vector<TableStat> tables;
+};
+
+// The job's data plan: every worker of a job must use the same one.
+struct DataPlanArgs {
+  uint64_t num_samples = 0;
+  uint32_t chunk_size = 1024;
+  uint32_t epochs = 1;
+  uint64_t seed = 1;
+};
+
+struct ChunkGrant {
+  enum class Kind { kChunk, kWait, kFinished };
+  Kind kind = Kind::kWait;
+  uint32_t epoch = 0;
+  uint32_t chunk = 0;
+  uint64_t begin = 0;  // samples [begin, end) of the training set
+  uint64_t end = 0;
+  uint32_t epochs_done = 0;
+  uint32_t chunks_done = 0;
+  uint32_t num_chunks = 0;
 };
 
 struct ClientCounters {
@@ -109,13 +136,24 @@ class Client {
   // Leaves the job: every shard drops this worker at once.
   Status Leave();
 
+  // Reports the chunk `done` (if not null) as trained and leases the next chunk of the
+  // job's data from shard 0. FailedPrecondition if `plan` differs from the job's.
+  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done);
+
+  // True once a shard has said it does not know this worker (it was evicted after its
+  // lease expired, or the shard restarted without it). Rejoin() then registers again.
+  bool needs_rejoin() const;
+  // Registers with every shard under a new incarnation, starting at the shards' minimum
+  // clock, and resumes heartbeats.
+  Status Rejoin();
+
   // Statistics of every shard (for leashctl status).
   Result<std::vector<ShardStats>> Stats();
   // Makes every shard write a snapshot now; returns the clock each snapshot holds.
   Result<std::vector<int64_t>> Checkpoint();
 
   uint64_t worker_id() const { return options_.worker_id; }
-  uint64_t incarnation() const { return incarnation_; }
+  uint64_t incarnation() const { return incarnation_.load(); }
   int num_shards() const { return num_shards_; }
   ClientCounters counters() const;
 
@@ -125,7 +163,10 @@ class Client {
 
   ClientOptions options_;
   int num_shards_;
-  uint64_t incarnation_ = 0;
+  Status Register();
+  Status WaitForShards(std::future<Status>& fut, const std::vector<bool>& answered);
+
+  std::atomic<uint64_t> incarnation_{0};
   std::atomic<int64_t> clock_{0};
   std::unique_ptr<Impl> impl_;
 };

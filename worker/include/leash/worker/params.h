@@ -37,6 +37,16 @@ class ParamStore {
   // Ends the iteration: every push of it is sent, then the clock advances. Returns the
   // first error of an earlier push.
   virtual Status EndIteration() = 0;
+  // Ends an iteration in which this worker had no data to train (it waits for others to
+  // finish the last chunks of an epoch); under a tight staleness bound the others must
+  // not wait for it.
+  virtual Status Idle() = 0;
+  // Reports `done` as trained and leases the next chunk of the job's data (from shard 0,
+  // or from an in-process queue in local mode).
+  virtual Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) = 0;
+  // True when a shard no longer knows this worker; Rejoin() registers it again.
+  virtual bool needs_rejoin() const { return false; }
+  virtual Status Rejoin() { return Status::Ok(); }
   // Leaves the job (remote) or does nothing (local).
   virtual Status Finish() = 0;
   virtual int64_t clock() const = 0;

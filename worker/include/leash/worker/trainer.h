@@ -1,6 +1,8 @@
-// The worker's training loop: batches from the prefetching loader, parameters pulled
-// under the staleness bound, gradients pushed as backward produces them, a clock per
-// iteration, progress lines, and test accuracy after every epoch. One thread.
+// The worker's training loop: data chunks leased from the job (shard 0), batches from the
+// prefetching loader, parameters pulled under the staleness bound, gradients pushed as
+// backward produces them, a clock per iteration, progress lines, and the test accuracy
+// each time the job completes an epoch. Rejoins the job if a shard forgot this worker.
+// One thread.
 #pragma once
 
 #include <atomic>
@@ -16,36 +18,44 @@
 namespace leash::worker {
 
 struct TrainOptions {
-  int64_t epochs = 3;
+  int64_t epochs = 3;         // of the job, not of this worker
   int64_t batch = 64;
-  int64_t worker_index = 0;   // this worker trains samples i with i % num_workers == worker_index
-  int64_t num_workers = 1;
+  int64_t chunk_size = 1024;  // samples per data-chunk lease
   uint64_t seed = 1;
   int64_t log_every = 100;    // steps between progress lines (0: none)
   bool evaluate = true;       // test accuracy after every epoch
   std::string label;          // prefix of progress lines, e.g. "worker 0"
 };
 
+// One epoch of the job as this worker saw it: the samples it trained of that epoch and
+// the test accuracy of the model when the job completed the epoch.
 struct EpochResult {
   int64_t epoch = 0;
-  int64_t steps = 0;
+  int64_t steps = 0;          // steps this worker trained on the epoch's data
   int64_t samples = 0;
   double train_loss = 0;
   double train_accuracy = 0;
   double test_loss = 0;
   double test_accuracy = -1;   // -1 when not evaluated
-  double train_seconds = 0;    // training steps only, without evaluation
+  double train_seconds = 0;    // time in training steps on this epoch's data
   double samples_per_second = 0;
-  double elapsed_seconds = 0;  // since training started, at the end of this epoch
+  double elapsed_seconds = 0;  // since training started, when the job completed the epoch
 };
 
-// Trains `model` for options.epochs epochs. Stops early, after finishing the step in
-// progress, when *stop becomes true (results so far are returned).
-Result<std::vector<EpochResult>> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
-                                       const TrainOptions& options, const std::atomic<bool>* stop);
+// Trains `model` until the job's data plan is complete. Stops early, after the step in
+// progress, when *stop becomes true (results so far are returned; the unfinished chunk
+// goes to another worker when this one leaves).
+struct TrainResult {
+  std::vector<EpochResult> epochs;  // in order, for every epoch the job completed
+  int64_t chunks_trained = 0;       // data chunks this worker trained
+  int64_t rejoins = 0;
+};
+
+Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
+                          const TrainOptions& options, const std::atomic<bool>* stop);
 
 // Writes results as JSON (one object with an "epochs" array) to `path`.
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& options,
-                        const std::vector<EpochResult>& results);
+                        const std::vector<EpochResult>& results, int64_t chunks_trained);
 
 }  // namespace leash::worker

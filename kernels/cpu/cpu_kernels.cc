@@ -1,0 +1,141 @@
+// The CPU kernels: matrix products through OpenBLAS, everything else as plain loops the
+// compiler vectorizes. Reentrant; SetCpuThreads changes process-wide OpenBLAS state.
+#include <cblas.h>
+
+#include <cmath>
+
+#include "leash/common/half.h"
+#include "leash/kernels/cpu.h"
+
+namespace leash::kernels::cpu {
+
+void SetCpuThreads(int threads) { openblas_set_num_threads(threads); }
+
+void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+          float beta, float* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS rejects the zero leading dimensions this implies; the result is beta * C.
+    for (int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.f ? 0.f : beta * c[i];
+    return;
+  }
+  const bool ta_yes = ta == Transpose::kYes;
+  const bool tb_yes = tb == Transpose::kYes;
+  // Row-major leading dimensions: the number of columns of each matrix as stored.
+  const int64_t lda = ta_yes ? m : k;
+  const int64_t ldb = tb_yes ? k : n;
+  cblas_sgemm(CblasRowMajor, ta_yes ? CblasTrans : CblasNoTrans, tb_yes ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(n));
+}
+
+void BiasAdd(int64_t rows, int64_t cols, const float* bias, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+  }
+}
+
+void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* db) {
+  for (int64_t c = 0; c < cols; ++c) db[c] = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = dy + r * cols;
+    for (int64_t c = 0; c < cols; ++c) db[c] += row[c];
+  }
+}
+
+void Relu(int64_t n, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+}
+
+void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels, float* dlogits,
+                         float* loss, int64_t* correct) {
+  double loss_sum = 0.0;
+  int64_t right = 0;
+  const float inv_rows = rows > 0 ? 1.f / static_cast<float>(rows) : 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * classes;
+    const int64_t label = labels[r];
+    float max = x[0];
+    int64_t argmax = 0;
+    for (int64_t c = 1; c < classes; ++c) {
+      if (x[c] > max) {
+        max = x[c];
+        argmax = c;
+      }
+    }
+    const float x_label = x[label];  // read before dlogits is written, in case they alias
+    float sum = 0.f;
+    if (dlogits != nullptr) {
+      float* d = dlogits + r * classes;
+      for (int64_t c = 0; c < classes; ++c) {
+        d[c] = std::exp(x[c] - max);
+        sum += d[c];
+      }
+      const float inv_sum = 1.f / sum;
+      for (int64_t c = 0; c < classes; ++c) d[c] = (d[c] * inv_sum - (c == label ? 1.f : 0.f)) * inv_rows;
+    } else {
+      for (int64_t c = 0; c < classes; ++c) sum += std::exp(x[c] - max);
+    }
+    // log-sum-exp: max + log(sum exp(x - max)) never overflows.
+    loss_sum += static_cast<double>(max) + std::log(static_cast<double>(sum)) - static_cast<double>(x_label);
+    if (argmax == label) ++right;
+  }
+  if (loss != nullptr) *loss = rows > 0 ? static_cast<float>(loss_sum / static_cast<double>(rows)) : 0.f;
+  if (correct != nullptr) *correct = right;
+}
+
+void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + p.weight_decay * w[i];
+    w[i] -= p.lr * gi;
+  }
+}
+
+void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + p.weight_decay * w[i];
+    v[i] = p.momentum * v[i] + gi;
+    w[i] -= p.lr * v[i];
+  }
+}
+
+void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m, float* v) {
+  const float c1 = AdamBiasCorrection(p.beta1, step);
+  const float c2 = AdamBiasCorrection(p.beta2, step);
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + p.weight_decay * w[i];
+    m[i] = p.beta1 * m[i] + (1.f - p.beta1) * gi;
+    v[i] = p.beta2 * v[i] + (1.f - p.beta2) * gi * gi;
+    w[i] -= p.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + p.epsilon);
+  }
+}
+
+void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, float* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + p.weight_decay * w[i];
+    acc[i] += gi * gi;
+    w[i] -= p.lr * gi / (std::sqrt(acc[i]) + p.epsilon);
+  }
+}
+
+void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16) {
+  if (bf16) {
+    for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16(x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = FloatToHalf(x[i]);
+  }
+}
+
+void ConvertFromHalf(int64_t n, const uint16_t* x, float* y, bool bf16) {
+  if (bf16) {
+    for (int64_t i = 0; i < n; ++i) y[i] = Bf16ToFloat(x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = HalfToFloat(x[i]);
+  }
+}
+
+}  // namespace leash::kernels::cpu

@@ -1,0 +1,56 @@
+// The CUDA backend as the dispatching entry points (src/kernels.cc) see it: plain C++17,
+// no CUDA headers, so the dispatcher compiles with the host compiler alone. A State is
+// one device's stream, cuBLAS and cuDNN handles and scratch; one thread at a time.
+// Arguments have been validated by the caller. Every function returns the CUDA, cuBLAS or
+// cuDNN error as a Status (see cuda_status.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "leash/common/status.h"
+#include "leash/kernels/types.h"
+
+namespace leash::kernels::cuda {
+
+struct State;
+struct StateDeleter {
+  void operator()(State* state) const;
+};
+using StatePtr = std::unique_ptr<State, StateDeleter>;
+
+// Number of usable GPUs; 0 when there is no driver or no device.
+int DeviceCount();
+// Creates the stream and handles on GPU `device`.
+Result<StatePtr> CreateState(int device);
+Status Synchronize(State& s);
+
+// Zero-filled device memory of `bytes` bytes; returns once the fill is done.
+Result<void*> Allocate(State& s, size_t bytes);
+// Frees memory from Allocate on GPU `device`; errors are reported on stderr (called from
+// destructors, which have nobody to return them to).
+void Free(int device, void* ptr) noexcept;
+Status CopyToDevice(State& s, void* dst, const void* src_host, size_t bytes);
+// Returns once the bytes are in host memory.
+Status CopyToHost(State& s, void* dst_host, const void* src, size_t bytes);
+
+Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            const float* b, float beta, float* c);
+Status BiasAdd(State& s, int64_t rows, int64_t cols, const float* bias, float* y);
+Status BiasGrad(State& s, int64_t rows, int64_t cols, const float* dy, float* db);
+Status Relu(State& s, int64_t n, const float* x, float* y);
+Status ReluBackward(State& s, int64_t n, const float* y, const float* dy, float* dx);
+// Loss and correct count are reduced on the device and copied back; InvalidArgument when
+// the device found labels outside [0, classes).
+Status SoftmaxCrossEntropy(State& s, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
+                           float* dlogits, float* loss_host, int64_t* correct_host);
+Status SgdUpdate(State& s, int64_t n, const SgdParams& p, const float* g, float* w);
+Status MomentumUpdate(State& s, int64_t n, const MomentumParams& p, const float* g, float* w, float* v);
+Status AdamUpdate(State& s, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
+                  float* v);
+Status AdagradUpdate(State& s, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+Status ConvertToHalf(State& s, int64_t n, const float* x, uint16_t* y, bool bf16);
+Status ConvertFromHalf(State& s, int64_t n, const uint16_t* x, float* y, bool bf16);
+
+}  // namespace leash::kernels::cuda

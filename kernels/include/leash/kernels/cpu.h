@@ -1,0 +1,42 @@
+// The raw CPU kernels behind kernels.h, usable without a Context: the parameter server
+// links only these (OpenBLAS, no CUDA) to run its optimizers. No validation: callers pass
+// non-negative sizes, valid pointers and in-range labels (kernels.h checks all that).
+// Reentrant, except SetCpuThreads, which changes process-wide OpenBLAS state.
+#pragma once
+
+#include <cstdint>
+
+#include "leash/kernels/types.h"
+
+namespace leash::kernels::cpu {
+
+// Sets the number of threads OpenBLAS uses for every later matrix product in the process.
+void SetCpuThreads(int threads);
+
+// C[m x n] = alpha * op(A) * op(B) + beta * C, row-major; beta == 0 does not read C.
+void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+          float beta, float* c);
+// y[r, c] += bias[c].
+void BiasAdd(int64_t rows, int64_t cols, const float* bias, float* y);
+// db[c] = sum over r of dy[r, c].
+void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* db);
+// y = max(x, 0); x and y may alias.
+void Relu(int64_t n, const float* x, float* y);
+// dx = dy where y > 0, else 0; dy and dx may alias.
+void ReluBackward(int64_t n, const float* y, const float* dy, float* dx);
+// Mean softmax cross-entropy (log-sum-exp); labels in [0, classes). dlogits, loss and
+// correct may each be null. rows == 0 gives loss 0 and correct 0.
+void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels, float* dlogits,
+                         float* loss, int64_t* correct);
+
+// Optimizer updates, exactly as documented in kernels.h. AdamUpdate's step is 1-based.
+void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w);
+void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v);
+void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m, float* v);
+void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+
+// fp32 <-> fp16 / bf16 bit patterns, as leash/common/half.h.
+void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16);
+void ConvertFromHalf(int64_t n, const uint16_t* x, float* y, bool bf16);
+
+}  // namespace leash::kernels::cpu

@@ -1,0 +1,86 @@
+// Data coverage for the job (held by shard 0): the training set is cut into chunks, and
+// each epoch's chunks are leased to workers one at a time. A chunk leased to a worker
+// that leaves or is evicted goes back to the front of the queue, so every sample is
+// trained on at least once per epoch, and exactly once when no worker fails. The next
+// epoch's chunks are handed out as soon as the current epoch's are all leased, so a
+// fast worker never idles waiting for a slow one to finish its chunk. Pure state (no
+// I/O); not thread-safe (owned by the shard's request loop).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "leash/common/status.h"
+
+namespace leash::server {
+
+struct DataPlan {
+  uint64_t num_samples = 0;
+  uint32_t chunk_size = 0;
+  uint32_t epochs = 0;
+  uint64_t seed = 0;
+  uint32_t num_chunks() const {
+    return chunk_size == 0 ? 0 : static_cast<uint32_t>((num_samples + chunk_size - 1) / chunk_size);
+  }
+  bool operator==(const DataPlan&) const = default;
+};
+
+struct Grant {
+  enum class Kind { kChunk, kWait, kFinished };
+  Kind kind = Kind::kWait;
+  uint32_t epoch = 0;
+  uint32_t chunk = 0;
+  uint64_t begin = 0;  // samples [begin, end) of the training set
+  uint64_t end = 0;
+};
+
+struct CoverageProgress {
+  uint32_t epochs_done = 0;      // epochs whose every chunk was trained
+  uint32_t epochs = 0;
+  uint32_t chunks_done = 0;      // in the first unfinished epoch
+  uint32_t num_chunks = 0;
+  uint32_t chunks_leased = 0;
+};
+
+class DataCoverage {
+ public:
+  // Sets the job's plan. The same plan again is a no-op; another plan once one is set is
+  // FailedPrecondition (every worker of a job must agree on data, chunking and epochs).
+  Status SetPlan(const DataPlan& plan);
+  bool has_plan() const { return plan_.has_value(); }
+
+  // The next chunk for `worker`, kWait while the remaining chunks are leased to others,
+  // or kFinished once every epoch is complete.
+  Grant Next(uint64_t worker);
+  // Marks a chunk trained (idempotent; a late report of a re-leased chunk counts once).
+  void Complete(uint32_t epoch, uint32_t chunk);
+  // Returns every chunk `worker` holds to the queue; the number returned.
+  size_t Release(uint64_t worker);
+
+  CoverageProgress Progress() const;
+  // Number of times each (epoch, chunk) was reported trained, for tests.
+  uint32_t times_completed(uint32_t epoch, uint32_t chunk) const;
+
+  std::vector<uint8_t> Serialize() const;
+  // Restores the state of Serialize(); leases are dropped (their chunks are pending).
+  static Result<DataCoverage> Deserialize(const std::vector<uint8_t>& bytes);
+
+ private:
+  struct Epoch {
+    std::vector<uint32_t> completed;     // per chunk: times reported trained
+    uint32_t done = 0;                   // chunks with completed > 0
+    std::deque<uint32_t> pending;        // not leased, not done
+    std::map<uint32_t, uint64_t> leased;  // chunk -> worker
+  };
+  Epoch& Open(uint32_t e);
+  void Advance();
+
+  std::optional<DataPlan> plan_;
+  uint32_t current_ = 0;                // first epoch not complete
+  std::map<uint32_t, Epoch> epochs_;    // current_ and possibly current_ + 1
+};
+
+}  // namespace leash::server

@@ -1,0 +1,131 @@
+// Unit tests of data-chunk leases: coverage per epoch, failure, pipelining, snapshots.
+#include "leash/server/coverage.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace leash::server {
+namespace {
+
+DataPlan Plan(uint64_t samples = 10, uint32_t chunk = 3, uint32_t epochs = 2) { return {samples, chunk, epochs, 7}; }
+
+TEST(DataCoverageTest, EveryChunkOnceAndChunksCoverTheDataset) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(10, 3, 1)).ok());
+  std::set<uint32_t> seen;
+  uint64_t covered = 0;
+  while (true) {
+    Grant g = d.Next(1);
+    if (g.kind != Grant::Kind::kChunk) {
+      EXPECT_EQ(g.kind, Grant::Kind::kFinished);
+      break;
+    }
+    EXPECT_TRUE(seen.insert(g.chunk).second);
+    EXPECT_EQ(g.begin, g.chunk * 3u);
+    EXPECT_EQ(g.end, std::min<uint64_t>(10, g.begin + 3));
+    covered += g.end - g.begin;
+    d.Complete(g.epoch, g.chunk);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+  EXPECT_EQ(covered, 10u);
+  EXPECT_EQ(d.Progress().epochs_done, 1u);
+}
+
+TEST(DataCoverageTest, NextEpochIsHandedOutOnceTheCurrentIsAllLeased) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(6, 3, 2)).ok());
+  Grant a = d.Next(1);
+  Grant b = d.Next(2);
+  EXPECT_EQ(a.epoch, 0u);
+  EXPECT_EQ(b.epoch, 0u);
+  Grant c = d.Next(1);  // epoch 0 all leased: worker 1 goes on with epoch 1
+  ASSERT_EQ(c.kind, Grant::Kind::kChunk);
+  EXPECT_EQ(c.epoch, 1u);
+  d.Next(1);
+  EXPECT_EQ(d.Next(1).kind, Grant::Kind::kWait);  // no more than two epochs in flight
+}
+
+TEST(DataCoverageTest, ChunksOfAFailedWorkerGoToOthers) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(9, 3, 1)).ok());
+  Grant lost = d.Next(1);
+  Grant b = d.Next(2);
+  d.Complete(b.epoch, b.chunk);
+  EXPECT_EQ(d.Release(1), 1u);
+  Grant again = d.Next(2);
+  EXPECT_EQ(again.chunk, lost.chunk);  // the released chunk comes first
+  d.Complete(again.epoch, again.chunk);
+  Grant last = d.Next(2);
+  d.Complete(last.epoch, last.chunk);
+  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kFinished);
+}
+
+TEST(DataCoverageTest, LateReportOfAReleasedChunkCountsOnce) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(3, 3, 2)).ok());
+  Grant g = d.Next(1);
+  d.Release(1);  // worker 1 evicted (it was only paused)
+  d.Complete(g.epoch, g.chunk);  // ... and reports the chunk after all
+  EXPECT_EQ(d.times_completed(0, g.chunk), 1u);
+  EXPECT_EQ(d.Progress().epochs_done, 1u);
+  Grant next = d.Next(2);
+  EXPECT_EQ(next.epoch, 1u);
+}
+
+TEST(DataCoverageTest, WaitWhileOthersHoldTheLastChunks) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(3, 3, 1)).ok());
+  Grant g = d.Next(1);
+  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kWait);
+  d.Complete(g.epoch, g.chunk);
+  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kFinished);
+}
+
+TEST(DataCoverageTest, PlansMustAgree) {
+  DataCoverage d;
+  EXPECT_FALSE(d.SetPlan(Plan(0, 3, 1)).ok());
+  ASSERT_TRUE(d.SetPlan(Plan()).ok());
+  EXPECT_TRUE(d.SetPlan(Plan()).ok());
+  Status st = d.SetPlan(Plan(10, 3, 5));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("--epochs"), std::string::npos);
+}
+
+TEST(DataCoverageTest, SerializeKeepsProgressAndDropsLeases) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(12, 3, 3)).ok());
+  for (int i = 0; i < 4; ++i) {  // finish epoch 0
+    Grant g = d.Next(1);
+    d.Complete(g.epoch, g.chunk);
+  }
+  Grant done = d.Next(1);
+  d.Complete(done.epoch, done.chunk);
+  Grant held = d.Next(2);
+  auto r = DataCoverage::Deserialize(d.Serialize());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->Progress().epochs_done, 1u);
+  EXPECT_EQ(r->Progress().chunks_done, 1u);
+  EXPECT_EQ(r->Progress().chunks_leased, 0u);
+  std::set<uint32_t> rest;
+  while (true) {
+    Grant g = r->Next(3);
+    if (g.kind != Grant::Kind::kChunk || g.epoch != 1) break;
+    rest.insert(g.chunk);
+  }
+  EXPECT_EQ(rest.size(), 3u);
+  EXPECT_TRUE(rest.count(held.chunk));
+  EXPECT_FALSE(rest.count(done.chunk));
+}
+
+TEST(DataCoverageTest, MalformedStateIsDataLoss) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan()).ok());
+  auto bytes = d.Serialize();
+  bytes.pop_back();
+  EXPECT_EQ(DataCoverage::Deserialize(bytes).status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(DataCoverage::Deserialize({}).ok());
+}
+
+}  // namespace
+}  // namespace leash::server
