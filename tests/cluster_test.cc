@@ -9,7 +9,7 @@
 #include "leash/common/wire.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
-#include "support/process.h"
+#include "support/cluster.h"
 
 namespace leash {
 namespace {
@@ -19,53 +19,7 @@ using testing::FreePort;
 using testing::Process;
 using testing::TempDir;
 
-// A cluster of `n` real shards on free loopback ports.
-class Cluster {
- public:
-  Cluster(int n, const std::string& dir, std::vector<std::string> extra = {}) : dir_(dir), extra_(std::move(extra)) {
-    for (int i = 0; i < n; ++i) endpoints_.push_back(Endpoint(FreePort()));
-    for (int i = 0; i < n; ++i) Start(i);
-  }
-
-  void Start(int i) {
-    std::vector<std::string> argv = {LEASH_SERVER_BIN,
-                                     "--shard=" + std::to_string(i),
-                                     "--num-shards=" + std::to_string(endpoints_.size()),
-                                     "--bind=" + endpoints_[static_cast<size_t>(i)],
-                                     "--data-dir=" + dir_ + "/shard" + std::to_string(i),
-                                     "--checkpoint-interval=0",
-                                     "--no-sync"};
-    argv.insert(argv.end(), extra_.begin(), extra_.end());
-    if (procs_.size() <= static_cast<size_t>(i)) procs_.resize(static_cast<size_t>(i) + 1);
-    procs_[static_cast<size_t>(i)] = std::make_unique<Process>(argv, dir_ + "/shard" + std::to_string(i) + ".log");
-  }
-
-  Process& shard(int i) { return *procs_[static_cast<size_t>(i)]; }
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
-  std::string servers() const {
-    std::string s;
-    for (const auto& e : endpoints_) s += (s.empty() ? "" : ",") + e;
-    return s;
-  }
-
-  std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& name, bool register_worker = true) {
-    auto t = ConnectZmqClient(ctx, endpoints_);
-    EXPECT_TRUE(t.ok()) << t.status();
-    ClientOptions o;
-    o.name = name;
-    o.register_worker = register_worker;
-    o.connect_timeout_ms = 20000;
-    auto c = Client::Connect(std::move(*t), o);
-    EXPECT_TRUE(c.ok()) << c.status() << "\n" << procs_[0]->ReadLog();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-
- private:
-  std::string dir_;
-  std::vector<std::string> extra_;
-  std::vector<std::string> endpoints_;
-  std::vector<std::unique_ptr<Process>> procs_;
-};
+using testing::Cluster;
 
 TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
   TableOptions t;
@@ -80,9 +34,8 @@ TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
 TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
   TempDir dir;
   Cluster cluster(2, dir.path());
-  ZmqContext ctx;
-  auto a = cluster.Connect(ctx, "a");
-  auto b = cluster.Connect(ctx, "b");
+  auto a = cluster.Connect("a");
+  auto b = cluster.Connect("b");
   ASSERT_TRUE(a && b);
   auto ta = a->CreateTable(Sgd1("w", 7, 3));  // 7 rows: shard 0 holds 4, shard 1 holds 3
   auto tb = b->CreateTable(Sgd1("w", 7, 3));
@@ -119,9 +72,8 @@ TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
 TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
   TempDir dir;
   Cluster cluster(2, dir.path());
-  ZmqContext ctx;
-  auto fast = cluster.Connect(ctx, "fast");
-  auto slow = cluster.Connect(ctx, "slow");
+  auto fast = cluster.Connect("fast");
+  auto slow = cluster.Connect("slow");
   ASSERT_TRUE(fast && slow);
   auto t = fast->CreateTable(Sgd1("w", 4, 1));
   ASSERT_TRUE(t.ok());
@@ -137,10 +89,9 @@ TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
 TEST(ClusterTest, RestartedShardServesItsLastSnapshot) {
   TempDir dir;
   Cluster cluster(2, dir.path());
-  ZmqContext ctx;
   std::vector<float> snapshot_values(6);
   {
-    auto c = cluster.Connect(ctx, "w");
+    auto c = cluster.Connect("w");
     ASSERT_TRUE(c);
     auto t = c->CreateTable(Sgd1("w", 6, 1));
     ASSERT_TRUE(t.ok());
@@ -158,7 +109,7 @@ TEST(ClusterTest, RestartedShardServesItsLastSnapshot) {
   cluster.shard(1).Kill();
   cluster.Start(0);
   cluster.Start(1);
-  auto c = cluster.Connect(ctx, "reader", /*register_worker=*/false);
+  auto c = cluster.Connect("reader", /*register_worker=*/false);
   ASSERT_TRUE(c);
   auto t = c->CreateTable(Sgd1("w", 6, 1));
   ASSERT_TRUE(t.ok()) << t.status();
@@ -174,9 +125,8 @@ TEST(ClusterTest, RestartedShardServesItsLastSnapshot) {
 TEST(ClusterTest, GracefulShutdownSnapshotsEveryUpdate) {
   TempDir dir;
   Cluster cluster(1, dir.path());
-  ZmqContext ctx;
   {
-    auto c = cluster.Connect(ctx, "w");
+    auto c = cluster.Connect("w");
     ASSERT_TRUE(c);
     auto t = c->CreateTable(Sgd1("w", 2, 1));
     ASSERT_TRUE(t.ok());
@@ -189,7 +139,7 @@ TEST(ClusterTest, GracefulShutdownSnapshotsEveryUpdate) {
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 0) << cluster.shard(0).ReadLog();
   cluster.Start(0);
-  auto c = cluster.Connect(ctx, "reader", false);
+  auto c = cluster.Connect("reader", false);
   ASSERT_TRUE(c);
   auto t = c->CreateTable(Sgd1("w", 2, 1));
   ASSERT_TRUE(t.ok());
@@ -240,8 +190,7 @@ class RawPeer {
 TEST(ClusterTest, GarbageFromARawPeerGetsErrorRepliesWhileOthersAreServed) {
   TempDir dir;
   Cluster cluster(1, dir.path(), {"--max-message-mb=1"});
-  ZmqContext ctx;
-  auto good = cluster.Connect(ctx, "good");
+  auto good = cluster.Connect("good");
   ASSERT_TRUE(good);
   auto t = good->CreateTable(Sgd1("w", 8, 2));
   ASSERT_TRUE(t.ok());

@@ -85,10 +85,10 @@ StatusCode FromWireCode(wire::ErrorCode code) {
   }
 }
 
-Message MakeError(uint64_t request_id, const Status& status) {
+Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id) {
   return MakeMessage(request_id, [&](flatbuffers::FlatBufferBuilder& fbb) {
     auto msg = fbb.CreateString(status.message());
-    return std::make_pair(wire::Body::Error, wire::CreateError(fbb, ToWireCode(status.code()), msg).Union());
+    return std::make_pair(wire::Body::Error, wire::CreateError(fbb, ToWireCode(status.code()), msg, boot_id).Union());
   });
 }
 

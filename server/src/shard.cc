@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <random>
 
 #include "leash/server/table.h"
 
@@ -29,6 +30,10 @@ bool AllFinite(const float* p, size_t n) {
 Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms)
     : options_(options), store_(store), now_ms_(std::move(now_ms)) {
   LEASH_CHECK(options_.num_shards > 0 && options_.shard < options_.num_shards);
+  if (options_.boot_id == 0) {
+    std::random_device rd;
+    options_.boot_id = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+  }
   next_snapshot_ms_ = now_ms_() + options_.checkpoint_interval_ms;
 }
 
@@ -97,7 +102,7 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
   if (!st.ok()) {
     ++counters_.errors;
     spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
-    out->push_back({peer, MakeError(rid, st)});
+    out->push_back({peer, MakeError(rid, st, options_.boot_id)});
   }
 }
 
@@ -141,7 +146,7 @@ Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const wire::Register*
                     return std::make_pair(wire::Body::Welcome,
                                           wire::CreateWelcome(fbb, options_.shard, options_.num_shards, start,
                                                               static_cast<uint32_t>(options_.lease_ms),
-                                                              recovered_clock_)
+                                                              recovered_clock_, options_.boot_id)
                                               .Union());
                   })});
   return Status::Ok();
@@ -278,7 +283,7 @@ Status Shard::OnHeartbeat(const PeerId& peer, uint64_t rid, const wire::Heartbea
   w->last_seen_ms = now_ms_();
   out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
                     return std::make_pair(wire::Body::HeartbeatReply,
-                                          wire::CreateHeartbeatReply(fbb, clocks_.MinClock()).Union());
+                                          wire::CreateHeartbeatReply(fbb, clocks_.MinClock(), options_.boot_id).Union());
                   })});
   return Status::Ok();
 }

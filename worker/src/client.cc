@@ -136,6 +136,8 @@ class Client::Impl {
 
   int num_shards() const { return n_; }
   bool needs_rejoin() const { return needs_rejoin_.load(); }
+  // The clock this worker announced last (re-announced to a shard that restarts).
+  void NoteClock(int64_t clock) { last_clock_.store(clock); }
   void clear_needs_rejoin() { needs_rejoin_.store(false); }
 
  private:
@@ -200,6 +202,37 @@ class Client::Impl {
     queue_.clear();
   }
 
+  // A shard that answers with a new boot id restarted and lost whatever was in flight to
+  // it (the connection itself survived: ZeroMQ reconnected on its own). Resend it all, in
+  // the original order.
+  void NoteBoot(int shard, uint64_t boot_id) {
+    uint64_t& known = boot_ids_[shard];
+    if (known == boot_id || boot_id == 0) return;
+    bool restarted = known != 0;
+    known = boot_id;
+    if (!restarted) return;
+    // The restarted shard knows this worker's clock as of its snapshot; tell it where the
+    // worker is now, before anything else, or pulls would wait for a clock already sent.
+    if (hb_interval_ms_.load() > 0) {
+      Request c;
+      c.rid = next_rid_.fetch_add(1);
+      c.shard = shard;
+      c.message = MakeClock(c.rid, hb_worker_.load(), last_clock_.load());
+      ++inflight_per_shard_[shard];
+      SendNow(c);
+      inflight_.emplace(c.rid, std::move(c));
+    }
+    int n = 0;
+    for (auto& [rid, r] : inflight_) {
+      if (r.shard == shard && r.op) {
+        ++resends_;
+        ++n;
+        SendNow(r);
+      }
+    }
+    spdlog::warn("shard {} restarted; resent {} pending request(s)", shard, n);
+  }
+
   // A shard that stays silent while requests wait on it is reconnected with backoff and
   // sent every pending request again, in the original order. Pulls, clocks and
   // registrations are idempotent; pushes are deduplicated by sequence on the shard.
@@ -248,6 +281,7 @@ class Client::Impl {
     --inflight_per_shard_[shard];
     const wire::Envelope* e = *env;
     if (e->body_type() == wire::Body::Error) {
+      NoteBoot(shard, e->body_as_Error()->boot_id());
       Status st = ErrorToStatus(e->body_as_Error()).WithContext("shard " + std::to_string(shard));
       if (st.code() == StatusCode::kNotRegistered) needs_rejoin_.store(true);
       if (r.op) {
@@ -257,7 +291,11 @@ class Client::Impl {
       }
       return;
     }
-    if (!r.op) return;  // heartbeat acknowledged
+    if (!r.op) {  // heartbeat acknowledged
+      if (const wire::HeartbeatReply* hb = e->body_as_HeartbeatReply()) NoteBoot(shard, hb->boot_id());
+      return;
+    }
+    if (const wire::Welcome* w = e->body_as_Welcome()) NoteBoot(shard, w->boot_id());
     r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, e, msg) : Status::Ok());
   }
 
@@ -288,6 +326,8 @@ class Client::Impl {
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> resends_{0};
   std::atomic<bool> needs_rejoin_{false};
+  std::map<int, uint64_t> boot_ids_;  // I/O thread
+  std::atomic<int64_t> last_clock_{0};
 };
 
 Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
@@ -368,6 +408,7 @@ Status Client::Register() {
   int64_t start = *std::max_element(starts->begin(), starts->end());
   int64_t min_lease = *std::min_element(lease->begin(), lease->end());
   clock_.store(start);
+  impl_->NoteClock(start);
   int64_t hb = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : std::clamp<int64_t>(min_lease / 4, 10, 1000);
   impl_->EnableHeartbeats(options_.worker_id, incarnation, hb);
   if (*std::min_element(starts->begin(), starts->end()) != start) {
@@ -586,6 +627,7 @@ std::future<Status> Client::Push(const TableHandle& table, std::span<const uint6
 
 std::future<Status> Client::Clock() {
   int64_t next = clock_.fetch_add(1) + 1;
+  impl_->NoteClock(next);
   std::vector<int> all = AllShards(num_shards_);
   return impl_->Submit(
       all,

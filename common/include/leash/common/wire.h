@@ -46,7 +46,7 @@ Message MakeMessage(uint64_t request_id, BuildBody&& build, std::vector<Frame> p
   return m;
 }
 
-Message MakeError(uint64_t request_id, const Status& status);
+Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id = 0);
 // Converts an Error body back to a Status (code and message).
 Status ErrorToStatus(const wire::Error* error);
 

@@ -32,6 +32,7 @@ struct ShardOptions {
   int64_t lease_ms = 10000;                  // a silent worker is evicted after this long
   int64_t checkpoint_interval_ms = 60000;    // 0 disables periodic snapshots
   size_t max_message_bytes = size_t{512} << 20;
+  uint64_t boot_id = 0;                      // 0: a random id for this process
   WireLimits limits;
 };
 

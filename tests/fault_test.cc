@@ -1,0 +1,245 @@
+// Fault tests with real processes: workers killed, paused past their lease, added and
+// removed while a job trains; a shard killed and restarted; a push delivered twice.
+// Every process is started by the test and killed by PID when the test ends.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <regex>
+#include <thread>
+#include <zmq.hpp>
+
+#include "leash/common/wire.h"
+#include "support/cluster.h"
+
+namespace leash {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+using testing::Process;
+using testing::TempDir;
+using testing::WaitFor;
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t Ms(SteadyClock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
+
+// Minimum clock over shards (-1 if a shard does not answer).
+int64_t MinClock(Cluster& c) {
+  auto s = c.Stats();
+  if (!s.ok()) return -1;
+  int64_t m = INT64_MAX;
+  for (const auto& st : *s) m = std::min(m, st.min_clock);
+  return m;
+}
+
+// Live workers as seen by every shard (-1 if shards disagree or do not answer).
+int LiveWorkers(Cluster& c) {
+  auto s = c.Stats();
+  if (!s.ok()) return -1;
+  int n = static_cast<int>((*s)[0].workers.size());
+  for (const auto& st : *s) {
+    if (static_cast<int>(st.workers.size()) != n) return -1;
+  }
+  return n;
+}
+
+// Clock of worker `name` on shard 0, -1 if it is not live there.
+int64_t WorkerClock(Cluster& c, const std::string& name) {
+  auto s = c.Stats();
+  if (!s.ok()) return -1;
+  for (const auto& w : (*s)[0].workers) {
+    if (w.name == name) return w.clock;
+  }
+  return -1;
+}
+
+const std::vector<std::string> kQuickJob = {"--train-limit=6000", "--test-limit=1000", "--chunk-size=250",
+                                            "--log-every=0",      "--batch=32",         "--connect-timeout=30"};
+
+std::vector<std::string> Job(std::vector<std::string> more) {
+  std::vector<std::string> f = kQuickJob;
+  f.insert(f.end(), more.begin(), more.end());
+  return f;
+}
+
+TEST(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
+  TempDir dir;
+  constexpr int64_t kLeaseMs = 2000;
+  Cluster cluster(2, dir.path(), {"--lease-timeout=2s"});
+  std::vector<std::unique_ptr<Process>> w;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(cluster.StartWorker("w" + std::to_string(i), Job({"--epochs=3", "--staleness=0", "--no-eval"})));
+  }
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 3 && MinClock(cluster) >= 30; }, 90s))
+      << w[0]->ReadLog();
+  w[2]->Kill();
+  auto killed_at = SteadyClock::now();
+  int64_t dead_clock = WorkerClock(cluster, "w2");
+  ASSERT_GE(dead_clock, 30);
+  // Survivors go past the dead worker's clock only once it is evicted.
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) > dead_clock; }, 30s));
+  int64_t stall_ms = Ms(SteadyClock::now() - killed_at);
+  std::printf("survivors resumed %lld ms after the kill (lease %lld ms)\n", static_cast<long long>(stall_ms),
+              static_cast<long long>(kLeaseMs));
+  EXPECT_LE(stall_ms, kLeaseMs + 2500);
+  EXPECT_EQ(LiveWorkers(cluster), 2);
+  for (int i = 0; i < 2; ++i) {
+    auto code = w[static_cast<size_t>(i)]->Wait(180s);
+    ASSERT_TRUE(code.has_value()) << "worker " << i << " did not finish";
+    EXPECT_EQ(*code, 0) << w[static_cast<size_t>(i)]->ReadLog();
+  }
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].epochs_done, 3u) << "every chunk of every epoch was trained";
+  EXPECT_NE(cluster.shard(0).ReadLog().find("go to other workers"), std::string::npos)
+      << "the dead worker's chunk was handed to a survivor";
+}
+
+TEST(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
+  TempDir dir;
+  Cluster cluster(2, dir.path(), {"--lease-timeout=30s"});
+  auto first = cluster.StartWorker("first", Job({"--epochs=50", "--staleness=1", "--no-eval"}));
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 40; }, 90s)) << first->ReadLog();
+  int64_t before = MinClock(cluster);
+  auto second = cluster.StartWorker("second", Job({"--epochs=50", "--staleness=1", "--no-eval"}));
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2; }, 60s)) << second->ReadLog();
+  int64_t joined = WorkerClock(cluster, "second");
+  EXPECT_GE(joined, before) << "a joining worker starts at the current minimum clock, not at 0";
+  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "second") >= joined + 20; }, 60s)) << second->ReadLog();
+  second->Signal(SIGTERM);
+  auto t0 = SteadyClock::now();
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 20s));
+  int64_t gone_ms = Ms(SteadyClock::now() - t0);
+  std::printf("a worker stopped with SIGTERM was dropped after %lld ms (lease 30000 ms)\n",
+              static_cast<long long>(gone_ms));
+  EXPECT_LT(gone_ms, 10000) << "graceful leave must not wait for the lease";
+  auto code = second->Wait(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << second->ReadLog();
+  int64_t after = MinClock(cluster);
+  EXPECT_TRUE(WaitFor([&] { return MinClock(cluster) >= after + 20; }, 60s)) << "the first worker goes on";
+}
+
+TEST(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
+  TempDir dir;
+  Cluster cluster(2, dir.path(), {"--lease-timeout=1500ms"});
+  auto a = cluster.StartWorker("a", Job({"--epochs=60", "--staleness=0", "--no-eval"}));
+  auto b = cluster.StartWorker("b", Job({"--epochs=60", "--staleness=0", "--no-eval"}));
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2 && MinClock(cluster) >= 20; }, 90s)) << b->ReadLog();
+  b->Signal(SIGSTOP);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 15s)) << "the paused worker is evicted";
+  int64_t evicted_at = MinClock(cluster);
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= evicted_at + 20; }, 60s)) << "the other worker went on";
+  b->Signal(SIGCONT);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2; }, 30s)) << b->ReadLog();
+  int64_t rejoined = WorkerClock(cluster, "b");
+  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "b") >= rejoined + 10; }, 60s)) << b->ReadLog();
+  EXPECT_NE(b->ReadLog().find("rejoining as incarnation"), std::string::npos) << b->ReadLog();
+  a->Signal(SIGTERM);
+  b->Signal(SIGTERM);
+  EXPECT_EQ(a->Wait(30s), 0) << a->ReadLog();
+  EXPECT_EQ(b->Wait(30s), 0) << b->ReadLog();
+}
+
+TEST(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
+  TempDir dir;
+  Cluster cluster(1, dir.path());
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 10000);
+  s.connect(cluster.endpoints()[0]);
+  auto send = [&](const Message& m) {
+    for (size_t i = 0; i < m.size(); ++i) {
+      s.send(zmq::buffer(m[i].data(), m[i].size()), i + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  };
+  auto reply = [&]() -> Message {
+    Message m;
+    while (true) {
+      zmq::message_t part;
+      if (!s.recv(part)) return m;
+      bool more = part.more();
+      m.push_back(Frame::Copy(part.data(), part.size()));
+      if (!more) return m;
+    }
+  };
+  TableSpecArgs spec;
+  spec.name = "w";
+  spec.rows = 2;
+  spec.cols = 1;
+  spec.learning_rate = 1.f;
+  send(MakeCreateTable(1, spec));
+  ASSERT_EQ(VerifyEnvelope(reply()).value()->body_type(), wire::Body::TableCreated);
+  send(MakeRegister(2, 77, 1, "dup"));
+  ASSERT_EQ(VerifyEnvelope(reply()).value()->body_type(), wire::Body::Welcome);
+  Message push = MakePush(3, 0, Rows::Range(0, 2), 77, 1, 1, wire::DType::F32, EncodeValues(std::vector<float>{1, 2}, wire::DType::F32));
+  send(push);
+  Message r1 = reply();
+  send(push);  // the client's retry after a lost reply
+  Message r2 = reply();
+  ASSERT_TRUE(VerifyEnvelope(r1).ok() && VerifyEnvelope(r2).ok());
+  EXPECT_TRUE(VerifyEnvelope(r1).value()->body_as_PushReply()->applied());
+  EXPECT_FALSE(VerifyEnvelope(r2).value()->body_as_PushReply()->applied());
+  send(MakePull(4, 0, Rows::Range(0, 2), 77, 0, 0));
+  Message pulled = reply();
+  std::vector<float> v(2);
+  ASSERT_TRUE(DecodeValues(pulled.at(1), wire::DType::F32, 2, v.data()).ok());
+  EXPECT_EQ(v, (std::vector<float>{-1, -2}));
+}
+
+TEST(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
+  TempDir dir;
+  Cluster cluster(2, dir.path(), {"--lease-timeout=5s", "--checkpoint-interval=1s"});
+  auto a = cluster.StartWorker("a", Job({"--epochs=4", "--staleness=1"}));
+  auto b = cluster.StartWorker("b", Job({"--epochs=4", "--staleness=1"}));
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 60; }, 90s)) << a->ReadLog();
+  // The sequence number and clock of the last snapshot in a shard's log.
+  auto last_snapshot = [](const std::string& log) {
+    std::regex snap_re("snapshot #([0-9]+) at clock ([0-9]+) written");
+    std::pair<std::string, int64_t> last{"", -1};
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), snap_re); it != std::sregex_iterator(); ++it) {
+      last = {(*it)[1], std::stoll((*it)[2])};
+    }
+    return last;
+  };
+  // Kill it once it holds a periodic snapshot taken while the job was training.
+  ASSERT_TRUE(WaitFor([&] { return last_snapshot(cluster.shard(1).ReadLog()).second >= 20; }, 30s));
+  cluster.shard(1).Kill();
+  std::string before = cluster.shard(1).ReadLog();
+  auto [last_seq, clock] = last_snapshot(before);
+  std::string last_clock = std::to_string(clock);
+  std::this_thread::sleep_for(1s);
+  cluster.Start(1);
+  auto ca = a->Wait(90s);
+  auto cb = b->Wait(ca ? 90s : 1s);
+  if (!ca || !cb) {
+    auto st = cluster.Stats();
+    std::string where;
+    if (st.ok()) {
+      for (const auto& sh : *st) {
+        where += "shard " + std::to_string(sh.shard) + " min clock " + std::to_string(sh.min_clock) + " parked " +
+                 std::to_string(sh.parked_pulls) + ";";
+        for (const auto& w : sh.workers) where += " " + w.name + "@" + std::to_string(w.clock);
+        where += "\n";
+      }
+    }
+    FAIL() << "workers did not finish\n" << where << "--- a\n" << a->ReadLog() << "--- b\n" << b->ReadLog()
+           << "--- shard 1\n" << cluster.shard(1).ReadLog();
+  }
+  EXPECT_EQ(*ca, 0) << a->ReadLog();
+  EXPECT_EQ(*cb, 0) << b->ReadLog();
+  std::string after = cluster.shard(1).ReadLog().substr(before.size());
+  EXPECT_NE(after.find("recovered snapshot #" + last_seq + " "), std::string::npos) << after;
+  EXPECT_NE(after.find("at clock " + last_clock + ":"), std::string::npos) << after;
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].epochs_done, 4u);
+  EXPECT_NE(a->ReadLog().find("final test accuracy"), std::string::npos);
+  // The workers noticed the restart and sent again what the dead shard had lost.
+  EXPECT_NE((a->ReadLog() + b->ReadLog()).find("shard 1 restarted; resent"), std::string::npos) << a->ReadLog();
+}
+
+}  // namespace
+}  // namespace leash

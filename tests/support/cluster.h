@@ -1,0 +1,48 @@
+// Test support: a cluster of real leash-server processes on free loopback ports, real
+// leash-worker processes, and an observer client for shard statistics. Everything is
+// killed by PID when the objects go away. Not thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "leash/common/zmq_transport.h"
+#include "leash/worker/client.h"
+#include "support/process.h"
+
+namespace leash::testing {
+
+class Cluster {
+ public:
+  // Starts `n` shards with data under `dir`, each with `extra` flags.
+  Cluster(int n, std::string dir, std::vector<std::string> extra = {});
+
+  // (Re)starts shard i on its port and data directory.
+  void Start(int i);
+  Process& shard(int i) { return *shards_[static_cast<size_t>(i)]; }
+  int size() const { return static_cast<int>(endpoints_.size()); }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  std::string servers() const;
+  const std::string& dir() const { return dir_; }
+
+  // A client of the cluster (registered as a worker unless register_worker is false).
+  std::unique_ptr<Client> Connect(const std::string& name, bool register_worker = true);
+  // Shard statistics through an unregistered observer client.
+  Result<std::vector<ShardStats>> Stats();
+
+  // Starts a leash-worker process against this cluster; its log is dir/<name>.log and
+  // its metrics dir/<name>.json.
+  std::unique_ptr<Process> StartWorker(const std::string& name, std::vector<std::string> flags);
+  std::string WorkerMetrics(const std::string& name) const { return dir_ + "/" + name + ".json"; }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> extra_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::unique_ptr<Process>> shards_;
+  ZmqContext ctx_;
+  std::unique_ptr<Client> observer_;
+};
+
+}  // namespace leash::testing
