@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <regex>
 #include <thread>
 #include <zmq.hpp>
@@ -54,6 +59,32 @@ int64_t WorkerClock(Cluster& c, const std::string& name) {
   return -1;
 }
 
+// Processes whose parent is this test process (alive or zombie).
+std::vector<int> ChildProcesses() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat;
+    std::getline(f, stat);
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == getpid()) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Every fault test must leave no process behind, whatever its outcome.
+class FaultTest : public ::testing::Test {
+ protected:
+  void TearDown() override { EXPECT_TRUE(ChildProcesses().empty()) << "a test left processes behind"; }
+};
+
 const std::vector<std::string> kQuickJob = {"--train-limit=6000", "--test-limit=1000", "--chunk-size=250",
                                             "--log-every=0",      "--batch=32",         "--connect-timeout=30"};
 
@@ -63,7 +94,7 @@ std::vector<std::string> Job(std::vector<std::string> more) {
   return f;
 }
 
-TEST(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
+TEST_F(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
   TempDir dir;
   constexpr int64_t kLeaseMs = 2000;
   Cluster cluster(2, dir.path(), {"--lease-timeout=2s"});
@@ -96,7 +127,7 @@ TEST(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
       << "the dead worker's chunk was handed to a survivor";
 }
 
-TEST(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
+TEST_F(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
   TempDir dir;
   Cluster cluster(2, dir.path(), {"--lease-timeout=30s"});
   auto first = cluster.StartWorker("first", Job({"--epochs=50", "--staleness=1", "--no-eval"}));
@@ -121,7 +152,7 @@ TEST(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
   EXPECT_TRUE(WaitFor([&] { return MinClock(cluster) >= after + 20; }, 60s)) << "the first worker goes on";
 }
 
-TEST(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
+TEST_F(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
   TempDir dir;
   Cluster cluster(2, dir.path(), {"--lease-timeout=1500ms"});
   auto a = cluster.StartWorker("a", Job({"--epochs=60", "--staleness=0", "--no-eval"}));
@@ -142,7 +173,7 @@ TEST(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
   EXPECT_EQ(b->Wait(30s), 0) << b->ReadLog();
 }
 
-TEST(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
+TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   TempDir dir;
   Cluster cluster(1, dir.path());
   zmq::context_t ctx;
@@ -189,7 +220,7 @@ TEST(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   EXPECT_EQ(v, (std::vector<float>{-1, -2}));
 }
 
-TEST(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
+TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   TempDir dir;
   Cluster cluster(2, dir.path(), {"--lease-timeout=5s", "--checkpoint-interval=1s"});
   auto a = cluster.StartWorker("a", Job({"--epochs=4", "--staleness=1"}));
