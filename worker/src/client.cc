@@ -501,13 +501,13 @@ Status CheckPullReply(const wire::Envelope* env, const Message& msg, size_t rows
 
 }  // namespace
 
-std::future<Status> Client::Pull(const TableHandle& table, float* out) {
+std::future<Status> Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   for (int s = 0; s < num_shards_; ++s) {
     if (part.Range(table.rows, s).size() > 0) shards.push_back(s);
   }
-  int64_t clock = clock_.load();
+  int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
   auto dtype = options_.wire_dtype;
   TableHandle t = table;
   return impl_->Submit(

@@ -39,7 +39,7 @@ int Run(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_out;
   std::string device = "cpu";
-  int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024;
+  int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0;
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
   bool no_eval = false;
@@ -58,6 +58,7 @@ int Run(int argc, char** argv) {
   flags.Int("seed", &seed, "seed of parameter initialization and shuffling");
   flags.Int("threads", &threads, "BLAS threads");
   flags.Int("chunk-size", &chunk_size, "samples per data chunk leased from shard 0");
+  flags.Int("accumulate", &accumulate, "micro-batches of --batch examples whose gradients are averaged into one push");
   flags.String("name", &name, "worker name in logs and status (default: host:pid)");
   flags.String("hidden", &hidden, "hidden layer sizes of the MLP");
   flags.String("wire-dtype", &wire_dtype, "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
@@ -85,9 +86,9 @@ int Run(int argc, char** argv) {
     spdlog::error("no shards given: set --servers (or LEASH_SERVERS), or use --local to train without a server");
     return 2;
   }
-  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || !(lr > 0)) {
-    spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1 "
-                  "and --lr > 0");
+  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || accumulate < 1 || !(lr > 0)) {
+    spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1, "
+                  "--accumulate >= 1 and --lr > 0");
     return 2;
   }
   leash::worker::OptimizerOptions opt;
@@ -164,7 +165,7 @@ int Run(int argc, char** argv) {
     auto c = leash::Client::Connect(std::move(*transport), co);
     if (!c.ok()) return Fail("cannot join the cluster", c.status());
     client = std::move(*c);
-    params = leash::worker::MakeRemoteParams(client.get());
+    params = leash::worker::MakeRemoteParams(client.get(), staleness);
   }
   if (auto st = params->Setup((*model)->params(), opt); !st.ok()) return Fail("creating tables", st);
 
@@ -172,6 +173,7 @@ int Run(int argc, char** argv) {
   to.epochs = epochs;
   to.batch = batch;
   to.chunk_size = chunk_size;
+  to.accumulate = accumulate;
   to.seed = static_cast<uint64_t>(seed);
   to.log_every = log_every;
   to.evaluate = !no_eval;
@@ -182,10 +184,16 @@ int Run(int argc, char** argv) {
   leash::Status finish = params->Finish();
   if (!results.ok()) return Fail("training failed", results.status());
   if (!finish.ok()) spdlog::warn("leaving the job: {}", finish.ToString());
+  std::vector<std::pair<std::string, double>> extra;
   if (client) {
     auto c = client->counters();
-    spdlog::info("wire: {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent", c.requests, c.bytes_sent / 1e6,
-                 c.bytes_received / 1e6, c.resends);
+    double iters = static_cast<double>(std::max<int64_t>(1, results->iterations));
+    extra = {{"bytes_sent_per_iteration", static_cast<double>(c.bytes_sent) / iters},
+             {"bytes_received_per_iteration", static_cast<double>(c.bytes_received) / iters}};
+    spdlog::info("wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per iteration {:.1f} KB sent, "
+                 "{:.1f} KB received",
+                 leash::DTypeName(*dtype), c.requests, c.bytes_sent / 1e6, c.bytes_received / 1e6, c.resends,
+                 extra[0].second / 1e3, extra[1].second / 1e3);
   }
   const auto& epochs_done = results->epochs;
   std::printf("%s trained %lld chunks%s\n", to.label.c_str(), static_cast<long long>(results->chunks_trained),
@@ -194,8 +202,7 @@ int Run(int argc, char** argv) {
     std::printf("%s final test accuracy %.2f%%\n", to.label.c_str(), epochs_done.back().test_accuracy * 100);
   }
   if (!metrics_out.empty()) {
-    if (auto st = leash::worker::WriteResultsJson(metrics_out, local ? "local" : "cluster", to, epochs_done,
-                                                  results->chunks_trained);
+    if (auto st = leash::worker::WriteResultsJson(metrics_out, local ? "local" : "cluster", to, *results, extra);
         !st.ok()) {
       return Fail("metrics", st);
     }

@@ -32,7 +32,7 @@ namespace {
 
 class RemoteParams final : public ParamStore {
  public:
-  explicit RemoteParams(Client* client) : client_(client) {}
+  RemoteParams(Client* client, int64_t staleness) : client_(client), prefetch_(staleness >= 1) {}
 
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
@@ -43,18 +43,23 @@ class RemoteParams final : public ParamStore {
   }
 
   Status PullAll(std::vector<std::vector<float>>* values) override {
-    values->resize(tables_.size());
-    std::vector<std::future<Status>> futs;
-    for (size_t i = 0; i < tables_.size(); ++i) {
-      (*values)[i].resize(tables_[i].size());
-      futs.push_back(client_->Pull(tables_[i], (*values)[i].data()));
+    if (!next_futures_.empty()) {
+      bool usable = next_clock_ == client_->clock();
+      Status st = Wait(&next_futures_);
+      if (usable && st.ok()) {
+        values->swap(next_);
+        return Status::Ok();
+      }
+      // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
     }
-    Status first;
-    for (size_t i = 0; i < futs.size(); ++i) {
-      Status st = futs[i].get();
-      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + tables_[i].name + "'");
-    }
-    return first;
+    StartPulls(values, -1, &futures_);
+    return Wait(&futures_);
+  }
+
+  void Prefetch() override {
+    if (!prefetch_ || !next_futures_.empty()) return;
+    next_clock_ = client_->clock() + 1;
+    StartPulls(&next_, next_clock_, &next_futures_);
   }
 
   void Push(size_t i, const float* grad) override { pending_.push_back(client_->Push(tables_[i], grad)); }
@@ -79,6 +84,7 @@ class RemoteParams final : public ParamStore {
   }
 
   Status Finish() override {
+    (void)Wait(&next_futures_);
     Status first;
     for (auto& f : pending_) {
       Status st = f.get();
@@ -103,7 +109,8 @@ class RemoteParams final : public ParamStore {
   bool needs_rejoin() const override { return client_->needs_rejoin(); }
 
   Status Rejoin() override {
-    // Pushes and clocks of the old incarnation are void now: drop them.
+    // Pushes, clocks and prefetches of the old incarnation are void now: drop them.
+    (void)Wait(&next_futures_);
     for (auto& f : pending_) f.wait();
     for (auto& f : clocks_) f.wait();
     pending_.clear();
@@ -115,8 +122,32 @@ class RemoteParams final : public ParamStore {
   int64_t clock() const override { return client_->clock(); }
 
  private:
+  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock, std::vector<std::future<Status>>* futs) {
+    values->resize(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      (*values)[i].resize(tables_[i].size());
+      futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock));
+    }
+  }
+
+  // Waits for every future (clearing the list); the first error names its table.
+  Status Wait(std::vector<std::future<Status>>* futs) {
+    Status first;
+    for (size_t i = 0; i < futs->size(); ++i) {
+      Status st = (*futs)[i].get();
+      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + tables_[i].name + "'");
+    }
+    futs->clear();
+    return first;
+  }
+
   Client* client_;
+  bool prefetch_;
   std::vector<TableHandle> tables_;
+  std::vector<std::future<Status>> futures_;
+  std::vector<std::vector<float>> next_;  // the prefetched values of iteration next_clock_
+  std::vector<std::future<Status>> next_futures_;
+  int64_t next_clock_ = -1;
   std::deque<std::future<Status>> pending_;
   std::deque<std::future<Status>> clocks_;
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
@@ -193,7 +224,9 @@ class LocalParams final : public ParamStore {
 
 }  // namespace
 
-std::unique_ptr<ParamStore> MakeRemoteParams(Client* client) { return std::make_unique<RemoteParams>(client); }
+std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness) {
+  return std::make_unique<RemoteParams>(client, staleness);
+}
 std::unique_ptr<ParamStore> MakeLocalParams() { return std::make_unique<LocalParams>(); }
 
 }  // namespace leash::worker

@@ -38,6 +38,7 @@ class Loop {
        const std::atomic<bool>* stop)
       : model_(model), params_(params), train_(train), test_(test), o_(o), stop_(stop) {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
+    sums_.resize(grads_.size());
   }
 
   Result<TrainResult> Run() {
@@ -73,6 +74,7 @@ class Loop {
         ++result_.chunks_trained;
       }
     }
+    result_.iterations = steps_;
     return std::move(result_);
   }
 
@@ -94,6 +96,9 @@ class Loop {
   }
 
   // Trains the samples of one chunk. False if stopped before the chunk was complete.
+  // With --accumulate k an iteration is k micro-batches: one pull, the gradients
+  // averaged, one push per parameter (sent as the last micro-batch's backward produces
+  // it) and one clock.
   Result<bool> TrainChunk(const ChunkGrant& g) {
     std::vector<int64_t> indices;
     for (uint64_t i = g.begin; i < g.end; ++i) indices.push_back(static_cast<int64_t>(i));
@@ -102,31 +107,51 @@ class Loop {
     lo.seed = o_.seed * 7919 + g.chunk;
     BatchLoader loader(train_, std::move(indices), lo, g.epoch);
     EpochAcc& acc = epochs_[g.epoch];
-    while (auto batch = loader.Next()) {
+    const int64_t k = std::max<int64_t>(1, o_.accumulate);
+    std::optional<Batch> batch = loader.Next();
+    while (batch) {
       if (Stopping()) return false;
       auto t0 = Clock::now();
-      StepStats stats;
+      int64_t micro = 0;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
-        LEASH_ASSIGN_OR_RETURN(stats, Step(*batch));
+        LEASH_RETURN_IF_ERROR(BeginIteration());
+        while (batch && micro < k) {
+          std::optional<Batch> next = loader.Next();
+          bool last = micro + 1 == k || !next;
+          LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
+          Account(*batch, stats, &acc);
+          batch = std::move(next);
+          ++micro;
+        }
         return params_.EndIteration();
       }));
-      double dt = Seconds(t0, Clock::now());
-      acc.steps++;
-      acc.samples += batch->size;
-      acc.loss_sum += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
-      acc.correct += stats.correct;
-      acc.seconds += dt;
-      window_loss_ += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
-      window_samples_ += batch->size;
-      window_correct_ += stats.correct;
-      if (o_.log_every > 0 && ++steps_ % o_.log_every == 0) Progress(g);
+      acc.seconds += Seconds(t0, Clock::now());
+      ++steps_;
+      if (o_.log_every > 0 && steps_ % o_.log_every == 0) Progress(g);
     }
     return true;
   }
 
-  Result<StepStats> Step(const Batch& batch) {
+  void Account(const Batch& batch, const StepStats& stats, EpochAcc* acc) {
+    acc->steps++;
+    acc->samples += batch.size;
+    acc->loss_sum += static_cast<double>(stats.loss) * static_cast<double>(batch.size);
+    acc->correct += stats.correct;
+    window_loss_ += static_cast<double>(stats.loss) * static_cast<double>(batch.size);
+    window_samples_ += batch.size;
+    window_correct_ += stats.correct;
+  }
+
+  Status BeginIteration() {
     LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
     for (size_t i = 0; i < values_.size(); ++i) LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+    params_.Prefetch();  // the next iteration's pull overlaps this one's compute
+    return Status::Ok();
+  }
+
+  // Forward and backward of micro-batch `micro` of an iteration; on the `last` one each
+  // parameter's (averaged) gradient is pushed as soon as backward produces it.
+  Result<StepStats> MicroStep(const Batch& batch, int64_t micro, bool last) {
     Status grad_status;
     auto st = model_.TrainStep(batch.images.data(), batch.labels.data(), batch.size, [&](size_t i) {
       Status gs = model_.Gradient(i, grads_[i].data());
@@ -134,7 +159,19 @@ class Loop {
         if (grad_status.ok()) grad_status = gs;
         return;
       }
-      params_.Push(i, grads_[i].data());
+      std::vector<float>& g = grads_[i];
+      if (micro > 0 || !last) {
+        std::vector<float>& sum = sums_[i];
+        if (micro == 0) {
+          sum = g;
+        } else {
+          for (size_t j = 0; j < g.size(); ++j) sum[j] += g[j];
+        }
+        if (!last) return;
+        float scale = 1.f / static_cast<float>(micro + 1);
+        for (size_t j = 0; j < g.size(); ++j) g[j] = sum[j] * scale;
+      }
+      params_.Push(i, g.data());
     });
     LEASH_RETURN_IF_ERROR(grad_status);
     return st;
@@ -202,6 +239,7 @@ class Loop {
   const std::atomic<bool>* stop_;
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> sums_;  // gradient sums over an iteration's micro-batches
   std::map<uint32_t, EpochAcc> epochs_;
   uint32_t epochs_reported_ = 0;
   TrainResult result_;
@@ -230,11 +268,15 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
 }
 
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& o,
-                        const std::vector<EpochResult>& results, int64_t chunks_trained) {
+                        const TrainResult& result, const std::vector<std::pair<std::string, double>>& extra) {
   std::ofstream f(path);
   if (!f) return IOError("cannot write results to '" + path + "'");
-  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"chunk_size\": " << o.chunk_size
-    << ",\n  \"chunks_trained\": " << chunks_trained << ",\n  \"epochs\": [\n";
+  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"accumulate\": " << o.accumulate
+    << ",\n  \"chunk_size\": " << o.chunk_size << ",\n  \"chunks_trained\": " << result.chunks_trained
+    << ",\n  \"iterations\": " << result.iterations << ",\n  \"rejoins\": " << result.rejoins << ",\n";
+  for (const auto& [key, value] : extra) f << "  \"" << key << "\": " << value << ",\n";
+  f << "  \"epochs\": [\n";
+  const std::vector<EpochResult>& results = result.epochs;
   for (size_t i = 0; i < results.size(); ++i) {
     const EpochResult& r = results[i];
     f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps << ", \"samples\": " << r.samples

@@ -120,8 +120,9 @@ class Client {
 
   // Reads the whole table into `out` (table.size() floats, alive until the future is
   // ready) once the staleness bound allows reading for this worker's current clock.
-  // The future fails with NotFound for an unknown table.
-  std::future<Status> Pull(const TableHandle& table, float* out);
+  // The future fails with NotFound for an unknown table. `for_clock` >= 0 pulls for that
+  // iteration instead (to prefetch the next iteration's values under a bound s >= 1).
+  std::future<Status> Pull(const TableHandle& table, float* out, int64_t for_clock = -1);
   // Reads rows `keys` (row-major into out, keys.size() * cols floats).
   std::future<Status> Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out);
   // Sends the gradient of the whole table (copied before returning). Each shard applies

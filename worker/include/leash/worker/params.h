@@ -30,8 +30,12 @@ class ParamStore {
   virtual ~ParamStore() = default;
   // Creates (or finds) one table per parameter.
   virtual Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) = 0;
-  // Fills values[i] with parameter i, as the staleness bound allows for this iteration.
+  // Fills values[i] with parameter i, as the staleness bound allows for this iteration
+  // (from the prefetch, when one was started for this iteration).
   virtual Status PullAll(std::vector<std::vector<float>>* values) = 0;
+  // Starts pulling the next iteration's values now, to overlap the pull with this
+  // iteration's compute, when the staleness bound allows it (s >= 1). Optional.
+  virtual void Prefetch() {}
   // Sends the gradient of parameter i (copied before returning).
   virtual void Push(size_t i, const float* grad) = 0;
   // Ends the iteration: every push of it is sent, then the clock advances. Returns the
@@ -52,7 +56,8 @@ class ParamStore {
   virtual int64_t clock() const = 0;
 };
 
-std::unique_ptr<ParamStore> MakeRemoteParams(Client* client);
+// `staleness` is the client's bound; prefetching is on when it is >= 1.
+std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness);
 std::unique_ptr<ParamStore> MakeLocalParams();
 
 }  // namespace leash::worker

@@ -20,6 +20,7 @@ namespace leash::worker {
 struct TrainOptions {
   int64_t epochs = 3;         // of the job, not of this worker
   int64_t batch = 64;
+  int64_t accumulate = 1;     // micro-batches per iteration (one pull, one push, one clock)
   int64_t chunk_size = 1024;  // samples per data-chunk lease
   uint64_t seed = 1;
   int64_t log_every = 100;    // steps between progress lines (0: none)
@@ -48,14 +49,18 @@ struct EpochResult {
 struct TrainResult {
   std::vector<EpochResult> epochs;  // in order, for every epoch the job completed
   int64_t chunks_trained = 0;       // data chunks this worker trained
+  int64_t iterations = 0;           // pulls, pushes and clocks this worker made
   int64_t rejoins = 0;
 };
 
 Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
                           const TrainOptions& options, const std::atomic<bool>* stop);
 
-// Writes results as JSON (one object with an "epochs" array) to `path`.
+
+
+// Writes the result as JSON (one object with an "epochs" array, plus `extra` numbers)
+// to `path`.
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& options,
-                        const std::vector<EpochResult>& results, int64_t chunks_trained);
+                        const TrainResult& result, const std::vector<std::pair<std::string, double>>& extra = {});
 
 }  // namespace leash::worker
