@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cmath>
 #include <thread>
 #include <zmq.hpp>
 
+#include "leash/common/half.h"
 #include "leash/common/wire.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
@@ -67,6 +69,52 @@ TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
   }
   EXPECT_TRUE(a->Leave().ok());
   EXPECT_TRUE(b->Leave().ok());
+}
+
+TEST(ClusterTest, HalfPrecisionOnTheWireHalvesTheBytesAndKeepsFp32Masters) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  for (auto dtype : {wire::DType::F16, wire::DType::BF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ZmqContext ctx;
+    auto make = [&](wire::DType dt) {
+      ClientOptions o;
+      o.wire_dtype = dt;
+      o.register_worker = true;
+      auto c = Client::Connect(std::move(ConnectZmqClient(ctx, cluster.endpoints()).value()), o);
+      EXPECT_TRUE(c.ok()) << c.status();
+      return std::move(c).value();
+    };
+    auto full = make(wire::DType::F32);
+    auto half = make(dtype);
+    std::string name = std::string("w") + DTypeName(dtype);
+    auto t = full->CreateTable(Sgd1(name, 1000, 4));
+    ASSERT_TRUE(t.ok());
+    // Small integers are exact in both encodings: the sums must be exact too.
+    std::vector<float> g(t->size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 7);
+    auto before_full = full->counters().bytes_sent;
+    auto before_half = half->counters().bytes_sent;
+    ASSERT_TRUE(full->Push(*t, g.data()).get().ok());
+    ASSERT_TRUE(half->Push(*t, g.data()).get().ok());
+    double full_bytes = static_cast<double>(full->counters().bytes_sent - before_full);
+    double half_bytes = static_cast<double>(half->counters().bytes_sent - before_half);
+    EXPECT_NEAR(half_bytes / full_bytes, 0.5, 0.05);
+    // 1/3 is not representable in 16 bits: the shard adds the rounded value to an fp32
+    // master, so repeated pushes accumulate in fp32 rather than collapsing.
+    std::vector<float> third(t->size(), 1.f / 3.f);
+    for (int k = 0; k < 300; ++k) ASSERT_TRUE(half->Push(*t, third.data()).get().ok());
+    std::vector<float> v(t->size());
+    ASSERT_TRUE(full->Pull(*t, v.data()).get().ok());
+    float rounded = dtype == wire::DType::F16 ? HalfToFloat(FloatToHalf(1.f / 3.f)) : Bf16ToFloat(FloatToBf16(1.f / 3.f));
+    for (size_t i = 0; i < v.size(); i += 97) {
+      EXPECT_NEAR(v[i], -2.f * g[i] - 300.f * rounded, 1e-3) << "value " << i;
+    }
+    // A half-precision pull returns the fp32 masters rounded once.
+    std::vector<float> hv(t->size());
+    ASSERT_TRUE(half->Pull(*t, hv.data()).get().ok());
+    for (size_t i = 0; i < v.size(); i += 97) EXPECT_NEAR(hv[i], v[i], std::fabs(v[i]) / 100);
+  }
 }
 
 TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {

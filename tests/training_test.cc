@@ -99,6 +99,28 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);
 }
 
+TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
+  auto w0 = Worker(0, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval"});
+  auto w1 = Worker(1, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval", "--wire-dtype=fp16"});
+  ASSERT_EQ(w0->Wait(std::chrono::minutes(3)), 0) << w0->ReadLog();
+  ASSERT_EQ(w1->Wait(std::chrono::minutes(3)), 0) << w1->ReadLog();
+  double samples = 0;
+  for (int i = 0; i < 2; ++i) {
+    std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
+    double micro = Field(path, "steps").at(0);
+    double iterations = Field(path, "iterations").at(0);
+    double chunks = Field(path, "chunks_trained").at(0);
+    samples += Field(path, "samples").at(0);
+    // Four micro-batches per iteration; a chunk's last iteration may have fewer.
+    EXPECT_LE(micro, 4 * iterations) << "worker " << i;
+    EXPECT_GT(micro, 4 * (iterations - chunks)) << "worker " << i;
+    // One push of the whole model per iteration, whatever k is: about 0.94 MB in fp32.
+    double per_iteration = Field(path, "bytes_sent_per_iteration").at(0);
+    EXPECT_NEAR(per_iteration, i == 0 ? 943e3 : 472e3, 30e3) << "worker " << i;
+  }
+  EXPECT_EQ(samples, 6000);
+}
+
 TEST_F(TrainingTest, InterruptedWorkerLeavesAtOnceAndLeashctlSeesIt) {
   auto w0 = Worker(0, {"--epochs=50", "--staleness=0", "--no-eval"});
   // Wait until it trains, then look at the cluster.
