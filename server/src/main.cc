@@ -34,6 +34,9 @@ int Run(int argc, char** argv) {
   int64_t num_shards = 1;
   int64_t max_message_mb = 512;
   bool no_sync = false;
+  std::string nonfinite = "reject";
+  int64_t max_keys = int64_t{1} << 24;
+  int64_t max_parked = 4096;
   leash::Flags flags("leash-server", "Runs one Leash parameter-server shard.");
   flags.Int("shard", &shard, "index of this shard, 0..num-shards-1");
   flags.Int("num-shards", &num_shards, "number of shards in the job");
@@ -43,6 +46,9 @@ int Run(int argc, char** argv) {
   flags.String("checkpoint-interval", &checkpoint, "snapshot period (e.g. 60s); 0 disables periodic snapshots");
   flags.Int("max-message-mb", &max_message_mb, "largest request accepted, in MiB");
   flags.Bool("no-sync", &no_sync, "do not fsync snapshots (faster, less durable)");
+  flags.String("nonfinite", &nonfinite, "pushes holding NaN/Inf: reject (the whole push) or skip-rows (apply the rest)");
+  flags.Int("max-keys", &max_keys, "most keys one request may name");
+  flags.Int("max-parked-per-peer", &max_parked, "most pulls one connection may have waiting for the staleness bound");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-server: %s\n", st.message().c_str());
@@ -58,8 +64,12 @@ int Run(int argc, char** argv) {
   }
   auto lease_ms = leash::ParseDurationMs(lease);
   auto ckpt_ms = leash::ParseDurationMs(checkpoint);
+  if (nonfinite != "reject" && nonfinite != "skip-rows") {
+    spdlog::error("--nonfinite must be reject or skip-rows, not '{}'", nonfinite);
+    return 2;
+  }
   if (!lease_ms.ok() || !ckpt_ms.ok() || num_shards < 1 || shard < 0 || shard >= num_shards || *lease_ms < 10 ||
-      max_message_mb < 1) {
+      max_message_mb < 1 || max_keys < 1 || max_parked < 1) {
     spdlog::error("bad flags: need 0 <= --shard < --num-shards, --lease-timeout >= 10ms, valid durations ({} {})",
                   lease_ms.status().ToString(), ckpt_ms.status().ToString());
     return 2;
@@ -82,6 +92,10 @@ int Run(int argc, char** argv) {
   opts.lease_ms = *lease_ms;
   opts.checkpoint_interval_ms = *ckpt_ms;
   opts.max_message_bytes = static_cast<size_t>(max_message_mb) << 20;
+  opts.limits.max_keys = static_cast<size_t>(max_keys);
+  opts.limits.max_header_bytes = std::max<size_t>(opts.limits.max_header_bytes, static_cast<size_t>(max_keys) * 8 + 4096);
+  opts.max_parked_per_peer = static_cast<size_t>(max_parked);
+  opts.nonfinite = nonfinite == "reject" ? leash::server::NonFinitePolicy::kReject : leash::server::NonFinitePolicy::kSkipRows;
   leash::server::Shard shard_obj(opts, store->get(), SteadyMs);
   auto recovered = shard_obj.Recover();
   if (!recovered.ok()) {
@@ -99,6 +113,9 @@ int Run(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  if (bind.find("127.0.0.1") != std::string::npos || bind.find("localhost") != std::string::npos) {
+    spdlog::info("bound to loopback only: other hosts cannot reach this shard (use --bind tcp://0.0.0.0:PORT for a cluster)");
+  }
   spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})", shard, num_shards,
                bind, data_dir, *lease_ms, *ckpt_ms,
                *recovered >= 0 ? "recovered at clock " + std::to_string(*recovered) : std::string("fresh start"));

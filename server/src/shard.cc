@@ -25,6 +25,28 @@ bool AllFinite(const float* p, size_t n) {
   return acc == 0.f;
 }
 
+// Removes the rows of `grad` holding NaN or Inf (and their keys from `rows`, which
+// becomes an explicit key list). Returns the number of rows removed.
+uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) {
+  Rows kept;
+  kept.explicit_keys = true;
+  std::vector<float> g;
+  g.reserve(grad->size());
+  uint64_t dropped = 0;
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const float* row = grad->data() + i * cols;
+    if (!AllFinite(row, cols)) {
+      ++dropped;
+      continue;
+    }
+    kept.keys.push_back(rows->explicit_keys ? rows->keys[i] : rows->begin + i);
+    g.insert(g.end(), row, row + cols);
+  }
+  *rows = std::move(kept);
+  *grad = std::move(g);
+  return dropped;
+}
+
 }  // namespace
 
 Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms)
@@ -101,6 +123,7 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
   }
   if (!st.ok()) {
     ++counters_.errors;
+    if (st.code() == StatusCode::kResourceExhausted) ++counters_.limit_rejections;
     spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
     out->push_back({peer, MakeError(rid, st, options_.boot_id)});
   }
@@ -224,6 +247,11 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std:
     out->push_back({peer, PullReply(rid, *table, rows, m->dtype())});
     return Status::Ok();
   }
+  if (++parked_per_peer_[peer] > options_.max_parked_per_peer) {
+    --parked_per_peer_[peer];
+    return ResourceExhausted("this connection already has " + std::to_string(options_.max_parked_per_peer) +
+                             " pulls waiting for the staleness bound; wait for them before sending more");
+  }
   ++counters_.pulls_parked;
   parked_.Park(m->clock() - m->staleness(), ParkedPull{peer, rid, m->worker_id(), m->table_id(), std::move(rows), m->dtype()});
   return Status::Ok();
@@ -243,23 +271,29 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, cons
   if (static_cast<int>(m->dtype()) > static_cast<int>(wire::DType::MAX)) return InvalidArgument("unknown gradient dtype");
   size_t n = rows.size() * table->cols();
   bool applied = false;
+  uint64_t skipped = 0;
   if (m->seq() <= w->last_seq) {
     ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
   } else {
     std::vector<float> grad(n);
     LEASH_RETURN_IF_ERROR(DecodeValues(message[1], m->dtype(), n, grad.data()).WithContext("push to table '" + table->name() + "'"));
     if (!AllFinite(grad.data(), n)) {
-      return InvalidArgument("push to table '" + table->name() +
-                             "' contains NaN or Inf gradients; it was not applied (check the learning rate and data)");
+      ++counters_.nonfinite_pushes;
+      if (options_.nonfinite == NonFinitePolicy::kReject) {
+        return InvalidArgument("push to table '" + table->name() +
+                               "' contains NaN or Inf gradients; it was not applied (check the learning rate and data)");
+      }
+      skipped = DropNonFiniteRows(table->cols(), &rows, &grad);
+      counters_.nonfinite_rows_skipped += skipped;
     }
-    table->Apply(rows, grad.data());
+    if (rows.size() > 0) table->Apply(rows, grad.data());
     w->last_seq = m->seq();
     ++counters_.pushes_applied;
     applied = true;
   }
   if (m->clock_after() >= 0 && clocks_.Advance(w, m->clock_after())) ReleasePulls(out);
   out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::PushReply, wire::CreatePushReply(fbb, applied).Union());
+                    return std::make_pair(wire::Body::PushReply, wire::CreatePushReply(fbb, applied, skipped).Union());
                   })});
   return Status::Ok();
 }
@@ -369,6 +403,9 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::Chunk
 
 void Shard::ReleasePulls(std::vector<Outgoing>* out) {
   for (ParkedPull& p : parked_.Release(clocks_.MinClock())) {
+    if (auto it = parked_per_peer_.find(p.peer); it != parked_per_peer_.end() && --it->second == 0) {
+      parked_per_peer_.erase(it);
+    }
     // The table and rows were validated when the pull was parked and tables never shrink.
     out->push_back({p.peer, PullReply(p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
   }

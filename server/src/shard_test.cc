@@ -217,6 +217,54 @@ TEST_F(ShardTest, NonFiniteGradientsAreRejectedAndNotApplied) {
   EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0, 0, 0}));
 }
 
+TEST_F(ShardTest, SkipRowsPolicyAppliesOnlyTheFiniteRows) {
+  ShardOptions o;
+  o.nonfinite = NonFinitePolicy::kSkipRows;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 3, 2));
+  Register(1);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(Push(id, Range(0, 3), {1, 2, nan, 4, 5, 6}, 1, 1).ok());
+  EXPECT_EQ(VerifyEnvelope(last_[0].message).value()->body_as_PushReply()->skipped_rows(), 1u);
+  EXPECT_EQ(Pull(id, Range(0, 3)), (std::vector<float>{-1, -2, 0, 0, -5, -6}));
+  EXPECT_EQ(shard_->counters().nonfinite_rows_skipped, 1u);
+  EXPECT_EQ(shard_->counters().nonfinite_pushes, 1u);
+}
+
+TEST_F(ShardTest, ParkedPullsPerConnectionAreLimited) {
+  ShardOptions o;
+  o.max_parked_per_peer = 2;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  EXPECT_TRUE(Send("w1", MakePull(1, id, Range(0, 1), 1, 5, 0)).empty());
+  EXPECT_TRUE(Send("w1", MakePull(2, id, Range(0, 1), 1, 5, 0)).empty());
+  EXPECT_EQ(ErrorOf("w1", MakePull(3, id, Range(0, 1), 1, 5, 0)).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Send("w2", MakePull(4, id, Range(0, 1), 2, 5, 0)).empty()) << "another connection has its own budget";
+  EXPECT_EQ(shard_->counters().limit_rejections, 1u);
+  // Once the bound lets them through, the connection may park again.
+  for (int c = 1; c <= 5; ++c) {
+    Send("w1", MakeClock(10 + c, 1, c));
+    Send("w2", MakeClock(20 + c, 2, c));
+  }
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+  EXPECT_TRUE(Send("w1", MakePull(5, id, Range(0, 1), 1, 9, 0)).empty());
+}
+
+TEST_F(ShardTest, TooManyKeysIsResourceExhausted) {
+  ShardOptions o;
+  o.limits.max_keys = 3;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 10, 1));
+  Rows keys;
+  keys.explicit_keys = true;
+  keys.keys = {1, 2, 3, 4};
+  EXPECT_EQ(ErrorOf("r", MakePull(1, id, keys, 0, 0, 0)).code(), StatusCode::kResourceExhausted);
+  keys.keys.pop_back();
+  EXPECT_EQ(Pull(id, keys).size(), 3u);
+}
+
 TEST_F(ShardTest, WrongPayloadSizeIsRejected) {
   uint32_t id = Create(Spec("w", 2, 2));
   Register(1);

@@ -26,6 +26,12 @@ namespace leash::server {
 
 class Table;
 
+// What a shard does with a push holding NaN or Inf.
+enum class NonFinitePolicy {
+  kReject,    // refuse the whole push with InvalidArgument
+  kSkipRows,  // apply the finite rows, skip the others, report how many were skipped
+};
+
 struct ShardOptions {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
@@ -33,6 +39,8 @@ struct ShardOptions {
   int64_t checkpoint_interval_ms = 60000;    // 0 disables periodic snapshots
   size_t max_message_bytes = size_t{512} << 20;
   uint64_t boot_id = 0;                      // 0: a random id for this process
+  NonFinitePolicy nonfinite = NonFinitePolicy::kReject;
+  size_t max_parked_per_peer = 4096;         // pulls one connection may have waiting
   WireLimits limits;
 };
 
@@ -48,6 +56,9 @@ struct ShardCounters {
   uint64_t pulls_parked = 0;
   uint64_t errors = 0;
   uint64_t evictions = 0;
+  uint64_t nonfinite_pushes = 0;      // pushes that held NaN or Inf
+  uint64_t nonfinite_rows_skipped = 0;
+  uint64_t limit_rejections = 0;      // requests refused for exceeding a limit
   uint64_t snapshots = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
@@ -127,6 +138,7 @@ class Shard {
   ParkedPulls<ParkedPull> parked_;
   std::vector<std::unique_ptr<Table>> tables_;
   std::map<std::string, uint32_t> table_by_name_;
+  std::map<PeerId, size_t> parked_per_peer_;
   ShardCounters counters_;
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
