@@ -39,7 +39,8 @@ TEST(WireTest, EveryTruncationIsRejectedOrReadsTheSameRequest) {
   const Frame& h = m[0];
   int rejected = 0;
   for (size_t cut = 0; cut < h.size(); ++cut) {
-    auto r = VerifyEnvelope(Message{Frame::Copy(h.data(), cut)});
+    Message truncated{Frame::Copy(h.data(), cut)};  // must outlive the envelope read from it
+    auto r = VerifyEnvelope(truncated);
     if (!r.ok()) {
       ++rejected;
       continue;
@@ -61,7 +62,8 @@ TEST(WireTest, RandomCorruptionNeverCrashesTheVerifier) {
   for (int i = 0; i < 2000; ++i) {
     std::vector<uint8_t> b = bytes;
     for (int k = 0; k < 3; ++k) b[rng() % b.size()] = static_cast<uint8_t>(rng());
-    auto r = VerifyEnvelope(Message{Frame::Own(std::move(b))});
+    Message corrupted{Frame::Own(std::move(b))};
+    auto r = VerifyEnvelope(corrupted);
     if (!r.ok()) ++rejected;
     // Accepted ones must be safe to read.
     if (r.ok() && (*r)->body_type() == wire::Body::Push && (*r)->body_as_Push()->rows()) {
