@@ -3,6 +3,8 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "leash/common/half.h"
 #include "leash/kernels/cpu.h"
@@ -43,12 +45,26 @@ void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* db) {
   }
 }
 
+// Both ReLU loops are written to compile without a branch per element: on activations,
+// whose signs are a coin toss, mispredicted branches made them several times slower than
+// the memory traffic (7 ms instead of about 1 for a 64 x 32 x 28 x 28 tensor).
 void Relu(int64_t n, const float* x, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    // y = x > 0 ? x : +0 (NaN and -0 give +0), as a mask on the bits; the plain select
+    // is recognized as a max and compiled to a branch.
+    const float v = x[i];
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits &= 0u - static_cast<uint32_t>(v > 0.f);
+    std::memcpy(&y[i], &bits, sizeof bits);
+  }
 }
 
 void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];  // read unconditionally, so the select needs no branch
+    dx[i] = y[i] > 0.f ? g : 0.f;
+  }
 }
 
 void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels, float* dlogits,

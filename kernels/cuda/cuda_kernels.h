@@ -41,6 +41,18 @@ Status BiasAdd(State& s, int64_t rows, int64_t cols, const float* bias, float* y
 Status BiasGrad(State& s, int64_t rows, int64_t cols, const float* dy, float* db);
 Status Relu(State& s, int64_t n, const float* x, float* y);
 Status ReluBackward(State& s, int64_t n, const float* y, const float* dy, float* dx);
+// Convolutions on cuDNN (full fp32), with the algorithms chosen once per shape and the
+// workspace kept in the State; n >= 1 except for Conv2dBackwardWeight, where n == 0
+// writes zeros.
+Status Conv2dForward(State& s, const Conv2dShape& shape, const float* x, const float* weight, float* y);
+Status Conv2dBackwardData(State& s, const Conv2dShape& shape, const float* dy, const float* weight, float* dx);
+Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, const float* dy, float* dweight);
+Status BiasAddChannels(State& s, int64_t n, int64_t c, int64_t hw, const float* bias, float* y);
+Status BiasGradChannels(State& s, int64_t n, int64_t c, int64_t hw, const float* dy, float* db);
+// 2 x 2 max pooling with stride 2 on cuDNN; n, c >= 1.
+Status MaxPool2dForward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y);
+Status MaxPool2dBackward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
+                         const float* dy, float* dx);
 // Loss and correct count are reduced on the device and copied back; InvalidArgument when
 // the device found labels outside [0, classes).
 Status SoftmaxCrossEntropy(State& s, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,

@@ -6,7 +6,10 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "cuda_kernels.h"
@@ -19,6 +22,32 @@ struct SoftmaxTotals {
   double loss_sum;
   unsigned long long correct;
   unsigned long long bad_labels;
+};
+
+// cuDNN's convolution algorithms for one shape and the workspace bytes each needs, chosen
+// once (conv.cu) and reused for every later call with that shape.
+struct ConvAlgos {
+  cudnnConvolutionFwdAlgo_t forward;
+  cudnnConvolutionBwdDataAlgo_t backward_data;
+  cudnnConvolutionBwdFilterAlgo_t backward_filter;
+  size_t forward_bytes;
+  size_t backward_data_bytes;
+  size_t backward_filter_bytes;
+};
+// The key of a shape in State::conv_algos: n, c_in, h, w, c_out, k, pad.
+using ConvKey = std::array<int64_t, 7>;
+
+// Device memory that grows to the largest request and is then reused (cuDNN's workspace);
+// frees itself.
+struct Workspace {
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() { Free(device, ptr); }
+
+  int device = 0;
+  void* ptr = nullptr;
+  size_t bytes = 0;
 };
 
 // Owns its handles and memory: the destructor releases whatever creation got to.
@@ -34,6 +63,10 @@ struct State {
   cudnnHandle_t cudnn = nullptr;
   SoftmaxTotals* totals_device = nullptr;
   SoftmaxTotals* totals_host = nullptr;  // pinned, so the copy back is a true async DMA
+  // Like every member, destroyed after ~State's body has waited for the stream, so no
+  // queued work still uses the workspace when it is freed.
+  Workspace workspace;
+  std::map<ConvKey, ConvAlgos> conv_algos;
 };
 
 // Makes the state's GPU current on the calling thread (contexts may move between threads).

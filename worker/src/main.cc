@@ -36,9 +36,10 @@ int Run(int argc, char** argv) {
   std::string wire_dtype = "fp32";
   std::string name;
   std::string hidden = "256,128";
+  std::string model_name = "mlp";
   std::string log_level = "info";
   std::string metrics_out;
-  std::string device = "cpu";
+  std::string device = "auto";
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0;
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
@@ -60,6 +61,7 @@ int Run(int argc, char** argv) {
   flags.Int("chunk-size", &chunk_size, "samples per data chunk leased from shard 0");
   flags.Int("accumulate", &accumulate, "micro-batches of --batch examples whose gradients are averaged into one push");
   flags.String("name", &name, "worker name in logs and status (default: host:pid)");
+  flags.String("model", &model_name, "mlp (784-hidden-10) or cnn (conv32-pool-conv64-pool-dense128-dense10)");
   flags.String("hidden", &hidden, "hidden layer sizes of the MLP");
   flags.String("wire-dtype", &wire_dtype, "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
   flags.String("device", &device, "cpu, cuda:N or auto");
@@ -130,7 +132,12 @@ int Run(int argc, char** argv) {
   if (!dev.ok()) return Fail("--device", dev.status());
   auto ctx = leash::kernels::Context::Create(*dev, static_cast<int>(threads));
   if (!ctx.ok()) return Fail("cannot set up device " + device, ctx.status());
-  spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
+  if (device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
+    spdlog::info("--device auto: {}; computing on the CPU with {} BLAS thread(s)",
+                 leash::kernels::CudaBuilt() ? "no usable GPU found" : "this build has no CUDA support", threads);
+  } else {
+    spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
+  }
 
   spdlog::info("loading Fashion-MNIST from {}", data);
   auto train = leash::worker::LoadFashionMnist(data, true);
@@ -143,7 +150,12 @@ int Run(int argc, char** argv) {
   }
   train->Truncate(train_limit);
   test->Truncate(test_limit);
-  auto model = leash::worker::MakeMlp(**ctx, train->features(), hidden_sizes, 10, batch);
+  if (model_name != "mlp" && model_name != "cnn") {
+    spdlog::error("unknown --model '{}' (use mlp or cnn)", model_name);
+    return 2;
+  }
+  auto model = model_name == "cnn" ? leash::worker::MakeCnn(**ctx, batch)
+                                   : leash::worker::MakeMlp(**ctx, train->features(), hidden_sizes, 10, batch);
   if (!model.ok()) return Fail("model", model.status());
 
   std::signal(SIGTERM, OnSignal);
@@ -178,8 +190,8 @@ int Run(int argc, char** argv) {
   to.log_every = log_every;
   to.evaluate = !no_eval;
   to.label = local ? "[local]" : "[" + name + "]";
-  spdlog::info("training MLP {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} on the wire",
-               hidden, train->count, chunk_size, batch, staleness, optimizer, lr, leash::DTypeName(*dtype));
+  spdlog::info("training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} on the wire",
+               model_name == "cnn" ? std::string("CNN") : "MLP " + hidden, train->count, chunk_size, batch, staleness, optimizer, lr, leash::DTypeName(*dtype));
   auto results = leash::worker::Train(**model, *params, *train, &*test, to, &g_stop);
   leash::Status finish = params->Finish();
   if (!results.ok()) return Fail("training failed", results.status());

@@ -124,10 +124,11 @@ class [[nodiscard]] Result {
 #define LEASH_CONCAT_INNER(a, b) a##b
 #define LEASH_CONCAT(a, b) LEASH_CONCAT_INNER(a, b)
 
-#define LEASH_RETURN_IF_ERROR(expr)      \
-  do {                                   \
-    ::leash::Status _leash_st = (expr);  \
-    if (!_leash_st.ok()) return _leash_st; \
+#define LEASH_RETURN_IF_ERROR(expr) LEASH_RETURN_IF_ERROR_IMPL(LEASH_CONCAT(_leash_st_, __COUNTER__), expr)
+#define LEASH_RETURN_IF_ERROR_IMPL(tmp, expr) \
+  do {                                        \
+    ::leash::Status tmp = (expr);             \
+    if (!tmp.ok()) return tmp;                \
   } while (0)
 
 #define LEASH_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -136,4 +137,4 @@ class [[nodiscard]] Result {
   lhs = std::move(tmp).value()
 
 #define LEASH_ASSIGN_OR_RETURN(lhs, expr) \
-  LEASH_ASSIGN_OR_RETURN_IMPL(LEASH_CONCAT(_leash_res_, __LINE__), lhs, expr)
+  LEASH_ASSIGN_OR_RETURN_IMPL(LEASH_CONCAT(_leash_res_, __COUNTER__), lhs, expr)

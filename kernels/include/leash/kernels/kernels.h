@@ -36,9 +36,14 @@ bool CudaBuilt();
 // Number of usable GPUs (0 without CUDA, a driver or a device).
 int CudaDeviceCount();
 
+namespace internal {
+class HostScratch;
+}  // namespace internal
+
 // Per-device execution state: for CUDA a stream and cuBLAS/cuDNN handles; for the CPU
 // the BLAS thread count. Errors of CUDA, cuBLAS and cuDNN become Status values carrying
-// the library's own message.
+// the library's own message. Both keep the scratch memory of the kernels that need one
+// (convolutions), grown to the largest request and reused until the context is destroyed.
 class Context {
  public:
   // InvalidArgument for cpu_threads < 1 or a CPU index other than 0; Unavailable for a GPU
@@ -55,7 +60,11 @@ class Context {
   explicit Context(Device device) : device_(device) {}
 
  private:
+  friend class internal::HostScratch;
   Device device_;
+  // The CPU kernels' scratch (a convolution's patch matrix), see kernels.cc.
+  std::unique_ptr<float[]> host_scratch_;
+  size_t host_scratch_size_ = 0;
 };
 
 // An owned float array on a context's device, zero-filled. Move-only. Destroying it frees
@@ -141,6 +150,45 @@ Status BiasGrad(Context& ctx, int64_t rows, int64_t cols, const float* dy, float
 Status Relu(Context& ctx, int64_t n, const float* x, float* y);
 // dx = dy where y > 0, else 0; dy and dx may alias.
 Status ReluBackward(Context& ctx, int64_t n, const float* y, const float* dy, float* dx);
+
+// ---- Convolutional layers on NCHW tensors: n examples x channels x rows x columns.
+
+// 2-D convolution with stride 1 and `pad` zero rows and columns on every side (a
+// cross-correlation, as in every deep-learning framework): x is n x c_in x h x w, weight
+// c_out x c_in x k x k, y is n x c_out x h_out x w_out with h_out = h + 2 pad - k + 1 and
+// w_out = w + 2 pad - k + 1, and
+//   y[i, o, r, s] = sum over c, a, b of weight[o, c, a, b] * x[i, c, r + a - pad, s + b - pad]
+// where x is zero outside the image. No bias (see BiasAddChannels). Requires c_in, h, w,
+// c_out, k >= 1, pad >= 0, h_out, w_out >= 1, and x, y, weight and one image's patch matrix
+// (c_in k k x h_out w_out) each within 2^31 - 1 elements (the 32-bit sizes of BLAS and
+// cuDNN); n >= 0, and n == 0 does nothing. Outputs are overwritten and must not overlap
+// the inputs. The CPU multiplies each image's patch matrix (im2col, in the context's
+// scratch) with BLAS; CUDA runs cuDNN in full fp32 (no TF32) with workspace the context
+// keeps and algorithms it picks once per shape, so the first call for a larger shape may
+// allocate (ResourceExhausted if it cannot).
+Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
+                     int64_t pad, const float* x, const float* weight, float* y);
+// dx = dL/dx given dy = dL/dy, for Conv2dForward with the same sizes and weight.
+Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
+                          int64_t pad, const float* dy, const float* weight, float* dx);
+// dweight = dL/dweight given x and dy = dL/dy, summed over the n examples (n == 0 gives
+// zeros).
+Status Conv2dBackwardWeight(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
+                            int64_t pad, const float* x, const float* dy, float* dweight);
+// y[i, ch, p] += bias[ch] for y of n x c x hw (hw: the pixels of one channel).
+Status BiasAddChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* bias, float* y);
+// db[ch] = sum over i and p of dy[i, ch, p]; zeros when n or hw is 0.
+Status BiasGradChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* dy, float* db);
+// Max pooling over 2 x 2 windows with stride 2: x is n x c x h x w, y is
+// n x c x (h / 2) x (w / 2) rounded down, so an odd last row or column is left out.
+// Requires h, w >= 2 and x within 2^31 - 1 elements; n, c >= 0. y must not overlap x.
+Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y);
+// dx = dy routed to each window's maximum in x (the first in row-major order when several
+// are equal), zero everywhere else, including a left-out row or column. y must be
+// MaxPool2dForward's output for x (cuDNN reads it; the CPU finds the maximum again in x).
+Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
+                         const float* dy, float* dx);
+
 // Mean softmax cross-entropy of `rows` examples over `classes` logits. Labels must be in
 // [0, classes). Writes dlogits = (softmax - onehot) / rows unless dlogits is null, the mean
 // loss to *loss_host and the number of rows whose argmax equals the label to *correct_host.

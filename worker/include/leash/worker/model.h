@@ -63,4 +63,17 @@ class Model {
 Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size, std::vector<int64_t> hidden,
                                        int64_t num_classes, int64_t max_batch);
 
+// The convolutional network for 1 x 28 x 28 images (row-major, input_size() 784) and 10
+// classes, as for Fashion-MNIST: conv 3x3 with 32 channels and padding 1, ReLU, 2x2 max
+// pooling (32 x 14 x 14), conv 3x3 with 64 channels and padding 1, ReLU, 2x2 max pooling
+// (64 x 7 x 7), dense 3136 -> 128, ReLU, dense 128 -> 10, softmax cross-entropy. Its
+// parameters, in order: "cnn/conv1/w" (32 x 9: c_out rows of c_in x 3 x 3), "cnn/conv1/b"
+// (1 x 32), "cnn/conv2/w" (64 x 288), "cnn/conv2/b" (1 x 64), "cnn/fc1/w" (3136 x 128, in x
+// out as for the MLP, rows in channel, row, column order of the pooled features),
+// "cnn/fc1/b", "cnn/fc2/w" (128 x 10), "cnn/fc2/b". Weights He-initialized (normal, stddev
+// sqrt(2 / fan_in), fan_in = c_in x 3 x 3 for a convolution), biases zero.
+// InvalidArgument for max_batch outside [1, 85598] (conv1's output must stay within the
+// kernels' 2^31 - 1 elements per tensor); ResourceExhausted when the buffers do not fit.
+Result<std::unique_ptr<Model>> MakeCnn(kernels::Context& ctx, int64_t max_batch);
+
 }  // namespace leash::worker
