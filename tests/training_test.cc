@@ -99,6 +99,29 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);
 }
 
+TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
+  std::vector<std::string> cnn = {"--model=cnn", "--epochs=3", "--staleness=1", "--train-limit=1500",
+                                  "--test-limit=500", "--lr=0.02"};
+  auto w0 = Worker(0, cnn);
+  auto w1 = Worker(1, cnn);
+  ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
+  ASSERT_EQ(w1->Wait(std::chrono::minutes(4)), 0) << w1->ReadLog();
+  std::vector<double> samples(3, 0), loss_sum(3, 0);
+  for (int i = 0; i < 2; ++i) {
+    std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
+    auto loss = Field(path, "train_loss");
+    auto n = Field(path, "samples");
+    ASSERT_EQ(loss.size(), 3u);
+    for (size_t e = 0; e < 3; ++e) {
+      samples[e] += n[e];
+      loss_sum[e] += loss[e] * n[e];
+    }
+  }
+  EXPECT_EQ(samples[0], 1500);
+  EXPECT_LT(loss_sum[2] / samples[2], 0.8 * loss_sum[0] / samples[0]) << "the CNN's training loss did not fall";
+  EXPECT_NE(w0->ReadLog().find("training CNN"), std::string::npos);
+}
+
 TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
   auto w0 = Worker(0, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval"});
   auto w1 = Worker(1, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval", "--wire-dtype=fp16"});
