@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, and runs every ctest test
-# (unit, integration, and gpu tests, which skip themselves where no GPU exists).
-# Extra arguments go to ctest, e.g. scripts/test.sh -L unit.
+# The whole test suite: installs what is missing, builds, and runs every ctest test:
+# unit, integration and fault tests, and gpu tests (which skip themselves where no GPU
+# exists). The docker test (label docker: builds images, runs a compose cluster; several
+# minutes, needs root) runs with `scripts/test.sh -L docker`; extra arguments go to ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 cd "${LEASH_BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 600 -j "${LEASH_TEST_JOBS:-2}" "$@"
+if (($# == 0)); then set -- -LE docker; fi
+ctest --output-on-failure --timeout 900 -j "${LEASH_TEST_JOBS:-2}" "$@"

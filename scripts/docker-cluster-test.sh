@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Docker test of Leash: builds the images (scripts/docker-build.sh), starts the compose
+# cluster of docker/docker-compose.yml under a project name of its own (2 shards,
+# 2 workers) and, while the job trains:
+#   1. scales the workers to 4, then to 1, then back to 2,
+#   2. kills one worker container with SIGKILL (it must not be restarted; its lease
+#      expires and the shards evict it),
+#   3. restarts shard1 (it must recover its snapshot and the job must go on);
+# after each step `leashctl status --json` (run in the shard0 container, on the cluster's
+# internal network) must show the expected number of live workers on every shard. Then
+# the job must finish with the final test accuracy of the surviving worker >= the MLP
+# target. `docker-compose down -v` runs on every exit and the test fails if any
+# container, network or volume of its project is left behind.
+#
+# Prints image sizes, the time from `up` to the first training step, each scale-up's time
+# to the new workers' first pushes, the eviction time of the killed worker, the shard
+# restart's time to resume, and the total duration.
+#
+# Environment: LEASH_TEST_EPOCHS (40: the job must outlast the steps above; full
+#   Fashion-MNIST, staleness 2), LEASH_TEST_MIN_ACCURACY (0.85), LEASH_TEST_LEASE (3s),
+#   LEASH_COMPOSE (docker-compose; `docker compose` also works), LEASH_SKIP_BUILD=1 to use
+#   the leash:latest there is, LEASH_IMAGE (leash:latest).
+# Exit status 77 (a skip for ctest) when Docker cannot be used here (not root, no daemon).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+T_START=$(date +%s.%N)
+EPOCHS=${LEASH_TEST_EPOCHS:-40}
+MIN_ACC=${LEASH_TEST_MIN_ACCURACY:-0.85}
+LEASE=${LEASH_TEST_LEASE:-3s}
+IMAGE=${LEASH_IMAGE:-leash:latest}
+read -r -a COMPOSE_CMD <<<"${LEASH_COMPOSE:-docker-compose}"
+PROJECT="leashtest$(date +%s)$$"
+COMPOSE=("${COMPOSE_CMD[@]}" -p "$PROJECT" -f "$ROOT/docker/docker-compose.yml")
+
+log() { echo "docker-test: $*"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+fail() {
+  echo "docker-test: FAIL: $*" >&2
+  exit 1
+}
+declare -a SUMMARY=()
+note() {
+  SUMMARY+=("$*")
+  log "$*"
+}
+
+if [[ $(id -u) != 0 ]] && ! docker info >/dev/null 2>&1; then
+  echo "docker-test: SKIP: needs root (to install and start Docker) or access to a running Docker daemon"
+  exit 77
+fi
+
+# ------------------------------------------------------------------------------ images
+t=$(now)
+if [[ "${LEASH_SKIP_BUILD:-0}" == 1 ]]; then
+  docker image inspect "$IMAGE" >/dev/null 2>&1 || fail "LEASH_SKIP_BUILD=1 but there is no $IMAGE"
+else
+  LEASH_IMAGE=$IMAGE bash scripts/docker-build.sh || fail "building the images failed"
+fi
+note "images ready in $(since "$t") s"
+command -v "${COMPOSE_CMD[0]}" >/dev/null || fail "${COMPOSE_CMD[0]} is not installed"
+mb() { docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%.1f MB", $1 / 1e6}'; }
+note "image sizes: $IMAGE $(mb "$IMAGE"), debian:bookworm $(mb debian:bookworm), debian:bookworm-slim $(mb debian:bookworm-slim)"
+
+# ----------------------------------------------------------------------------- cluster
+# The job: full Fashion-MNIST (the accuracy target needs it), enough epochs to outlast the
+# steps, a short lease so that a killed worker is evicted quickly, frequent snapshots.
+export LEASH_IMAGE=$IMAGE LEASH_EPOCHS=$EPOCHS LEASH_LEASE_TIMEOUT=$LEASE LEASH_CHECKPOINT_INTERVAL=2s \
+  LEASH_STALENESS=2 LEASH_BATCH=64 LEASH_LR=0.01 LEASH_OPTIMIZER=momentum LEASH_CHUNK_SIZE=1024 \
+  LEASH_THREADS=1 LEASH_WIRE_DTYPE=fp32 LEASH_DEVICE=cpu LEASH_TRAIN_LIMIT=0 LEASH_TEST_LIMIT=0 \
+  LEASH_LOG_EVERY=500 LEASH_LOG_LEVEL=info LEASH_CONNECT_TIMEOUT=120
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if ((rc != 0)); then
+    log "the last log lines of every container (exit $rc):"
+    "${COMPOSE[@]}" logs --no-color --tail 15 2>/dev/null | sed 's/^/  /' || true
+  fi
+  if [[ -n "${MON_PID:-}" ]]; then kill "$MON_PID" 2>/dev/null || true; fi
+  log "docker-compose down -v"
+  "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
+  local filter="label=com.docker.compose.project=$PROJECT" left=""
+  left+=$(docker ps -a -q --filter "$filter")
+  left+=$(docker network ls -q --filter "$filter")
+  left+=$(docker volume ls -q --filter "$filter")
+  left+=$(docker ps -a -q --filter "name=^${PROJECT}_")
+  left+=$(docker volume ls -q --filter "name=^${PROJECT}_")
+  left+=$(docker network ls -q --filter "name=^${PROJECT}_")
+  # Anonymous volumes carry no project label: any volume that appeared during the test.
+  if [[ -n "${VOLUMES_BEFORE+set}" ]]; then
+    left+=$(comm -13 <(echo "$VOLUMES_BEFORE") <(docker volume ls -q | sort))
+  fi
+  if [[ -n "$left" ]]; then
+    echo "docker-test: FAIL: project $PROJECT left containers, networks or volumes behind:" >&2
+    docker ps -a --filter "$filter" >&2
+    docker network ls --filter "$filter" >&2
+    docker volume ls --filter "$filter" >&2
+    echo "$left" >&2
+    rc=1
+  else
+    log "nothing of project $PROJECT is left (containers, networks, volumes)"
+  fi
+  if ((${#SUMMARY[@]} > 0)); then
+    echo "docker-test: summary"
+    printf '  %s\n' "${SUMMARY[@]}"
+  fi
+  if ((rc == 0)) || [[ ! -s "${MON:-}" ]]; then rm -f "${MON:-}"; else log "status monitor lines kept in $MON"; fi
+  echo "docker-test: $( ((rc == 0)) && echo PASSED || echo FAILED) in $(since "$T_START") s"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+SHARD0=""
+MON_PID=""
+MON=$(mktemp /tmp/leash-docker-test-status.XXXXXX)
+# The system's Python (docker-compose v1 runs on it) starts in ~20 ms; a pyenv shim
+# first in PATH takes ~0.7 s, too slow for polling.
+PY=python3
+if [[ -x /usr/bin/python3 ]]; then PY=/usr/bin/python3; fi
+# leashctl status --json, run in the shard0 container (LEASH_SERVERS there lists both shards).
+status_json() { docker exec "$SHARD0" leashctl --timeout 3 --json status 2>/dev/null; }
+# Evaluates a Python expression over the shards' status list `s`; prints its value.
+query() {
+  local json
+  json=$(status_json) || return 1
+  "$PY" -c "import json, sys; s = json.loads(sys.argv[1])['shards']; print($1)" "$json"
+}
+# The status monitor: a loop in the shard0 container runs `leashctl --json status` every
+# 0.1 s and writes "<time the answer came> <json>" lines to $MON, so that the time at which
+# something first held is known to a poll's resolution whenever the test looks (a docker
+# exec per poll costs 0.1-0.8 s on a loaded machine). The container's clock is the host's.
+start_monitor() {
+  docker exec "$SHARD0" sh -c 'while :; do j=$(leashctl --timeout 2 --json status 2>/dev/null) || j="{}"; printf "%s %s\n" "$(date +%s.%N)" "$j"; sleep 0.1; done' \
+    >>"$MON" 2>/dev/null &
+  MON_PID=$!
+}
+# mon_first T0 CONDITION: seconds from T0 to the first monitor line at or after T0 whose
+# status satisfies the Python CONDITION over `s`; prints nothing when none does yet.
+mon_first() {
+  "$PY" - "$MON" "$1" "$2" <<'PYEOF'
+import json, sys
+path, t0, cond = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+for line in open(path, errors="replace"):
+    ts, _, js = line.partition(" ")
+    try:
+        t = float(ts)
+        if t < t0:
+            continue
+        s = json.loads(js)["shards"]
+    except (ValueError, KeyError):
+        continue
+    if eval(cond):
+        print(f"{t - t0:.2f}")
+        break
+PYEOF
+}
+# waits TIMEOUT_S DESCRIPTION CONDITION [T0]: waits until the monitor saw CONDITION hold
+# at or after T0 (default: now); sets WAITED to the seconds from T0.
+WAITED=""
+waits() {
+  local timeout=$1 what=$2 cond=$3 t0=${4:-$(now)} r
+  while true; do
+    r=$(mon_first "$t0" "$cond")
+    if [[ -n "$r" ]]; then
+      WAITED=$r
+      return 0
+    fi
+    if ! kill -0 "$MON_PID" 2>/dev/null; then
+      log "the status monitor stopped; starting it again"
+      start_monitor
+    fi
+    if awk -v a="$t0" -v b="$(now)" -v t="$timeout" 'BEGIN { exit !(b - a > t) }'; then
+      log "last status: $(status_json || echo unavailable)" >&2
+      fail "$what: not seen within ${timeout}s"
+    fi
+    sleep 0.2
+  done
+}
+live_is() { echo "all(x['live_workers'] == $1 for x in s)"; }
+live_counts() { query "' '.join(str(x['live_workers']) for x in s)"; }
+job_running() {
+  local st
+  st=$(query "f\"{s[0]['epochs_done']} {s[0]['epochs']}\"") || fail "no status from the shards"
+  local epochs_done total
+  read -r epochs_done total <<<"$st"
+  ((total == 0 || epochs_done < total)) ||
+    fail "the job finished ($epochs_done/$total epochs) before the test's steps did; raise LEASH_TEST_EPOCHS"
+  log "job at epoch $epochs_done/$total, min clock $(query "s[0]['min_clock']")"
+}
+worker_ids() { "${COMPOSE[@]}" ps -q worker | sort; }
+# The clock a worker registered at, from its log.
+start_clock() {
+  docker logs "$1" 2>&1 | sed -n 's/.*registered with .* starting at clock \([0-9]*\).*/\1/p' | tail -n 1
+}
+# Seconds from $T_STEP to an RFC 3339 time stamp (docker's, UTC).
+rel() { awk -v a="$T_STEP" -v b="$(date -d "$1" +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+# For each new worker container given: when it started and its worker registered
+# (docker's time stamps) and when the monitor first saw its first push (its clock on
+# shard 0 past the clock it registered at; a worker's name is host:pid and its host name
+# the short container id), all from $T_STEP, the start of the scale command.
+measure_joins() {
+  local id short start t0 started registered
+  for id in "$@"; do
+    short=${id:0:12}
+    t0=$(now)
+    start=$(start_clock "$id")
+    while [[ -z "$start" ]]; do
+      awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 120) }' && fail "worker $short did not register"
+      sleep 0.2
+      start=$(start_clock "$id")
+    done
+    waits 120 "the first push of worker $short" \
+      "any(w['name'].startswith('$short:') and w['clock'] > $start for w in s[0]['workers'])" "$T_STEP"
+    started=$(rel "$(docker inspect -f '{{.State.StartedAt}}' "$id")")
+    registered=$(rel "$(docker logs -t "$id" 2>&1 | grep -m 1 'registered with' | cut -d ' ' -f 1)")
+    note "  worker $short: container started ${started} s, worker registered ${registered} s (at clock $start), first push seen ${WAITED} s after the scale command began"
+  done
+}
+
+log "project $PROJECT: 2 shards, 2 workers, $EPOCHS epochs of Fashion-MNIST, lease $LEASE"
+VOLUMES_BEFORE=$(docker volume ls -q | sort)
+T_UP=$(now)
+"${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
+note "docker-compose up -d returned after $(since "$T_UP") s"
+SHARD0=$("${COMPOSE[@]}" ps -q shard0)
+SHARD1=$("${COMPOSE[@]}" ps -q shard1)
+[[ -n "$SHARD0" && -n "$SHARD1" ]] || fail "the shard containers are not there"
+start_monitor
+waits 120 "a first training step" "max([w['clock'] for w in s[0]['workers']] or [0]) >= 1" "$T_UP"
+note "up -> first training step (a worker clock >= 1 on shard 0): $WAITED s"
+waits 60 "2 live workers" "$(live_is 2)" "$T_UP"
+note "up -> 2 live workers on every shard: $WAITED s"
+
+# -------------------------------------------------------------- scale up to 4 workers
+job_running
+before=$(worker_ids)
+T_STEP=$(now)
+"${COMPOSE[@]}" up -d --scale worker=4 2>&1 | sed 's/^/  /'
+note "scale 2 -> 4: up returned after $(since "$T_STEP") s"
+waits 120 "4 live workers" "$(live_is 4)" "$T_STEP"
+note "scale 2 -> 4: 4 live workers on every shard after $WAITED s"
+mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
+((${#new[@]} == 2)) || fail "expected 2 new worker containers, found ${#new[@]}"
+measure_joins "${new[@]}"
+
+# ----------------------------------------------------------- scale down to 1 worker
+job_running
+T_STEP=$(now)
+"${COMPOSE[@]}" up -d --scale worker=1 2>&1 | sed 's/^/  /'
+waits 60 "1 live worker after scaling down" "$(live_is 1)" "$T_STEP"
+note "scale 4 -> 1: 1 live worker on every shard after $WAITED s (SIGTERM: the workers leave at once)"
+[[ $(worker_ids | wc -l) == 1 ]] || fail "expected 1 worker container"
+
+# ------------------------------------------------------------- and up to 2 again
+job_running
+before=$(worker_ids)
+T_STEP=$(now)
+"${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
+waits 120 "2 live workers" "$(live_is 2)" "$T_STEP"
+note "scale 1 -> 2: 2 live workers on every shard after $WAITED s"
+mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
+((${#new[@]} == 1)) || fail "expected 1 new worker container, found ${#new[@]}"
+measure_joins "${new[@]}"
+
+# ------------------------------------------------------------ SIGKILL one worker
+job_running
+VICTIM=${new[0]}
+SURVIVOR=$(comm -23 <(worker_ids) <(echo "$VICTIM"))
+T_STEP=$(now)
+docker kill -s KILL "$VICTIM" >/dev/null
+waits 60 "the killed worker's eviction" "$(live_is 1)" "$T_STEP"
+note "kill -9 worker ${VICTIM:0:12}: evicted by every shard after $WAITED s (lease $LEASE)"
+sleep 2
+state=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$VICTIM")
+[[ "$state" == "exited 137 0" ]] || fail "the killed worker should stay exited (137, no restart), it is: $state"
+[[ $(live_counts) == "1 1" ]] || fail "expected 1 live worker per shard, got: $(live_counts)"
+
+# ------------------------------------------------------------------ restart shard1
+job_running
+clock_before=$(query "s[1]['min_clock']")
+T_STEP=$(now)
+"${COMPOSE[@]}" restart shard1 2>&1 | sed 's/^/  /'
+note "restart shard1: docker-compose restart returned after $(since "$T_STEP") s"
+waits 60 "shard1 recovered from its snapshot" "len(s) == 2 and s[1]['recovered_clock'] >= 0" "$T_STEP"
+note "restart shard1: answering again, recovered from its snapshot, $WAITED s after the step began"
+recovered=$(query "s[1]['recovered_clock']")
+waits 60 "training to go on after the shard restart" \
+  "len(s) == 2 and s[1]['min_clock'] > $recovered + 5 and $(live_is 1)" "$T_STEP"
+note "restart shard1: recovered at clock $recovered (min clock $clock_before when the step began); training went on (min clock > $((recovered + 5)), 1 live worker on every shard) $WAITED s after the step began"
+stopped=$(docker logs -t "$SHARD1" 2>&1 | grep 'stopped cleanly' | tail -n 1 | cut -d ' ' -f 1)
+listening=$(docker logs -t "$SHARD1" 2>&1 | grep 'listening on .*recovered at clock' | tail -n 1 | cut -d ' ' -f 1)
+[[ -n "$stopped" && -n "$listening" ]] || fail "shard1's log lacks its clean stop or its recovery"
+note "restart shard1 (its log): snapshot written and stopped $(rel "$stopped") s, listening again (recovered) $(rel "$listening") s after the step began"
+
+for id in $SHARD0 $SHARD1; do
+  t0=$(now)
+  until [[ $(docker inspect -f '{{.State.Health.Status}}' "$id") == healthy ]]; do
+    awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 60) }' && fail "shard container ${id:0:12} is not healthy"
+    sleep 0.5
+  done
+done
+log "both shard containers report healthy"
+
+# ------------------------------------------------------------------ the job finishes
+log "waiting for the job to finish (worker ${SURVIVOR:0:12})"
+T_STEP=$(now)
+code=$(timeout 1800 docker wait "$SURVIVOR") || fail "the job did not finish within 30 minutes"
+[[ "$code" == 0 ]] || fail "the surviving worker exited with $code"
+note "the job finished $(since "$T_STEP") s after the last step ($(since "$T_UP") s after up)"
+st=$(query "f\"{s[0]['epochs_done']} {s[0]['epochs']}\"")
+[[ "$st" == "$EPOCHS $EPOCHS" ]] || fail "shard 0 says $st epochs done, expected $EPOCHS"
+docker logs "$SURVIVOR" 2>&1 | grep -e 'job epoch' -e 'final test accuracy' -e 'trained .* chunks' | tail -n 4 | sed 's/^/  /'
+acc=$(docker logs "$SURVIVOR" 2>&1 | sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' | tail -n 1)
+[[ -n "$acc" ]] || fail "no final test accuracy in the surviving worker's log"
+awk -v a="$acc" -v m="$MIN_ACC" 'BEGIN { exit !(a / 100 >= m) }' ||
+  fail "final test accuracy ${acc}% is below the target $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%"
+note "final test accuracy ${acc}% (target >= $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%) after $EPOCHS epochs"
