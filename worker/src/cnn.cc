@@ -16,6 +16,8 @@
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
 
+#include "batch_stager.h"
+
 namespace leash::worker {
 namespace {
 
@@ -77,12 +79,7 @@ class Cnn final : public Model {
     for (Buffer& d : delta_) {
       LEASH_ASSIGN_OR_RETURN(d, Buffer::Allocate(ctx_, batch * widest));
     }
-    // On the CPU the kernels read the caller's host arrays directly; elsewhere they are
-    // staged into these.
-    if (ctx_.device().type != DeviceType::kCpu) {
-      LEASH_ASSIGN_OR_RETURN(input_, Buffer::Allocate(ctx_, batch * static_cast<size_t>(input_size())));
-      LEASH_ASSIGN_OR_RETURN(labels_, kernels::Int32Buffer::Allocate(ctx_, batch));
-    }
+    LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, static_cast<int64_t>(batch), input_size(), kClasses));
     grad_ready_.assign(params_.size(), false);
     return Status::Ok();
   }
@@ -92,7 +89,7 @@ class Cnn final : public Model {
   int64_t num_classes() const override { return kClasses; }
 
   Status SetParam(size_t index, const float* host) override {
-    LEASH_RETURN_IF_ERROR(CheckIndex("SetParam", index));
+    LEASH_RETURN_IF_ERROR(CheckParamIndex("SetParam", index, params_.size()));
     if (host == nullptr) return InvalidArgument("SetParam: host data for " + params_[index].name + " is null");
     return Value(index).CopyFromHost(ctx_, host, params_[index].size());
   }
@@ -100,7 +97,7 @@ class Cnn final : public Model {
   Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
                               const std::function<void(size_t)>& on_grad) override {
     std::fill(grad_ready_.begin(), grad_ready_.end(), false);
-    LEASH_ASSIGN_OR_RETURN(Batch in, Stage("TrainStep", images_host, labels_host, batch));
+    LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in, stager_.Stage("TrainStep", images_host, labels_host, batch));
     LEASH_RETURN_IF_ERROR(Forward(in.x, batch));
     StepStats stats;
     Buffer* dz = &delta_[0];
@@ -157,7 +154,7 @@ class Cnn final : public Model {
   }
 
   Status Gradient(size_t index, float* out_host) override {
-    LEASH_RETURN_IF_ERROR(CheckIndex("Gradient", index));
+    LEASH_RETURN_IF_ERROR(CheckParamIndex("Gradient", index, params_.size()));
     if (out_host == nullptr) return InvalidArgument("Gradient: output for " + params_[index].name + " is null");
     if (!grad_ready_[index]) {
       return FailedPrecondition("Gradient: no gradient of " + params_[index].name +
@@ -172,8 +169,8 @@ class Cnn final : public Model {
     int64_t correct = 0;
     for (int64_t start = 0; start < n; start += max_batch_) {
       const int64_t rows = std::min(max_batch_, n - start);
-      LEASH_ASSIGN_OR_RETURN(Batch in,
-                             Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size(),
+      LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in,
+                             stager_.Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size(),
                                    labels_host == nullptr ? nullptr : labels_host + start, rows));
       LEASH_RETURN_IF_ERROR(Forward(in.x, rows));
       float loss = 0.f;
@@ -204,13 +201,6 @@ class Cnn final : public Model {
     int64_t out = 0;
     Buffer act;  // batch x out (after ReLU, except for the logits of the last layer)
   };
-  // A batch's inputs as the kernels see them: the caller's arrays on the CPU, staged
-  // copies on a GPU.
-  struct Batch {
-    const float* x = nullptr;
-    const int32_t* labels = nullptr;
-  };
-
   // Adds "<name>/w" (rows x cols, He-initialized for `fan_in` inputs per output) and
   // "<name>/b" (1 x outputs, zeros), with their buffers.
   Status AddParams(const std::string& name, int64_t rows, int64_t cols, int64_t fan_in, int64_t outputs,
@@ -233,35 +223,9 @@ class Cnn final : public Model {
     return Status::Ok();
   }
 
-  Status CheckIndex(const char* op, size_t index) const {
-    if (index >= params_.size()) {
-      return InvalidArgument(std::string(op) + ": parameter index " + std::to_string(index) +
-                             " is out of range; the model has " + std::to_string(params_.size()));
-    }
-    return Status::Ok();
-  }
   Buffer& Value(size_t index) { return index % 2 == 0 ? weights_[index / 2].w : weights_[index / 2].b; }
   Buffer& Grad(size_t index) { return index % 2 == 0 ? weights_[index / 2].dw : weights_[index / 2].db; }
 
-  Result<Batch> Stage(const char* op, const float* images_host, const int32_t* labels_host, int64_t batch) {
-    if (batch <= 0 || batch > max_batch_) {
-      return InvalidArgument(std::string(op) + ": batch of " + std::to_string(batch) + " examples; it must be in [1, " +
-                             std::to_string(max_batch_) + "] (the model's max_batch)");
-    }
-    if (images_host == nullptr || labels_host == nullptr) {
-      return InvalidArgument(std::string(op) + ": " + (images_host == nullptr ? "images" : "labels") + " are null");
-    }
-    for (int64_t i = 0; i < batch; ++i) {
-      if (labels_host[i] < 0 || labels_host[i] >= kClasses) {
-        return InvalidArgument(std::string(op) + ": label " + std::to_string(labels_host[i]) + " of example " +
-                               std::to_string(i) + " is outside [0, " + std::to_string(kClasses) + ")");
-      }
-    }
-    if (ctx_.device().type == DeviceType::kCpu) return Batch{images_host, labels_host};
-    LEASH_RETURN_IF_ERROR(input_.CopyFromHost(ctx_, images_host, static_cast<size_t>(batch * input_size())));
-    LEASH_RETURN_IF_ERROR(labels_.CopyFromHost(ctx_, labels_host, static_cast<size_t>(batch)));
-    return Batch{input_.data(), labels_.data()};
-  }
 
   // Leaves the logits in dense_[1].act.
   Status Forward(const float* x, int64_t batch) {
@@ -295,8 +259,7 @@ class Cnn final : public Model {
   ConvLayer conv_[2];
   DenseLayer dense_[2];
   Buffer delta_[2];
-  Buffer input_;
-  kernels::Int32Buffer labels_;
+  BatchStager stager_;
   std::vector<bool> grad_ready_;
 };
 

@@ -15,6 +15,8 @@
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
 
+#include "batch_stager.h"
+
 namespace leash::worker {
 namespace {
 
@@ -64,12 +66,7 @@ class Mlp final : public Model {
     for (Buffer& d : delta_) {
       LEASH_ASSIGN_OR_RETURN(d, Buffer::Allocate(ctx_, static_cast<size_t>(max_batch_) * widest));
     }
-    // On the CPU the kernels read the caller's host arrays directly; elsewhere they are
-    // staged into these.
-    if (ctx_.device().type != DeviceType::kCpu) {
-      LEASH_ASSIGN_OR_RETURN(input_, Buffer::Allocate(ctx_, static_cast<size_t>(max_batch_ * input_size_)));
-      LEASH_ASSIGN_OR_RETURN(labels_, kernels::Int32Buffer::Allocate(ctx_, static_cast<size_t>(max_batch_)));
-    }
+    LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, max_batch_, input_size_, num_classes_));
     grad_ready_.assign(params_.size(), false);
     return Status::Ok();
   }
@@ -79,7 +76,7 @@ class Mlp final : public Model {
   int64_t num_classes() const override { return num_classes_; }
 
   Status SetParam(size_t index, const float* host) override {
-    LEASH_RETURN_IF_ERROR(CheckIndex("SetParam", index));
+    LEASH_RETURN_IF_ERROR(CheckParamIndex("SetParam", index, params_.size()));
     if (host == nullptr) return InvalidArgument("SetParam: host data for " + params_[index].name + " is null");
     return Param(index).CopyFromHost(ctx_, host, params_[index].size());
   }
@@ -87,7 +84,7 @@ class Mlp final : public Model {
   Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
                               const std::function<void(size_t)>& on_grad) override {
     std::fill(grad_ready_.begin(), grad_ready_.end(), false);
-    LEASH_ASSIGN_OR_RETURN(Batch in, Stage("TrainStep", images_host, labels_host, batch));
+    LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in, stager_.Stage("TrainStep", images_host, labels_host, batch));
     LEASH_RETURN_IF_ERROR(Forward(in.x, batch));
     StepStats stats;
     Buffer* dz = &delta_[0];
@@ -118,7 +115,7 @@ class Mlp final : public Model {
   }
 
   Status Gradient(size_t index, float* out_host) override {
-    LEASH_RETURN_IF_ERROR(CheckIndex("Gradient", index));
+    LEASH_RETURN_IF_ERROR(CheckParamIndex("Gradient", index, params_.size()));
     if (out_host == nullptr) return InvalidArgument("Gradient: output for " + params_[index].name + " is null");
     if (!grad_ready_[index]) {
       return FailedPrecondition("Gradient: no gradient of " + params_[index].name +
@@ -134,7 +131,7 @@ class Mlp final : public Model {
     for (int64_t start = 0; start < n; start += max_batch_) {
       const int64_t rows = std::min(max_batch_, n - start);
       LEASH_ASSIGN_OR_RETURN(
-          Batch in, Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
+          BatchStager::Staged in, stager_.Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
                           labels_host == nullptr ? nullptr : labels_host + start, rows));
       LEASH_RETURN_IF_ERROR(Forward(in.x, rows));
       float loss = 0.f;
@@ -154,42 +151,9 @@ class Mlp final : public Model {
     Buffer w, b, dw, db;
     Buffer act;  // this layer's output for the current batch (after ReLU, except the last)
   };
-  // A batch's inputs as the kernels see them: the caller's arrays on the CPU, staged
-  // copies on a GPU.
-  struct Batch {
-    const float* x = nullptr;
-    const int32_t* labels = nullptr;
-  };
-
-  Status CheckIndex(const char* op, size_t index) const {
-    if (index >= params_.size()) {
-      return InvalidArgument(std::string(op) + ": parameter index " + std::to_string(index) +
-                             " is out of range; the model has " + std::to_string(params_.size()));
-    }
-    return Status::Ok();
-  }
   Buffer& Param(size_t index) { return index % 2 == 0 ? layers_[index / 2].w : layers_[index / 2].b; }
   Buffer& Grad(size_t index) { return index % 2 == 0 ? layers_[index / 2].dw : layers_[index / 2].db; }
 
-  Result<Batch> Stage(const char* op, const float* images_host, const int32_t* labels_host, int64_t batch) {
-    if (batch <= 0 || batch > max_batch_) {
-      return InvalidArgument(std::string(op) + ": batch of " + std::to_string(batch) + " examples; it must be in [1, " +
-                             std::to_string(max_batch_) + "] (the model's max_batch)");
-    }
-    if (images_host == nullptr || labels_host == nullptr) {
-      return InvalidArgument(std::string(op) + ": " + (images_host == nullptr ? "images" : "labels") + " are null");
-    }
-    for (int64_t i = 0; i < batch; ++i) {
-      if (labels_host[i] < 0 || labels_host[i] >= num_classes_) {
-        return InvalidArgument(std::string(op) + ": label " + std::to_string(labels_host[i]) + " of example " +
-                               std::to_string(i) + " is outside [0, " + std::to_string(num_classes_) + ")");
-      }
-    }
-    if (ctx_.device().type == DeviceType::kCpu) return Batch{images_host, labels_host};
-    LEASH_RETURN_IF_ERROR(input_.CopyFromHost(ctx_, images_host, static_cast<size_t>(batch * input_size_)));
-    LEASH_RETURN_IF_ERROR(labels_.CopyFromHost(ctx_, labels_host, static_cast<size_t>(batch)));
-    return Batch{input_.data(), labels_.data()};
-  }
 
   // Leaves the logits in layers_.back().act.
   Status Forward(const float* x, int64_t batch) {
@@ -213,8 +177,7 @@ class Mlp final : public Model {
   std::vector<ParamSpec> params_;
   std::vector<Layer> layers_;
   Buffer delta_[2];
-  Buffer input_;
-  kernels::Int32Buffer labels_;
+  BatchStager stager_;
   std::vector<bool> grad_ready_;
 };
 
