@@ -59,7 +59,9 @@ ensure_packages() {
     log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # With recommends: cgroupfs-mount mounts the cgroup hierarchies dockerd needs on a
+    # machine that boots without them, and apparmor/xz-utils are what docker expects.
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
 
