@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <sstream>
 
@@ -123,17 +124,22 @@ TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
 }
 
 TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
-  auto w0 = Worker(0, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval"});
-  auto w1 = Worker(1, {"--epochs=1", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval", "--wire-dtype=fp16"});
+  auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval"});
+  auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval", "--wire-dtype=fp16"});
   ASSERT_EQ(w0->Wait(std::chrono::minutes(3)), 0) << w0->ReadLog();
   ASSERT_EQ(w1->Wait(std::chrono::minutes(3)), 0) << w1->ReadLog();
   double samples = 0;
+  int checked = 0;
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
-    double micro = Field(path, "steps").at(0);
+    auto per_epoch = Field(path, "steps");
+    double micro = std::accumulate(per_epoch.begin(), per_epoch.end(), 0.0);  // micro-batches, whole job
     double iterations = Field(path, "iterations").at(0);
     double chunks = Field(path, "chunks_trained").at(0);
     samples += Field(path, "samples").at(0);
+    // A worker that started late may find every chunk of this short job taken.
+    if (iterations < 10) continue;
+    ++checked;
     // Four micro-batches per iteration; a chunk's last iteration may have fewer.
     EXPECT_LE(micro, 4 * iterations) << "worker " << i;
     EXPECT_GT(micro, 4 * (iterations - chunks)) << "worker " << i;
@@ -141,7 +147,8 @@ TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
     double per_iteration = Field(path, "bytes_sent_per_iteration").at(0);
     EXPECT_NEAR(per_iteration, i == 0 ? 943e3 : 472e3, 30e3) << "worker " << i;
   }
-  EXPECT_EQ(samples, 6000);
+  EXPECT_GE(checked, 1);
+  EXPECT_EQ(samples, 6000);  // the first epoch, trained exactly once by the two together
 }
 
 TEST_F(TrainingTest, InterruptedWorkerLeavesAtOnceAndLeashctlSeesIt) {
