@@ -173,6 +173,22 @@ TEST_F(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
   EXPECT_EQ(b->Wait(30s), 0) << b->ReadLog();
 }
 
+TEST_F(FaultTest, StopSignalWithAShardDownExitsAfterTheLeaveTimeoutInsteadOfHanging) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  auto w = cluster.StartWorker("w", Job({"--epochs=100", "--staleness=0", "--no-eval", "--leave-timeout=2"}));
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 20; }, 90s)) << w->ReadLog();
+  cluster.shard(1).Kill();  // and it never comes back
+  std::this_thread::sleep_for(300ms);
+  w->Signal(SIGTERM);
+  auto t0 = SteadyClock::now();
+  auto code = w->Wait(20s);
+  ASSERT_TRUE(code.has_value()) << "the worker hung after SIGTERM\n" << w->ReadLog();
+  EXPECT_EQ(*code, 3) << w->ReadLog();
+  EXPECT_LT(Ms(SteadyClock::now() - t0), 10000);
+  EXPECT_NE(w->ReadLog().find("exiting without leaving"), std::string::npos) << w->ReadLog();
+}
+
 TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   TempDir dir;
   Cluster cluster(1, dir.path());

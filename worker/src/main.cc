@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <unistd.h>
@@ -23,6 +25,24 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
+// After SIGTERM/SIGINT the worker finishes its step, pushes and leaves. If that cannot
+// happen in `grace_s` (a shard is unreachable and a pull or push waits for it), it exits
+// anyway rather than hang: the shards evict it when its lease expires.
+void LeaveWatchdog(int64_t grace_s, const std::atomic<bool>* done) {
+  while (!g_stop.load() && !done->load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+  while (!done->load()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      spdlog::error("could not finish the step and leave within {} s of the stop signal (is a shard unreachable?); "
+                    "exiting without leaving: the shards will evict this worker when its lease expires",
+                    grace_s);
+      spdlog::shutdown();
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 int Fail(const std::string& what, const leash::Status& st) {
   spdlog::error("{}: {}", what, st.ToString());
   return 1;
@@ -41,7 +61,7 @@ int Run(int argc, char** argv) {
   std::string metrics_out;
   std::string device = "auto";
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
-  int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0;
+  int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
   bool no_eval = false;
 
@@ -67,6 +87,7 @@ int Run(int argc, char** argv) {
   flags.String("device", &device, "cpu, cuda:N or auto");
   flags.Int("log-every", &log_every, "steps between progress lines");
   flags.Int("connect-timeout", &connect_timeout_s, "seconds to wait for every shard to answer at start");
+  flags.Int("leave-timeout", &leave_timeout_s, "seconds after SIGTERM/SIGINT to finish the step and leave before exiting anyway");
   flags.Int("train-limit", &train_limit, "use only the first N training samples (0: all)");
   flags.Int("test-limit", &test_limit, "evaluate on only the first N test samples (0: all)");
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
@@ -160,6 +181,16 @@ int Run(int argc, char** argv) {
 
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  std::atomic<bool> done{false};
+  std::thread watchdog(LeaveWatchdog, std::max<int64_t>(1, leave_timeout_s), &done);
+  struct JoinWatchdog {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~JoinWatchdog() {
+      done.store(true);
+      t.join();
+    }
+  } join_watchdog{done, watchdog};
 
   leash::ZmqContext zctx;
   std::unique_ptr<leash::Client> client;
