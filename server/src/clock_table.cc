@@ -61,9 +61,10 @@ LiveWorker* ClockTable::FindAny(uint64_t worker_id) {
 
 bool ClockTable::Advance(LiveWorker* w, int64_t clock) {
   if (clock <= w->clock) return false;
-  bool was_min = w->clock == min_clock_;
   w->clock = clock;
-  return was_min && Recompute();
+  // Always recompute: a worker restored from a snapshot may sit below the minimum (which
+  // never goes back), so "was this worker the minimum" is no shortcut.
+  return Recompute();
 }
 
 bool ClockTable::Remove(uint64_t worker_id) {
