@@ -3,11 +3,13 @@
 // GPU), and checks parameter indices. One thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "leash/common/status.h"
 #include "leash/kernels/kernels.h"
+#include "leash/worker/model.h"
 
 namespace leash::worker {
 
@@ -60,6 +62,28 @@ class BatchStager {
     LEASH_RETURN_IF_ERROR(input_.CopyFromHost(*ctx_, images_host, static_cast<size_t>(batch * input_size_)));
     LEASH_RETURN_IF_ERROR(labels_.CopyFromHost(*ctx_, labels_host, static_cast<size_t>(batch)));
     return Staged{input_.data(), labels_.data()};
+  }
+
+  // Mean loss and correct predictions over `n` examples, staged and evaluated in chunks of
+  // max_batch. `forward(x, rows)` runs the model and returns its logits (rows x classes).
+  template <typename Forward>
+  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n, Forward forward) {
+    if (n <= 0) return InvalidArgument("Evaluate: needs n > 0 examples, got " + std::to_string(n));
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    for (int64_t start = 0; start < n; start += max_batch_) {
+      const int64_t rows = std::min(max_batch_, n - start);
+      LEASH_ASSIGN_OR_RETURN(Staged in, Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
+                                              labels_host == nullptr ? nullptr : labels_host + start, rows));
+      LEASH_ASSIGN_OR_RETURN(const float* logits, forward(in.x, rows));
+      float loss = 0.f;
+      int64_t right = 0;
+      LEASH_RETURN_IF_ERROR(
+          kernels::SoftmaxCrossEntropy(*ctx_, rows, num_classes_, logits, in.labels, nullptr, &loss, &right));
+      loss_sum += static_cast<double>(loss) * static_cast<double>(rows);
+      correct += right;
+    }
+    return StepStats{static_cast<float>(loss_sum / static_cast<double>(n)), correct};
   }
 
  private:

@@ -125,23 +125,10 @@ class Mlp final : public Model {
   }
 
   Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) override {
-    if (n <= 0) return InvalidArgument("Evaluate: needs n > 0 examples, got " + std::to_string(n));
-    double loss_sum = 0.0;
-    int64_t correct = 0;
-    for (int64_t start = 0; start < n; start += max_batch_) {
-      const int64_t rows = std::min(max_batch_, n - start);
-      LEASH_ASSIGN_OR_RETURN(
-          BatchStager::Staged in, stager_.Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
-                          labels_host == nullptr ? nullptr : labels_host + start, rows));
-      LEASH_RETURN_IF_ERROR(Forward(in.x, rows));
-      float loss = 0.f;
-      int64_t right = 0;
-      LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx_, rows, num_classes_, layers_.back().act.data(),
-                                                         in.labels, nullptr, &loss, &right));
-      loss_sum += static_cast<double>(loss) * static_cast<double>(rows);
-      correct += right;
-    }
-    return StepStats{static_cast<float>(loss_sum / static_cast<double>(n)), correct};
+    return stager_.Evaluate(images_host, labels_host, n, [&](const float* x, int64_t rows) -> Result<const float*> {
+      LEASH_RETURN_IF_ERROR(Forward(x, rows));
+      return static_cast<const float*>(layers_.back().act.data());
+    });
   }
 
  private:
