@@ -117,6 +117,8 @@ class Loop {
         LEASH_RETURN_IF_ERROR(BeginIteration());
         while (batch && micro < k) {
           std::optional<Batch> next = loader.Next();
+          // The next batch travels to the device while this one computes.
+          if (next) LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(next->images.data(), next->labels.data(), next->size));
           bool last = micro + 1 == k || !next;
           LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
           Account(*batch, stats, &acc);
