@@ -113,6 +113,8 @@ class Loop {
       if (Stopping()) return false;
       auto t0 = Clock::now();
       int64_t micro = 0;
+      StepReport report;
+      report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
         LEASH_RETURN_IF_ERROR(BeginIteration());
         while (batch && micro < k) {
@@ -122,13 +124,25 @@ class Loop {
           bool last = micro + 1 == k || !next;
           LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
           Account(*batch, stats, &acc);
+          report.samples += batch->size;
+          report.loss += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
           batch = std::move(next);
           ++micro;
         }
         return params_.EndIteration();
       }));
-      acc.seconds += Seconds(t0, Clock::now());
+      auto t1 = Clock::now();
+      acc.seconds += Seconds(t0, t1);
       ++steps_;
+      if (o_.on_step) {
+        report.step = steps_;
+        report.clock = params_.clock();
+        if (report.samples > 0) report.loss /= static_cast<double>(report.samples);
+        report.seconds = Seconds(t0, t1);
+        report.elapsed_seconds = Seconds(start_, t1);
+        report.rejoins = result_.rejoins;
+        o_.on_step(report);
+      }
       if (o_.log_every > 0 && steps_ % o_.log_every == 0) Progress(g);
     }
     return true;
@@ -229,6 +243,7 @@ class Loop {
       std::fflush(stdout);
       result_.epochs.push_back(r);
       ++epochs_reported_;
+      if (o_.on_epoch) o_.on_epoch(r);
     }
     return Status::Ok();
   }
