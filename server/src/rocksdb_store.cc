@@ -17,7 +17,10 @@
 //   snap/table/<id>/slot/<slot>/<chunk>         optimizer slot `slot`, chunked like the values.
 //
 // Save writes one WriteBatch: DeleteRange over snap/ followed by every new snap/ key, so a
-// crash leaves either the whole previous snapshot or the whole new one.
+// crash leaves either the whole previous snapshot or the whole new one (the write-ahead log
+// drops a record cut short at its end; tests/durability_test.cc kills a shard mid-write).
+// An existing directory is checked read-only before it is opened for writing, so one that
+// is refused (damaged, foreign, another shard's) is left byte for byte as it was.
 #include "leash/server/rocksdb_store.h"
 
 #include <rocksdb/db.h>
