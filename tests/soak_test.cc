@@ -291,7 +291,7 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   EXPECT_GT(accuracy, 70.0) << steady_log.substr(steady_log.size() > 3000 ? steady_log.size() - 3000 : 0);
 
   // Leaks. The shards: fds back to their at-rest count (+-4) once every worker is gone;
-  // RSS growth over the second half of the run under 32 MiB. The steady worker: fds and RSS
+  // RSS growth over the second half of the run under 16 MiB. The steady worker: fds and RSS
   // over the second half (its connections stay open) within 8 fds and 64 MiB.
   std::printf("soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d graceful), %d worker restarts, %d shard "
               "restart at %.0fs; %lld epochs done; %zu values finite; final test accuracy %.2f%%\n",
@@ -313,7 +313,7 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
       EXPECT_LT(growth_kib, 64 * 1024) << name;
       EXPECT_LE(last.fds, mid.fds + 8) << name;
     } else {
-      EXPECT_LT(growth_kib, 32 * 1024) << name;
+      EXPECT_LT(growth_kib, 16 * 1024) << name;
     }
   }
   // Shard 0 ran the whole time: compare with its fds before any worker connected. Shard 1

@@ -64,6 +64,8 @@ constexpr std::string_view kSnapshotPrefix = "snap/";
 constexpr std::string_view kSnapshotEnd = "snap0";  // '0' follows '/': the end of the snap/ range
 constexpr std::string_view kManifestKey = "snap/manifest";
 constexpr std::string_view kWorkersKey = "snap/workers";
+// Snapshots smaller than this share the memtable until it holds this many bytes.
+constexpr uint64_t kMinFlushBytes = 4u << 20;
 
 // What a person can do about a damaged snapshot.
 constexpr std::string_view kDamagedHint =
@@ -614,10 +616,15 @@ Status RocksDbStore::Save(const ShardSnapshot& snapshot) {
     rocksdb::WriteOptions wo;
     wo.sync = options_.sync;
     LEASH_RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), options_.path, "writing snapshot to"));
-    if (batch.GetDataSize() >= memtable_bytes_) {
-      // The memtable now holds a whole snapshot and would stay resident until the next write
-      // triggers its flush; flush it in the background instead. The snapshot is already
-      // durable in the WAL, and a failed flush resurfaces on the next write.
+    // Each snapshot replaces the last, but the memtable keeps every one written since its
+    // last flush until it reaches write_buffer_size (64 MiB): a shard's RSS would creep up by
+    // a snapshot per checkpoint (the soak test saw it). Flush in the background once it holds
+    // about two snapshots, or a whole one that is larger than the buffer. The snapshot is
+    // already durable in the WAL, and a failed flush resurfaces on the next write.
+    uint64_t active = 0;
+    db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeActiveMemTable, &active);
+    const uint64_t batch_bytes = batch.GetDataSize();
+    if (batch_bytes >= memtable_bytes_ || active >= std::max<uint64_t>(kMinFlushBytes, 2 * batch_bytes)) {
       rocksdb::FlushOptions fo;
       fo.wait = false;
       db_->Flush(fo).PermitUncheckedError();
