@@ -189,10 +189,12 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
   uint32_t id;
   if (auto it = table_by_name_.find(name); it != table_by_name_.end()) {
     id = it->second;
-    if (tables_[id]->spec() != canon) {
-      const Table& t = *tables_[id];
-      return AlreadyExists("table '" + name + "' already exists with another spec (" + std::to_string(t.rows()) + " x " +
-                           std::to_string(t.cols()) + ", its own optimizer and init); use another name or the same spec");
+    // The existing table may have been recovered from a snapshot: its spec is the one it was
+    // created with, so a job restarted with another shape or optimizer is refused here too.
+    if (!SameTableSpec(tables_[id]->spec(), canon)) {
+      return AlreadyExists("table '" + name + "' already exists on shard " + std::to_string(options_.shard) + " as " +
+                           DescribeSpec(tables_[id]->spec()) + "; this request asks for " + DescribeSpec(canon) +
+                           ". Use another table name, the same spec, or a fresh --data-dir for a new job");
     }
   } else {
     id = static_cast<uint32_t>(tables_.size());
