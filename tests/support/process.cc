@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -78,20 +79,36 @@ std::string Process::ReadLog() const {
   return ss.str();
 }
 
-int FreePort() {
+namespace {
+
+// True when 127.0.0.1:port can be bound right now.
+bool CanBind(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    throw std::runtime_error("cannot bind a loopback port");
-  }
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   close(fd);
-  return ntohs(a.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+// Ports come from [20000, 32000), below Linux's ephemeral range (32768-60999 by default):
+// a port the kernel hands out for port 0 is also the source port of the next outgoing
+// connection of any process, so between this check and the child's bind another test's
+// connection could take it. Random ports in a range nobody is handed implicitly make that
+// race (seen with several suites running at once) practically disappear.
+int FreePort() {
+  static std::mt19937 rng(static_cast<unsigned>(std::random_device{}() ^ static_cast<unsigned>(getpid())));
+  std::uniform_int_distribution<int> pick(20000, 31999);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = pick(rng);
+    if (CanBind(port)) return port;
+  }
+  throw std::runtime_error("no free loopback port in [20000, 32000) after 1000 tries");
 }
 
 std::string Endpoint(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }

@@ -38,7 +38,7 @@ class Process {
   std::string log_path_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range.
 int FreePort();
 std::string Endpoint(int port);
 
