@@ -6,7 +6,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
 #include "leash/common/zmq_transport.h"
@@ -24,6 +26,15 @@ int64_t SteadyMs() {
       .count();
 }
 
+// True for endpoints only this host can reach (127.x, localhost, ::1, ipc, inproc).
+bool IsLoopback(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0) return true;
+  auto host_start = endpoint.find("://");
+  std::string host = host_start == std::string::npos ? endpoint : endpoint.substr(host_start + 3);
+  if (auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1";
+}
+
 int Run(int argc, char** argv) {
   std::string bind = "tcp://127.0.0.1:7000";
   std::string data_dir = "./run/shard0";
@@ -37,6 +48,7 @@ int Run(int argc, char** argv) {
   std::string nonfinite = "reject";
   int64_t max_keys = int64_t{1} << 24;
   int64_t max_parked = 4096;
+  std::string curve_keys;
   leash::Flags flags("leash-server", "Runs one Leash parameter-server shard.");
   flags.Int("shard", &shard, "index of this shard, 0..num-shards-1");
   flags.Int("num-shards", &num_shards, "number of shards in the job");
@@ -49,6 +61,9 @@ int Run(int argc, char** argv) {
   flags.String("nonfinite", &nonfinite, "pushes holding NaN/Inf: reject (the whole push) or skip-rows (apply the rest)");
   flags.Int("max-keys", &max_keys, "most keys one request may name");
   flags.Int("max-parked-per-peer", &max_parked, "most pulls one connection may have waiting for the staleness bound");
+  flags.String("curve-keys", &curve_keys,
+               "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients whose key is in "
+               "DIR/authorized/");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-server: %s\n", st.message().c_str());
@@ -73,6 +88,16 @@ int Run(int argc, char** argv) {
     spdlog::error("bad flags: need 0 <= --shard < --num-shards, --lease-timeout >= 10ms, valid durations ({} {})",
                   lease_ms.status().ToString(), ckpt_ms.status().ToString());
     return 2;
+  }
+
+  std::optional<leash::CurveKeys> curve;
+  if (!curve_keys.empty()) {
+    auto keys = leash::LoadCurveServerKeys(curve_keys);
+    if (!keys.ok()) {
+      spdlog::error("--curve-keys: {}", keys.status().message());
+      return 2;
+    }
+    curve = std::move(*keys);
   }
 
   leash::server::RocksDbStoreOptions so;
@@ -106,6 +131,7 @@ int Run(int argc, char** argv) {
   leash::ZmqContext ctx;
   leash::ZmqOptions zo;
   zo.max_message_bytes = static_cast<int64_t>(opts.max_message_bytes) * 2;
+  zo.curve = curve;
   auto transport = leash::BindZmqServer(ctx, bind, zo);
   if (!transport.ok()) {
     spdlog::error("{}", transport.status().ToString());
@@ -113,7 +139,16 @@ int Run(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  if (bind.find("127.0.0.1") != std::string::npos || bind.find("localhost") != std::string::npos) {
+  bool loopback = IsLoopback(bind);
+  if (curve) {
+    spdlog::info("CURVE security on: traffic encrypted, {} authorized client key(s) from {}/authorized", curve->authorized.size(),
+                 curve_keys);
+  } else if (!loopback) {
+    spdlog::warn("listening on {} WITHOUT CURVE keys: traffic is unauthenticated and unencrypted, anyone who can reach "
+                 "this port can read and change the model; use --curve-keys DIR (leashctl keygen DIR)",
+                 bind);
+  }
+  if (loopback) {
     spdlog::info("bound to loopback only: other hosts cannot reach this shard (use --bind tcp://0.0.0.0:PORT for a cluster)");
   }
   spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})", shard, num_shards,
@@ -124,7 +159,12 @@ int Run(int argc, char** argv) {
     spdlog::error("shard stopped: {}", st.ToString());
     return 1;
   }
-  spdlog::info("shard {} stopped cleanly at clock {}", shard, shard_obj.min_clock());
+  auto tc = (*transport)->counters();
+  const auto& sc = shard_obj.counters();
+  spdlog::info("shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} oversize, {} too many keys, {} "
+               "too many parked pulls), {} CURVE keys refused, {} failed handshakes",
+               shard, shard_obj.min_clock(), sc.limit_rejections, sc.oversize_rejections, sc.key_limit_rejections,
+               sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed);
   return 0;
 }
 
