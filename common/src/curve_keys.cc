@@ -1,6 +1,7 @@
 // CurveZMQ key files: reading, validating and generating them (see curve_keys.h).
 #include "leash/common/curve_keys.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <zmq.h>
 
@@ -31,6 +32,14 @@ bool ValidName(const std::string& name) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
            c == '.';
   });
+}
+
+// Secret keys readable by others still work, but say so.
+void WarnIfShared(const std::string& secret_path) {
+  struct stat st {};
+  if (::stat(secret_path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    spdlog::warn("secret key {} is readable by other users (mode {:o}); chmod 600 it", secret_path, st.st_mode & 0777);
+  }
 }
 
 Result<std::string> PublicOf(const std::string& secret_z85, const std::string& path) {
@@ -115,6 +124,7 @@ Result<CurveKeys> LoadCurveServerKeys(const std::string& dir) {
   std::string secret_path = dir + "/server.key";
   LEASH_ASSIGN_OR_RETURN(k.own.secret_z85, ReadKeyFile(secret_path));
   LEASH_ASSIGN_OR_RETURN(k.own.public_z85, PublicOf(k.own.secret_z85, secret_path));
+  WarnIfShared(secret_path);
   std::error_code ec;
   std::string pub_path = dir + "/server.pub";
   if (fs::exists(pub_path, ec)) {
@@ -159,6 +169,7 @@ Result<CurveKeys> LoadCurveClientKeys(const std::string& dir, const std::string&
   std::string secret_path = dir + "/" + client_name + ".key";
   LEASH_ASSIGN_OR_RETURN(k.own.secret_z85, ReadKeyFile(secret_path));
   LEASH_ASSIGN_OR_RETURN(k.own.public_z85, PublicOf(k.own.secret_z85, secret_path));
+  WarnIfShared(secret_path);
   LEASH_ASSIGN_OR_RETURN(k.server_public_z85, ReadKeyFile(dir + "/server.pub"));
   return k;
 }

@@ -515,8 +515,10 @@ class ZmqClient final : public ClientTransport {
           // Typically the shard closed the connection during the handshake.
           failure = Describe(shard) + " did not complete the " + (options_.curve ? "CURVE " : "") + "handshake (" +
                     zmq_strerror(static_cast<int>(e->value)) + "): " +
-                    (options_.curve ? "is " + KeyHint() + " in the shard's authorized keys, and is " +
-                                          options_.curve->dir + "/server.pub the shards' public key?"
+                    (options_.curve ? "is " + KeyHint() + " in the shard's authorized keys, is " +
+                                          options_.curve->dir +
+                                          "/server.pub the shards' public key, and does the shard run with "
+                                          "--curve-keys?"
                                     : std::string("if the shards use CURVE security, pass --curve-keys DIR (or "
                                                   "LEASH_CURVE_KEYS) holding this client's key pair and the "
                                                   "shards' server.pub"));

@@ -32,7 +32,7 @@ bool IsLoopback(const std::string& endpoint) {
   auto host_start = endpoint.find("://");
   std::string host = host_start == std::string::npos ? endpoint : endpoint.substr(host_start + 3);
   if (auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
-  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1";
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1" || host == "lo";
 }
 
 int Run(int argc, char** argv) {
