@@ -359,7 +359,8 @@ class ZmqServer final : public ServerTransport {
       } else if (e->event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
         why = "protocol error " + Hex(e->value);
       } else {
-        why = std::string("connection error: ") + zmq_strerror(static_cast<int>(e->value));
+        why = std::string("the connection broke during the handshake (") + zmq_strerror(static_cast<int>(e->value)) +
+              (options_.curve ? "): a client without CURVE keys, or with another cluster's server.pub?" : ")");
       }
       spdlog::warn("handshake with a client failed: {} ({} failed handshakes so far; logged at most once a minute)",
                    why, n);
@@ -602,6 +603,14 @@ Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx, const
   auto c = std::make_unique<ZmqClient>(ctx.get(), endpoints, options);
   LEASH_RETURN_IF_ERROR(c->Init());
   return std::unique_ptr<ClientTransport>(std::move(c));
+}
+
+bool IsLoopbackEndpoint(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0) return true;
+  auto scheme = endpoint.find("://");
+  std::string host = scheme == std::string::npos ? endpoint : endpoint.substr(scheme + 3);
+  if (auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1" || host == "lo";
 }
 
 }  // namespace leash

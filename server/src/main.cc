@@ -26,15 +26,6 @@ int64_t SteadyMs() {
       .count();
 }
 
-// True for endpoints only this host can reach (127.x, localhost, ::1, ipc, inproc).
-bool IsLoopback(const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0) return true;
-  auto host_start = endpoint.find("://");
-  std::string host = host_start == std::string::npos ? endpoint : endpoint.substr(host_start + 3);
-  if (auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
-  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1" || host == "lo";
-}
-
 int Run(int argc, char** argv) {
   std::string bind = "tcp://127.0.0.1:7000";
   std::string data_dir = "./run/shard0";
@@ -139,7 +130,7 @@ int Run(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  bool loopback = IsLoopback(bind);
+  bool loopback = leash::IsLoopbackEndpoint(bind);
   if (curve) {
     spdlog::info("CURVE security on: traffic encrypted, {} authorized client key(s) from {}/authorized", curve->authorized.size(),
                  curve_keys);

@@ -60,4 +60,8 @@ Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
                                                          const std::vector<std::string>& endpoints,
                                                          const ZmqOptions& options = {});
 
+// True for endpoints only this host can reach: tcp:// on 127.x, localhost, ::1 or the
+// interface lo; ipc:// and inproc://. A shard warns when it listens elsewhere without CURVE.
+bool IsLoopbackEndpoint(const std::string& endpoint);
+
 }  // namespace leash
