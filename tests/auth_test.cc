@@ -39,7 +39,10 @@ std::pair<int, std::string> Leashctl(const std::string& dir, std::vector<std::st
 // The number before `what` in the shard's final log line, e.g. "3 CURVE keys refused".
 int64_t Counted(const std::string& log, const std::string& what) {
   std::smatch m;
-  if (!std::regex_search(log, m, std::regex("(\\d+) " + what))) return -1;
+  auto last = log.rfind("stopped cleanly");
+  if (last == std::string::npos) return -1;
+  std::string line = log.substr(last, log.find('\n', last) - last);
+  if (!std::regex_search(line, m, std::regex("(\\d+) " + what))) return -1;
   return std::stoll(m[1]);
 }
 

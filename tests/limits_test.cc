@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <regex>
 #include <zmq.hpp>
 
@@ -32,8 +33,13 @@ TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
 // A hand-made DEALER: sends raw frames, reads one reply or gives up after `wait`.
 class RawPeer {
  public:
-  RawPeer(zmq::context_t& ctx, const std::string& endpoint) : s_(ctx, zmq::socket_type::dealer) {
+  RawPeer(zmq::context_t& ctx, const std::string& endpoint, bool slow_reader = false)
+      : s_(ctx, zmq::socket_type::dealer) {
     s_.set(zmq::sockopt::linger, 0);
+    if (slow_reader) {  // take in as little as ZeroMQ and the kernel allow
+      s_.set(zmq::sockopt::rcvhwm, 1);
+      s_.set(zmq::sockopt::rcvbuf, 4096);
+    }
     s_.connect(endpoint);
   }
   void Send(const Message& m) {
@@ -62,9 +68,13 @@ class RawPeer {
   zmq::socket_t s_;
 };
 
+// The number before `what` in the shard's final log line ("... 3 limit rejections ...").
 int64_t Counted(const std::string& log, const std::string& what) {
   std::smatch m;
-  if (!std::regex_search(log, m, std::regex("(\\d+) " + what))) return -1;
+  auto last = log.rfind("stopped cleanly");
+  if (last == std::string::npos) return -1;
+  std::string line = log.substr(last, log.find('\n', last) - last);
+  if (!std::regex_search(line, m, std::regex("(\\d+) " + what))) return -1;
   return std::stoll(m[1]);
 }
 
@@ -146,6 +156,50 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   EXPECT_EQ(Counted(log, "oversize"), 1) << log;
   EXPECT_EQ(Counted(log, "too many keys"), 1) << log;
   EXPECT_EQ(Counted(log, "too many parked pulls"), 1) << log;
+}
+
+// Resident memory of a process in MiB (from /proc), for the test's output.
+double RssMb(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+TEST(LimitsTest, RepliesToAPeerThatDoesNotReadAreDroppedNotBuffered) {
+  TempDir dir;
+  Cluster cluster(1, dir.path(), {"--max-queued-reply-mb=4"});
+  auto a = cluster.Connect("a");
+  ASSERT_TRUE(a);
+  auto t = a->CreateTable(Sgd1("big", 256, 1024));  // a whole-table pull answers 1 MiB
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  // 300 whole-table pulls (300 MiB of replies) from a peer that reads none of them.
+  zmq::context_t raw_ctx;
+  RawPeer raw(raw_ctx, cluster.endpoints()[0], /*slow_reader=*/true);
+  constexpr int kPulls = 300;
+  for (int i = 0; i < kPulls; ++i) raw.Send(MakePull(100 + i, t->shard_ids[0], Rows::Range(0, 256), 0, 0, 0));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto st = a->Stats();
+        return st.ok() && (*st)[0].pulls_served >= kPulls;
+      },
+      60s));
+  std::printf("shard RSS after %d unread 1 MiB replies: %.0f MiB\n", kPulls, RssMb(cluster.shard(0).pid()));
+
+  // The well-behaved client is still served.
+  std::vector<float> v(t->size());
+  EXPECT_TRUE(a->Pull(*t, v.data()).get().ok());
+  EXPECT_TRUE(a->Leave().ok());
+  a.reset();
+  cluster.shard(0).Signal(SIGTERM);
+  EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
+  std::string log = cluster.shard(0).ReadLog();
+  int64_t dropped = Counted(log, "replies dropped");
+  EXPECT_GE(dropped, kPulls / 2) << log;  // most of them: only a few MiB fit the queue and the socket buffers
+  EXPECT_NE(log.find("unread replies queued"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -43,6 +43,28 @@ zmq::message_t ToZmq(const Frame& f) {
   return zmq::message_t(const_cast<uint8_t*>(f.data()), f.size(), &ReleaseOwner, hint);
 }
 
+// A frame handed to ZeroMQ whose bytes count against its peer's queue until ZeroMQ has
+// written (or dropped) it: the free callback runs on a ZeroMQ I/O thread.
+struct CountedFrame {
+  std::shared_ptr<const void> owner;
+  std::shared_ptr<std::atomic<int64_t>> queued;
+  int64_t bytes;
+};
+
+void ReleaseCounted(void* /*data*/, void* hint) {
+  auto* c = static_cast<CountedFrame*>(hint);
+  c->queued->fetch_sub(c->bytes);
+  delete c;
+}
+
+zmq::message_t ToZmqCounted(const Frame& f, const std::shared_ptr<std::atomic<int64_t>>& queued) {
+  if (f.size() < 256) return zmq::message_t(f.data(), f.size());
+  Frame owned = f.owner() ? f : Frame::Copy(f.data(), f.size());
+  auto* hint = new CountedFrame{owned.owner(), queued, static_cast<int64_t>(owned.size())};
+  queued->fetch_add(hint->bytes);
+  return zmq::message_t(const_cast<uint8_t*>(owned.data()), owned.size(), &ReleaseCounted, hint);
+}
+
 // An eventfd that Wake() writes and the poll loop drains.
 class Waker {
  public:
@@ -325,17 +347,35 @@ class ZmqServer final : public ServerTransport {
   }
 
   Status Send(const PeerId& peer, Message message) override {
+    std::shared_ptr<std::atomic<int64_t>>& queued = queued_[peer];
+    if (!queued) queued = std::make_shared<std::atomic<int64_t>>(0);
+    if (options_.max_queued_bytes_per_peer > 0 && queued->load() > options_.max_queued_bytes_per_peer) {
+      // The peer does not read its replies: drop rather than buffer without bound. A
+      // client that resends after silence gets the answer once it reads again.
+      uint64_t n = ++replies_dropped_;
+      int64_t now = NowMs();
+      if (now - last_drop_log_ms_ >= 60000) {
+        last_drop_log_ms_ = now;
+        spdlog::warn("dropped a reply: the client already has {} bytes of unread replies queued (limit {}; {} replies "
+                     "dropped so far; logged at most once a minute)",
+                     queued->load(), options_.max_queued_bytes_per_peer, n);
+      }
+      return Status::Ok();
+    }
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
     parts.emplace_back(peer.data(), peer.size());
-    for (const Frame& f : message) parts.push_back(ToZmq(f));
-    return SendAll(socket_, parts);
+    for (const Frame& f : message) parts.push_back(ToZmqCounted(f, queued));
+    Status st = SendAll(socket_, parts);
+    if (queued_.size() > 4096) Sweep();
+    return st;
   }
 
   void Wake() override { waker_.Wake(); }
 
   TransportCounters counters() const override {
     TransportCounters c;
+    c.replies_dropped = replies_dropped_.load();
     c.auth_refused = zap_ ? zap_->refused() : 0;
     c.handshake_failed = handshake_failed_.load();
     return c;
@@ -367,8 +407,18 @@ class ZmqServer final : public ServerTransport {
     }
   }
 
+  // Forgets peers with nothing queued, so the map does not grow with every peer ever seen.
+  void Sweep() {
+    for (auto it = queued_.begin(); it != queued_.end();) {
+      it = it->second->load() == 0 && it->second.use_count() == 1 ? queued_.erase(it) : std::next(it);
+    }
+  }
+
   zmq::context_t& ctx_;
   ZmqOptions options_;
+  std::map<PeerId, std::shared_ptr<std::atomic<int64_t>>> queued_;  // reply bytes ZeroMQ still holds, per peer
+  std::atomic<uint64_t> replies_dropped_{0};
+  int64_t last_drop_log_ms_ = -60000;
   std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t socket_;
   std::unique_ptr<SocketMonitor> monitor_;

@@ -40,6 +40,7 @@ int Run(int argc, char** argv) {
   int64_t max_keys = int64_t{1} << 24;
   int64_t max_parked = 4096;
   std::string curve_keys;
+  int64_t max_queued_reply_mb = 1024;
   leash::Flags flags("leash-server", "Runs one Leash parameter-server shard.");
   flags.Int("shard", &shard, "index of this shard, 0..num-shards-1");
   flags.Int("num-shards", &num_shards, "number of shards in the job");
@@ -52,6 +53,8 @@ int Run(int argc, char** argv) {
   flags.String("nonfinite", &nonfinite, "pushes holding NaN/Inf: reject (the whole push) or skip-rows (apply the rest)");
   flags.Int("max-keys", &max_keys, "most keys one request may name");
   flags.Int("max-parked-per-peer", &max_parked, "most pulls one connection may have waiting for the staleness bound");
+  flags.Int("max-queued-reply-mb", &max_queued_reply_mb,
+            "replies queued for one connection that does not read them, in MiB, before further ones are dropped");
   flags.String("curve-keys", &curve_keys,
                "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients whose key is in "
                "DIR/authorized/");
@@ -75,7 +78,8 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (!lease_ms.ok() || !ckpt_ms.ok() || num_shards < 1 || shard < 0 || shard >= num_shards || *lease_ms < 10 ||
-      max_message_mb < 1 || max_keys < 1 || max_parked < 1) {
+      max_message_mb < 1 || max_keys < 1 || max_parked < 1 ||
+      max_queued_reply_mb < 1) {
     spdlog::error("bad flags: need 0 <= --shard < --num-shards, --lease-timeout >= 10ms, valid durations ({} {})",
                   lease_ms.status().ToString(), ckpt_ms.status().ToString());
     return 2;
@@ -123,6 +127,7 @@ int Run(int argc, char** argv) {
   leash::ZmqOptions zo;
   zo.max_message_bytes = static_cast<int64_t>(opts.max_message_bytes) * 2;
   zo.curve = curve;
+  zo.max_queued_bytes_per_peer = max_queued_reply_mb << 20;
   auto transport = leash::BindZmqServer(ctx, bind, zo);
   if (!transport.ok()) {
     spdlog::error("{}", transport.status().ToString());
@@ -153,9 +158,9 @@ int Run(int argc, char** argv) {
   auto tc = (*transport)->counters();
   const auto& sc = shard_obj.counters();
   spdlog::info("shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} oversize, {} too many keys, {} "
-               "too many parked pulls), {} CURVE keys refused, {} failed handshakes",
+               "too many parked pulls), {} CURVE keys refused, {} failed handshakes, {} replies dropped (unread queue)",
                shard, shard_obj.min_clock(), sc.limit_rejections, sc.oversize_rejections, sc.key_limit_rejections,
-               sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed);
+               sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed, tc.replies_dropped);
   return 0;
 }
 

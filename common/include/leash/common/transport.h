@@ -22,6 +22,7 @@ using PeerId = std::string;
 struct TransportCounters {
   uint64_t auth_refused = 0;       // CURVE clients whose key is not authorized (ZAP said no)
   uint64_t handshake_failed = 0;   // other failed handshakes (no CURVE, wrong server key)
+  uint64_t replies_dropped = 0;    // replies to a peer over its queue limit (it does not read)
 };
 
 struct Inbound {

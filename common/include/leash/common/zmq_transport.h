@@ -27,6 +27,9 @@ struct ZmqOptions {
   int reconnect_ivl_max_ms = 2000;
   // A connection whose ZMTP/CURVE handshake is not done within this long is dropped.
   int handshake_ivl_ms = 10000;
+  // A server drops (and counts) replies to a peer that already has this many bytes of
+  // replies queued and unread, instead of buffering without bound. 0: no limit.
+  int64_t max_queued_bytes_per_peer = 0;
   // CURVE security. A server (BindZmqServer) needs own and authorized: it becomes a
   // CURVE server and a ZAP handler in this process accepts only the authorized client
   // keys. A client (ConnectZmqClient) needs own and server_public_z85. Without it, plain
