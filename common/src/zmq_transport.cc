@@ -1,11 +1,20 @@
-// ZeroMQ transport adapter (cppzmq). Frames move zero-copy in both directions.
+// ZeroMQ transport adapter (cppzmq). Frames move zero-copy in both directions. Also
+// CurveZMQ: a shard's ZAP handler thread (which client keys are accepted) and the socket
+// monitors that turn silent handshake failures into counters, logs and client errors.
 #include "leash/common/zmq_transport.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <zmq.hpp>
 
 namespace leash {
@@ -34,6 +43,28 @@ zmq::message_t ToZmq(const Frame& f) {
   return zmq::message_t(const_cast<uint8_t*>(f.data()), f.size(), &ReleaseOwner, hint);
 }
 
+// A frame handed to ZeroMQ whose bytes count against its peer's queue until ZeroMQ has
+// written (or dropped) it: the free callback runs on a ZeroMQ I/O thread.
+struct CountedFrame {
+  std::shared_ptr<const void> owner;
+  std::shared_ptr<std::atomic<int64_t>> queued;
+  int64_t bytes;
+};
+
+void ReleaseCounted(void* /*data*/, void* hint) {
+  auto* c = static_cast<CountedFrame*>(hint);
+  c->queued->fetch_sub(c->bytes);
+  delete c;
+}
+
+zmq::message_t ToZmqCounted(const Frame& f, const std::shared_ptr<std::atomic<int64_t>>& queued) {
+  if (f.size() < 256) return zmq::message_t(f.data(), f.size());
+  Frame owned = f.owner() ? f : Frame::Copy(f.data(), f.size());
+  auto* hint = new CountedFrame{owned.owner(), queued, static_cast<int64_t>(owned.size())};
+  queued->fetch_add(hint->bytes);
+  return zmq::message_t(const_cast<uint8_t*>(owned.data()), owned.size(), &ReleaseCounted, hint);
+}
+
 // An eventfd that Wake() writes and the poll loop drains.
 class Waker {
  public:
@@ -55,8 +86,73 @@ class Waker {
   int fd_;
 };
 
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Z85 text of a 32-byte public key, for logs.
+std::string Z85(const void* key32) {
+  char out[41] = {0};
+  if (zmq_z85_encode(out, static_cast<const uint8_t*>(key32), 32) == nullptr) return "?";
+  return out;
+}
+
+// Watches one socket's connection and handshake events: zmq_socket_monitor publishes them
+// on an inproc PAIR that this object reads without blocking. Used by the thread that
+// polls the watched socket.
+class SocketMonitor {
+ public:
+  struct Event {
+    uint16_t event = 0;
+    uint32_t value = 0;
+  };
+
+  SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int events) {
+    static std::atomic<uint64_t> next{0};
+    std::string endpoint = "inproc://leash-monitor-" + std::to_string(::getpid()) + "-" + std::to_string(next++);
+    if (zmq_socket_monitor(watched.handle(), endpoint.c_str(), events) != 0) throw zmq::error_t();
+    pair_ = zmq::socket_t(ctx, zmq::socket_type::pair);
+    pair_.set(zmq::sockopt::linger, 0);
+    pair_.connect(endpoint);
+  }
+
+  void* handle() { return pair_.handle(); }
+
+  // The next event, if one is waiting.
+  std::optional<Event> Next() {
+    zmq::message_t head;
+    try {
+      if (!pair_.recv(head, zmq::recv_flags::dontwait)) return std::nullopt;
+      Event e;
+      if (head.size() >= 6) {
+        std::memcpy(&e.event, head.data(), 2);
+        std::memcpy(&e.value, static_cast<const char*>(head.data()) + 2, 4);
+      }
+      while (head.more()) {  // the endpoint frame
+        zmq::message_t rest;
+        if (!pair_.recv(rest, zmq::recv_flags::dontwait)) break;
+        head = std::move(rest);
+      }
+      return e;
+    } catch (const zmq::error_t&) {
+      return std::nullopt;
+    }
+  }
+
+ private:
+  zmq::socket_t pair_;
+};
+
 void ApplyOptions(zmq::socket_t& s, const ZmqOptions& o) {
   s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::handshake_ivl, o.handshake_ivl_ms);
   s.set(zmq::sockopt::sndhwm, o.send_hwm);
   s.set(zmq::sockopt::rcvhwm, o.recv_hwm);
   s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
@@ -95,14 +191,131 @@ Status SendAll(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
   }
 }
 
+// Answers ZAP requests (RFC 27) on inproc://zeromq.zap.01 for the CURVE server sockets
+// of its context: a client whose long-term public key is authorized gets 200, any other
+// 400. Runs its own thread; counters are atomics read by other threads.
+class ZapHandler {
+ public:
+  ZapHandler(zmq::context_t& ctx, const std::vector<AuthorizedKey>& authorized)
+      : socket_(ctx, zmq::socket_type::rep) {
+    for (const auto& k : authorized) {
+      uint8_t raw[32];
+      if (zmq_z85_decode(raw, k.public_z85.c_str()) != nullptr) allowed_[std::string(reinterpret_cast<char*>(raw), 32)] = k.name;
+    }
+    socket_.set(zmq::sockopt::linger, 0);
+  }
+
+  ~ZapHandler() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Start() {
+    try {
+      socket_.bind("inproc://zeromq.zap.01");
+    } catch (const zmq::error_t& e) {
+      return Internal(std::string("cannot start the CURVE authenticator (ZAP handler): ") + e.what() +
+                      " (only one CURVE server per ZmqContext)");
+    }
+    thread_ = std::thread([this] { Loop(); });
+    return Status::Ok();
+  }
+
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  void Loop() {
+    while (!stop_.load()) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      try {
+        zmq::poll(&item, 1, std::chrono::milliseconds(100));
+        if (!(item.revents & ZMQ_POLLIN)) continue;
+        std::vector<zmq::message_t> req;
+        if (!RecvAll(socket_, &req).ok()) continue;
+        Answer(req);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        if (e.num() != EINTR) spdlog::warn("CURVE authenticator: {}", e.what());
+      }
+    }
+  }
+
+  // Request frames: version, request id, domain, address, routing id, mechanism, then the
+  // credentials (for CURVE, the client's 32-byte public key).
+  void Answer(std::vector<zmq::message_t>& req) {
+    std::string request_id = req.size() > 1 ? req[1].to_string() : "";
+    std::string address = req.size() > 3 ? req[3].to_string() : "?";
+    std::string mechanism = req.size() > 5 ? req[5].to_string() : "";
+    std::string status = "400", text = "client key not authorized", user;
+    if (req.size() < 7 || req[0].to_string() != "1.0") {
+      text = "malformed ZAP request";
+      spdlog::warn("CURVE authenticator: malformed ZAP request ({} frames)", req.size());
+    } else if (mechanism != "CURVE" || req[6].size() != 32) {
+      text = "CURVE required";
+      ++refused_;
+      spdlog::warn("refused a {} connection from {}: this shard accepts only CURVE clients", mechanism, address);
+    } else {
+      std::string key = req[6].to_string();
+      auto it = allowed_.find(key);
+      if (it != allowed_.end()) {
+        status = "200";
+        text = "OK";
+        user = it->second;
+      } else {
+        uint64_t n = ++refused_;
+        // Once per key (a refused client keeps reconnecting), at most 1000 keys remembered.
+        if (logged_.size() < 1000 && logged_.insert(key).second) {
+          spdlog::warn("refused CURVE client key {} from {}: not in the authorized keys (refusal #{}; further "
+                       "attempts with this key are counted, not logged)",
+                       Z85(key.data()), address, n);
+        }
+      }
+    }
+    std::vector<zmq::message_t> reply;
+    reply.emplace_back(std::string("1.0"));
+    reply.emplace_back(request_id);
+    reply.emplace_back(status);
+    reply.emplace_back(text);
+    reply.emplace_back(user);
+    reply.emplace_back();
+    for (size_t i = 0; i < reply.size(); ++i) {
+      socket_.send(std::move(reply[i]), i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+
+  zmq::socket_t socket_;
+  std::map<std::string, std::string> allowed_;  // raw public key -> name
+  std::set<std::string> logged_;
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 class ZmqServer final : public ServerTransport {
  public:
-  ZmqServer(zmq::context_t& ctx, const ZmqOptions& o) : socket_(ctx, zmq::socket_type::router) {
+  ZmqServer(zmq::context_t& ctx, const ZmqOptions& o) : ctx_(ctx), options_(o), socket_(ctx, zmq::socket_type::router) {
     ApplyOptions(socket_, o);
+  }
+
+  ~ZmqServer() override {
+    monitor_.reset();
+    socket_.close();
+    zap_.reset();
   }
 
   Status Bind(const std::string& endpoint) {
     try {
+      if (options_.curve) {
+        LEASH_RETURN_IF_ERROR(CurveSupported());
+        // The authenticator must be up before the first client connects.
+        zap_ = std::make_unique<ZapHandler>(ctx_, options_.curve->authorized);
+        LEASH_RETURN_IF_ERROR(zap_->Start());
+        socket_.set(zmq::sockopt::curve_server, 1);
+        socket_.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_z85);
+        socket_.set(zmq::sockopt::zap_domain, "leash");
+      }
+      monitor_ = std::make_unique<SocketMonitor>(
+          ctx_, socket_, ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL);
       socket_.bind(endpoint);
     } catch (const zmq::error_t& e) {
       return Unavailable("cannot bind " + endpoint + ": " + e.what() +
@@ -112,14 +325,17 @@ class ZmqServer final : public ServerTransport {
   }
 
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) override {
-    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, waker_.fd(), ZMQ_POLLIN, 0}};
+    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                               {nullptr, waker_.fd(), ZMQ_POLLIN, 0},
+                               {monitor_->handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, timeout);
+      zmq::poll(items, 3, timeout);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) return std::optional<Inbound>();
       return FromZmq(e, "zmq poll");
     }
     if (items[1].revents & ZMQ_POLLIN) waker_.Drain();
+    if (items[2].revents & ZMQ_POLLIN) DrainMonitor();
     if (!(items[0].revents & ZMQ_POLLIN)) return std::optional<Inbound>();
     std::vector<zmq::message_t> parts;
     LEASH_RETURN_IF_ERROR(RecvAll(socket_, &parts));
@@ -131,28 +347,103 @@ class ZmqServer final : public ServerTransport {
   }
 
   Status Send(const PeerId& peer, Message message) override {
+    std::shared_ptr<std::atomic<int64_t>>& queued = queued_[peer];
+    if (!queued) queued = std::make_shared<std::atomic<int64_t>>(0);
+    if (options_.max_queued_bytes_per_peer > 0 && queued->load() > options_.max_queued_bytes_per_peer) {
+      // The peer does not read its replies: drop rather than buffer without bound. A
+      // client that resends after silence gets the answer once it reads again.
+      uint64_t n = ++replies_dropped_;
+      int64_t now = NowMs();
+      if (now - last_drop_log_ms_ >= 60000) {
+        last_drop_log_ms_ = now;
+        spdlog::warn("dropped a reply: the client already has {} bytes of unread replies queued (limit {}; {} replies "
+                     "dropped so far; logged at most once a minute)",
+                     queued->load(), options_.max_queued_bytes_per_peer, n);
+      }
+      return Status::Ok();
+    }
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
     parts.emplace_back(peer.data(), peer.size());
-    for (const Frame& f : message) parts.push_back(ToZmq(f));
-    return SendAll(socket_, parts);
+    for (const Frame& f : message) parts.push_back(ToZmqCounted(f, queued));
+    Status st = SendAll(socket_, parts);
+    if (queued_.size() > 4096) Sweep();
+    return st;
   }
 
   void Wake() override { waker_.Wake(); }
 
+  TransportCounters counters() const override {
+    TransportCounters c;
+    c.replies_dropped = replies_dropped_.load();
+    c.auth_refused = zap_ ? zap_->refused() : 0;
+    c.handshake_failed = handshake_failed_.load();
+    return c;
+  }
+
  private:
+  // Failed handshakes other than refused keys: a client without CURVE (or with CURVE
+  // against a plain shard), a wrong server key. Logged at most once a minute.
+  void DrainMonitor() {
+    while (auto e = monitor_->Next()) {
+      uint64_t n = ++handshake_failed_;
+      int64_t now = NowMs();
+      if (now - last_failure_log_ms_ < 60000) continue;
+      last_failure_log_ms_ = now;
+      std::string why;
+      if (e->event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && e->value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        why = options_.curve ? "a client without CURVE keys tried to connect (this shard requires --curve-keys)"
+                             : "a client with CURVE keys tried to connect (this shard runs without --curve-keys)";
+      } else if (e->event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && e->value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+        why = "a client's CURVE handshake failed to decrypt (does it use this cluster's server.pub?)";
+      } else if (e->event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        why = "protocol error " + Hex(e->value);
+      } else {
+        why = std::string("the connection broke during the handshake (") + zmq_strerror(static_cast<int>(e->value)) +
+              (options_.curve ? "): a client without CURVE keys, or with another cluster's server.pub?" : ")");
+      }
+      spdlog::warn("handshake with a client failed: {} ({} failed handshakes so far; logged at most once a minute)",
+                   why, n);
+    }
+  }
+
+  // Forgets peers with nothing queued, so the map does not grow with every peer ever seen.
+  void Sweep() {
+    for (auto it = queued_.begin(); it != queued_.end();) {
+      it = it->second->load() == 0 && it->second.use_count() == 1 ? queued_.erase(it) : std::next(it);
+    }
+  }
+
+  zmq::context_t& ctx_;
+  ZmqOptions options_;
+  std::map<PeerId, std::shared_ptr<std::atomic<int64_t>>> queued_;  // reply bytes ZeroMQ still holds, per peer
+  std::atomic<uint64_t> replies_dropped_{0};
+  int64_t last_drop_log_ms_ = -60000;
+  std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t socket_;
+  std::unique_ptr<SocketMonitor> monitor_;
   Waker waker_;
+  std::atomic<uint64_t> handshake_failed_{0};
+  int64_t last_failure_log_ms_ = -60000;
 };
 
 class ZmqClient final : public ClientTransport {
  public:
   ZmqClient(zmq::context_t& ctx, std::vector<std::string> endpoints, const ZmqOptions& o)
-      : ctx_(ctx), endpoints_(std::move(endpoints)), options_(o) {}
+      : ctx_(ctx), endpoints_(std::move(endpoints)), options_(o), health_(endpoints_.size()) {}
+
+  ~ZmqClient() override {
+    for (size_t i = 0; i < sockets_.size(); ++i) {
+      sockets_[i].reset();
+      monitors_[i].reset();
+    }
+  }
 
   Status Init() {
+    if (options_.curve) LEASH_RETURN_IF_ERROR(CurveSupported());
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       sockets_.emplace_back();
+      monitors_.emplace_back();
       LEASH_RETURN_IF_ERROR(Open(static_cast<int>(i)));
     }
     return Status::Ok();
@@ -169,9 +460,10 @@ class ZmqClient final : public ClientTransport {
 
   Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds timeout) override {
     std::vector<zmq::pollitem_t> items;
-    items.reserve(sockets_.size() + 1);
+    items.reserve(2 * sockets_.size() + 1);
     for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, waker_.fd(), ZMQ_POLLIN, 0});
+    for (auto& m : monitors_) items.push_back({m->handle(), 0, ZMQ_POLLIN, 0});
     // Serve shards round-robin so a busy shard cannot starve the others.
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
@@ -186,7 +478,10 @@ class ZmqClient final : public ClientTransport {
       if (e.num() == EINTR) return std::optional<std::pair<int, Message>>();
       return FromZmq(e, "zmq poll");
     }
-    if (items.back().revents & ZMQ_POLLIN) waker_.Drain();
+    if (items[sockets_.size()].revents & ZMQ_POLLIN) waker_.Drain();
+    for (size_t i = 0; i < monitors_.size(); ++i) {
+      if (items[sockets_.size() + 1 + i].revents & ZMQ_POLLIN) DrainMonitor(i);
+    }
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
       if (items[i].revents & ZMQ_POLLIN) {
@@ -201,17 +496,121 @@ class ZmqClient final : public ClientTransport {
 
   void Wake() override { waker_.Wake(); }
 
+  Status ShardHealth(int shard) const override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    const Health& h = health_.at(static_cast<size_t>(shard));
+    if (!h.failure.empty()) return Unavailable(h.failure);
+    // A CURVE server that cannot decrypt our HELLO (wrong server key) just closes the
+    // connection: connections that never finish the handshake are the only sign.
+    if (options_.curve && h.unsecured_since_ms >= 0 && NowMs() - h.unsecured_since_ms > kHandshakeGraceMs) {
+      return Unavailable(Describe(shard) + " did not complete the CURVE handshake within " +
+                         std::to_string(kHandshakeGraceMs / 1000) + " s of connecting: is " + KeyHint() +
+                         " in the shard's authorized keys, and is " + options_.curve->dir +
+                         "/server.pub the public key of the shards' server.key?");
+    }
+    return Status::Ok();
+  }
+
  private:
+  static constexpr int64_t kHandshakeGraceMs = 3000;
+
+  struct Health {
+    int64_t unsecured_since_ms = -1;  // first connection since the last good handshake
+    std::string failure;              // the last handshake failure, until one succeeds
+  };
+
+  std::string Describe(int shard) const {
+    return "shard " + std::to_string(shard) + " (" + endpoints_[static_cast<size_t>(shard)] + ")";
+  }
+
+  std::string KeyHint() const {
+    const CurveKeys& k = *options_.curve;
+    return "this client's public key (" + k.dir + "/" + k.own_name + ".pub)";
+  }
+
+  void DrainMonitor(size_t i) {
+    while (auto e = monitors_[i]->Next()) {
+      int shard = static_cast<int>(i);
+      std::string failure;
+      switch (e->event) {
+        case ZMQ_EVENT_CONNECTED: {
+          std::lock_guard<std::mutex> lock(health_mu_);
+          if (health_[i].unsecured_since_ms < 0) health_[i].unsecured_since_ms = NowMs();
+          continue;
+        }
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: {
+          std::lock_guard<std::mutex> lock(health_mu_);
+          health_[i] = Health{};
+          continue;
+        }
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+          failure = Describe(shard) + " did not complete the CURVE handshake: it refused this client's key (status " +
+                    std::to_string(e->value) + "). Is " + (options_.curve ? KeyHint() : std::string("this client's key")) +
+                    " in the shard's authorized keys (DIR/authorized/*.pub, see `leashctl keygen --client`)?";
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+          if (e->value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+            failure = options_.curve
+                          ? Describe(shard) + " does not use CURVE security: start the shards with --curve-keys "
+                                              "(LEASH_CURVE_KEYS) too, or run this client without it"
+                          : Describe(shard) + " requires CURVE security: pass --curve-keys DIR (or LEASH_CURVE_KEYS) "
+                                              "holding this client's key pair and the shards' server.pub";
+          } else {
+            failure = Describe(shard) + " did not complete the " + (options_.curve ? "CURVE " : "") +
+                      "handshake (protocol error " + Hex(e->value) + ")" +
+                      (options_.curve ? ": is " + options_.curve->dir + "/server.pub the shards' public key?"
+                                      : std::string());
+          }
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+          // Typically the shard closed the connection during the handshake.
+          failure = Describe(shard) + " did not complete the " + (options_.curve ? "CURVE " : "") + "handshake (" +
+                    zmq_strerror(static_cast<int>(e->value)) + "): " +
+                    (options_.curve ? "is " + KeyHint() + " in the shard's authorized keys, is " +
+                                          options_.curve->dir +
+                                          "/server.pub the shards' public key, and does the shard run with "
+                                          "--curve-keys?"
+                                    : std::string("if the shards use CURVE security, pass --curve-keys DIR (or "
+                                                  "LEASH_CURVE_KEYS) holding this client's key pair and the "
+                                                  "shards' server.pub"));
+          break;
+        default:
+          continue;
+      }
+      bool changed;
+      {
+        std::lock_guard<std::mutex> lock(health_mu_);
+        changed = health_[i].failure != failure;
+        health_[i].failure = failure;
+      }
+      if (changed) spdlog::warn("{}", failure);
+    }
+  }
+
   Status Open(int shard) {
     auto idx = static_cast<size_t>(shard);
     try {
       auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
       ApplyOptions(*s, options_);
+      if (options_.curve) {
+        s->set(zmq::sockopt::curve_serverkey, options_.curve->server_public_z85);
+        s->set(zmq::sockopt::curve_publickey, options_.curve->own.public_z85);
+        s->set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_z85);
+      }
+      auto m = std::make_unique<SocketMonitor>(
+          ctx_, *s,
+          ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
       s->connect(endpoints_[idx]);
       sockets_[idx] = std::move(s);
+      monitors_[idx] = std::move(m);
     } catch (const zmq::error_t& e) {
       return InvalidArgument("cannot connect to shard " + std::to_string(shard) + " at '" + endpoints_[idx] +
                              "': " + e.what() + " (expected tcp://HOST:PORT)");
+    }
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      health_[idx].unsecured_since_ms = -1;  // a failure seen before is kept until a handshake succeeds
     }
     return Status::Ok();
   }
@@ -229,6 +628,9 @@ class ZmqClient final : public ClientTransport {
   std::vector<std::string> endpoints_;
   ZmqOptions options_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
+  std::vector<std::unique_ptr<SocketMonitor>> monitors_;
+  mutable std::mutex health_mu_;
+  std::vector<Health> health_;  // guarded by health_mu_
   Waker waker_;
   size_t next_ = 0;
 };
@@ -251,6 +653,14 @@ Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx, const
   auto c = std::make_unique<ZmqClient>(ctx.get(), endpoints, options);
   LEASH_RETURN_IF_ERROR(c->Init());
   return std::unique_ptr<ClientTransport>(std::move(c));
+}
+
+bool IsLoopbackEndpoint(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0) return true;
+  auto scheme = endpoint.find("://");
+  std::string host = scheme == std::string::npos ? endpoint : endpoint.substr(scheme + 3);
+  if (auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "::1" || host == "lo";
 }
 
 }  // namespace leash

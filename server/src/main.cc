@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
 #include "leash/common/metrics.h"
@@ -43,6 +45,8 @@ int Run(int argc, char** argv) {
   int64_t max_keys = int64_t{1} << 24;
   int64_t max_parked = 4096;
   std::string metrics_bind;
+  std::string curve_keys;
+  int64_t max_queued_reply_mb = 1024;
   leash::Flags flags("leash-server", "Runs one Leash parameter-server shard.");
   flags.Int("shard", &shard, "index of this shard, 0..num-shards-1");
   flags.Int("num-shards", &num_shards, "number of shards in the job");
@@ -57,6 +61,11 @@ int Run(int argc, char** argv) {
   flags.Int("max-parked-per-peer", &max_parked, "most pulls one connection may have waiting for the staleness bound");
   flags.String("metrics-bind", &metrics_bind,
                "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
+  flags.Int("max-queued-reply-mb", &max_queued_reply_mb,
+            "replies queued for one connection that does not read them, in MiB, before further ones are dropped");
+  flags.String("curve-keys", &curve_keys,
+               "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients whose key is in "
+               "DIR/authorized/");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-server: %s\n", st.message().c_str());
@@ -77,7 +86,8 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (!lease_ms.ok() || !ckpt_ms.ok() || num_shards < 1 || shard < 0 || shard >= num_shards || *lease_ms < 10 ||
-      max_message_mb < 1 || max_keys < 1 || max_parked < 1) {
+      max_message_mb < 1 || max_keys < 1 || max_parked < 1 ||
+      max_queued_reply_mb < 1) {
     spdlog::error("bad flags: need 0 <= --shard < --num-shards, --lease-timeout >= 10ms, valid durations ({} {})",
                   lease_ms.status().ToString(), ckpt_ms.status().ToString());
     return 2;
@@ -95,6 +105,16 @@ int Run(int argc, char** argv) {
       return 1;
     }
     metrics_server = std::move(*m);
+  }
+
+  std::optional<leash::CurveKeys> curve;
+  if (!curve_keys.empty()) {
+    auto keys = leash::LoadCurveServerKeys(curve_keys);
+    if (!keys.ok()) {
+      spdlog::error("--curve-keys: {}", keys.status().message());
+      return 2;
+    }
+    curve = std::move(*keys);
   }
 
   leash::server::RocksDbStoreOptions so;
@@ -128,6 +148,8 @@ int Run(int argc, char** argv) {
   leash::ZmqContext ctx;
   leash::ZmqOptions zo;
   zo.max_message_bytes = static_cast<int64_t>(opts.max_message_bytes) * 2;
+  zo.curve = curve;
+  zo.max_queued_bytes_per_peer = max_queued_reply_mb << 20;
   auto transport = leash::BindZmqServer(ctx, bind, zo);
   if (!transport.ok()) {
     spdlog::error("{}", transport.status().ToString());
@@ -140,7 +162,16 @@ int Run(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  if (bind.find("127.0.0.1") != std::string::npos || bind.find("localhost") != std::string::npos) {
+  bool loopback = leash::IsLoopbackEndpoint(bind);
+  if (curve) {
+    spdlog::info("CURVE security on: traffic encrypted, {} authorized client key(s) from {}/authorized", curve->authorized.size(),
+                 curve_keys);
+  } else if (!loopback) {
+    spdlog::warn("listening on {} WITHOUT CURVE keys: traffic is unauthenticated and unencrypted, anyone who can reach "
+                 "this port can read and change the model; use --curve-keys DIR (leashctl keygen DIR)",
+                 bind);
+  }
+  if (loopback) {
     spdlog::info("bound to loopback only: other hosts cannot reach this shard (use --bind tcp://0.0.0.0:PORT for a cluster)");
   }
   spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})", shard, num_shards,
@@ -153,7 +184,12 @@ int Run(int argc, char** argv) {
     spdlog::error("shard stopped: {}", st.ToString());
     return 1;
   }
-  spdlog::info("shard {} stopped cleanly at clock {}", shard, shard_obj.min_clock());
+  auto tc = (*transport)->counters();
+  const auto& sc = shard_obj.counters();
+  spdlog::info("shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} oversize, {} too many keys, {} "
+               "too many parked pulls), {} CURVE keys refused, {} failed handshakes, {} replies dropped (unread queue)",
+               shard, shard_obj.min_clock(), sc.limit_rejections, sc.oversize_rejections, sc.key_limit_rejections,
+               sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed, tc.replies_dropped);
   return 0;
 }
 

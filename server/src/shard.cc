@@ -112,7 +112,11 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
   counters_.bytes_in += MessageBytes(message);
   Status st;
   uint64_t rid = 0;
+  bool oversize = false;
+  bool names_keys = false;  // a pull or push: the requests whose key lists --max-keys bounds
+  uint64_t parked_before = counters_.parked_limit_rejections;
   if (MessageBytes(message) > options_.max_message_bytes) {
+    oversize = true;
     rid = PeekRequestId(message);
     st = ResourceExhausted("message of " + std::to_string(MessageBytes(message)) + " bytes exceeds this shard's limit of " +
                            std::to_string(options_.max_message_bytes) + " bytes; split the request");
@@ -121,14 +125,23 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
     if (!env.ok()) {
       rid = PeekRequestId(message);
       st = env.status();
+      oversize = st.code() == StatusCode::kResourceExhausted;  // the header limit
     } else {
       rid = (*env)->request_id();
+      names_keys = (*env)->body_type() == wire::Body::Pull || (*env)->body_type() == wire::Body::Push;
       st = Dispatch(peer, *env, message, out);
     }
   }
   if (!st.ok()) {
     ++counters_.errors;
-    if (st.code() == StatusCode::kResourceExhausted) ++counters_.limit_rejections;
+    if (st.code() == StatusCode::kResourceExhausted) {
+      ++counters_.limit_rejections;
+      if (oversize) {
+        ++counters_.oversize_rejections;
+      } else if (names_keys && counters_.parked_limit_rejections == parked_before) {
+        ++counters_.key_limit_rejections;  // the only other limit a pull or push can exceed
+      }
+    }
     spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
     out->push_back({peer, MakeError(rid, st, options_.boot_id)});
   }
@@ -175,7 +188,8 @@ Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const wire::Register*
                     return std::make_pair(wire::Body::Welcome,
                                           wire::CreateWelcome(fbb, options_.shard, options_.num_shards, start,
                                                               static_cast<uint32_t>(options_.lease_ms),
-                                                              recovered_clock_, options_.boot_id)
+                                                              recovered_clock_, options_.boot_id,
+                                                              options_.max_message_bytes)
                                               .Union());
                   })});
   return Status::Ok();
@@ -257,6 +271,7 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std:
   }
   if (++parked_per_peer_[peer] > options_.max_parked_per_peer) {
     --parked_per_peer_[peer];
+    ++counters_.parked_limit_rejections;
     return ResourceExhausted("this connection already has " + std::to_string(options_.max_parked_per_peer) +
                              " pulls waiting for the staleness bound; wait for them before sending more");
   }

@@ -1,9 +1,11 @@
 // leashctl: operator tool for a running Leash cluster. `status` prints shards, live
-// workers and clocks; `checkpoint` makes every shard write a snapshot now.
+// workers and clocks; `checkpoint` makes every shard write a snapshot now; `keygen`
+// writes CURVE key pairs for --curve-keys.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
 #include "leash/common/zmq_transport.h"
@@ -69,35 +71,89 @@ int Status(leash::Client& client, bool json) {
   return 0;
 }
 
+// leashctl keygen DIR [--server] [--client NAME,...]: the server pair and client pairs,
+// each client authorized; with neither flag, the server pair and the shared "client".
+int Keygen(const std::string& dir, bool server, const std::string& clients) {
+  std::vector<std::string> names = leash::SplitList(clients);
+  if (!server && names.empty()) {
+    server = true;
+    names = {leash::kDefaultCurveClient};
+  }
+  auto make = [&](const std::string& name, bool authorize) {
+    bool created = false;
+    leash::Status st = leash::GenerateCurveKeyPair(dir, name, authorize, &created);
+    if (!st.ok()) {
+      std::fprintf(stderr, "leashctl keygen: %s\n", st.ToString().c_str());
+      return false;
+    }
+    std::printf("%s %s/%s.key and %s.pub%s\n", created ? "wrote" : "kept existing", dir.c_str(), name.c_str(),
+                name.c_str(), authorize ? (", authorized in " + dir + "/authorized/" + name + ".pub").c_str() : "");
+    return true;
+  };
+  if (server && !make("server", false)) return 1;
+  for (const auto& n : names) {
+    if (n == "server") {
+      std::fprintf(stderr, "leashctl keygen: 'server' is the shards' key pair, not a client name\n");
+      return 2;
+    }
+    if (!make(n, true)) return 1;
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   std::string servers = "tcp://127.0.0.1:7000";
   std::string log_level = "warn";
   int64_t timeout_s = 10;
   bool json = false;
-  leash::Flags flags("leashctl", "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked pulls, snapshots\n  checkpoint  make every shard write a snapshot now");
+  std::string curve_keys;
+  std::string curve_client = leash::kDefaultCurveClient;
+  bool keygen_server = false;
+  std::string keygen_clients;
+  leash::Flags flags("leashctl",
+                     "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked pulls, "
+                     "snapshots\n  checkpoint  make every shard write a snapshot now\n  keygen DIR  write CURVE key "
+                     "pairs into DIR (--server: the shards' pair; --client a,b: client pairs, authorized; neither: "
+                     "server and the shared 'client'); existing keys are kept");
   flags.String("servers", &servers, "comma-separated shard endpoints in shard order");
   flags.Int("timeout", &timeout_s, "seconds to wait for the shards");
   flags.Bool("json", &json, "print status as JSON");
+  flags.String("curve-keys", &curve_keys, "CURVE keys directory: talk to CURVE shards with DIR/<curve-client>.key");
+  flags.String("curve-client", &curve_client, "name of the key pair in --curve-keys to use (DIR/NAME.key)");
+  flags.Bool("server", &keygen_server, "keygen: write the shards' key pair DIR/server.key");
+  flags.String("client", &keygen_clients, "keygen: comma-separated client key pairs to write and authorize");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leashctl: %s\n", st.message().c_str());
     return 2;
   }
-  if (flags.help_requested() || flags.positional().size() != 1) {
+  const auto& pos = flags.positional();
+  bool keygen = !pos.empty() && pos[0] == "keygen";
+  if (flags.help_requested() || pos.size() != (keygen ? 2u : 1u)) {
     std::fputs(flags.Usage().c_str(), flags.help_requested() ? stdout : stderr);
     return flags.help_requested() ? 0 : 2;
   }
-  const std::string& cmd = flags.positional()[0];
+  const std::string& cmd = pos[0];
+  if (keygen) return Keygen(pos[1], keygen_server, keygen_clients);
   if (cmd != "status" && cmd != "checkpoint") {
-    std::fprintf(stderr, "leashctl: unknown command '%s' (use status or checkpoint)\n", cmd.c_str());
+    std::fprintf(stderr, "leashctl: unknown command '%s' (use status, checkpoint or keygen)\n", cmd.c_str());
     return 2;
   }
   if (auto st = leash::InitLogging("leashctl", log_level); !st.ok()) {
     std::fprintf(stderr, "leashctl: %s\n", st.message().c_str());
     return 2;
   }
+  leash::ZmqOptions zo;
+  if (!curve_keys.empty()) {
+    auto keys = leash::LoadCurveClientKeys(curve_keys, curve_client);
+    if (!keys.ok()) {
+      std::fprintf(stderr, "leashctl: --curve-keys: %s\n", keys.status().message().c_str());
+      return 2;
+    }
+    zo.curve = std::move(*keys);
+  }
   leash::ZmqContext ctx;
-  auto transport = leash::ConnectZmqClient(ctx, leash::SplitList(servers));
+  auto transport = leash::ConnectZmqClient(ctx, leash::SplitList(servers), zo);
   if (!transport.ok()) {
     std::fprintf(stderr, "leashctl: %s\n", transport.status().ToString().c_str());
     return 2;

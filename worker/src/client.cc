@@ -82,6 +82,8 @@ class Client::Impl {
 
   void Start() { io_ = std::thread([this] { Loop(); }); }
 
+  const ClientTransport& transport() const { return *transport_; }
+
   void Stop() {
     if (!io_.joinable()) return;
     stop_.store(true);
@@ -143,6 +145,8 @@ class Client::Impl {
 
   int num_shards() const { return n_; }
   bool needs_rejoin() const { return needs_rejoin_.load(); }
+  // The largest request `shard` accepts, from its Welcome. Thread-safe.
+  void NoteMaxMessage(int shard, uint64_t bytes) { max_message_bytes_[static_cast<size_t>(shard)].store(bytes); }
   // The clock this worker announced last (re-announced to a shard that restarts).
   void NoteClock(int64_t clock) { last_clock_.store(clock); }
   void clear_needs_rejoin() { needs_rejoin_.store(false); }
@@ -164,6 +168,13 @@ class Client::Impl {
       }
       int64_t now = NowMs();
       for (Request& r : batch) {
+        uint64_t limit = max_message_bytes_[static_cast<size_t>(r.shard)].load();
+        if (limit > 0 && r.op && Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
+          r.op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) + " bytes to shard " +
+                                           std::to_string(r.shard) + " exceeds the shard's limit of " +
+                                           std::to_string(limit) + " bytes (its --max-message-mb); split it"));
+          continue;
+        }
         if (inflight_per_shard_[r.shard]++ == 0) last_heard_[static_cast<size_t>(r.shard)] = now;
         ++requests_;
         SendNow(r);
@@ -326,6 +337,7 @@ class Client::Impl {
   std::atomic<uint64_t> hb_worker_{0};
   std::atomic<uint64_t> hb_incarnation_{0};
   std::atomic<int64_t> silence_ms_{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> max_message_bytes_{new std::atomic<uint64_t>[static_cast<size_t>(n_)]()};
   std::atomic<int64_t> hb_interval_ms_{0};
 
   std::atomic<uint64_t> bytes_sent_{0};
@@ -381,7 +393,15 @@ Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport>
 }
 
 Status Client::WaitForShards(std::future<Status>& fut, const std::vector<bool>& answered) {
-  if (fut.wait_for(std::chrono::milliseconds(options_.connect_timeout_ms)) != std::future_status::ready) {
+  // Polls, so that a shard the transport knows is refusing us (e.g. a refused CURVE key,
+  // which ZeroMQ reports only through its socket monitor) fails Connect at once.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    for (int s = 0; s < num_shards_; ++s) {
+      Status health = impl_->transport().ShardHealth(s);
+      if (!health.ok()) return health;
+    }
+    if (std::chrono::steady_clock::now() < deadline) continue;
     std::string missing;
     for (size_t s = 0; s < answered.size(); ++s) {
       if (!answered[s]) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
@@ -401,9 +421,10 @@ Status Client::Register() {
   auto fut = impl_->Submit(
       AllShards(n),
       [&](int, uint64_t rid, uint64_t) { return MakeRegister(rid, options_.worker_id, incarnation, options_.name); },
-      [starts, lease, answered, n](int shard, const wire::Envelope* env, const Message&) -> Status {
+      [starts, lease, answered, n, impl = impl_.get()](int shard, const wire::Envelope* env, const Message&) -> Status {
         const wire::Welcome* w = env->body_as_Welcome();
         if (w == nullptr) return Internal("shard answered Register without a Welcome");
+        impl->NoteMaxMessage(shard, w->max_message_bytes());
         if (static_cast<int>(w->num_shards()) != n || static_cast<int>(w->shard()) != shard) {
           return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
                                     std::to_string(w->shard()) + " of " + std::to_string(w->num_shards()) +

@@ -12,6 +12,7 @@
 #include <memory>
 #include <unistd.h>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
 #include "leash/common/metrics.h"
@@ -65,6 +66,8 @@ int Run(int argc, char** argv) {
   std::string metrics_out;
   std::string metrics_bind;
   std::string device = "auto";
+  std::string curve_keys;
+  std::string curve_client = leash::kDefaultCurveClient;
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
@@ -99,6 +102,9 @@ int Run(int argc, char** argv) {
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
   flags.String("metrics-bind", &metrics_bind,
                "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
+  flags.String("curve-keys", &curve_keys, "CURVE keys directory (leashctl keygen): encrypt and authenticate the "
+               "connections with this client's key pair and DIR/server.pub");
+  flags.String("curve-client", &curve_client, "name of this worker's key pair in --curve-keys (DIR/NAME.key)");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-worker: %s\n", st.message().c_str());
@@ -115,6 +121,16 @@ int Run(int argc, char** argv) {
   if (!local && servers.empty()) {
     spdlog::error("no shards given: set --servers (or LEASH_SERVERS), or use --local to train without a server");
     return 2;
+  }
+  leash::ZmqOptions zopts;
+  if (!curve_keys.empty() && !local) {
+    auto keys = leash::LoadCurveClientKeys(curve_keys, curve_client);
+    if (!keys.ok()) {
+      spdlog::error("--curve-keys: {}", keys.status().message());
+      return 2;
+    }
+    zopts.curve = std::move(*keys);
+    spdlog::info("CURVE security on: key pair '{}' from {}", curve_client, curve_keys);
   }
   if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || accumulate < 1 || !(lr > 0)) {
     spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1, "
@@ -215,7 +231,7 @@ int Run(int argc, char** argv) {
   if (local) {
     params = leash::worker::MakeLocalParams();
   } else {
-    auto transport = leash::ConnectZmqClient(zctx, leash::SplitList(servers));
+    auto transport = leash::ConnectZmqClient(zctx, leash::SplitList(servers), zopts);
     if (!transport.ok()) return Fail("--servers", transport.status());
     leash::ClientOptions co;
     co.name = name;

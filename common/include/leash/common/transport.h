@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,13 @@ namespace leash {
 
 // Opaque routing identity of a connected peer.
 using PeerId = std::string;
+
+// Connection-level events a transport counts (a shard's transport; zero elsewhere).
+struct TransportCounters {
+  uint64_t auth_refused = 0;       // CURVE clients whose key is not authorized (ZAP said no)
+  uint64_t handshake_failed = 0;   // other failed handshakes (no CURVE, wrong server key)
+  uint64_t replies_dropped = 0;    // replies to a peer over its queue limit (it does not read)
+};
 
 struct Inbound {
   PeerId peer;
@@ -32,6 +40,8 @@ class ServerTransport {
   virtual Status Send(const PeerId& peer, Message message) = 0;
   // Interrupts a Receive. Thread-safe.
   virtual void Wake() = 0;
+  // Thread-safe.
+  virtual TransportCounters counters() const { return {}; }
 };
 
 // A client's connections, one per shard (DEALER sockets in production).
@@ -46,6 +56,10 @@ class ClientTransport {
   virtual Status Reconnect(int shard) = 0;
   // Interrupts a Receive. Thread-safe.
   virtual void Wake() = 0;
+  // Why `shard` cannot be talked to, if the transport knows (e.g. the shard refused this
+  // client's CURVE key): an Unavailable status saying what to do; Ok if nothing is known
+  // to be wrong. Thread-safe.
+  virtual Status ShardHealth(int /*shard*/) const { return Status::Ok(); }
 };
 
 }  // namespace leash

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/transport.h"
 
 namespace zmq {
@@ -23,6 +25,16 @@ struct ZmqOptions {
   int recv_hwm = 10000;
   int reconnect_ivl_ms = 100;
   int reconnect_ivl_max_ms = 2000;
+  // A connection whose ZMTP/CURVE handshake is not done within this long is dropped.
+  int handshake_ivl_ms = 10000;
+  // A server drops (and counts) replies to a peer that already has this many bytes of
+  // replies queued and unread, instead of buffering without bound. 0: no limit.
+  int64_t max_queued_bytes_per_peer = 0;
+  // CURVE security. A server (BindZmqServer) needs own and authorized: it becomes a
+  // CURVE server and a ZAP handler in this process accepts only the authorized client
+  // keys. A client (ConnectZmqClient) needs own and server_public_z85. Without it, plain
+  // unauthenticated, unencrypted ZMTP.
+  std::optional<CurveKeys> curve;
 };
 
 // Shared ZeroMQ context. Thread-safe.
@@ -37,14 +49,22 @@ class ZmqContext {
 };
 
 // Binds a ROUTER to `endpoint` ("tcp://127.0.0.1:7000"). Returns Unavailable with the
-// endpoint in the message if it cannot bind (e.g. the port is taken).
+// endpoint in the message if it cannot bind (e.g. the port is taken). With options.curve,
+// also starts the ZAP handler thread (one CURVE server per ZmqContext): refused client
+// keys are logged (once per key) and counted in counters().
 Result<std::unique_ptr<ServerTransport>> BindZmqServer(ZmqContext& ctx, const std::string& endpoint,
                                                       const ZmqOptions& options = {});
 
 // Connects one DEALER to each endpoint; shard i is endpoints[i]. Connecting never
-// blocks: an unreachable shard shows up as requests that are not answered.
+// blocks: an unreachable shard shows up as requests that are not answered. Handshake
+// failures (a refused CURVE key, CURVE on one side only) are watched through a socket
+// monitor and reported by ShardHealth().
 Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
                                                          const std::vector<std::string>& endpoints,
                                                          const ZmqOptions& options = {});
+
+// True for endpoints only this host can reach: tcp:// on 127.x, localhost, ::1 or the
+// interface lo; ipc:// and inproc://. A shard warns when it listens elsewhere without CURVE.
+bool IsLoopbackEndpoint(const std::string& endpoint);
 
 }  // namespace leash

@@ -58,7 +58,10 @@ struct ShardCounters {
   uint64_t evictions = 0;
   uint64_t nonfinite_pushes = 0;      // pushes that held NaN or Inf
   uint64_t nonfinite_rows_skipped = 0;
-  uint64_t limit_rejections = 0;      // requests refused for exceeding a limit
+  uint64_t limit_rejections = 0;      // requests refused for exceeding a limit (the sum of the next three)
+  uint64_t oversize_rejections = 0;   // message or header over --max-message-mb / the header limit
+  uint64_t key_limit_rejections = 0;  // more keys than --max-keys
+  uint64_t parked_limit_rejections = 0;  // a connection over --max-parked-per-peer parked pulls
   uint64_t snapshots = 0;
   uint64_t snapshot_failures = 0;
   uint64_t bytes_in = 0;
