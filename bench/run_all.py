@@ -42,6 +42,7 @@ from common import leash as L  # noqa: E402
 from common.util import median, now, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
+ALL_PARTS = ("pushpull", "training", "stragglers", "durability")
 
 
 def log(msg):
@@ -395,7 +396,7 @@ def write_summary(a, c, res, plots, durations):
     if st:
         md += ["## 3. Stragglers", "",
                f"3 Leash workers + 1 shard, MLP, {st['epochs']} epoch(s); worker w2 runs with `--step-delay-factor 3` "
-               "(sleeps 2x its compute time after each step). Cluster samples/s: all workers' samples over the job's "
+               "(sleeps 2x each step's pull + compute time before the step's clock, so it iterates 3x slower). Cluster samples/s: all workers' samples over the job's "
                "wall time; accuracy and time to 85% from worker w0.", "",
                "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s) | final test accuracy |",
                "|---|---|---|---|---|---|"]
@@ -446,9 +447,10 @@ def make_plots(a, res):
                     continue
                 pts = [(p["elapsed_seconds"], p["test_accuracy"] * 100) for p in s["curve"] if p["test_accuracy"] is not None]
                 if pts:
-                    ax.plot([0] + [p[0] for p in pts], [10] + [p[1] for p in pts], marker="o", label=n)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
             ax.axhline(TARGET_ACC * 100, color="grey", ls="--", lw=1)
-            ax.set_xlabel("wall time since training started (s)")
+            ax.set_xlim(left=0)
+            ax.set_xlabel("wall time since training started (s); a point per epoch")
             ax.set_ylabel("test accuracy (%)")
             ax.set_ylim(bottom=max(0, min([70] + [p["test_accuracy"] * 100 - 2 for s in mres["systems"].values()
                                                   for p in s.get("curve", []) if p["test_accuracy"] is not None])))
@@ -535,7 +537,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="smoke run: small data, 1 repeat (a few minutes)")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", help="results directory (default bench/results, or bench/results/quick with --quick)")
-    p.add_argument("--parts", default="pushpull,training,stragglers,durability")
+    p.add_argument("--parts", default=",".join(ALL_PARTS),
+                   help="comma-separated; with a subset, the other parts' results in --out are kept")
     p.add_argument("--repeats", type=int, help="override the repeats of the training, straggler and durability parts")
     p.add_argument("--cnn-train-limit", type=int, help="CNN training samples (0: all 60000; full default 30000, "
                    "as one CNN epoch takes 3-4 min per system on 2 busy cores)")
@@ -563,8 +566,18 @@ def main():
     res = {"suite": "leash-bench", "quick": a.quick, "time": now(), "config": c, "nproc": os.cpu_count(),
            "errors": []}
     durations = {}
+    previous = os.path.join(a.out, "suite.json")
+    if set(parts) != set(ALL_PARTS) and os.path.exists(previous):
+        # A subset of the parts: the others keep their results from the last run here.
+        with open(previous) as f:
+            old = json.load(f)
+        if old.get("quick") == a.quick:
+            durations = {k: v for k, v in old.get("durations_seconds", {}).items() if k not in parts and k != "total"}
+            res.update({k: old[k] for k in ALL_PARTS if k in old and k not in parts})
+            res["errors"] = [e for e in old.get("errors", []) if e.split(":")[0] not in parts]
+            res["time"] = f"{old.get('time')} (re-run of {', '.join(parts)}: {res['time']})"
+            log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
-    t_all = time.monotonic()
     fns = {"pushpull": part_pushpull, "training": part_training, "stragglers": part_stragglers,
            "durability": part_durability}
     try:
@@ -585,7 +598,7 @@ def main():
             log(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    durations["total"] = time.monotonic() - t_all
+    durations["total"] = sum(v for k, v in durations.items() if k != "total")
     res["durations_seconds"] = durations
     write_json(os.path.join(a.out, "suite.json"), res)
     plots = make_plots(a, res)
