@@ -293,6 +293,13 @@ def fmt(v, spec=".0f", none="—"):
     return none if v is None else format(v, spec)
 
 
+def t85_median(entry):
+    """Median time to 85% over the runs that reached it, when at least half did."""
+    ts = entry.get("time_to_85_seconds") or []
+    reached = [t for t in ts if t is not None]
+    return median(reached) if reached and 2 * len(reached) >= len(ts) else None
+
+
 def targets(res):
     rows = []
     pp = res.get("pushpull")
@@ -326,7 +333,7 @@ def targets(res):
         r = a / b if a and b else None
         rows.append(("3x straggler: staleness 3 >= 2x the samples/s of staleness 0", fmt(r, ".2f") + "x",
                      *verdict(r, 2.0, True)))
-        t3, t0 = s3.get("median_time_to_85_seconds"), s0.get("median_time_to_85_seconds")
+        t3, t0 = t85_median(s3), t85_median(s0)
         if t3 is not None and t0 is not None:
             rows.append(("3x straggler: staleness 3 reaches 85% sooner than staleness 0",
                          f"{t3:.1f} s vs {t0:.1f} s", "PASS" if t3 < t0 else "MISS", f"{t3 / t0:.2f}x the time"))
@@ -337,8 +344,8 @@ def targets(res):
     du = res.get("durability")
     if du:
         r = du["summary"].get("10s", {}).get("over_off")
-        rows.append(("snapshots every 10 s cost <= 5% throughput", fmt(r and (1 - r) * 100, ".1f") + "% cost",
-                     *verdict(r, 0.95, True)))
+        cost = "—" if r is None else f"{(1 - r) * 100:.1f}% cost" if r <= 1 else f"no cost measured ({r:.2f}x of off)"
+        rows.append(("snapshots every 10 s cost <= 5% throughput", cost, *verdict(r, 0.95, True)))
     return rows
 
 
@@ -396,10 +403,11 @@ def write_summary(a, c, res, plots, durations):
     if st:
         md += ["## 3. Stragglers", "",
                f"3 Leash workers + 1 shard, MLP, {st['epochs']} epoch(s); worker w2 runs with `--step-delay-factor 3` "
-               "(sleeps 2x each step's pull + compute time before the step's clock, so it iterates 3x slower). Cluster samples/s: all workers' samples over the job's "
+               "(sleeps 2x each step's forward/backward time before the step's clock: its compute is 3x slower; its pulls and pushes are not). Cluster samples/s: all workers' samples over the job's "
                "wall time; accuracy and time to 85% from worker w0.", "",
-               "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s) | final test accuracy |",
-               "|---|---|---|---|---|---|"]
+               "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s) | final test accuracy | "
+               "samples trained by w0, w1, w2 (slow), per run |",
+               "|---|---|---|---|---|---|---|"]
         base = st["summary"].get("0", {}).get("median_samples_per_second")
         for s, v in st["summary"].items():
             if "error" in v:
@@ -409,8 +417,14 @@ def write_summary(a, c, res, plots, durations):
                       f"{fmt(base and v['median_samples_per_second'] / base, '.2f')}x | "
                       f"{', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
                       f"{', '.join(fmt(t, '.1f', 'not reached') for t in v['time_to_85_seconds'])} | "
-                      f"{fmt(v['median_final_test_accuracy'] and v['median_final_test_accuracy'] * 100, '.1f')}% |")
-        md.append("")
+                      f"{fmt(v['median_final_test_accuracy'] and v['median_final_test_accuracy'] * 100, '.1f')}% | "
+                      f"{'; '.join(str(x.get('samples_per_worker', '')) for x in st['runs'].get(s, []))} |")
+        md += ["", "The slow worker trains as many samples as the fast ones at every bound: under stale synchronous "
+               "parallel a worker may run at most s iterations ahead of the slowest, so with a *persistent* straggler "
+               "every worker advances at the straggler's iteration rate whatever s is; a bound >= 1 only saves the "
+               "fast workers' idle waiting per step and overlaps the pull with compute. A larger speedup needs the "
+               "straggler to do less work per clock (smaller batches, or shedding its data chunks), not a looser bound.",
+               ""]
     du = res.get("durability")
     if du:
         md += ["## 4. Durability cost", "",

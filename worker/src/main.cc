@@ -91,7 +91,7 @@ int Run(int argc, char** argv) {
   flags.Int("train-limit", &train_limit, "use only the first N training samples (0: all)");
   flags.Int("test-limit", &test_limit, "evaluate on only the first N test samples (0: all)");
   flags.Double("step-delay-factor", &step_delay_factor,
-               "straggler injection for benchmarks: sleep (factor-1) x each step's pull+compute time before its clock (1: none)");
+               "straggler injection for benchmarks: sleep (factor-1) x each step's compute time (1: none)");
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");

@@ -127,7 +127,7 @@ class Loop {
           batch = std::move(next);
           ++micro;
         }
-        InjectDelay(compute, Seconds(t0, Clock::now()));
+        InjectDelay(compute);
         return params_.EndIteration();
       }));
       acc.seconds += Seconds(t0, Clock::now());
@@ -138,14 +138,12 @@ class Loop {
   }
 
   // Counts the iteration's compute time and, with step_delay_factor > 1, sleeps
-  // (factor - 1) x the iteration so far (its pull and forward/backward, pushes sent)
-  // before the iteration's clock, as a machine `factor` times slower would: the others
-  // see its clock tick that much later.
-  void InjectDelay(double compute, double iteration) {
+  // (factor - 1) x as long before the iteration's clock, as a slower machine would.
+  void InjectDelay(double compute) {
     result_.compute_seconds += compute;
     if (!(o_.step_delay_factor > 1.0)) return;
     auto d0 = Clock::now();
-    std::this_thread::sleep_for(std::chrono::duration<double>((o_.step_delay_factor - 1.0) * iteration));
+    std::this_thread::sleep_for(std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
     result_.injected_delay_seconds += Seconds(d0, Clock::now());
   }
 

@@ -25,9 +25,9 @@ struct TrainOptions {
   uint64_t seed = 1;
   int64_t log_every = 100;    // steps between progress lines (0: none)
   bool evaluate = true;       // test accuracy after every epoch
-  // Straggler injection (benchmarks): after each iteration's pull and forward/backward,
-  // before its clock, sleep (factor - 1) x the time they took, so the worker iterates
-  // `factor` times slower. 1 (the default) injects nothing.
+  // Straggler injection (benchmarks): after each iteration's forward/backward, sleep
+  // (factor - 1) x the time they took, so the worker computes `factor` times slower.
+  // 1 (the default) injects nothing.
   double step_delay_factor = 1.0;
   std::string label;          // prefix of progress lines, e.g. "worker 0"
 };
