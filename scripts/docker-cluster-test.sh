@@ -7,7 +7,11 @@
 #      expires and the shards evict it),
 #   3. restarts shard1 (it must recover its snapshot and the job must go on);
 # after each step `leashctl status --json` (run in the shard0 container, on the cluster's
-# internal network) must show the expected number of live workers on every shard. Then
+# internal network) must show the expected number of live workers on every shard. With 2
+# and with 4 workers the shards' Prometheus metrics, scraped from the host on their
+# published loopback ports (127.0.0.1:9100 and :9101, with bash's /dev/tcp), must say the
+# same (leash_shard_live_workers), and a worker's own metrics (scraped inside its
+# container) must show it training (leash_worker_samples_per_second > 0). Then
 # the job must finish with the final test accuracy of the surviving worker >= the MLP
 # target. `docker-compose down -v` runs on every exit and the test fails if any
 # container, network or volume of its project is left behind.
@@ -19,7 +23,8 @@
 # Environment: LEASH_TEST_EPOCHS (40: the job must outlast the steps above; full
 #   Fashion-MNIST, staleness 2), LEASH_TEST_MIN_ACCURACY (0.85), LEASH_TEST_LEASE (3s),
 #   LEASH_COMPOSE (docker-compose; `docker compose` also works), LEASH_SKIP_BUILD=1 to use
-#   the leash:latest there is, LEASH_IMAGE (leash:latest).
+#   the leash:latest there is, LEASH_IMAGE (leash:latest), LEASH_SHARD0_METRICS_PORT and
+#   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101).
 # Exit status 77 (a skip for ctest) when Docker cannot be used here (not root, no daemon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +35,7 @@ EPOCHS=${LEASH_TEST_EPOCHS:-40}
 MIN_ACC=${LEASH_TEST_MIN_ACCURACY:-0.85}
 LEASE=${LEASH_TEST_LEASE:-3s}
 IMAGE=${LEASH_IMAGE:-leash:latest}
+METRICS_PORTS=("${LEASH_SHARD0_METRICS_PORT:-9100}" "${LEASH_SHARD1_METRICS_PORT:-9101}")
 read -r -a COMPOSE_CMD <<<"${LEASH_COMPOSE:-docker-compose}"
 PROJECT="leashtest$(date +%s)$$"
 COMPOSE=("${COMPOSE_CMD[@]}" -p "$PROJECT" -f "$ROOT/docker/docker-compose.yml")
@@ -70,7 +76,8 @@ note "image sizes: $IMAGE $(mb "$IMAGE"), debian:bookworm $(mb debian:bookworm),
 export LEASH_IMAGE=$IMAGE LEASH_EPOCHS=$EPOCHS LEASH_LEASE_TIMEOUT=$LEASE LEASH_CHECKPOINT_INTERVAL=2s \
   LEASH_STALENESS=2 LEASH_BATCH=64 LEASH_LR=0.01 LEASH_OPTIMIZER=momentum LEASH_CHUNK_SIZE=1024 \
   LEASH_THREADS=1 LEASH_WIRE_DTYPE=fp32 LEASH_DEVICE=cpu LEASH_TRAIN_LIMIT=0 LEASH_TEST_LIMIT=0 \
-  LEASH_LOG_EVERY=500 LEASH_LOG_LEVEL=info LEASH_CONNECT_TIMEOUT=120
+  LEASH_LOG_EVERY=500 LEASH_LOG_LEVEL=info LEASH_CONNECT_TIMEOUT=120 LEASH_METRICS_BIND=0.0.0.0:9100 \
+  LEASH_SHARD0_METRICS_PORT=${METRICS_PORTS[0]} LEASH_SHARD1_METRICS_PORT=${METRICS_PORTS[1]}
 
 cleanup() {
   local rc=$?
@@ -192,6 +199,52 @@ job_running() {
   log "job at epoch $epochs_done/$total, min clock $(query "s[0]['min_clock']")"
 }
 worker_ids() { "${COMPOSE[@]}" ps -q worker | sort; }
+# The body of GET http://127.0.0.1:PORT/metrics from the host, with bash's /dev/tcp (no
+# curl needed); fails when nothing answers.
+scrape() {
+  local fd
+  { exec {fd}<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&"$fd"
+  timeout 5 cat <&"$fd" | tr -d '\r' | sed '1,/^$/d'
+  exec {fd}<&-
+}
+# metric NAME: the value of the sample NAME (any labels) in the scrape on stdin.
+# (It reads all of its input, so that nothing upstream dies of SIGPIPE under pipefail.)
+metric() { awk -v n="$1" '!found && ($1 == n || index($1, n "{") == 1) { print $2; found = 1 }'; }
+# Waits up to 15 s until both shards' metrics, scraped from the host, say N live workers
+# (the gauges follow the shard's state within one turn of its loop).
+metrics_live_is() {
+  local n=$1 t0 i v
+  t0=$(now)
+  for i in 0 1; do
+    until v=$(scrape "${METRICS_PORTS[$i]}" | metric leash_shard_live_workers) && [[ "$v" == "$n" ]]; do
+      if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 15) }'; then
+        scrape "${METRICS_PORTS[$i]}" | grep '^leash_shard_' | sed 's/^/  /' >&2 || true
+        fail "shard $i's metrics on 127.0.0.1:${METRICS_PORTS[$i]} say ${v:-nothing} live workers, expected $n"
+      fi
+      sleep 0.2
+    done
+  done
+  note "metrics from the host: leash_shard_live_workers $n on 127.0.0.1:${METRICS_PORTS[0]} and :${METRICS_PORTS[1]} (shard1 min clock $(scrape "${METRICS_PORTS[1]}" | metric leash_shard_min_clock), shard0 pushes $(scrape "${METRICS_PORTS[0]}" | metric leash_shard_pushes_total))"
+}
+# Waits up to 30 s until a worker's own metrics, scraped inside its container (workers
+# publish no port), show it training.
+worker_metrics_ok() {
+  local body="" sps="" t0
+  t0=$(now)
+  while :; do
+    body=$(docker exec "$1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9100 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && timeout 5 cat <&3' 2>/dev/null |
+      tr -d '\r' | sed '1,/^$/d') || body=""
+    sps=$(metric leash_worker_samples_per_second <<<"$body")
+    awk -v v="${sps:-0}" 'BEGIN { exit !(v > 0) }' && break
+    if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 30) }'; then
+      fail "worker ${1:0:12}: leash_worker_samples_per_second is ${sps:-missing} in its metrics"
+    fi
+    sleep 0.5
+  done
+  note "worker ${1:0:12} metrics (in its container): $(printf '%.0f' "$sps") samples/s, loss $(metric leash_worker_loss <<<"$body"), clock $(metric leash_worker_clock <<<"$body")"
+}
+
 # The clock a worker registered at, from its log.
 start_clock() {
   docker logs "$1" 2>&1 | sed -n 's/.*registered with .* starting at clock \([0-9]*\).*/\1/p' | tail -n 1
@@ -234,6 +287,8 @@ waits 120 "a first training step" "max([w['clock'] for w in s[0]['workers']] or 
 note "up -> first training step (a worker clock >= 1 on shard 0): $WAITED s"
 waits 60 "2 live workers" "$(live_is 2)" "$T_UP"
 note "up -> 2 live workers on every shard: $WAITED s"
+metrics_live_is 2
+worker_metrics_ok "$(worker_ids | head -n 1)"
 
 # -------------------------------------------------------------- scale up to 4 workers
 job_running
@@ -243,6 +298,7 @@ T_STEP=$(now)
 note "scale 2 -> 4: up returned after $(since "$T_STEP") s"
 waits 120 "4 live workers" "$(live_is 4)" "$T_STEP"
 note "scale 2 -> 4: 4 live workers on every shard after $WAITED s"
+metrics_live_is 4
 mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
 ((${#new[@]} == 2)) || fail "expected 2 new worker containers, found ${#new[@]}"
 measure_joins "${new[@]}"

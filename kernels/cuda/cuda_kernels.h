@@ -35,6 +35,29 @@ Status CopyToDevice(State& s, void* dst, const void* src_host, size_t bytes);
 // Returns once the bytes are in host memory.
 Status CopyToHost(State& s, void* dst_host, const void* src, size_t bytes);
 
+// Page-locked host memory (cudaMallocHost) for async copies to GPU `s.device`.
+Result<void*> AllocatePinned(State& s, size_t bytes);
+// Frees memory from AllocatePinned; errors go to stderr (called from destructors).
+void FreePinned(void* ptr) noexcept;
+
+// A second stream for host -> device copies beside a State's compute stream, and the two
+// events that order them: `copied` (compute waits for the copies) and `consumed` (copies
+// wait for the compute). One thread at a time, with its State, which must outlive it.
+struct CopyQueue;
+struct CopyQueueDeleter {
+  void operator()(CopyQueue* queue) const;
+};
+using CopyQueuePtr = std::unique_ptr<CopyQueue, CopyQueueDeleter>;
+Result<CopyQueuePtr> CreateCopyQueue(State& s);
+// cudaMemcpyAsync on the copy stream; returns at once for a pinned source.
+Status QueueCopy(State& s, CopyQueue& q, void* dst, const void* src_host, size_t bytes);
+// The compute stream waits (on the device) for the copies queued so far.
+Status ComputeWaitsForCopies(State& s, CopyQueue& q);
+// Later copies wait (on the device) for the work queued on the compute stream so far.
+Status CopiesWaitForCompute(State& s, CopyQueue& q);
+// Blocks until the copies queued so far are done.
+Status SynchronizeCopies(State& s, CopyQueue& q);
+
 Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             const float* b, float beta, float* c);
 Status BiasAdd(State& s, int64_t rows, int64_t cols, const float* bias, float* y);

@@ -106,4 +106,77 @@ Status CopyToHost(State& s, void* dst_host, const void* src, size_t bytes) {
   return FromCuda(cudaStreamSynchronize(s.stream), "waiting for a copy from cuda:" + std::to_string(s.device));
 }
 
+Result<void*> AllocatePinned(State& s, size_t bytes) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  void* p = nullptr;
+  LEASH_RETURN_IF_ERROR(FromCuda(cudaMallocHost(&p, bytes), "allocating " + std::to_string(bytes) +
+                                                                 " bytes of pinned host memory for cuda:" +
+                                                                 std::to_string(s.device)));
+  return p;
+}
+
+void FreePinned(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  cudaError_t e = cudaFreeHost(ptr);
+  if (e != cudaSuccess) std::fprintf(stderr, "leash: freeing pinned host memory failed: %s\n", cudaGetErrorString(e));
+}
+
+struct CopyQueue {
+  CopyQueue() = default;
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+  ~CopyQueue() {
+    // Errors here have nobody to go to; the process is at worst leaking a handle.
+    cudaSetDevice(device);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (copied != nullptr) cudaEventDestroy(copied);
+    if (consumed != nullptr) cudaEventDestroy(consumed);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t copied = nullptr;
+  cudaEvent_t consumed = nullptr;
+};
+
+void CopyQueueDeleter::operator()(CopyQueue* queue) const { delete queue; }
+
+Result<CopyQueuePtr> CreateCopyQueue(State& s) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  CopyQueuePtr q(new (std::nothrow) CopyQueue);
+  if (q == nullptr) return ResourceExhausted("out of host memory creating a copy stream");
+  q->device = s.device;
+  LEASH_RETURN_IF_ERROR(
+      FromCuda(cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking), "creating a copy stream" + On(s.device)));
+  // Timing off: these events only order the two streams, and are cheaper without it.
+  LEASH_RETURN_IF_ERROR(
+      FromCuda(cudaEventCreateWithFlags(&q->copied, cudaEventDisableTiming), "creating an event" + On(s.device)));
+  LEASH_RETURN_IF_ERROR(
+      FromCuda(cudaEventCreateWithFlags(&q->consumed, cudaEventDisableTiming), "creating an event" + On(s.device)));
+  return Result<CopyQueuePtr>(std::move(q));
+}
+
+Status QueueCopy(State& s, CopyQueue& q, void* dst, const void* src_host, size_t bytes) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  return FromCuda(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, q.stream),
+                  "queueing a copy of " + std::to_string(bytes) + " bytes to cuda:" + std::to_string(s.device));
+}
+
+Status ComputeWaitsForCopies(State& s, CopyQueue& q) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  LEASH_RETURN_IF_ERROR(FromCuda(cudaEventRecord(q.copied, q.stream), "recording the copies" + On(s.device)));
+  return FromCuda(cudaStreamWaitEvent(s.stream, q.copied, 0), "ordering compute after the copies" + On(s.device));
+}
+
+Status CopiesWaitForCompute(State& s, CopyQueue& q) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  LEASH_RETURN_IF_ERROR(FromCuda(cudaEventRecord(q.consumed, s.stream), "recording the compute" + On(s.device)));
+  return FromCuda(cudaStreamWaitEvent(q.stream, q.consumed, 0), "ordering copies after the compute" + On(s.device));
+}
+
+Status SynchronizeCopies(State& s, CopyQueue& q) {
+  LEASH_RETURN_IF_ERROR(Activate(s));
+  return FromCuda(cudaStreamSynchronize(q.stream), "waiting for the copies to cuda:" + std::to_string(s.device));
+}
+
 }  // namespace leash::kernels::cuda

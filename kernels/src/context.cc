@@ -311,6 +311,134 @@ Status DeviceArray<T>::CopyToHost(Context& ctx, T* dst_host, size_t count, size_
 template class DeviceArray<int32_t>;
 template class DeviceArray<uint16_t>;
 
+// ---- PinnedHostBuffer ----
+
+Result<PinnedHostBuffer> PinnedHostBuffer::Allocate(Context& ctx, size_t bytes) {
+  PinnedHostBuffer b;
+  b.device_ = ctx.device();
+  b.bytes_ = bytes;
+  if (bytes == 0) return b;
+  switch (ctx.device().type) {
+    case DeviceType::kCpu:
+      b.data_ = std::malloc(bytes);
+      if (b.data_ == nullptr) return ResourceExhausted("out of host memory allocating " + Bytes(bytes));
+      return b;
+    case DeviceType::kCuda: {
+      LEASH_ASSIGN_OR_RETURN(b.data_, internal::OnCuda<Result<void*>>(
+                                          ctx, [&](auto& s) { return cuda::AllocatePinned(s, bytes); }));
+      return b;
+    }
+  }
+  return InvalidArgument("unknown device type");
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() { Release(); }
+
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void PinnedHostBuffer::Release() {
+  if (data_ != nullptr) {
+    switch (device_.type) {
+      case DeviceType::kCpu:
+        std::free(data_);
+        break;
+      case DeviceType::kCuda:
+#if LEASH_WITH_CUDA
+        cuda::FreePinned(data_);
+#endif
+        break;
+    }
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+// ---- CopyStream ----
+
+namespace {
+
+Status CheckQueuedCopy(const void* dst, const void* src_host, size_t bytes) {
+  if (bytes > 0 && (dst == nullptr || src_host == nullptr)) {
+    return InvalidArgument(std::string("CopyStream::CopyToDevice: ") + (dst == nullptr ? "the destination" : "the source") +
+                           " of a " + Bytes(bytes) + " copy is null");
+  }
+  return Status::Ok();
+}
+
+// On the CPU the "device" is host memory and every kernel has finished when it returns.
+class CpuCopyStream final : public CopyStream {
+ public:
+  Status CopyToDevice(void* dst_device, const void* src_host, size_t bytes) override {
+    LEASH_RETURN_IF_ERROR(CheckQueuedCopy(dst_device, src_host, bytes));
+    if (bytes > 0) std::memcpy(dst_device, src_host, bytes);
+    return Status::Ok();
+  }
+  Status ContextWaitsForCopies() override { return Status::Ok(); }
+  Status CopiesWaitForContext() override { return Status::Ok(); }
+  Status Synchronize() override { return Status::Ok(); }
+};
+
+#if LEASH_WITH_CUDA
+class CudaCopyStream final : public CopyStream {
+ public:
+  CudaCopyStream(Context& ctx, cuda::CopyQueuePtr queue) : ctx_(ctx), queue_(std::move(queue)) {}
+  Status CopyToDevice(void* dst_device, const void* src_host, size_t bytes) override {
+    LEASH_RETURN_IF_ERROR(CheckQueuedCopy(dst_device, src_host, bytes));
+    if (bytes == 0) return Status::Ok();
+    return internal::OnCuda(ctx_, [&](auto& s) { return cuda::QueueCopy(s, *queue_, dst_device, src_host, bytes); });
+  }
+  Status ContextWaitsForCopies() override {
+    return internal::OnCuda(ctx_, [&](auto& s) { return cuda::ComputeWaitsForCopies(s, *queue_); });
+  }
+  Status CopiesWaitForContext() override {
+    return internal::OnCuda(ctx_, [&](auto& s) { return cuda::CopiesWaitForCompute(s, *queue_); });
+  }
+  Status Synchronize() override {
+    return internal::OnCuda(ctx_, [&](auto& s) { return cuda::SynchronizeCopies(s, *queue_); });
+  }
+
+ private:
+  Context& ctx_;
+  cuda::CopyQueuePtr queue_;
+};
+#endif
+
+}  // namespace
+
+Result<std::unique_ptr<CopyStream>> CopyStream::Create(Context& ctx) {
+  switch (ctx.device().type) {
+    case DeviceType::kCpu:
+      return std::unique_ptr<CopyStream>(std::make_unique<CpuCopyStream>());
+    case DeviceType::kCuda:
+#if LEASH_WITH_CUDA
+      return internal::OnCuda<Result<std::unique_ptr<CopyStream>>>(
+          ctx, [&](auto& s) -> Result<std::unique_ptr<CopyStream>> {
+            LEASH_ASSIGN_OR_RETURN(cuda::CopyQueuePtr queue, cuda::CreateCopyQueue(s));
+            return std::unique_ptr<CopyStream>(std::make_unique<CudaCopyStream>(ctx, std::move(queue)));
+          });
+#else
+      return internal::NoCuda();
+#endif
+  }
+  return InvalidArgument("unknown device type");
+}
+
 Status CopyInt32FromHost(Context& ctx, const int32_t* src_host, size_t count, int32_t* dst) {
   if (count == 0) return Status::Ok();
   if (src_host == nullptr || dst == nullptr) {

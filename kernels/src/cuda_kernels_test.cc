@@ -344,6 +344,34 @@ TEST_F(CudaKernelsTest, BuffersRoundTripAndRejectTheWrongContext) {
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
+// A copy queued from pinned memory on the copy stream, then a kernel on the context that
+// the copy must precede (ContextWaitsForCopies), then the next copy into the same buffer
+// that must wait for that kernel (CopiesWaitForContext): the results show both orders held.
+TEST_F(CudaKernelsTest, CopyStreamIsOrderedAgainstTheContextByEvents) {
+  const size_t n = 1 << 20;  // big enough that an unordered copy would be caught mid-way
+  auto pinned = PinnedHostBuffer::Allocate(gpu(), n * sizeof(float));
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  auto copies = CopyStream::Create(gpu());
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  auto x = Buffer::Allocate(gpu(), n);
+  auto y = Buffer::Allocate(gpu(), n);
+  ASSERT_TRUE(x.ok() && y.ok());
+  auto* host = static_cast<float*>(pinned->data());
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 7) - 3.f;
+  ASSERT_TRUE((*copies)->CopyToDevice(x->data(), host, n * sizeof(float)).ok());
+  ASSERT_TRUE((*copies)->ContextWaitsForCopies().ok());
+  ASSERT_TRUE(Relu(gpu(), static_cast<int64_t>(n), x->data(), y->data()).ok());
+  ASSERT_TRUE((*copies)->CopiesWaitForContext().ok());
+  ASSERT_TRUE((*copies)->Synchronize().ok());
+  for (size_t i = 0; i < n; ++i) host[i] = -1.f;
+  ASSERT_TRUE((*copies)->CopyToDevice(x->data(), host, n * sizeof(float)).ok());
+  ASSERT_TRUE((*copies)->Synchronize().ok());
+  const auto relu = Download(*y);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(relu[i], std::max(static_cast<float>(i % 7) - 3.f, 0.f)) << i;
+  EXPECT_EQ(Download(*x), std::vector<float>(n, -1.f));
+  EXPECT_EQ((*copies)->CopyToDevice(nullptr, host, 4).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaKernelsTest, MissingGpuIndexIsUnavailable) {
   auto ctx = Context::Create(Device{DeviceType::kCuda, CudaDeviceCount()});
   EXPECT_EQ(ctx.status().code(), StatusCode::kUnavailable) << ctx.status();

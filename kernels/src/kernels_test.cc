@@ -112,6 +112,27 @@ using KernelsHalfTest = CpuKernelsTest;
 
 // ---------------------------------------------------------------- ops vs reference
 
+TEST_F(KernelsDeviceTest, CpuCopyStreamCopiesAtOnceAndPinnedMemoryIsPlain) {
+  auto pinned = PinnedHostBuffer::Allocate(ctx(), 64 * sizeof(float));
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_EQ(pinned->bytes(), 64 * sizeof(float));
+  auto* src = static_cast<float*>(pinned->data());
+  for (int i = 0; i < 64; ++i) src[i] = static_cast<float>(i);
+  auto copies = CopyStream::Create(ctx());
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  auto dst = Buffer::Allocate(ctx(), 64);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE((*copies)->CopyToDevice(dst->data(), src, 64 * sizeof(float)).ok());
+  ASSERT_TRUE((*copies)->ContextWaitsForCopies().ok());
+  ASSERT_TRUE((*copies)->CopiesWaitForContext().ok());
+  ASSERT_TRUE((*copies)->Synchronize().ok());
+  EXPECT_EQ(std::vector<float>(dst->data(), dst->data() + 64), std::vector<float>(src, src + 64));
+  EXPECT_EQ((*copies)->CopyToDevice(dst->data(), nullptr, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*copies)->CopyToDevice(nullptr, nullptr, 0).ok());
+  PinnedHostBuffer moved = std::move(pinned).value();
+  EXPECT_EQ(moved.bytes(), 64 * sizeof(float));
+}
+
 TEST_F(CpuKernelsTest, GemmMatchesReferenceForEveryTransposeAndOddSizes) {
   struct Shape {
     int64_t m, n, k;

@@ -1,17 +1,22 @@
 // leash-server: runs one parameter-server shard on a ZeroMQ ROUTER, with its tables
-// persisted in RocksDB under --data-dir. SIGTERM/SIGINT: final snapshot, then exit 0.
+// persisted in RocksDB under --data-dir, and (with --metrics-bind) its Prometheus metrics
+// on HTTP. SIGTERM/SIGINT: final snapshot, then exit 0.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
+#include "leash/common/metrics.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/server/rocksdb_store.h"
 #include "leash/server/shard.h"
+#include "leash/server/shard_metrics.h"
 
 namespace {
 
@@ -37,6 +42,7 @@ int Run(int argc, char** argv) {
   std::string nonfinite = "reject";
   int64_t max_keys = int64_t{1} << 24;
   int64_t max_parked = 4096;
+  std::string metrics_bind;
   leash::Flags flags("leash-server", "Runs one Leash parameter-server shard.");
   flags.Int("shard", &shard, "index of this shard, 0..num-shards-1");
   flags.Int("num-shards", &num_shards, "number of shards in the job");
@@ -49,6 +55,8 @@ int Run(int argc, char** argv) {
   flags.String("nonfinite", &nonfinite, "pushes holding NaN/Inf: reject (the whole push) or skip-rows (apply the rest)");
   flags.Int("max-keys", &max_keys, "most keys one request may name");
   flags.Int("max-parked-per-peer", &max_parked, "most pulls one connection may have waiting for the staleness bound");
+  flags.String("metrics-bind", &metrics_bind,
+               "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-server: %s\n", st.message().c_str());
@@ -73,6 +81,20 @@ int Run(int argc, char** argv) {
     spdlog::error("bad flags: need 0 <= --shard < --num-shards, --lease-timeout >= 10ms, valid durations ({} {})",
                   lease_ms.status().ToString(), ckpt_ms.status().ToString());
     return 2;
+  }
+  // Declared before the shard so the registry outlives it (and its last snapshot).
+  std::unique_ptr<leash::MetricsServer> metrics_server;
+  if (!metrics_bind.empty()) {
+    if (auto a = leash::ParseMetricsBind(metrics_bind); !a.ok()) {
+      spdlog::error("{}", a.status().message());
+      return 2;
+    }
+    auto m = leash::MetricsServer::Start(metrics_bind);
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      return 1;
+    }
+    metrics_server = std::move(*m);
   }
 
   leash::server::RocksDbStoreOptions so;
@@ -111,6 +133,11 @@ int Run(int argc, char** argv) {
     spdlog::error("{}", transport.status().ToString());
     return 1;
   }
+  std::unique_ptr<leash::server::ShardMetrics> metrics;
+  if (metrics_server) {
+    metrics = std::make_unique<leash::server::ShardMetrics>(metrics_server->registry(), shard_obj);
+    spdlog::info("metrics on {}", metrics_server->url());
+  }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   if (bind.find("127.0.0.1") != std::string::npos || bind.find("localhost") != std::string::npos) {
@@ -119,7 +146,9 @@ int Run(int argc, char** argv) {
   spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})", shard, num_shards,
                bind, data_dir, *lease_ms, *ckpt_ms,
                *recovered >= 0 ? "recovered at clock " + std::to_string(*recovered) : std::string("fresh start"));
-  leash::Status st = leash::server::Serve(shard_obj, **transport, g_stop);
+  std::function<void(const leash::server::Shard&)> publish;
+  if (metrics) publish = [&](const leash::server::Shard& s) { metrics->Publish(s); };
+  leash::Status st = leash::server::Serve(shard_obj, **transport, g_stop, publish);
   if (!st.ok()) {
     spdlog::error("shard stopped: {}", st.ToString());
     return 1;

@@ -17,19 +17,27 @@
 //   snap/table/<id>/slot/<slot>/<chunk>         optimizer slot `slot`, chunked like the values.
 //
 // Save writes one WriteBatch: DeleteRange over snap/ followed by every new snap/ key, so a
-// crash leaves either the whole previous snapshot or the whole new one.
+// crash leaves either the whole previous snapshot or the whole new one (the write-ahead log
+// drops a record cut short at its end; tests/durability_test.cc kills a shard mid-write).
+// An existing directory is checked read-only before it is opened for writing, so one that
+// is refused (damaged, foreign, another shard's) is left byte for byte as it was.
 #include "leash/server/rocksdb_store.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/status.h>
 #include <rocksdb/write_batch.h>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -56,6 +64,8 @@ constexpr std::string_view kSnapshotPrefix = "snap/";
 constexpr std::string_view kSnapshotEnd = "snap0";  // '0' follows '/': the end of the snap/ range
 constexpr std::string_view kManifestKey = "snap/manifest";
 constexpr std::string_view kWorkersKey = "snap/workers";
+// Snapshots smaller than this share the memtable until it holds this many bytes.
+constexpr uint64_t kMinFlushBytes = 4u << 20;
 
 // What a person can do about a damaged snapshot.
 constexpr std::string_view kDamagedHint =
@@ -446,15 +456,25 @@ Result<bool> PrepareDirectory(const std::string& path) {
   bool empty = true;
   bool has_current = false;
   bool has_manifest = false;
+  bool looks_like_rocksdb = false;  // files only RocksDB makes: a damaged database, not a foreign directory
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name == "lost+found") continue;  // the root of a freshly formatted volume
     empty = false;
     if (name == "CURRENT") has_current = true;
     if (name.starts_with("MANIFEST-")) has_manifest = true;
+    if (name == "IDENTITY" || name.starts_with("OPTIONS-") || name.ends_with(".sst") ||
+        (name.ends_with(".log") && name.find_first_not_of("0123456789") == name.size() - 4)) {
+      looks_like_rocksdb = true;
+    }
   }
   if (ec) return IOError("cannot list data directory " + path + ": " + ec.message());
   if (empty) return true;
+  if ((!has_current || !has_manifest) && looks_like_rocksdb) {
+    return DataLoss("data directory " + path + " holds a damaged RocksDB database: its " +
+                    (has_current ? std::string("MANIFEST-* file is") : std::string("CURRENT file is")) +
+                    " missing, so its snapshots cannot be read; nothing was changed in it" + std::string(kDamagedHint));
+  }
   if (!has_current || !has_manifest) {
     return FailedPrecondition("data directory " + path +
                               " is not empty and is not a Leash shard store (it holds no RocksDB database); "
@@ -596,10 +616,15 @@ Status RocksDbStore::Save(const ShardSnapshot& snapshot) {
     rocksdb::WriteOptions wo;
     wo.sync = options_.sync;
     LEASH_RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), options_.path, "writing snapshot to"));
-    if (batch.GetDataSize() >= memtable_bytes_) {
-      // The memtable now holds a whole snapshot and would stay resident until the next write
-      // triggers its flush; flush it in the background instead. The snapshot is already
-      // durable in the WAL, and a failed flush resurfaces on the next write.
+    // Each snapshot replaces the last, but the memtable keeps every one written since its
+    // last flush until it reaches write_buffer_size (64 MiB): a shard's RSS would creep up by
+    // a snapshot per checkpoint (the soak test saw it). Flush in the background once it holds
+    // about two snapshots, or a whole one that is larger than the buffer. The snapshot is
+    // already durable in the WAL, and a failed flush resurfaces on the next write.
+    uint64_t active = 0;
+    db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeActiveMemTable, &active);
+    const uint64_t batch_bytes = batch.GetDataSize();
+    if (batch_bytes >= memtable_bytes_ || active >= std::max<uint64_t>(kMinFlushBytes, 2 * batch_bytes)) {
       rocksdb::FlushOptions fo;
       fo.wait = false;
       db_->Flush(fo).PermitUncheckedError();
@@ -776,6 +801,71 @@ Status CheckOrStampIdentity(rocksdb::DB* db, const RocksDbStoreOptions& o) {
   return Status::Ok();
 }
 
+// RocksDB's own info log goes to spdlog (warnings and errors only) instead of LOG files in the
+// data directory, so that refusing a directory leaves every file in it as it was.
+class SpdlogRocksDbLogger final : public rocksdb::Logger {
+ public:
+  SpdlogRocksDbLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  void Logv(const char* format, va_list ap) override { Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap); }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char buf[1024];
+    std::vsnprintf(buf, sizeof buf, format, ap);
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
+      spdlog::error("rocksdb: {}", buf);
+    } else {
+      spdlog::warn("rocksdb: {}", buf);
+    }
+  }
+};
+
+rocksdb::Options BaseOptions() {
+  rocksdb::Options ro;
+  ro.info_log = std::make_shared<SpdlogRocksDbLogger>();
+  ro.paranoid_checks = true;  // the default; a corrupt MANIFEST or a missing/short SST fails the open
+  // A write-ahead-log record cut short at the end (a crash in the middle of writing a
+  // snapshot) is dropped and the previous snapshot is recovered; a record that is complete
+  // but fails its checksum is damage, and the open fails instead of silently going back.
+  ro.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  return ro;
+}
+
+// Opening an existing directory for writing may change files in it (WAL replay, a new
+// MANIFEST and OPTIONS file), so it is first checked read-only: RocksDB's own consistency
+// checks, the identity record, and the checksum of every table file. Whatever is found, a
+// directory that fails here is left exactly as it was.
+Status CheckReadOnly(const RocksDbStoreOptions& o) {
+  auto damaged = [&](const std::string& what, const rocksdb::Status& s) {
+    return DataLoss("data directory " + o.path + " is damaged: " + what + " (" + s.ToString() +
+                    "); nothing was changed in it" + std::string(kDamagedHint));
+  };
+  // Damage shows as Corruption, or as IOError for a file the database lists but lacks.
+  auto is_damage = [](const rocksdb::Status& s) {
+    return s.IsCorruption() || (s.IsIOError() && s.ToString().find("No such file") != std::string::npos);
+  };
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(BaseOptions(), o.path, &raw);
+  if (is_damage(s)) return damaged("RocksDB cannot open its database", s);
+  LEASH_RETURN_IF_ERROR(FromRocksDb(s, o.path, "opening (read-only check of)"));
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string value;
+  s = db->Get(rocksdb::ReadOptions(), std::string(kIdentityKey), &value);
+  if (s.IsNotFound()) {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    it->SeekToFirst();
+    if (is_damage(it->status())) return damaged("reading its first key failed", it->status());
+    LEASH_RETURN_IF_ERROR(FromRocksDb(it->status(), o.path, "opening"));
+    if (it->Valid()) return CheckOrStampIdentity(db.get(), o);  // refuses: not a Leash store
+  } else {
+    if (is_damage(s)) return damaged("reading its identity record failed", s);
+    LEASH_RETURN_IF_ERROR(FromRocksDb(s, o.path, "reading the identity of"));
+    LEASH_RETURN_IF_ERROR(CheckOrStampIdentity(db.get(), o));  // finds it, so writes nothing
+  }
+  s = db->VerifyChecksum();
+  if (!s.ok()) return damaged("a table file fails its checksum", s);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SnapshotStore>> OpenRocksDbStore(const RocksDbStoreOptions& options) {
@@ -788,10 +878,10 @@ Result<std::unique_ptr<SnapshotStore>> OpenRocksDbStore(const RocksDbStoreOption
     return InvalidArgument("chunk_bytes must be a positive multiple of 4, got " + std::to_string(options.chunk_bytes));
   }
   LEASH_ASSIGN_OR_RETURN(const bool fresh, PrepareDirectory(options.path));
+  if (!fresh) LEASH_RETURN_IF_ERROR(CheckReadOnly(options));
 
-  rocksdb::Options ro;
+  rocksdb::Options ro = BaseOptions();
   ro.create_if_missing = fresh;
-  ro.keep_log_file_num = 5;  // RocksDB's info LOG files; the default keeps 1000
   rocksdb::DB* raw = nullptr;
   LEASH_RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(ro, options.path, &raw), options.path, "opening"));
   std::unique_ptr<rocksdb::DB> db(raw);

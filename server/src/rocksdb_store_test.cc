@@ -174,6 +174,46 @@ std::map<std::string, std::string> TreeOf(const fs::path& dir) {
   return tree;
 }
 
+// Files directly in `dir` whose names end with `suffix` (or start with it, for "MANIFEST-").
+std::vector<fs::path> FilesNamed(const fs::path& dir, const std::string& part) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(part) || name.starts_with(part)) out.push_back(e.path());
+  }
+  return out;
+}
+
+// Flips every bit of the byte at `offset` (from the end when negative) of `file`.
+void FlipByte(const fs::path& file, int64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << file;
+  const auto size = static_cast<int64_t>(fs::file_size(file));
+  const int64_t at = offset >= 0 ? offset : size + offset;
+  ASSERT_TRUE(at >= 0 && at < size) << file << " has " << size << " bytes";
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0xff));
+}
+
+// The largest write-ahead log file in `dir` (the one holding the last snapshot).
+fs::path LargestLog(const fs::path& dir) {
+  fs::path best;
+  for (const auto& f : FilesNamed(dir, ".log")) {
+    if (best.empty() || fs::file_size(f) > fs::file_size(best)) best = f;
+  }
+  return best;
+}
+
+// Moves what RocksDB keeps in its write-ahead log into a table (.sst) file.
+void FlushRaw(const std::string& path) {
+  auto db = OpenRaw(path);
+  ASSERT_TRUE(db);
+  ASSERT_TRUE(db->Flush(rocksdb::FlushOptions()).ok());
+}
+
 // Bitwise CRC32C, the reference the store's table-driven one must agree with.
 uint32_t ReferenceCrc32c(const std::string& data) {
   uint32_t crc = ~0u;
@@ -513,6 +553,132 @@ TEST_F(RocksDbStoreTest, CorruptWorkerClocksAreDataLoss) {
   workers.back() ^= 0x01;
   RawPut(Dir(), "snap/workers", workers);
   EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss), HasSubstr("worker clocks"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damage to the files themselves: refused at open, naming the directory and what to do, and
+// the directory is left byte for byte as it was.
+
+class DamagedDirectoryTest : public RocksDbStoreTest {
+ protected:
+  // A store holding two snapshots, the first flushed into a table file, the second in the log.
+  void MakeStore() {
+    SaveAndClose(Options(), RichSnapshot(0, 1, 1));
+    FlushRaw(Dir());
+    SaveAndClose(Options(), RichSnapshot(0, 1, 2));
+    for (const auto& f : FilesNamed(Dir(), "LOG")) fs::remove(f);  // OpenRaw's info logs
+  }
+  // Expects OpenRocksDbStore to fail with `code` and leave every file as it was.
+  std::string ExpectRefused(StatusCode code) {
+    const auto before = TreeOf(Dir());
+    auto store = OpenRocksDbStore(Options());
+    EXPECT_FALSE(store.ok());
+    if (store.ok()) return "";
+    EXPECT_EQ(store.status().code(), code) << store.status();
+    EXPECT_THAT(store.status().message(), HasSubstr(Dir()));
+    EXPECT_THAT(store.status().message(), HasSubstr("backup"));
+    EXPECT_EQ(TreeOf(Dir()), before) << "a refused directory must not change";
+    return store.status().message();
+  }
+};
+
+TEST_F(DamagedDirectoryTest, IntactStoreOpensAndWritesNoLogFilesIntoIt) {
+  MakeStore();
+  auto store = OpenRocksDbStore(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->has_value());
+  ExpectSameSnapshot(RichSnapshot(0, 1, 2), **loaded);
+  EXPECT_THAT(FilesNamed(Dir(), "LOG"), ::testing::IsEmpty()) << "RocksDB's info log goes to spdlog";
+}
+
+TEST_F(DamagedDirectoryTest, FlippedByteInATableFileIsRefused) {
+  MakeStore();
+  auto ssts = FilesNamed(Dir(), ".sst");
+  ASSERT_FALSE(ssts.empty());
+  FlipByte(ssts[0], 100);  // inside the first data block
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("damaged"));
+}
+
+TEST_F(DamagedDirectoryTest, FlippedByteInTheWriteAheadLogIsRefused) {
+  MakeStore();
+  const fs::path log = LargestLog(Dir());
+  ASSERT_GT(fs::file_size(log), 1000u);
+  FlipByte(log, static_cast<int64_t>(fs::file_size(log) / 2));  // inside the last snapshot's record
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("damaged"));
+}
+
+TEST_F(DamagedDirectoryTest, LogCutShortByACrashRecoversThePreviousSnapshot) {
+  MakeStore();
+  const fs::path log = LargestLog(Dir());
+  ASSERT_GT(fs::file_size(log), 1000u);
+  // A crash in the middle of writing snapshot #2: its record is only half on disk.
+  fs::resize_file(log, fs::file_size(log) / 2);
+  auto store = OpenRocksDbStore(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->has_value());
+  ExpectSameSnapshot(RichSnapshot(0, 1, 1), **loaded);
+}
+
+TEST_F(DamagedDirectoryTest, TruncatedTableFileIsRefused) {
+  MakeStore();
+  auto ssts = FilesNamed(Dir(), ".sst");
+  ASSERT_FALSE(ssts.empty());
+  fs::resize_file(ssts[0], fs::file_size(ssts[0]) / 2);
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("damaged"));
+}
+
+TEST_F(DamagedDirectoryTest, MissingTableFileIsRefused) {
+  MakeStore();
+  auto ssts = FilesNamed(Dir(), ".sst");
+  ASSERT_FALSE(ssts.empty());
+  fs::remove(ssts[0]);
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("damaged"));
+}
+
+TEST_F(DamagedDirectoryTest, MissingManifestIsRefused) {
+  MakeStore();
+  for (const auto& f : FilesNamed(Dir(), "MANIFEST-")) fs::remove(f);
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("MANIFEST"));
+}
+
+TEST_F(DamagedDirectoryTest, MissingCurrentFileIsRefused) {
+  MakeStore();
+  fs::remove(Dir() + "/CURRENT");
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("CURRENT"));
+}
+
+TEST_F(DamagedDirectoryTest, CorruptManifestFileIsRefused) {
+  MakeStore();
+  auto manifests = FilesNamed(Dir(), "MANIFEST-");
+  ASSERT_EQ(manifests.size(), 1u);
+  FlipByte(manifests[0], 20);
+  EXPECT_THAT(ExpectRefused(StatusCode::kDataLoss), HasSubstr("damaged"));
+}
+
+TEST_F(RocksDbStoreTest, ForeignRocksDbIsLeftByteForByteAsItWas) {
+  RawPut(Dir(), "someone", "else's data");
+  FlushRaw(Dir());
+  RawPut(Dir(), "more", "in the log");
+  const auto before = TreeOf(Dir());
+  auto store = OpenRocksDbStore(Options());
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("not a Leash shard store"));
+  EXPECT_THAT(store.status().message(), HasSubstr(Dir()));
+  EXPECT_EQ(TreeOf(Dir()), before);
+}
+
+TEST_F(RocksDbStoreTest, AnotherShardsDirectoryIsLeftByteForByteAsItWas) {
+  SaveAndClose(Options(1, 2), RichSnapshot(1, 2, 3));
+  const auto before = TreeOf(Dir());
+  auto store = OpenRocksDbStore(Options(0, 2));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(TreeOf(Dir()), before);
 }
 
 }  // namespace

@@ -103,7 +103,12 @@ Result<int64_t> Shard::Recover() {
   return snap->min_clock;
 }
 
+void Shard::CountSent(const std::vector<Outgoing>& out, size_t from) {
+  for (size_t i = from; i < out.size(); ++i) counters_.bytes_out += MessageBytes(out[i].message);
+}
+
 void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
+  const size_t first_reply = out->size();
   counters_.bytes_in += MessageBytes(message);
   Status st;
   uint64_t rid = 0;
@@ -127,6 +132,7 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
     spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
     out->push_back({peer, MakeError(rid, st, options_.boot_id)});
   }
+  CountSent(*out, first_reply);
 }
 
 Status Shard::Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
@@ -183,10 +189,12 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
   uint32_t id;
   if (auto it = table_by_name_.find(name); it != table_by_name_.end()) {
     id = it->second;
-    if (tables_[id]->spec() != canon) {
-      const Table& t = *tables_[id];
-      return AlreadyExists("table '" + name + "' already exists with another spec (" + std::to_string(t.rows()) + " x " +
-                           std::to_string(t.cols()) + ", its own optimizer and init); use another name or the same spec");
+    // The existing table may have been recovered from a snapshot: its spec is the one it was
+    // created with, so a job restarted with another shape or optimizer is refused here too.
+    if (!SameTableSpec(tables_[id]->spec(), canon)) {
+      return AlreadyExists("table '" + name + "' already exists on shard " + std::to_string(options_.shard) + " as " +
+                           DescribeSpec(tables_[id]->spec()) + "; this request asks for " + DescribeSpec(canon) +
+                           ". Use another table name, the same spec, or a fresh --data-dir for a new job");
     }
   } else {
     id = static_cast<uint32_t>(tables_.size());
@@ -425,7 +433,9 @@ void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* ou
 
 int64_t Shard::Tick(std::vector<Outgoing>* out) {
   int64_t now = now_ms_();
+  const size_t first_reply = out->size();
   for (uint64_t id : clocks_.Expired(now, options_.lease_ms)) Evict(id, "lease expired (no heartbeat)", out);
+  CountSent(*out, first_reply);
   if (options_.checkpoint_interval_ms > 0 && now >= next_snapshot_ms_) {
     auto r = Checkpoint();
     if (!r.ok()) spdlog::error("shard {}: scheduled snapshot failed: {}", options_.shard, r.status().ToString());
@@ -452,18 +462,29 @@ ShardSnapshot Shard::MakeSnapshot() const {
 Result<int64_t> Shard::Checkpoint() {
   auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = MakeSnapshot();
-  LEASH_RETURN_IF_ERROR(store_->Save(snap).WithContext("snapshot to " + store_->Describe()));
+  if (Status st = store_->Save(snap); !st.ok()) {
+    ++counters_.snapshot_failures;
+    return st.WithContext("snapshot to " + store_->Describe());
+  }
   snapshot_sequence_ = snap.sequence;
   last_snapshot_clock_ = snap.min_clock;
   last_snapshot_ms_ = now_ms_();
   ++counters_.snapshots;
   auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (snapshot_observer_) snapshot_observer_(ms / 1e3);
   spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard, snap.sequence,
                snap.min_clock, store_->Describe(), ms);
   return snap.min_clock;
 }
 
-Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop) {
+int64_t Shard::max_clock() const {
+  int64_t m = clocks_.MinClock();
+  for (const auto& [id, w] : clocks_.workers()) m = std::max(m, w.clock);
+  return m;
+}
+
+Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop,
+             const std::function<void(const Shard&)>& after_tick) {
   std::vector<Outgoing> out;
   int64_t wait_ms = shard.Tick(&out);
   Status result;
@@ -480,6 +501,7 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
       if (!st.ok()) spdlog::warn("shard {}: reply dropped: {}", shard.options().shard, st.ToString());
     }
     out.clear();
+    if (after_tick) after_tick(shard);
   }
   auto snap = shard.Checkpoint();
   if (!snap.ok()) {

@@ -131,6 +131,78 @@ TEST_F(ShardTest, CreateTableWithAnotherSpecIsAlreadyExists) {
   EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, other_lr)).code(), StatusCode::kAlreadyExists);
 }
 
+TEST_F(ShardTest, AlreadyExistsNamesTheExistingAndTheRequestedSpec) {
+  Create(Spec("w", 4, 3));
+  Status st = ErrorOf("admin", MakeCreateTable(2, Spec("w", 4, 5)));
+  ASSERT_EQ(st.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(st.message().find("'w'"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("as 4 x 3 float32, sgd(lr=1"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("asks for 4 x 5 float32, sgd(lr=1"), std::string::npos) << st;
+}
+
+TEST_F(ShardTest, CreateTableWithAnotherOptimizerOrInitializerIsAlreadyExists) {
+  auto adam = Spec("w", 4, 3);
+  adam.optimizer = wire::OptimizerKind::Adam;
+  adam.init = wire::InitKind::Uniform;
+  adam.init_scale = 0.1f;
+  adam.init_seed = 7;
+  Create(adam);
+  auto other_kind = adam;
+  other_kind.optimizer = wire::OptimizerKind::Adagrad;
+  auto other_beta = adam;
+  other_beta.beta2 = 0.99f;
+  auto other_seed = adam;
+  other_seed.init_seed = 8;
+  auto other_init = adam;
+  other_init.init = wire::InitKind::Normal;
+  auto other_rows = adam;
+  other_rows.rows = 5;
+  for (const auto& spec : {other_kind, other_beta, other_seed, other_init, other_rows}) {
+    Status st = ErrorOf("admin", MakeCreateTable(2, spec));
+    EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st;
+  }
+  Status st = ErrorOf("admin", MakeCreateTable(2, other_seed));
+  EXPECT_NE(st.message().find("init uniform(scale=0.1, seed=7)"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("init uniform(scale=0.1, seed=8)"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("adam(lr=1, beta1=0.9, beta2=0.999"), std::string::npos) << st;
+}
+
+TEST_F(ShardTest, FieldsTheOptimizerAndInitializerIgnoreDoNotMakeASpecDifferent) {
+  auto sgd = Spec("w", 4, 3);
+  sgd.momentum = 0.5f;  // SGD has no momentum
+  sgd.init = wire::InitKind::Zeros;
+  sgd.init_seed = 3;    // zeros have no seed
+  uint32_t id = Create(sgd);
+  auto same = Spec("w", 4, 3);
+  same.momentum = 0.9f;
+  same.init_seed = 4;
+  const wire::Envelope* e = One("admin", MakeCreateTable(2, same));
+  ASSERT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
+  EXPECT_EQ(e->body_as_TableCreated()->table_id(), id);
+  EXPECT_FALSE(e->body_as_TableCreated()->created());
+}
+
+TEST_F(ShardTest, RecoveredTableKeepsItsSpecForCreateTable) {
+  auto spec = Spec("w", 4, 3);
+  spec.optimizer = wire::OptimizerKind::Momentum;
+  uint32_t other = Create(Spec("first", 2, 2));
+  uint32_t id = Create(spec);
+  ASSERT_TRUE(shard_->Checkpoint().ok());
+  Reset();  // a restarted shard on the same store
+  ASSERT_TRUE(shard_->Recover().ok());
+  const wire::Envelope* e = One("admin", MakeCreateTable(2, spec));
+  ASSERT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
+  EXPECT_EQ(e->body_as_TableCreated()->table_id(), id);
+  EXPECT_FALSE(e->body_as_TableCreated()->created()) << "the recovered table is returned, not a new one";
+  EXPECT_NE(id, other);
+  auto changed = spec;
+  changed.momentum = 0.5f;
+  Status st = ErrorOf("admin", MakeCreateTable(2, changed));
+  ASSERT_EQ(st.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(st.message().find("as 4 x 3 float32, momentum(lr=1, momentum=0.9"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("asks for 4 x 3 float32, momentum(lr=1, momentum=0.5"), std::string::npos) << st;
+}
+
 TEST_F(ShardTest, CreateTableRejectsEmptyShapes) {
   EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 0, 3))).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("", 2, 3))).code(), StatusCode::kInvalidArgument);

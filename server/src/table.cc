@@ -1,7 +1,9 @@
 // Dense table storage, deterministic initialization and optimizer application.
 #include "leash/server/table.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "leash/kernels/cpu.h"
@@ -103,6 +105,67 @@ Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
   auto in = init ? wire::CreateInitSpec(fbb, init->kind(), init->scale(), init->seed()) : wire::CreateInitSpec(fbb);
   fbb.Finish(wire::CreateTableSpec(fbb, n, spec->rows(), spec->cols(), opt, in));
   return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+}
+
+bool SameTableSpec(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a == b) return true;
+  const wire::TableSpec* x = ParseCanonical(a);
+  const wire::TableSpec* y = ParseCanonical(b);
+  if (x == nullptr || y == nullptr) return false;
+  if (x->name()->str() != y->name()->str() || x->rows() != y->rows() || x->cols() != y->cols()) return false;
+  OptimizerConfig p = ReadOptimizer(x->optimizer());
+  OptimizerConfig q = ReadOptimizer(y->optimizer());
+  if (p.kind != q.kind || p.lr != q.lr || p.weight_decay != q.weight_decay) return false;
+  switch (p.kind) {
+    case wire::OptimizerKind::SGD: break;
+    case wire::OptimizerKind::Momentum:
+      if (p.momentum != q.momentum) return false;
+      break;
+    case wire::OptimizerKind::Adam:
+      if (p.beta1 != q.beta1 || p.beta2 != q.beta2 || p.epsilon != q.epsilon) return false;
+      break;
+    case wire::OptimizerKind::Adagrad:
+      if (p.epsilon != q.epsilon) return false;
+      break;
+  }
+  wire::InitKind ik = x->init() ? x->init()->kind() : wire::InitKind::Zeros;
+  wire::InitKind jk = y->init() ? y->init()->kind() : wire::InitKind::Zeros;
+  if (ik != jk || ik == wire::InitKind::Zeros) return ik == jk;
+  if (x->init()->scale() != y->init()->scale()) return false;
+  return ik == wire::InitKind::Constant || x->init()->seed() == y->init()->seed();
+}
+
+std::string DescribeSpec(const std::vector<uint8_t>& canonical) {
+  const wire::TableSpec* s = ParseCanonical(canonical);
+  if (s == nullptr) return "(unreadable spec)";
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  OptimizerConfig o = ReadOptimizer(s->optimizer());
+  std::string out = std::to_string(s->rows()) + " x " + std::to_string(s->cols()) + " float32, ";
+  std::string extra;
+  switch (o.kind) {
+    case wire::OptimizerKind::SGD: break;
+    case wire::OptimizerKind::Momentum: extra = ", momentum=" + num(o.momentum); break;
+    case wire::OptimizerKind::Adam:
+      extra = ", beta1=" + num(o.beta1) + ", beta2=" + num(o.beta2) + ", epsilon=" + num(o.epsilon);
+      break;
+    case wire::OptimizerKind::Adagrad: extra = ", epsilon=" + num(o.epsilon); break;
+  }
+  std::string kind = wire::EnumNameOptimizerKind(o.kind);
+  for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  out += kind + "(lr=" + num(o.lr) + extra + ", weight_decay=" + num(o.weight_decay) + "), init ";
+  wire::InitKind ik = s->init() ? s->init()->kind() : wire::InitKind::Zeros;
+  std::string init = wire::EnumNameInitKind(ik);
+  for (char& c : init) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  out += init;
+  if (ik == wire::InitKind::Constant) out += "(" + num(s->init()->scale()) + ")";
+  if (ik == wire::InitKind::Uniform || ik == wire::InitKind::Normal) {
+    out += "(scale=" + num(s->init()->scale()) + ", seed=" + std::to_string(s->init()->seed()) + ")";
+  }
+  return out;
 }
 
 Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range) {

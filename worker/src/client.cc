@@ -131,8 +131,15 @@ class Client::Impl {
     c.bytes_received = bytes_received_.load();
     c.requests = requests_.load();
     c.resends = resends_.load();
+    c.pushes = pushes_.load();
+    c.pulls = pulls_.load();
+    c.pulled_min_clock = pulled_min_clock_.load();
     return c;
   }
+  void CountPush() { ++pushes_; }
+  void CountPull() { ++pulls_; }
+  // Called on the I/O thread with the minimum clock a pull reply's values reflect.
+  void NotePulledMinClock(int64_t min_clock) { pulled_min_clock_.store(min_clock); }
 
   int num_shards() const { return n_; }
   bool needs_rejoin() const { return needs_rejoin_.load(); }
@@ -325,6 +332,9 @@ class Client::Impl {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> resends_{0};
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> pulls_{0};
+  std::atomic<int64_t> pulled_min_clock_{-1};
   std::atomic<bool> needs_rejoin_{false};
   std::map<int, uint64_t> boot_ids_;  // I/O thread
   std::atomic<int64_t> last_clock_{0};
@@ -510,6 +520,8 @@ std::future<Status> Client::Pull(const TableHandle& table, float* out, int64_t f
   int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
   auto dtype = options_.wire_dtype;
   TableHandle t = table;
+  Impl* impl = impl_.get();
+  impl->CountPull();
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t) {
@@ -520,10 +532,11 @@ std::future<Status> Client::Pull(const TableHandle& table, float* out, int64_t f
         return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
                         dtype);
       },
-      [t, out, part](int s, const wire::Envelope* env, const Message& msg) -> Status {
+      [t, out, part, impl](int s, const wire::Envelope* env, const Message& msg) -> Status {
         RowRange rr = part.Range(t.rows, s);
         size_t n = 0;
         LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, rr.size(), t.cols, &n));
+        impl->NotePulledMinClock(env->body_as_PullReply()->min_clock());
         return DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, out + rr.begin * t.cols);
       });
 }
@@ -546,6 +559,8 @@ std::future<Status> Client::Pull(const TableHandle& table, std::span<const uint6
   int64_t clock = clock_.load();
   auto dtype = options_.wire_dtype;
   TableHandle t = table;
+  Impl* impl = impl_.get();
+  impl->CountPull();
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t) {
@@ -555,10 +570,11 @@ std::future<Status> Client::Pull(const TableHandle& table, std::span<const uint6
         return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
                         dtype);
       },
-      [t, out, split, pos](int s, const wire::Envelope* env, const Message& msg) -> Status {
+      [t, out, split, pos, impl](int s, const wire::Envelope* env, const Message& msg) -> Status {
         const auto& p = (*pos)[static_cast<size_t>(s)];
         size_t n = 0;
         LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, p.size(), t.cols, &n));
+        impl->NotePulledMinClock(env->body_as_PullReply()->min_clock());
         std::vector<float> tmp(n);
         LEASH_RETURN_IF_ERROR(DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, tmp.data()));
         for (size_t i = 0; i < p.size(); ++i) {
@@ -579,6 +595,7 @@ std::future<Status> Client::Push(const TableHandle& table, const float* grad) {
     payloads[static_cast<size_t>(s)] =
         EncodeValues(std::span<const float>(grad + rr.begin * table.cols, rr.size() * table.cols), options_.wire_dtype);
   }
+  impl_->CountPush();
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t seq) {
@@ -613,6 +630,7 @@ std::future<Status> Client::Push(const TableHandle& table, std::span<const uint6
     for (size_t i = 0; i < p.size(); ++i) std::copy_n(grad + p[i] * table.cols, table.cols, g.data() + i * table.cols);
     payloads[static_cast<size_t>(s)] = EncodeValues(g, options_.wire_dtype);
   }
+  impl_->CountPush();
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t seq) {

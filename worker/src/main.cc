@@ -1,6 +1,7 @@
 // leash-worker: trains a built-in model on Fashion-MNIST against a Leash cluster
-// (--servers) or alone in this process (--local, the baseline). SIGTERM/SIGINT: finish
-// the current step, push it, leave the job, exit 0.
+// (--servers) or alone in this process (--local, the baseline); with --metrics-bind its
+// progress as Prometheus metrics on HTTP. SIGTERM/SIGINT: finish the current step, push
+// it, leave the job, exit 0.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -8,10 +9,12 @@
 #include <thread>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <unistd.h>
 
 #include "leash/common/flags.h"
 #include "leash/common/logging.h"
+#include "leash/common/metrics.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/kernels/kernels.h"
 #include "leash/worker/client.h"
@@ -19,6 +22,7 @@
 #include "leash/worker/model.h"
 #include "leash/worker/params.h"
 #include "leash/worker/trainer.h"
+#include "leash/worker/worker_metrics.h"
 
 namespace {
 
@@ -59,6 +63,7 @@ int Run(int argc, char** argv) {
   std::string model_name = "mlp";
   std::string log_level = "info";
   std::string metrics_out;
+  std::string metrics_bind;
   std::string device = "auto";
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
@@ -94,6 +99,8 @@ int Run(int argc, char** argv) {
                "straggler injection for benchmarks: sleep (factor-1) x each step's compute time (1: none)");
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
+  flags.String("metrics-bind", &metrics_bind,
+               "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-worker: %s\n", st.message().c_str());
@@ -145,6 +152,16 @@ int Run(int argc, char** argv) {
       return 2;
     }
     hidden_sizes.push_back(v);
+  }
+  std::unique_ptr<leash::MetricsServer> metrics_server;
+  if (!metrics_bind.empty()) {
+    if (auto a = leash::ParseMetricsBind(metrics_bind); !a.ok()) {
+      spdlog::error("{}", a.status().message());
+      return 2;
+    }
+    auto m = leash::MetricsServer::Start(metrics_bind);
+    if (!m.ok()) return Fail("metrics", m.status());
+    metrics_server = std::move(*m);
   }
   if (name.empty()) {
     char host[256] = {0};
@@ -226,6 +243,13 @@ int Run(int argc, char** argv) {
   to.step_delay_factor = step_delay_factor;
   if (step_delay_factor > 1) spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower", step_delay_factor, step_delay_factor);
   to.label = local ? "[local]" : "[" + name + "]";
+  std::unique_ptr<leash::worker::WorkerMetrics> metrics;
+  if (metrics_server) {
+    metrics = std::make_unique<leash::worker::WorkerMetrics>(metrics_server->registry(), name, staleness, client.get());
+    to.on_step = [&](const leash::worker::StepReport& r) { metrics->OnStep(r); };
+    to.on_epoch = [&](const leash::worker::EpochResult& r) { metrics->OnEpoch(r); };
+    spdlog::info("metrics on {}", metrics_server->url());
+  }
   spdlog::info("training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} on the wire",
                model_name == "cnn" ? std::string("CNN") : "MLP " + hidden, train->count, chunk_size, batch, staleness, optimizer, lr, leash::DTypeName(*dtype));
   auto results = leash::worker::Train(**model, *params, *train, &*test, to, &g_stop);

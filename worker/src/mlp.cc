@@ -114,6 +114,11 @@ class Mlp final : public Model {
     return stats;
   }
 
+  Status PrefetchBatch(const float* images_host, const int32_t* labels_host, int64_t batch) override {
+    return stager_.StageAhead("PrefetchBatch", images_host, labels_host, batch);
+  }
+  StagingStats staging() const override { return {stager_.staged_ahead(), stager_.used_ahead()}; }
+
   Status Gradient(size_t index, float* out_host) override {
     LEASH_RETURN_IF_ERROR(CheckParamIndex("Gradient", index, params_.size()));
     if (out_host == nullptr) return InvalidArgument("Gradient: output for " + params_[index].name + " is null");

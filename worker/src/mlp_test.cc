@@ -78,6 +78,64 @@ double ReferenceLoss(const std::vector<std::vector<double>>& params, const std::
   return loss / static_cast<double>(batch);
 }
 
+// Trains `direct` with plain TrainStep calls and `staged` with PrefetchBatch ahead of each
+// step (also a prefetch that is never used, one discarded by Evaluate, and a short last
+// batch) on the same parameters, and checks both trained the same batches the same way.
+void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t max_batch, double tolerance) {
+  std::mt19937 rng(21);
+  const auto values = RandomizeParams(direct, rng);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(staged.SetParam(i, values[i].data()).ok());
+  const int64_t input = direct.input_size();
+  struct B {
+    std::vector<float> images;
+    std::vector<int32_t> labels;
+    int64_t size;
+  };
+  std::vector<B> batches;
+  for (int b = 0; b < 7; ++b) {
+    const int64_t size = b == 6 ? max_batch / 2 : max_batch;
+    batches.push_back({RandomVector(size * input, rng, -1.f, 1.f), RandomLabels(size, direct.num_classes(), rng), size});
+  }
+  auto step = [&](const B& b, const char* what) {
+    auto d = direct.TrainStep(b.images.data(), b.labels.data(), b.size);
+    auto s = staged.TrainStep(b.images.data(), b.labels.data(), b.size);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_NEAR(s->loss, d->loss, tolerance * (1 + d->loss)) << what;
+    EXPECT_EQ(s->correct, d->correct) << what;
+    for (size_t i = 0; i < values.size(); ++i) {
+      std::vector<float> gd(values[i].size()), gs(values[i].size());
+      ASSERT_TRUE(direct.Gradient(i, gd.data()).ok());
+      ASSERT_TRUE(staged.Gradient(i, gs.data()).ok());
+      for (size_t e = 0; e < gd.size(); ++e) ASSERT_NEAR(gs[e], gd[e], tolerance * (1 + std::abs(gd[e]))) << what;
+    }
+  };
+  auto prefetch = [&](const B& b) { ASSERT_TRUE(staged.PrefetchBatch(b.images.data(), b.labels.data(), b.size).ok()); };
+
+  prefetch(batches[0]);
+  step(batches[0], "a prefetched batch");
+  prefetch(batches[1]);
+  step(batches[1], "the next prefetched batch");
+  EXPECT_EQ(staged.staging().used, 2);
+  prefetch(batches[2]);
+  step(batches[3], "another batch than the one prefetched");
+  EXPECT_EQ(staged.staging().used, 2);
+  prefetch(batches[4]);
+  ASSERT_TRUE(staged.Evaluate(batches[5].images.data(), batches[5].labels.data(), batches[5].size).ok());
+  step(batches[4], "a prefetch discarded by Evaluate");
+  prefetch(batches[6]);
+  step(batches[6], "a short prefetched batch");
+  EXPECT_EQ(staged.staging().prefetched, 5);
+  EXPECT_EQ(staged.staging().used, 3);
+
+  std::vector<int32_t> bad_labels(batches[0].labels);
+  bad_labels[3] = static_cast<int32_t>(direct.num_classes());
+  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), bad_labels.data(), max_batch).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), batches[0].labels.data(), max_batch + 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged.PrefetchBatch(nullptr, batches[0].labels.data(), 1).code(), StatusCode::kInvalidArgument);
+}
+
 class MlpTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -293,6 +351,25 @@ TEST_F(MlpTest, BadSizesAndArgumentsAreRejected) {
   EXPECT_EQ(model->Gradient(4, buf.data()).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(model->TrainStep(images.data(), labels.data(), 2).ok());
   EXPECT_EQ(model->Gradient(0, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(MlpTest, PrefetchedBatchesTrainExactlyLikeDirectOnes) {
+  auto direct = Make(33, {24, 16}, 10, 12);
+  auto staged = Make(33, {24, 16}, 10, 12);
+  ASSERT_NE(direct, nullptr);
+  ASSERT_NE(staged, nullptr);
+  ExpectPrefetchedStepsMatchDirectOnes(*direct, *staged, 12, 0.0);
+}
+
+TEST_F(MlpTest, CudaPrefetchedBatchesMatchCpuSteps) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
+  auto gpu_ctx = Context::Create(Device{DeviceType::kCuda, 0});
+  ASSERT_TRUE(gpu_ctx.ok()) << gpu_ctx.status();
+  auto cpu = Make(33, {64, 32}, 10, 17);
+  auto gpu = MakeMlp(**gpu_ctx, 33, {64, 32}, 10, 17);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectPrefetchedStepsMatchDirectOnes(*cpu, **gpu, 17, 1e-4);
 }
 
 TEST_F(MlpTest, CudaModelMatchesCpuModel) {

@@ -114,24 +114,40 @@ class Loop {
       if (Stopping()) return false;
       auto t0 = Clock::now();
       int64_t micro = 0;
+      StepReport report;
+      report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
         LEASH_RETURN_IF_ERROR(BeginIteration());
         double compute = 0;
         while (batch && micro < k) {
           std::optional<Batch> next = loader.Next();
+          // The next batch travels to the device while this one computes.
+          if (next) LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(next->images.data(), next->labels.data(), next->size));
           bool last = micro + 1 == k || !next;
           auto c0 = Clock::now();
           LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
           compute += Seconds(c0, Clock::now());
           Account(*batch, stats, &acc);
+          report.samples += batch->size;
+          report.loss += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
           batch = std::move(next);
           ++micro;
         }
         InjectDelay(compute);
         return params_.EndIteration();
       }));
-      acc.seconds += Seconds(t0, Clock::now());
+      auto t1 = Clock::now();
+      acc.seconds += Seconds(t0, t1);
       ++steps_;
+      if (o_.on_step) {
+        report.step = steps_;
+        report.clock = params_.clock();
+        if (report.samples > 0) report.loss /= static_cast<double>(report.samples);
+        report.seconds = Seconds(t0, t1);
+        report.elapsed_seconds = Seconds(start_, t1);
+        report.rejoins = result_.rejoins;
+        o_.on_step(report);
+      }
       if (o_.log_every > 0 && steps_ % o_.log_every == 0) Progress(g);
     }
     return true;
@@ -242,6 +258,7 @@ class Loop {
       std::fflush(stdout);
       result_.epochs.push_back(r);
       ++epochs_reported_;
+      if (o_.on_epoch) o_.on_epoch(r);
     }
     return Status::Ok();
   }

@@ -133,6 +133,57 @@ extern template class DeviceArray<uint16_t>;
 using Int32Buffer = DeviceArray<int32_t>;
 using HalfBuffer = DeviceArray<uint16_t>;
 
+// Host memory that a context's device can copy from asynchronously: page-locked
+// (cudaMallocHost) for a CUDA context, plain memory for the CPU. Uninitialized. Move-only.
+// Allocate: ResourceExhausted when the memory is not there.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  static Result<PinnedHostBuffer> Allocate(Context& ctx, size_t bytes);
+  ~PinnedHostBuffer();
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  void* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+// Host -> device copies queued beside a context's computation, so the next batch travels
+// while the current step computes: on CUDA its own stream, ordered against the context's
+// stream by events (device-side waits, the host does not block); on the CPU every call is
+// immediate (CopyToDevice is a memcpy, the waits do nothing). Used by one thread at a time,
+// together with its context, which must outlive it.
+class CopyStream {
+ public:
+  // Unavailable for a CUDA context in a build without CUDA.
+  static Result<std::unique_ptr<CopyStream>> Create(Context& ctx);
+  virtual ~CopyStream() = default;
+
+  // Queues a copy of `bytes` bytes from host memory to device memory of the context and
+  // returns at once (for a truly asynchronous copy on CUDA, `src_host` must be a
+  // PinnedHostBuffer, which must stay unchanged until Synchronize). InvalidArgument for a
+  // null pointer with bytes > 0.
+  virtual Status CopyToDevice(void* dst_device, const void* src_host, size_t bytes) = 0;
+  // Work queued on the context from now on waits for the copies queued so far.
+  virtual Status ContextWaitsForCopies() = 0;
+  // Copies queued from now on wait for the work queued on the context so far (so a copy
+  // never overwrites device memory that a queued step still reads).
+  virtual Status CopiesWaitForContext() = 0;
+  // Blocks until the copies queued so far are done (their host sources may be reused).
+  virtual Status Synchronize() = 0;
+
+ protected:
+  CopyStream() = default;
+};
+
 // Sizes are element counts and must be >= 0 (and m, n, k, rows, cols <= INT32_MAX, the
 // BLAS limit); a pointer may be null only when nothing would be read or written through
 // it. Every entry point returns InvalidArgument otherwise.

@@ -23,7 +23,14 @@ struct RocksDbStoreOptions {
 
 // Opens (creating if needed) the store at options.path. A directory that is not a Leash
 // shard store, or belongs to another shard/layout, is refused with FailedPrecondition and
-// a message naming both identities; it is never overwritten. IOError if RocksDB cannot
+// a message naming both identities; it is never overwritten. An existing directory is
+// first checked read-only (RocksDB's consistency checks, the identity record, the checksum
+// of every table file, the write-ahead log), so a refused directory is left byte for byte
+// as it was; a damaged one (flipped bytes, a missing or truncated file, no CURRENT or
+// MANIFEST) is DataLoss naming the directory. A log record cut short at its end (a crash
+// while writing a snapshot) is dropped and the previous snapshot recovered; a complete
+// record failing its checksum is damage. RocksDB's info log goes to spdlog, not to LOG
+// files in the directory. IOError if RocksDB cannot
 // open it (permissions, another process holds the lock). VersionMismatch if the directory
 // was written in another store format; DataLoss if RocksDB or the identity record is corrupt;
 // InvalidArgument for bad options (empty path, shard >= num_shards, bad chunk_bytes).

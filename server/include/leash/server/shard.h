@@ -60,6 +60,7 @@ struct ShardCounters {
   uint64_t nonfinite_rows_skipped = 0;
   uint64_t limit_rejections = 0;      // requests refused for exceeding a limit
   uint64_t snapshots = 0;
+  uint64_t snapshot_failures = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
 };
@@ -90,8 +91,15 @@ class Shard {
   // Writes a snapshot now. Returns its minimum clock.
   Result<int64_t> Checkpoint();
 
+  // Called with the wall time of every snapshot written, in seconds (for a metrics
+  // histogram; durations are measured on the steady clock and never steer the shard).
+  using SnapshotObserver = std::function<void(double seconds)>;
+  void set_snapshot_observer(SnapshotObserver observer) { snapshot_observer_ = std::move(observer); }
+
   int64_t min_clock() const { return clocks_.MinClock(); }
   size_t live_workers() const { return clocks_.live(); }
+  // The largest clock of a live worker (the minimum clock when none is live).
+  int64_t max_clock() const;
   size_t parked_pulls() const { return parked_.size(); }
   int64_t recovered_clock() const { return recovered_clock_; }
   int64_t last_snapshot_clock() const { return last_snapshot_clock_; }
@@ -129,6 +137,8 @@ class Shard {
   void ReleasePulls(std::vector<Outgoing>* out);
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);
   ShardSnapshot MakeSnapshot() const;
+  // Adds the bytes of the replies out[from..] to counters_.bytes_out.
+  void CountSent(const std::vector<Outgoing>& out, size_t from);
 
   ShardOptions options_;
   SnapshotStore* store_;
@@ -145,10 +155,15 @@ class Shard {
   uint64_t snapshot_sequence_ = 0;
   int64_t next_snapshot_ms_ = 0;
   int64_t last_snapshot_ms_ = -1;
+  SnapshotObserver snapshot_observer_;
 };
 
 // Runs `shard` on `transport` until `stop` becomes true: receives, handles, sends replies
 // and ticks. Writes a final snapshot on the way out. Returns the first transport error.
-Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop);
+// `after_tick`, if set, is called on the serving thread after every turn of the loop (at
+// least every 100 ms), when the shard may be read: leash-server publishes its metrics
+// there.
+Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& stop,
+             const std::function<void(const Shard&)>& after_tick = {});
 
 }  // namespace leash::server

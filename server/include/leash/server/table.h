@@ -30,6 +30,17 @@ int OptimizerSlots(wire::OptimizerKind kind);
 // its canonical serialization, which two equal specs share byte for byte.
 Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec);
 
+// Whether two canonical specs describe the same table: same name, rows and cols (values are
+// always float32 on a shard; the wire dtype is chosen per request, not per table), the same
+// optimizer kind and the hyper-parameters that kind uses (lr and weight decay always;
+// momentum for Momentum; beta1, beta2 and epsilon for Adam; epsilon for Adagrad), and the
+// same initializer (kind; scale unless Zeros; seed for Uniform and Normal). Fields the
+// optimizer or initializer ignores do not count, so specs that behave alike match.
+bool SameTableSpec(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
+
+// A canonical spec for people: "784 x 256 float32, adam(lr=0.001, ...), init uniform(...)".
+std::string DescribeSpec(const std::vector<uint8_t>& canonical);
+
 class Table {
  public:
   // Builds the table from a canonical spec, owning rows `range`, initialized by its

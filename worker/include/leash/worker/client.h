@@ -101,6 +101,9 @@ struct ClientCounters {
   uint64_t bytes_received = 0;
   uint64_t requests = 0;
   uint64_t resends = 0;
+  uint64_t pushes = 0;             // Push() calls (one per table, whatever the shards)
+  uint64_t pulls = 0;              // Pull() calls
+  int64_t pulled_min_clock = -1;   // minimum clock the latest pull reply's values reflect
 };
 
 class Client {

@@ -50,6 +50,20 @@ class Model {
   // of the batch's mean loss.
   virtual Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
                                       const std::function<void(size_t)>& on_grad = nullptr) = 0;
+  // Starts moving the batch the next TrainStep will train to the model's device (on a GPU:
+  // from pinned memory on a copy stream, into the buffer the step in progress is not
+  // reading), so the copy overlaps the computation in between. The next TrainStep called
+  // with the same arrays and batch size trains the copy made here; the arrays must stay
+  // unchanged until then. A TrainStep or Evaluate on other arrays discards it. Validates
+  // like TrainStep (InvalidArgument).
+  virtual Status PrefetchBatch(const float* images_host, const int32_t* labels_host, int64_t batch) = 0;
+  // Batches passed to PrefetchBatch, and how many of them a TrainStep took.
+  struct StagingStats {
+    int64_t prefetched = 0;
+    int64_t used = 0;
+  };
+  virtual StagingStats staging() const = 0;
+
   // Copies the gradient of parameter `index` from the last TrainStep into `out_host`.
   virtual Status Gradient(size_t index, float* out_host) = 0;
 

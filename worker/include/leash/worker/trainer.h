@@ -2,11 +2,12 @@
 // prefetching loader, parameters pulled under the staleness bound, gradients pushed as
 // backward produces them, a clock per iteration, progress lines, and the test accuracy
 // each time the job completes an epoch. Rejoins the job if a shard forgot this worker.
-// One thread.
+// One thread; the observers in TrainOptions are called on it.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,20 @@
 #include "leash/worker/params.h"
 
 namespace leash::worker {
+
+struct EpochResult;
+
+// One training iteration as the loop saw it, for progress observers (metrics).
+struct StepReport {
+  uint32_t epoch = 0;            // the job epoch of the chunk being trained, 0-based
+  int64_t step = 0;              // iterations this worker trained so far, this one included
+  int64_t clock = 0;             // this worker's clock after the iteration
+  int64_t samples = 0;           // samples of the iteration (all its micro-batches)
+  double loss = 0;               // their mean training loss
+  double seconds = 0;            // wall time of the iteration: pull, compute, push, clock
+  double elapsed_seconds = 0;    // since training started, at the end of the iteration
+  int64_t rejoins = 0;           // times this worker rejoined the job so far
+};
 
 struct TrainOptions {
   int64_t epochs = 3;         // of the job, not of this worker
@@ -30,6 +45,10 @@ struct TrainOptions {
   // 1 (the default) injects nothing.
   double step_delay_factor = 1.0;
   std::string label;          // prefix of progress lines, e.g. "worker 0"
+  // Called on the training thread after every iteration and every completed job epoch
+  // (leash-worker publishes its metrics there). Optional; must not block for long.
+  std::function<void(const StepReport&)> on_step;
+  std::function<void(const EpochResult&)> on_epoch;
 };
 
 // One epoch of the job as this worker saw it: the samples it trained of that epoch and
