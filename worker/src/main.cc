@@ -70,7 +70,7 @@ int Run(int argc, char** argv) {
   std::string curve_client = leash::kDefaultCurveClient;
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
-  double lr = 0.01, momentum = 0.9, weight_decay = 0;
+  double lr = 0.01, momentum = 0.9, weight_decay = 0, step_delay_factor = 1;
   bool no_eval = false;
 
   leash::Flags flags("leash-worker", "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).");
@@ -98,6 +98,8 @@ int Run(int argc, char** argv) {
   flags.Int("leave-timeout", &leave_timeout_s, "seconds after SIGTERM/SIGINT to finish the step and leave before exiting anyway");
   flags.Int("train-limit", &train_limit, "use only the first N training samples (0: all)");
   flags.Int("test-limit", &test_limit, "evaluate on only the first N test samples (0: all)");
+  flags.Double("step-delay-factor", &step_delay_factor,
+               "straggler injection for benchmarks: sleep (factor-1) x each step's compute time (1: none)");
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
   flags.String("metrics-bind", &metrics_bind,
@@ -132,9 +134,10 @@ int Run(int argc, char** argv) {
     zopts.curve = std::move(*keys);
     spdlog::info("CURVE security on: key pair '{}' from {}", curve_client, curve_keys);
   }
-  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || accumulate < 1 || !(lr > 0)) {
+  if (batch < 1 || epochs < 1 || staleness < 0 || threads < 1 || chunk_size < 1 || accumulate < 1 || !(lr > 0) ||
+      !(step_delay_factor >= 1 && step_delay_factor < 1e6)) {
     spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1, "
-                  "--accumulate >= 1 and --lr > 0");
+                  "--accumulate >= 1, --lr > 0 and 1 <= --step-delay-factor < 1e6");
     return 2;
   }
   leash::worker::OptimizerOptions opt;
@@ -253,6 +256,8 @@ int Run(int argc, char** argv) {
   to.seed = static_cast<uint64_t>(seed);
   to.log_every = log_every;
   to.evaluate = !no_eval;
+  to.step_delay_factor = step_delay_factor;
+  if (step_delay_factor > 1) spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower", step_delay_factor, step_delay_factor);
   to.label = local ? "[local]" : "[" + name + "]";
   std::unique_ptr<leash::worker::WorkerMetrics> metrics;
   if (metrics_server) {
@@ -267,16 +272,20 @@ int Run(int argc, char** argv) {
   leash::Status finish = params->Finish();
   if (!results.ok()) return Fail("training failed", results.status());
   if (!finish.ok()) spdlog::warn("leaving the job: {}", finish.ToString());
-  std::vector<std::pair<std::string, double>> extra;
+  std::vector<std::pair<std::string, double>> extra = {
+      {"compute_seconds", results->compute_seconds},
+      {"injected_delay_seconds", results->injected_delay_seconds},
+      {"step_delay_factor", step_delay_factor}};
   if (client) {
     auto c = client->counters();
     double iters = static_cast<double>(std::max<int64_t>(1, results->iterations));
-    extra = {{"bytes_sent_per_iteration", static_cast<double>(c.bytes_sent) / iters},
-             {"bytes_received_per_iteration", static_cast<double>(c.bytes_received) / iters}};
+    double sent = static_cast<double>(c.bytes_sent) / iters, received = static_cast<double>(c.bytes_received) / iters;
+    extra.push_back({"bytes_sent_per_iteration", sent});
+    extra.push_back({"bytes_received_per_iteration", received});
     spdlog::info("wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per iteration {:.1f} KB sent, "
                  "{:.1f} KB received",
                  leash::DTypeName(*dtype), c.requests, c.bytes_sent / 1e6, c.bytes_received / 1e6, c.resends,
-                 extra[0].second / 1e3, extra[1].second / 1e3);
+                 sent / 1e3, received / 1e3);
   }
   const auto& epochs_done = results->epochs;
   std::printf("%s trained %lld chunks%s\n", to.label.c_str(), static_cast<long long>(results->chunks_trained),

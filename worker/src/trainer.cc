@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -117,18 +118,22 @@ class Loop {
       report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
         LEASH_RETURN_IF_ERROR(BeginIteration());
+        double compute = 0;
         while (batch && micro < k) {
           std::optional<Batch> next = loader.Next();
           // The next batch travels to the device while this one computes.
           if (next) LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(next->images.data(), next->labels.data(), next->size));
           bool last = micro + 1 == k || !next;
+          auto c0 = Clock::now();
           LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
+          compute += Seconds(c0, Clock::now());
           Account(*batch, stats, &acc);
           report.samples += batch->size;
           report.loss += static_cast<double>(stats.loss) * static_cast<double>(batch->size);
           batch = std::move(next);
           ++micro;
         }
+        InjectDelay(compute);
         return params_.EndIteration();
       }));
       auto t1 = Clock::now();
@@ -146,6 +151,16 @@ class Loop {
       if (o_.log_every > 0 && steps_ % o_.log_every == 0) Progress(g);
     }
     return true;
+  }
+
+  // Counts the iteration's compute time and, with step_delay_factor > 1, sleeps
+  // (factor - 1) x as long before the iteration's clock, as a slower machine would.
+  void InjectDelay(double compute) {
+    result_.compute_seconds += compute;
+    if (!(o_.step_delay_factor > 1.0)) return;
+    auto d0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
+    result_.injected_delay_seconds += Seconds(d0, Clock::now());
   }
 
   void Account(const Batch& batch, const StepStats& stats, EpochAcc* acc) {
@@ -274,6 +289,9 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
                           const TrainOptions& o, const std::atomic<bool>* stop) {
   if (o.epochs < 1 || o.batch < 1 || o.chunk_size < 1 || o.chunk_size > UINT32_MAX || o.epochs > UINT32_MAX) {
     return InvalidArgument("need epochs >= 1, batch >= 1 and chunk size >= 1");
+  }
+  if (!(o.step_delay_factor >= 1.0) || !std::isfinite(o.step_delay_factor)) {
+    return InvalidArgument("the step delay factor must be finite and >= 1, got " + std::to_string(o.step_delay_factor));
   }
   if (train.count < 1) return InvalidArgument("the training set is empty");
   if (train.features() != model.input_size()) {

@@ -40,6 +40,10 @@ struct TrainOptions {
   uint64_t seed = 1;
   int64_t log_every = 100;    // steps between progress lines (0: none)
   bool evaluate = true;       // test accuracy after every epoch
+  // Straggler injection (benchmarks): after each iteration's forward/backward, sleep
+  // (factor - 1) x the time they took, so the worker computes `factor` times slower.
+  // 1 (the default) injects nothing.
+  double step_delay_factor = 1.0;
   std::string label;          // prefix of progress lines, e.g. "worker 0"
   // Called on the training thread after every iteration and every completed job epoch
   // (leash-worker publishes its metrics there). Optional; must not block for long.
@@ -70,6 +74,8 @@ struct TrainResult {
   int64_t chunks_trained = 0;       // data chunks this worker trained
   int64_t iterations = 0;           // pulls, pushes and clocks this worker made
   int64_t rejoins = 0;
+  double compute_seconds = 0;         // in forward/backward of training steps
+  double injected_delay_seconds = 0;  // slept because of step_delay_factor
 };
 
 Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,

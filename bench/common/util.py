@@ -1,0 +1,64 @@
+"""Process, port and result helpers of the benchmark suite. Ports come from the suite's
+range (17500-17699 unless LEASH_BENCH_PORTS=lo-hi says otherwise) and are checked free
+before use. Not thread-safe (the port cursor is module state)."""
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+
+_lo, _hi = (int(v) for v in os.environ.get("LEASH_BENCH_PORTS", "17500-17699").split("-"))
+_next = _lo
+
+
+def free_port():
+    """The next port of the range that nobody listens on (wraps around)."""
+    global _next
+    for _ in range(_hi - _lo + 1):
+        port = _next
+        _next = _lo if _next >= _hi else _next + 1
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_lo}-{_hi}")
+
+
+def stop(proc, timeout=30):
+    """SIGTERM, then SIGKILL after `timeout` s, a process this suite started."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def time_to_accuracy(curve, target):
+    """First elapsed time at which the test accuracy reached `target`; curve: list of
+    {"elapsed_seconds", "test_accuracy"} in time order. None when never reached."""
+    for point in curve:
+        if point.get("test_accuracy") is not None and point["test_accuracy"] >= target:
+            return point["elapsed_seconds"]
+    return None
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+def now():
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

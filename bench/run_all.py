@@ -1,0 +1,627 @@
+#!/usr/bin/python3
+"""The Leash benchmark suite, one command:
+
+  /usr/bin/python3 bench/run_all.py            # full (about 30-40 min on 2 busy cores)
+  /usr/bin/python3 bench/run_all.py --quick    # smoke run (a few minutes), to bench/results/quick
+
+Parts (--parts picks some):
+  pushpull    leash-bench-pushpull against raw ZeroMQ (repeated; median ratios)
+  training    Fashion-MNIST MLP and CNN: Leash 1 shard + 1 worker (staleness 0 and 1),
+              the same worker in --local mode, PyTorch single-process, PyTorch DDP (gloo,
+              2 processes), PyTorch Hogwild (2 processes), TensorFlow
+              ParameterServerStrategy (1 PS + 2 workers); batch 64, 1 math thread per
+              process; samples/s, test accuracy per epoch, time to 85%
+  stragglers  3 Leash workers (1 shard), one computing 3x slower (--step-delay-factor 3),
+              staleness 0, 1, 3, 10: cluster samples/s and time to 85% (MLP)
+  durability  Leash 1 + 1 samples/s with snapshots every 1 s, every 10 s and off
+
+Peers are interleaved (each repeat runs every system, in a rotated order) so machine
+noise hits all alike; medians and ratios of medians are reported. Writes JSON per part,
+suite.json, SUMMARY.md (targets with PASS/MISS) and PNG plots to --out (default
+bench/results, or bench/results/quick with --quick). Needs a build with leash-server,
+leash-worker and leash-bench-pushpull (bench/run-all.sh builds them), Debian
+python3-torch, numpy and matplotlib under /usr/bin/python3; TensorFlow is installed into
+a venv by bench/setup-tf.sh (--no-tf skips it).
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from common import leash as L  # noqa: E402
+from common.util import median, now, time_to_accuracy, write_json  # noqa: E402
+
+TARGET_ACC = 0.85
+ALL_PARTS = ("pushpull", "training", "stragglers", "durability")
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- configuration
+
+def config(quick):
+    if quick:
+        return {"repeats": 1, "pushpull_repeats": 1, "pushpull_seconds": 0.2, "pushpull_sizes": "1024,1048576",
+                "mlp_epochs": 1, "cnn_epochs": 1, "train_limit": 6400, "cnn_train_limit": 1280, "test_limit": 2000,
+                "straggler_epochs": 1, "straggler_train_limit": 6400, "stalenesses": [0, 3],
+                "durability_epochs": 2, "durability_train_limit": 12800, "durability_intervals": ["1s", "10s", "0"],
+                "timeout": 600}
+    return {"repeats": 2, "pushpull_repeats": 3, "pushpull_seconds": 1.0, "pushpull_sizes": "1024,65536,1048576",
+            "mlp_epochs": 3, "cnn_epochs": 1, "cnn_repeats": 1, "train_limit": 0, "cnn_train_limit": 30000, "test_limit": 0,
+            "straggler_epochs": 3, "straggler_train_limit": 0, "stalenesses": [0, 1, 3, 10],
+            "durability_epochs": 4, "durability_train_limit": 0, "durability_intervals": ["1s", "10s", "0"],
+            "timeout": 1800}
+
+
+# ---------------------------------------------------------------- part 1: push/pull
+
+def part_pushpull(a, c, tmp):
+    binary = os.path.join(a.build, "bench", "leash-bench-pushpull")
+    runs = []
+    for r in range(c["pushpull_repeats"]):
+        out = os.path.join(tmp, f"pushpull{r}")
+        os.makedirs(out, exist_ok=True)
+        log(f"pushpull {r + 1}/{c['pushpull_repeats']}")
+        subprocess.run([binary, "--server-bin", os.path.join(a.build, "server", "leash-server"), "--sizes",
+                        c["pushpull_sizes"], "--seconds", str(c["pushpull_seconds"]), "--out", out],
+                       check=True, stdout=subprocess.DEVNULL, timeout=c["timeout"])
+        with open(os.path.join(out, "pushpull.json")) as f:
+            runs.append(json.load(f))
+    last = os.path.join(tmp, f"pushpull{c['pushpull_repeats'] - 1}")
+    for name in ("pushpull.json", "pushpull.md"):
+        shutil.copy(os.path.join(last, name), os.path.join(a.out, name))
+
+    def cell(run, system, op, floats, inflight):
+        for s in run["samples"]:
+            if s["system"] == system and s["op"] == op and s["floats"] == floats and \
+                    (system != "leash" or (s["shards"] == 1 and s["inflight"] == inflight)):
+                return s
+        return None
+
+    rtt = [cell(r, "leash", "push", 1024, 1)["p50_us"] / cell(r, "raw zmq", "round trip", 1024, 1)["p50_us"] for r in runs]
+    thr = [cell(r, "leash", "push", 1048576, 8)["mb_per_s"] / cell(r, "raw zmq", "one-way", 1048576, 1)["mb_per_s"]
+           for r in runs]
+    res = {"runs": runs, "push_4KB_p50_over_raw_rtt": rtt, "push_4MB_8inflight_over_raw_oneway": thr,
+           "median_push_4KB_p50_over_raw_rtt": median(rtt), "median_push_4MB_8inflight_over_raw_oneway": median(thr),
+           "leash_4KB_p50_us": median(cell(r, "leash", "push", 1024, 1)["p50_us"] for r in runs),
+           "raw_rtt_4KB_p50_us": median(cell(r, "raw zmq", "round trip", 1024, 1)["p50_us"] for r in runs),
+           "leash_4MB_push_MBps": median(cell(r, "leash", "push", 1048576, 8)["mb_per_s"] for r in runs),
+           "raw_oneway_4MB_MBps": median(cell(r, "raw zmq", "one-way", 1048576, 1)["mb_per_s"] for r in runs)}
+    write_json(os.path.join(a.out, "pushpull_suite.json"), res)
+    return res
+
+
+# ---------------------------------------------------------------- part 2: training
+
+def tf_python(a):
+    """The venv python with TensorFlow (bench/setup-tf.sh), or (None, why)."""
+    if a.no_tf:
+        return None, "skipped (--no-tf)"
+    try:
+        p = subprocess.run(["bash", os.path.join(HERE, "setup-tf.sh")], capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return None, "bench/setup-tf.sh did not finish in 30 min"
+    if p.returncode != 0:
+        return None, "bench/setup-tf.sh failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return p.stdout.strip().splitlines()[-1], None
+
+
+def run_python_peer(cmd, out_json, log_path, timeout):
+    with open(log_path, "w") as lf:
+        rc = subprocess.run(cmd + ["--out", out_json], stdout=lf, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    if rc != 0:
+        raise L.RunError(f"{' '.join(cmd[:3])} exited {rc} (log {log_path})")
+    with open(out_json) as f:
+        r = json.load(f)
+    r["curve"] = [{"epoch": e["epoch"], "elapsed_seconds": e["elapsed_seconds"], "test_accuracy": e["test_accuracy"]}
+                  for e in r["epochs"]]
+    return r
+
+
+def training_systems(a, c, model, tfpy):
+    epochs = c["mlp_epochs"] if model == "mlp" else c["cnn_epochs"]
+    train_limit = c["train_limit"] if model == "mlp" else c["cnn_train_limit"]
+    test_limit = c["test_limit"]
+    lim = (["--train-limit", str(train_limit)] if train_limit else []) + \
+          (["--test-limit", str(test_limit)] if test_limit else [])
+    torch_cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_train.py"), "--model", model, "--epochs", str(epochs)] + lim
+    systems = {}
+
+    def leash_cluster(s):
+        return lambda tmp, tag: L.run_cluster(a.build, tmp, model, epochs, tag, staleness=s, train_limit=train_limit,
+                                              test_limit=test_limit, timeout=c["timeout"])
+    systems["leash 1+1 s=1"] = leash_cluster(1)
+    if model == "mlp" or a.quick:
+        systems["leash 1+1 s=0"] = leash_cluster(0)
+    systems["leash local"] = lambda tmp, tag: L.run_local(a.build, tmp, model, epochs, tag, train_limit, test_limit,
+                                                           timeout=c["timeout"])
+    for mode, name in (("single", "torch single"), ("ddp", "torch DDP x2"), ("hogwild", "torch Hogwild x2")):
+        systems[name] = (lambda m: lambda tmp, tag: run_python_peer(
+            torch_cmd + ["--mode", m], os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + ".log"),
+            c["timeout"]))(mode)
+    if tfpy:
+        systems["TF PS 1+2"] = lambda tmp, tag: run_python_peer(
+            [tfpy, os.path.join(HERE, "tf_ps.py"), "--model", model, "--epochs", str(epochs)] + lim,
+            os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + ".log"), c["timeout"])
+    return systems, epochs
+
+
+def part_training(a, c, tmp):
+    tfpy, tf_why = tf_python(a)
+    if tfpy:
+        log(f"TensorFlow peer: {tfpy}")
+    else:
+        log(f"no TensorFlow peer: {tf_why}")
+    res = {"tf_python": tfpy, "tf_unavailable": tf_why, "models": {}}
+    for model in ("mlp", "cnn"):
+        systems, epochs = training_systems(a, c, model, tfpy)
+        names = list(systems)
+        runs = {n: [] for n in names}
+        errors = {n: [] for n in names}
+        repeats = c["repeats"] if model == "mlp" else c.get("cnn_repeats", c["repeats"])
+        for r in range(repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                tag = f"{model}-{n.replace(' ', '_').replace('=', '').replace('+', 'p')}-{r}"
+                log(f"training {model} {n} (repeat {r + 1}/{repeats})")
+                try:
+                    out = systems[n](tmp, tag)
+                    out.pop("metrics", None)
+                    runs[n].append(out)
+                    accs = ", ".join(f"{p['test_accuracy']:.4f}" for p in out["curve"] if p["test_accuracy"] is not None)
+                    log(f"    {out['samples_per_second']:.0f} samples/s, test accuracy per epoch {accs}")
+                except Exception as e:  # keep the other systems' results
+                    errors[n].append(f"{type(e).__name__}: {e}")
+                    log(f"    FAILED: {e}")
+        summary = {}
+        for n in names:
+            if not runs[n]:
+                summary[n] = {"error": "; ".join(errors[n])}
+                continue
+            sps = [x["samples_per_second"] for x in runs[n]]
+            t85 = [time_to_accuracy(x["curve"], TARGET_ACC) for x in runs[n]]
+            final = [x["curve"][-1]["test_accuracy"] for x in runs[n]]
+            med = median(sps)
+            rep = min(runs[n], key=lambda x: abs(x["samples_per_second"] - med))  # the median run's curve
+            summary[n] = {"median_samples_per_second": med, "samples_per_second": sps,
+                          "median_time_to_85_seconds": median(t85) if all(t is not None for t in t85) else None,
+                          "time_to_85_seconds": t85, "median_final_test_accuracy": median(final),
+                          "final_test_accuracy": final, "curve": rep["curve"], "errors": errors[n]}
+        limit = c["train_limit"] if model == "mlp" else c["cnn_train_limit"]
+        res["models"][model] = {"epochs": epochs, "train_limit": limit, "repeats": repeats, "systems": summary,
+                                "runs": runs}
+        write_json(os.path.join(a.out, "training.json"), res)
+    return res
+
+
+# ---------------------------------------------------------------- part 3: stragglers
+
+def part_stragglers(a, c, tmp):
+    runs = {s: [] for s in c["stalenesses"]}
+    errors = {s: [] for s in c["stalenesses"]}
+    for r in range(c["repeats"]):
+        order = c["stalenesses"][r % len(c["stalenesses"]):] + c["stalenesses"][:r % len(c["stalenesses"])]
+        for s in order:
+            log(f"stragglers: 3 workers (w2 3x slower), staleness {s} (repeat {r + 1}/{c['repeats']})")
+            try:
+                out = L.run_cluster(a.build, tmp, "mlp", c["straggler_epochs"], f"strag-s{s}-{r}", shards=1, workers=3,
+                                    staleness=s, delay_factors=[1, 1, 3], train_limit=c["straggler_train_limit"],
+                                    test_limit=c["test_limit"], timeout=c["timeout"])
+                per_worker = [sum(e["samples"] for e in m["epochs"]) for m in out.pop("metrics")]
+                out["samples_per_worker"] = per_worker
+                runs[s].append(out)
+                log(f"    {out['samples_per_second']:.0f} samples/s (per worker {per_worker}), "
+                    f"time to 85% {time_to_accuracy(out['curve'], TARGET_ACC)}")
+            except Exception as e:
+                errors[s].append(f"{type(e).__name__}: {e}")
+                log(f"    FAILED: {e}")
+    summary = {}
+    for s in c["stalenesses"]:
+        if not runs[s]:
+            summary[str(s)] = {"error": "; ".join(errors[s])}
+            continue
+        t85 = [time_to_accuracy(x["curve"], TARGET_ACC) for x in runs[s]]
+        summary[str(s)] = {"median_samples_per_second": median(x["samples_per_second"] for x in runs[s]),
+                           "samples_per_second": [x["samples_per_second"] for x in runs[s]],
+                           "time_to_85_seconds": t85,
+                           "median_time_to_85_seconds": median(t85) if all(t is not None for t in t85) else None,
+                           "median_final_test_accuracy": median(x["curve"][-1]["test_accuracy"] for x in runs[s]),
+                           "median_job_seconds": median(x["job_seconds"] for x in runs[s]), "errors": errors[s]}
+    res = {"workers": 3, "shards": 1, "delay_factors": [1, 1, 3], "epochs": c["straggler_epochs"],
+           "summary": summary, "runs": {str(k): v for k, v in runs.items()}}
+    write_json(os.path.join(a.out, "stragglers.json"), res)
+    return res
+
+
+# ---------------------------------------------------------------- part 4: durability
+
+def part_durability(a, c, tmp):
+    intervals = c["durability_intervals"]
+    runs = {i: [] for i in intervals}
+    errors = {i: [] for i in intervals}
+    for r in range(c["repeats"] + 1):
+        order = intervals[r % len(intervals):] + intervals[:r % len(intervals)]
+        for i in order:
+            log(f"durability: snapshots every {i} (0 = off) (repeat {r + 1}/{c['repeats'] + 1})")
+            try:
+                out = L.run_cluster(a.build, tmp, "mlp", c["durability_epochs"], f"dur-{i}-{r}", staleness=1,
+                                    checkpoint_interval=i, train_limit=c["durability_train_limit"], no_eval=True,
+                                    timeout=c["timeout"])
+                out.pop("metrics")
+                runs[i].append(out)
+                log(f"    {out['samples_per_second']:.0f} samples/s over {out['job_seconds']:.1f} s")
+            except Exception as e:
+                errors[i].append(f"{type(e).__name__}: {e}")
+                log(f"    FAILED: {e}")
+    med = {i: median(x["samples_per_second"] for x in runs[i]) for i in intervals}
+    off = med.get("0")
+    summary = {i: {"median_samples_per_second": med[i], "samples_per_second": [x["samples_per_second"] for x in runs[i]],
+                   "median_job_seconds": median(x["job_seconds"] for x in runs[i]),
+                   "over_off": (med[i] / off) if med[i] and off else None, "errors": errors[i]} for i in intervals}
+    res = {"model": "mlp", "epochs": c["durability_epochs"], "staleness": 1, "summary": summary,
+           "runs": runs}
+    write_json(os.path.join(a.out, "durability.json"), res)
+    return res
+
+
+# ---------------------------------------------------------------- summary and plots
+
+def verdict(measured, target, higher_is_better):
+    if measured is None:
+        return "n/a", "not measured"
+    ok = measured >= target if higher_is_better else measured <= target
+    if higher_is_better:
+        by = f"{measured / target:.2f}x the target" + ("" if ok else f" (short by {(1 - measured / target) * 100:.1f}%)")
+    else:
+        by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
+    return ("PASS" if ok else "MISS"), by
+
+
+def fmt(v, spec=".0f", none="—"):
+    return none if v is None else format(v, spec)
+
+
+def t85_median(entry):
+    """Median time to 85% over the runs that reached it, when at least half did."""
+    ts = entry.get("time_to_85_seconds") or []
+    reached = [t for t in ts if t is not None]
+    return median(reached) if reached and 2 * len(reached) >= len(ts) else None
+
+
+def targets(res):
+    rows = []
+    pp = res.get("pushpull")
+    if pp:
+        m = pp["median_push_4KB_p50_over_raw_rtt"]
+        rows.append(("4 KB push, 1 in flight: p50 RTT <= 1.3x raw ZeroMQ RTT", f"{m:.2f}x "
+                     f"({pp['leash_4KB_p50_us']:.0f} vs {pp['raw_rtt_4KB_p50_us']:.0f} us)", *verdict(m, 1.3, False)))
+        m = pp["median_push_4MB_8inflight_over_raw_oneway"]
+        rows.append(("4 MB push, 8 in flight: >= 80% of raw one-way throughput", f"{m * 100:.0f}% "
+                     f"({pp['leash_4MB_push_MBps']:.0f} vs {pp['raw_oneway_4MB_MBps']:.0f} MB/s)", *verdict(m, 0.8, True)))
+    tr = res.get("training")
+    if tr:
+        for model, mres in tr["models"].items():
+            sy = mres["systems"]
+            loc = sy.get("leash local", {}).get("median_samples_per_second")
+            tor = sy.get("torch single", {}).get("median_samples_per_second")
+            for n in ("leash 1+1 s=1", "leash 1+1 s=0"):
+                v = sy.get(n, {}).get("median_samples_per_second")
+                if v is None:
+                    continue
+                r = v / loc if loc else None
+                rows.append((f"{model.upper()}: {n} >= 90% of local mode", fmt(r and r * 100, ".0f") + "%",
+                             *verdict(r, 0.9, True)))
+                r = v / tor if tor else None
+                rows.append((f"{model.upper()}: {n} >= PyTorch single-process (1 thread)", fmt(r, ".2f") + "x",
+                             *verdict(r, 1.0, True)))
+    st = res.get("stragglers")
+    if st:
+        s0, s3 = st["summary"].get("0", {}), st["summary"].get("3", {})
+        a, b = s3.get("median_samples_per_second"), s0.get("median_samples_per_second")
+        r = a / b if a and b else None
+        rows.append(("3x straggler: staleness 3 >= 2x the samples/s of staleness 0", fmt(r, ".2f") + "x",
+                     *verdict(r, 2.0, True)))
+        t3, t0 = t85_median(s3), t85_median(s0)
+        if t3 is not None and t0 is not None:
+            rows.append(("3x straggler: staleness 3 reaches 85% sooner than staleness 0",
+                         f"{t3:.1f} s vs {t0:.1f} s", "PASS" if t3 < t0 else "MISS", f"{t3 / t0:.2f}x the time"))
+        else:
+            rows.append(("3x straggler: staleness 3 reaches 85% sooner than staleness 0",
+                         f"{fmt(t3, '.1f', 'not reached')} vs {fmt(t0, '.1f', 'not reached')}",
+                         "PASS" if t3 is not None and t0 is None else "MISS" if t3 is None else "n/a", "85% not reached"))
+    du = res.get("durability")
+    if du:
+        r = du["summary"].get("10s", {}).get("over_off")
+        cost = "—" if r is None else f"{(1 - r) * 100:.1f}% cost" if r <= 1 else f"no cost measured ({r:.2f}x of off)"
+        rows.append(("snapshots every 10 s cost <= 5% throughput", cost, *verdict(r, 0.95, True)))
+    return rows
+
+
+def write_summary(a, c, res, plots, durations):
+    md = ["# Leash benchmark suite", "",
+          f"{'Quick (smoke) run' if a.quick else 'Full run'} of `bench/run_all.py{' --quick' if a.quick else ''}`, "
+          f"{res['time']}, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared and noisy: "
+          f"peers are interleaved and repeated ({c['repeats']}x; push/pull {c['pushpull_repeats']}x), medians reported. "
+          f"Every process computes with 1 math (BLAS / intra-op) thread. Took {durations['total'] / 60:.1f} min "
+          f"({', '.join(f'{k} {v / 60:.1f} min' for k, v in durations.items() if k != 'total')}).", "",
+          "## Targets", "", "| target | measured | verdict | by how much |", "|---|---|---|---|"]
+    for t in targets(res):
+        md.append("| " + " | ".join(t) + " |")
+    pp = res.get("pushpull")
+    if pp:
+        md += ["", "## 1. Push/pull against raw ZeroMQ", "",
+               f"`build/bench/leash-bench-pushpull`, {c['pushpull_repeats']} runs of {c['pushpull_seconds']} s per cell; "
+               "table of the last run in [pushpull.md](pushpull.md).", "",
+               "| ratio | per run | median |", "|---|---|---|",
+               f"| 4 KB push p50 / raw RTT p50 | {', '.join(f'{v:.2f}' for v in pp['push_4KB_p50_over_raw_rtt'])} | "
+               f"{pp['median_push_4KB_p50_over_raw_rtt']:.2f}x |",
+               f"| 4 MB push (8 in flight) MB/s / raw one-way MB/s | "
+               f"{', '.join(f'{v * 100:.0f}%' for v in pp['push_4MB_8inflight_over_raw_oneway'])} | "
+               f"{pp['median_push_4MB_8inflight_over_raw_oneway'] * 100:.0f}% |"]
+    tr = res.get("training")
+    if tr:
+        md += ["", "## 2. Training throughput on Fashion-MNIST", "",
+               "Same model, optimizer (MLP: SGD momentum 0.9, lr 0.01; CNN: Adam 1e-3), batch 64 per step and per "
+               "process, normalization ((x/255 - 0.2860)/0.3530) and data files for every system. Samples/s: training "
+               "samples over training time (evaluation excluded); time to 85%: wall time since training started "
+               "(evaluations included) at the first end of epoch with test accuracy >= 85% (accuracy is measured once per "
+               "epoch, so this is quantized to epochs). DDP and Hogwild: 2 processes; TF PS: 1 parameter server + 2 "
+               "workers + the coordinator; each of them with 1 math thread, on the same 2 cores.", ""]
+        if tr.get("tf_unavailable"):
+            md += [f"TensorFlow: **not run** — {tr['tf_unavailable']}.", ""]
+        for model, mres in tr["models"].items():
+            sy = mres["systems"]
+            loc = sy.get("leash local", {}).get("median_samples_per_second")
+            data = f"the first {mres['train_limit']} training samples" if mres.get("train_limit") else "60000 samples"
+            md += [f"### {model.upper()}: {mres['epochs']} epoch(s) of {data}, {mres.get('repeats', c['repeats'])} "
+                   "interleaved run(s) per system", "",
+                   "| system | median samples/s | vs Leash local | runs | test accuracy per epoch (median run) | "
+                   "time to 85% (s) |", "|---|---|---|---|---|---|"]
+            for n, s in sy.items():
+                if "error" in s:
+                    md.append(f"| {n} | failed: {s['error']} | | | | |")
+                    continue
+                accs = ", ".join(f"{p['test_accuracy'] * 100:.1f}%" for p in s["curve"] if p["test_accuracy"] is not None)
+                t85 = ", ".join(fmt(t, ".1f", "not reached") for t in s["time_to_85_seconds"])
+                md.append(f"| {n} | {s['median_samples_per_second']:.0f} | "
+                          f"{fmt(loc and s['median_samples_per_second'] / loc, '.2f')}x | "
+                          f"{', '.join(f'{v:.0f}' for v in s['samples_per_second'])} | {accs} | {t85} |")
+            md.append("")
+    st = res.get("stragglers")
+    if st:
+        md += ["## 3. Stragglers", "",
+               f"3 Leash workers + 1 shard, MLP, {st['epochs']} epoch(s); worker w2 runs with `--step-delay-factor 3` "
+               "(sleeps 2x each step's forward/backward time before the step's clock: its compute is 3x slower; its pulls and pushes are not). Cluster samples/s: all workers' samples over the job's "
+               "wall time; accuracy and time to 85% from worker w0.", "",
+               "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s) | final test accuracy | "
+               "samples trained by w0, w1, w2 (slow), per run |",
+               "|---|---|---|---|---|---|---|"]
+        base = st["summary"].get("0", {}).get("median_samples_per_second")
+        for s, v in st["summary"].items():
+            if "error" in v:
+                md.append(f"| {s} | failed: {v['error']} | | | | |")
+                continue
+            md.append(f"| {s} | {v['median_samples_per_second']:.0f} | "
+                      f"{fmt(base and v['median_samples_per_second'] / base, '.2f')}x | "
+                      f"{', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
+                      f"{', '.join(fmt(t, '.1f', 'not reached') for t in v['time_to_85_seconds'])} | "
+                      f"{fmt(v['median_final_test_accuracy'] and v['median_final_test_accuracy'] * 100, '.1f')}% | "
+                      f"{'; '.join(str(x.get('samples_per_worker', '')) for x in st['runs'].get(s, []))} |")
+        md += ["", "The slow worker trains as many samples as the fast ones at every bound: under stale synchronous "
+               "parallel a worker may run at most s iterations ahead of the slowest, so with a *persistent* straggler "
+               "every worker advances at the straggler's iteration rate whatever s is; a bound >= 1 only saves the "
+               "fast workers' idle waiting per step and overlaps the pull with compute. A larger speedup needs the "
+               "straggler to do less work per clock (smaller batches, or shedding its data chunks), not a looser bound.",
+               ""]
+    du = res.get("durability")
+    if du:
+        md += ["## 4. Durability cost", "",
+               f"Leash 1 shard + 1 worker, MLP, {du['epochs']} epoch(s), staleness 1, no evaluation; "
+               "`leash-server --checkpoint-interval` 1s / 10s / 0 (off), snapshots fsynced (the default); "
+               f"{c['repeats'] + 1} interleaved runs each.", "",
+               "| snapshots every | median samples/s | vs off | runs | median run length (s) |", "|---|---|---|---|---|"]
+        for i, v in du["summary"].items():
+            md.append(f"| {'off' if i == '0' else i} | {fmt(v['median_samples_per_second'])} | "
+                      f"{fmt(v['over_off'], '.3f')} | {', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
+                      f"{fmt(v['median_job_seconds'], '.1f')} |")
+        md.append("")
+    if plots:
+        md += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    if res.get("errors"):
+        md += ["## Errors", ""] + [f"- {e}" for e in res["errors"]] + [""]
+    md += ["Raw numbers: `suite.json` (everything), `training.json`, `stragglers.json`, `durability.json`, "
+           "`pushpull_suite.json`, `pushpull.json`.", ""]
+    with open(os.path.join(a.out, "SUMMARY.md"), "w") as f:
+        f.write("\n".join(md))
+
+
+def make_plots(a, res):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plots = []
+    tr = res.get("training")
+    if tr:
+        for model, mres in tr["models"].items():
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            for n, s in mres["systems"].items():
+                if "curve" not in s:
+                    continue
+                pts = [(p["elapsed_seconds"], p["test_accuracy"] * 100) for p in s["curve"] if p["test_accuracy"] is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+            ax.axhline(TARGET_ACC * 100, color="grey", ls="--", lw=1)
+            ax.set_xlim(left=0)
+            ax.set_xlabel("wall time since training started (s); a point per epoch")
+            ax.set_ylabel("test accuracy (%)")
+            ax.set_ylim(bottom=max(0, min([70] + [p["test_accuracy"] * 100 - 2 for s in mres["systems"].values()
+                                                  for p in s.get("curve", []) if p["test_accuracy"] is not None])))
+            ax.set_title(f"Fashion-MNIST {model.upper()}: test accuracy vs time (median run)")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            name = f"accuracy_vs_time_{model}.png"
+            fig.tight_layout()
+            fig.savefig(os.path.join(a.out, name), dpi=100)
+            plt.close(fig)
+            plots.append(name)
+        fig, axes = plt.subplots(1, len(tr["models"]), figsize=(12, 4.5))
+        for ax, (model, mres) in zip(list(axes) if hasattr(axes, "__len__") else [axes], tr["models"].items()):
+            names = [n for n, s in mres["systems"].items() if "median_samples_per_second" in s]
+            vals = [mres["systems"][n]["median_samples_per_second"] for n in names]
+            colors = ["tab:blue" if n.startswith("leash") else "tab:orange" if n.startswith("torch") else "tab:green"
+                      for n in names]
+            ax.barh(names, vals, color=colors)
+            for y, v in enumerate(vals):
+                ax.text(v, y, f" {v:.0f}", va="center", fontsize=8)
+            ax.set_xlabel("samples/s (median)")
+            ax.set_title(f"{model.upper()}, batch 64, 1 math thread per process")
+            ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "training_throughput.png"), dpi=100)
+        plt.close(fig)
+        plots.append("training_throughput.png")
+    st = res.get("stragglers")
+    if st:
+        ks = [k for k, v in st["summary"].items() if "median_samples_per_second" in v]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        ax1.bar([f"s={k}" for k in ks], [st["summary"][k]["median_samples_per_second"] for k in ks], color="tab:blue")
+        ax1.set_ylabel("cluster samples/s (median)")
+        ax1.set_title("3 workers, one 3x slower")
+        t = [st["summary"][k]["median_time_to_85_seconds"] for k in ks]
+        ax2.bar([f"s={k}" for k in ks], [v if v is not None else 0 for v in t], color="tab:purple")
+        for x, v in enumerate(t):
+            ax2.text(x, v or 0, " not reached" if v is None else f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        ax2.set_ylabel("time to 85% test accuracy (s)")
+        ax2.set_title("MLP, staleness bound s")
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "stragglers.png"), dpi=100)
+        plt.close(fig)
+        plots.append("stragglers.png")
+    du = res.get("durability")
+    if du:
+        ks = list(du["summary"])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        vals = [du["summary"][k]["median_samples_per_second"] or 0 for k in ks]
+        ax.bar([("off" if k == "0" else f"every {k}") for k in ks], vals, color="tab:red")
+        for x, k in enumerate(ks):
+            r = du["summary"][k]["over_off"]
+            ax.text(x, vals[x], f"{r:.3f}x" if r else "", ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("samples/s (median)")
+        ax.set_title("Leash 1+1 MLP: snapshot interval")
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "durability.png"), dpi=100)
+        plt.close(fig)
+        plots.append("durability.png")
+    pp = res.get("pushpull")
+    if pp:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        ax1.bar(["raw ZeroMQ RTT", "Leash push"], [pp["raw_rtt_4KB_p50_us"], pp["leash_4KB_p50_us"]],
+                color=["grey", "tab:blue"])
+        ax1.axhline(pp["raw_rtt_4KB_p50_us"] * 1.3, color="tab:red", ls="--", lw=1, label="target 1.3x")
+        ax1.set_ylabel("p50 latency (us)")
+        ax1.set_title("4 KB, 1 in flight")
+        ax1.legend(fontsize=8)
+        ax2.bar(["raw one-way", "Leash push x8"], [pp["raw_oneway_4MB_MBps"], pp["leash_4MB_push_MBps"]],
+                color=["grey", "tab:blue"])
+        ax2.axhline(pp["raw_oneway_4MB_MBps"] * 0.8, color="tab:red", ls="--", lw=1, label="target 80%")
+        ax2.set_ylabel("MB/s")
+        ax2.set_title("4 MB, 8 in flight")
+        ax2.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "pushpull.png"), dpi=100)
+        plt.close(fig)
+        plots.append("pushpull.png")
+    return plots
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: small data, 1 repeat (a few minutes)")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--out", help="results directory (default bench/results, or bench/results/quick with --quick)")
+    p.add_argument("--parts", default=",".join(ALL_PARTS),
+                   help="comma-separated; with a subset, the other parts' results in --out are kept")
+    p.add_argument("--repeats", type=int, help="override the repeats of the training, straggler and durability parts")
+    p.add_argument("--cnn-train-limit", type=int, help="CNN training samples (0: all 60000; full default 30000, "
+                   "as one CNN epoch takes 3-4 min per system on 2 busy cores)")
+    p.add_argument("--cnn-epochs", type=int)
+    p.add_argument("--cnn-repeats", type=int, help="repeats of the CNN training part (full default 1)")
+    p.add_argument("--mlp-epochs", type=int)
+    p.add_argument("--no-tf", action="store_true", help="skip the TensorFlow peer (and its install)")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the processes' logs and metrics (printed path)")
+    p.add_argument("--summary-only", action="store_true", help="rewrite SUMMARY.md and plots from --out/suite.json")
+    a = p.parse_args()
+    a.out = a.out or os.path.join(HERE, "results", "quick" if a.quick else "")
+    a.out = os.path.normpath(a.out)
+    os.makedirs(a.out, exist_ok=True)
+    c = config(a.quick)
+    for key in ("repeats", "cnn_repeats", "cnn_train_limit", "cnn_epochs", "mlp_epochs"):
+        if getattr(a, key) is not None:
+            c[key] = getattr(a, key)
+    if a.summary_only:
+        with open(os.path.join(a.out, "suite.json")) as f:
+            res = json.load(f)
+        c.update(res.get("config", {}))
+        write_summary(a, c, res, make_plots(a, res), res["durations_seconds"])
+        return 0
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    res = {"suite": "leash-bench", "quick": a.quick, "time": now(), "config": c, "nproc": os.cpu_count(),
+           "errors": []}
+    durations = {}
+    previous = os.path.join(a.out, "suite.json")
+    if set(parts) != set(ALL_PARTS) and os.path.exists(previous):
+        # A subset of the parts: the others keep their results from the last run here.
+        with open(previous) as f:
+            old = json.load(f)
+        if old.get("quick") == a.quick:
+            durations = {k: v for k, v in old.get("durations_seconds", {}).items() if k not in parts and k != "total"}
+            res.update({k: old[k] for k in ALL_PARTS if k in old and k not in parts})
+            res["errors"] = [e for e in old.get("errors", []) if e.split(":")[0] not in parts]
+            res["time"] = f"{old.get('time')} (re-run of {', '.join(parts)}: {res['time']})"
+            log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
+    tmp = tempfile.mkdtemp(prefix="leash-bench-")
+    fns = {"pushpull": part_pushpull, "training": part_training, "stragglers": part_stragglers,
+           "durability": part_durability}
+    try:
+        for part in parts:
+            if part not in fns:
+                p.error(f"unknown part {part!r} (use {', '.join(fns)})")
+            t0 = time.monotonic()
+            log(f"=== {part}")
+            try:
+                res[part] = fns[part](a, c, tmp)
+            except Exception as e:
+                traceback.print_exc()
+                res["errors"].append(f"{part}: {type(e).__name__}: {e}")
+            durations[part] = time.monotonic() - t0
+            log(f"=== {part} took {durations[part] / 60:.1f} min")
+    finally:
+        if a.keep_tmp:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    durations["total"] = sum(v for k, v in durations.items() if k != "total")
+    res["durations_seconds"] = durations
+    write_json(os.path.join(a.out, "suite.json"), res)
+    plots = make_plots(a, res)
+    write_summary(a, c, res, plots, durations)
+    log(f"wrote {a.out}/SUMMARY.md, suite.json and {', '.join(plots)}; total {durations['total'] / 60:.1f} min")
+    with open(os.path.join(a.out, "SUMMARY.md")) as f:
+        print(f.read().split("## 1.")[0])
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
