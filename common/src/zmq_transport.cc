@@ -180,6 +180,8 @@ class ZmqClient final : public ClientTransport {
         return ReadFrom(i);
       }
     }
+    // ZMQ_EVENTS above is authoritative: with no time to wait, nothing is ready.
+    if (timeout.count() <= 0) return std::optional<std::pair<int, Message>>();
     try {
       zmq::poll(items.data(), items.size(), timeout);
     } catch (const zmq::error_t& e) {
@@ -198,6 +200,13 @@ class ZmqClient final : public ClientTransport {
   }
 
   Status Reconnect(int shard) override { return Open(shard); }
+
+  std::vector<int> PollFds() override {
+    std::vector<int> fds;
+    fds.reserve(sockets_.size());
+    for (auto& s : sockets_) fds.push_back(s->get(zmq::sockopt::fd));
+    return fds;
+  }
 
   void Wake() override { waker_.Wake(); }
 
