@@ -204,6 +204,14 @@ class Client::Impl final : public detail::OpWaiter {
     waiters_.fetch_add(1);
     bool done = false;
     std::vector<pollfd> fds;
+    // A reply that comes within a round trip is read without going to sleep.
+    if (spin_us_ > 0 && timeout_ms != 0) {
+      auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_end) {
+        std::lock_guard<std::mutex> lock(io_mu_);
+        DrainLocked();
+      }
+    }
     while (true) {
       {
         std::lock_guard<std::mutex> lock(io_mu_);
@@ -476,6 +484,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::map<int, uint64_t> boot_ids_;  // under io_mu_
   std::atomic<int64_t> last_clock_{0};
   int io_wake_fd_;  // wakes the I/O thread
+  int64_t spin_us_ = options_.reply_spin_us;
 };
 
 Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
