@@ -71,6 +71,57 @@ TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
   EXPECT_TRUE(b->Leave().ok());
 }
 
+TEST(ClusterTest, ThreadsWaitingOnOneClientEachGetTheirOwnReplies) {
+  // Waiting threads read the connections themselves: each must still get its own
+  // replies, and replies nobody waits for must be handled by the I/O thread.
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  auto c = cluster.Connect("shared");
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Sgd1("w", 9, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  constexpr int kThreads = 4;
+  constexpr int kSteps = 100;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      std::vector<float> g(t->size(), static_cast<float>(k + 1));
+      std::vector<Future> pending;
+      for (int step = 0; step < kSteps; ++step) {
+        pending.push_back(c->Push(*t, g.data()));
+        if (pending.size() == 4) {  // several in flight, waited on out of order
+          ASSERT_TRUE(pending[2].get().ok());
+          ASSERT_TRUE(pending[0].get().ok());
+          ASSERT_TRUE(pending[3].get().ok());
+          ASSERT_TRUE(pending[1].get().ok());
+          pending.clear();
+        }
+        if (step % 10 == 0) {
+          std::vector<float> v(t->size());
+          ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+        }
+      }
+      for (auto& f : pending) ASSERT_TRUE(f.get().ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  // A push nobody waits on is completed by the I/O thread.
+  std::vector<float> one(t->size(), 1.f);
+  Future unwaited = c->Push(*t, one.data());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!unwaited.ready() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(unwaited.ready());
+  EXPECT_TRUE(unwaited.get().ok());
+  std::vector<float> v(t->size());
+  ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+  float expected = -(kSteps * (1.f + 2.f + 3.f + 4.f) + 1.f);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], expected) << "value " << i;
+  EXPECT_FALSE(Future().get().ok());  // a default-made future is an error, not a hang
+  EXPECT_TRUE(c->Leave().ok());
+}
+
 TEST(ClusterTest, HalfPrecisionOnTheWireHalvesTheBytesAndKeepsFp32Masters) {
   TempDir dir;
   Cluster cluster(2, dir.path());

@@ -4,9 +4,11 @@
 namespace leash {
 
 Frame Frame::Copy(const void* data, size_t size) {
-  std::vector<uint8_t> v(size);
-  if (size > 0) std::memcpy(v.data(), data, size);
-  return Own(std::move(v));
+  // Uninitialized storage: zeroing bytes about to be overwritten was a pass of its own.
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[size]);
+  uint8_t* p = buf.get();
+  if (size > 0) std::memcpy(p, data, size);
+  return Wrap(p, size, std::move(buf));
 }
 
 Frame Frame::Own(std::vector<uint8_t> bytes) {

@@ -472,6 +472,14 @@ class ZmqClient final : public ClientTransport {
         return ReadFrom(i);
       }
     }
+    // ZMQ_EVENTS above is authoritative: with no time to wait, nothing is ready. Threads
+    // that wait on PollFds() instead of polling here still need the handshake events.
+    if (timeout.count() <= 0) {
+      for (size_t i = 0; i < monitors_.size(); ++i) {
+        if (monitors_[i]) DrainMonitor(i);
+      }
+      return std::optional<std::pair<int, Message>>();
+    }
     try {
       zmq::poll(items.data(), items.size(), timeout);
     } catch (const zmq::error_t& e) {
@@ -493,6 +501,19 @@ class ZmqClient final : public ClientTransport {
   }
 
   Status Reconnect(int shard) override { return Open(shard); }
+
+  std::vector<int> PollFds() override {
+    std::vector<int> fds;
+    fds.reserve(sockets_.size());
+    for (auto& s : sockets_) fds.push_back(s->get(zmq::sockopt::fd));
+    for (auto& m : monitors_) {
+      if (!m) continue;
+      int fd = -1;
+      size_t size = sizeof fd;
+      if (zmq_getsockopt(m->handle(), ZMQ_FD, &fd, &size) == 0) fds.push_back(fd);
+    }
+    return fds;
+  }
 
   void Wake() override { waker_.Wake(); }
 

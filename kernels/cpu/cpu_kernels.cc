@@ -104,19 +104,41 @@ void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, con
   if (correct != nullptr) *correct = right;
 }
 
-void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
+// The update loops run in blocks of a fixed size over non-aliasing pointers, so GCC
+// vectorizes them at -O2 (its cheapest cost model wants no remainder loop and no alias
+// checks); the elementwise arithmetic, and so the result, is the same.
+constexpr int64_t kBlock = 16;
+
+namespace {
+
+inline void SgdBlock(int64_t n, float lr, float wd, const float* __restrict g, float* __restrict w) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + p.weight_decay * w[i];
-    w[i] -= p.lr * gi;
+    const float gi = g[i] + wd * w[i];
+    w[i] -= lr * gi;
   }
 }
 
-void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
+inline void MomentumBlock(int64_t n, float lr, float mu, float wd, const float* __restrict g, float* __restrict w,
+                          float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + p.weight_decay * w[i];
-    v[i] = p.momentum * v[i] + gi;
-    w[i] -= p.lr * v[i];
+    const float gi = g[i] + wd * w[i];
+    v[i] = mu * v[i] + gi;
+    w[i] -= lr * v[i];
   }
+}
+
+}  // namespace
+
+void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) SgdBlock(kBlock, p.lr, p.weight_decay, g + i, w + i);
+  SgdBlock(n - i, p.lr, p.weight_decay, g + i, w + i);
+}
+
+void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) MomentumBlock(kBlock, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
+  MomentumBlock(n - i, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
 }
 
 void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m, float* v) {

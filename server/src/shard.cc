@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "leash/server/table.h"
@@ -20,9 +21,22 @@ size_t MessageBytes(const Message& m) {
 }
 
 bool AllFinite(const float* p, size_t n) {
-  float acc = 0.f;
-  for (size_t i = 0; i < n; ++i) acc += p[i] * 0.f;  // NaN or Inf anywhere makes acc NaN
-  return acc == 0.f;
+  // NaN and Inf are the floats whose exponent bits are all ones. Integer tests in blocks
+  // of a fixed size, so the loop vectorizes at -O2 (a float sum would run serially).
+  constexpr uint32_t kExp = 0x7f800000u;
+  uint32_t bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t b[16];
+    std::memcpy(b, p + i, sizeof b);
+    for (int j = 0; j < 16; ++j) bad |= static_cast<uint32_t>((b[j] & kExp) == kExp);
+  }
+  for (; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, p + i, sizeof b);
+    bad |= static_cast<uint32_t>((b & kExp) == kExp);
+  }
+  return bad == 0;
 }
 
 // Removes the rows of `grad` holding NaN or Inf (and their keys from `rows`, which
@@ -242,11 +256,18 @@ Result<Table*> Shard::FindTable(uint32_t table_id) {
 
 Message Shard::PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype) {
   size_t n = rows.size() * table.cols();
-  std::vector<float> values(n);
-  table.Read(rows, values.data());
-  Frame payload = dtype == wire::DType::F32 ? Frame::Own(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(values.data()),
-                                                                              reinterpret_cast<uint8_t*>(values.data() + n)))
-                                            : EncodeValues(values, dtype);
+  Frame payload;
+  if (dtype == wire::DType::F32) {
+    // Read straight into the frame the transport sends without copying.
+    std::shared_ptr<float[]> values(new float[n]);
+    float* data = values.get();
+    table.Read(rows, data);
+    payload = Frame::Wrap(data, n * sizeof(float), std::move(values));
+  } else {
+    std::vector<float> values(n);
+    table.Read(rows, values.data());
+    payload = EncodeValues(values, dtype);
+  }
   ++counters_.pulls_served;
   return MakeMessage(
       rid,
@@ -298,18 +319,31 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, cons
   if (m->seq() <= w->last_seq) {
     ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
   } else {
-    std::vector<float> grad(n);
-    LEASH_RETURN_IF_ERROR(DecodeValues(message[1], m->dtype(), n, grad.data()).WithContext("push to table '" + table->name() + "'"));
-    if (!AllFinite(grad.data(), n)) {
+    // fp32 gradients are applied where the transport put them (its frames are 8-byte
+    // aligned); a copy is made only to widen 16-bit values or to drop non-finite rows.
+    std::vector<float> grad;
+    const float* g = nullptr;
+    const Frame& payload = message[1];
+    if (m->dtype() == wire::DType::F32 && payload.size() == n * sizeof(float) &&
+        reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
+      g = reinterpret_cast<const float*>(payload.data());
+    } else {
+      grad.resize(n);
+      LEASH_RETURN_IF_ERROR(DecodeValues(payload, m->dtype(), n, grad.data()).WithContext("push to table '" + table->name() + "'"));
+      g = grad.data();
+    }
+    if (!AllFinite(g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
         return InvalidArgument("push to table '" + table->name() +
                                "' contains NaN or Inf gradients; it was not applied (check the learning rate and data)");
       }
+      if (grad.empty()) grad.assign(g, g + n);
       skipped = DropNonFiniteRows(table->cols(), &rows, &grad);
       counters_.nonfinite_rows_skipped += skipped;
+      g = grad.data();
     }
-    if (rows.size() > 0) table->Apply(rows, grad.data());
+    if (rows.size() > 0) table->Apply(rows, g);
     w->last_seq = m->seq();
     ++counters_.pushes_applied;
     applied = true;

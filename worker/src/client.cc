@@ -1,8 +1,12 @@
-// leash::Client: request pipelining, heartbeats and resends on a background I/O thread.
-// Callers build messages on their own thread; only the I/O thread touches the transport.
+// leash::Client: request pipelining, heartbeats and resends. Callers send their requests
+// and read the replies they wait for on their own threads, one at a time under a lock; a
+// background I/O thread handles the rest (replies nobody waits for, heartbeats, resends).
 #include "leash/worker/client.h"
 
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -29,21 +33,50 @@ size_t Bytes(const Message& m) {
   return n;
 }
 
+}  // namespace
+
+namespace detail {
+
+// Waits on a request's operation for a Future (implemented by Client::Impl).
+class OpWaiter {
+ public:
+  virtual ~OpWaiter() = default;
+  // True once `op` is done; false if `timeout_ms` (>= 0) passed first.
+  virtual bool Wait(Op& op, int64_t timeout_ms) = 0;
+};
+
 // A user-level operation fanned out to one or more shards; completes when every part
-// has a reply. Touched only by the I/O thread after submission.
+// has a reply. Everything but `done` is touched under the client's I/O lock.
 struct Op {
   using OnReply = std::function<Status(int shard, const wire::Envelope* env, const Message& msg)>;
-  explicit Op(int parts, OnReply cb) : remaining(parts), on_reply(std::move(cb)) {}
-  std::promise<Status> promise;
+  Op(int parts, OnReply cb, OpWaiter* w) : remaining(parts), on_reply(std::move(cb)), waiter(w) {}
+  std::atomic<bool> done{false};
+  Status status;  // the result, written before done is set
   int remaining;
   Status error;
   OnReply on_reply;
+  OpWaiter* waiter;  // valid while !done
+  int wake_fd = -1;  // a waiting thread's eventfd, written when the op completes
 
+  void Finish(Status st) {
+    status = std::move(st);
+    done.store(true, std::memory_order_release);
+    if (wake_fd >= 0) {
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof one);
+    }
+  }
   void Complete(Status st) {
     if (!st.ok() && error.ok()) error = std::move(st);
-    if (--remaining == 0) promise.set_value(error);
+    if (--remaining == 0) Finish(error);
   }
 };
+
+}  // namespace detail
+
+namespace {
+
+using detail::Op;
 
 struct Request {
   uint64_t rid = 0;
@@ -52,10 +85,10 @@ struct Request {
   std::shared_ptr<Op> op;  // null for heartbeats
 };
 
-std::future<Status> Ready(Status st) {
-  std::promise<Status> p;
-  p.set_value(std::move(st));
-  return p.get_future();
+Future Ready(Status st) {
+  auto op = std::make_shared<Op>(1, nullptr, nullptr);
+  op->Finish(std::move(st));
+  return Future(std::move(op));
 }
 
 std::vector<int> AllShards(int n) {
@@ -64,9 +97,46 @@ std::vector<int> AllShards(int n) {
   return all;
 }
 
+// An eventfd per thread that waits on futures: completing an op writes it.
+int ThreadWakeFd() {
+  struct Fd {
+    int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  thread_local Fd fd;
+  return fd.fd;
+}
+
+void DrainFd(int fd) {
+  uint64_t v;
+  [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
+}
+
 }  // namespace
 
-class Client::Impl {
+bool Future::WaitMs(int64_t timeout_ms) const {
+  if (!op_) return true;
+  if (op_->done.load(std::memory_order_acquire)) return true;
+  return op_->waiter->Wait(*op_, timeout_ms);
+}
+
+Status Future::get() const {
+  if (!op_) return FailedPrecondition("waited on a default-constructed leash::Future");
+  WaitMs(-1);
+  return op_->status;
+}
+
+void Future::wait() const { WaitMs(-1); }
+
+bool Future::ready() const { return !op_ || op_->done.load(std::memory_order_acquire); }
+
+// Every thread may send and receive, one at a time under io_mu_: a caller sends its
+// requests itself, and a thread waiting on a future reads replies itself (the
+// transport's descriptors are polled without the lock). The background I/O thread
+// handles replies nobody waits for, heartbeats, silence and resends.
+class Client::Impl final : public detail::OpWaiter {
  public:
   Impl(std::unique_ptr<ClientTransport> transport, const ClientOptions& options)
       : transport_(std::move(transport)),
@@ -76,9 +146,13 @@ class Client::Impl {
         next_reconnect_(static_cast<size_t>(n_), 0),
         backoff_(static_cast<size_t>(n_), 100),
         push_seq_(static_cast<size_t>(n_), 0),
-        silence_ms_(options.shard_silence_ms) {}
+        silence_ms_(options.shard_silence_ms),
+        io_wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
-  ~Impl() { Stop(); }
+  ~Impl() override {
+    Stop();
+    if (io_wake_fd_ >= 0) ::close(io_wake_fd_);
+  }
 
   void Start() { io_ = std::thread([this] { Loop(); }); }
 
@@ -87,35 +161,107 @@ class Client::Impl {
   void Stop() {
     if (!io_.joinable()) return;
     stop_.store(true);
-    transport_->Wake();
+    WakeIo();
     io_.join();
   }
 
-  // Submits one message per shard in `parts`; `build(shard, rid, seq)` makes each
-  // message. rid and push sequence numbers are assigned under the queue lock, so their
-  // order is the order messages reach each shard.
-  std::future<Status> Submit(const std::vector<int>& shards, const std::function<Message(int, uint64_t, uint64_t)>& build,
-                             Op::OnReply on_reply, bool is_push = false) {
-    auto op = std::make_shared<Op>(static_cast<int>(shards.size()), std::move(on_reply));
-    auto fut = op->promise.get_future();
+  // Sends one message per shard in `parts` from the calling thread; `build(shard, rid,
+  // seq)` makes each message. rid and push sequence numbers are assigned under the I/O
+  // lock, so their order is the order messages reach each shard.
+  Future Submit(const std::vector<int>& shards, const std::function<Message(int, uint64_t, uint64_t)>& build,
+                Op::OnReply on_reply, bool is_push = false) {
+    auto op = std::make_shared<Op>(static_cast<int>(shards.size()), std::move(on_reply), this);
     if (shards.empty()) {
-      op->promise.set_value(Status::Ok());
-      return fut;
+      op->Finish(Status::Ok());
+      return Future(op);
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(io_mu_);
       if (stop_.load()) {
-        op->promise.set_value(Cancelled("client is shut down"));
-        return fut;
+        op->Finish(Cancelled("client is shut down"));
+        return Future(op);
       }
+      int64_t now = NowMs();
       for (int s : shards) {
-        uint64_t rid = next_rid_.fetch_add(1);
+        Request r;
+        r.rid = next_rid_.fetch_add(1);
+        r.shard = s;
         uint64_t seq = is_push ? ++push_seq_[static_cast<size_t>(s)] : 0;
-        queue_.push_back({rid, s, build(s, rid, seq), op});
+        r.message = build(s, r.rid, seq);
+        r.op = op;
+        uint64_t limit = max_message_bytes_[static_cast<size_t>(s)].load();
+        if (limit > 0 && Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
+          op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) + " bytes to shard " +
+                                         std::to_string(s) + " exceeds the shard's limit of " + std::to_string(limit) +
+                                         " bytes (its --max-message-mb); split it"));
+          continue;
+        }
+        if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
+        ++requests_;
+        SendNow(r);
+        uint64_t rid = r.rid;
+        inflight_.emplace(rid, std::move(r));
+      }
+      DrainLocked();  // the sends may have consumed the descriptors' edge
+    }
+    return Future(op);
+  }
+
+  bool Wait(Op& op, int64_t timeout_ms) override {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
+    int efd = ThreadWakeFd();
+    waiters_.fetch_add(1);
+    bool done = false;
+    std::vector<pollfd> fds;
+    // A reply that comes within a round trip is read without going to sleep.
+    if (spin_us_ > 0 && timeout_ms != 0) {
+      auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_end) {
+        std::lock_guard<std::mutex> lock(io_mu_);
+        DrainLocked();
       }
     }
-    transport_->Wake();
-    return fut;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(io_mu_);
+        DrainLocked();
+        done = op.done.load(std::memory_order_acquire);
+        if (done || efd < 0) {
+          op.wake_fd = -1;
+          break;
+        }
+        op.wake_fd = efd;
+        fds.clear();
+        for (int fd : transport_->PollFds()) fds.push_back({fd, POLLIN, 0});
+      }
+      int wait_ms = 50;  // a safety net only: completion and arrivals wake this thread
+      if (timeout_ms >= 0) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+        if (left <= 0) {
+          std::lock_guard<std::mutex> lock(io_mu_);
+          op.wake_fd = -1;
+          done = op.done.load(std::memory_order_acquire);
+          break;
+        }
+        wait_ms = static_cast<int>(std::min<int64_t>(left, wait_ms));
+      }
+      fds.push_back({efd, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), wait_ms);
+      if (fds.back().revents & POLLIN) DrainFd(efd);
+    }
+    if (efd < 0 && !done) {  // no eventfd: let the I/O thread deliver the result
+      waiters_.fetch_sub(1);
+      WakeIo();
+      while (!op.done.load(std::memory_order_acquire)) {
+        if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      return true;
+    }
+    // The I/O thread leaves the connections to waiting threads; the last one to go
+    // hands back what is still in flight.
+    if (waiters_.fetch_sub(1) == 1 && inflight_count_.load() > 0) WakeIo();
+    return done;
   }
 
   // Heartbeats every `interval_ms` (0 stops them). A shard counts as silent only after
@@ -125,6 +271,7 @@ class Client::Impl {
     hb_incarnation_.store(incarnation);
     silence_ms_.store(std::max(options_.shard_silence_ms, interval_ms * 5 / 2));
     hb_interval_ms_.store(interval_ms);
+    WakeIo();
   }
 
   ClientCounters counters() const {
@@ -152,72 +299,78 @@ class Client::Impl {
   void clear_needs_rejoin() { needs_rejoin_.store(false); }
 
  private:
+  void WakeIo() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(io_wake_fd_, &one, sizeof one);
+  }
+
   void SendNow(Request& r) {
     bytes_sent_ += Bytes(r.message);
     Status st = transport_->Send(r.shard, r.message);
     if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", r.shard, st.ToString());
   }
 
-  void Loop() {
-    int64_t last_hb = 0;
-    while (!stop_.load()) {
-      std::deque<Request> batch;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        batch.swap(queue_);
-      }
-      int64_t now = NowMs();
-      for (Request& r : batch) {
-        uint64_t limit = max_message_bytes_[static_cast<size_t>(r.shard)].load();
-        if (limit > 0 && r.op && Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
-          r.op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) + " bytes to shard " +
-                                           std::to_string(r.shard) + " exceeds the shard's limit of " +
-                                           std::to_string(limit) + " bytes (its --max-message-mb); split it"));
-          continue;
-        }
-        if (inflight_per_shard_[r.shard]++ == 0) last_heard_[static_cast<size_t>(r.shard)] = now;
-        ++requests_;
-        SendNow(r);
-        uint64_t rid = r.rid;
-        inflight_.emplace(rid, std::move(r));
-      }
-      int64_t hb = hb_interval_ms_.load();
-      if (hb > 0 && now - last_hb >= hb) {
-        last_hb = now;
-        for (int s = 0; s < n_; ++s) {
-          Request r;
-          r.rid = next_rid_.fetch_add(1);
-          r.shard = s;
-          r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
-          if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
-          SendNow(r);
-          inflight_.emplace(r.rid, std::move(r));
-        }
-      }
-      CheckSilence(now);
-      int64_t wait = 50;
-      if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
-      auto in = transport_->Receive(std::chrono::milliseconds(wait));
+  // Receives and handles every message that is ready. Under io_mu_. False if the
+  // transport failed.
+  bool DrainLocked() {
+    while (true) {
+      auto in = transport_->Receive(std::chrono::milliseconds(0));
       if (!in.ok()) {
         spdlog::error("client transport failed: {}", in.status().ToString());
+        return false;
+      }
+      if (!in->has_value()) break;
+      OnMessage((*in)->first, (*in)->second);
+    }
+    inflight_count_.store(inflight_.size());
+    return true;
+  }
+
+  void Loop() {
+    int64_t last_hb = 0;
+    std::vector<pollfd> fds;
+    while (!stop_.load()) {
+      int64_t wait = 50;
+      bool ok = true;
+      fds.clear();
+      {
+        std::lock_guard<std::mutex> lock(io_mu_);
+        int64_t now = NowMs();
+        int64_t hb = hb_interval_ms_.load();
+        if (hb > 0 && now - last_hb >= hb) {
+          last_hb = now;
+          for (int s = 0; s < n_; ++s) {
+            Request r;
+            r.rid = next_rid_.fetch_add(1);
+            r.shard = s;
+            r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
+            if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
+            SendNow(r);
+            inflight_.emplace(r.rid, std::move(r));
+          }
+        }
+        CheckSilence(now);
+        ok = DrainLocked();
+        if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
+        // While threads wait on futures they read the connections; this one keeps time.
+        if (waiters_.load() == 0) {
+          for (int fd : transport_->PollFds()) fds.push_back({fd, POLLIN, 0});
+        }
+      }
+      if (!ok) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
-      // Drain whatever is ready before going back to the queue.
-      while (in.ok() && in->has_value()) {
-        OnMessage((*in)->first, (*in)->second);
-        in = transport_->Receive(std::chrono::milliseconds(0));
-      }
+      fds.push_back({io_wake_fd_, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), static_cast<int>(wait));
+      if (fds.back().revents & POLLIN) DrainFd(io_wake_fd_);
     }
+    std::lock_guard<std::mutex> lock(io_mu_);
     for (auto& [rid, r] : inflight_) {
       if (r.op) r.op->Complete(Cancelled("client shut down before shard " + std::to_string(r.shard) + " replied"));
     }
     inflight_.clear();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Request& r : queue_) {
-      if (r.op) r.op->Complete(Cancelled("client shut down"));
-    }
-    queue_.clear();
+    inflight_count_.store(0);
   }
 
   // A shard that answers with a new boot id restarted and lost whatever was in flight to
@@ -320,20 +473,22 @@ class Client::Impl {
   std::unique_ptr<ClientTransport> transport_;
   ClientOptions options_;
   int n_;
-  std::mutex mu_;
-  std::deque<Request> queue_;
-  // Taken under mu_ by Submit, so rid order is queue order; heartbeats take theirs too.
+  // Guards the transport and the state below it; never held while waiting.
+  std::mutex io_mu_;
+  // Taken under io_mu_, so rid order is send order.
   std::atomic<uint64_t> next_rid_{1};
   std::thread io_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> waiters_{0};            // threads waiting on futures (they read the connections)
+  std::atomic<size_t> inflight_count_{0};  // inflight_.size() as of the last drain
 
-  // I/O thread state.
+  // Under io_mu_.
   std::map<uint64_t, Request> inflight_;  // ordered by rid = send order
   std::map<int, int64_t> inflight_per_shard_;
   std::vector<int64_t> last_heard_;
   std::vector<int64_t> next_reconnect_;
   std::vector<int64_t> backoff_;
-  std::vector<uint64_t> push_seq_;  // guarded by mu_
+  std::vector<uint64_t> push_seq_;
   std::atomic<uint64_t> hb_worker_{0};
   std::atomic<uint64_t> hb_incarnation_{0};
   std::atomic<int64_t> silence_ms_{0};
@@ -348,8 +503,10 @@ class Client::Impl {
   std::atomic<uint64_t> pulls_{0};
   std::atomic<int64_t> pulled_min_clock_{-1};
   std::atomic<bool> needs_rejoin_{false};
-  std::map<int, uint64_t> boot_ids_;  // I/O thread
+  std::map<int, uint64_t> boot_ids_;  // under io_mu_
   std::atomic<int64_t> last_clock_{0};
+  int io_wake_fd_;  // wakes the I/O thread
+  int64_t spin_us_ = options_.reply_spin_us;
 };
 
 Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
@@ -392,7 +549,7 @@ Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport>
   return c;
 }
 
-Status Client::WaitForShards(std::future<Status>& fut, const std::vector<bool>& answered) {
+Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
   // Polls, so that a shard the transport knows is refusing us (e.g. a refused CURVE key,
   // which ZeroMQ reports only through its socket monitor) fails Connect at once.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
@@ -532,7 +689,7 @@ Status CheckPullReply(const wire::Envelope* env, const Message& msg, size_t rows
 
 }  // namespace
 
-std::future<Status> Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
+Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   for (int s = 0; s < num_shards_; ++s) {
@@ -562,7 +719,7 @@ std::future<Status> Client::Pull(const TableHandle& table, float* out, int64_t f
       });
 }
 
-std::future<Status> Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {
+Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {
   for (uint64_t k : keys) {
     if (k >= table.rows) {
       return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
@@ -605,7 +762,7 @@ std::future<Status> Client::Pull(const TableHandle& table, std::span<const uint6
       });
 }
 
-std::future<Status> Client::Push(const TableHandle& table, const float* grad) {
+Future Client::Push(const TableHandle& table, const float* grad) {
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
@@ -630,7 +787,7 @@ std::future<Status> Client::Push(const TableHandle& table, const float* grad) {
       nullptr, /*is_push=*/true);
 }
 
-std::future<Status> Client::Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad) {
+Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad) {
   for (uint64_t k : keys) {
     if (k >= table.rows) {
       return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
@@ -664,7 +821,7 @@ std::future<Status> Client::Push(const TableHandle& table, std::span<const uint6
       nullptr, /*is_push=*/true);
 }
 
-std::future<Status> Client::Clock() {
+Future Client::Clock() {
   int64_t next = clock_.fetch_add(1) + 1;
   impl_->NoteClock(next);
   std::vector<int> all = AllShards(num_shards_);

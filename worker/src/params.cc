@@ -122,7 +122,7 @@ class RemoteParams final : public ParamStore {
   int64_t clock() const override { return client_->clock(); }
 
  private:
-  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock, std::vector<std::future<Status>>* futs) {
+  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock, std::vector<Future>* futs) {
     values->resize(tables_.size());
     for (size_t i = 0; i < tables_.size(); ++i) {
       (*values)[i].resize(tables_[i].size());
@@ -131,7 +131,7 @@ class RemoteParams final : public ParamStore {
   }
 
   // Waits for every future (clearing the list); the first error names its table.
-  Status Wait(std::vector<std::future<Status>>* futs) {
+  Status Wait(std::vector<Future>* futs) {
     Status first;
     for (size_t i = 0; i < futs->size(); ++i) {
       Status st = (*futs)[i].get();
@@ -144,12 +144,12 @@ class RemoteParams final : public ParamStore {
   Client* client_;
   bool prefetch_;
   std::vector<TableHandle> tables_;
-  std::vector<std::future<Status>> futures_;
+  std::vector<Future> futures_;
   std::vector<std::vector<float>> next_;  // the prefetched values of iteration next_clock_
-  std::vector<std::future<Status>> next_futures_;
+  std::vector<Future> next_futures_;
   int64_t next_clock_ = -1;
-  std::deque<std::future<Status>> pending_;
-  std::deque<std::future<Status>> clocks_;
+  std::deque<Future> pending_;
+  std::deque<Future> clocks_;
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "leash/common/message.h"
 #include "leash/common/status.h"
@@ -54,6 +55,12 @@ class ClientTransport {
   virtual Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds timeout) = 0;
   // Drops the connection to `shard` and everything queued on it, and connects again.
   virtual Status Reconnect(int shard) = 0;
+  // File descriptors that become readable when a message may have arrived, for a
+  // caller that waits with poll(2) instead of Receive (and may do so on another thread
+  // than the one sending: the descriptors are only polled, never read). They are edge
+  // triggered: after every Send or Receive, call Receive(0) until it returns nullopt
+  // before waiting on them again. Valid until the next Reconnect.
+  virtual std::vector<int> PollFds() = 0;
   // Interrupts a Receive. Thread-safe.
   virtual void Wake() = 0;
   // Why `shard` cannot be talked to, if the transport knows (e.g. the shard refused this
