@@ -127,5 +127,21 @@ TEST(DataCoverageTest, MalformedStateIsDataLoss) {
   EXPECT_TRUE(DataCoverage::Deserialize({}).ok());
 }
 
+// Found by fuzz_shard/fuzz_wire: a ChunkRequest whose plan cut the data into 2^32 chunks
+// made shard 0 allocate and shuffle gigabytes (a hang, then out of memory).
+TEST(DataCoverageTest, RejectsPlansWithTooManyChunks) {
+  DataCoverage d;
+  Status st = d.SetPlan({UINT64_MAX, 1, 1, 0});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("--chunk-size"), std::string::npos) << st;
+  EXPECT_FALSE(d.SetPlan({kMaxChunks + 1, 1, 1, 0}).ok());
+  // num_samples + chunk_size - 1 overflowed to a handful of chunks.
+  EXPECT_FALSE(d.SetPlan({UINT64_MAX, UINT32_MAX, 1, 0}).ok());
+  EXPECT_EQ((DataPlan{UINT64_MAX, 2, 1, 0}).chunks(), uint64_t{1} << 63);
+  ASSERT_TRUE(d.SetPlan({kMaxChunks, 1, 1, 0}).ok());
+  EXPECT_EQ(d.Next(1).kind, Grant::Kind::kChunk);
+  EXPECT_EQ(d.Progress().num_chunks, kMaxChunks);
+}
+
 }  // namespace
 }  // namespace leash::server
