@@ -458,5 +458,21 @@ TEST_F(ShardTest, StatsReportWorkersTablesAndParkedPulls) {
   EXPECT_EQ(r->min_clock(), 0);
 }
 
+// Found by fuzz_shard: a CreateTable of 2^40 x 2^24 (within CanonicalSpec's plausibility
+// bounds) made the shard allocate the whole table and abort.
+TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
+  ShardOptions o;
+  o.max_table_values = 1000;
+  Reset(o);
+  Status st = ErrorOf("admin", MakeCreateTable(1, Spec("huge", uint64_t{1} << 40, 1u << 24)));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("big", 101, 10))).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(Create(Spec("fits", 100, 10)), 0u);
+  // With two shards each holds half the rows, so twice the table fits.
+  o.num_shards = 2;
+  Reset(o);
+  EXPECT_EQ(Create(Spec("fits", 200, 10)), 0u);
+}
+
 }  // namespace
 }  // namespace leash::server

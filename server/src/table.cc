@@ -105,9 +105,15 @@ Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
   return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
 }
 
-Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range) {
+Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range, uint64_t max_values) {
   const wire::TableSpec* spec = ParseCanonical(canonical_spec);
   if (spec == nullptr) return Internal("canonical table spec does not verify");
+  if (range.size() > max_values / spec->cols()) {  // cols > 0 in a canonical spec
+    return ResourceExhausted("table '" + spec->name()->str() + "' of " + std::to_string(spec->rows()) + " x " +
+                             std::to_string(spec->cols()) + " would put " + std::to_string(range.size()) +
+                             " rows on this shard, more than its limit of " + std::to_string(max_values) +
+                             " values per table; use more shards or a smaller table");
+  }
   Table t;
   t.id_ = id;
   t.name_ = spec->name()->str();
