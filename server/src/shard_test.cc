@@ -474,5 +474,31 @@ TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
   EXPECT_EQ(Create(Spec("fits", 200, 10)), 0u);
 }
 
+// Found by fuzz_shard: Adagrad (and Adam) with epsilon 0 turned a value whose gradient was
+// 0 into NaN (0 / (sqrt(0) + 0)).
+TEST_F(ShardTest, AdamAndAdagradNeedAPositiveEpsilon) {
+  for (auto kind : {wire::OptimizerKind::Adam, wire::OptimizerKind::Adagrad}) {
+    TableSpecArgs t = Spec(std::string("t") + wire::EnumNameOptimizerKind(kind), 2, 3, 0.001f);
+    t.optimizer = kind;
+    t.epsilon = 0.f;
+    Status st = ErrorOf("admin", MakeCreateTable(1, t));
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("epsilon"), std::string::npos) << st;
+    t.epsilon = 1e-8f;
+    uint32_t id = Create(t);
+    Register(1);
+    // Zero gradients leave their values alone.
+    ASSERT_TRUE(Push(id, Range(0, 2), {1, 1, 0, 0, 0, 0}, 1, 1 + id).ok());
+    std::vector<float> values = Pull(id, Range(0, 2));
+    ASSERT_EQ(values.size(), 6u);
+    for (float v : values) EXPECT_TRUE(std::isfinite(v));
+    EXPECT_EQ(values[2], 0.f);
+  }
+  // SGD and momentum never divide: their epsilon is not checked.
+  TableSpecArgs sgd = Spec("sgd", 2, 3);
+  sgd.epsilon = 0.f;
+  Create(sgd);
+}
+
 }  // namespace
 }  // namespace leash::server

@@ -90,6 +90,11 @@ Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
     }
   }
   if (o.beta1 >= 1 || o.beta2 >= 1) return InvalidArgument("table '" + name + "': Adam betas must be < 1");
+  // Adam and Adagrad divide by sqrt(state) + epsilon, and the state of a value that only
+  // ever saw zero gradients is 0: epsilon 0 would turn such a value into NaN.
+  if ((o.kind == wire::OptimizerKind::Adam || o.kind == wire::OptimizerKind::Adagrad) && !(o.epsilon > 0)) {
+    return InvalidArgument("table '" + name + "': Adam and Adagrad need epsilon > 0");
+  }
   const wire::InitSpec* init = spec->init();
   if (init != nullptr) {
     if (static_cast<int>(init->kind()) > static_cast<int>(wire::InitKind::MAX)) {
