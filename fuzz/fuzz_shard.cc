@@ -293,6 +293,12 @@ class Harness {
         }
         t.init = static_cast<wire::InitKind>(in.U8() % 5);
         t.init_seed = in.U8();
+        if (trace_) {
+          std::fprintf(stderr, "  create %s %llu x %u opt %d lr %g mom %g b1 %g b2 %g eps %g wd %g init %d scale %g\n",
+                       t.name.c_str(), static_cast<unsigned long long>(t.rows), t.cols, static_cast<int>(t.optimizer),
+                       t.learning_rate, t.momentum, t.beta1, t.beta2, t.epsilon, t.weight_decay, static_cast<int>(t.init),
+                       t.init_scale);
+        }
         *m = MakeCreateTable(rid, t);
         p->request = wire::Body::CreateTable;
         p->table_cols = t.cols;
@@ -328,6 +334,11 @@ class Harness {
         std::vector<float> grad(n);
         for (float& g : grad) g = (mode & 2) ? in.F32() : Pick(kGrad, in.U8());
         p->bounded = !(mode & 2);
+        if (trace_) {
+          std::fprintf(stderr, "  push table %u rows %zu grads", table, rows.size());
+          for (float g : grad) std::fprintf(stderr, " %g", g);
+          std::fprintf(stderr, "\n");
+        }
         Frame payload = EncodeValues(grad, dtype == wire::DType::F32 || static_cast<int>(dtype) > 2 ? wire::DType::F32 : dtype);
         std::vector<Frame> frames{std::move(payload)};
         if (mode & 4) frames.clear();
