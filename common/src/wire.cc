@@ -143,7 +143,8 @@ Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
 Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out) {
   size_t width = DTypeSize(dtype);
   if (width == 0) return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
-  if (frame.size() != count * width) {
+  // count > size / width first: count * width may wrap around to the frame's size.
+  if (count > frame.size() / width || frame.size() != count * width) {
     return InvalidArgument("payload has " + std::to_string(frame.size()) + " bytes but the header describes " +
                            std::to_string(count) + " " + DTypeName(dtype) + " values (" +
                            std::to_string(count * width) + " bytes)");

@@ -128,6 +128,20 @@ TEST(WireTest, PayloadOfTheWrongSizeIsRejectedNamingBothSizes) {
   EXPECT_NE(st.message().find("16 bytes"), std::string::npos) << st;
 }
 
+// Found by review while writing fuzz_wire (which checks it): a count whose byte size
+// wraps around 2^64 to the frame's size was accepted, and fp16 decoding then wrote
+// 2^63 values.
+TEST(WireTest, PayloadCountWhoseByteSizeOverflowsIsRejected) {
+  float out[4] = {};
+  EXPECT_EQ(DecodeValues(Frame(), wire::DType::F32, uint64_t{1} << 62, out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeValues(Frame(), wire::DType::F16, uint64_t{1} << 63, out).code(), StatusCode::kInvalidArgument);
+  std::vector<float> two = {1.f, 2.f};
+  Frame f = EncodeValues(two, wire::DType::BF16);  // 4 bytes
+  EXPECT_EQ(DecodeValues(f, wire::DType::BF16, (uint64_t{1} << 63) + 2, out).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(DecodeValues(f, wire::DType::BF16, 2, out).ok());
+  EXPECT_EQ(out[1], 2.f);
+}
+
 TEST(WireTest, RowSetsAreCheckedAgainstTheTable) {
   flatbuffers::FlatBufferBuilder fbb;
   Rows keys;
