@@ -102,7 +102,11 @@ Grant DataCoverage::Next(uint64_t worker) {
 }
 
 void DataCoverage::Complete(uint32_t epoch, uint32_t chunk) {
-  if (!plan_ || epoch < current_ || chunk >= plan_->num_chunks() || epoch >= plan_->epochs) return;
+  // Next grants chunks of epochs current_ and current_ + 1 only: a report of a later epoch
+  // was never granted, and opening it would grow epochs_ past the two a snapshot holds.
+  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= plan_->num_chunks() || epoch >= plan_->epochs) {
+    return;
+  }
   Epoch& ep = Open(epoch);
   ep.leased.erase(chunk);
   // A chunk reported by a worker that was evicted meanwhile may also be pending again.

@@ -143,5 +143,23 @@ TEST(DataCoverageTest, RejectsPlansWithTooManyChunks) {
   EXPECT_EQ(d.Progress().num_chunks, kMaxChunks);
 }
 
+// Found by fuzz_wire: a worker reporting a chunk of an epoch it was never granted (two or
+// more ahead) opened that epoch, and the snapshot then held three epochs, which
+// Deserialize refuses: shard 0 could not recover after a restart.
+TEST(DataCoverageTest, ReportsOfEpochsNeverGrantedAreIgnoredAndSnapshotsStayReadable) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(10, 3, 5)).ok());
+  Grant g = d.Next(1);
+  ASSERT_EQ(g.kind, Grant::Kind::kChunk);
+  d.Complete(3, 0);
+  d.Complete(4, 1);
+  EXPECT_EQ(d.times_completed(3, 0), 0u);
+  auto back = DataCoverage::Deserialize(d.Serialize());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->Serialize(), d.Serialize());
+  d.Complete(g.epoch, g.chunk);
+  EXPECT_EQ(d.times_completed(g.epoch, g.chunk), 1u);
+}
+
 }  // namespace
 }  // namespace leash::server
