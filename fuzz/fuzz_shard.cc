@@ -429,8 +429,20 @@ class Harness {
     }
     for (const Outgoing& o : out) {
       const wire::Envelope* env = *VerifyEnvelope(o.message);
-      auto it = pending_.find({o.peer, env->request_id()});
-      CHECK(it != pending_.end(), "at most one reply per request");
+      // A mutated request id may equal another request's: answer the request of this
+      // reply's kind first, then a raw or mutated one, then any.
+      auto [first, last] = pending_.equal_range({o.peer, env->request_id()});
+      CHECK(first != last, "at most one reply per request");
+      auto it = first;
+      bool found = false;
+      for (int pass = 0; pass < 2 && !found; ++pass) {
+        for (auto j = first; j != last && !found; ++j) {
+          if (pass == 0 ? ReplyKind(j->second.request) == env->body_type() : j->second.request == wire::Body::NONE) {
+            it = j;
+            found = true;
+          }
+        }
+      }
       Pending p = it->second;
       pending_.erase(it);
       if (trace_) {
