@@ -500,5 +500,18 @@ TEST_F(ShardTest, AdamAndAdagradNeedAPositiveEpsilon) {
   Create(sgd);
 }
 
+// Found by fuzz_wire: a Normal initializer with a finite but huge scale (3e38) gave
+// initial values of Inf.
+TEST_F(ShardTest, InitScaleThatCouldOverflowIsRejected) {
+  TableSpecArgs t = Spec("init", 4, 4);
+  t.init = wire::InitKind::Normal;
+  t.init_scale = 3e38f;
+  Status st = ErrorOf("admin", MakeCreateTable(1, t));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  t.init_scale = 1e30f;
+  uint32_t id = Create(t);
+  for (float v : Pull(id, Range(0, 4))) EXPECT_TRUE(std::isfinite(v));
+}
+
 }  // namespace
 }  // namespace leash::server

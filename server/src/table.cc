@@ -100,7 +100,11 @@ Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
     if (static_cast<int>(init->kind()) > static_cast<int>(wire::InitKind::MAX)) {
       return InvalidArgument("table '" + name + "' names an unknown initializer");
     }
-    if (!std::isfinite(init->scale())) return InvalidArgument("table '" + name + "' has a non-finite init scale");
+    // A Normal draw reaches about 8.6 standard deviations: bound the scale so no initial
+    // value overflows to Inf.
+    if (!std::isfinite(init->scale()) || std::fabs(init->scale()) > 1e30f) {
+      return InvalidArgument("table '" + name + "' has a non-finite init scale or one above 1e30 in magnitude");
+    }
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto n = fbb.CreateString(name);
