@@ -408,10 +408,11 @@ class Harness {
 
   void Send(const PeerId& peer, const Message& m, Pending p) {
     uint64_t rid = PeekRequestId(m);
-    pending_.emplace(std::make_pair(peer, rid), p);
+    current_ = pending_.emplace(std::make_pair(peer, rid), p);
     std::vector<Outgoing> out;
     shard_->Handle(peer, m, &out);
     Replies(out);
+    current_ = pending_.end();
   }
 
   void Replies(const std::vector<Outgoing>& out) {
@@ -434,7 +435,10 @@ class Harness {
       auto [first, last] = pending_.equal_range({o.peer, env->request_id()});
       CHECK(first != last, "at most one reply per request");
       auto it = first;
-      bool found = false;
+      // An Error answers the message just sent (released pulls are always PullReplies).
+      bool found = env->body_type() == wire::Body::Error && current_ != pending_.end() &&
+                   current_->first == std::make_pair(o.peer, env->request_id());
+      if (found) it = current_;
       for (int pass = 0; pass < 2 && !found; ++pass) {
         for (auto j = first; j != last && !found; ++j) {
           if (pass == 0 ? ReplyKind(j->second.request) == env->body_type() : j->second.request == wire::Body::NONE) {
@@ -444,6 +448,7 @@ class Harness {
         }
       }
       Pending p = it->second;
+      if (it == current_) current_ = pending_.end();
       pending_.erase(it);
       if (trace_) {
         std::fprintf(stderr, "  -> %s rid %llu: %s%s\n", o.peer.c_str(), static_cast<unsigned long long>(env->request_id()),
@@ -520,6 +525,7 @@ class Harness {
   int64_t now_ = 0;
   std::unique_ptr<Shard> shard_;
   std::multimap<std::pair<PeerId, uint64_t>, Pending> pending_;
+  decltype(pending_)::iterator current_ = pending_.end();  // the request being handled
   std::map<uint32_t, uint32_t> cols_;  // table id -> cols, from structured CreateTable replies
   uint64_t next_rid_ = 0;
   int64_t last_min_ = 0;
