@@ -2,6 +2,7 @@
 #include "leash/common/wire.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "leash/common/half.h"
@@ -143,7 +144,8 @@ Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
 Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out) {
   size_t width = DTypeSize(dtype);
   if (width == 0) return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
-  if (frame.size() != count * width) {
+  // count > size / width first: count * width may wrap around to the frame's size.
+  if (count > frame.size() / width || frame.size() != count * width) {
     return InvalidArgument("payload has " + std::to_string(frame.size()) + " bytes but the header describes " +
                            std::to_string(count) + " " + DTypeName(dtype) + " values (" +
                            std::to_string(count * width) + " bytes)");
@@ -180,6 +182,11 @@ Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLim
     if (rs->keys()->size() > limits.max_keys) {
       return ResourceExhausted("request names " + std::to_string(rs->keys()->size()) + " keys; the limit is " +
                                std::to_string(limits.max_keys));
+    }
+    // FlatBuffers 2.0 verifies a vector's length field, not its 8-byte elements, for
+    // alignment; a builder always aligns them, so a misaligned one is a forged message.
+    if (reinterpret_cast<uintptr_t>(rs->keys()->Data()) % alignof(uint64_t) != 0) {
+      return InvalidArgument("request has a misaligned key vector (corrupt or forged message)");
     }
     r.explicit_keys = true;
     r.keys.assign(rs->keys()->begin(), rs->keys()->end());

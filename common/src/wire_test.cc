@@ -128,6 +128,41 @@ TEST(WireTest, PayloadOfTheWrongSizeIsRejectedNamingBothSizes) {
   EXPECT_NE(st.message().find("16 bytes"), std::string::npos) << st;
 }
 
+// Found by review while writing fuzz_wire (which checks it): a count whose byte size
+// wraps around 2^64 to the frame's size was accepted, and fp16 decoding then wrote
+// 2^63 values.
+TEST(WireTest, PayloadCountWhoseByteSizeOverflowsIsRejected) {
+  float out[4] = {};
+  EXPECT_EQ(DecodeValues(Frame(), wire::DType::F32, uint64_t{1} << 62, out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeValues(Frame(), wire::DType::F16, uint64_t{1} << 63, out).code(), StatusCode::kInvalidArgument);
+  std::vector<float> two = {1.f, 2.f};
+  Frame f = EncodeValues(two, wire::DType::BF16);  // 4 bytes
+  EXPECT_EQ(DecodeValues(f, wire::DType::BF16, (uint64_t{1} << 63) + 2, out).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(DecodeValues(f, wire::DType::BF16, 2, out).ok());
+  EXPECT_EQ(out[1], 2.f);
+}
+
+// Found by fuzz_wire (UBSan): a Pull whose key vector is 4-byte but not 8-byte aligned
+// passes FlatBuffers verification, and reading its keys was a misaligned 8-byte load.
+TEST(WireTest, MisalignedKeyVectorIsRejected) {
+  const std::vector<uint8_t> bytes = {
+      0x14, 0x00, 0x00, 0x00, 0x4c, 0x53, 0x48, 0x31, 0x0c, 0x00, 0x14, 0x00, 0x06, 0x00, 0x0c, 0x00,
+      0x05, 0x00, 0x08, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x05, 0x01, 0x00, 0x1c, 0x00, 0x00, 0x00,
+      0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x22, 0x00, 0x00, 0x00, 0x08, 0x00,
+      0x10, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x07, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a, 0x00,
+      0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00,
+      0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x13, 0x13, 0x13, 0x00, 0x00, 0x00};
+  Message m{Frame::Copy(bytes.data(), bytes.size())};
+  auto env = VerifyEnvelope(m);
+  ASSERT_TRUE(env.ok()) << env.status();
+  const wire::Pull* pull = (*env)->body_as_Pull();
+  ASSERT_NE(pull, nullptr);
+  ASSERT_NE(pull->rows()->keys(), nullptr);
+  auto rows = ReadRows(pull->rows(), UINT64_MAX);
+  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.status().message().find("misaligned"), std::string::npos) << rows.status();
+}
+
 TEST(WireTest, RowSetsAreCheckedAgainstTheTable) {
   flatbuffers::FlatBufferBuilder fbb;
   Rows keys;

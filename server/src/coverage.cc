@@ -22,12 +22,24 @@ bool GetU64(const std::vector<uint8_t>& in, size_t* pos, uint64_t* v) {
 
 constexpr uint64_t kMagic = 0x313056434853414cULL;  // "LASHCV01"
 
-}  // namespace
 
-Status DataCoverage::SetPlan(const DataPlan& plan) {
+Status CheckPlan(const DataPlan& plan) {
   if (plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0) {
     return InvalidArgument("data plan needs samples, chunk size and epochs > 0");
   }
+  if (plan.chunks() > kMaxChunks) {
+    return InvalidArgument("data plan of " + std::to_string(plan.num_samples) + " samples in chunks of " +
+                           std::to_string(plan.chunk_size) + " has " + std::to_string(plan.chunks()) +
+                           " chunks, more than the limit of " + std::to_string(kMaxChunks) +
+                           "; use a larger --chunk-size");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status DataCoverage::SetPlan(const DataPlan& plan) {
+  LEASH_RETURN_IF_ERROR(CheckPlan(plan));
   if (plan_) {
     if (*plan_ == plan) return Status::Ok();
     return FailedPrecondition("this job trains " + std::to_string(plan_->num_samples) + " samples in chunks of " +
@@ -90,7 +102,11 @@ Grant DataCoverage::Next(uint64_t worker) {
 }
 
 void DataCoverage::Complete(uint32_t epoch, uint32_t chunk) {
-  if (!plan_ || epoch < current_ || chunk >= plan_->num_chunks() || epoch >= plan_->epochs) return;
+  // Next grants chunks of epochs current_ and current_ + 1 only: a report of a later epoch
+  // was never granted, and opening it would grow epochs_ past the two a snapshot holds.
+  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= plan_->num_chunks() || epoch >= plan_->epochs) {
+    return;
+  }
   Epoch& ep = Open(epoch);
   ep.leased.erase(chunk);
   // A chunk reported by a worker that was evicted meanwhile may also be pending again.
@@ -166,6 +182,7 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
     return bad();
   }
   DataPlan plan{samples, static_cast<uint32_t>(chunk), static_cast<uint32_t>(epochs), seed};
+  if (!CheckPlan(plan).ok()) return bad();
   d.plan_ = plan;
   d.current_ = static_cast<uint32_t>(current);
   for (uint64_t i = 0; i < n; ++i) {

@@ -127,5 +127,39 @@ TEST(DataCoverageTest, MalformedStateIsDataLoss) {
   EXPECT_TRUE(DataCoverage::Deserialize({}).ok());
 }
 
+// Found by fuzz_shard/fuzz_wire: a ChunkRequest whose plan cut the data into 2^32 chunks
+// made shard 0 allocate and shuffle gigabytes (a hang, then out of memory).
+TEST(DataCoverageTest, RejectsPlansWithTooManyChunks) {
+  DataCoverage d;
+  Status st = d.SetPlan({UINT64_MAX, 1, 1, 0});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("--chunk-size"), std::string::npos) << st;
+  EXPECT_FALSE(d.SetPlan({kMaxChunks + 1, 1, 1, 0}).ok());
+  // num_samples + chunk_size - 1 overflowed to a handful of chunks.
+  EXPECT_FALSE(d.SetPlan({UINT64_MAX, UINT32_MAX, 1, 0}).ok());
+  EXPECT_EQ((DataPlan{UINT64_MAX, 2, 1, 0}).chunks(), uint64_t{1} << 63);
+  ASSERT_TRUE(d.SetPlan({kMaxChunks, 1, 1, 0}).ok());
+  EXPECT_EQ(d.Next(1).kind, Grant::Kind::kChunk);
+  EXPECT_EQ(d.Progress().num_chunks, kMaxChunks);
+}
+
+// Found by fuzz_wire: a worker reporting a chunk of an epoch it was never granted (two or
+// more ahead) opened that epoch, and the snapshot then held three epochs, which
+// Deserialize refuses: shard 0 could not recover after a restart.
+TEST(DataCoverageTest, ReportsOfEpochsNeverGrantedAreIgnoredAndSnapshotsStayReadable) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(10, 3, 5)).ok());
+  Grant g = d.Next(1);
+  ASSERT_EQ(g.kind, Grant::Kind::kChunk);
+  d.Complete(3, 0);
+  d.Complete(4, 1);
+  EXPECT_EQ(d.times_completed(3, 0), 0u);
+  auto back = DataCoverage::Deserialize(d.Serialize());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->Serialize(), d.Serialize());
+  d.Complete(g.epoch, g.chunk);
+  EXPECT_EQ(d.times_completed(g.epoch, g.chunk), 1u);
+}
+
 }  // namespace
 }  // namespace leash::server

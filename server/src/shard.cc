@@ -228,7 +228,7 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
     id = static_cast<uint32_t>(tables_.size());
     RangePartitioner part(static_cast<int>(options_.num_shards));
     RowRange range = part.Range(m->spec()->rows(), static_cast<int>(options_.shard));
-    LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, std::move(canon), range));
+    LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, std::move(canon), range, options_.max_table_values));
     spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard, id, name, t.rows(),
                  t.cols(), range.begin, range.end);
     tables_.push_back(std::make_unique<Table>(std::move(t)));

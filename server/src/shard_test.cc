@@ -530,5 +530,60 @@ TEST_F(ShardTest, StatsReportWorkersTablesAndParkedPulls) {
   EXPECT_EQ(r->min_clock(), 0);
 }
 
+// Found by fuzz_shard: a CreateTable of 2^40 x 2^24 (within CanonicalSpec's plausibility
+// bounds) made the shard allocate the whole table and abort.
+TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
+  ShardOptions o;
+  o.max_table_values = 1000;
+  Reset(o);
+  Status st = ErrorOf("admin", MakeCreateTable(1, Spec("huge", uint64_t{1} << 40, 1u << 24)));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("big", 101, 10))).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(Create(Spec("fits", 100, 10)), 0u);
+  // With two shards each holds half the rows, so twice the table fits.
+  o.num_shards = 2;
+  Reset(o);
+  EXPECT_EQ(Create(Spec("fits", 200, 10)), 0u);
+}
+
+// Found by fuzz_shard: Adagrad (and Adam) with epsilon 0 turned a value whose gradient was
+// 0 into NaN (0 / (sqrt(0) + 0)).
+TEST_F(ShardTest, AdamAndAdagradNeedAPositiveEpsilon) {
+  for (auto kind : {wire::OptimizerKind::Adam, wire::OptimizerKind::Adagrad}) {
+    TableSpecArgs t = Spec(std::string("t") + wire::EnumNameOptimizerKind(kind), 2, 3, 0.001f);
+    t.optimizer = kind;
+    t.epsilon = 0.f;
+    Status st = ErrorOf("admin", MakeCreateTable(1, t));
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("epsilon"), std::string::npos) << st;
+    t.epsilon = 1e-8f;
+    uint32_t id = Create(t);
+    Register(1);
+    // Zero gradients leave their values alone.
+    ASSERT_TRUE(Push(id, Range(0, 2), {1, 1, 0, 0, 0, 0}, 1, 1 + id).ok());
+    std::vector<float> values = Pull(id, Range(0, 2));
+    ASSERT_EQ(values.size(), 6u);
+    for (float v : values) EXPECT_TRUE(std::isfinite(v));
+    EXPECT_EQ(values[2], 0.f);
+  }
+  // SGD and momentum never divide: their epsilon is not checked.
+  TableSpecArgs sgd = Spec("sgd", 2, 3);
+  sgd.epsilon = 0.f;
+  Create(sgd);
+}
+
+// Found by fuzz_wire: a Normal initializer with a finite but huge scale (3e38) gave
+// initial values of Inf.
+TEST_F(ShardTest, InitScaleThatCouldOverflowIsRejected) {
+  TableSpecArgs t = Spec("init", 4, 4);
+  t.init = wire::InitKind::Normal;
+  t.init_scale = 3e38f;
+  Status st = ErrorOf("admin", MakeCreateTable(1, t));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  t.init_scale = 1e30f;
+  uint32_t id = Create(t);
+  for (float v : Pull(id, Range(0, 4))) EXPECT_TRUE(std::isfinite(v));
+}
+
 }  // namespace
 }  // namespace leash::server

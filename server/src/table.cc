@@ -92,12 +92,21 @@ Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec) {
     }
   }
   if (o.beta1 >= 1 || o.beta2 >= 1) return InvalidArgument("table '" + name + "': Adam betas must be < 1");
+  // Adam and Adagrad divide by sqrt(state) + epsilon, and the state of a value that only
+  // ever saw zero gradients is 0: epsilon 0 would turn such a value into NaN.
+  if ((o.kind == wire::OptimizerKind::Adam || o.kind == wire::OptimizerKind::Adagrad) && !(o.epsilon > 0)) {
+    return InvalidArgument("table '" + name + "': Adam and Adagrad need epsilon > 0");
+  }
   const wire::InitSpec* init = spec->init();
   if (init != nullptr) {
     if (static_cast<int>(init->kind()) > static_cast<int>(wire::InitKind::MAX)) {
       return InvalidArgument("table '" + name + "' names an unknown initializer");
     }
-    if (!std::isfinite(init->scale())) return InvalidArgument("table '" + name + "' has a non-finite init scale");
+    // A Normal draw reaches about 8.6 standard deviations: bound the scale so no initial
+    // value overflows to Inf.
+    if (!std::isfinite(init->scale()) || std::fabs(init->scale()) > 1e30f) {
+      return InvalidArgument("table '" + name + "' has a non-finite init scale or one above 1e30 in magnitude");
+    }
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto n = fbb.CreateString(name);
@@ -168,9 +177,15 @@ std::string DescribeSpec(const std::vector<uint8_t>& canonical) {
   return out;
 }
 
-Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range) {
+Result<Table> Table::Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range, uint64_t max_values) {
   const wire::TableSpec* spec = ParseCanonical(canonical_spec);
   if (spec == nullptr) return Internal("canonical table spec does not verify");
+  if (range.size() > max_values / spec->cols()) {  // cols > 0 in a canonical spec
+    return ResourceExhausted("table '" + spec->name()->str() + "' of " + std::to_string(spec->rows()) + " x " +
+                             std::to_string(spec->cols()) + " would put " + std::to_string(range.size()) +
+                             " rows on this shard, more than its limit of " + std::to_string(max_values) +
+                             " values per table; use more shards or a smaller table");
+  }
   Table t;
   t.id_ = id;
   t.name_ = spec->name()->str();

@@ -7,6 +7,7 @@
 // I/O); not thread-safe (owned by the shard's request loop).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -17,14 +18,19 @@
 
 namespace leash::server {
 
+// The most chunks a plan may cut the training set into: each epoch keeps a few words
+// per chunk, so a plan from a buggy or hostile worker must not make shard 0 allocate
+// gigabytes (SetPlan refuses larger plans; use a larger --chunk-size).
+inline constexpr uint64_t kMaxChunks = uint64_t{1} << 20;
+
 struct DataPlan {
   uint64_t num_samples = 0;
   uint32_t chunk_size = 0;
   uint32_t epochs = 0;
   uint64_t seed = 0;
-  uint32_t num_chunks() const {
-    return chunk_size == 0 ? 0 : static_cast<uint32_t>((num_samples + chunk_size - 1) / chunk_size);
-  }
+  // Chunks of the plan (without overflow); valid plans have at most kMaxChunks.
+  uint64_t chunks() const { return chunk_size == 0 ? 0 : num_samples / chunk_size + (num_samples % chunk_size != 0); }
+  uint32_t num_chunks() const { return static_cast<uint32_t>(std::min<uint64_t>(chunks(), kMaxChunks)); }
   bool operator==(const DataPlan&) const = default;
 };
 
@@ -49,6 +55,7 @@ class DataCoverage {
  public:
   // Sets the job's plan. The same plan again is a no-op; another plan once one is set is
   // FailedPrecondition (every worker of a job must agree on data, chunking and epochs).
+  // InvalidArgument for zero sizes or more than kMaxChunks chunks.
   Status SetPlan(const DataPlan& plan);
   bool has_plan() const { return plan_.has_value(); }
 

@@ -41,6 +41,7 @@ struct ShardOptions {
   uint64_t boot_id = 0;                      // 0: a random id for this process
   NonFinitePolicy nonfinite = NonFinitePolicy::kReject;
   size_t max_parked_per_peer = 4096;         // pulls one connection may have waiting
+  uint64_t max_table_values = uint64_t{1} << 32;  // floats of one table on this shard (optimizer state comes on top)
   WireLimits limits;
 };
 

@@ -44,8 +44,10 @@ std::string DescribeSpec(const std::vector<uint8_t>& canonical);
 class Table {
  public:
   // Builds the table from a canonical spec, owning rows `range`, initialized by its
-  // InitSpec (the same global row gets the same value on any shard).
-  static Result<Table> Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range);
+  // InitSpec (the same global row gets the same value on any shard). ResourceExhausted
+  // if the rows of `range` hold more than `max_values` floats.
+  static Result<Table> Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range,
+                              uint64_t max_values = UINT64_MAX);
   // Rebuilds a table from a snapshot; DataLoss if sizes do not add up.
   static Result<Table> FromSnapshot(const TableSnapshot& snap);
   TableSnapshot ToSnapshot() const;
