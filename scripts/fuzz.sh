@@ -16,6 +16,7 @@ shift || true
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=(fuzz_wire fuzz_shard)
 BUILD=${LEASH_BUILD_DIR:-build-fuzz}
+bash "$ROOT/scripts/install-deps.sh" fuzz
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 LAUNCHER=()

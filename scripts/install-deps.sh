@@ -10,6 +10,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist
 )
+# `scripts/install-deps.sh fuzz` also installs clang and its runtimes (libFuzzer, the
+# sanitizers) for scripts/fuzz.sh.
+if [[ "${1:-}" == fuzz ]]; then PACKAGES+=(clang libclang-rt-14-dev); fi
 
 if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then exit 0; fi
 
