@@ -175,7 +175,7 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   series["shard1"] = {"shard1", cluster.shard(1).pid(), {}};
   series["steady worker"] = {"steady worker", workers[0]->pid(), {}};
 
-  int sigkills = 0, sigterms = 0, restarts = 0, graceful_exits = 0, shard_restarts = 0;
+  int sigkills = 0, sigterms = 0, restarts = 0, graceful_exits = 0, early_terms = 0, shard_restarts = 0;
   double shard_restart_t = -1;
   const auto t0 = SteadyClock::now();
   auto now_s = [&] { return std::chrono::duration<double>(SteadyClock::now() - t0).count(); };
@@ -220,9 +220,15 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
           w->Signal(SIGTERM);
           auto code = w->Wait(30s);
           ASSERT_TRUE(code.has_value()) << "a SIGTERMed worker did not leave: " << w->ReadLog();
-          EXPECT_EQ(*code, 0) << w->ReadLog();
+          // A worker still loading the data set has not joined and installed no handler yet:
+          // the signal's default action ends it (143), which costs the job nothing.
+          const bool joined = w->ReadLog().find("] training ") != std::string::npos;
+          if (joined || *code != 128 + SIGTERM) {
+            EXPECT_EQ(*code, 0) << w->ReadLog();
+          }
           ++sigterms;
           graceful_exits += *code == 0;
+          early_terms += *code == 128 + SIGTERM && !joined;
         }
         w.reset();
       } else {
@@ -290,12 +296,14 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   if (std::regex_search(steady_log, acc, std::regex(R"(final test accuracy ([0-9.]+)%)"))) accuracy = std::stod(acc[1]);
   EXPECT_GT(accuracy, 70.0) << steady_log.substr(steady_log.size() > 3000 ? steady_log.size() - 3000 : 0);
 
-  // Leaks. The shards: fds back to their at-rest count (+-4) once every worker is gone;
+  // Leaks. The shards: fds back to their at-rest count (+-8: RocksDB keeps its table files
+  // open, a few more once snapshots were flushed; compaction bounds them) once every worker is gone;
   // RSS growth over the second half of the run under 16 MiB. The steady worker: fds and RSS
   // over the second half (its connections stay open) within 8 fds and 64 MiB.
-  std::printf("soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d graceful), %d worker restarts, %d shard "
-              "restart at %.0fs; %lld epochs done; %zu values finite; final test accuracy %.2f%%\n",
-              chaos_end, end_t - chaos_end, sigkills, sigterms, graceful_exits, restarts, shard_restarts,
+  std::printf("soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d left gracefully, %d still starting up), "
+              "%d worker restarts, %d shard restart at %.0fs; %lld epochs done; %zu values finite; final test accuracy "
+              "%.2f%%\n",
+              chaos_end, end_t - chaos_end, sigkills, sigterms, graceful_exits, early_terms, restarts, shard_restarts,
               shard_restart_t, static_cast<long long>(epochs), finite->first, accuracy);
   for (auto& [name, s] : series) {
     ASSERT_GE(s.samples.size(), 4u) << name;
@@ -322,8 +330,8 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
               "job\n",
               rest_fds[0], series["shard0"].samples.back().fds, series["shard1"].samples.front().fds,
               series["shard1"].samples.back().fds);
-  EXPECT_LE(std::abs(series["shard0"].samples.back().fds - rest_fds[0]), 4);
-  EXPECT_LE(series["shard1"].samples.back().fds, series["shard1"].samples.front().fds + 4);
+  EXPECT_LE(std::abs(series["shard0"].samples.back().fds - rest_fds[0]), 8);
+  EXPECT_LE(series["shard1"].samples.back().fds, series["shard1"].samples.front().fds + 8);
   EXPECT_FALSE(job_done_early && chaos_end < static_cast<double>(window_s) / 3)
       << "the job ended in the first third of the window, too early for a soak: raise LEASH_SOAK_EPOCHS";
   std::fflush(stdout);
