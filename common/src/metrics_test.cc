@@ -5,6 +5,13 @@
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
 
 namespace leash {
 namespace {
@@ -46,6 +53,57 @@ TEST(MetricsServerTest, ListensOnAChosenPortAndRefusesATakenOne) {
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(again.status().message().find(taken), std::string::npos) << again.status().message();
+}
+
+// Connects to 127.0.0.1:port, sends `request` and returns everything the server sends
+// back before it closes the connection ("" if it cannot connect).
+std::string Exchange(int port, const std::string& request) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return "";
+  }
+  (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST(MetricsServerTest, ServesTheRegistryAsPrometheusTextAndNothingElse) {
+  auto s = MetricsServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  prometheus::BuildCounter().Name("leash_test_events_total").Help("events").Register((*s)->registry()).Add({{"shard", "3"}}).Increment(5);
+  const int port = (*s)->port();
+
+  std::string ok = Exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("# TYPE leash_test_events_total counter"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("leash_test_events_total{shard=\"3\"} 5"), std::string::npos) << ok;
+  const size_t body = ok.find("\r\n\r\n") + 4;
+  EXPECT_NE(ok.find("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"), std::string::npos) << ok;
+
+  EXPECT_EQ(Exchange(port, "GET /other HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
+  EXPECT_EQ(Exchange(port, "POST /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 405", 0), 0u);
+  EXPECT_EQ(Exchange(port, "garbage\r\n\r\n").rfind("HTTP/1.0 400", 0), 0u);
+  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\nX: " + std::string(20000, 'a')).rfind("HTTP/1.0 431", 0), 0u);
+  // A peer that connects and says nothing is dropped (after 2 s), and the next scrape is
+  // served.
+  int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 200", 0), 0u);
+  close(idle);
 }
 
 TEST(MetricsServerTest, RefusesAnAddressNotOnThisHost) {

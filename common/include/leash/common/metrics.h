@@ -3,7 +3,7 @@
 // format (prometheus-cpp). Only executables link this; the server and client libraries
 // know nothing of Prometheus, their main.cc copies their counters into the registry.
 // Thread-safe: the registry and its metrics may be updated from any thread while the
-// HTTP server's own threads serialize them for a scrape.
+// HTTP server's own thread serializes them for a scrape.
 #pragma once
 
 #include <prometheus/registry.h>
@@ -13,12 +13,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "leash/common/status.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace leash {
 
@@ -50,11 +47,15 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
+  void Serve();        // the HTTP thread: accepts until stop_fd_ is written
+  void Answer(int fd);  // one request on an accepted connection
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   MetricsAddress address_;
   int port_ = 0;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;
+  std::thread thread_;
 };
 
 // The value of the sample `name` with label values containing every pair of `labels`
