@@ -13,6 +13,7 @@
 #include "leash/common/wire.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
+#include "support/cluster.h"
 #include "support/process.h"
 
 namespace leash {
@@ -33,18 +34,6 @@ std::pair<int, std::string> Leashctl(const std::string& dir, std::vector<std::st
   Process p(args, dir + "/leashctl" + std::to_string(n++) + ".log");
   auto code = p.Wait(60s);
   return {code.value_or(-1), p.ReadLog()};
-}
-
-// The number before `what` in the shard's final log line, e.g. "3 CURVE keys refused".
-int64_t Counted(const std::string& log, const std::string& what) {
-  auto last = log.rfind("stopped cleanly");
-  if (last == std::string::npos) return -1;
-  std::string line = log.substr(last, log.find('\n', last) - last);
-  auto at = line.find(" " + what);
-  if (at == std::string::npos) return -1;
-  auto start = line.find_last_not_of("0123456789", at - 1) + 1;
-  if (start >= at) return -1;
-  return std::stoll(line.substr(start, at - start));
 }
 
 class AuthTest : public ::testing::Test {
@@ -139,8 +128,8 @@ TEST_F(AuthTest, RefusedKeyFailsConnectClearlyAndTheShardServesOthers) {
   EXPECT_NE(log.find("refused CURVE client key"), std::string::npos) << log;
   EXPECT_EQ(log.find("refused CURVE client key", log.find("refused CURVE client key") + 1), std::string::npos)
       << "a refused key is logged once\n" << log;
-  EXPECT_GE(Counted(log, "CURVE keys refused"), 1) << log;
-  EXPECT_GE(Counted(log, "failed handshakes"), 1) << log;
+  EXPECT_GE(testing::CountInFinalLog(log, "CURVE keys refused"), 1) << log;
+  EXPECT_GE(testing::CountInFinalLog(log, "failed handshakes"), 1) << log;
 }
 
 TEST_F(AuthTest, PlainZeroMqPeerGetsNoReplyFromACurveShard) {
@@ -161,7 +150,7 @@ TEST_F(AuthTest, PlainZeroMqPeerGetsNoReplyFromACurveShard) {
   EXPECT_TRUE(st.ok()) << st.status();
   good->reset();
   std::string log = StopShard(*shard);
-  EXPECT_GE(Counted(log, "failed handshakes"), 1) << log;
+  EXPECT_GE(testing::CountInFinalLog(log, "failed handshakes"), 1) << log;
 }
 
 TEST_F(AuthTest, WorkerTrainsAndLeashctlReportsWithKeys) {

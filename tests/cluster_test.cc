@@ -19,19 +19,10 @@ namespace {
 using testing::Endpoint;
 using testing::FreePort;
 using testing::Process;
+using testing::Sgd1;
 using testing::TempDir;
 
 using testing::Cluster;
-
-TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
-  TableOptions t;
-  t.name = name;
-  t.rows = rows;
-  t.cols = cols;
-  t.optimizer = wire::OptimizerKind::SGD;
-  t.learning_rate = 1.f;
-  return t;
-}
 
 TEST(ClusterTest, PushesFromTwoWorkersSumExactlyAcrossTwoShards) {
   TempDir dir;

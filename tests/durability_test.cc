@@ -21,6 +21,7 @@
 #include "leash/common/zmq_transport.h"
 #include "leash/server/rocksdb_store.h"
 #include "leash/worker/client.h"
+#include "support/files.h"
 #include "support/process.h"
 
 namespace leash {
@@ -54,30 +55,8 @@ std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& endpoint, co
   return c.ok() ? std::move(*c) : nullptr;
 }
 
-// Every regular file under `dir` with its bytes.
-std::map<std::string, std::string> TreeOf(const fs::path& dir) {
-  std::map<std::string, std::string> tree;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    std::string content = "<dir>";
-    if (e.is_regular_file()) {
-      std::ifstream in(e.path(), std::ios::binary);
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      content = ss.str();
-    }
-    tree[fs::relative(e.path(), dir).string()] = content;
-  }
-  return tree;
-}
-
-std::vector<fs::path> FilesNamed(const fs::path& dir, const std::string& part) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.ends_with(part) || name.starts_with(part)) out.push_back(e.path());
-  }
-  return out;
-}
+using testing::FilesNamed;
+using testing::TreeOf;
 
 TableOptions BigTable(uint64_t rows, uint32_t cols) {
   TableOptions t;

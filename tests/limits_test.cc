@@ -17,17 +17,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Cluster;
+using testing::Sgd1;
 using testing::TempDir;
-
-TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
-  TableOptions t;
-  t.name = name;
-  t.rows = rows;
-  t.cols = cols;
-  t.optimizer = wire::OptimizerKind::SGD;
-  t.learning_rate = 1.f;
-  return t;
-}
 
 // A hand-made DEALER: sends raw frames, reads one reply or gives up after `wait`.
 class RawPeer {
@@ -66,18 +57,6 @@ class RawPeer {
  private:
   zmq::socket_t s_;
 };
-
-// The number before `what` in the shard's final log line ("... 3 limit rejections ...").
-int64_t Counted(const std::string& log, const std::string& what) {
-  auto last = log.rfind("stopped cleanly");
-  if (last == std::string::npos) return -1;
-  std::string line = log.substr(last, log.find('\n', last) - last);
-  auto at = line.find(" " + what);
-  if (at == std::string::npos) return -1;
-  auto start = line.find_last_not_of("0123456789", at - 1) + 1;
-  if (start >= at) return -1;
-  return std::stoll(line.substr(start, at - start));
-}
 
 TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   TempDir dir;
@@ -153,10 +132,10 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   cluster.shard(0).Signal(SIGTERM);
   EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
   std::string log = cluster.shard(0).ReadLog();
-  EXPECT_EQ(Counted(log, "limit rejections"), 3) << log;
-  EXPECT_EQ(Counted(log, "oversize"), 1) << log;
-  EXPECT_EQ(Counted(log, "too many keys"), 1) << log;
-  EXPECT_EQ(Counted(log, "too many parked pulls"), 1) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "limit rejections"), 3) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "oversize"), 1) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "too many keys"), 1) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "too many parked pulls"), 1) << log;
 }
 
 // Resident memory of a process in MiB (from /proc), for the test's output.
@@ -198,7 +177,7 @@ TEST(LimitsTest, RepliesToAPeerThatDoesNotReadAreDroppedNotBuffered) {
   cluster.shard(0).Signal(SIGTERM);
   EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
   std::string log = cluster.shard(0).ReadLog();
-  int64_t dropped = Counted(log, "replies dropped");
+  int64_t dropped = testing::CountInFinalLog(log, "replies dropped");
   EXPECT_GE(dropped, kPulls / 2) << log;  // most of them: only a few MiB fit the queue and the socket buffers
   EXPECT_NE(log.find("unread replies queued"), std::string::npos) << log;
 }

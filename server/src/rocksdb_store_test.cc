@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "support/files.h"
+
 namespace leash::server {
 namespace {
 
@@ -158,31 +160,8 @@ void RawDelete(const std::string& path, const std::string& key) {
   }
 }
 
-// Every file under `dir` with its contents, to show that nothing was touched.
-std::map<std::string, std::string> TreeOf(const fs::path& dir) {
-  std::map<std::string, std::string> tree;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    std::string content = "<dir>";
-    if (e.is_regular_file()) {
-      std::ifstream in(e.path(), std::ios::binary);
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      content = ss.str();
-    }
-    tree[fs::relative(e.path(), dir).string()] = content;
-  }
-  return tree;
-}
-
-// Files directly in `dir` whose names end with `suffix` (or start with it, for "MANIFEST-").
-std::vector<fs::path> FilesNamed(const fs::path& dir, const std::string& part) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.ends_with(part) || name.starts_with(part)) out.push_back(e.path());
-  }
-  return out;
-}
+using testing::FilesNamed;
+using testing::TreeOf;
 
 // Flips every bit of the byte at `offset` (from the end when negative) of `file`.
 void FlipByte(const fs::path& file, int64_t offset) {

@@ -52,4 +52,25 @@ std::unique_ptr<Process> Cluster::StartWorker(const std::string& name, std::vect
   return std::make_unique<Process>(argv, dir_ + "/" + name + ".log");
 }
 
+TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
+  TableOptions t;
+  t.name = name;
+  t.rows = rows;
+  t.cols = cols;
+  t.optimizer = wire::OptimizerKind::SGD;
+  t.learning_rate = 1.f;
+  return t;
+}
+
+int64_t CountInFinalLog(const std::string& log, const std::string& what) {
+  auto last = log.rfind("stopped cleanly");
+  if (last == std::string::npos) return -1;
+  std::string line = log.substr(last, log.find('\n', last) - last);
+  auto at = line.find(" " + what);
+  if (at == std::string::npos) return -1;
+  auto start = line.find_last_not_of("0123456789", at - 1) + 1;
+  if (start >= at) return -1;
+  return std::stoll(line.substr(start, at - start));
+}
+
 }  // namespace leash::testing
