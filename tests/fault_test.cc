@@ -140,7 +140,7 @@ TEST_F(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
   ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "second") >= joined + 20; }, 60s)) << second->ReadLog();
   second->Signal(SIGTERM);
   auto t0 = SteadyClock::now();
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 20s));
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 20s)) << second->ReadLog();
   int64_t gone_ms = Ms(SteadyClock::now() - t0);
   std::printf("a worker stopped with SIGTERM was dropped after %lld ms (lease 30000 ms)\n",
               static_cast<long long>(gone_ms));
