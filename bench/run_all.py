@@ -90,15 +90,42 @@ def part_pushpull(a, c, tmp):
                 return s
         return None
 
-    rtt = [cell(r, "leash", "push", 1024, 1)["p50_us"] / cell(r, "raw zmq", "round trip", 1024, 1)["p50_us"] for r in runs]
-    thr = [cell(r, "leash", "push", 1048576, 8)["mb_per_s"] / cell(r, "raw zmq", "one-way", 1048576, 1)["mb_per_s"]
-           for r in runs]
-    res = {"runs": runs, "push_4KB_p50_over_raw_rtt": rtt, "push_4MB_8inflight_over_raw_oneway": thr,
-           "median_push_4KB_p50_over_raw_rtt": median(rtt), "median_push_4MB_8inflight_over_raw_oneway": median(thr),
-           "leash_4KB_p50_us": median(cell(r, "leash", "push", 1024, 1)["p50_us"] for r in runs),
-           "raw_rtt_4KB_p50_us": median(cell(r, "raw zmq", "round trip", 1024, 1)["p50_us"] for r in runs),
-           "leash_4MB_push_MBps": median(cell(r, "leash", "push", 1048576, 8)["mb_per_s"] for r in runs),
-           "raw_oneway_4MB_MBps": median(cell(r, "raw zmq", "one-way", 1048576, 1)["mb_per_s"] for r in runs)}
+    # The ceilings the targets use are a plain sender and receiver in two processes, each
+    # with its own ZeroMQ context, as a worker and a shard are. The same-process figures
+    # (both sockets on one context and its one I/O thread) are kept beside them: they skip
+    # the second process's wake-up, which no shard can.
+    def ratios(num, den):
+        return [num(r) / den(r) for r in runs]
+
+    def leash_p50(r):
+        return cell(r, "leash", "push", 1024, 1)["p50_us"]
+
+    def leash_mbps(r):
+        return cell(r, "leash", "push", 1048576, 8)["mb_per_s"]
+
+    def raw(op, floats, key):
+        return lambda r: cell(r, "raw zmq", op, floats, 1)[key]
+
+    rtt2 = raw("round trip, 2 processes", 1024, "p50_us")
+    rtt1 = raw("round trip", 1024, "p50_us")
+    one1 = raw("one-way", 1048576, "mb_per_s")
+    have_one2 = all(cell(r, "raw zmq", "one-way, 2 processes", 1048576, 1) for r in runs)
+    one2 = raw("one-way, 2 processes", 1048576, "mb_per_s") if have_one2 else one1
+    res = {"runs": runs,
+           "push_4KB_p50_over_raw_rtt": ratios(leash_p50, rtt2),
+           "push_4MB_8inflight_over_raw_oneway": ratios(leash_mbps, one2),
+           "push_4KB_p50_over_raw_rtt_same_process": ratios(leash_p50, rtt1),
+           "push_4MB_8inflight_over_raw_oneway_same_process": ratios(leash_mbps, one1),
+           "raw_ceiling": "2 processes" if have_one2 else "2 processes (RTT), same process (one-way)",
+           "leash_4KB_p50_us": median(leash_p50(r) for r in runs),
+           "raw_rtt_4KB_p50_us": median(rtt2(r) for r in runs),
+           "raw_rtt_4KB_p50_us_same_process": median(rtt1(r) for r in runs),
+           "leash_4MB_push_MBps": median(leash_mbps(r) for r in runs),
+           "raw_oneway_4MB_MBps": median(one2(r) for r in runs),
+           "raw_oneway_4MB_MBps_same_process": median(one1(r) for r in runs)}
+    for k in ("push_4KB_p50_over_raw_rtt", "push_4MB_8inflight_over_raw_oneway",
+              "push_4KB_p50_over_raw_rtt_same_process", "push_4MB_8inflight_over_raw_oneway_same_process"):
+        res["median_" + k] = median(res[k])
     write_json(os.path.join(a.out, "pushpull_suite.json"), res)
     return res
 
@@ -165,7 +192,21 @@ def part_training(a, c, tmp):
     else:
         log(f"no TensorFlow peer: {tf_why}")
     res = {"tf_python": tfpy, "tf_unavailable": tf_why, "models": {}}
-    for model in ("mlp", "cnn"):
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    for m in models:
+        if m not in ("mlp", "cnn"):
+            raise ValueError(f"unknown model {m!r} in --models (use mlp, cnn)")
+    previous = os.path.join(a.out, "suite.json")
+    if len(models) < 2 and os.path.exists(previous):
+        # Some models only: the others keep their results from the last run here.
+        with open(previous) as f:
+            old = json.load(f)
+        if old.get("quick") == a.quick:
+            for m, r in old.get("training", {}).get("models", {}).items():
+                if m not in models:
+                    res["models"][m] = r
+                    log(f"keeping the {m} training results from {previous}")
+    for model in models:
         systems, epochs = training_systems(a, c, model, tfpy)
         names = list(systems)
         runs = {n: [] for n in names}
@@ -305,11 +346,12 @@ def targets(res):
     pp = res.get("pushpull")
     if pp:
         m = pp["median_push_4KB_p50_over_raw_rtt"]
-        rows.append(("4 KB push, 1 in flight: p50 RTT <= 1.3x raw ZeroMQ RTT", f"{m:.2f}x "
+        rows.append(("4 KB push, 1 in flight: p50 RTT <= 1.3x raw ZeroMQ RTT (2 processes)", f"{m:.2f}x "
                      f"({pp['leash_4KB_p50_us']:.0f} vs {pp['raw_rtt_4KB_p50_us']:.0f} us)", *verdict(m, 1.3, False)))
         m = pp["median_push_4MB_8inflight_over_raw_oneway"]
-        rows.append(("4 MB push, 8 in flight: >= 80% of raw one-way throughput", f"{m * 100:.0f}% "
-                     f"({pp['leash_4MB_push_MBps']:.0f} vs {pp['raw_oneway_4MB_MBps']:.0f} MB/s)", *verdict(m, 0.8, True)))
+        rows.append(("4 MB push, 8 in flight: >= 80% of raw one-way throughput (2 processes, delivered)",
+                     f"{m * 100:.0f}% ({pp['leash_4MB_push_MBps']:.0f} vs {pp['raw_oneway_4MB_MBps']:.0f} MB/s)",
+                     *verdict(m, 0.8, True)))
     tr = res.get("training")
     if tr:
         for model, mres in tr["models"].items():
@@ -364,12 +406,25 @@ def write_summary(a, c, res, plots, durations):
         md += ["", "## 1. Push/pull against raw ZeroMQ", "",
                f"`build/bench/leash-bench-pushpull`, {c['pushpull_repeats']} runs of {c['pushpull_seconds']} s per cell; "
                "table of the last run in [pushpull.md](pushpull.md).", "",
+               "The targets' ceilings are a plain ZeroMQ sender and receiver in two processes, each with its own "
+               "context, as a worker and a shard are (the one-way figure counts delivered bytes: the time runs "
+               "until the receiver has the last message). The same-process figures, both sockets on one context "
+               "and its one I/O thread, are shown too: they skip the second process's wake-up, which no shard can, "
+               "and the same-process one-way figure counts bytes handed to the socket.", "",
                "| ratio | per run | median |", "|---|---|---|",
-               f"| 4 KB push p50 / raw RTT p50 | {', '.join(f'{v:.2f}' for v in pp['push_4KB_p50_over_raw_rtt'])} | "
+               f"| 4 KB push p50 / raw RTT p50, 2 processes | "
+               f"{', '.join(f'{v:.2f}' for v in pp['push_4KB_p50_over_raw_rtt'])} | "
                f"{pp['median_push_4KB_p50_over_raw_rtt']:.2f}x |",
-               f"| 4 MB push (8 in flight) MB/s / raw one-way MB/s | "
+               f"| 4 MB push (8 in flight) MB/s / raw one-way MB/s, 2 processes | "
                f"{', '.join(f'{v * 100:.0f}%' for v in pp['push_4MB_8inflight_over_raw_oneway'])} | "
                f"{pp['median_push_4MB_8inflight_over_raw_oneway'] * 100:.0f}% |"]
+        if "push_4KB_p50_over_raw_rtt_same_process" in pp:
+            md += [f"| 4 KB push p50 / raw RTT p50, same process | "
+                   f"{', '.join(f'{v:.2f}' for v in pp['push_4KB_p50_over_raw_rtt_same_process'])} | "
+                   f"{pp['median_push_4KB_p50_over_raw_rtt_same_process']:.2f}x |",
+                   f"| 4 MB push (8 in flight) MB/s / raw one-way MB/s, same process | "
+                   f"{', '.join(f'{v * 100:.0f}%' for v in pp['push_4MB_8inflight_over_raw_oneway_same_process'])} | "
+                   f"{pp['median_push_4MB_8inflight_over_raw_oneway_same_process'] * 100:.0f}% |"]
     tr = res.get("training")
     if tr:
         md += ["", "## 2. Training throughput on Fashion-MNIST", "",
@@ -527,13 +582,13 @@ def make_plots(a, res):
     pp = res.get("pushpull")
     if pp:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-        ax1.bar(["raw ZeroMQ RTT", "Leash push"], [pp["raw_rtt_4KB_p50_us"], pp["leash_4KB_p50_us"]],
+        ax1.bar(["raw ZeroMQ RTT\n(2 processes)", "Leash push"], [pp["raw_rtt_4KB_p50_us"], pp["leash_4KB_p50_us"]],
                 color=["grey", "tab:blue"])
         ax1.axhline(pp["raw_rtt_4KB_p50_us"] * 1.3, color="tab:red", ls="--", lw=1, label="target 1.3x")
         ax1.set_ylabel("p50 latency (us)")
         ax1.set_title("4 KB, 1 in flight")
         ax1.legend(fontsize=8)
-        ax2.bar(["raw one-way", "Leash push x8"], [pp["raw_oneway_4MB_MBps"], pp["leash_4MB_push_MBps"]],
+        ax2.bar(["raw one-way\n(2 processes)", "Leash push x8"], [pp["raw_oneway_4MB_MBps"], pp["leash_4MB_push_MBps"]],
                 color=["grey", "tab:blue"])
         ax2.axhline(pp["raw_oneway_4MB_MBps"] * 0.8, color="tab:red", ls="--", lw=1, label="target 80%")
         ax2.set_ylabel("MB/s")
@@ -559,6 +614,8 @@ def main():
     p.add_argument("--cnn-epochs", type=int)
     p.add_argument("--cnn-repeats", type=int, help="repeats of the CNN training part (full default 1)")
     p.add_argument("--mlp-epochs", type=int)
+    p.add_argument("--models", default="mlp,cnn",
+                   help="models of the training part (mlp, cnn or both); with one, the other's results in --out are kept")
     p.add_argument("--no-tf", action="store_true", help="skip the TensorFlow peer (and its install)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the processes' logs and metrics (printed path)")
     p.add_argument("--summary-only", action="store_true", help="rewrite SUMMARY.md and plots from --out/suite.json")
