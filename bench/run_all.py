@@ -166,12 +166,15 @@ def training_systems(a, c, model, tfpy):
     torch_cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_train.py"), "--model", model, "--epochs", str(epochs)] + lim
     systems = {}
 
-    def leash_cluster(s):
+    def leash_cluster(s, worker_args=()):
         return lambda tmp, tag: L.run_cluster(a.build, tmp, model, epochs, tag, staleness=s, train_limit=train_limit,
-                                              test_limit=test_limit, timeout=c["timeout"])
+                                              test_limit=test_limit, timeout=c["timeout"], worker_args=worker_args)
     systems["leash 1+1 s=1"] = leash_cluster(1)
     if model == "mlp" or a.quick:
         systems["leash 1+1 s=0"] = leash_cluster(0)
+        # The same with pulls and pushes in bf16 on the wire (half the bytes; the shard keeps
+        # fp32 master values): shown beside the targets, which use the fp32 rows.
+        systems["leash 1+1 s=1 bf16 wire"] = leash_cluster(1, ("--wire-dtype", "bf16"))
     systems["leash local"] = lambda tmp, tag: L.run_local(a.build, tmp, model, epochs, tag, train_limit, test_limit,
                                                            timeout=c["timeout"])
     for mode, name in (("single", "torch single"), ("ddp", "torch DDP x2"), ("hogwild", "torch Hogwild x2")):

@@ -65,12 +65,12 @@ def run_local(build, tmp, model, epochs, tag, train_limit=0, test_limit=0, timeo
 
 
 def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0, delay_factors=None,
-                checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600):
+                checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600, worker_args=()):
     """`shards` leash-server processes and `workers` leash-worker processes training one
     job. delay_factors[i] is worker i's --step-delay-factor. Returns the cluster's
     samples/s (all workers' samples over the job's wall time, and for one worker its
     samples over its step time, as bench/ps_cost.py), worker 0's accuracy curve and
-    every worker's metrics."""
+    every worker's metrics. worker_args: more leash-worker flags for every worker."""
     delay_factors = delay_factors or [1.0] * workers
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(shards)]
     procs, logs = [], []
@@ -88,7 +88,7 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
             lf = open(os.path.join(tmp, f"{tag}-w{w}.log"), "w")
             logs.append(lf)
             extra = ["--servers", ",".join(endpoints), "--staleness", str(staleness), "--name", f"w{w}",
-                     "--step-delay-factor", str(delay_factors[w])]
+                     "--step-delay-factor", str(delay_factors[w])] + list(worker_args)
             workers_p.append(subprocess.Popen(
                 _worker_cmd(build, model, epochs, metrics[-1], train_limit, test_limit, no_eval, extra),
                 stdout=lf, stderr=subprocess.STDOUT))
