@@ -5,17 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${LEASH_BUILD_DIR:-build}
-# The build's packages, then the Python peers' (Debian's PyTorch on OpenBLAS, numpy,
-# matplotlib for the plots) under /usr/bin/python3; LEASH_SKIP_APT=1 skips both.
-bash scripts/install-deps.sh
-if [[ "${LEASH_SKIP_APT:-0}" != 1 ]] && ! /usr/bin/python3 -c 'import torch, numpy, matplotlib' 2>/dev/null; then
-  SUDO=""
-  [[ $(id -u) != 0 ]] && SUDO=sudo
-  echo "leash bench: installing python3-torch python3-numpy python3-matplotlib"
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    python3-torch python3-numpy python3-matplotlib
-fi
+# The build's packages and the Python peers' (Debian's PyTorch, numpy, matplotlib);
+# LEASH_SKIP_APT=1 skips this.
+bash scripts/install-deps.sh bench
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEASH_WITH_CUDA=OFF
 fi

@@ -13,6 +13,9 @@ PACKAGES=(
 # `scripts/install-deps.sh fuzz` also installs clang and its runtimes (libFuzzer, the
 # sanitizers) for scripts/fuzz.sh.
 if [[ "${1:-}" == fuzz ]]; then PACKAGES+=(clang libclang-rt-14-dev); fi
+# `scripts/install-deps.sh bench` also installs the benchmark suite's Python peers and
+# plots under /usr/bin/python3 (Debian's PyTorch, on OpenBLAS; numpy; matplotlib).
+if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-torch python3-numpy python3-matplotlib); fi
 
 if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then exit 0; fi
 
