@@ -109,14 +109,12 @@ def part_pushpull(a, c, tmp):
     rtt2 = raw("round trip, 2 processes", 1024, "p50_us")
     rtt1 = raw("round trip", 1024, "p50_us")
     one1 = raw("one-way", 1048576, "mb_per_s")
-    have_one2 = all(cell(r, "raw zmq", "one-way, 2 processes", 1048576, 1) for r in runs)
-    one2 = raw("one-way, 2 processes", 1048576, "mb_per_s") if have_one2 else one1
+    one2 = raw("one-way, 2 processes", 1048576, "mb_per_s")
     res = {"runs": runs,
            "push_4KB_p50_over_raw_rtt": ratios(leash_p50, rtt2),
            "push_4MB_8inflight_over_raw_oneway": ratios(leash_mbps, one2),
            "push_4KB_p50_over_raw_rtt_same_process": ratios(leash_p50, rtt1),
            "push_4MB_8inflight_over_raw_oneway_same_process": ratios(leash_mbps, one1),
-           "raw_ceiling": "2 processes" if have_one2 else "2 processes (RTT), same process (one-way)",
            "leash_4KB_p50_us": median(leash_p50(r) for r in runs),
            "raw_rtt_4KB_p50_us": median(rtt2(r) for r in runs),
            "raw_rtt_4KB_p50_us_same_process": median(rtt1(r) for r in runs),
@@ -195,20 +193,13 @@ def part_training(a, c, tmp):
     else:
         log(f"no TensorFlow peer: {tf_why}")
     res = {"tf_python": tfpy, "tf_unavailable": tf_why, "models": {}}
-    models = [m.strip() for m in a.models.split(",") if m.strip()]
-    for m in models:
-        if m not in ("mlp", "cnn"):
-            raise ValueError(f"unknown model {m!r} in --models (use mlp, cnn)")
-    previous = os.path.join(a.out, "suite.json")
-    if len(models) < 2 and os.path.exists(previous):
-        # Some models only: the others keep their results from the last run here.
-        with open(previous) as f:
-            old = json.load(f)
-        if old.get("quick") == a.quick:
-            for m, r in old.get("training", {}).get("models", {}).items():
-                if m not in models:
-                    res["models"][m] = r
-                    log(f"keeping the {m} training results from {previous}")
+    models = a.models
+    if len(models) < 2 and a.previous:
+        # Some models only: the others keep their results from the last run in --out.
+        for m, r in a.previous.get("training", {}).get("models", {}).items():
+            if m not in models:
+                res["models"][m] = r
+                log(f"keeping the {m} training results from the last run")
     for model in models:
         systems, epochs = training_systems(a, c, model, tfpy)
         names = list(systems)
@@ -637,20 +628,28 @@ def main():
         write_summary(a, c, res, make_plots(a, res), res["durations_seconds"])
         return 0
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    a.models = [m.strip() for m in a.models.split(",") if m.strip()]
+    for m in a.models:
+        if m not in ("mlp", "cnn"):
+            p.error(f"unknown model {m!r} in --models (use mlp, cnn)")
     res = {"suite": "leash-bench", "quick": a.quick, "time": now(), "config": c, "nproc": os.cpu_count(),
            "errors": []}
     durations = {}
     previous = os.path.join(a.out, "suite.json")
-    if set(parts) != set(ALL_PARTS) and os.path.exists(previous):
-        # A subset of the parts: the others keep their results from the last run here.
+    a.previous = None  # the last run in --out, when it is of the same kind (quick or full)
+    if os.path.exists(previous):
         with open(previous) as f:
             old = json.load(f)
         if old.get("quick") == a.quick:
-            durations = {k: v for k, v in old.get("durations_seconds", {}).items() if k not in parts and k != "total"}
-            res.update({k: old[k] for k in ALL_PARTS if k in old and k not in parts})
-            res["errors"] = [e for e in old.get("errors", []) if e.split(":")[0] not in parts]
-            res["time"] = f"{old.get('time')} (re-run of {', '.join(parts)}: {res['time']})"
-            log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
+            a.previous = old
+    if set(parts) != set(ALL_PARTS) and a.previous:
+        # A subset of the parts: the others keep their results from the last run here.
+        old = a.previous
+        durations = {k: v for k, v in old.get("durations_seconds", {}).items() if k not in parts and k != "total"}
+        res.update({k: old[k] for k in ALL_PARTS if k in old and k not in parts})
+        res["errors"] = [e for e in old.get("errors", []) if e.split(":")[0] not in parts]
+        res["time"] = f"{old.get('time')} (re-run of {', '.join(parts)}: {res['time']})"
+        log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
     fns = {"pushpull": part_pushpull, "training": part_training, "stragglers": part_stragglers,
            "durability": part_durability}
