@@ -126,19 +126,25 @@ Result<wire::DType> ParseDType(std::string_view name) {
 }
 
 Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
+  if (dtype == wire::DType::F32) return Frame::Copy(values.data(), values.size_bytes());
+  std::vector<uint8_t> out(values.size() * DTypeSize(dtype));
+  EncodeValuesInto(values, dtype, out.data());
+  return Frame::Own(std::move(out));
+}
+
+void EncodeValuesInto(std::span<const float> values, wire::DType dtype, uint8_t* out) {
   switch (dtype) {
-    case wire::DType::F32: return Frame::Copy(values.data(), values.size_bytes());
+    case wire::DType::F32:
+      if (!values.empty()) std::memcpy(out, values.data(), values.size_bytes());
+      return;
     case wire::DType::F16:
-    case wire::DType::BF16: {
-      std::vector<uint8_t> out(values.size() * 2);
+    case wire::DType::BF16:
       for (size_t i = 0; i < values.size(); ++i) {
         uint16_t h = dtype == wire::DType::F16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
-        std::memcpy(out.data() + 2 * i, &h, 2);
+        std::memcpy(out + 2 * i, &h, 2);
       }
-      return Frame::Own(std::move(out));
-    }
+      return;
   }
-  return Frame();
 }
 
 Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out) {

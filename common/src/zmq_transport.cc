@@ -3,6 +3,8 @@
 // monitors that turn silent handshake failures into counters, logs and client errors.
 #include "leash/common/zmq_transport.h"
 
+#include "shm_segment.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -63,6 +65,124 @@ zmq::message_t ToZmqCounted(const Frame& f, const std::shared_ptr<std::atomic<in
   auto* hint = new CountedFrame{owned.owner(), queued, static_cast<int64_t>(owned.size())};
   queued->fetch_add(hint->bytes);
   return zmq::message_t(const_cast<uint8_t*>(owned.data()), owned.size(), &ReleaseCounted, hint);
+}
+
+// ---------------------------------------------------------------- same-host shared memory
+// Transport-level messages between a client and a shard that both run with shared memory
+// on (never seen above the transport). A FlatBuffers envelope starts with its root offset,
+// which is never 0xff..., so these one-frame messages cannot be taken for one:
+//   hello    client -> shard: magic, version u32, token u64, segment name
+//   answer   shard -> client: magic, accepted u32 (1/0), token u64, reason
+// and the trailer, the last frame of a message some of whose frames travel in the
+// segment (those frames are left empty on the socket):
+//   magic, token u64, name length u16, count u16, reserved u32, name, then per frame:
+//   index u32, generation u32, offset u64, size u64.
+constexpr char kShmHello[8] = {'\xff', 'L', 'S', 'H', 'M', 'H', 'E', 'L'};
+constexpr char kShmAnswer[8] = {'\xff', 'L', 'S', 'H', 'M', 'A', 'N', 'S'};
+constexpr char kShmTrailer[8] = {'\xff', 'L', 'S', 'H', 'M', 'T', 'R', 'L'};
+constexpr size_t kTrailerHead = 8 + 8 + 2 + 2 + 4;
+constexpr size_t kTrailerEntry = 4 + 4 + 8 + 8;
+
+bool HasMagic(const zmq::message_t& m, const char (&magic)[8]) {
+  return m.size() >= 8 && std::memcmp(m.data(), magic, 8) == 0;
+}
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+struct ShmTrailer {
+  uint64_t token = 0;
+  std::string name;
+  std::vector<std::pair<uint32_t, shm::Descriptor>> frames;  // message frame index, where it is
+};
+
+std::string EncodeTrailer(uint64_t token, const std::string& name,
+                          const std::vector<std::pair<uint32_t, shm::Descriptor>>& frames) {
+  std::string out(kShmTrailer, 8);
+  Put(&out, token);
+  Put(&out, static_cast<uint16_t>(name.size()));
+  Put(&out, static_cast<uint16_t>(frames.size()));
+  Put(&out, uint32_t{0});
+  out += name;
+  for (const auto& [index, d] : frames) {
+    Put(&out, index);
+    Put(&out, d.generation);
+    Put(&out, d.offset);
+    Put(&out, d.size);
+  }
+  return out;
+}
+
+// A trailer whose sizes add up, or nullopt (then the frame is an ordinary payload).
+std::optional<ShmTrailer> DecodeTrailer(const zmq::message_t& m, uint32_t ring) {
+  if (!HasMagic(m, kShmTrailer) || m.size() < kTrailerHead) return std::nullopt;
+  const auto* p = static_cast<const uint8_t*>(m.data());
+  ShmTrailer t;
+  t.token = Get<uint64_t>(p + 8);
+  auto name_len = Get<uint16_t>(p + 16);
+  auto count = Get<uint16_t>(p + 18);
+  if (m.size() != kTrailerHead + name_len + size_t{count} * kTrailerEntry) return std::nullopt;
+  t.name.assign(reinterpret_cast<const char*>(p + kTrailerHead), name_len);
+  const uint8_t* e = p + kTrailerHead + name_len;
+  for (uint16_t i = 0; i < count; ++i, e += kTrailerEntry) {
+    shm::Descriptor d;
+    d.ring = ring;
+    d.generation = Get<uint32_t>(e + 4);
+    d.offset = Get<uint64_t>(e + 8);
+    d.size = Get<uint64_t>(e + 16);
+    t.frames.emplace_back(Get<uint32_t>(e), d);
+  }
+  return t;
+}
+
+// Puts the frames of `parts` from `first` on that are large enough into `writer`'s ring
+// (in place when they were reserved there) and, if any went, replaces them with empty
+// frames and appends the trailer.
+// Returns how many frames went.
+size_t ToSharedMemory(std::vector<zmq::message_t>& parts, const Message& message, size_t first, size_t min_bytes,
+                      shm::ShmWriter& writer, const shm::ShmSegment& segment) {
+  std::vector<std::pair<uint32_t, shm::Descriptor>> moved;
+  for (size_t i = 1; i < message.size(); ++i) {
+    const Frame& f = message[i];
+    if (f.size() < min_bytes) continue;
+    std::optional<shm::Descriptor> d = writer.Stamp(f);
+    if (!d) d = writer.Put(f);
+    if (!d) continue;  // no room now: this frame goes through the socket
+    moved.emplace_back(static_cast<uint32_t>(i), *d);
+    parts[first + i] = zmq::message_t();
+  }
+  if (!moved.empty()) parts.emplace_back(EncodeTrailer(segment.token(), segment.name(), moved));
+  return moved.size();
+}
+
+// Fills the frames a trailer names from `segment` (copied out, or borrowed in place).
+// Frames that cannot be read stay empty, so the message fails its size checks above
+// with a clear error instead of being taken for something else.
+Status FromSharedMemory(Message& message, const ShmTrailer& t, const std::shared_ptr<shm::ShmSegment>& segment,
+                        bool copy) {
+  Status first;
+  for (const auto& [index, d] : t.frames) {
+    if (index == 0 || index >= message.size() || !message[index].empty()) {
+      if (first.ok()) first = InvalidArgument("shared-memory trailer names frame " + std::to_string(index));
+      continue;
+    }
+    Result<Frame> f = copy ? segment->CopyOut(d) : segment->Borrow(segment, d);
+    if (!f.ok()) {
+      if (first.ok()) first = f.status();
+      continue;
+    }
+    message[index] = std::move(*f);
+  }
+  return first;
 }
 
 // An eventfd that Wake() writes and the poll loop drains.
@@ -341,8 +461,16 @@ class ZmqServer final : public ServerTransport {
     LEASH_RETURN_IF_ERROR(RecvAll(socket_, &parts));
     Inbound in;
     in.peer = parts[0].to_string();
+    if (parts.size() == 2 && HasMagic(parts[1], kShmHello)) {
+      AnswerHello(in.peer, parts[1]);
+      return std::optional<Inbound>();
+    }
+    std::optional<ShmTrailer> trailer;
+    if (parts.size() >= 3) trailer = DecodeTrailer(parts.back(), 0);
+    if (trailer) parts.pop_back();
     in.message.reserve(parts.size() - 1);
     for (size_t i = 1; i < parts.size(); ++i) in.message.push_back(ToFrame(std::move(parts[i])));
+    if (!shm_links_.empty() || trailer) NoteShmPeer(in.peer, trailer ? &*trailer : nullptr, &in.message);
     return std::optional<Inbound>(std::move(in));
   }
 
@@ -366,6 +494,16 @@ class ZmqServer final : public ServerTransport {
     parts.reserve(message.size() + 1);
     parts.emplace_back(peer.data(), peer.size());
     for (const Frame& f : message) parts.push_back(ToZmqCounted(f, queued));
+    if (!shm_peers_.empty()) {
+      auto p = shm_peers_.find(peer);
+      if (p != shm_peers_.end()) {
+        auto l = shm_links_.find(p->second);
+        if (l != shm_links_.end() && l->second.segment->ready()) {
+          shm_frames_sent_ += ToSharedMemory(parts, message, 1, static_cast<size_t>(options_.shm_min_frame_bytes),
+                                             *l->second.writer, *l->second.segment);
+        }
+      }
+    }
     Status st = SendAll(socket_, parts);
     if (queued_.size() > 4096) Sweep();
     return st;
@@ -378,10 +516,118 @@ class ZmqServer final : public ServerTransport {
     c.replies_dropped = replies_dropped_.load();
     c.auth_refused = zap_ ? zap_->refused() : 0;
     c.handshake_failed = handshake_failed_.load();
+    c.shm_frames_received = shm_frames_received_.load();
+    c.shm_frames_sent = shm_frames_sent_.load();
     return c;
   }
 
  private:
+  // A client's segment mapped here: its ring 1 carries this shard's large replies.
+  struct ShmLink {
+    std::shared_ptr<shm::ShmSegment> segment;
+    std::unique_ptr<shm::ShmWriter> writer;
+    int64_t last_used_ms = 0;
+  };
+  // Segments not used for this long are unmapped (their clients left or died; a live
+  // client sends heartbeats far more often).
+  static constexpr int64_t kShmIdleMs = 120000;
+
+  void SendRaw(const PeerId& peer, std::string frame) {
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(peer.data(), peer.size());
+    parts.emplace_back(frame.data(), frame.size());
+    (void)SendAll(socket_, parts);
+  }
+
+  void SendAnswer(const PeerId& peer, bool accepted, uint64_t token, const std::string& reason) {
+    std::string a(kShmAnswer, 8);
+    Put(&a, static_cast<uint32_t>(accepted ? 1 : 0));
+    Put(&a, token);
+    a += reason;
+    SendRaw(peer, std::move(a));
+  }
+
+  // Maps (or finds) the segment `name` holding `token`; nullptr and the reason if not.
+  ShmLink* Link(const std::string& name, uint64_t token, Status* why) {
+    auto it = shm_links_.find(name);
+    if (it != shm_links_.end() && it->second.segment->token() == token) return &it->second;
+    if (!options_.shared_memory) {
+      *why = FailedPrecondition("shared memory is off on this shard (--shm off)");
+      return nullptr;
+    }
+    auto seg = shm::ShmSegment::Open(name, token);
+    if (!seg.ok()) {
+      *why = seg.status();
+      return nullptr;
+    }
+    ShmLink link;
+    link.segment = *seg;
+    link.writer = std::make_unique<shm::ShmWriter>(link.segment, 1, /*reclaim_ms=*/0);
+    return &(shm_links_[name] = std::move(link));
+  }
+
+  void AnswerHello(const PeerId& peer, const zmq::message_t& hello) {
+    const auto* p = static_cast<const uint8_t*>(hello.data());
+    if (hello.size() < 8 + 4 + 8 || Get<uint32_t>(p + 8) != shm::kVersion) {
+      SendAnswer(peer, false, 0, "unsupported shared-memory offer");
+      return;
+    }
+    uint64_t token = Get<uint64_t>(p + 12);
+    std::string name(reinterpret_cast<const char*>(p + 20), hello.size() - 20);
+    Status why;
+    ShmLink* link = Link(name, token, &why);
+    if (link == nullptr) {
+      spdlog::debug("a client's shared-memory offer ({}) refused: {}", name, why.ToString());
+      SendAnswer(peer, false, token, why.message());
+      return;
+    }
+    link->last_used_ms = NowMs();
+    shm_peers_[peer] = name;
+    spdlog::info("a client on this host sends and receives large frames through shared memory {}", name);
+    SendAnswer(peer, true, token, "");
+  }
+
+  // Keeps a peer's segment alive and fills the frames its trailer names.
+  void NoteShmPeer(const PeerId& peer, const ShmTrailer* trailer, Message* message) {
+    int64_t now = NowMs();
+    if (trailer != nullptr) {
+      Status why;
+      ShmLink* link = Link(trailer->name, trailer->token, &why);
+      if (link == nullptr) {
+        ShmWarn("a client sent frames through shared memory " + trailer->name + " that this shard cannot read (" +
+                why.ToString() + "); told it to use the socket, its request fails");
+        SendAnswer(peer, false, trailer->token, why.message());
+      } else {
+        shm_peers_[peer] = trailer->name;
+        Status st = FromSharedMemory(*message, *trailer, link->segment, /*copy=*/true);
+        if (!st.ok()) ShmWarn("a shared-memory frame could not be read: " + st.ToString() + "; the request fails");
+        shm_frames_received_ += trailer->frames.size();
+      }
+    }
+    if (auto p = shm_peers_.find(peer); p != shm_peers_.end()) {
+      if (auto l = shm_links_.find(p->second); l != shm_links_.end()) l->second.last_used_ms = now;
+    }
+    if (now - last_shm_sweep_ms_ < 10000) return;
+    last_shm_sweep_ms_ = now;
+    for (auto it = shm_links_.begin(); it != shm_links_.end();) {
+      if (now - it->second.last_used_ms <= kShmIdleMs) {
+        ++it;
+        continue;
+      }
+      it = shm_links_.erase(it);
+    }
+    for (auto it = shm_peers_.begin(); it != shm_peers_.end();) {
+      it = shm_links_.count(it->second) == 0 ? shm_peers_.erase(it) : std::next(it);
+    }
+  }
+
+  void ShmWarn(const std::string& what) {
+    int64_t now = NowMs();
+    if (now - last_shm_warn_ms_ < 60000) return;
+    last_shm_warn_ms_ = now;
+    spdlog::warn("{} (logged at most once a minute)", what);
+  }
+
   // Failed handshakes other than refused keys: a client without CURVE (or with CURVE
   // against a plain shard), a wrong server key. Logged at most once a minute.
   void DrainMonitor() {
@@ -425,6 +671,12 @@ class ZmqServer final : public ServerTransport {
   Waker waker_;
   std::atomic<uint64_t> handshake_failed_{0};
   int64_t last_failure_log_ms_ = -60000;
+  std::map<std::string, ShmLink> shm_links_;  // by segment name
+  std::map<PeerId, std::string> shm_peers_;   // peer -> the segment its replies use
+  std::atomic<uint64_t> shm_frames_received_{0};
+  std::atomic<uint64_t> shm_frames_sent_{0};
+  int64_t last_shm_sweep_ms_ = 0;
+  int64_t last_shm_warn_ms_ = -60000;
 };
 
 class ZmqClient final : public ClientTransport {
@@ -441,9 +693,21 @@ class ZmqClient final : public ClientTransport {
 
   Status Init() {
     if (options_.curve) LEASH_RETURN_IF_ERROR(CurveSupported());
+    if (options_.shared_memory) shm::ShmSegment::RemoveStale();
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       sockets_.emplace_back();
       monitors_.emplace_back();
+      shm_.push_back(std::make_unique<ShmLink>());
+      if (options_.shared_memory) {
+        auto seg = shm::ShmSegment::Create(static_cast<size_t>(options_.shm_ring_bytes));
+        if (seg.ok()) {
+          shm_[i]->segment = *seg;
+          shm_[i]->writer = std::make_unique<shm::ShmWriter>(*seg, 0, kShmReclaimMs);
+          shm_[i]->state.store(kShmOffered);
+        } else {
+          spdlog::warn("shared memory with shard {} is off: {}", i, seg.status().ToString());
+        }
+      }
       LEASH_RETURN_IF_ERROR(Open(static_cast<int>(i)));
     }
     return Status::Ok();
@@ -452,13 +716,44 @@ class ZmqClient final : public ClientTransport {
   int num_shards() const override { return static_cast<int>(endpoints_.size()); }
 
   Status Send(int shard, Message message) override {
+    auto idx = static_cast<size_t>(shard);
     std::vector<zmq::message_t> parts;
-    parts.reserve(message.size());
+    parts.reserve(message.size() + 1);
     for (const Frame& f : message) parts.push_back(ToZmq(f));
-    return SendAll(*sockets_.at(static_cast<size_t>(shard)), parts).WithContext(endpoints_[static_cast<size_t>(shard)]);
+    ShmLink& link = *shm_.at(idx);
+    if (link.state.load() == kShmOn) {
+      std::lock_guard<std::mutex> lock(link.mu);
+      ToSharedMemory(parts, message, 0, static_cast<size_t>(options_.shm_min_frame_bytes), *link.writer,
+                     *link.segment);
+    }
+    return SendAll(*sockets_.at(idx), parts).WithContext(endpoints_[idx]);
+  }
+
+  std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) override {
+    if (shard < 0 || static_cast<size_t>(shard) >= shm_.size()) return std::nullopt;
+    ShmLink& link = *shm_[static_cast<size_t>(shard)];
+    if (link.state.load() != kShmOn || bytes < static_cast<size_t>(options_.shm_min_frame_bytes)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(link.mu);
+    std::optional<Frame> f = link.writer->Reserve(bytes);
+    if (!f) return std::nullopt;
+    return WritableFrame{const_cast<uint8_t*>(f->data()), std::move(*f)};
+  }
+
+  bool SharedMemoryWith(int shard) const override {
+    return shard >= 0 && static_cast<size_t>(shard) < shm_.size() && shm_[static_cast<size_t>(shard)]->state.load() == kShmOn;
   }
 
   Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds timeout) override {
+    // Shared-memory answers are handled here and come back as empty messages: look again
+    // (without waiting) so a caller draining edge-triggered PollFds() misses nothing.
+    while (true) {
+      LEASH_ASSIGN_OR_RETURN(auto in, ReceiveOne(timeout));
+      if (!in || !in->second.empty()) return in;
+      timeout = std::chrono::milliseconds(0);
+    }
+  }
+
+  Result<std::optional<std::pair<int, Message>>> ReceiveOne(std::chrono::milliseconds timeout) {
     std::vector<zmq::pollitem_t> items;
     items.reserve(2 * sockets_.size() + 1);
     for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
@@ -500,7 +795,12 @@ class ZmqClient final : public ClientTransport {
     return std::optional<std::pair<int, Message>>();
   }
 
-  Status Reconnect(int shard) override { return Open(shard); }
+  Status Reconnect(int shard) override {
+    LEASH_RETURN_IF_ERROR(Open(shard));
+    // A shard that never answered the offer (it may have been down) hears it again.
+    if (shm_.at(static_cast<size_t>(shard))->state.load() == kShmOffered) SendHello(static_cast<size_t>(shard));
+    return Status::Ok();
+  }
 
   std::vector<int> PollFds() override {
     std::vector<int> fds;
@@ -534,6 +834,58 @@ class ZmqClient final : public ClientTransport {
 
  private:
   static constexpr int64_t kHandshakeGraceMs = 3000;
+  // Granules a shard has not given back after this long are taken back: it died (or
+  // restarted) before reading the frame, or will find it gone and fail that request.
+  static constexpr int64_t kShmReclaimMs = 60000;
+  enum ShmState { kShmOff = 0, kShmOffered = 1, kShmOn = 2 };
+
+  // Shared memory with one shard: this client's segment, ring 0 written here.
+  struct ShmLink {
+    std::mutex mu;  // guards writer (ReservePayload may come from any thread)
+    std::shared_ptr<shm::ShmSegment> segment;
+    std::unique_ptr<shm::ShmWriter> writer;
+    std::atomic<int> state{kShmOff};
+  };
+
+  void SendHello(size_t i) {
+    ShmLink& link = *shm_[i];
+    std::string h(kShmHello, 8);
+    Put(&h, shm::kVersion);
+    Put(&h, link.segment->token());
+    h += link.segment->name();
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(h.data(), h.size());
+    Status st = SendAll(*sockets_[i], parts);
+    if (!st.ok()) spdlog::debug("shared-memory offer to shard {} not sent: {}", i, st.ToString());
+  }
+
+  void OnAnswer(size_t i, const zmq::message_t& answer) {
+    ShmLink& link = *shm_[i];
+    const auto* p = static_cast<const uint8_t*>(answer.data());
+    if (answer.size() < 8 + 4 + 8 || !link.segment || Get<uint64_t>(p + 12) != link.segment->token()) return;
+    bool accepted = Get<uint32_t>(p + 8) == 1;
+    std::string reason(reinterpret_cast<const char*>(p + 20), answer.size() - 20);
+    if (accepted && link.state.load() == kShmOffered) {
+      Status st = link.segment->Allocate();
+      if (!st.ok()) {
+        spdlog::warn("shared memory with {} is off: {}", Describe(static_cast<int>(i)), st.ToString());
+        link.state.store(kShmOff);
+        return;
+      }
+      link.state.store(kShmOn);
+      spdlog::info("{} is on this host: frames of {} KiB and more go through shared memory {}",
+                   Describe(static_cast<int>(i)), options_.shm_min_frame_bytes >> 10, link.segment->name());
+    } else if (!accepted) {
+      if (link.state.load() == kShmOn) {
+        spdlog::warn("{} no longer reads this client's shared memory ({}): sending everything through the socket",
+                     Describe(static_cast<int>(i)), reason);
+      } else {
+        spdlog::debug("{} declined shared memory ({}): sending everything through the socket",
+                      Describe(static_cast<int>(i)), reason);
+      }
+      link.state.store(kShmOff);
+    }
+  }
 
   struct Health {
     int64_t unsecured_since_ms = -1;  // first connection since the last good handshake
@@ -610,6 +962,7 @@ class ZmqClient final : public ClientTransport {
 
   Status Open(int shard) {
     auto idx = static_cast<size_t>(shard);
+    const bool replaced = sockets_[idx] != nullptr;
     try {
       auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
       ApplyOptions(*s, options_);
@@ -625,6 +978,7 @@ class ZmqClient final : public ClientTransport {
       s->connect(endpoints_[idx]);
       sockets_[idx] = std::move(s);
       monitors_[idx] = std::move(m);
+      if (!replaced && shm_[idx]->state.load() == kShmOffered) SendHello(idx);
     } catch (const zmq::error_t& e) {
       return InvalidArgument("cannot connect to shard " + std::to_string(shard) + " at '" + endpoints_[idx] +
                              "': " + e.what() + " (expected tcp://HOST:PORT)");
@@ -639,9 +993,23 @@ class ZmqClient final : public ClientTransport {
   Result<std::optional<std::pair<int, Message>>> ReadFrom(size_t i) {
     std::vector<zmq::message_t> parts;
     LEASH_RETURN_IF_ERROR(RecvAll(*sockets_[i], &parts));
+    if (parts.size() == 1 && HasMagic(parts[0], kShmAnswer)) {
+      OnAnswer(i, parts[0]);
+      return std::optional<std::pair<int, Message>>(std::make_pair(static_cast<int>(i), Message()));
+    }
+    std::optional<ShmTrailer> trailer;
+    if (parts.size() >= 2) trailer = DecodeTrailer(parts.back(), 1);
+    if (trailer) parts.pop_back();
     Message m;
     m.reserve(parts.size());
     for (auto& p : parts) m.push_back(ToFrame(std::move(p)));
+    if (trailer) {
+      const ShmLink& link = *shm_[i];
+      Status st = link.segment && link.segment->token() == trailer->token
+                      ? FromSharedMemory(m, *trailer, link.segment, /*copy=*/false)
+                      : InvalidArgument("the shard used shared memory this client did not offer");
+      if (!st.ok()) spdlog::warn("{}: a reply's shared-memory frame could not be read: {}", Describe(static_cast<int>(i)), st.ToString());
+    }
     return std::optional<std::pair<int, Message>>(std::make_pair(static_cast<int>(i), std::move(m)));
   }
 
@@ -650,6 +1018,7 @@ class ZmqClient final : public ClientTransport {
   ZmqOptions options_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
   std::vector<std::unique_ptr<SocketMonitor>> monitors_;
+  std::vector<std::unique_ptr<ShmLink>> shm_;  // per shard; never null after Init
   mutable std::mutex health_mu_;
   std::vector<Health> health_;  // guarded by health_mu_
   Waker waker_;

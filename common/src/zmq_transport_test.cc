@@ -1,10 +1,13 @@
 // Tests of the ZeroMQ transport adapter in one process over ipc:// sockets: plain round
 // trips, CURVE with an authorized key, a refused key reported by ShardHealth and counted by
-// the shard's transport, a plain client against a CURVE server, and loopback endpoints.
+// the shard's transport, a plain client against a CURVE server, loopback endpoints, and
+// same-host shared memory (frames through it both ways, a shard that declines it, a
+// restarted shard, a forged trailer).
 #include "leash/common/zmq_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -82,6 +85,47 @@ class ZmqTransportTest : public ::testing::Test {
     return false;
   }
 
+  static Frame Pattern(size_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 13);
+    return Frame::Own(std::move(v));
+  }
+  static bool Same(const Frame& a, const Frame& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+  }
+  static ZmqOptions Shm(bool on) {
+    ZmqOptions o;
+    o.shared_memory = on;
+    return o;
+  }
+  // The next message the server gets within `wait`.
+  static std::optional<Inbound> ServerGet(ServerTransport& s, std::chrono::milliseconds wait) {
+    auto end = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < end) {
+      auto in = s.Receive(10ms);
+      if (in.ok() && in->has_value()) return std::move(**in);
+    }
+    return std::nullopt;
+  }
+  static std::optional<Message> ClientGet(ClientTransport& c, std::chrono::milliseconds wait) {
+    auto end = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < end) {
+      auto in = c.Receive(10ms);
+      if (in.ok() && in->has_value()) return std::move((*in)->second);
+    }
+    return std::nullopt;
+  }
+  // Lets the server answer the client's shared-memory offer; true once the client uses it.
+  static bool AwaitShm(ServerTransport& s, ClientTransport& c, std::chrono::milliseconds wait) {
+    auto end = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < end) {
+      (void)s.Receive(5ms);
+      (void)c.Receive(5ms);
+      if (c.SharedMemoryWith(0)) return true;
+    }
+    return false;
+  }
+
   Dir dir_;
   std::string endpoint_;
   std::string keys_;
@@ -143,6 +187,128 @@ TEST_F(ZmqTransportTest, OneCurveServerPerContext) {
   auto second = BindZmqServer(ctx, "ipc://" + dir_.path() + "/other.sock", ServerOptions());
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("one CURVE server per ZmqContext"), std::string::npos) << second.status();
+}
+
+
+TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**server, **client, 10s));
+
+  Frame big = Pattern(200'000, 1), small = Pattern(100, 2);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big, small}).ok());
+  auto in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 3u);
+  EXPECT_EQ(in->message[0].view(), "req");
+  EXPECT_TRUE(Same(in->message[1], big));
+  EXPECT_TRUE(Same(in->message[2], small));
+  EXPECT_EQ((*server)->counters().shm_frames_received, 1u) << "only the frame over the threshold";
+
+  Frame reply = Pattern(300'000, 3);
+  ASSERT_TRUE((*server)->Send(in->peer, {Frame::Copy("rep", 3), reply}).ok());
+  auto out = ClientGet(**client, 5s);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_EQ((*out)[0].view(), "rep");
+  EXPECT_TRUE(Same((*out)[1], reply));
+  EXPECT_EQ((*server)->counters().shm_frames_sent, 1u);
+
+  // A payload built in place is sent without a copy, and again when resent.
+  auto w = (*client)->ReservePayload(0, 100'000);
+  ASSERT_TRUE(w);
+  Frame expected = Pattern(100'000, 4);
+  std::memcpy(w->data, expected.data(), expected.size());
+  for (int send = 0; send < 2; ++send) {
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy("push", 4), w->frame}).ok());
+    auto got = ServerGet(**server, 5s);
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->message.size(), 2u);
+    EXPECT_TRUE(Same(got->message[1], expected)) << "send " << send;
+  }
+  EXPECT_EQ((*server)->counters().shm_frames_received, 3u);
+  EXPECT_FALSE((*client)->ReservePayload(0, 1000)) << "below the threshold: ordinary memory";
+}
+
+TEST_F(ZmqTransportTest, AShardWithSharedMemoryOffDeclinesItAndFramesGoThroughTheSocket) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(false));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_FALSE(AwaitShm(**server, **client, 500ms));
+  EXPECT_FALSE((*client)->ReservePayload(0, 1 << 20));
+  Frame big = Pattern(500'000, 5);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
+  auto in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 2u);
+  EXPECT_TRUE(Same(in->message[1], big));
+  ASSERT_TRUE((*server)->Send(in->peer, {Frame::Copy("rep", 3), big}).ok());
+  auto out = ClientGet(**client, 5s);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_TRUE(Same((*out)[1], big));
+  EXPECT_EQ((*server)->counters().shm_frames_received, 0u);
+  EXPECT_EQ((*server)->counters().shm_frames_sent, 0u);
+}
+
+TEST_F(ZmqTransportTest, ARestartedShardMapsTheClientsSegmentAgain) {
+  ZmqContext sctx, cctx;
+  auto first = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**first, **client, 10s));
+  first->reset();  // the shard process goes; ZeroMQ reconnects the client to the next one
+  auto second = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(second.ok()) << second.status();
+  Frame big = Pattern(150'000, 6);
+  std::optional<Inbound> in;
+  for (int attempt = 0; attempt < 50 && !in; ++attempt) {  // sends before the reconnect may be lost
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
+    in = ServerGet(**second, 200ms);
+  }
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 2u);
+  EXPECT_TRUE(Same(in->message[1], big));
+  EXPECT_GE((*second)->counters().shm_frames_received, 1u);
+  ASSERT_TRUE((*second)->Send(in->peer, {Frame::Copy("rep", 3), big}).ok());
+  auto out = ClientGet(**client, 5s);
+  ASSERT_TRUE(out);
+  EXPECT_TRUE(Same((*out)[1], big));
+  EXPECT_EQ((*second)->counters().shm_frames_sent, 1u);
+}
+
+TEST_F(ZmqTransportTest, AForgedSharedMemoryTrailerIsStrippedAndItsFrameStaysEmpty) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(false));
+  ASSERT_TRUE(client.ok()) << client.status();
+  // magic, token, name length, count, reserved, name, then index 1 at a made-up place.
+  std::string name = "/leash-shm-1-0123456789abcdef";
+  std::string t("\xffLSHMTRL", 8);
+  auto put = [&t](auto v) { t.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(uint64_t{42});
+  put(static_cast<uint16_t>(name.size()));
+  put(uint16_t{1});
+  put(uint32_t{0});
+  t += name;
+  put(uint32_t{1});
+  put(uint32_t{7});
+  put(uint64_t{0});
+  put(uint64_t{4096});
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), Frame(), Frame::Copy(t)}).ok());
+  auto in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 2u) << "the trailer is not passed on";
+  EXPECT_TRUE(in->message[1].empty()) << "nothing was read from a segment that does not exist";
+  EXPECT_EQ((*server)->counters().shm_frames_received, 0u);
+  EXPECT_TRUE(RoundTrip(**server, **client, 5s)) << "the connection still works";
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {

@@ -41,6 +41,7 @@ int Run(int argc, char** argv) {
   int64_t num_shards = 1;
   int64_t max_message_mb = 512;
   bool no_sync = false;
+  bool no_shm = false;
   std::string nonfinite = "reject";
   int64_t max_keys = int64_t{1} << 24;
   int64_t max_parked = 4096;
@@ -66,6 +67,7 @@ int Run(int argc, char** argv) {
   flags.String("curve-keys", &curve_keys,
                "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients whose key is in "
                "DIR/authorized/");
+  flags.Bool("no-shm", &no_shm, "refuse shared memory with workers on this host (everything through the socket)");
   flags.String("log-level", &log_level, "trace, debug, info, warn or error");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "leash-server: %s\n", st.message().c_str());
@@ -150,6 +152,7 @@ int Run(int argc, char** argv) {
   zo.max_message_bytes = static_cast<int64_t>(opts.max_message_bytes) * 2;
   zo.curve = curve;
   zo.max_queued_bytes_per_peer = max_queued_reply_mb << 20;
+  zo.shared_memory = !no_shm;
   auto transport = leash::BindZmqServer(ctx, bind, zo);
   if (!transport.ok()) {
     spdlog::error("{}", transport.status().ToString());

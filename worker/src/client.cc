@@ -157,6 +157,7 @@ class Client::Impl final : public detail::OpWaiter {
   void Start() { io_ = std::thread([this] { Loop(); }); }
 
   const ClientTransport& transport() const { return *transport_; }
+  std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) { return transport_->ReservePayload(shard, bytes); }
 
   void Stop() {
     if (!io_.joinable()) return;
@@ -770,8 +771,14 @@ Future Client::Push(const TableHandle& table, const float* grad) {
     RowRange rr = part.Range(table.rows, s);
     if (rr.size() == 0) continue;
     shards.push_back(s);
-    payloads[static_cast<size_t>(s)] =
-        EncodeValues(std::span<const float>(grad + rr.begin * table.cols, rr.size() * table.cols), options_.wire_dtype);
+    std::span<const float> values(grad + rr.begin * table.cols, rr.size() * table.cols);
+    // Encoded straight into shared memory when the shard is on this host.
+    if (auto w = impl_->ReservePayload(s, values.size() * DTypeSize(options_.wire_dtype))) {
+      EncodeValuesInto(values, options_.wire_dtype, w->data);
+      payloads[static_cast<size_t>(s)] = std::move(w->frame);
+    } else {
+      payloads[static_cast<size_t>(s)] = EncodeValues(values, options_.wire_dtype);
+    }
   }
   impl_->CountPush();
   return impl_->Submit(

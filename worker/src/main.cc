@@ -72,6 +72,7 @@ int Run(int argc, char** argv) {
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
   double lr = 0.01, momentum = 0.9, weight_decay = 0, step_delay_factor = 1;
   bool no_eval = false;
+  bool no_shm = false;
 
   leash::Flags flags("leash-worker", "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).");
   flags.String("servers", &servers, "comma-separated shard endpoints in shard order, e.g. tcp://127.0.0.1:7000,tcp://127.0.0.1:7001");
@@ -101,6 +102,8 @@ int Run(int argc, char** argv) {
   flags.Double("step-delay-factor", &step_delay_factor,
                "straggler injection for benchmarks: sleep (factor-1) x each step's compute time (1: none)");
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
+  flags.Bool("no-shm", &no_shm, "send pushes and pulls through the socket even to a shard on this host (by default "
+             "large ones go through shared memory there)");
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
   flags.String("metrics-bind", &metrics_bind,
                "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
@@ -125,6 +128,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   leash::ZmqOptions zopts;
+  zopts.shared_memory = !no_shm;
   if (!curve_keys.empty() && !local) {
     auto keys = leash::LoadCurveClientKeys(curve_keys, curve_client);
     if (!keys.ok()) {

@@ -24,6 +24,8 @@ struct TransportCounters {
   uint64_t auth_refused = 0;       // CURVE clients whose key is not authorized (ZAP said no)
   uint64_t handshake_failed = 0;   // other failed handshakes (no CURVE, wrong server key)
   uint64_t replies_dropped = 0;    // replies to a peer over its queue limit (it does not read)
+  uint64_t shm_frames_received = 0;  // frames read from same-host shared memory
+  uint64_t shm_frames_sent = 0;      // frames written to same-host shared memory
 };
 
 struct Inbound {
@@ -43,6 +45,12 @@ class ServerTransport {
   virtual void Wake() = 0;
   // Thread-safe.
   virtual TransportCounters counters() const { return {}; }
+};
+
+// Bytes a caller fills in place before sending them as a payload frame.
+struct WritableFrame {
+  uint8_t* data = nullptr;
+  Frame frame;  // frame.data() == data; frame.size() bytes
 };
 
 // A client's connections, one per shard (DEALER sockets in production).
@@ -67,6 +75,12 @@ class ClientTransport {
   // client's CURVE key): an Unavailable status saying what to do; Ok if nothing is known
   // to be wrong. Thread-safe.
   virtual Status ShardHealth(int /*shard*/) const { return Status::Ok(); }
+  // Room for a payload of `bytes` to `shard` that Send() can pass without copying it
+  // (shared memory with a shard on this host), or nullopt: then build the frame in
+  // ordinary memory. The frame may be sent (and resent) to that shard only. Thread-safe.
+  virtual std::optional<WritableFrame> ReservePayload(int /*shard*/, size_t /*bytes*/) { return std::nullopt; }
+  // Whether large frames to `shard` go through shared memory. Thread-safe.
+  virtual bool SharedMemoryWith(int /*shard*/) const { return false; }
 };
 
 }  // namespace leash

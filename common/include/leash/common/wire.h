@@ -61,6 +61,8 @@ Result<wire::DType> ParseDType(std::string_view name);
 
 // Encodes float32 values as a payload frame in `dtype`.
 Frame EncodeValues(std::span<const float> values, wire::DType dtype);
+// The same into `out`, which holds values.size() * DTypeSize(dtype) bytes.
+void EncodeValuesInto(std::span<const float> values, wire::DType dtype, uint8_t* out);
 // Decodes a payload frame holding exactly `count` values of `dtype` into `out`.
 // InvalidArgument (naming both sizes) if the frame has another size.
 Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out);

@@ -35,6 +35,16 @@ struct ZmqOptions {
   // keys. A client (ConnectZmqClient) needs own and server_public_z85. Without it, plain
   // unauthenticated, unencrypted ZMTP.
   std::optional<CurveKeys> curve;
+  // Same-host shared memory. A client with this on offers each shard a shared-memory
+  // segment; a shard with it on maps the segment when it can (the peer is on this host,
+  // in the same /dev/shm, as the same user) and from then on frames of at least
+  // shm_min_frame_bytes travel through it in both directions, with only a descriptor on
+  // the socket. Anywhere else (another host, another container) the offer is refused
+  // and everything goes through the socket as without it. Frames that do not fit in a
+  // ring at the moment go through the socket too.
+  bool shared_memory = false;
+  int64_t shm_ring_bytes = int64_t{16} << 20;   // per direction and connection
+  int64_t shm_min_frame_bytes = int64_t{32} << 10;
 };
 
 // Shared ZeroMQ context. Thread-safe.

@@ -1,0 +1,356 @@
+// POSIX shared-memory segments and rings for same-host frames (see shm_segment.h). The
+// one place where shm_open/mmap/posix_fallocate errors become Status.
+#include "shm_segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+namespace leash::shm {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'E', 'A', 'S', 'H', 'S', 'H', 'M'};
+constexpr char kPrefix[] = "/leash-shm-";
+constexpr size_t kPage = 4096;
+constexpr uint32_t kMaxGranules = 1u << 20;  // 16 GiB a ring: a bound for a peer's header
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "state words must be lock-free to be shared");
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t granule_bytes;
+  uint64_t token;
+  uint32_t granules;
+  std::atomic<uint32_t> ready;  // 1 once the creator reserved the rings' memory
+};
+static_assert(sizeof(Header) <= kPage);
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t StatesBytes(uint32_t granules) { return RoundUp(2 * static_cast<size_t>(granules) * sizeof(uint32_t), kPage); }
+
+size_t SegmentBytes(uint32_t granules) {
+  return kPage + StatesBytes(granules) + 2 * static_cast<size_t>(granules) * kGranuleBytes;
+}
+
+Status Errno(const std::string& what) { return IOError(what + ": " + std::strerror(errno)); }
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint32_t GranulesFor(uint64_t size) { return static_cast<uint32_t>((size + kGranuleBytes - 1) / kGranuleBytes); }
+
+// "/leash-shm-<pid>-<16 hex digits>", and the pid in it.
+bool ParseName(const std::string& name, long* pid) {
+  const size_t n = sizeof kPrefix - 1;
+  if (name.size() > 64 || name.compare(0, n, kPrefix) != 0) return false;
+  size_t dash = name.find('-', n);
+  if (dash == std::string::npos || dash == n || dash - n > 10 || name.size() != dash + 1 + 16) return false;
+  for (size_t i = n; i < dash; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  for (size_t i = dash + 1; i < name.size(); ++i) {
+    char c = name[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  *pid = std::stol(name.substr(n, dash - n));
+  return true;
+}
+
+}  // namespace
+
+Status ShmSegment::Map(int fd, size_t size, bool create) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return Errno("mmap of shared-memory segment " + name_);
+  base_ = static_cast<uint8_t*>(p);
+  size_ = size;
+  auto* h = reinterpret_cast<Header*>(base_);
+  if (create) {
+    std::memcpy(h->magic, kMagic, sizeof kMagic);
+    h->version = kVersion;
+    h->granule_bytes = static_cast<uint32_t>(kGranuleBytes);
+    h->token = token_;
+    h->granules = granules_;
+    new (&h->ready) std::atomic<uint32_t>(0);
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage) + static_cast<size_t>(r) * granules_;
+    rings_[r] = base_ + kPage + StatesBytes(granules_) + static_cast<size_t>(r) * granules_ * kGranuleBytes;
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
+  std::shared_ptr<ShmSegment> s(new ShmSegment());
+  uint64_t granules = std::max<uint64_t>(4, (ring_bytes + kGranuleBytes - 1) / kGranuleBytes);
+  if (granules > kMaxGranules) {
+    return InvalidArgument("shared-memory ring of " + std::to_string(ring_bytes) + " bytes is too large (at most " +
+                           std::to_string(uint64_t{kMaxGranules} * kGranuleBytes) + ")");
+  }
+  s->granules_ = static_cast<uint32_t>(granules);
+  std::random_device rd;
+  s->token_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMs());
+  if (s->token_ == 0) s->token_ = 1;
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
+  s->name_ = std::string(kPrefix) + std::to_string(::getpid()) + "-" + suffix;
+  s->fd_ = ::shm_open(s->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (s->fd_ < 0) return Errno("shm_open(" + s->name_ + ")");
+  s->creator_ = true;
+  size_t size = SegmentBytes(s->granules_);
+  if (::ftruncate(s->fd_, static_cast<off_t>(size)) != 0) return Errno("ftruncate of " + s->name_);
+  LEASH_RETURN_IF_ERROR(s->Map(s->fd_, size, /*create=*/true));
+  return s;
+}
+
+Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, uint64_t token) {
+  long pid = 0;
+  if (!ParseName(name, &pid)) return InvalidArgument("'" + name + "' is not a Leash shared-memory segment name");
+  std::shared_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = name;
+  s->token_ = token;
+  s->fd_ = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (s->fd_ < 0) {
+    if (errno == ENOENT) return NotFound("no shared-memory segment " + name + " on this host");
+    return Errno("shm_open(" + name + ")");
+  }
+  struct stat st {};
+  if (::fstat(s->fd_, &st) != 0) return Errno("fstat of " + name);
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    return InvalidArgument("shared-memory segment " + name + " is not a file of this user");
+  }
+  if (static_cast<size_t>(st.st_size) < kPage) return InvalidArgument("shared-memory segment " + name + " is too small");
+  Header h;
+  if (::pread(s->fd_, &h, offsetof(Header, ready), 0) != static_cast<ssize_t>(offsetof(Header, ready))) {
+    return Errno("reading the header of " + name);
+  }
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion || h.granule_bytes != kGranuleBytes ||
+      h.granules < 1 || h.granules > kMaxGranules) {
+    return InvalidArgument("shared-memory segment " + name + " has no valid Leash header (version " +
+                           std::to_string(h.version) + ")");
+  }
+  if (h.token != token) return InvalidArgument("shared-memory segment " + name + " holds another token");
+  if (static_cast<size_t>(st.st_size) != SegmentBytes(h.granules)) {
+    return InvalidArgument("shared-memory segment " + name + " has " + std::to_string(st.st_size) +
+                           " bytes, its header says " + std::to_string(SegmentBytes(h.granules)));
+  }
+  s->granules_ = h.granules;
+  LEASH_RETURN_IF_ERROR(s->Map(s->fd_, SegmentBytes(h.granules), /*create=*/false));
+  return s;
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  if (creator_) Unlink();
+}
+
+Status ShmSegment::Allocate() {
+  int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
+  if (rc != 0) {
+    return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " + name_ + ": " +
+                   std::strerror(rc) + " (is /dev/shm too small? --shm off sends everything through the socket)");
+  }
+  reinterpret_cast<Header*>(base_)->ready.store(1, std::memory_order_release);
+  return Status::Ok();
+}
+
+bool ShmSegment::ready() const {
+  return reinterpret_cast<const Header*>(base_)->ready.load(std::memory_order_acquire) == 1;
+}
+
+void ShmSegment::Unlink() {
+  if (unlinked_) return;
+  unlinked_ = true;
+  ::shm_unlink(name_.c_str());
+}
+
+void ShmSegment::RemoveStale() {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = std::string("/") + e->d_name;
+    long pid = 0;
+    if (!ParseName(name, &pid)) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::shm_unlink(name.c_str());
+  }
+  ::closedir(d);
+}
+
+Result<const uint8_t*> ShmSegment::Check(const Descriptor& d) {
+  if (d.ring > 1 || d.generation == 0 || d.size == 0 || d.offset % kGranuleBytes != 0 ||
+      d.offset / kGranuleBytes + GranulesFor(d.size) > granules_ || d.size > ring_bytes()) {
+    return InvalidArgument("shared-memory descriptor out of bounds (ring " + std::to_string(d.ring) + ", offset " +
+                           std::to_string(d.offset) + ", " + std::to_string(d.size) + " bytes)");
+  }
+  const auto first = static_cast<uint32_t>(d.offset / kGranuleBytes);
+  std::atomic<uint32_t>* st = states(d.ring);
+  for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {
+    if (st[g].load(std::memory_order_acquire) != d.generation) {
+      return InvalidArgument("shared-memory frame at offset " + std::to_string(d.offset) +
+                             " is no longer there (generation changed)");
+    }
+  }
+  return static_cast<const uint8_t*>(data(d.ring) + d.offset);
+}
+
+void ShmSegment::Release(const Descriptor& d) {
+  const auto first = static_cast<uint32_t>(d.offset / kGranuleBytes);
+  std::atomic<uint32_t>* st = states(d.ring);
+  for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {
+    uint32_t expected = d.generation;  // a writer that stamped it again keeps it
+    st[g].compare_exchange_strong(expected, 0, std::memory_order_release, std::memory_order_relaxed);
+  }
+}
+
+Result<Frame> ShmSegment::CopyOut(const Descriptor& d) {
+  LEASH_ASSIGN_OR_RETURN(const uint8_t* p, Check(d));
+  Frame f = Frame::Copy(p, d.size);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const auto first = static_cast<uint32_t>(d.offset / kGranuleBytes);
+  for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {
+    if (states(d.ring)[g].load(std::memory_order_relaxed) != d.generation) {
+      return DataLoss("shared-memory frame at offset " + std::to_string(d.offset) +
+                      " was overwritten while it was read (the sender took it back)");
+    }
+  }
+  Release(d);
+  return f;
+}
+
+Result<Frame> ShmSegment::Borrow(std::shared_ptr<ShmSegment> self, const Descriptor& d) {
+  LEASH_ASSIGN_OR_RETURN(const uint8_t* p, Check(d));
+  struct Loan {
+    Loan(std::shared_ptr<ShmSegment> s, const Descriptor& desc) : segment(std::move(s)), d(desc) {}
+    Loan(const Loan&) = delete;
+    Loan& operator=(const Loan&) = delete;
+    ~Loan() { segment->Release(d); }
+    std::shared_ptr<ShmSegment> segment;
+    Descriptor d;
+  };
+  auto loan = std::make_shared<Loan>(std::move(self), d);
+  return Frame::Wrap(p, d.size, std::shared_ptr<const void>(loan, loan.get()));
+}
+
+// ---------------------------------------------------------------- ShmWriter
+
+struct ShmWriter::Reservation {
+  Reservation() = default;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  std::shared_ptr<ShmSegment> segment;
+  std::shared_ptr<std::vector<std::atomic<uint8_t>>> held;
+  uint32_t first = 0;
+  uint32_t count = 0;
+  ~Reservation() {
+    for (uint32_t g = first; g < first + count; ++g) (*held)[g].store(0, std::memory_order_release);
+  }
+};
+
+ShmWriter::ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms)
+    : segment_(std::move(segment)),
+      ring_(ring),
+      reclaim_ms_(reclaim_ms),
+      claimed_ms_(segment_->granules(), 0),
+      held_(std::make_shared<std::vector<std::atomic<uint8_t>>>(segment_->granules())) {}
+
+uint32_t ShmWriter::NextGeneration() {
+  if (++generation_ == 0) ++generation_;
+  return generation_;
+}
+
+std::optional<uint32_t> ShmWriter::Claim(uint32_t k, int64_t now_ms) {
+  const uint32_t n = segment_->granules();
+  if (k == 0 || k > n) return std::nullopt;
+  std::atomic<uint32_t>* st = segment_->states(ring_);
+  auto is_free = [&](uint32_t g) {
+    if ((*held_)[g].load(std::memory_order_acquire) != 0) return false;
+    if (st[g].load(std::memory_order_acquire) == 0) return true;
+    return reclaim_ms_ > 0 && now_ms - claimed_ms_[g] > reclaim_ms_;  // the reader died with it
+  };
+  // First fit from the cursor, wrapping once; a run never wraps around the ring's end.
+  uint32_t start = cursor_ + k <= n ? cursor_ : 0;
+  uint32_t scanned = 0;
+  while (scanned < n + k) {
+    if (start + k > n) {
+      scanned += n - start;
+      start = 0;
+      continue;
+    }
+    uint32_t g = start;
+    while (g < start + k && is_free(g)) ++g;
+    if (g == start + k) {
+      const uint32_t gen = NextGeneration();
+      for (uint32_t i = start; i < start + k; ++i) {
+        claimed_ms_[i] = now_ms;
+        st[i].store(gen, std::memory_order_release);
+      }
+      cursor_ = (start + k) % n;
+      return start;
+    }
+    scanned += g + 1 - start;
+    start = g + 1;
+  }
+  return std::nullopt;
+}
+
+std::optional<Descriptor> ShmWriter::Put(const Frame& frame) {
+  if (frame.empty() || !segment_->ready()) return std::nullopt;
+  const uint32_t k = GranulesFor(frame.size());
+  auto first = Claim(k, NowMs());
+  if (!first) return std::nullopt;
+  std::memcpy(segment_->data(ring_) + static_cast<size_t>(*first) * kGranuleBytes, frame.data(), frame.size());
+  std::atomic_thread_fence(std::memory_order_release);
+  return Descriptor{ring_, generation_, static_cast<uint64_t>(*first) * kGranuleBytes, frame.size()};
+}
+
+std::optional<Frame> ShmWriter::Reserve(size_t size) {
+  if (size == 0 || !segment_->ready()) return std::nullopt;
+  const uint32_t k = GranulesFor(size);
+  auto first = Claim(k, NowMs());
+  if (!first) return std::nullopt;
+  for (uint32_t g = *first; g < *first + k; ++g) (*held_)[g].store(1, std::memory_order_relaxed);
+  // Not sent yet: the reader has nothing to give back.
+  std::atomic<uint32_t>* st = segment_->states(ring_);
+  for (uint32_t g = *first; g < *first + k; ++g) st[g].store(0, std::memory_order_relaxed);
+  auto r = std::make_shared<Reservation>();
+  r->segment = segment_;
+  r->held = held_;
+  r->first = *first;
+  r->count = k;
+  uint8_t* p = segment_->data(ring_) + static_cast<size_t>(*first) * kGranuleBytes;
+  return Frame::Wrap(p, size, std::shared_ptr<const void>(r, p));
+}
+
+std::optional<Descriptor> ShmWriter::Stamp(const Frame& frame) {
+  const uint8_t* base = segment_->data(ring_);
+  if (frame.empty() || frame.data() < base || frame.data() >= base + segment_->ring_bytes()) return std::nullopt;
+  const auto offset = static_cast<uint64_t>(frame.data() - base);
+  if (offset % kGranuleBytes != 0) return std::nullopt;
+  const auto first = static_cast<uint32_t>(offset / kGranuleBytes);
+  const uint32_t k = GranulesFor(frame.size());
+  if (first + k > segment_->granules()) return std::nullopt;
+  const uint32_t gen = NextGeneration();
+  const int64_t now = NowMs();
+  std::atomic<uint32_t>* st = segment_->states(ring_);
+  for (uint32_t g = first; g < first + k; ++g) {
+    claimed_ms_[g] = now;
+    st[g].store(gen, std::memory_order_release);
+  }
+  return Descriptor{ring_, gen, offset, frame.size()};
+}
+
+}  // namespace leash::shm

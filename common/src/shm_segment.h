@@ -1,0 +1,140 @@
+// Same-host shared memory for the ZeroMQ transport: a client and a shard on one machine
+// pass large frames through a POSIX shared-memory segment instead of through the kernel's
+// TCP (or Unix socket) buffers; the ZeroMQ message then carries only a descriptor.
+//
+// One segment per (client, shard) connection, created by the client and mapped by the
+// shard, holding two rings of fixed-size granules: ring 0 carries client -> shard frames
+// (the client writes, the shard reads), ring 1 shard -> client frames. Each ring has one
+// writer process and one reader process. A granule's state word is 0 when free and the
+// writer's generation number while a frame occupies it: the writer claims free granules,
+// copies the frame in and sends {offset, size, generation}; the reader checks that every
+// granule still holds that generation, reads, and stores 0 to give them back.
+//
+// Thread-safety: ShmSegment is immutable after creation; its state words are atomics.
+// ShmWriter is used by one thread at a time, except that frames it allocated may be
+// released (destroyed) on any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "leash/common/message.h"
+#include "leash/common/status.h"
+
+namespace leash::shm {
+
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kGranuleBytes = 16 * 1024;
+
+// Where a frame lies in a ring, as sent beside the ZeroMQ message.
+struct Descriptor {
+  uint32_t ring = 0;        // 0: client -> shard, 1: shard -> client
+  uint32_t generation = 0;  // the writer's stamp on the granules; never 0
+  uint64_t offset = 0;      // from the start of the ring's data, a multiple of the granule
+  uint64_t size = 0;        // bytes
+};
+
+class ShmSegment {
+ public:
+  // Creates a segment named /leash-shm-<pid>-<random> with two rings of `ring_bytes`
+  // (rounded up to whole granules) each. Its memory is reserved only by Allocate(), so
+  // a segment no shard maps costs nothing. IOError naming the call on failure.
+  static Result<std::shared_ptr<ShmSegment>> Create(size_t ring_bytes);
+  // Maps the segment `name` a peer created, after checking that the name has the form
+  // Create() gives, the object belongs to this user, its header is intact and holds
+  // `token`. NotFound if no such segment exists here (the peer is on another host, or
+  // in another container); InvalidArgument for a bad name, token or header.
+  static Result<std::shared_ptr<ShmSegment>> Open(const std::string& name, uint64_t token);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  // Creator only: reserves the rings' memory (posix_fallocate), so that touching it can
+  // never fault for lack of space in /dev/shm, and marks the segment ready. IOError
+  // (e.g. /dev/shm too small) leaves the segment unusable for frames.
+  Status Allocate();
+  // True once the creator's Allocate() succeeded: only then may a writer touch the rings.
+  bool ready() const;
+
+  const std::string& name() const { return name_; }
+  uint64_t token() const { return token_; }
+  uint32_t granules() const { return granules_; }
+  size_t ring_bytes() const { return static_cast<size_t>(granules_) * kGranuleBytes; }
+
+  uint8_t* data(uint32_t ring) { return rings_[ring]; }
+  std::atomic<uint32_t>* states(uint32_t ring) { return states_[ring]; }
+
+  // Reader side. Checks `d` (ring, bounds, and that its granules hold its generation)
+  // and returns the frame's bytes, or InvalidArgument saying what is wrong.
+  Result<const uint8_t*> Check(const Descriptor& d);
+  // Reader side: gives the granules of `d` back to the writer.
+  void Release(const Descriptor& d);
+  // Reader side: copies the frame `d` out and gives its granules back. DataLoss if the
+  // writer reused them while they were read (it reclaims granules unreleased for long).
+  Result<Frame> CopyOut(const Descriptor& d);
+  // Reader side: the frame `d` in place, without copying; its granules go back to the
+  // writer when the last copy of the Frame is destroyed. The writer must never reclaim
+  // granules of this ring.
+  Result<Frame> Borrow(std::shared_ptr<ShmSegment> self, const Descriptor& d);
+
+  // Removes the segment's name (creator, at exit); mappings stay valid.
+  void Unlink();
+  // Unlinks segments of processes that no longer exist (left by crashed clients).
+  static void RemoveStale();
+
+ private:
+  ShmSegment() = default;
+  Status Map(int fd, size_t size, bool create);
+
+  std::string name_;
+  uint64_t token_ = 0;
+  uint32_t granules_ = 0;
+  int fd_ = -1;
+  bool creator_ = false;
+  bool unlinked_ = false;
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  std::atomic<uint32_t>* states_[2] = {nullptr, nullptr};
+  uint8_t* rings_[2] = {nullptr, nullptr};
+};
+
+// The writing end of one ring. Frames are placed in free granules from a rotating
+// cursor; a ring with no room says so and the caller sends the frame inline.
+class ShmWriter {
+ public:
+  // `reclaim_ms` > 0: granules a reader has not given back after that long are taken
+  // back (the reader died with them); readers of such a ring must CopyOut. 0: never.
+  ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms);
+
+  // Copies `frame` into the ring. nullopt if the ring has no room for it.
+  std::optional<Descriptor> Put(const Frame& frame);
+  // Reserves room for `size` bytes that the caller fills through the returned frame's
+  // data() before sending it; the granules stay with the writer until that frame (and
+  // every copy of it) is destroyed and the reader has given them back. nullopt if the
+  // ring has no room.
+  std::optional<Frame> Reserve(size_t size);
+  // If `frame` was made by Reserve() of this writer: stamps its granules with a new
+  // generation (a resend of the same frame is read again) and returns its descriptor.
+  std::optional<Descriptor> Stamp(const Frame& frame);
+
+ private:
+  struct Reservation;
+  std::optional<uint32_t> Claim(uint32_t k, int64_t now_ms);
+  uint32_t NextGeneration();
+
+  std::shared_ptr<ShmSegment> segment_;
+  uint32_t ring_;
+  int64_t reclaim_ms_;
+  uint32_t cursor_ = 0;
+  uint32_t generation_ = 0;
+  std::vector<int64_t> claimed_ms_;  // when each granule was last stamped
+  // Granules held by frames from Reserve() that are still alive (released on any thread).
+  std::shared_ptr<std::vector<std::atomic<uint8_t>>> held_;
+};
+
+}  // namespace leash::shm

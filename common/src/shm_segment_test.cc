@@ -1,0 +1,236 @@
+// Tests of the same-host shared-memory segments and rings: a writer and a reader on two
+// mappings of one real POSIX segment (as a client and a shard have), a full ring,
+// reserved frames and resends, granules taken back from a dead reader, bad descriptors,
+// and what Open refuses.
+#include "shm_segment.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace leash::shm {
+namespace {
+
+std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7);
+  return v;
+}
+
+Frame FrameOf(const std::vector<uint8_t>& v) { return Frame::Copy(v.data(), v.size()); }
+
+bool SameBytes(const Frame& f, const std::vector<uint8_t>& v) {
+  return f.size() == v.size() && std::memcmp(f.data(), v.data(), v.size()) == 0;
+}
+
+// A client's segment (allocated) and a shard's mapping of it.
+struct Pair {
+  std::shared_ptr<ShmSegment> client;
+  std::shared_ptr<ShmSegment> shard;
+};
+
+Pair MakePair(size_t ring_bytes) {
+  Pair p;
+  auto c = ShmSegment::Create(ring_bytes);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return p;
+  p.client = *c;
+  EXPECT_TRUE(p.client->Allocate().ok());
+  auto s = ShmSegment::Open(p.client->name(), p.client->token());
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) p.shard = *s;
+  return p;
+}
+
+TEST(ShmSegmentTest, FramesCrossBetweenTwoMappingsInBothDirections) {
+  Pair p = MakePair(1 << 20);
+  ASSERT_TRUE(p.shard);
+  EXPECT_EQ(p.shard->granules(), p.client->granules());
+  EXPECT_TRUE(p.shard->ready());
+  ShmWriter to_shard(p.client, 0, 0);
+  ShmWriter to_client(p.shard, 1, 0);
+  auto up = Bytes(100'000, 3), down = Bytes(40'000, 9);
+  auto d_up = to_shard.Put(FrameOf(up));
+  auto d_down = to_client.Put(FrameOf(down));
+  ASSERT_TRUE(d_up && d_down);
+  EXPECT_EQ(d_up->ring, 0u);
+  EXPECT_EQ(d_down->ring, 1u);
+  auto got_up = p.shard->CopyOut(*d_up);
+  ASSERT_TRUE(got_up.ok()) << got_up.status();
+  EXPECT_TRUE(SameBytes(*got_up, up));
+  auto got_down = p.client->Borrow(p.client, *d_down);
+  ASSERT_TRUE(got_down.ok()) << got_down.status();
+  EXPECT_TRUE(SameBytes(*got_down, down));
+  // A copied-out frame was given back at once: reading it again fails.
+  EXPECT_FALSE(p.shard->CopyOut(*d_up).ok());
+}
+
+TEST(ShmSegmentTest, AFullRingRefusesUntilTheReaderGivesGranulesBack) {
+  Pair p = MakePair(4 * kGranuleBytes);  // the smallest ring: 4 granules
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, 0);
+  auto big = Bytes(3 * kGranuleBytes, 1);
+  auto d1 = w.Put(FrameOf(big));
+  ASSERT_TRUE(d1);
+  EXPECT_FALSE(w.Put(FrameOf(big))) << "3 of 4 granules are taken";
+  auto small = Bytes(kGranuleBytes, 2);
+  auto d2 = w.Put(FrameOf(small));
+  ASSERT_TRUE(d2);
+  EXPECT_FALSE(w.Put(FrameOf(small)));
+  ASSERT_TRUE(p.shard->CopyOut(*d1).ok());
+  auto d3 = w.Put(FrameOf(big));
+  ASSERT_TRUE(d3) << "room again once the reader gave the first frame back";
+  auto got = p.shard->CopyOut(*d3);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(SameBytes(*got, big));
+  // Larger than the whole ring: never.
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(5 * kGranuleBytes, 0))));
+}
+
+TEST(ShmSegmentTest, AReservedFrameIsReadOnEverySendAndHeldUntilDestroyed) {
+  Pair p = MakePair(4 * kGranuleBytes);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, 0);
+  auto content = Bytes(2 * kGranuleBytes, 5);
+  {
+    auto f = w.Reserve(content.size());
+    ASSERT_TRUE(f);
+    std::memcpy(const_cast<uint8_t*>(f->data()), content.data(), content.size());
+    auto first = w.Stamp(*f);
+    ASSERT_TRUE(first);
+    auto got = p.shard->CopyOut(*first);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(SameBytes(*got, content));
+    // Given back by the reader, but the frame still lives: its granules stay taken.
+    EXPECT_FALSE(w.Put(FrameOf(Bytes(3 * kGranuleBytes, 0))));
+    auto resend = w.Stamp(*f);  // a resend of the same request
+    ASSERT_TRUE(resend);
+    EXPECT_NE(resend->generation, first->generation);
+    EXPECT_FALSE(p.shard->CopyOut(*first).ok()) << "the old stamp is void";
+    auto again = p.shard->CopyOut(*resend);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(SameBytes(*again, content));
+    // A frame from elsewhere is not the writer's.
+    EXPECT_FALSE(w.Stamp(FrameOf(content)));
+  }
+  EXPECT_TRUE(w.Put(FrameOf(Bytes(4 * kGranuleBytes, 0)))) << "the whole ring is free once the frame is gone";
+}
+
+TEST(ShmSegmentTest, ABorrowedFrameGivesItsGranulesBackWhenDestroyed) {
+  Pair p = MakePair(4 * kGranuleBytes);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.shard, 1, 0);
+  auto content = Bytes(4 * kGranuleBytes, 4);
+  auto d = w.Put(FrameOf(content));
+  ASSERT_TRUE(d);
+  {
+    auto f = p.client->Borrow(p.client, *d);
+    ASSERT_TRUE(f.ok());
+    Frame copy = *f;
+    f = Frame();
+    EXPECT_FALSE(w.Put(FrameOf(content))) << "a copy of the frame still holds it";
+    EXPECT_TRUE(SameBytes(copy, content));
+  }
+  EXPECT_TRUE(w.Put(FrameOf(content)));
+}
+
+TEST(ShmSegmentTest, GranulesOfADeadReaderAreTakenBackAndTheirOldDescriptorIsRefused) {
+  Pair p = MakePair(4 * kGranuleBytes);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, /*reclaim_ms=*/5);
+  auto d_old = w.Put(FrameOf(Bytes(4 * kGranuleBytes, 1)));
+  ASSERT_TRUE(d_old);
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(kGranuleBytes, 2))));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto content = Bytes(4 * kGranuleBytes, 3);
+  auto d_new = w.Put(FrameOf(content));
+  ASSERT_TRUE(d_new) << "taken back after the reclaim time";
+  EXPECT_FALSE(p.shard->CopyOut(*d_old).ok());
+  auto got = p.shard->CopyOut(*d_new);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(SameBytes(*got, content));
+}
+
+TEST(ShmSegmentTest, BadDescriptorsAreRefused) {
+  Pair p = MakePair(8 * kGranuleBytes);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, 0);
+  auto d = w.Put(FrameOf(Bytes(100, 0)));
+  ASSERT_TRUE(d);
+  std::vector<Descriptor> bad;
+  Descriptor x = *d;
+  x.ring = 2;
+  bad.push_back(x);
+  x = *d;
+  x.offset = 8 * kGranuleBytes;
+  bad.push_back(x);
+  x = *d;
+  x.offset = 7;
+  bad.push_back(x);
+  x = *d;
+  x.size = 0;
+  bad.push_back(x);
+  x = *d;
+  x.size = 9 * kGranuleBytes;
+  bad.push_back(x);
+  x = *d;
+  x.generation ^= 0x55;
+  bad.push_back(x);
+  x = *d;
+  x.offset = uint64_t{1} << 63;
+  bad.push_back(x);
+  for (const Descriptor& b : bad) {
+    auto r = p.shard->CopyOut(b);
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  }
+  EXPECT_TRUE(p.shard->CopyOut(*d).ok()) << "the good descriptor still reads after the bad ones";
+}
+
+TEST(ShmSegmentTest, OpenRefusesOtherTokensNamesAndMissingSegments) {
+  auto c = ShmSegment::Create(1 << 16);
+  ASSERT_TRUE(c.ok());
+  auto wrong = ShmSegment::Open((*c)->name(), (*c)->token() + 1);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  for (std::string name : {"/etc/passwd", "/leash-shm-1-xyz", "/leash-shm--0123456789abcdef",
+                           "/leash-shm-12-0123456789abcdeF", "../leash-shm-1-0123456789abcdef", ""}) {
+    EXPECT_EQ(ShmSegment::Open(name, 1).status().code(), StatusCode::kInvalidArgument) << name;
+  }
+  EXPECT_EQ(ShmSegment::Open("/leash-shm-1-0123456789abcdef", 1).status().code(), StatusCode::kNotFound);
+  // Not allocated yet: a shard can map it but no writer touches the rings.
+  auto s = ShmSegment::Open((*c)->name(), (*c)->token());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE((*s)->ready());
+  ShmWriter w(*s, 1, 0);
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(10, 0))));
+  // The creator removes the name when it goes; existing mappings stay valid.
+  std::string name = (*c)->name();
+  uint64_t token = (*c)->token();
+  c->reset();
+  EXPECT_EQ(ShmSegment::Open(name, token).status().code(), StatusCode::kNotFound);
+}
+
+TEST(ShmSegmentTest, SegmentsOfDeadProcessesAreRemoved) {
+  // Above any pid_max, so no live process has it.
+  const std::string dead = "/leash-shm-99999999-0123456789abcdef";
+  const std::string mine = "/leash-shm-" + std::to_string(::getpid()) + "-0123456789abcdef";
+  for (const auto& n : {dead, mine}) {
+    int fd = ::shm_open(n.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  ShmSegment::RemoveStale();
+  EXPECT_LT(::shm_open(dead.c_str(), O_RDONLY, 0), 0);
+  int fd = ::shm_open(mine.c_str(), O_RDONLY, 0);
+  EXPECT_GE(fd, 0) << "a live process keeps its segments";
+  if (fd >= 0) ::close(fd);
+  ::shm_unlink(mine.c_str());
+}
+
+}  // namespace
+}  // namespace leash::shm
