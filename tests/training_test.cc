@@ -71,8 +71,9 @@ class TrainingTest : public ::testing::Test {
 };
 
 TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
+  // w0 reaches both shards (on this host) through shared memory, w1 through the socket.
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1"});
-  auto w1 = Worker(1, {"--epochs=2", "--staleness=1"});
+  auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--no-shm"});
   auto c0 = w0->Wait(std::chrono::minutes(4));
   auto c1 = w1->Wait(std::chrono::minutes(4));
   ASSERT_TRUE(c0 && c1) << "workers did not finish";
@@ -95,6 +96,8 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_EQ(samples[0], 6000);
   EXPECT_EQ(samples[1], 6000);
   EXPECT_LT(loss_sum[1] / samples[1], loss_sum[0] / samples[0]);  // the job's training loss fell
+  EXPECT_EQ(Field(dir_.path() + "/w0.json", "shared_memory_shards"), std::vector<double>{2});
+  EXPECT_EQ(Field(dir_.path() + "/w1.json", "shared_memory_shards"), std::vector<double>{0});
   std::string log = w0->ReadLog();
   EXPECT_NE(log.find("samples/s"), std::string::npos);
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);

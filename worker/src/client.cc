@@ -284,6 +284,7 @@ class Client::Impl final : public detail::OpWaiter {
     c.pushes = pushes_.load();
     c.pulls = pulls_.load();
     c.pulled_min_clock = pulled_min_clock_.load();
+    for (int shard = 0; shard < n_; ++shard) c.shared_memory_shards += transport_->SharedMemoryWith(shard) ? 1 : 0;
     return c;
   }
   void CountPush() { ++pushes_; }

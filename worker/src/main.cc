@@ -286,10 +286,11 @@ int Run(int argc, char** argv) {
     double sent = static_cast<double>(c.bytes_sent) / iters, received = static_cast<double>(c.bytes_received) / iters;
     extra.push_back({"bytes_sent_per_iteration", sent});
     extra.push_back({"bytes_received_per_iteration", received});
+    extra.push_back({"shared_memory_shards", c.shared_memory_shards});
     spdlog::info("wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per iteration {:.1f} KB sent, "
-                 "{:.1f} KB received",
+                 "{:.1f} KB received; {} of {} shard(s) reached through shared memory",
                  leash::DTypeName(*dtype), c.requests, c.bytes_sent / 1e6, c.bytes_received / 1e6, c.resends,
-                 sent / 1e3, received / 1e3);
+                 sent / 1e3, received / 1e3, c.shared_memory_shards, client->num_shards());
   }
   const auto& epochs_done = results->epochs;
   std::printf("%s trained %lld chunks%s\n", to.label.c_str(), static_cast<long long>(results->chunks_trained),

@@ -139,6 +139,7 @@ struct ClientCounters {
   uint64_t pushes = 0;             // Push() calls (one per table, whatever the shards)
   uint64_t pulls = 0;              // Pull() calls
   int64_t pulled_min_clock = -1;   // minimum clock the latest pull reply's values reflect
+  int shared_memory_shards = 0;    // shards on this host that large frames reach through shared memory
 };
 
 class Client {
