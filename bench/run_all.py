@@ -173,6 +173,10 @@ def training_systems(a, c, model, tfpy):
         # The same with pulls and pushes in bf16 on the wire (half the bytes; the shard keeps
         # fp32 master values): shown beside the targets, which use the fp32 rows.
         systems["leash 1+1 s=1 bf16 wire"] = leash_cluster(1, ("--wire-dtype", "bf16"))
+        # The worker and the shard share this host, so by default large frames go through
+        # shared memory; this row sends everything through the loopback socket, as between
+        # two hosts.
+        systems["leash 1+1 s=1 socket"] = leash_cluster(1, ("--no-shm",))
     systems["leash local"] = lambda tmp, tag: L.run_local(a.build, tmp, model, epochs, tag, train_limit, test_limit,
                                                            timeout=c["timeout"])
     for mode, name in (("single", "torch single"), ("ddp", "torch DDP x2"), ("hogwild", "torch Hogwild x2")):
