@@ -260,6 +260,13 @@ def straggler_w0_args(c):
     return args
 
 
+def w0_evaluations(run):
+    """Every evaluation of w0 in time order: its --eval-every points and its ends of epochs
+    (both on w0's test samples)."""
+    points = run.get("fine_curve", []) + [p for p in run["curve"] if p["test_accuracy"] is not None]
+    return sorted(points, key=lambda p: p["elapsed_seconds"])
+
+
 def part_stragglers(a, c, tmp):
     runs = {s: [] for s in c["stalenesses"]}
     errors = {s: [] for s in c["stalenesses"]}
@@ -276,7 +283,7 @@ def part_stragglers(a, c, tmp):
                 runs[s].append(out)
                 fine = out.get("fine_curve", [])
                 log(f"    {out['samples_per_second']:.0f} samples/s (per worker {per_worker}), "
-                    f"time to 85% {time_to_accuracy(fine, TARGET_ACC)} from w0's {len(fine)} evaluations "
+                    f"time to 85% {time_to_accuracy(w0_evaluations(out), TARGET_ACC)} from w0's {len(fine)} evaluations "
                     f"({out.get('w0_eval_seconds') or 0:.2f} s evaluating), "
                     f"{time_to_accuracy(out['curve'], TARGET_ACC)} at ends of epochs")
             except Exception as e:
@@ -288,9 +295,10 @@ def part_stragglers(a, c, tmp):
             summary[str(s)] = {"error": "; ".join(errors[s])}
             continue
         # time_to_85_seconds: at the ends of job epochs, as before; *_fine: from w0's
-        # evaluations every straggler_eval_every iterations (absent in older results).
+        # evaluations every straggler_eval_every iterations and at the ends of epochs
+        # (absent in older results).
         t85 = [time_to_accuracy(x["curve"], TARGET_ACC) for x in runs[s]]
-        t85f = [time_to_accuracy(x.get("fine_curve", []), TARGET_ACC) for x in runs[s]]
+        t85f = [time_to_accuracy(w0_evaluations(x), TARGET_ACC) for x in runs[s]]
         share = [x["w0_eval_seconds"] / x["job_seconds"] for x in runs[s] if x.get("w0_eval_seconds") is not None]
         summary[str(s)] = {"median_samples_per_second": median(x["samples_per_second"] for x in runs[s]),
                            "samples_per_second": [x["samples_per_second"] for x in runs[s]],
@@ -504,7 +512,8 @@ def write_summary(a, c, res, plots, durations):
                    f"iterations (`leash-worker --eval-every {st['eval_every']}`, w0 only), on {subset}: one "
                    f"evaluation every {fmt(every, '.2f')} s, taking {fmt(cost, '.3f')} s (medians over the runs"
                    f"{'' if a.quick else '; chosen for an evaluation about every 0.3-0.5 s costing under 10% of that'}); "
-                   "the time is w0's wall time since training started at its first evaluation with test accuracy "
+                   "the time is w0's wall time since training started at its first evaluation (within an epoch or at "
+                   "its end) with test accuracy "
                    ">= 85% (its earlier evaluations included; their share of the job's wall time is given). The "
                    f"figures at the ends of job epochs (quantized to epochs, {fmt(epoch_s, '.1f')} s each) follow in "
                    "brackets. "
