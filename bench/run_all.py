@@ -12,7 +12,8 @@ Parts (--parts picks some):
               ParameterServerStrategy (1 PS + 2 workers); batch 64, 1 math thread per
               process; samples/s, test accuracy per epoch, time to 85%
   stragglers  3 Leash workers (1 shard), one computing 3x slower (--step-delay-factor 3),
-              staleness 0, 1, 3, 10: cluster samples/s and time to 85% (MLP)
+              staleness 0, 1, 3, 10: cluster samples/s and time to 85% (MLP; from w0's
+              evaluations every 80 of its iterations, leash-worker --eval-every)
   durability  Leash 1 + 1 samples/s with snapshots every 1 s, every 10 s and off
 
 Peers are interleaved (each repeat runs every system, in a rotated order) so machine
@@ -56,11 +57,19 @@ def config(quick):
         return {"repeats": 1, "pushpull_repeats": 1, "pushpull_seconds": 0.2, "pushpull_sizes": "1024,1048576",
                 "mlp_epochs": 1, "cnn_epochs": 1, "train_limit": 6400, "cnn_train_limit": 1280, "test_limit": 2000,
                 "straggler_epochs": 1, "straggler_train_limit": 6400, "stalenesses": [0, 3],
+                # w0 also evaluates every N of its iterations (--eval-every; the smoke run's
+                # job is ~35 iterations per worker) on the test limit's samples (0: all)
+                "straggler_eval_every": 10, "straggler_eval_test_limit": 0,
                 "durability_epochs": 2, "durability_train_limit": 12800, "durability_intervals": ["1s", "10s", "0"],
                 "timeout": 600}
     return {"repeats": 2, "pushpull_repeats": 3, "pushpull_seconds": 1.0, "pushpull_sizes": "1024,65536,1048576",
             "mlp_epochs": 3, "cnn_epochs": 1, "cnn_repeats": 1, "train_limit": 0, "cnn_train_limit": 30000, "test_limit": 0,
             "straggler_epochs": 3, "straggler_train_limit": 0, "stalenesses": [0, 1, 3, 10],
+            # w0 also evaluates every N of its iterations (--eval-every) on the first M test
+            # samples (0: all): w0 trains ~200 iterations/s here, so one evaluation about every
+            # 0.4 s, and 2000 samples take ~0.03 s (the whole test set, ~0.15 s, would be a third
+            # of the interval)
+            "straggler_eval_every": 80, "straggler_eval_test_limit": 2000,
             "durability_epochs": 4, "durability_train_limit": 0, "durability_intervals": ["1s", "10s", "0"],
             "timeout": 1800}
 
@@ -247,6 +256,21 @@ def part_training(a, c, tmp):
 
 # ---------------------------------------------------------------- part 3: stragglers
 
+def straggler_w0_args(c):
+    """leash-worker flags of w0 only: periodic evaluation (and its test subset)."""
+    args = ["--eval-every", str(c["straggler_eval_every"])]
+    if c.get("straggler_eval_test_limit"):
+        args += ["--test-limit", str(c["straggler_eval_test_limit"])]
+    return args
+
+
+def w0_evaluations(run):
+    """Every evaluation of w0 in time order: its --eval-every points and its ends of epochs
+    (both on w0's test samples)."""
+    points = run.get("fine_curve", []) + [p for p in run["curve"] if p["test_accuracy"] is not None]
+    return sorted(points, key=lambda p: p["elapsed_seconds"])
+
+
 def part_stragglers(a, c, tmp):
     runs = {s: [] for s in c["stalenesses"]}
     errors = {s: [] for s in c["stalenesses"]}
@@ -257,12 +281,15 @@ def part_stragglers(a, c, tmp):
             try:
                 out = L.run_cluster(a.build, tmp, "mlp", c["straggler_epochs"], f"strag-s{s}-{r}", shards=1, workers=3,
                                     staleness=s, delay_factors=[1, 1, 3], train_limit=c["straggler_train_limit"],
-                                    test_limit=c["test_limit"], timeout=c["timeout"])
+                                    test_limit=c["test_limit"], timeout=c["timeout"], w0_args=straggler_w0_args(c))
                 per_worker = [sum(e["samples"] for e in m["epochs"]) for m in out.pop("metrics")]
                 out["samples_per_worker"] = per_worker
                 runs[s].append(out)
+                fine = out.get("fine_curve", [])
                 log(f"    {out['samples_per_second']:.0f} samples/s (per worker {per_worker}), "
-                    f"time to 85% {time_to_accuracy(out['curve'], TARGET_ACC)}")
+                    f"time to 85% {time_to_accuracy(w0_evaluations(out), TARGET_ACC)} from w0's {len(fine)} evaluations "
+                    f"({out.get('w0_eval_seconds') or 0:.2f} s evaluating), "
+                    f"{time_to_accuracy(out['curve'], TARGET_ACC)} at ends of epochs")
             except Exception as e:
                 errors[s].append(f"{type(e).__name__}: {e}")
                 log(f"    FAILED: {e}")
@@ -271,14 +298,29 @@ def part_stragglers(a, c, tmp):
         if not runs[s]:
             summary[str(s)] = {"error": "; ".join(errors[s])}
             continue
+        # time_to_85_seconds: at the ends of job epochs, as before; *_fine: from w0's
+        # evaluations every straggler_eval_every iterations and at the ends of epochs
+        # (absent in older results).
         t85 = [time_to_accuracy(x["curve"], TARGET_ACC) for x in runs[s]]
+        t85f = [time_to_accuracy(w0_evaluations(x), TARGET_ACC) for x in runs[s]]
+        share = [x["w0_eval_seconds"] / x["job_seconds"] for x in runs[s] if x.get("w0_eval_seconds") is not None]
         summary[str(s)] = {"median_samples_per_second": median(x["samples_per_second"] for x in runs[s]),
                            "samples_per_second": [x["samples_per_second"] for x in runs[s]],
                            "time_to_85_seconds": t85,
                            "median_time_to_85_seconds": median(t85) if all(t is not None for t in t85) else None,
+                           "time_to_85_seconds_fine": t85f,
+                           "median_time_to_85_seconds_fine": median(t85f) if all(t is not None for t in t85f) else None,
+                           "w0_eval_share_of_job": share,
+                           # medians over w0's points: seconds between two, seconds one took
+                           "w0_eval_interval_seconds": median(
+                               [b["elapsed_seconds"] - a_["elapsed_seconds"] for x in runs[s]
+                                for a_, b in zip(x.get("fine_curve", []), x.get("fine_curve", [])[1:])]),
+                           "w0_eval_point_seconds": median(
+                               [p["eval_seconds"] for x in runs[s] for p in x.get("fine_curve", [])]),
                            "median_final_test_accuracy": median(x["curve"][-1]["test_accuracy"] for x in runs[s]),
                            "median_job_seconds": median(x["job_seconds"] for x in runs[s]), "errors": errors[s]}
     res = {"workers": 3, "shards": 1, "delay_factors": [1, 1, 3], "epochs": c["straggler_epochs"],
+           "eval_every": c["straggler_eval_every"], "eval_test_limit": c["straggler_eval_test_limit"],
            "summary": summary, "runs": {str(k): v for k, v in runs.items()}}
     write_json(os.path.join(a.out, "stragglers.json"), res)
     return res
@@ -332,9 +374,9 @@ def fmt(v, spec=".0f", none="—"):
     return none if v is None else format(v, spec)
 
 
-def t85_median(entry):
+def t85_median(entry, key="time_to_85_seconds"):
     """Median time to 85% over the runs that reached it, when at least half did."""
-    ts = entry.get("time_to_85_seconds") or []
+    ts = entry.get(key) or []
     reached = [t for t in ts if t is not None]
     return median(reached) if reached and 2 * len(reached) >= len(ts) else None
 
@@ -373,13 +415,19 @@ def targets(res):
         r = a / b if a and b else None
         rows.append(("3x straggler: staleness 3 >= 2x the samples/s of staleness 0", fmt(r, ".2f") + "x",
                      *verdict(r, 2.0, True)))
-        t3, t0 = t85_median(s3), t85_median(s0)
+        # From w0's evaluations within epochs when the run has them (older results: at
+        # the ends of epochs only, quantized to epochs).
+        key = "time_to_85_seconds_fine" if "time_to_85_seconds_fine" in s3 and "time_to_85_seconds_fine" in s0 \
+            else "time_to_85_seconds"
+        how = f" (w0 evaluates every {st.get('eval_every')} iterations)" if key.endswith("_fine") else \
+            " (at ends of epochs)"
+        t3, t0 = t85_median(s3, key), t85_median(s0, key)
         if t3 is not None and t0 is not None:
             rows.append(("3x straggler: staleness 3 reaches 85% sooner than staleness 0",
-                         f"{t3:.1f} s vs {t0:.1f} s", "PASS" if t3 < t0 else "MISS", f"{t3 / t0:.2f}x the time"))
+                         f"{t3:.{2 if key.endswith('_fine') else 1}f} s vs {t0:.{2 if key.endswith('_fine') else 1}f} s{how}", "PASS" if t3 < t0 else "MISS", f"{t3 / t0:.2f}x the time"))
         else:
             rows.append(("3x straggler: staleness 3 reaches 85% sooner than staleness 0",
-                         f"{fmt(t3, '.1f', 'not reached')} vs {fmt(t0, '.1f', 'not reached')}",
+                         f"{fmt(t3, '.1f', 'not reached')} vs {fmt(t0, '.1f', 'not reached')}{how}",
                          "PASS" if t3 is not None and t0 is None else "MISS" if t3 is None else "n/a", "85% not reached"))
     du = res.get("durability")
     if du:
@@ -454,22 +502,49 @@ def write_summary(a, c, res, plots, durations):
             md.append("")
     st = res.get("stragglers")
     if st:
+        fine = st.get("eval_every") is not None
+        if fine:
+            subset = (f"the first {st['eval_test_limit']} test samples (`--test-limit`, w0 only: its ends of epochs "
+                      "and final accuracy too)" if st.get("eval_test_limit")
+                      else "the same test samples as the ends of epochs")
+            job = median([v.get("median_job_seconds") for v in st["summary"].values()])
+            epoch_s = job / st["epochs"] if job else None
+            vals = [v for v in st["summary"].values() if v.get("w0_eval_interval_seconds") is not None]
+            every = median([v["w0_eval_interval_seconds"] for v in vals]) if vals else None
+            cost = median([v["w0_eval_point_seconds"] for v in vals]) if vals else None
+            how = (f"Time to 85%: from worker w0, which also evaluates after every {st['eval_every']} of its "
+                   f"iterations (`leash-worker --eval-every {st['eval_every']}`, w0 only), on {subset}: one "
+                   f"evaluation every {fmt(every, '.2f')} s, taking {fmt(cost, '.3f')} s (medians over the runs"
+                   f"{'' if a.quick else '; chosen for an evaluation about every 0.3-0.5 s costing under 10% of that'}); "
+                   "the time is w0's wall time since training started at its first evaluation (within an epoch or at "
+                   "its end) with test accuracy "
+                   ">= 85% (its earlier evaluations included; their share of the job's wall time is given). The "
+                   f"figures at the ends of job epochs (quantized to epochs, {fmt(epoch_s, '.1f')} s each) follow in "
+                   "brackets. "
+                   "Cluster samples/s include w0's evaluation pauses.")
+        else:
+            how = "Time to 85%: from worker w0, at the ends of job epochs (quantized to epochs)."
         md += ["## 3. Stragglers", "",
                f"3 Leash workers + 1 shard, MLP, {st['epochs']} epoch(s); worker w2 runs with `--step-delay-factor 3` "
-               "(sleeps 2x each step's forward/backward time before the step's clock: its compute is 3x slower; its pulls and pushes are not). Cluster samples/s: all workers' samples over the job's "
-               "wall time; accuracy and time to 85% from worker w0.", "",
-               "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s) | final test accuracy | "
-               "samples trained by w0, w1, w2 (slow), per run |",
-               "|---|---|---|---|---|---|---|"]
+               "(sleeps 2x each step's forward/backward time before the step's clock: its compute is 3x slower; its "
+               "pulls and pushes are not). Cluster samples/s: all workers' samples over the job's wall time. " + how,
+               "",
+               "| staleness | median samples/s | vs staleness 0 | runs | time to 85% (s)"
+               f"{' [at ends of epochs]' if fine else ''} | "
+               "w0 evaluating, share of the job | final test accuracy | samples trained by w0, w1, w2 (slow), per run |",
+               "|---|---|---|---|---|---|---|---|"]
         base = st["summary"].get("0", {}).get("median_samples_per_second")
         for s, v in st["summary"].items():
             if "error" in v:
-                md.append(f"| {s} | failed: {v['error']} | | | | |")
+                md.append(f"| {s} | failed: {v['error']} | | | | | | |")
                 continue
+            t85 = ", ".join(fmt(t, ".1f", "not reached") for t in v["time_to_85_seconds"])
+            if "time_to_85_seconds_fine" in v:
+                t85 = ", ".join(fmt(t, ".2f", "not reached") for t in v["time_to_85_seconds_fine"]) + f" [{t85}]"
+            share = ", ".join(f"{x * 100:.1f}%" for x in v.get("w0_eval_share_of_job", [])) or "—"
             md.append(f"| {s} | {v['median_samples_per_second']:.0f} | "
                       f"{fmt(base and v['median_samples_per_second'] / base, '.2f')}x | "
-                      f"{', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
-                      f"{', '.join(fmt(t, '.1f', 'not reached') for t in v['time_to_85_seconds'])} | "
+                      f"{', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | {t85} | {share} | "
                       f"{fmt(v['median_final_test_accuracy'] and v['median_final_test_accuracy'] * 100, '.1f')}% | "
                       f"{'; '.join(str(x.get('samples_per_worker', '')) for x in st['runs'].get(s, []))} |")
         md += ["", "The slow worker trains as many samples as the fast ones at every bound: under stale synchronous "
@@ -552,11 +627,13 @@ def make_plots(a, res):
         ax1.bar([f"s={k}" for k in ks], [st["summary"][k]["median_samples_per_second"] for k in ks], color="tab:blue")
         ax1.set_ylabel("cluster samples/s (median)")
         ax1.set_title("3 workers, one 3x slower")
-        t = [st["summary"][k]["median_time_to_85_seconds"] for k in ks]
+        fine = all("median_time_to_85_seconds_fine" in st["summary"][k] for k in ks)
+        t = [st["summary"][k]["median_time_to_85_seconds_fine" if fine else "median_time_to_85_seconds"] for k in ks]
         ax2.bar([f"s={k}" for k in ks], [v if v is not None else 0 for v in t], color="tab:purple")
         for x, v in enumerate(t):
-            ax2.text(x, v or 0, " not reached" if v is None else f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-        ax2.set_ylabel("time to 85% test accuracy (s)")
+            ax2.text(x, v or 0, " not reached" if v is None else f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax2.set_ylabel("time to 85% test accuracy (s)" +
+                       (f"\nw0 evaluating every {st.get('eval_every')} iterations" if fine else ", at ends of epochs"))
         ax2.set_title("MLP, staleness bound s")
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "stragglers.png"), dpi=100)

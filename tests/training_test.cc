@@ -103,6 +103,34 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);
 }
 
+// --eval-every under staleness 1, where every iteration prefetches the next one's pull:
+// the evaluations within epochs take that prefetch, and the job still trains every
+// sample once per epoch and learns.
+TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
+  auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--eval-every=10", "--no-eval"});
+  auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--no-eval"});
+  ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
+  ASSERT_EQ(w1->Wait(std::chrono::minutes(4)), 0) << w1->ReadLog();
+  std::string p0 = dir_.path() + "/w0.json", p1 = dir_.path() + "/w1.json";
+  double iterations = Field(p0, "iterations").at(0);
+  auto steps = Field(p0, "step");  // the evaluations' (the epochs' key is "steps")
+  auto acc = Field(p0, "test_accuracy");  // the epochs' are -1 (--no-eval), then the points'
+  ASSERT_EQ(acc.size(), 2 + steps.size());
+  EXPECT_EQ(steps.size(), static_cast<size_t>(iterations / 10));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i], 10.0 * static_cast<double>(i + 1));
+    EXPECT_GE(acc[2 + i], 0.0);
+    EXPECT_LE(acc[2 + i], 1.0);
+  }
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_GT(acc.back(), 0.6);  // 10 classes: chance is 0.10
+  EXPECT_TRUE(Field(p1, "step").empty());
+  // The epochs' samples (the points' "samples" come after them in w0's file).
+  double first_epoch = Field(p0, "samples").at(0) + Field(p1, "samples").at(0);
+  EXPECT_EQ(first_epoch, 6000);
+  EXPECT_NE(w0->ReadLog().find("evaluation at step 10"), std::string::npos) << w0->ReadLog();
+}
+
 TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
   std::vector<std::string> cnn = {"--model=cnn", "--epochs=3", "--staleness=1", "--train-limit=1500",
                                   "--test-limit=500", "--lr=0.02"};
@@ -178,6 +206,9 @@ TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
   Process bad({LEASH_WORKER_BIN, "--servers=" + servers_, "--batch=zero"}, dir_.path() + "/bad.log");
   EXPECT_EQ(bad.Wait(std::chrono::seconds(20)), 2);
   EXPECT_NE(bad.ReadLog().find("--batch"), std::string::npos) << bad.ReadLog();
+  Process bad_eval({LEASH_WORKER_BIN, "--servers=" + servers_, "--eval-every=-1"}, dir_.path() + "/bad_eval.log");
+  EXPECT_EQ(bad_eval.Wait(std::chrono::seconds(20)), 2);
+  EXPECT_NE(bad_eval.ReadLog().find("--eval-every"), std::string::npos) << bad_eval.ReadLog();
   Process lost({LEASH_WORKER_BIN, "--servers=" + Endpoint(FreePort()), "--connect-timeout=1"}, dir_.path() + "/lost.log");
   EXPECT_EQ(lost.Wait(std::chrono::seconds(60)), 1);
   EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();

@@ -49,6 +49,15 @@ def _curve(epochs):
              "test_accuracy": e["test_accuracy"] if e["test_accuracy"] >= 0 else None} for e in epochs]
 
 
+def _fine_curve(metrics):
+    """The points of leash-worker --eval-every (empty without it, or from a worker that
+    predates it): step, samples trained by that worker, elapsed_seconds since training
+    started (wall time, earlier evaluations included), test_accuracy, eval_seconds."""
+    return [{"step": p["step"], "samples": p["samples"], "elapsed_seconds": p["elapsed_seconds"],
+             "test_accuracy": p["test_accuracy"], "eval_seconds": p["eval_seconds"]}
+            for p in metrics.get("evaluations", [])]
+
+
 def run_local(build, tmp, model, epochs, tag, train_limit=0, test_limit=0, timeout=3600):
     """leash-worker --local: the same model and loop with no server."""
     metrics = os.path.join(tmp, f"{tag}.json")
@@ -65,12 +74,16 @@ def run_local(build, tmp, model, epochs, tag, train_limit=0, test_limit=0, timeo
 
 
 def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0, delay_factors=None,
-                checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600, worker_args=()):
+                checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600, worker_args=(),
+                w0_args=()):
     """`shards` leash-server processes and `workers` leash-worker processes training one
     job. delay_factors[i] is worker i's --step-delay-factor. Returns the cluster's
     samples/s (all workers' samples over the job's wall time, and for one worker its
-    samples over its step time, as bench/ps_cost.py), worker 0's accuracy curve and
-    every worker's metrics. worker_args: more leash-worker flags for every worker."""
+    samples over its step time, as bench/ps_cost.py), worker 0's accuracy curve (per job
+    epoch), with w0_args' --eval-every worker 0's points ("fine_curve") and the time it
+    spent evaluating ("w0_eval_seconds", epoch ends included), and every worker's
+    metrics. worker_args: more leash-worker flags for every worker; w0_args: for worker 0
+    only (after worker_args, so they win), e.g. ["--eval-every", "64"]."""
     delay_factors = delay_factors or [1.0] * workers
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(shards)]
     procs, logs = [], []
@@ -88,7 +101,7 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
             lf = open(os.path.join(tmp, f"{tag}-w{w}.log"), "w")
             logs.append(lf)
             extra = ["--servers", ",".join(endpoints), "--staleness", str(staleness), "--name", f"w{w}",
-                     "--step-delay-factor", str(delay_factors[w])] + list(worker_args)
+                     "--step-delay-factor", str(delay_factors[w])] + list(worker_args) + (list(w0_args) if w == 0 else [])
             workers_p.append(subprocess.Popen(
                 _worker_cmd(build, model, epochs, metrics[-1], train_limit, test_limit, no_eval, extra),
                 stdout=lf, stderr=subprocess.STDOUT))
@@ -112,5 +125,9 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
         seconds = sum(e["train_seconds"] for e in ms[0]["epochs"])
     else:
         seconds = max(m["epochs"][-1]["elapsed_seconds"] for m in ms if m["epochs"])
-    return {"samples_per_second": samples / seconds, "curve": _curve(ms[0]["epochs"]), "job_seconds":
-            max(m["epochs"][-1]["elapsed_seconds"] for m in ms if m["epochs"]), "metrics": ms}
+    out = {"samples_per_second": samples / seconds, "curve": _curve(ms[0]["epochs"]), "job_seconds":
+           max(m["epochs"][-1]["elapsed_seconds"] for m in ms if m["epochs"]), "metrics": ms}
+    fine = _fine_curve(ms[0])
+    if fine:
+        out.update({"fine_curve": fine, "w0_eval_seconds": ms[0].get("eval_seconds")})
+    return out

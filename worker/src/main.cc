@@ -70,6 +70,7 @@ int Run(int argc, char** argv) {
   std::string curve_client = leash::kDefaultCurveClient;
   int64_t staleness = 0, batch = 64, epochs = 3, seed = 1, threads = 1, chunk_size = 1024, accumulate = 1;
   int64_t log_every = 100, connect_timeout_s = 60, train_limit = 0, test_limit = 0, leave_timeout_s = 30;
+  int64_t eval_every = 0;
   double lr = 0.01, momentum = 0.9, weight_decay = 0, step_delay_factor = 1;
   bool no_eval = false;
   bool no_shm = false;
@@ -104,6 +105,9 @@ int Run(int argc, char** argv) {
   flags.Bool("no-eval", &no_eval, "skip the test-set evaluation after each epoch");
   flags.Bool("no-shm", &no_shm, "send pushes and pulls through the socket even to a shard on this host (by default "
              "large ones go through shared memory there)");
+  flags.Int("eval-every", &eval_every,
+            "also evaluate on the test set (--test-limit) every N of this worker's iterations, between them, for a "
+            "finer accuracy curve in --metrics-out's \"evaluations\"; not counted as training time (0: never)");
   flags.String("metrics-out", &metrics_out, "write per-epoch results as JSON to this file");
   flags.String("metrics-bind", &metrics_bind,
                "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no metrics)");
@@ -142,6 +146,10 @@ int Run(int argc, char** argv) {
       !(step_delay_factor >= 1 && step_delay_factor < 1e6)) {
     spdlog::error("bad flags: need --batch >= 1, --epochs >= 1, --staleness >= 0, --threads >= 1, --chunk-size >= 1, "
                   "--accumulate >= 1, --lr > 0 and 1 <= --step-delay-factor < 1e6");
+    return 2;
+  }
+  if (eval_every < 0) {
+    spdlog::error("--eval-every must be >= 0 (0: no evaluation within epochs), got {}", eval_every);
     return 2;
   }
   leash::worker::OptimizerOptions opt;
@@ -260,6 +268,7 @@ int Run(int argc, char** argv) {
   to.seed = static_cast<uint64_t>(seed);
   to.log_every = log_every;
   to.evaluate = !no_eval;
+  to.eval_every = eval_every;
   to.step_delay_factor = step_delay_factor;
   if (step_delay_factor > 1) spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower", step_delay_factor, step_delay_factor);
   to.label = local ? "[local]" : "[" + name + "]";

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace leash::worker {
@@ -149,6 +150,7 @@ class Loop {
         o_.on_step(report);
       }
       if (o_.log_every > 0 && steps_ % o_.log_every == 0) Progress(g);
+      LEASH_RETURN_IF_ERROR(EvaluatePeriodically(batch ? &*batch : nullptr));
     }
     return true;
   }
@@ -171,6 +173,46 @@ class Loop {
     window_loss_ += static_cast<double>(stats.loss) * static_cast<double>(batch.size);
     window_samples_ += batch.size;
     window_correct_ += stats.correct;
+    samples_ += batch.size;
+  }
+
+  // With eval_every, after every eval_every-th iteration: pulls the parameters and
+  // evaluates them exactly as the epoch ends do, between iterations, so no pull or push
+  // of an iteration is in flight and the model's parameter buffers are not in use.
+  // PullAll takes the prefetch started for the next iteration (RemoteParams swaps its
+  // buffers into values_), so the next iteration pulls afresh under the same bound.
+  // `pending` is the batch the next iteration trains, staged ahead during this one; the
+  // evaluation's own batches discard that staging, so it is staged again. The time spent
+  // here is in no iteration's t0..t1, hence in no train_seconds.
+  Status EvaluatePeriodically(const Batch* pending) {
+    if (o_.eval_every <= 0 || test_ == nullptr || test_->count < 1 || steps_ % o_.eval_every != 0 || Stopping()) {
+      return Status::Ok();
+    }
+    auto e0 = Clock::now();
+    EvalPoint p;
+    p.step = steps_;
+    p.samples = samples_;
+    p.elapsed_seconds = Seconds(start_, e0);
+    std::optional<StepStats> stats;
+    LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
+      auto ev = EvaluateAll(model_, params_, &values_, *test_);
+      if (!ev.ok()) return ev.status().WithContext("evaluation at step " + std::to_string(steps_));
+      stats = *ev;
+      return Status::Ok();
+    }));
+    if (pending != nullptr) {
+      LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(pending->images.data(), pending->labels.data(), pending->size));
+    }
+    p.eval_seconds = Seconds(e0, Clock::now());
+    result_.eval_seconds += p.eval_seconds;
+    if (!stats) return Status::Ok();  // this worker rejoined the job instead: no point
+    p.test_loss = stats->loss;
+    p.test_accuracy = static_cast<double>(stats->correct) / static_cast<double>(test_->count);
+    spdlog::info("{} evaluation at step {} ({} samples trained, {:.2f} s): test loss {:.4f}, test accuracy {:.2f}% "
+                 "({:.3f} s)",
+                 o_.label, p.step, p.samples, p.elapsed_seconds, p.test_loss, p.test_accuracy * 100, p.eval_seconds);
+    result_.evaluations.push_back(p);
+    return Status::Ok();
   }
 
   Status BeginIteration() {
@@ -238,7 +280,9 @@ class Loop {
       }
       bool last_pending = epochs_reported_ + 1 < g.epochs_done;  // evaluate once per report
       if (o_.evaluate && test_ != nullptr && !last_pending) {
+        auto e0 = Clock::now();
         auto ev = EvaluateAll(model_, params_, &values_, *test_);
+        result_.eval_seconds += Seconds(e0, Clock::now());
         if (!ev.ok()) return ev.status();
         r.test_loss = ev->loss;
         r.test_accuracy = static_cast<double>(ev->correct) / static_cast<double>(test_->count);
@@ -278,6 +322,7 @@ class Loop {
   Clock::time_point start_;
   Clock::time_point window_start_;
   int64_t steps_ = 0;
+  int64_t samples_ = 0;  // trained by this worker, all epochs
   double window_loss_ = 0;
   int64_t window_samples_ = 0;
   int64_t window_correct_ = 0;
@@ -289,6 +334,9 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
                           const TrainOptions& o, const std::atomic<bool>* stop) {
   if (o.epochs < 1 || o.batch < 1 || o.chunk_size < 1 || o.chunk_size > UINT32_MAX || o.epochs > UINT32_MAX) {
     return InvalidArgument("need epochs >= 1, batch >= 1 and chunk size >= 1");
+  }
+  if (o.eval_every < 0) {
+    return InvalidArgument("eval_every must be >= 0 (0: no periodic evaluation), got " + std::to_string(o.eval_every));
   }
   if (!(o.step_delay_factor >= 1.0) || !std::isfinite(o.step_delay_factor)) {
     return InvalidArgument("the step delay factor must be finite and >= 1, got " + std::to_string(o.step_delay_factor));
@@ -308,7 +356,8 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
   if (!f) return IOError("cannot write results to '" + path + "'");
   f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"accumulate\": " << o.accumulate
     << ",\n  \"chunk_size\": " << o.chunk_size << ",\n  \"chunks_trained\": " << result.chunks_trained
-    << ",\n  \"iterations\": " << result.iterations << ",\n  \"rejoins\": " << result.rejoins << ",\n";
+    << ",\n  \"iterations\": " << result.iterations << ",\n  \"rejoins\": " << result.rejoins
+    << ",\n  \"eval_every\": " << o.eval_every << ",\n  \"eval_seconds\": " << result.eval_seconds << ",\n";
   for (const auto& [key, value] : extra) f << "  \"" << key << "\": " << value << ",\n";
   f << "  \"epochs\": [\n";
   const std::vector<EpochResult>& results = result.epochs;
@@ -319,6 +368,14 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
       << ", \"test_loss\": " << r.test_loss << ", \"test_accuracy\": " << r.test_accuracy
       << ", \"train_seconds\": " << r.train_seconds << ", \"samples_per_second\": " << r.samples_per_second
       << ", \"elapsed_seconds\": " << r.elapsed_seconds << "}" << (i + 1 < results.size() ? ",\n" : "\n");
+  }
+  f << "  ],\n  \"evaluations\": [\n";
+  const std::vector<EvalPoint>& points = result.evaluations;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const EvalPoint& p = points[i];
+    f << "    {\"step\": " << p.step << ", \"samples\": " << p.samples << ", \"elapsed_seconds\": " << p.elapsed_seconds
+      << ", \"test_accuracy\": " << p.test_accuracy << ", \"test_loss\": " << p.test_loss
+      << ", \"eval_seconds\": " << p.eval_seconds << "}" << (i + 1 < points.size() ? ",\n" : "\n");
   }
   f << "  ]\n}\n";
   if (!f) return IOError("error writing '" + path + "'");

@@ -1,7 +1,8 @@
 // The worker's training loop: data chunks leased from the job (shard 0), batches from the
 // prefetching loader, parameters pulled under the staleness bound, gradients pushed as
 // backward produces them, a clock per iteration, progress lines, and the test accuracy
-// each time the job completes an epoch. Rejoins the job if a shard forgot this worker.
+// each time the job completes an epoch (and, with eval_every, every N iterations of this
+// worker). Rejoins the job if a shard forgot this worker.
 // One thread; the observers in TrainOptions are called on it.
 #pragma once
 
@@ -40,6 +41,11 @@ struct TrainOptions {
   uint64_t seed = 1;
   int64_t log_every = 100;    // steps between progress lines (0: none)
   bool evaluate = true;       // test accuracy after every epoch
+  // Periodic evaluation (for time-to-accuracy curves finer than an epoch): after every
+  // eval_every-th iteration of this worker, between iterations, pull the parameters and
+  // evaluate them on the test set (TrainResult::evaluations). Independent of `evaluate`;
+  // needs a test set. 0 (the default): never. Negative: InvalidArgument.
+  int64_t eval_every = 0;
   // Straggler injection (benchmarks): after each iteration's forward/backward, sleep
   // (factor - 1) x the time they took, so the worker computes `factor` times slower.
   // 1 (the default) injects nothing.
@@ -66,6 +72,17 @@ struct EpochResult {
   double elapsed_seconds = 0;  // since training started, when the job completed the epoch
 };
 
+// One evaluation of the current parameters on the test set within the job's epochs
+// (TrainOptions::eval_every).
+struct EvalPoint {
+  int64_t step = 0;             // iterations this worker trained before it
+  int64_t samples = 0;          // samples this worker trained before it, all epochs
+  double elapsed_seconds = 0;   // since training started, when the parameters were pulled
+  double test_accuracy = 0;     // in [0, 1]
+  double test_loss = 0;
+  double eval_seconds = 0;      // the pull and the evaluation; in no train_seconds
+};
+
 // Trains `model` until the job's data plan is complete. Stops early, after the step in
 // progress, when *stop becomes true (results so far are returned; the unfinished chunk
 // goes to another worker when this one leaves).
@@ -76,15 +93,15 @@ struct TrainResult {
   int64_t rejoins = 0;
   double compute_seconds = 0;         // in forward/backward of training steps
   double injected_delay_seconds = 0;  // slept because of step_delay_factor
+  std::vector<EvalPoint> evaluations;  // with eval_every, in order
+  double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
 
 Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
                           const TrainOptions& options, const std::atomic<bool>* stop);
 
-
-
-// Writes the result as JSON (one object with an "epochs" array, plus `extra` numbers)
-// to `path`.
+// Writes the result as JSON (one object with an "epochs" array, an "evaluations" array
+// (empty without eval_every), "eval_seconds", plus `extra` numbers) to `path`.
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& options,
                         const TrainResult& result, const std::vector<std::pair<std::string, double>>& extra = {});
 
