@@ -143,9 +143,10 @@ TEST(TrainerTest, EvalEveryRecordsAPointEveryNIterationsOutsideTrainingTime) {
     point_seconds += p.eval_seconds;
   }
   EXPECT_DOUBLE_EQ(r->eval_seconds, point_seconds);  // no epoch-end evaluation here
-  // The epochs' training time is the iterations' time and nothing else; evaluating took
-  // longer than training here (2048 test samples six times against 1024 trained), so
-  // had it been counted, training plus evaluation would exceed the wall time.
+  // The epochs' training time is the iterations' time and nothing else. Evaluating costs
+  // several times what training does here (2048 test samples six times against 1024
+  // trained), so had it been counted as training too, training plus evaluation would
+  // exceed the wall time. (No comparison of the two durations: that is a timing.)
   double train_seconds = 0;
   int64_t samples = 0;
   for (const auto& e : r->epochs) {
@@ -154,7 +155,6 @@ TEST(TrainerTest, EvalEveryRecordsAPointEveryNIterationsOutsideTrainingTime) {
   }
   EXPECT_EQ(samples, 1024);
   EXPECT_NEAR(train_seconds, step_seconds, 1e-9);
-  EXPECT_GT(r->eval_seconds, train_seconds);
   EXPECT_LE(train_seconds + r->eval_seconds, wall);
 }
 
