@@ -723,8 +723,10 @@ class ZmqClient final : public ClientTransport {
     ShmLink& link = *shm_.at(idx);
     if (link.state.load() == kShmOn) {
       std::lock_guard<std::mutex> lock(link.mu);
-      ToSharedMemory(parts, message, 0, static_cast<size_t>(options_.shm_min_frame_bytes), *link.writer,
-                     *link.segment);
+      if (link.writer) {
+        ToSharedMemory(parts, message, 0, static_cast<size_t>(options_.shm_min_frame_bytes), *link.writer,
+                       *link.segment);
+      }
     }
     return SendAll(*sockets_.at(idx), parts).WithContext(endpoints_[idx]);
   }
@@ -734,6 +736,7 @@ class ZmqClient final : public ClientTransport {
     ShmLink& link = *shm_[static_cast<size_t>(shard)];
     if (link.state.load() != kShmOn || bytes < static_cast<size_t>(options_.shm_min_frame_bytes)) return std::nullopt;
     std::lock_guard<std::mutex> lock(link.mu);
+    if (!link.writer) return std::nullopt;
     std::optional<Frame> f = link.writer->Reserve(bytes);
     if (!f) return std::nullopt;
     return WritableFrame{const_cast<uint8_t*>(f->data()), std::move(*f)};
@@ -870,6 +873,9 @@ class ZmqClient final : public ClientTransport {
       if (!st.ok()) {
         spdlog::warn("shared memory with {} is off: {}", Describe(static_cast<int>(i)), st.ToString());
         link.state.store(kShmOff);
+        std::lock_guard<std::mutex> lock(link.mu);
+        link.writer.reset();
+        link.segment.reset();
         return;
       }
       link.state.store(kShmOn);
@@ -884,6 +890,10 @@ class ZmqClient final : public ClientTransport {
                       Describe(static_cast<int>(i)), reason);
       }
       link.state.store(kShmOff);
+      // Frames still in flight keep the segment mapped; the name goes with the last one.
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.writer.reset();
+      link.segment.reset();
     }
   }
 
