@@ -186,8 +186,8 @@ class Loop {
     return Status::Ok();
   }
 
-  // Makes the model read values_: bound in place where it can read host memory (the
-  // model's copy of the whole model saved each iteration), else copied with SetParam.
+  // Makes the model read values_: bound in place where it can read host memory (saving a
+  // copy of the whole model per iteration), else copied with SetParam.
   //
   // Why a bound array is never written while a TrainStep or Evaluate reads it:
   // - The model reads only values_[i]'s arrays, bound here after every PullAll; nothing
