@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
@@ -124,8 +125,57 @@ struct SpyRun {
   SpyModel* spy = nullptr;
 };
 
-// Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation) locally.
-SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep) {
+// LocalParams with RemoteParams' prefetch: PullAll swaps the prefetched arrays into
+// `values`, and while a prefetch is in flight every Push (made during a TrainStep, from
+// on_grad) overwrites the arrays it will be written into with NaN, as a reply decoded on
+// the client's I/O thread may at any time. Every third prefetch counts as stale: PullAll
+// then pulls again into `values`, as RemoteParams does. The values are always the
+// tables' current ones, so training matches LocalParams exactly unless the model reads a
+// prefetch's arrays during a step.
+class PrefetchingParams final : public ParamStore {
+ public:
+  Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
+    return inner_->Setup(params, opt);
+  }
+  Status PullAll(std::vector<std::vector<float>>* values) override {
+    if (in_flight_) {
+      in_flight_ = false;
+      if (++prefetches_ % 3 != 0) {
+        LEASH_RETURN_IF_ERROR(inner_->PullAll(&next_));  // the reply lands
+        values->swap(next_);
+        ++swaps;
+        return Status::Ok();
+      }
+    }
+    return inner_->PullAll(values);
+  }
+  void Prefetch() override { in_flight_ = true; }
+  void Push(size_t i, const float* grad) override {
+    if (in_flight_) {
+      for (auto& a : next_) std::fill(a.begin(), a.end(), std::numeric_limits<float>::quiet_NaN());
+    }
+    inner_->Push(i, grad);
+  }
+  Status EndIteration() override { return inner_->EndIteration(); }
+  Status Idle() override { return inner_->Idle(); }
+  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+    return inner_->NextChunk(plan, done);
+  }
+  Status Finish() override { return inner_->Finish(); }
+  int64_t clock() const override { return inner_->clock(); }
+
+  int64_t swaps = 0;
+
+ private:
+  std::unique_ptr<ParamStore> inner_ = MakeLocalParams();
+  std::vector<std::vector<float>> next_;
+  bool in_flight_ = false;
+  int64_t prefetches_ = 0;
+};
+
+// Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
+// LocalParams or (prefetching) PrefetchingParams.
+SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep, bool prefetching = false) {
   SpyRun run;
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
   EXPECT_TRUE(ctx.ok()) << ctx.status();
@@ -134,7 +184,8 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
   auto model = MakeMlp(**ctx, train.features(), {32, 16}, 10, 32);
   EXPECT_TRUE(model.ok()) << model.status();
   *keep = std::make_unique<SpyModel>(**model, zero_copy);
-  auto params = MakeLocalParams();
+  auto* prefetcher = prefetching ? new PrefetchingParams : nullptr;
+  std::unique_ptr<ParamStore> params(prefetching ? prefetcher : MakeLocalParams().release());
   EXPECT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
   TrainOptions o;
   o.epochs = 2;
@@ -145,6 +196,9 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
   auto r = Train(**keep, *params, train, &test, o, nullptr);
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) run.result = *r;
+  if (prefetcher != nullptr) {
+    EXPECT_GT(prefetcher->swaps, 0);
+  }
   EXPECT_TRUE(params->PullAll(&run.final_params).ok());
   auto ev = (*keep)->Evaluate(test.images.data(), test.labels.data(), test.count);
   EXPECT_TRUE(ev.ok()) << ev.status();
@@ -193,6 +247,16 @@ TEST(TrainerTest, AccumulatedMicroBatchesStillCopyGradientsAndMatch) {
   EXPECT_GT(zero_copy.spy->gradient_copies, 0);
   // 96-sample chunks of 32-sample batches end on a one-micro-batch iteration: in place.
   EXPECT_GT(zero_copy.spy->host_gradients, 0);
+}
+
+// The model is bound only to the arrays PullAll returned, never to those a prefetch is
+// writing into while a step runs (nor left bound to swapped-out ones after a stale one).
+TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
+  std::unique_ptr<SpyModel> copy_model, zero_model;
+  SpyRun copying = TrainSpied(false, 1, &copy_model);
+  SpyRun zero_copy = TrainSpied(true, 1, &zero_model, /*prefetching=*/true);
+  ExpectSameTraining(copying, zero_copy);
+  EXPECT_GT(zero_copy.spy->bind_calls, 0);
 }
 
 TEST(TrainerTest, ModelIsBoundToNothingAfterTrain) {
