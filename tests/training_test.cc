@@ -87,7 +87,9 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
     auto loss = Field(path, "train_loss");
     auto n = Field(path, "samples");
     ASSERT_EQ(acc.size(), 2u) << "worker " << i;
-    EXPECT_GT(acc.back(), 0.72) << "worker " << i;  // 10 classes: chance is 0.10
+    // 10 classes: chance is 0.10. Two epochs of 6000 samples end near 0.75 with a spread of
+    // about 0.03 between runs (the two workers interleave differently every time).
+    EXPECT_GT(acc.back(), 0.65) << "worker " << i;
     for (size_t e = 0; e < 2; ++e) {
       samples[e] += n[e];
       loss_sum[e] += loss[e] * n[e];

@@ -2,7 +2,9 @@
 // by a channel bias, ReLU and 2x2 max pooling, then two dense layers y = x W + b (ReLU
 // between them) and softmax cross-entropy. All math goes through the kernels.h entry
 // points, so the same code runs on the CPU and on CUDA; every buffer is allocated once,
-// for max_batch examples. One thread at a time (like its kernels::Context).
+// for max_batch examples. On the CPU the parameters may instead be read from caller-owned
+// host arrays (BindParam), and gradients are handed out in place (HostGradient). One
+// thread at a time (like its kernels::Context).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "leash/worker/model.h"
 
 #include "batch_stager.h"
+#include "param_binding.h"
 
 namespace leash::worker {
 namespace {
@@ -81,6 +84,7 @@ class Cnn final : public Model {
     }
     LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, static_cast<int64_t>(batch), input_size(), kClasses));
     grad_ready_.assign(params_.size(), false);
+    bindings_.Init(params_.size());
     return Status::Ok();
   }
 
@@ -91,8 +95,12 @@ class Cnn final : public Model {
   Status SetParam(size_t index, const float* host) override {
     LEASH_RETURN_IF_ERROR(CheckParamIndex("SetParam", index, params_.size()));
     if (host == nullptr) return InvalidArgument("SetParam: host data for " + params_[index].name + " is null");
-    return Value(index).CopyFromHost(ctx_, host, params_[index].size());
+    LEASH_RETURN_IF_ERROR(Value(index).CopyFromHost(ctx_, host, params_[index].size()));
+    bindings_.Unbind(index);
+    return Status::Ok();
   }
+
+  Status BindParam(size_t index, const float* host) override { return bindings_.Bind(ctx_, params_, index, host); }
 
   Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
                               const std::function<void(size_t)>& on_grad) override {
@@ -116,7 +124,8 @@ class Cnn final : public Model {
     // Dense layers, last first; dz holds dL/d(output) of layer l.
     for (int l = 1; l >= 0; --l) {
       const DenseLayer& d = dense_[l];
-      Weights& p = weights_[2 + l];
+      const auto pi = static_cast<size_t>(2 + l);  // index into weights_
+      Weights& p = weights_[pi];
       const float* x = l == 0 ? conv_[1].pooled.data() : dense_[0].act.data();
       // dW = x^T dz (in x out), db = column sums of dz.
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kYes, Transpose::kNo, d.in, d.out, batch, 1.f, x, dz->data(),
@@ -126,7 +135,7 @@ class Cnn final : public Model {
       // dx = dz W^T (batch x in); through the ReLU that produced x for the upper layer
       // (the pooled features' ReLU came before pooling, so it is undone below).
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kYes, batch, d.in, d.out, 1.f, dz->data(),
-                                          p.w.data(), 0.f, dnext->data()));
+                                          Weight(pi), 0.f, dnext->data()));
       if (l == 1) LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx_, batch * d.in, x, dnext->data(), dnext->data()));
       std::swap(dz, dnext);
     }
@@ -148,7 +157,7 @@ class Cnn final : public Model {
       announce(static_cast<size_t>(l));
       if (l == 0) break;  // nobody needs the gradient of the input
       LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardData(ctx_, batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
-                                                        dnext->data(), p.w.data(), dz->data()));
+                                                        dnext->data(), Weight(static_cast<size_t>(l)), dz->data()));
     }
     return stats;
   }
@@ -166,6 +175,10 @@ class Cnn final : public Model {
                                 " yet; call TrainStep first (and wait for its on_grad)");
     }
     return Grad(index).CopyToHost(ctx_, out_host, params_[index].size());
+  }
+
+  Result<const float*> HostGradient(size_t index) override {
+    return HostGradientOf(ctx_, params_, grad_ready_, index, Grad(index));
   }
 
   Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) override {
@@ -217,16 +230,18 @@ class Cnn final : public Model {
 
   Buffer& Value(size_t index) { return index % 2 == 0 ? weights_[index / 2].w : weights_[index / 2].b; }
   Buffer& Grad(size_t index) { return index % 2 == 0 ? weights_[index / 2].dw : weights_[index / 2].db; }
-
+  // Where the kernels read weights_[i]'s weight and bias: a bound host array or the own buffer.
+  const float* Weight(size_t i) const { return bindings_.Read(2 * i, weights_[i].w); }
+  const float* Bias(size_t i) const { return bindings_.Read(2 * i + 1, weights_[i].b); }
 
   // Leaves the logits in dense_[1].act.
   Status Forward(const float* x, int64_t batch) {
     for (int l = 0; l < 2; ++l) {
       ConvLayer& c = conv_[l];
-      const Weights& p = weights_[l];
+      const auto pi = static_cast<size_t>(l);
       LEASH_RETURN_IF_ERROR(kernels::Conv2dForward(ctx_, batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad, x,
-                                                   p.w.data(), c.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasAddChannels(ctx_, batch, c.c_out, c.size * c.size, p.b.data(), c.act.data()));
+                                                   Weight(pi), c.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasAddChannels(ctx_, batch, c.c_out, c.size * c.size, Bias(pi), c.act.data()));
       LEASH_RETURN_IF_ERROR(kernels::Relu(ctx_, batch * c.c_out * c.size * c.size, c.act.data(), c.act.data()));
       LEASH_RETURN_IF_ERROR(
           kernels::MaxPool2dForward(ctx_, batch, c.c_out, c.size, c.size, c.act.data(), c.pooled.data()));
@@ -234,10 +249,10 @@ class Cnn final : public Model {
     }
     for (int l = 0; l < 2; ++l) {
       DenseLayer& d = dense_[l];
-      const Weights& p = weights_[2 + l];
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kNo, batch, d.out, d.in, 1.f, x, p.w.data(),
+      const auto pi = static_cast<size_t>(2 + l);
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kNo, batch, d.out, d.in, 1.f, x, Weight(pi),
                                           0.f, d.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx_, batch, d.out, p.b.data(), d.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx_, batch, d.out, Bias(pi), d.act.data()));
       if (l == 0) LEASH_RETURN_IF_ERROR(kernels::Relu(ctx_, batch * d.out, d.act.data(), d.act.data()));
       x = d.act.data();
     }
@@ -253,6 +268,7 @@ class Cnn final : public Model {
   Buffer delta_[2];
   BatchStager stager_;
   std::vector<bool> grad_ready_;
+  ParamBindings bindings_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Tests of the CNN model: gradients against central differences of a double-precision
 // reference network, the on_grad order, SGD through the kernels on real Fashion-MNIST
-// samples, chunked evaluation, bad arguments, and CUDA against CPU. Built twice: cnn_test
+// samples, chunked evaluation, bad arguments, parameters bound in place against copied
+// ones, and CUDA against CPU. Built twice: cnn_test
 // holds the CPU tests; cnn_cuda_test (LEASH_CNN_CUDA_TEST, labelled gpu) only the CUDA one,
 // which skips where no GPU is usable. Single-threaded.
 #include <gtest/gtest.h>
@@ -15,6 +16,8 @@
 #include "leash/kernels/kernels.h"
 #include "leash/worker/dataset.h"
 #include "leash/worker/model.h"
+
+#include "binding_checks.h"
 
 #ifndef LEASH_CNN_CUDA_TEST
 #define LEASH_CNN_CUDA_TEST 0
@@ -352,6 +355,15 @@ TEST_F(CnnTest, BadSizesAndArgumentsAreRejected) {
   EXPECT_EQ(model->Gradient(8, buf.data()).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(model->TrainStep(images.data(), labels.data(), 2).ok());
   EXPECT_EQ(model->Gradient(0, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CnnTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
+  auto copied = Make(3);
+  auto bound = Make(3);
+  ASSERT_NE(copied, nullptr);
+  ASSERT_NE(bound, nullptr);
+  ExpectNoHostGradientBeforeTraining(*bound);
+  ExpectBoundParamsTrainLikeCopiedOnes(*copied, *bound, 3, 6);
 }
 
 #else  // LEASH_CNN_CUDA_TEST

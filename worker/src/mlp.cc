@@ -1,6 +1,8 @@
 // The multilayer perceptron model: dense layers y = x W + b with ReLU between them and
 // softmax cross-entropy on top, all math through the kernels.h entry points so the same
 // code runs on the CPU and on CUDA. Every buffer is allocated once, for max_batch rows.
+// On the CPU the weights and biases may instead be read from caller-owned host arrays
+// (BindParam), and gradients are handed out in place (HostGradient).
 // One thread at a time (like its kernels::Context).
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "leash/worker/model.h"
 
 #include "batch_stager.h"
+#include "param_binding.h"
 
 namespace leash::worker {
 namespace {
@@ -68,6 +71,7 @@ class Mlp final : public Model {
     }
     LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, max_batch_, input_size_, num_classes_));
     grad_ready_.assign(params_.size(), false);
+    bindings_.Init(params_.size());
     return Status::Ok();
   }
 
@@ -78,8 +82,12 @@ class Mlp final : public Model {
   Status SetParam(size_t index, const float* host) override {
     LEASH_RETURN_IF_ERROR(CheckParamIndex("SetParam", index, params_.size()));
     if (host == nullptr) return InvalidArgument("SetParam: host data for " + params_[index].name + " is null");
-    return Param(index).CopyFromHost(ctx_, host, params_[index].size());
+    LEASH_RETURN_IF_ERROR(Param(index).CopyFromHost(ctx_, host, params_[index].size()));
+    bindings_.Unbind(index);
+    return Status::Ok();
   }
+
+  Status BindParam(size_t index, const float* host) override { return bindings_.Bind(ctx_, params_, index, host); }
 
   Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
                               const std::function<void(size_t)>& on_grad) override {
@@ -107,7 +115,7 @@ class Mlp final : public Model {
       if (l == 0) break;  // nobody needs the gradient of the input
       // dx = dz W^T (batch x in), then through the ReLU that produced x.
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kYes, batch, layer.in, layer.out, 1.f,
-                                          dz->data(), layer.w.data(), 0.f, dnext->data()));
+                                          dz->data(), Weight(l), 0.f, dnext->data()));
       LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx_, batch * layer.in, x, dnext->data(), dnext->data()));
       std::swap(dz, dnext);
     }
@@ -129,6 +137,10 @@ class Mlp final : public Model {
     return Grad(index).CopyToHost(ctx_, out_host, params_[index].size());
   }
 
+  Result<const float*> HostGradient(size_t index) override {
+    return HostGradientOf(ctx_, params_, grad_ready_, index, Grad(index));
+  }
+
   Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) override {
     return stager_.Evaluate(images_host, labels_host, n, [&](const float* x, int64_t rows) -> Result<const float*> {
       LEASH_RETURN_IF_ERROR(Forward(x, rows));
@@ -145,15 +157,17 @@ class Mlp final : public Model {
   };
   Buffer& Param(size_t index) { return index % 2 == 0 ? layers_[index / 2].w : layers_[index / 2].b; }
   Buffer& Grad(size_t index) { return index % 2 == 0 ? layers_[index / 2].dw : layers_[index / 2].db; }
-
+  // Where the kernels read layer l's weights and bias: a bound host array or the own buffer.
+  const float* Weight(size_t l) const { return bindings_.Read(2 * l, layers_[l].w); }
+  const float* Bias(size_t l) const { return bindings_.Read(2 * l + 1, layers_[l].b); }
 
   // Leaves the logits in layers_.back().act.
   Status Forward(const float* x, int64_t batch) {
     for (size_t l = 0; l < layers_.size(); ++l) {
       Layer& layer = layers_[l];
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kNo, batch, layer.out, layer.in, 1.f, x,
-                                          layer.w.data(), 0.f, layer.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx_, batch, layer.out, layer.b.data(), layer.act.data()));
+                                          Weight(l), 0.f, layer.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx_, batch, layer.out, Bias(l), layer.act.data()));
       if (l + 1 < layers_.size()) {
         LEASH_RETURN_IF_ERROR(kernels::Relu(ctx_, batch * layer.out, layer.act.data(), layer.act.data()));
       }
@@ -171,6 +185,7 @@ class Mlp final : public Model {
   Buffer delta_[2];
   BatchStager stager_;
   std::vector<bool> grad_ready_;
+  ParamBindings bindings_;
 };
 
 }  // namespace

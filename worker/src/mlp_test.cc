@@ -1,6 +1,7 @@
 // Tests of the MLP model: gradients against central differences of a double-precision
 // reference network, the on_grad order, learning a synthetic problem with SGD applied by
-// the kernels, chunked evaluation, bad sizes, and (where a GPU exists) CUDA against CPU.
+// the kernels, chunked evaluation, bad sizes, parameters bound in place and gradients
+// read in place against copied ones, and (where a GPU exists) CUDA against CPU.
 // Single-threaded.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
+
+#include "binding_checks.h"
 
 namespace leash::worker {
 namespace {
@@ -359,6 +362,32 @@ TEST_F(MlpTest, PrefetchedBatchesTrainExactlyLikeDirectOnes) {
   ASSERT_NE(direct, nullptr);
   ASSERT_NE(staged, nullptr);
   ExpectPrefetchedStepsMatchDirectOnes(*direct, *staged, 12, 0.0);
+}
+
+TEST_F(MlpTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
+  auto copied = Make(33, {24, 16}, 10, 12);
+  auto bound = Make(33, {24, 16}, 10, 12);
+  ASSERT_NE(copied, nullptr);
+  ASSERT_NE(bound, nullptr);
+  ExpectNoHostGradientBeforeTraining(*bound);
+  ExpectBoundParamsTrainLikeCopiedOnes(*copied, *bound, 12, 5);
+}
+
+TEST_F(MlpTest, CudaModelRefusesBindingAndHasNoHostGradient) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
+  auto gpu_ctx = Context::Create(Device{DeviceType::kCuda, 0});
+  ASSERT_TRUE(gpu_ctx.ok()) << gpu_ctx.status();
+  auto gpu = MakeMlp(**gpu_ctx, 5, {4}, 3, 8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<float> w(20, 0.1f);
+  EXPECT_EQ((*gpu)->BindParam(0, w.data()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*gpu)->HostGradient(0).status().code(), StatusCode::kFailedPrecondition);  // not trained yet
+  std::vector<float> images(2 * 5, 0.1f);
+  std::vector<int32_t> labels(2, 1);
+  ASSERT_TRUE((*gpu)->TrainStep(images.data(), labels.data(), 2).ok());
+  Result<const float*> g = (*gpu)->HostGradient(0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g, nullptr);
 }
 
 TEST_F(MlpTest, CudaPrefetchedBatchesMatchCpuSteps) {

@@ -1,4 +1,5 @@
-// Training loop over leased data chunks, and result reporting.
+// Training loop over leased data chunks, and result reporting. One training thread; the
+// ParamStore's client may write pulled values on its I/O thread (see LoadParams).
 #include "leash/worker/trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -18,13 +19,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-Result<StepStats> EvaluateAll(Model& model, ParamStore& params, std::vector<std::vector<float>>* values,
-                              const Dataset& test) {
-  LEASH_RETURN_IF_ERROR(params.PullAll(values));
-  for (size_t i = 0; i < values->size(); ++i) LEASH_RETURN_IF_ERROR(model.SetParam(i, (*values)[i].data()));
-  return model.Evaluate(test.images.data(), test.labels.data(), test.count);
-}
-
 // Per-epoch accumulators of what this worker trained.
 struct EpochAcc {
   int64_t steps = 0;
@@ -41,6 +35,15 @@ class Loop {
       : model_(model), params_(params), train_(train), test_(test), o_(o), stop_(stop) {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
     sums_.resize(grads_.size());
+  }
+
+  // The model must not read values_ once the loop is gone: copies the last values into
+  // the model's own buffers (which also leaves it with the parameters it trained last).
+  Status ReleaseParams() {
+    if (!bound_any_) return Status::Ok();
+    bound_any_ = false;
+    for (size_t i = 0; i < values_.size(); ++i) LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+    return Status::Ok();
   }
 
   Result<TrainResult> Run() {
@@ -195,7 +198,7 @@ class Loop {
     p.elapsed_seconds = Seconds(start_, e0);
     std::optional<StepStats> stats;
     LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
-      auto ev = EvaluateAll(model_, params_, &values_, *test_);
+      auto ev = EvaluateAll(*test_);
       if (!ev.ok()) return ev.status().WithContext("evaluation at step " + std::to_string(steps_));
       stats = *ev;
       return Status::Ok();
@@ -217,9 +220,55 @@ class Loop {
 
   Status BeginIteration() {
     LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
-    for (size_t i = 0; i < values_.size(); ++i) LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
-    params_.Prefetch();  // the next iteration's pull overlaps this one's compute
+    LEASH_RETURN_IF_ERROR(LoadParams());
+    // The next iteration's pull overlaps this one's compute. Only after LoadParams: the
+    // prefetch writes into the arrays PullAll just swapped out of values_, which the model
+    // read until LoadParams bound it to values_ (see there).
+    params_.Prefetch();
     return Status::Ok();
+  }
+
+  // Makes the model read values_: bound in place where it can read host memory (saving a
+  // copy of the whole model per iteration), else copied with SetParam.
+  //
+  // Why a bound array is never written while a TrainStep or Evaluate reads it:
+  // - The model reads only values_[i]'s arrays, bound here after every PullAll; nothing
+  //   else is bound. values_ is written only by PullAll, on this thread, between steps.
+  // - ParamStore::PullAll writes values synchronously: every pull it starts into `values`
+  //   is waited for before it returns (RemoteParams::Wait, LocalParams reads in place), and
+  //   a pull's reply is decoded into its array only before its future completes (a late
+  //   duplicate finds no request in flight and is dropped). That holds for the pull again
+  //   after a stale or failed prefetch: it writes the arrays bound last iteration, but no
+  //   step runs until this function binds them again.
+  // - The only asynchronous writes are RemoteParams' prefetch into its next_ arrays, on
+  //   the client's I/O thread. A usable prefetch is swapped into values_ (a swap moves the
+  //   heap arrays, it copies and reallocates nothing), so next_ then holds the arrays the
+  //   model was bound to; BeginIteration starts the next prefetch into them only after
+  //   this function has rebound every parameter to the new values_. Rejoin and Finish wait
+  //   for a prefetch in flight; EvaluateAll starts none.
+  // - No bound array is reallocated: PullAll resizes each values[i] to its table's size,
+  //   the size it already has after the first pull, and a same-size resize keeps the
+  //   array. After the first pull, values_ is never resized to another size.
+  Status LoadParams() {
+    for (size_t i = 0; i < values_.size(); ++i) {
+      if (bind_) {
+        Status st = model_.BindParam(i, values_[i].data());
+        if (st.ok()) {
+          bound_any_ = true;
+          continue;
+        }
+        if (st.code() != StatusCode::kFailedPrecondition) return st;
+        bind_ = false;  // the model cannot read host memory: copy from now on
+      }
+      LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+    }
+    return Status::Ok();
+  }
+
+  Result<StepStats> EvaluateAll(const Dataset& test) {
+    LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
+    LEASH_RETURN_IF_ERROR(LoadParams());
+    return model_.Evaluate(test.images.data(), test.labels.data(), test.count);
   }
 
   // Forward and backward of micro-batch `micro` of an iteration; on the `last` one each
@@ -227,6 +276,19 @@ class Loop {
   Result<StepStats> MicroStep(const Batch& batch, int64_t micro, bool last) {
     Status grad_status;
     auto st = model_.TrainStep(batch.images.data(), batch.labels.data(), batch.size, [&](size_t i) {
+      if (micro == 0 && last) {
+        // A single micro-batch: push the model's gradient in place where it is in host
+        // memory (Push copies it before returning, so the next step may overwrite it).
+        Result<const float*> host = model_.HostGradient(i);
+        if (!host.ok()) {
+          if (grad_status.ok()) grad_status = host.status();
+          return;
+        }
+        if (*host != nullptr) {
+          params_.Push(i, *host);
+          return;
+        }
+      }
       Status gs = model_.Gradient(i, grads_[i].data());
       if (!gs.ok()) {
         if (grad_status.ok()) grad_status = gs;
@@ -281,7 +343,7 @@ class Loop {
       bool last_pending = epochs_reported_ + 1 < g.epochs_done;  // evaluate once per report
       if (o_.evaluate && test_ != nullptr && !last_pending) {
         auto e0 = Clock::now();
-        auto ev = EvaluateAll(model_, params_, &values_, *test_);
+        auto ev = EvaluateAll(*test_);
         result_.eval_seconds += Seconds(e0, Clock::now());
         if (!ev.ok()) return ev.status();
         r.test_loss = ev->loss;
@@ -313,7 +375,9 @@ class Loop {
   const Dataset* test_;
   const TrainOptions& o_;
   const std::atomic<bool>* stop_;
-  std::vector<std::vector<float>> values_;
+  std::vector<std::vector<float>> values_;  // the model may be bound to these: see LoadParams
+  bool bind_ = true;                         // false once the model refused BindParam
+  bool bound_any_ = false;                   // some parameter may be bound to values_
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> sums_;  // gradient sums over an iteration's micro-batches
   std::map<uint32_t, EpochAcc> epochs_;
@@ -347,7 +411,10 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
                            std::to_string(model.input_size()));
   }
   Loop loop(model, params, train, test, o, stop);
-  return loop.Run();
+  Result<TrainResult> result = loop.Run();
+  Status released = loop.ReleaseParams();
+  if (result.ok() && !released.ok()) return released;
+  return result;
 }
 
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& o,

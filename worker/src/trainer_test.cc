@@ -1,11 +1,14 @@
-// Unit tests of the training loop's straggler injection (--step-delay-factor) and periodic
-// evaluation (--eval-every): a local (in-process) MLP on a small synthetic dataset.
-// Single-threaded.
+// Unit tests of the training loop: straggler injection (--step-delay-factor), periodic
+// evaluation (--eval-every), and parameters and gradients used in place (BindParam,
+// HostGradient) against the copying path, with a local (in-process) MLP on a small
+// synthetic dataset. Single-threaded.
 #include "leash/worker/trainer.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
+#include <limits>
 
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
@@ -60,6 +63,208 @@ TimedRun TrainLocal(double factor) {
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(r.ok()) << r.status();
   return TimedRun{r.ok() ? *r : TrainResult{}, wall};
+}
+
+// Forwards to a model; either refuses the zero-copy paths (as a GPU model does) or
+// counts them, and tracks which parameters are bound.
+class SpyModel final : public Model {
+ public:
+  SpyModel(Model& inner, bool zero_copy) : bound(inner.params().size()), inner_(inner), zero_copy_(zero_copy) {}
+  const std::vector<ParamSpec>& params() const override { return inner_.params(); }
+  int64_t input_size() const override { return inner_.input_size(); }
+  int64_t num_classes() const override { return inner_.num_classes(); }
+  Status SetParam(size_t index, const float* host) override {
+    ++set_calls;
+    Status st = inner_.SetParam(index, host);
+    if (st.ok()) bound[index] = false;
+    return st;
+  }
+  Status BindParam(size_t index, const float* host) override {
+    if (!zero_copy_) return Model::BindParam(index, host);
+    ++bind_calls;
+    Status st = inner_.BindParam(index, host);
+    if (st.ok()) bound[index] = true;
+    return st;
+  }
+  Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
+                              const std::function<void(size_t)>& on_grad) override {
+    return inner_.TrainStep(images_host, labels_host, batch, on_grad);
+  }
+  Status PrefetchBatch(const float* images_host, const int32_t* labels_host, int64_t batch) override {
+    return inner_.PrefetchBatch(images_host, labels_host, batch);
+  }
+  StagingStats staging() const override { return inner_.staging(); }
+  Status Gradient(size_t index, float* out_host) override {
+    ++gradient_copies;
+    return inner_.Gradient(index, out_host);
+  }
+  Result<const float*> HostGradient(size_t index) override {
+    if (!zero_copy_) return Model::HostGradient(index);
+    Result<const float*> g = inner_.HostGradient(index);
+    if (g.ok() && *g != nullptr) ++host_gradients;
+    return g;
+  }
+  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) override {
+    return inner_.Evaluate(images_host, labels_host, n);
+  }
+
+  int64_t set_calls = 0;
+  int64_t bind_calls = 0;
+  int64_t gradient_copies = 0;
+  int64_t host_gradients = 0;
+  std::vector<bool> bound;
+
+ private:
+  Model& inner_;
+  bool zero_copy_;
+};
+
+struct SpyRun {
+  TrainResult result;
+  std::vector<std::vector<float>> final_params;  // the tables after training
+  float eval_loss_after = 0;                      // the model evaluated after Train returned
+  SpyModel* spy = nullptr;
+};
+
+// LocalParams with RemoteParams' prefetch: PullAll swaps the prefetched arrays into
+// `values`, and while a prefetch is in flight every Push (made during a TrainStep, from
+// on_grad) overwrites the arrays it will be written into with NaN, as a reply decoded on
+// the client's I/O thread may at any time. Every third prefetch counts as stale: PullAll
+// then pulls again into `values`, as RemoteParams does. The values are always the
+// tables' current ones, so training matches LocalParams exactly unless the model reads a
+// prefetch's arrays during a step.
+class PrefetchingParams final : public ParamStore {
+ public:
+  Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
+    return inner_->Setup(params, opt);
+  }
+  Status PullAll(std::vector<std::vector<float>>* values) override {
+    if (in_flight_) {
+      in_flight_ = false;
+      if (++prefetches_ % 3 != 0) {
+        LEASH_RETURN_IF_ERROR(inner_->PullAll(&next_));  // the reply lands
+        values->swap(next_);
+        ++swaps;
+        return Status::Ok();
+      }
+    }
+    return inner_->PullAll(values);
+  }
+  void Prefetch() override { in_flight_ = true; }
+  void Push(size_t i, const float* grad) override {
+    if (in_flight_) {
+      for (auto& a : next_) std::fill(a.begin(), a.end(), std::numeric_limits<float>::quiet_NaN());
+    }
+    inner_->Push(i, grad);
+  }
+  Status EndIteration() override { return inner_->EndIteration(); }
+  Status Idle() override { return inner_->Idle(); }
+  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+    return inner_->NextChunk(plan, done);
+  }
+  Status Finish() override { return inner_->Finish(); }
+  int64_t clock() const override { return inner_->clock(); }
+
+  int64_t swaps = 0;
+
+ private:
+  std::unique_ptr<ParamStore> inner_ = MakeLocalParams();
+  std::vector<std::vector<float>> next_;
+  bool in_flight_ = false;
+  int64_t prefetches_ = 0;
+};
+
+// Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
+// LocalParams or (prefetching) PrefetchingParams.
+SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep, bool prefetching = false) {
+  SpyRun run;
+  auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
+  EXPECT_TRUE(ctx.ok()) << ctx.status();
+  Dataset train = Synthetic(320);
+  Dataset test = Synthetic(70);
+  auto model = MakeMlp(**ctx, train.features(), {32, 16}, 10, 32);
+  EXPECT_TRUE(model.ok()) << model.status();
+  *keep = std::make_unique<SpyModel>(**model, zero_copy);
+  auto* prefetcher = prefetching ? new PrefetchingParams : nullptr;
+  std::unique_ptr<ParamStore> params(prefetching ? prefetcher : MakeLocalParams().release());
+  EXPECT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
+  TrainOptions o;
+  o.epochs = 2;
+  o.batch = 32;
+  o.accumulate = accumulate;
+  o.chunk_size = 96;  // a chunk ends on a short last iteration when accumulating
+  o.log_every = 0;
+  auto r = Train(**keep, *params, train, &test, o, nullptr);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) run.result = *r;
+  if (prefetcher != nullptr) {
+    EXPECT_GT(prefetcher->swaps, 0);
+  }
+  EXPECT_TRUE(params->PullAll(&run.final_params).ok());
+  auto ev = (*keep)->Evaluate(test.images.data(), test.labels.data(), test.count);
+  EXPECT_TRUE(ev.ok()) << ev.status();
+  if (ev.ok()) run.eval_loss_after = ev->loss;
+  run.spy = keep->get();
+  return run;
+}
+
+void ExpectSameTraining(const SpyRun& a, const SpyRun& b) {
+  ASSERT_EQ(a.result.epochs.size(), 2u);
+  ASSERT_EQ(b.result.epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(a.result.epochs[e].train_loss, b.result.epochs[e].train_loss) << e;
+    EXPECT_EQ(a.result.epochs[e].test_loss, b.result.epochs[e].test_loss) << e;
+    EXPECT_EQ(a.result.epochs[e].test_accuracy, b.result.epochs[e].test_accuracy) << e;
+  }
+  ASSERT_EQ(a.final_params.size(), b.final_params.size());
+  for (size_t i = 0; i < a.final_params.size(); ++i) {
+    ASSERT_EQ(a.final_params[i].size(), b.final_params[i].size());
+    EXPECT_EQ(std::memcmp(a.final_params[i].data(), b.final_params[i].data(), a.final_params[i].size() * sizeof(float)),
+              0)
+        << "table " << i;
+  }
+  EXPECT_EQ(a.eval_loss_after, b.eval_loss_after);
+}
+
+TEST(TrainerTest, BoundParamsAndHostGradientsTrainBitIdenticallyToCopies) {
+  std::unique_ptr<SpyModel> copy_model, zero_model;
+  SpyRun copying = TrainSpied(false, 1, &copy_model);
+  SpyRun zero_copy = TrainSpied(true, 1, &zero_model);
+  ExpectSameTraining(copying, zero_copy);
+  // The copying run copied every parameter and gradient of every iteration.
+  EXPECT_EQ(copying.spy->bind_calls, 0);
+  EXPECT_GT(copying.spy->gradient_copies, 0);
+  // The zero-copy run bound instead, and pushed every gradient in place.
+  EXPECT_GT(zero_copy.spy->bind_calls, 0);
+  EXPECT_EQ(zero_copy.spy->gradient_copies, 0);
+  EXPECT_EQ(zero_copy.spy->host_gradients, copying.spy->gradient_copies);
+}
+
+TEST(TrainerTest, AccumulatedMicroBatchesStillCopyGradientsAndMatch) {
+  std::unique_ptr<SpyModel> copy_model, zero_model;
+  SpyRun copying = TrainSpied(false, 2, &copy_model);
+  SpyRun zero_copy = TrainSpied(true, 2, &zero_model);
+  ExpectSameTraining(copying, zero_copy);
+  EXPECT_GT(zero_copy.spy->gradient_copies, 0);
+  // 96-sample chunks of 32-sample batches end on a one-micro-batch iteration: in place.
+  EXPECT_GT(zero_copy.spy->host_gradients, 0);
+}
+
+// The model is bound only to the arrays PullAll returned, never to those a prefetch is
+// writing into while a step runs (nor left bound to swapped-out ones after a stale one).
+TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
+  std::unique_ptr<SpyModel> copy_model, zero_model;
+  SpyRun copying = TrainSpied(false, 1, &copy_model);
+  SpyRun zero_copy = TrainSpied(true, 1, &zero_model, /*prefetching=*/true);
+  ExpectSameTraining(copying, zero_copy);
+  EXPECT_GT(zero_copy.spy->bind_calls, 0);
+}
+
+TEST(TrainerTest, ModelIsBoundToNothingAfterTrain) {
+  std::unique_ptr<SpyModel> zero_model;
+  SpyRun run = TrainSpied(true, 1, &zero_model);
+  ASSERT_GT(run.spy->bind_calls, 0);
+  for (size_t i = 0; i < run.spy->bound.size(); ++i) EXPECT_FALSE(run.spy->bound[i]) << "parameter " << i;
 }
 
 TEST(TrainerTest, NoStepDelayByDefault) {

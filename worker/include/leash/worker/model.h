@@ -40,8 +40,19 @@ class Model {
   virtual int64_t input_size() const = 0;
   virtual int64_t num_classes() const = 0;
 
-  // Sets parameter `index` from `size()` host floats.
+  // Sets parameter `index` from `size()` host floats, copied into the model's own storage
+  // before returning. Ends a BindParam of that index. InvalidArgument for a bad index or a
+  // null `host`.
   virtual Status SetParam(size_t index, const float* host) = 0;
+
+  // Makes the model read parameter `index` straight from `host` (size() floats) instead of
+  // copying it, until the next SetParam or BindParam of that index. The caller keeps the
+  // array alive, at the same address, and unchanged during every TrainStep and Evaluate
+  // that runs while it is bound (writing it between them is allowed: the next step reads
+  // the new values). InvalidArgument for a bad index or a null `host`; FailedPrecondition
+  // when the model's device cannot read host memory (a GPU): nothing is bound then and the
+  // caller uses SetParam. The default implementation binds nothing.
+  virtual Status BindParam(size_t index, const float* host);
 
   // Forward and backward on a batch of `batch` examples (host images batch x
   // input_size(), labels in [0, num_classes())). `on_grad(index)` is called as soon as the
@@ -66,6 +77,14 @@ class Model {
 
   // Copies the gradient of parameter `index` from the last TrainStep into `out_host`.
   virtual Status Gradient(size_t index, float* out_host) = 0;
+
+  // The gradient of parameter `index` from the last TrainStep where the model keeps it in
+  // host memory, to read without a copy: size() floats, valid and unchanged until the next
+  // TrainStep or Evaluate. nullptr when the model's gradients are not in host memory (a
+  // GPU): the caller uses Gradient() then. Errors as Gradient(): InvalidArgument for a bad
+  // index, FailedPrecondition before the gradient is final (see TrainStep's on_grad). The
+  // default implementation checks only the index and returns nullptr.
+  virtual Result<const float*> HostGradient(size_t index);
 
   // Loss and correct predictions over `n` examples (evaluated in chunks).
   virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) = 0;

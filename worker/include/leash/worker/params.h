@@ -31,12 +31,20 @@ class ParamStore {
   // Creates (or finds) one table per parameter.
   virtual Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) = 0;
   // Fills values[i] with parameter i, as the staleness bound allows for this iteration
-  // (from the prefetch, when one was started for this iteration).
+  // (from the prefetch, when one was started for this iteration: then the arrays are
+  // swapped in, not copied). Every write into `values` is done before it returns, also on
+  // error. Each values[i] keeps its table's size, so after the first call no array of
+  // `values` is reallocated and a model may read them in place (Model::BindParam)
+  // between calls.
   virtual Status PullAll(std::vector<std::vector<float>>* values) = 0;
   // Starts pulling the next iteration's values now, to overlap the pull with this
-  // iteration's compute, when the staleness bound allows it (s >= 1). Optional.
+  // iteration's compute, when the staleness bound allows it (s >= 1). Optional. The pull
+  // is written in the background (on the client's I/O thread) into arrays that the last
+  // PullAll swapped out of `values`: whoever read those in place must have moved to the
+  // current `values` before calling Prefetch.
   virtual void Prefetch() {}
-  // Sends the gradient of parameter i (copied before returning).
+  // Sends the gradient of parameter i (read or copied before returning, so `grad` may
+  // change right after).
   virtual void Push(size_t i, const float* grad) = 0;
   // Ends the iteration: every push of it is sent, then the clock advances. Returns the
   // first error of an earlier push.

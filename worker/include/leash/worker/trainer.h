@@ -97,6 +97,10 @@ struct TrainResult {
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
 
+// Trains `model` on leased chunks of `train` with parameters from `params` until the job
+// is finished or *stop is set; evaluates on `test` (if any) after each epoch. Where the
+// model can (Model::BindParam), it reads the pulled parameters in place while training;
+// on return it holds the last pulled values in its own buffers and is bound to nothing.
 Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
                           const TrainOptions& options, const std::atomic<bool>* stop);
 

@@ -1,0 +1,106 @@
+// Test helper shared by mlp_test and cnn_test: checks a model's zero-copy paths
+// (BindParam, HostGradient) against its copying ones (SetParam, Gradient). Single-threaded.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "leash/worker/model.h"
+
+namespace leash::worker {
+
+inline bool SameBits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// `copied` and `bound` are two models of the same architecture on the CPU. Trains both on
+// the same batch, `copied` with SetParam and `bound` with BindParam of the same values,
+// and expects bit-identical losses, predictions and gradients; then that `bound` reads
+// the bound arrays in place (a change to them is seen by its next step) until SetParam
+// makes it read its own copy again (a change then has no effect).
+inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, int64_t batch, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t n = copied.params().size();
+  std::vector<std::vector<float>> values;
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& p = copied.params()[i];
+    const float scale = p.rows == 1 ? 0.2f : 1.f / std::sqrt(static_cast<float>(p.rows));
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    values.emplace_back(p.size());
+    for (float& v : values.back()) v = dist(rng);
+    ASSERT_TRUE(copied.SetParam(i, values[i].data()).ok());
+    ASSERT_TRUE(bound.BindParam(i, values[i].data()).ok());
+  }
+  std::uniform_real_distribution<float> pixel(0.f, 1.f);
+  std::uniform_int_distribution<int32_t> label(0, static_cast<int32_t>(copied.num_classes() - 1));
+  std::vector<float> images(static_cast<size_t>(batch * copied.input_size()));
+  for (float& v : images) v = pixel(rng);
+  std::vector<int32_t> labels(static_cast<size_t>(batch));
+  for (int32_t& l : labels) l = label(rng);
+
+  auto expect_same_step = [&](const char* what) {
+    auto c = copied.TrainStep(images.data(), labels.data(), batch);
+    // In on_grad the gradient just announced is readable in place; those of the layer
+    // below (parameters 2 l - 2 and 2 l - 1 for layer l's 2 l and 2 l + 1) are not final
+    // yet, as backward goes last layer first.
+    auto b = bound.TrainStep(images.data(), labels.data(), batch, [&](size_t i) {
+      Result<const float*> g = bound.HostGradient(i);
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_NE(*g, nullptr);
+      if (i >= 2) {
+        EXPECT_EQ(bound.HostGradient(i / 2 * 2 - 2).status().code(), StatusCode::kFailedPrecondition) << i;
+      }
+    });
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(std::memcmp(&b->loss, &c->loss, sizeof(float)), 0) << what << ": " << b->loss << " vs " << c->loss;
+    EXPECT_EQ(b->correct, c->correct) << what;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> gc(values[i].size()), gb(values[i].size());
+      ASSERT_TRUE(copied.Gradient(i, gc.data()).ok());
+      ASSERT_TRUE(bound.Gradient(i, gb.data()).ok());
+      EXPECT_TRUE(SameBits(gb.data(), gc.data(), gc.size())) << what << ": gradient " << i;
+      Result<const float*> host = bound.HostGradient(i);
+      ASSERT_TRUE(host.ok()) << host.status();
+      ASSERT_NE(*host, nullptr);
+      EXPECT_TRUE(SameBits(*host, gb.data(), gb.size())) << what << ": HostGradient " << i;
+    }
+    auto ec = copied.Evaluate(images.data(), labels.data(), batch);
+    auto eb = bound.Evaluate(images.data(), labels.data(), batch);
+    ASSERT_TRUE(ec.ok() && eb.ok());
+    EXPECT_EQ(std::memcmp(&eb->loss, &ec->loss, sizeof(float)), 0) << what;
+    EXPECT_EQ(eb->correct, ec->correct) << what;
+  };
+  expect_same_step("bound parameters");
+
+  // The bound arrays are read in place: a change between steps reaches the next one.
+  for (size_t i = 0; i < n; ++i) {
+    for (float& v : values[i]) v *= 0.5f;
+    ASSERT_TRUE(copied.SetParam(i, values[i].data()).ok());
+  }
+  expect_same_step("bound arrays changed between steps");
+
+  // SetParam ends the binding: the model reads its own copy, whatever the array holds.
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(bound.SetParam(i, values[i].data()).ok());
+    std::fill(values[i].begin(), values[i].end(), 7.f);
+  }
+  expect_same_step("SetParam after BindParam");
+
+  std::vector<float> any(1);
+  EXPECT_EQ(bound.BindParam(n, any.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bound.BindParam(0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bound.HostGradient(n).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A model that has not trained yet has no gradient to hand out in place.
+inline void ExpectNoHostGradientBeforeTraining(Model& fresh) {
+  for (size_t i = 0; i < fresh.params().size(); ++i) {
+    EXPECT_EQ(fresh.HostGradient(i).status().code(), StatusCode::kFailedPrecondition) << i;
+  }
+}
+
+}  // namespace leash::worker

@@ -1,0 +1,20 @@
+// The Model interface's default implementations of its optional zero-copy paths, for
+// models that always copy. Stateless.
+#include "leash/worker/model.h"
+
+#include "batch_stager.h"
+
+namespace leash::worker {
+
+Status Model::BindParam(size_t index, const float* host) {
+  LEASH_RETURN_IF_ERROR(CheckParamIndex("BindParam", index, params().size()));
+  if (host == nullptr) return InvalidArgument("BindParam: host data for " + params()[index].name + " is null");
+  return FailedPrecondition("BindParam: this model always copies its parameters; use SetParam");
+}
+
+Result<const float*> Model::HostGradient(size_t index) {
+  LEASH_RETURN_IF_ERROR(CheckParamIndex("HostGradient", index, params().size()));
+  return static_cast<const float*>(nullptr);
+}
+
+}  // namespace leash::worker
