@@ -281,15 +281,11 @@ std::optional<uint32_t> ShmWriter::Claim(uint32_t k, int64_t now_ms) {
     if (st[g].load(std::memory_order_acquire) == 0) return true;
     return reclaim_ms_ > 0 && now_ms - claimed_ms_[g] > reclaim_ms_;  // the reader died with it
   };
-  // First fit from the cursor, wrapping once; a run never wraps around the ring's end.
-  uint32_t start = cursor_ + k <= n ? cursor_ : 0;
-  uint32_t scanned = 0;
-  while (scanned < n + k) {
-    if (start + k > n) {
-      scanned += n - start;
-      start = 0;
-      continue;
-    }
+  // First fit from the ring's start: the granules given back soonest are used again, so
+  // the bytes written are still in the caches of both processes' cores (a cursor that
+  // went round the whole ring wrote to memory no cache held, and was slower).
+  uint32_t start = 0;
+  while (start + k <= n) {
     uint32_t g = start;
     while (g < start + k && is_free(g)) ++g;
     if (g == start + k) {
@@ -298,10 +294,8 @@ std::optional<uint32_t> ShmWriter::Claim(uint32_t k, int64_t now_ms) {
         claimed_ms_[i] = now_ms;
         st[i].store(gen, std::memory_order_release);
       }
-      cursor_ = (start + k) % n;
       return start;
     }
-    scanned += g + 1 - start;
     start = g + 1;
   }
   return std::nullopt;

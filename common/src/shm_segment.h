@@ -103,8 +103,8 @@ class ShmSegment {
   uint8_t* rings_[2] = {nullptr, nullptr};
 };
 
-// The writing end of one ring. Frames are placed in free granules from a rotating
-// cursor; a ring with no room says so and the caller sends the frame inline.
+// The writing end of one ring. Frames are placed in the first free granules from the
+// ring's start; a ring with no room says so and the caller sends the frame inline.
 class ShmWriter {
  public:
   // `reclaim_ms` > 0: granules a reader has not given back after that long are taken
@@ -130,7 +130,6 @@ class ShmWriter {
   std::shared_ptr<ShmSegment> segment_;
   uint32_t ring_;
   int64_t reclaim_ms_;
-  uint32_t cursor_ = 0;
   uint32_t generation_ = 0;
   std::vector<int64_t> claimed_ms_;  // when each granule was last stamped
   // Granules held by frames from Reserve() that are still alive (released on any thread).

@@ -86,6 +86,69 @@ StatusCode FromWireCode(wire::ErrorCode code) {
   }
 }
 
+namespace {
+constexpr char kBatchMagic[8] = {'\xff', 'L', 'B', 'A', 'T', 'C', 'H', '1'};
+}  // namespace
+
+bool IsBatch(const Message& msg) {
+  return !msg.empty() && msg[0].size() >= 8 && std::memcmp(msg[0].data(), kBatchMagic, 8) == 0;
+}
+
+Message PackBatch(std::vector<Message> messages) {
+  std::vector<uint8_t> head(8 + 4 + 4 * messages.size());
+  std::memcpy(head.data(), kBatchMagic, 8);
+  auto count = static_cast<uint32_t>(messages.size());
+  std::memcpy(head.data() + 8, &count, 4);
+  size_t frames = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    auto n = static_cast<uint32_t>(messages[i].size());
+    std::memcpy(head.data() + 12 + 4 * i, &n, 4);
+    frames += n;
+  }
+  Message out;
+  out.reserve(1 + frames);
+  out.push_back(Frame::Own(std::move(head)));
+  for (Message& m : messages) {
+    for (Frame& f : m) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+Result<std::vector<Message>> UnpackBatch(const Message& batch) {
+  if (!IsBatch(batch)) return InvalidArgument("not a batch (frame 0 is no batch header)");
+  const Frame& head = batch[0];
+  if (head.size() < 12) return InvalidArgument("batch header of " + std::to_string(head.size()) + " bytes is truncated");
+  uint32_t count;
+  std::memcpy(&count, head.data() + 8, 4);
+  if (count == 0 || count > kMaxBatchMessages) {
+    return InvalidArgument("a batch must hold 1 to " + std::to_string(kMaxBatchMessages) + " messages, says " +
+                           std::to_string(count));
+  }
+  if (head.size() != 12 + 4 * size_t{count}) {
+    return InvalidArgument("batch header of " + std::to_string(head.size()) + " bytes for " + std::to_string(count) +
+                           " messages (expected " + std::to_string(12 + 4 * size_t{count}) + ")");
+  }
+  std::vector<Message> out;
+  out.reserve(count);
+  size_t next = 1;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t n;
+    std::memcpy(&n, head.data() + 12 + 4 * size_t{i}, 4);
+    if (n == 0) return InvalidArgument("message " + std::to_string(i) + " of a batch has no frames");
+    if (n > batch.size() - next) {
+      return InvalidArgument("batch header names " + std::to_string(n) + " frames for message " + std::to_string(i) +
+                             " but only " + std::to_string(batch.size() - next) + " follow");
+    }
+    out.emplace_back(batch.begin() + static_cast<std::ptrdiff_t>(next),
+                     batch.begin() + static_cast<std::ptrdiff_t>(next + n));
+    next += n;
+  }
+  if (next != batch.size()) {
+    return InvalidArgument("batch has " + std::to_string(batch.size() - next) + " frames beyond its messages");
+  }
+  return out;
+}
+
 Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id) {
   return MakeMessage(request_id, [&](flatbuffers::FlatBufferBuilder& fbb) {
     auto msg = fbb.CreateString(status.message());

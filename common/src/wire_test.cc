@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 namespace leash {
@@ -176,6 +177,69 @@ TEST(WireTest, RowSetsAreCheckedAgainstTheTable) {
   limits.max_keys = 1;
   EXPECT_EQ(ReadRows(rs, 6, limits).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(ReadRows(nullptr, 6).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, BatchesCarryTheirMessagesInOrder) {
+  std::vector<float> g = {1, 2, 3};
+  Message push = MakePush(8, 1, Range(0, 1), 7, 1, 5, wire::DType::F32, EncodeValues(g, wire::DType::F32));
+  Message pull = MakePull(9, 2, Range(0, 5), 7, 3, 1);
+  Message clock = MakeClock(10, 7, 4);
+  EXPECT_FALSE(IsBatch(push));
+  Message batch = PackBatch({push, pull, clock});
+  EXPECT_TRUE(IsBatch(batch));
+  EXPECT_FALSE(VerifyEnvelope(batch).ok()) << "a batch header is no envelope";
+  ASSERT_EQ(batch.size(), 1u + 2 + 1 + 1);
+  auto parts = UnpackBatch(batch);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 3u);
+  const std::vector<uint64_t> rids = {8, 9, 10};
+  for (size_t i = 0; i < 3; ++i) {
+    auto env = VerifyEnvelope((*parts)[i]);
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ((*env)->request_id(), rids[i]);
+  }
+  ASSERT_EQ((*parts)[0].size(), 2u);
+  EXPECT_EQ((*parts)[0][1].data(), push[1].data()) << "frames are shared, not copied";
+}
+
+TEST(WireTest, MalformedBatchesAreRejectedSayingWhy) {
+  Message a = MakeClock(1, 7, 4), b = MakeClock(2, 7, 5);
+  Message good = PackBatch({a, b});
+  auto with_head = [&](std::vector<uint8_t> head) {
+    Message m = good;
+    m[0] = Frame::Copy(head.data(), head.size());
+    return m;
+  };
+  std::vector<uint8_t> head(good[0].data(), good[0].data() + good[0].size());
+  auto count = [&](uint32_t n) {
+    std::vector<uint8_t> h = head;
+    std::memcpy(h.data() + 8, &n, 4);
+    return h;
+  };
+  auto frames = [&](uint32_t first, uint32_t second) {
+    std::vector<uint8_t> h = head;
+    std::memcpy(h.data() + 12, &first, 4);
+    std::memcpy(h.data() + 16, &second, 4);
+    return h;
+  };
+  const std::vector<std::pair<Message, std::string>> bad = {
+      {with_head(std::vector<uint8_t>(head.begin(), head.begin() + 10)), "truncated"},
+      {with_head(count(0)), "1 to"},
+      {with_head(count(kMaxBatchMessages + 1)), "1 to"},
+      {with_head(count(3)), "expected"},
+      {with_head(frames(0, 2)), "no frames"},
+      {with_head(frames(1, 5)), "only 1 follow"},
+      {with_head(frames(1, 0)), "no frames"},
+      {[&] { Message m = good; m.push_back(Frame::Copy("x", 1)); return m; }(), "beyond"},
+  };
+  for (const auto& [m, why] : bad) {
+    auto r = UnpackBatch(m);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status();
+  }
+  EXPECT_FALSE(UnpackBatch(a).ok()) << "a plain message is no batch";
+  EXPECT_TRUE(UnpackBatch(good).ok());
 }
 
 TEST(WireTest, ParsesDtypeNames) {

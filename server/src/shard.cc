@@ -122,6 +122,7 @@ void Shard::CountSent(const std::vector<Outgoing>& out, size_t from) {
 }
 
 void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
+  if (IsBatch(message)) return HandleBatch(peer, message, out);
   const size_t first_reply = out->size();
   counters_.bytes_in += MessageBytes(message);
   Status st;
@@ -160,6 +161,50 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
     out->push_back({peer, MakeError(rid, st, options_.boot_id)});
   }
   CountSent(*out, first_reply);
+}
+
+void Shard::HandleBatch(const PeerId& peer, const Message& batch, std::vector<Outgoing>* out) {
+  auto messages = UnpackBatch(batch);
+  if (!messages.ok()) {
+    ++counters_.errors;
+    spdlog::warn("shard {}: rejected a batch: {}", options_.shard, messages.status().ToString());
+    out->push_back({peer, MakeError(0, messages.status(), options_.boot_id)});
+    CountSent(*out, out->size() - 1);
+    return;
+  }
+  const size_t first = out->size();
+  for (const Message& m : *messages) {
+    if (IsBatch(m)) {  // no batches inside batches
+      ++counters_.errors;
+      out->push_back({peer, MakeError(0, InvalidArgument("a batch inside a batch"), options_.boot_id)});
+      continue;
+    }
+    Handle(peer, m, out);
+  }
+  // The replies to this peer go back as one batch, in order, where the first of them was;
+  // messages for other peers (pulls the batch's clock released) go as they are.
+  std::vector<Message> replies;
+  size_t at = out->size();
+  for (size_t i = first; i < out->size(); ++i) {
+    if ((*out)[i].peer != peer) continue;
+    if (replies.empty()) at = i;
+    replies.push_back(std::move((*out)[i].message));
+  }
+  if (replies.size() < 2) {
+    if (replies.size() == 1) (*out)[at].message = std::move(replies[0]);
+    return;
+  }
+  std::vector<Outgoing> rest;
+  rest.reserve(out->size() - first);
+  for (size_t i = first; i < out->size(); ++i) {
+    if (i == at) {
+      rest.push_back({peer, PackBatch(std::move(replies))});
+    } else if ((*out)[i].peer != peer) {
+      rest.push_back(std::move((*out)[i]));
+    }
+  }
+  out->resize(first);
+  for (Outgoing& o : rest) out->push_back(std::move(o));
 }
 
 Status Shard::Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,

@@ -402,6 +402,67 @@ TEST_F(ShardTest, OversizedMessageIsResourceExhausted) {
   EXPECT_EQ(Push(id, Range(0, 1000), g, 1, 1).code(), StatusCode::kResourceExhausted);
 }
 
+TEST_F(ShardTest, ABatchIsHandledMessageByMessageAndAnsweredInOneBatch) {
+  uint32_t w = Create(Spec("w", 2, 2)), b = Create(Spec("b", 1, 2));
+  Register(1);
+  Register(2);
+  auto grad = [](std::vector<float> g) { return EncodeValues(g, wire::DType::F32); };
+  // An iteration's pushes and clock in one message; the same push twice is applied once.
+  Message batch = PackBatch({MakePush(10, w, Range(0, 2), 1, 1, 1, wire::DType::F32, grad({1, 2, 3, 4})),
+                             MakePush(11, b, Range(0, 1), 1, 1, 2, wire::DType::F32, grad({5, 6})),
+                             MakePush(12, b, Range(0, 1), 1, 1, 2, wire::DType::F32, grad({5, 6})),
+                             MakeClock(13, 1, 1)});
+  auto out = Send("w1", batch);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].peer, "w1");
+  auto replies = UnpackBatch(out[0].message);
+  ASSERT_TRUE(replies.ok()) << replies.status();
+  ASSERT_EQ(replies->size(), 4u);
+  const std::vector<uint64_t> rids = {10, 11, 12, 13};
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(VerifyEnvelope((*replies)[i]).value()->request_id(), rids[i]);
+  EXPECT_TRUE(VerifyEnvelope((*replies)[1]).value()->body_as_PushReply()->applied());
+  EXPECT_FALSE(VerifyEnvelope((*replies)[2]).value()->body_as_PushReply()->applied());
+  EXPECT_EQ(VerifyEnvelope((*replies)[3]).value()->body_type(), wire::Body::ClockReply);
+  EXPECT_EQ(Pull(w, Range(0, 2)), (std::vector<float>{-1, -2, -3, -4}));
+  EXPECT_EQ(Pull(b, Range(0, 1)), (std::vector<float>{-5, -6}));
+
+  // A batch of pulls under s = 0: parked together, released by worker 2's clock; the
+  // clock's reply goes to worker 2 alone, the pulls' replies to worker 1.
+  EXPECT_TRUE(Send("w1", PackBatch({MakePull(20, w, Range(0, 2), 1, 1, 0), MakePull(21, b, Range(0, 1), 1, 1, 0)}))
+                  .empty());
+  EXPECT_EQ(shard_->parked_pulls(), 2u);
+  out = Send("w2", PackBatch({MakeClock(30, 2, 1)}));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].peer, "w1");
+  EXPECT_EQ(out[1].peer, "w1");
+  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 20u);
+  EXPECT_EQ(ReadReply(out[1]), (std::vector<float>{-5, -6}));
+  EXPECT_EQ(out[2].peer, "w2");
+  EXPECT_EQ(VerifyEnvelope(out[2].message).value()->request_id(), 30u) << "a batch of one is answered plainly";
+}
+
+TEST_F(ShardTest, BadMessagesInABatchGetTheirOwnErrorsAndMalformedBatchesOneError) {
+  uint32_t w = Create(Spec("w", 1, 2));
+  Register(1);
+  Message garbage = {Frame::Copy("garbage!", 8)};
+  auto out = Send("w1", PackBatch({MakePull(40, w + 7, Range(0, 1), 1, 0, 0), garbage, MakePull(41, w, Range(0, 1), 1, 0, 0),
+                                   PackBatch({MakeClock(42, 1, 1)})}));
+  ASSERT_EQ(out.size(), 1u);
+  auto replies = UnpackBatch(out[0].message);
+  ASSERT_TRUE(replies.ok()) << replies.status();
+  ASSERT_EQ(replies->size(), 4u);
+  EXPECT_EQ(ErrorToStatus(VerifyEnvelope((*replies)[0]).value()->body_as_Error()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(ErrorToStatus(VerifyEnvelope((*replies)[1]).value()->body_as_Error()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadReply({"w1", (*replies)[2]}), (std::vector<float>{0, 0}));
+  EXPECT_NE(ErrorToStatus(VerifyEnvelope((*replies)[3]).value()->body_as_Error()).message().find("inside a batch"),
+            std::string::npos);
+  Message truncated = PackBatch({MakeClock(43, 1, 1)});
+  truncated.pop_back();
+  Status st = ErrorOf("w1", truncated);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(shard_->counters().errors, 4u);
+}
+
 TEST_F(ShardTest, BulkSynchronousPullWaitsForEveryWorkersClock) {
   uint32_t id = Create(Spec("w", 1, 1));
   Register(1);

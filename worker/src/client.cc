@@ -146,6 +146,7 @@ class Client::Impl final : public detail::OpWaiter {
         next_reconnect_(static_cast<size_t>(n_), 0),
         backoff_(static_cast<size_t>(n_), 100),
         push_seq_(static_cast<size_t>(n_), 0),
+        held_(static_cast<size_t>(n_)),
         silence_ms_(options.shard_silence_ms),
         io_wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
@@ -199,7 +200,11 @@ class Client::Impl final : public detail::OpWaiter {
         }
         if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
         ++requests_;
-        SendNow(r);
+        if (hold_) {
+          held_[static_cast<size_t>(s)].push_back(r.message);
+        } else {
+          SendNow(r);
+        }
         uint64_t rid = r.rid;
         inflight_.emplace(rid, std::move(r));
       }
@@ -208,7 +213,24 @@ class Client::Impl final : public detail::OpWaiter {
     return Future(op);
   }
 
+  // Requests Submit()s from now on until Flush() are kept and then sent as one batch
+  // per shard. Heartbeats and resends are never held.
+  void Hold() {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    hold_ = true;
+  }
+
+  void Flush() {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    FlushLocked();
+    DrainLocked();
+  }
+
   bool Wait(Op& op, int64_t timeout_ms) override {
+    {
+      std::lock_guard<std::mutex> lock(io_mu_);
+      FlushLocked();  // a held request would never be answered
+    }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
     int efd = ThreadWakeFd();
     waiters_.fetch_add(1);
@@ -304,6 +326,19 @@ class Client::Impl final : public detail::OpWaiter {
   void WakeIo() {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(io_wake_fd_, &one, sizeof one);
+  }
+
+  void FlushLocked() {
+    hold_ = false;
+    for (int s = 0; s < n_; ++s) {
+      std::vector<Message>& held = held_[static_cast<size_t>(s)];
+      if (held.empty()) continue;
+      Message m = held.size() == 1 ? std::move(held[0]) : PackBatch(std::move(held));
+      held.clear();
+      bytes_sent_ += Bytes(m);
+      Status st = transport_->Send(s, std::move(m));
+      if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", s, st.ToString());
+    }
   }
 
   void SendNow(Request& r) {
@@ -437,6 +472,16 @@ class Client::Impl final : public detail::OpWaiter {
   }
 
   void OnMessage(int shard, const Message& msg) {
+    if (IsBatch(msg)) {
+      auto replies = UnpackBatch(msg);
+      if (!replies.ok()) {
+        spdlog::error("shard {} sent an unreadable batch of replies: {}", shard, replies.status().ToString());
+        return;
+      }
+      bytes_received_ += msg[0].size();
+      for (const Message& r : *replies) OnMessage(shard, r);
+      return;
+    }
     auto si = static_cast<size_t>(shard);
     bytes_received_ += Bytes(msg);
     last_heard_[si] = NowMs();
@@ -491,6 +536,8 @@ class Client::Impl final : public detail::OpWaiter {
   std::vector<int64_t> next_reconnect_;
   std::vector<int64_t> backoff_;
   std::vector<uint64_t> push_seq_;
+  bool hold_ = false;                      // under io_mu_
+  std::vector<std::vector<Message>> held_;  // per shard, under io_mu_
   std::atomic<uint64_t> hb_worker_{0};
   std::atomic<uint64_t> hb_incarnation_{0};
   std::atomic<int64_t> silence_ms_{0};
@@ -910,5 +957,8 @@ Result<std::vector<int64_t>> Client::Checkpoint() {
 }
 
 ClientCounters Client::counters() const { return impl_->counters(); }
+
+void Client::HoldSends() { impl_->Hold(); }
+void Client::FlushSends() { impl_->Flush(); }
 
 }  // namespace leash

@@ -62,11 +62,22 @@ class RemoteParams final : public ParamStore {
     StartPulls(&next_, next_clock_, &next_futures_);
   }
 
-  void Push(size_t i, const float* grad) override { pending_.push_back(client_->Push(tables_[i], grad)); }
+  // An iteration's pushes are held and go out with its clock, one message per shard
+  // (the largest table's gradient is the last backward produces anyway).
+  void Push(size_t i, const float* grad) override {
+    if (!holding_) {
+      client_->HoldSends();
+      holding_ = true;
+    }
+    pending_.push_back(client_->Push(tables_[i], grad));
+  }
 
   Status EndIteration() override {
-    // Pushes of the previous iteration must be done before this one's clock goes out:
-    // it bounds what is in flight to two iterations.
+    clocks_.push_back(client_->Clock());  // after this iteration's pushes, in the same batch
+    holding_ = false;
+    client_->FlushSends();
+    // The previous iteration's pushes must be done before this one's go on: it bounds
+    // what is in flight to two iterations.
     Status first;
     for (size_t k = 0; k < previous_; ++k) {
       Status st = pending_.front().get();
@@ -74,7 +85,6 @@ class RemoteParams final : public ParamStore {
       if (!st.ok() && first.ok()) first = st.WithContext("push");
     }
     previous_ = pending_.size();
-    clocks_.push_back(client_->Clock());
     while (clocks_.size() > 2) {
       Status st = clocks_.front().get();
       clocks_.pop_front();
@@ -84,6 +94,8 @@ class RemoteParams final : public ParamStore {
   }
 
   Status Finish() override {
+    holding_ = false;
+    client_->FlushSends();
     (void)Wait(&next_futures_);
     Status first;
     for (auto& f : pending_) {
@@ -110,6 +122,8 @@ class RemoteParams final : public ParamStore {
 
   Status Rejoin() override {
     // Pushes, clocks and prefetches of the old incarnation are void now: drop them.
+    holding_ = false;
+    client_->FlushSends();
     (void)Wait(&next_futures_);
     for (auto& f : pending_) f.wait();
     for (auto& f : clocks_) f.wait();
@@ -124,10 +138,12 @@ class RemoteParams final : public ParamStore {
  private:
   void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock, std::vector<Future>* futs) {
     values->resize(tables_.size());
+    client_->HoldSends();  // every table's pull in one message per shard
     for (size_t i = 0; i < tables_.size(); ++i) {
       (*values)[i].resize(tables_[i].size());
       futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock));
     }
+    client_->FlushSends();
   }
 
   // Waits for every future (clearing the list); the first error names its table.
@@ -149,6 +165,7 @@ class RemoteParams final : public ParamStore {
   std::vector<Future> next_futures_;
   int64_t next_clock_ = -1;
   std::deque<Future> pending_;
+  bool holding_ = false;  // this iteration's pushes are held until EndIteration
   std::deque<Future> clocks_;
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };

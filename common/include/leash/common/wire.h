@@ -46,6 +46,21 @@ Message MakeMessage(uint64_t request_id, BuildBody&& build, std::vector<Frame> p
   return m;
 }
 
+// Batches: several messages (requests, or their replies) as one ZeroMQ message, so an
+// iteration's pulls, or its pushes and clock, cost one message each way per shard
+// instead of one per table. Frame 0 is a batch header (never a valid Envelope: it starts
+// with 0xff), then every message's frames in order. A shard handles the messages of a
+// batch one by one, as if they had come alone, and answers them in one batch.
+inline constexpr size_t kMaxBatchMessages = 4096;
+// True if frame 0 of `msg` is a batch header (the rest may still be malformed).
+bool IsBatch(const Message& msg);
+// `messages` (each at least one frame, at most kMaxBatchMessages) as one message.
+Message PackBatch(std::vector<Message> messages);
+// The messages of a batch, sharing its frames. InvalidArgument, saying what is wrong,
+// for a header that is truncated, names no message or too many, an empty message, or
+// frame counts that do not add up to the frames that follow it.
+Result<std::vector<Message>> UnpackBatch(const Message& batch);
+
 Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id = 0);
 // Converts an Error body back to a Status (code and message).
 Status ErrorToStatus(const wire::Error* error);

@@ -85,7 +85,9 @@ class Shard {
 
   // Handles one message from `peer`. Every request gets exactly one reply (now, or for a
   // parked pull when the bound allows); replies released for other peers are appended
-  // too. Malformed input yields an Error reply, never a crash.
+  // too. Malformed input yields an Error reply, never a crash. A batch (wire.h
+  // PackBatch) is handled message by message and its replies to `peer` are appended as
+  // one batch; a malformed batch gets one Error reply with request id 0.
   void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
 
   // Evicts workers whose lease expired (releasing pulls they held back) and writes a
@@ -121,6 +123,8 @@ class Shard {
     wire::DType dtype = wire::DType::F32;
   };
 
+  // The messages of a batch (wire.h), one by one; the replies to `peer` go out as one batch.
+  void HandleBatch(const PeerId& peer, const Message& batch, std::vector<Outgoing>* out);
   Status Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
                   std::vector<Outgoing>* out);
   Status OnRegister(const PeerId& peer, uint64_t rid, const wire::Register* m, std::vector<Outgoing>* out);

@@ -171,6 +171,14 @@ class Client {
 
   // Ends this worker's current iteration on every shard (after the pushes sent before it).
   Future Clock();
+
+  // Batching: the Pull, Push and Clock requests made after HoldSends(), from any thread,
+  // are kept until FlushSends() and then go out as one message per shard (wire.h
+  // PackBatch), which the shard answers with one message: an iteration's pulls, or its
+  // pushes and clock, then cost one message each way instead of one per table. Waiting
+  // on the future of a held request flushes first. Heartbeats and resends are never held.
+  void HoldSends();
+  void FlushSends();
   int64_t clock() const { return clock_.load(); }
 
   // Leaves the job: every shard drops this worker at once.
