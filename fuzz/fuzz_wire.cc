@@ -7,6 +7,7 @@
 // is copied into its own allocation, as ZeroMQ delivers it, so a read past a frame's end
 // is caught by AddressSanitizer.
 //
+// A batch (wire.h PackBatch) is unpacked and each of its messages read as below.
 // The target verifies the message with VerifyEnvelope (default limits and tight ones),
 // then runs every reader the shard and the client apply to that body: ReadRows (several
 // table sizes and key limits), DecodeValues on the payloads (with the counts the headers
@@ -258,6 +259,12 @@ std::vector<std::pair<std::string, Message>> Seeds() {
                    return std::make_pair(wire::Body::ChunkGrant,
                                          wire::CreateChunkGrant(fbb, wire::GrantKind::Chunk, 0, 3, 3000, 4000, 0, 1, 60).Union());
                  }));
+  // A batch of an iteration's pushes and clock, as RemoteParams sends them.
+  std::vector<Message> batch;
+  for (const auto& [name, msg] : s) {
+    if (name == "push_range" || name == "pull_range" || name == "clock") batch.push_back(msg);
+  }
+  if (!batch.empty()) s.emplace_back("batch", PackBatch(batch));
   return s;
 }
 
@@ -289,6 +296,21 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Message msg = Split(data, size);
+  if (IsBatch(msg)) {
+    auto parts = UnpackBatch(msg);
+    if (!parts.ok()) {
+      CHECK(!parts.status().message().empty(), "a batch error says what is wrong");
+      return 0;
+    }
+    size_t frames = 0;
+    for (const Message& m : *parts) {
+      CHECK(!m.empty(), "every message of a batch has a frame");
+      frames += m.size();
+      if (auto env = VerifyEnvelope(m); env.ok()) ReadBody(*env, m);
+    }
+    CHECK(frames + 1 == msg.size(), "a batch's messages hold exactly the frames after its header");
+    return 0;
+  }
   (void)PeekRequestId(msg);
   WireLimits tight;
   tight.max_header_bytes = 256;

@@ -62,14 +62,23 @@ class RemoteParams final : public ParamStore {
     StartPulls(&next_, next_clock_, &next_futures_);
   }
 
-  // An iteration's pushes are held and go out with its clock, one message per shard
-  // (the largest table's gradient is the last backward produces anyway).
+  // An iteration's pushes are held and go out with its clock, one message per shard,
+  // unless they add up to a bucket's worth first: those go at once, so a large gradient
+  // that backward produces early (the CNN's dense layer) still travels while the layers
+  // below compute, as in DDP's gradient buckets.
   void Push(size_t i, const float* grad) override {
     if (!holding_) {
       client_->HoldSends();
       holding_ = true;
+      held_bytes_ = 0;
     }
     pending_.push_back(client_->Push(tables_[i], grad));
+    held_bytes_ += tables_[i].size() * sizeof(float);
+    if (held_bytes_ >= kPushBucketBytes) {
+      client_->FlushSends();
+      client_->HoldSends();
+      held_bytes_ = 0;
+    }
   }
 
   Status EndIteration() override {
@@ -166,6 +175,8 @@ class RemoteParams final : public ParamStore {
   int64_t next_clock_ = -1;
   std::deque<Future> pending_;
   bool holding_ = false;  // this iteration's pushes are held until EndIteration
+  size_t held_bytes_ = 0;
+  static constexpr size_t kPushBucketBytes = size_t{1} << 20;
   std::deque<Future> clocks_;
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };
