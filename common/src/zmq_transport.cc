@@ -144,10 +144,9 @@ std::optional<ShmTrailer> DecodeTrailer(const zmq::message_t& m, uint32_t ring) 
   return t;
 }
 
-// Puts the frames of `parts` from `first` on that are large enough into `writer`'s ring
-// (in place when they were reserved there) and, if any went, replaces them with empty
-// frames and appends the trailer.
-// Returns how many frames went.
+// Puts the payload frames of `message` that are large enough into `writer`'s ring (in
+// place when they were reserved there); those went: their parts (parts[first + i] is
+// message[i]) become empty and the trailer is appended. Returns how many went.
 size_t ToSharedMemory(std::vector<zmq::message_t>& parts, const Message& message, size_t first, size_t min_bytes,
                       shm::ShmWriter& writer, const shm::ShmSegment& segment) {
   std::vector<std::pair<uint32_t, shm::Descriptor>> moved;
@@ -510,6 +509,17 @@ class ZmqServer final : public ServerTransport {
   }
 
   void Wake() override { waker_.Wake(); }
+
+  std::optional<WritableFrame> ReservePayload(const PeerId& peer, size_t bytes) override {
+    if (shm_peers_.empty() || bytes < static_cast<size_t>(options_.shm_min_frame_bytes)) return std::nullopt;
+    auto p = shm_peers_.find(peer);
+    if (p == shm_peers_.end()) return std::nullopt;
+    auto l = shm_links_.find(p->second);
+    if (l == shm_links_.end()) return std::nullopt;
+    std::optional<Frame> f = l->second.writer->Reserve(bytes);
+    if (!f) return std::nullopt;
+    return WritableFrame{const_cast<uint8_t*>(f->data()), std::move(*f)};
+  }
 
   TransportCounters counters() const override {
     TransportCounters c;

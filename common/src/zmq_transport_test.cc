@@ -217,6 +217,19 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
   EXPECT_TRUE(Same((*out)[1], reply));
   EXPECT_EQ((*server)->counters().shm_frames_sent, 1u);
 
+  // A reply built in place (as a shard reads a pull into it).
+  auto r = (*server)->ReservePayload(in->peer, 64'000);
+  ASSERT_TRUE(r);
+  Frame in_place = Pattern(64'000, 7);
+  std::memcpy(r->data, in_place.data(), in_place.size());
+  ASSERT_TRUE((*server)->Send(in->peer, {Frame::Copy("rep", 3), r->frame}).ok());
+  out = ClientGet(**client, 5s);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_TRUE(Same((*out)[1], in_place));
+  EXPECT_EQ((*server)->counters().shm_frames_sent, 2u);
+  EXPECT_FALSE((*server)->ReservePayload("nobody", 64'000)) << "a peer without shared memory";
+
   // A payload built in place is sent without a copy, and again when resent.
   auto w = (*client)->ReservePayload(0, 100'000);
   ASSERT_TRUE(w);

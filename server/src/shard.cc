@@ -299,10 +299,18 @@ Result<Table*> Shard::FindTable(uint32_t table_id) {
   return tables_[table_id].get();
 }
 
-Message Shard::PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype) {
+Message Shard::PullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
+                         wire::DType dtype) {
   size_t n = rows.size() * table.cols();
   Frame payload;
-  if (dtype == wire::DType::F32) {
+  std::optional<WritableFrame> reserved;
+  if (dtype == wire::DType::F32 && payload_allocator_) reserved = payload_allocator_(peer, n * sizeof(float));
+  if (reserved) {
+    // Straight into memory the transport sends without copying (shared memory with a
+    // worker on this host).
+    table.Read(rows, reinterpret_cast<float*>(reserved->data));
+    payload = std::move(reserved->frame);
+  } else if (dtype == wire::DType::F32) {
     // Read straight into the frame the transport sends without copying.
     std::shared_ptr<float[]> values(new float[n]);
     float* data = values.get();
@@ -332,7 +340,7 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std:
   if (m->staleness() < 0) return InvalidArgument("staleness must be >= 0");
   if (LiveWorker* w = clocks_.FindAny(m->worker_id())) w->last_seen_ms = now_ms_();
   if (clocks_.Allows(m->clock(), m->staleness())) {
-    out->push_back({peer, PullReply(rid, *table, rows, m->dtype())});
+    out->push_back({peer, PullReply(peer, rid, *table, rows, m->dtype())});
     return Status::Ok();
   }
   if (++parked_per_peer_[peer] > options_.max_parked_per_peer) {
@@ -509,7 +517,7 @@ void Shard::ReleasePulls(std::vector<Outgoing>* out) {
       parked_per_peer_.erase(it);
     }
     // The table and rows were validated when the pull was parked and tables never shrink.
-    out->push_back({p.peer, PullReply(p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
+    out->push_back({p.peer, PullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
   }
 }
 
@@ -582,6 +590,8 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
   std::vector<Outgoing> out;
   int64_t wait_ms = shard.Tick(&out);
   Status result;
+  shard.SetPayloadAllocator(
+      [&transport](const PeerId& peer, size_t bytes) { return transport.ReservePayload(peer, bytes); });
   while (!stop.load(std::memory_order_relaxed)) {
     auto in = transport.Receive(std::chrono::milliseconds(std::min<int64_t>(wait_ms, 100)));
     if (!in.ok()) {

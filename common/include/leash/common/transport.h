@@ -28,6 +28,12 @@ struct TransportCounters {
   uint64_t shm_frames_sent = 0;      // frames written to same-host shared memory
 };
 
+// Bytes a caller fills in place before sending them as a payload frame.
+struct WritableFrame {
+  uint8_t* data = nullptr;
+  Frame frame;  // frame.data() == data; frame.size() bytes
+};
+
 struct Inbound {
   PeerId peer;
   Message message;
@@ -45,12 +51,10 @@ class ServerTransport {
   virtual void Wake() = 0;
   // Thread-safe.
   virtual TransportCounters counters() const { return {}; }
-};
-
-// Bytes a caller fills in place before sending them as a payload frame.
-struct WritableFrame {
-  uint8_t* data = nullptr;
-  Frame frame;  // frame.data() == data; frame.size() bytes
+  // Room for a payload of `bytes` to `peer` that Send() passes without copying it (shared
+  // memory with a client on this host), or nullopt: then use ordinary memory. The frame
+  // may be sent to that peer only.
+  virtual std::optional<WritableFrame> ReservePayload(const PeerId& /*peer*/, size_t /*bytes*/) { return std::nullopt; }
 };
 
 // A client's connections, one per shard (DEALER sockets in production).

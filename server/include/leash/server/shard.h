@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,11 @@ class Shard {
   // one batch; a malformed batch gets one Error reply with request id 0.
   void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
 
+  // Where fp32 pull replies to a peer are written, when the transport can send some
+  // memory without copying it (ServerTransport::ReservePayload); unset: ordinary memory.
+  using PayloadAllocator = std::function<std::optional<WritableFrame>(const PeerId&, size_t bytes)>;
+  void SetPayloadAllocator(PayloadAllocator allocator) { payload_allocator_ = std::move(allocator); }
+
   // Evicts workers whose lease expired (releasing pulls they held back) and writes a
   // scheduled snapshot when one is due. Returns the milliseconds until the next deadline.
   int64_t Tick(std::vector<Outgoing>* out);
@@ -140,7 +146,7 @@ class Shard {
   Status OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::ChunkRequest* m, std::vector<Outgoing>* out);
 
   Result<Table*> FindTable(uint32_t table_id);
-  Message PullReply(uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype);
+  Message PullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype);
   // Answers every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);
@@ -158,6 +164,7 @@ class Shard {
   std::map<std::string, uint32_t> table_by_name_;
   std::map<PeerId, size_t> parked_per_peer_;
   ShardCounters counters_;
+  PayloadAllocator payload_allocator_;
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
   uint64_t snapshot_sequence_ = 0;
