@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -289,20 +291,26 @@ TEST(TrainerTest, StepDelayFactorSlowsTheWorkerByThatFactor) {
   EXPECT_GE(run.wall_seconds, 3.0 * r.compute_seconds);
 }
 
-TEST(TrainerTest, RejectsAStepDelayFactorBelowOne) {
+// Trains a tiny MLP for one epoch with `change` applied to the options, on 64 samples
+// that also serve as the test set.
+Result<TrainResult> TrainTiny(const std::function<void(TrainOptions&)>& change) {
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-  ASSERT_TRUE(ctx.ok());
+  if (!ctx.ok()) return ctx.status();
   Dataset train = Synthetic(64);
   auto model = MakeMlp(**ctx, train.features(), {8}, 10, 32);
-  ASSERT_TRUE(model.ok());
+  if (!model.ok()) return model.status();
   auto params = MakeLocalParams();
-  ASSERT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
+  LEASH_RETURN_IF_ERROR(params->Setup((*model)->params(), OptimizerOptions{}));
   TrainOptions o;
   o.epochs = 1;
   o.batch = 32;
   o.evaluate = false;
-  o.step_delay_factor = 0.5;
-  auto r = Train(**model, *params, train, nullptr, o, nullptr);
+  change(o);
+  return Train(**model, *params, train, &train, o, nullptr);
+}
+
+TEST(TrainerTest, RejectsAStepDelayFactorBelowOne) {
+  auto r = TrainTiny([](TrainOptions& o) { o.step_delay_factor = 0.5; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("step delay factor"), std::string::npos) << r.status().message();
@@ -385,18 +393,7 @@ TEST(TrainerTest, EvalEveryRecordsNothingByDefault) {
 }
 
 TEST(TrainerTest, RejectsANegativeEvalEvery) {
-  auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-  ASSERT_TRUE(ctx.ok());
-  Dataset train = Synthetic(64);
-  auto model = MakeMlp(**ctx, train.features(), {8}, 10, 32);
-  ASSERT_TRUE(model.ok());
-  auto params = MakeLocalParams();
-  ASSERT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
-  TrainOptions o;
-  o.epochs = 1;
-  o.batch = 32;
-  o.eval_every = -1;
-  auto r = Train(**model, *params, train, &train, o, nullptr);
+  auto r = TrainTiny([](TrainOptions& o) { o.eval_every = -1; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("eval_every"), std::string::npos) << r.status().message();
