@@ -6,10 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "leash/kernels/kernels.h"
