@@ -147,6 +147,9 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, ui
   }
   s->granules_ = h.granules;
   LEASH_RETURN_IF_ERROR(s->Map(s->fd_, SegmentBytes(h.granules), /*create=*/false));
+  // The mapping stays valid without it; a shard mapping many workers keeps no descriptor.
+  ::close(s->fd_);
+  s->fd_ = -1;
   return s;
 }
 
@@ -157,7 +160,10 @@ ShmSegment::~ShmSegment() {
 }
 
 Status ShmSegment::Allocate() {
+  if (fd_ < 0) return FailedPrecondition("shared-memory segment " + name_ + " was allocated already, or not created here");
   int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
+  ::close(fd_);  // needed for nothing else
+  fd_ = -1;
   if (rc != 0) {
     return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " + name_ + ": " +
                    std::strerror(rc) + " (is /dev/shm too small? --shm off sends everything through the socket)");

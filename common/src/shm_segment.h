@@ -54,9 +54,11 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  // Creator only: reserves the rings' memory (posix_fallocate), so that touching it can
-  // never fault for lack of space in /dev/shm, and marks the segment ready. IOError
-  // (e.g. /dev/shm too small) leaves the segment unusable for frames.
+  // Creator only, once: reserves the rings' memory (posix_fallocate), so that touching it
+  // can never fault for lack of space in /dev/shm, and marks the segment ready. IOError
+  // (e.g. /dev/shm too small) leaves the segment unusable for frames; FailedPrecondition
+  // if called again or on a segment that was opened. Neither end keeps a file descriptor
+  // open afterwards (a shard opening many workers' segments holds only the mappings).
   Status Allocate();
   // True once the creator's Allocate() succeeded: only then may a writer touch the rings.
   bool ready() const;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -213,6 +214,37 @@ TEST(ShmSegmentTest, OpenRefusesOtherTokensNamesAndMissingSegments) {
   uint64_t token = (*c)->token();
   c->reset();
   EXPECT_EQ(ShmSegment::Open(name, token).status().code(), StatusCode::kNotFound);
+}
+
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+TEST(ShmSegmentTest, MappedSegmentsHoldNoDescriptorsAndAllocateOnlyOnce) {
+  std::vector<std::shared_ptr<ShmSegment>> created, opened;
+  const size_t before = OpenDescriptors();
+  for (int i = 0; i < 20; ++i) {
+    auto c = ShmSegment::Create(1 << 16);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Allocate().ok());
+    auto again = (*c)->Allocate();
+    EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
+    auto o = ShmSegment::Open((*c)->name(), (*c)->token());
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ((*o)->Allocate().code(), StatusCode::kFailedPrecondition) << "only the creator allocates";
+    created.push_back(*c);
+    opened.push_back(*o);
+  }
+  EXPECT_EQ(OpenDescriptors(), before) << "a shard mapping many workers' segments keeps no descriptor per segment";
+  // The mappings still work.
+  ShmWriter w(created.back(), 0, 0);
+  auto d = w.Put(FrameOf(Bytes(1000, 3)));
+  ASSERT_TRUE(d);
+  auto got = opened.back()->CopyOut(*d);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(SameBytes(*got, Bytes(1000, 3)));
 }
 
 TEST(ShmSegmentTest, SegmentsOfDeadProcessesAreRemoved) {

@@ -539,8 +539,9 @@ class ZmqServer final : public ServerTransport {
     int64_t last_used_ms = 0;
   };
   // Segments not used for this long are unmapped (their clients left or died; a live
-  // client sends heartbeats far more often).
-  static constexpr int64_t kShmIdleMs = 120000;
+  // client sends heartbeats far more often, and a client idle for longer has its
+  // segment mapped again from its next trailer).
+  static constexpr int64_t kShmIdleMs = 30000;
 
   void SendRaw(const PeerId& peer, std::string frame) {
     std::vector<zmq::message_t> parts;
@@ -617,7 +618,7 @@ class ZmqServer final : public ServerTransport {
     if (auto p = shm_peers_.find(peer); p != shm_peers_.end()) {
       if (auto l = shm_links_.find(p->second); l != shm_links_.end()) l->second.last_used_ms = now;
     }
-    if (now - last_shm_sweep_ms_ < 10000) return;
+    if (now - last_shm_sweep_ms_ < 5000) return;
     last_shm_sweep_ms_ = now;
     for (auto it = shm_links_.begin(); it != shm_links_.end();) {
       if (now - it->second.last_used_ms <= kShmIdleMs) {

@@ -607,6 +607,7 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
     out.clear();
     if (after_tick) after_tick(shard);
   }
+  shard.SetPayloadAllocator(nullptr);  // the transport may go before the shard
   auto snap = shard.Checkpoint();
   if (!snap.ok()) {
     spdlog::error("shard {}: final snapshot failed: {}", shard.options().shard, snap.status().ToString());
