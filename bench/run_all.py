@@ -500,6 +500,14 @@ def write_summary(a, c, res, plots, durations):
                           f"{fmt(loc and s['median_samples_per_second'] / loc, '.2f')}x | "
                           f"{', '.join(f'{v:.0f}' for v in s['samples_per_second'])} | {accs} | {t85} |")
             md.append("")
+            if model == "mlp" and "leash 1+1 s=0" in sy:
+                md += ["Leash 1+1: an iteration is two messages each way (its pulls in one batch, its pushes with its "
+                       "clock in another), and with the shard on this host the tables go through shared memory "
+                       "(`socket`: everything through the loopback socket, as between two hosts). At staleness 0 the "
+                       "pull for iteration c+1 can only be served once iteration c's pushes are applied, so the whole "
+                       "round trip (the shard's update, the read, the transfer, two wake-ups) adds to every iteration; "
+                       "a bound of 1 overlaps it with the compute. The s=0 rows are shown beside the targets for that "
+                       "reason: no transport makes a bulk-synchronous round trip free.", ""]
     st = res.get("stragglers")
     if st:
         fine = st.get("eval_every") is not None
@@ -551,7 +559,10 @@ def write_summary(a, c, res, plots, durations):
                "parallel a worker may run at most s iterations ahead of the slowest, so with a *persistent* straggler "
                "every worker advances at the straggler's iteration rate whatever s is; a bound >= 1 only saves the "
                "fast workers' idle waiting per step and overlaps the pull with compute. A larger speedup needs the "
-               "straggler to do less work per clock (smaller batches, or shedding its data chunks), not a looser bound.",
+               "straggler to do less work per clock (smaller batches, or shedding its data chunks), not a looser bound. "
+               "For the same reason a looser bound does not reach 85% sooner here: it buys little throughput, and "
+               "w0 trains on values that miss up to s iterations of the other workers' updates, while at staleness 0 "
+               "every step sees all of them.",
                ""]
     du = res.get("durability")
     if du:
