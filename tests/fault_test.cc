@@ -102,8 +102,13 @@ TEST_F(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
   for (int i = 0; i < 3; ++i) {
     w.push_back(cluster.StartWorker("w" + std::to_string(i), Job({"--epochs=3", "--staleness=0", "--no-eval"})));
   }
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 3 && MinClock(cluster) >= 30; }, 90s))
-      << w[0]->ReadLog();
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 3; }, 90s)) << w[0]->ReadLog();
+  // A worker that joins late starts at the others' clock: wait until w2 has trained a few
+  // iterations of its own, so it holds a data chunk when it dies (the others can reach
+  // clock 30 before it has even loaded the data set).
+  const int64_t joined_at = WorkerClock(cluster, "w2");
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 30 && WorkerClock(cluster, "w2") >= joined_at + 3; }, 90s))
+      << w[2]->ReadLog();
   w[2]->Kill();
   auto killed_at = SteadyClock::now();
   int64_t dead_clock = WorkerClock(cluster, "w2");
