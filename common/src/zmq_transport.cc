@@ -493,15 +493,9 @@ class ZmqServer final : public ServerTransport {
     parts.reserve(message.size() + 1);
     parts.emplace_back(peer.data(), peer.size());
     for (const Frame& f : message) parts.push_back(ToZmqCounted(f, queued));
-    if (!shm_peers_.empty()) {
-      auto p = shm_peers_.find(peer);
-      if (p != shm_peers_.end()) {
-        auto l = shm_links_.find(p->second);
-        if (l != shm_links_.end() && l->second.segment->ready()) {
-          shm_frames_sent_ += ToSharedMemory(parts, message, 1, static_cast<size_t>(options_.shm_min_frame_bytes),
-                                             *l->second.writer, *l->second.segment);
-        }
-      }
+    if (ShmLink* link = LinkOf(peer); link != nullptr && link->segment->ready()) {
+      shm_frames_sent_ += ToSharedMemory(parts, message, 1, static_cast<size_t>(options_.shm_min_frame_bytes),
+                                         *link->writer, *link->segment);
     }
     Status st = SendAll(socket_, parts);
     if (queued_.size() > 4096) Sweep();
@@ -511,12 +505,10 @@ class ZmqServer final : public ServerTransport {
   void Wake() override { waker_.Wake(); }
 
   std::optional<WritableFrame> ReservePayload(const PeerId& peer, size_t bytes) override {
-    if (shm_peers_.empty() || bytes < static_cast<size_t>(options_.shm_min_frame_bytes)) return std::nullopt;
-    auto p = shm_peers_.find(peer);
-    if (p == shm_peers_.end()) return std::nullopt;
-    auto l = shm_links_.find(p->second);
-    if (l == shm_links_.end()) return std::nullopt;
-    std::optional<Frame> f = l->second.writer->Reserve(bytes);
+    if (bytes < static_cast<size_t>(options_.shm_min_frame_bytes)) return std::nullopt;
+    ShmLink* link = LinkOf(peer);
+    if (link == nullptr) return std::nullopt;
+    std::optional<Frame> f = link->writer->Reserve(bytes);
     if (!f) return std::nullopt;
     return WritableFrame{const_cast<uint8_t*>(f->data()), std::move(*f)};
   }
@@ -542,6 +534,15 @@ class ZmqServer final : public ServerTransport {
   // client sends heartbeats far more often, and a client idle for longer has its
   // segment mapped again from its next trailer).
   static constexpr int64_t kShmIdleMs = 30000;
+
+  // The segment `peer`'s replies go through, or nullptr.
+  ShmLink* LinkOf(const PeerId& peer) {
+    if (shm_peers_.empty()) return nullptr;
+    auto p = shm_peers_.find(peer);
+    if (p == shm_peers_.end()) return nullptr;
+    auto l = shm_links_.find(p->second);
+    return l == shm_links_.end() ? nullptr : &l->second;
+  }
 
   void SendRaw(const PeerId& peer, std::string frame) {
     std::vector<zmq::message_t> parts;
@@ -883,10 +884,7 @@ class ZmqClient final : public ClientTransport {
       Status st = link.segment->Allocate();
       if (!st.ok()) {
         spdlog::warn("shared memory with {} is off: {}", Describe(static_cast<int>(i)), st.ToString());
-        link.state.store(kShmOff);
-        std::lock_guard<std::mutex> lock(link.mu);
-        link.writer.reset();
-        link.segment.reset();
+        TurnOff(link);
         return;
       }
       link.state.store(kShmOn);
@@ -900,12 +898,16 @@ class ZmqClient final : public ClientTransport {
         spdlog::debug("{} declined shared memory ({}): sending everything through the socket",
                       Describe(static_cast<int>(i)), reason);
       }
-      link.state.store(kShmOff);
-      // Frames still in flight keep the segment mapped; the name goes with the last one.
-      std::lock_guard<std::mutex> lock(link.mu);
-      link.writer.reset();
-      link.segment.reset();
+      TurnOff(link);
     }
+  }
+
+  // Frames still in flight keep the segment mapped; its name goes with the last one.
+  static void TurnOff(ShmLink& link) {
+    link.state.store(kShmOff);
+    std::lock_guard<std::mutex> lock(link.mu);
+    link.writer.reset();
+    link.segment.reset();
   }
 
   struct Health {

@@ -335,16 +335,16 @@ class Client::Impl final : public detail::OpWaiter {
       if (held.empty()) continue;
       Message m = held.size() == 1 ? std::move(held[0]) : PackBatch(std::move(held));
       held.clear();
-      bytes_sent_ += Bytes(m);
-      Status st = transport_->Send(s, std::move(m));
-      if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", s, st.ToString());
+      Send(s, std::move(m));
     }
   }
 
-  void SendNow(Request& r) {
-    bytes_sent_ += Bytes(r.message);
-    Status st = transport_->Send(r.shard, r.message);
-    if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", r.shard, st.ToString());
+  void SendNow(Request& r) { Send(r.shard, r.message); }
+
+  void Send(int shard, Message m) {
+    bytes_sent_ += Bytes(m);
+    Status st = transport_->Send(shard, std::move(m));
+    if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", shard, st.ToString());
   }
 
   // Receives and handles every message that is ready. Under io_mu_. False if the
