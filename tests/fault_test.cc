@@ -127,7 +127,7 @@ TEST_F(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsAtMostOneLease) {
   }
   auto stats = cluster.Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ((*stats)[0].epochs_done, 3u) << "every chunk of every epoch was trained";
+  EXPECT_EQ((*stats)[0].coverage.epochs_done, 3u) << "every chunk of every epoch was trained";
   EXPECT_NE(cluster.shard(0).ReadLog().find("go to other workers"), std::string::npos)
       << "the dead worker's chunk was handed to a survivor";
 }
@@ -287,7 +287,7 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   EXPECT_NE(after.find("at clock " + last_clock + ":"), std::string::npos) << after;
   auto stats = cluster.Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ((*stats)[0].epochs_done, 4u);
+  EXPECT_EQ((*stats)[0].coverage.epochs_done, 4u);
   EXPECT_NE(a->ReadLog().find("final test accuracy"), std::string::npos);
   // The workers noticed the restart and sent again what the dead shard had lost.
   EXPECT_NE((a->ReadLog() + b->ReadLog()).find("shard 1 restarted; resent"), std::string::npos) << a->ReadLog();

@@ -181,13 +181,6 @@ const char* DTypeName(wire::DType dtype) {
   return "unknown";
 }
 
-Result<wire::DType> ParseDType(std::string_view name) {
-  if (name == "fp32" || name == "f32" || name == "float32") return wire::DType::F32;
-  if (name == "fp16" || name == "f16" || name == "float16") return wire::DType::F16;
-  if (name == "bf16" || name == "bfloat16") return wire::DType::BF16;
-  return InvalidArgument("unknown dtype '" + std::string(name) + "' (expected fp32, fp16 or bf16)");
-}
-
 Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
   if (dtype == wire::DType::F32) return Frame::Copy(values.data(), values.size_bytes());
   std::vector<uint8_t> out(values.size() * DTypeSize(dtype));

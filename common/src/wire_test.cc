@@ -243,9 +243,9 @@ TEST(WireTest, MalformedBatchesAreRejectedSayingWhy) {
 }
 
 TEST(WireTest, ParsesDtypeNames) {
-  EXPECT_EQ(*ParseDType("fp16"), wire::DType::F16);
-  EXPECT_EQ(*ParseDType("bf16"), wire::DType::BF16);
-  EXPECT_EQ(*ParseDType("fp32"), wire::DType::F32);
+  EXPECT_EQ(*ParseDType("fp16"), DType::kF16);
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBF16);
+  EXPECT_EQ(*ParseDType("fp32"), DType::kF32);
   EXPECT_FALSE(ParseDType("int8").ok());
 }
 

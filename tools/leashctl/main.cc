@@ -31,7 +31,7 @@ int Status(leash::Client& client, bool json) {
                   static_cast<unsigned long long>(s.parked_pulls), static_cast<unsigned long long>(s.pushes_applied),
                   static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors),
                   static_cast<long long>(s.last_snapshot_clock), static_cast<long long>(s.recovered_clock),
-                  static_cast<long long>(s.snapshot_age_ms), s.epochs_done, s.epochs, s.chunks_done, s.num_chunks);
+                  static_cast<long long>(s.snapshot_age_ms), s.coverage.epochs_done, s.coverage.epochs, s.coverage.chunks_done, s.coverage.num_chunks);
       for (size_t w = 0; w < s.workers.size(); ++w) {
         const auto& wk = s.workers[w];
         std::printf("%s{\"id\": %llu, \"name\": \"%s\", \"clock\": %lld, \"ms_since_heartbeat\": %llu}", w ? ", " : "",
@@ -44,9 +44,9 @@ int Status(leash::Client& client, bool json) {
     return 0;
   }
   const auto& s0 = stats->front();
-  if (s0.epochs > 0) {
-    std::printf("job: epoch %u of %u complete, %u/%u chunks of the current epoch trained, %u leased\n", s0.epochs_done,
-                s0.epochs, s0.chunks_done, s0.num_chunks, s0.chunks_leased);
+  if (s0.coverage.epochs > 0) {
+    std::printf("job: epoch %u of %u complete, %u/%u chunks of the current epoch trained, %u leased\n", s0.coverage.epochs_done,
+                s0.coverage.epochs, s0.coverage.chunks_done, s0.coverage.num_chunks, s0.coverage.chunks_leased);
   }
   for (const auto& s : *stats) {
     std::string snap = s.snapshot_age_ms < 0 ? std::string("no snapshot yet")

@@ -78,7 +78,7 @@ namespace {
 
 using detail::Op;
 
-struct Request {
+struct Pending {
   uint64_t rid = 0;
   int shard = 0;
   Message message;
@@ -185,7 +185,7 @@ class Client::Impl final : public detail::OpWaiter {
       }
       int64_t now = NowMs();
       for (int s : shards) {
-        Request r;
+        Pending r;
         r.rid = next_rid_.fetch_add(1);
         r.shard = s;
         uint64_t seq = is_push ? ++push_seq_[static_cast<size_t>(s)] : 0;
@@ -339,7 +339,7 @@ class Client::Impl final : public detail::OpWaiter {
     }
   }
 
-  void SendNow(Request& r) { Send(r.shard, r.message); }
+  void SendNow(Pending& r) { Send(r.shard, r.message); }
 
   void Send(int shard, Message m) {
     bytes_sent_ += Bytes(m);
@@ -377,7 +377,7 @@ class Client::Impl final : public detail::OpWaiter {
         if (hb > 0 && now - last_hb >= hb) {
           last_hb = now;
           for (int s = 0; s < n_; ++s) {
-            Request r;
+            Pending r;
             r.rid = next_rid_.fetch_add(1);
             r.shard = s;
             r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
@@ -422,7 +422,7 @@ class Client::Impl final : public detail::OpWaiter {
     // The restarted shard knows this worker's clock as of its snapshot; tell it where the
     // worker is now, before anything else, or pulls would wait for a clock already sent.
     if (hb_interval_ms_.load() > 0) {
-      Request c;
+      Pending c;
       c.rid = next_rid_.fetch_add(1);
       c.shard = shard;
       c.message = MakeClock(c.rid, hb_worker_.load(), last_clock_.load());
@@ -494,7 +494,7 @@ class Client::Impl final : public detail::OpWaiter {
     }
     auto it = inflight_.find((*env)->request_id());
     if (it == inflight_.end()) return;  // a late duplicate of a resent request
-    Request r = std::move(it->second);
+    Pending r = std::move(it->second);
     inflight_.erase(it);
     --inflight_per_shard_[shard];
     const wire::Envelope* e = *env;
@@ -530,7 +530,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<size_t> inflight_count_{0};  // inflight_.size() as of the last drain
 
   // Under io_mu_.
-  std::map<uint64_t, Request> inflight_;  // ordered by rid = send order
+  std::map<uint64_t, Pending> inflight_;  // ordered by rid = send order
   std::map<int, int64_t> inflight_per_shard_;
   std::vector<int64_t> last_heard_;
   std::vector<int64_t> next_reconnect_;
@@ -918,11 +918,11 @@ Result<std::vector<ShardStats>> Client::Stats() {
         o.last_snapshot_clock = r->last_snapshot_clock();
         o.recovered_clock = r->recovered_clock();
         o.snapshot_age_ms = r->snapshot_age_ms();
-        o.epochs_done = r->epochs_done();
-        o.epochs = r->epochs();
-        o.chunks_done = r->chunks_done();
-        o.num_chunks = r->num_chunks();
-        o.chunks_leased = r->chunks_leased();
+        o.coverage.epochs_done = r->epochs_done();
+        o.coverage.epochs = r->epochs();
+        o.coverage.chunks_done = r->chunks_done();
+        o.coverage.num_chunks = r->num_chunks();
+        o.coverage.chunks_leased = r->chunks_leased();
         if (r->workers()) {
           for (const auto* w : *r->workers()) {
             o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),
@@ -931,7 +931,7 @@ Result<std::vector<ShardStats>> Client::Stats() {
         }
         if (r->tables()) {
           for (const auto* t : *r->tables()) {
-            o.tables.push_back({t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
+            o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
           }
         }
         return Status::Ok();

@@ -251,7 +251,7 @@ int Run(int argc, char** argv) {
     leash::ClientOptions co;
     co.name = name;
     co.staleness = staleness;
-    co.wire_dtype = *dtype;
+    co.wire_dtype = leash::ToWire(*dtype);
     co.connect_timeout_ms = connect_timeout_s * 1000;
     auto c = leash::Client::Connect(std::move(*transport), co);
     if (!c.ok()) return Fail("cannot join the cluster", c.status());

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/domain.h"
 #include "leash/common/message.h"
 #include "leash/common/status.h"
 #include "leash/schema/leash_generated.h"
@@ -71,8 +72,9 @@ StatusCode FromWireCode(wire::ErrorCode code);
 // Bytes per value of a wire dtype.
 size_t DTypeSize(wire::DType dtype);
 const char* DTypeName(wire::DType dtype);
-// Parses "fp32"/"f32", "fp16"/"f16", "bf16".
-Result<wire::DType> ParseDType(std::string_view name);
+// Domain dtype (domain.h) to its wire enum and back (the values are the same).
+inline wire::DType ToWire(DType dtype) { return static_cast<wire::DType>(dtype); }
+inline DType FromWire(wire::DType dtype) { return static_cast<DType>(dtype); }
 
 // Encodes float32 values as a payload frame in `dtype`.
 Frame EncodeValues(std::span<const float> values, wire::DType dtype);
@@ -82,20 +84,6 @@ void EncodeValuesInto(std::span<const float> values, wire::DType dtype, uint8_t*
 // InvalidArgument (naming both sizes) if the frame has another size.
 Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out);
 
-// A decoded row set: either [begin, end) or explicit keys.
-struct Rows {
-  uint64_t begin = 0;
-  uint64_t end = 0;
-  std::vector<uint64_t> keys;
-  bool explicit_keys = false;
-  static Rows Range(uint64_t b, uint64_t e) {
-    Rows r;
-    r.begin = b;
-    r.end = e;
-    return r;
-  }
-  size_t size() const { return explicit_keys ? keys.size() : static_cast<size_t>(end - begin); }
-};
 flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows);
 // Validates `rs` against a table of `table_rows` rows: keys in range, begin <= end.
 Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLimits& limits = {});
@@ -111,10 +99,6 @@ Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock);
 Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeStats(uint64_t rid);
-struct ChunkDone {
-  uint32_t epoch = 0;
-  uint32_t chunk = 0;
-};
 Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, uint64_t num_samples,
                          uint32_t chunk_size, uint32_t epochs, uint64_t seed, const ChunkDone* done);
 Message MakeCheckpoint(uint64_t rid);

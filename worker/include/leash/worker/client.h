@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/domain.h"
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
 #include "leash/common/wire.h"
@@ -78,38 +79,6 @@ struct TableHandle {
   size_t size() const { return static_cast<size_t>(rows) * cols; }
 };
 
-struct ShardStats {
-  uint32_t shard = 0;
-  int64_t min_clock = 0;
-  uint64_t parked_pulls = 0;
-  uint64_t pushes_applied = 0;
-  uint64_t pulls_served = 0;
-  uint64_t errors = 0;
-  int64_t last_snapshot_clock = -1;
-  int64_t recovered_clock = -1;
-  int64_t snapshot_age_ms = -1;
-  // Data coverage of the job (shard 0 only).
-  uint32_t epochs_done = 0;
-  uint32_t epochs = 0;
-  uint32_t chunks_done = 0;
-  uint32_t num_chunks = 0;
-  uint32_t chunks_leased = 0;
-  struct Worker {
-    uint64_t id = 0;
-    uint64_t incarnation = 0;
-    std::string name;
-    int64_t clock = 0;
-    uint64_t ms_since_heartbeat = 0;
-  };
-  std::vector<Worker> workers;
-  struct TableStat {
-    std::string name;
-    uint64_t rows = 0;
-    uint32_t cols = 0;
-    uint64_t local_rows = 0;
-  };
-  std::vector<TableStat> tables;
-};
 
 // The job's data plan: every worker of a job must use the same one.
 struct DataPlanArgs {
@@ -119,17 +88,6 @@ struct DataPlanArgs {
   uint64_t seed = 1;
 };
 
-struct ChunkGrant {
-  enum class Kind { kChunk, kWait, kFinished };
-  Kind kind = Kind::kWait;
-  uint32_t epoch = 0;
-  uint32_t chunk = 0;
-  uint64_t begin = 0;  // samples [begin, end) of the training set
-  uint64_t end = 0;
-  uint32_t epochs_done = 0;
-  uint32_t chunks_done = 0;
-  uint32_t num_chunks = 0;
-};
 
 struct ClientCounters {
   uint64_t bytes_sent = 0;

@@ -1,0 +1,277 @@
+// Leash's domain model: table specs, optimizers, initializers, value encodings, data
+// plans and grants, and every request and reply a worker, a shard and leashctl
+// exchange, as plain C++ values. No generated code stands behind this header: the codec
+// (wire.h) turns a verified message into these types once, at the edge, and encodes
+// them back; the shard, the parameter-store core, the snapshot store and the public
+// client API speak only these. Value types; thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "leash/common/status.h"
+
+namespace leash {
+
+// ---- values and tables -------------------------------------------------------------
+
+// Encoding of values on the wire (tables always hold float32).
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+inline constexpr DType kMaxDType = DType::kBF16;
+
+// Bytes per value of `dtype`; 0 for a value outside the enum.
+size_t DTypeSize(DType dtype);
+// "fp32", "fp16", "bf16" ("unknown" outside the enum).
+const char* DTypeName(DType dtype);
+// Parses "fp32"/"f32"/"float32", "fp16"/"f16"/"float16", "bf16"/"bfloat16".
+// InvalidArgument naming the accepted values otherwise.
+Result<DType> ParseDType(std::string_view name);
+
+enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2, kAdagrad = 3 };
+inline constexpr OptimizerKind kMaxOptimizerKind = OptimizerKind::kAdagrad;
+// "sgd", "momentum", "adam", "adagrad".
+const char* OptimizerName(OptimizerKind kind);
+// Parses the names above; InvalidArgument naming them otherwise.
+Result<OptimizerKind> ParseOptimizer(std::string_view name);
+
+// A table's server-side optimizer. Which fields count depends on `kind` (see
+// SameTableSpec in the parameter-store core).
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0.01f;
+  float momentum = 0.9f;       // Momentum
+  float beta1 = 0.9f;          // Adam
+  float beta2 = 0.999f;        // Adam
+  float epsilon = 1e-8f;       // Adam, Adagrad
+  float weight_decay = 0.f;
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+enum class InitKind : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kConstant = 3 };
+inline constexpr InitKind kMaxInitKind = InitKind::kConstant;
+
+// How a table's values start: the same global row gets the same value on any shard.
+struct InitConfig {
+  InitKind kind = InitKind::kZeros;
+  float scale = 0.f;  // Uniform: [-scale, scale]; Normal: stddev; Constant: the value
+  uint64_t seed = 0;
+  bool operator==(const InitConfig&) const = default;
+};
+
+// A dense table of `rows` x `cols` float32 values, keyed by row, split over the shards
+// by row ranges.
+struct TableSpec {
+  std::string name;
+  uint64_t rows = 0;
+  uint32_t cols = 0;
+  OptimizerConfig optimizer;
+  InitConfig init;
+  size_t size() const { return static_cast<size_t>(rows) * cols; }
+  bool operator==(const TableSpec&) const = default;
+};
+
+// A set of rows of a table: [begin, end), or explicit keys.
+struct Rows {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  std::vector<uint64_t> keys;
+  bool explicit_keys = false;
+
+  static Rows Range(uint64_t b, uint64_t e) {
+    Rows r;
+    r.begin = b;
+    r.end = e;
+    return r;
+  }
+  static Rows Keys(std::vector<uint64_t> k) {
+    Rows r;
+    r.keys = std::move(k);
+    r.explicit_keys = true;
+    return r;
+  }
+  size_t size() const { return explicit_keys ? keys.size() : static_cast<size_t>(end - begin); }
+  // The i-th row named.
+  uint64_t at(size_t i) const { return explicit_keys ? keys[i] : begin + i; }
+};
+
+// ---- data coverage -------------------------------------------------------------------
+
+// The job's training set in chunks, leased per epoch by shard 0. Every worker of a job
+// must use the same plan.
+struct DataPlan {
+  uint64_t num_samples = 0;
+  uint32_t chunk_size = 1024;
+  uint32_t epochs = 1;
+  uint64_t seed = 1;
+  bool operator==(const DataPlan&) const = default;
+};
+
+// A chunk a worker reports trained.
+struct ChunkDone {
+  uint32_t epoch = 0;
+  uint32_t chunk = 0;
+  bool operator==(const ChunkDone&) const = default;
+};
+
+// The job's progress through its data.
+struct CoverageProgress {
+  uint32_t epochs_done = 0;   // epochs whose every chunk was trained
+  uint32_t epochs = 0;
+  uint32_t chunks_done = 0;   // in the first unfinished epoch
+  uint32_t num_chunks = 0;
+  uint32_t chunks_leased = 0;
+  bool operator==(const CoverageProgress&) const = default;
+};
+
+// The answer to a chunk request: a chunk to train, wait (the epoch's remaining chunks
+// are leased to others), or finished; with the job's progress after the request.
+struct ChunkGrant {
+  enum class Kind : uint8_t { kChunk = 0, kWait = 1, kFinished = 2 };
+  Kind kind = Kind::kWait;
+  uint32_t epoch = 0;
+  uint32_t chunk = 0;
+  uint64_t begin = 0;  // samples [begin, end) of the training set
+  uint64_t end = 0;
+  uint32_t epochs_done = 0;
+  uint32_t chunks_done = 0;
+  uint32_t num_chunks = 0;
+  bool operator==(const ChunkGrant&) const = default;
+};
+
+// ---- requests (worker or leashctl -> shard) -----------------------------------------
+// Tensor bytes never sit in these: a push's gradient and a pull reply's values travel
+// as a payload frame beside the decoded header.
+
+struct RegisterRequest {
+  uint64_t worker_id = 0;    // chosen by the worker, unique in the job
+  uint64_t incarnation = 0;  // grows every time the worker (re)joins
+  std::string name;          // for logs and status only
+};
+struct CreateTableRequest {
+  TableSpec spec;
+};
+struct PullRequest {
+  uint32_t table_id = 0;
+  Rows rows;
+  uint64_t worker_id = 0;
+  int64_t clock = 0;       // the iteration the worker is about to compute
+  int64_t staleness = 0;   // served once the minimum clock >= clock - staleness
+  DType dtype = DType::kF32;  // encoding asked for the reply's values
+};
+struct PushRequest {
+  uint32_t table_id = 0;
+  Rows rows;
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 0;
+  uint64_t seq = 0;           // per (worker, incarnation), strictly increasing
+  DType dtype = DType::kF32;  // encoding of the gradient payload
+  int64_t clock_after = -1;   // >= 0: also advances the worker's clock to this
+};
+struct ClockRequest {
+  uint64_t worker_id = 0;
+  int64_t clock = 0;
+};
+struct HeartbeatRequest {
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 0;
+};
+struct LeaveRequest {
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 0;
+};
+struct CheckpointRequest {};
+struct StatsRequest {};
+struct ChunkRequest {
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 0;
+  DataPlan plan;
+  std::optional<ChunkDone> done;  // a chunk trained, reported with this request
+};
+
+using Request = std::variant<RegisterRequest, CreateTableRequest, PullRequest, PushRequest, ClockRequest,
+                             HeartbeatRequest, LeaveRequest, CheckpointRequest, StatsRequest, ChunkRequest>;
+
+// ---- replies (shard -> peer) --------------------------------------------------------
+
+struct Welcome {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  int64_t start_clock = 0;         // the clock the worker starts at (the shard's minimum)
+  uint32_t lease_ms = 0;           // heartbeats must come well within it
+  int64_t recovered_clock = -1;    // clock of the snapshot the shard recovered, -1 if none
+  uint64_t boot_id = 0;            // changes every time the shard process starts
+  uint64_t max_message_bytes = 0;  // largest request the shard accepts (0: not said)
+};
+struct TableCreated {
+  uint32_t table_id = 0;
+  bool created = false;  // false: it existed with the same spec
+};
+struct PullReply {
+  uint32_t table_id = 0;
+  uint64_t num_rows = 0;
+  uint32_t cols = 0;
+  DType dtype = DType::kF32;
+  int64_t min_clock = 0;  // the minimum live clock the values reflect
+};
+struct PushReply {
+  bool applied = false;       // false: a duplicate, applied once already
+  uint64_t skipped_rows = 0;  // rows left out for holding NaN or Inf
+};
+struct ClockReply {
+  int64_t min_clock = 0;
+};
+struct HeartbeatReply {
+  int64_t min_clock = 0;
+  uint64_t boot_id = 0;  // a new value tells the client the shard restarted
+};
+struct LeaveReply {};
+struct CheckpointReply {
+  int64_t clock = 0;  // the minimum clock the snapshot holds
+};
+
+// One shard's state, for leashctl status and tests.
+struct ShardStats {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  int64_t min_clock = 0;
+  uint64_t parked_pulls = 0;
+  uint64_t pushes_applied = 0;
+  uint64_t pulls_served = 0;
+  uint64_t errors = 0;
+  int64_t last_snapshot_clock = -1;
+  int64_t recovered_clock = -1;
+  int64_t snapshot_age_ms = -1;  // since the last snapshot; -1 if none
+  CoverageProgress coverage;     // shard 0 only
+  struct Worker {
+    uint64_t id = 0;
+    uint64_t incarnation = 0;
+    std::string name;
+    int64_t clock = 0;
+    uint64_t ms_since_heartbeat = 0;
+  };
+  std::vector<Worker> workers;
+  struct TableStat {
+    uint32_t table_id = 0;
+    std::string name;
+    uint64_t rows = 0;
+    uint32_t cols = 0;
+    uint64_t local_rows = 0;  // rows held by this shard
+  };
+  std::vector<TableStat> tables;
+};
+
+// An error reply: the request's status, and the boot id of the shard that answered.
+struct ErrorReply {
+  Status status;
+  uint64_t boot_id = 0;
+};
+
+using Reply = std::variant<Welcome, TableCreated, PullReply, PushReply, ClockReply, HeartbeatReply, LeaveReply,
+                           CheckpointReply, ShardStats, ChunkGrant, ErrorReply>;
+
+}  // namespace leash
