@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A/B of two Leash builds, interleaved: does build B run as fast as build A?
+
+For every round, in the order A B B A (then B A A B, ...), it measures with each build:
+- the MLP in local mode and with 1 worker + 1 shard at staleness 1 (samples/s, 1 epoch),
+- leash-bench-pushpull's 4 KB push p50 (1 in flight) and 4 MB push throughput (8 in
+  flight), 1 shard and 1 worker.
+It reports per-round figures, medians, and B/A ratios of the medians, as JSON and Markdown.
+
+Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--out DIR]
+Each BUILD is a CMake build directory (server/leash-server, worker/leash-worker,
+bench/leash-bench-pushpull inside).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ps_cost  # noqa: E402  (run_worker, run_cluster: the same runs the suite makes)
+
+
+def pushpull(build, tmp, seconds):
+    out = tempfile.mkdtemp(dir=tmp)
+    subprocess.run([os.path.join(build, "bench", "leash-bench-pushpull"), "--server-bin",
+                    os.path.join(build, "server", "leash-server"), "--sizes", "1024,1048576",
+                    "--seconds", str(seconds), "--out", out],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    with open(os.path.join(out, "pushpull.json")) as f:
+        samples = json.load(f)["samples"]
+
+    def cell(floats, inflight):
+        for s in samples:
+            if (s["system"], s["op"], s["floats"], s["shards"], s["inflight"]) == ("leash", "push", floats, 1,
+                                                                                   inflight):
+                return s
+        raise RuntimeError(f"no leash push row for {floats} floats, {inflight} in flight")
+
+    return {"push_4KB_p50_us": cell(1024, 1)["p50_us"], "push_4MB_8_inflight_mb_per_s": cell(1048576, 8)["mb_per_s"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", required=True, help="build directory of A (the reference)")
+    p.add_argument("--b", required=True, help="build directory of B (the change)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=1.0, help="duration of each push/pull measurement")
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    for b in (args.a, args.b):
+        for exe in ("server/leash-server", "worker/leash-worker", "bench/leash-bench-pushpull"):
+            if not os.access(os.path.join(b, exe), os.X_OK):
+                sys.exit(f"ab.py: {os.path.join(b, exe)} is missing: build it first (scripts/build.sh)")
+    os.makedirs(args.out, exist_ok=True)
+    run_args = argparse.Namespace(epochs=args.epochs, batch=args.batch, staleness=1)
+    tmp = tempfile.mkdtemp(prefix="leash-ab-")
+    rows = {"a": [], "b": []}
+    try:
+        for r in range(args.rounds):
+            order = ["a", "b", "b", "a"] if r % 2 == 0 else ["b", "a", "a", "b"]
+            got = {"a": {}, "b": {}}
+            for k, which in enumerate(order):
+                build = getattr(args, which)
+                if "local" not in got[which]:
+                    got[which]["local"] = ps_cost.run_worker(run_args, build, os.path.join(tmp, f"l{r}{k}.json"),
+                                                             ["--local"])["samples_per_second"]
+                    got[which]["cluster"] = ps_cost.run_cluster(run_args, build, tmp, f"{r}{k}")["samples_per_second"]
+                else:
+                    got[which].update(pushpull(build, tmp, args.seconds))
+                print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
+            for which in ("a", "b"):
+                got[which]["cluster_over_local"] = got[which]["cluster"] / got[which]["local"]
+                rows[which].append(got[which])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    keys = ["local", "cluster", "cluster_over_local", "push_4KB_p50_us", "push_4MB_8_inflight_mb_per_s"]
+    med = {w: {k: statistics.median(x[k] for x in rows[w]) for k in keys} for w in ("a", "b")}
+    ratio = {k: med["b"][k] / med["a"][k] for k in keys}
+    result = {"benchmark": "ab", "a": os.path.abspath(args.a), "b": os.path.abspath(args.b),
+              "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "nproc": os.cpu_count(), "runs": rows, "median": med, "b_over_a": ratio}
+    with open(os.path.join(args.out, "ab.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    names = {"local": "MLP local samples/s", "cluster": "MLP 1+1 s=1 samples/s",
+             "cluster_over_local": "MLP 1+1 s=1 / local", "push_4KB_p50_us": "4 KB push p50 (us, lower is better)",
+             "push_4MB_8_inflight_mb_per_s": "4 MB push, 8 in flight (MB/s)"}
+    md = [f"# A/B: {args.a} (A) against {args.b} (B)", "",
+          f"{args.rounds} rounds, interleaved (A B B A, then B A A B), {args.epochs} epoch(s) each, "
+          f"{os.cpu_count()} cores.", "", "| figure | A median | B median | B/A | A runs | B runs |",
+          "|---|---|---|---|---|---|"]
+    for k in keys:
+        ra = ", ".join(f"{x[k]:.3g}" for x in rows["a"])
+        rb = ", ".join(f"{x[k]:.3g}" for x in rows["b"])
+        md.append(f"| {names[k]} | {med['a'][k]:.4g} | {med['b'][k]:.4g} | {ratio[k]:.3f} | {ra} | {rb} |")
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(args.out, "ab.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
