@@ -2,7 +2,7 @@
 """The Leash benchmark suite, one command:
 
   /usr/bin/python3 bench/run_all.py            # full (about 30-40 min on 2 busy cores)
-  /usr/bin/python3 bench/run_all.py --quick    # smoke run (a few minutes), to bench/results/quick
+  /usr/bin/python3 bench/run_all.py --quick    # smoke run (a few minutes), to bench/results/quick (gitignored)
 
 Parts (--parts picks some):
   pushpull    leash-bench-pushpull against raw ZeroMQ (repeated; median ratios)
@@ -19,8 +19,9 @@ Parts (--parts picks some):
 Peers are interleaved (each repeat runs every system, in a rotated order) so machine
 noise hits all alike; medians and ratios of medians are reported. Writes JSON per part,
 suite.json, SUMMARY.md (targets with PASS/MISS) and PNG plots to --out (default
-bench/results, or bench/results/quick with --quick). Needs a build with leash-server,
-leash-worker and leash-bench-pushpull (bench/run-all.sh builds them), Debian
+bench/results, or with --quick the gitignored bench/results/quick: a smoke run's
+figures are not results; only the full run's summary, JSON and plots are checked in).
+Needs a build with leash-server, leash-worker and leash-bench-pushpull (bench/run-all.sh builds them), Debian
 python3-torch, numpy and matplotlib under /usr/bin/python3; TensorFlow is installed into
 a venv by bench/setup-tf.sh (--no-tf skips it).
 """
@@ -691,7 +692,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: small data, 1 repeat (a few minutes)")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--out", help="results directory (default bench/results, or bench/results/quick with --quick)")
+    p.add_argument("--out", help="results directory (default bench/results, or the gitignored bench/results/quick with --quick)")
     p.add_argument("--parts", default=",".join(ALL_PARTS),
                    help="comma-separated; with a subset, the other parts' results in --out are kept")
     p.add_argument("--repeats", type=int, help="override the repeats of the training, straggler and durability parts")

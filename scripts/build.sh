@@ -13,3 +13,9 @@ elif (($# > 0)); then
   cmake "$BUILD" "$@"
 fi
 cmake --build "$BUILD" -j "$JOBS"
+# Editors and clangd look for compile_commands.json at the repository root (gitignored);
+# CMake writes it into the build folder (CMAKE_EXPORT_COMPILE_COMMANDS). The default build
+# owns the link; another build folder (sanitizers, fuzzing) only makes one where none is.
+if [[ -f "$BUILD/compile_commands.json" && ("$BUILD" == build || ! -e compile_commands.json) ]]; then
+  ln -sfn "$BUILD/compile_commands.json" compile_commands.json
+fi

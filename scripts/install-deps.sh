@@ -16,6 +16,8 @@ if [[ "${1:-}" == fuzz ]]; then PACKAGES+=(clang libclang-rt-14-dev); fi
 # `scripts/install-deps.sh bench` also installs the benchmark suite's Python peers and
 # plots under /usr/bin/python3 (Debian's PyTorch, on OpenBLAS; numpy; matplotlib).
 if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-torch python3-numpy python3-matplotlib); fi
+# `scripts/install-deps.sh format` also installs clang-format for scripts/format.sh.
+if [[ "${1:-}" == format ]]; then PACKAGES+=(clang-format); fi
 
 if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then exit 0; fi
 

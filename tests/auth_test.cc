@@ -40,7 +40,7 @@ class AuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
     keys_ = dir_.path() + "/keys";
-    // The layout README documents: a server pair, a shared client pair, a per-worker pair.
+    // The layout docs/security.md documents: a server pair, a shared client pair, a per-worker pair.
     auto [code, out] = Leashctl(dir_.path(), {"keygen", keys_, "--server", "--client", "client,w0"});
     ASSERT_EQ(code, 0) << out;
     // A pair that is not authorized: generated in the same directory, not in authorized/.

@@ -10,7 +10,7 @@ import time
 from .util import free_port, stop
 
 MODEL_FLAGS = {
-    # the optimizers the Leash README uses for each model
+    # the optimizers the Leash docs use for each model
     "mlp": ["--model", "mlp", "--optimizer", "momentum", "--momentum", "0.9", "--lr", "0.01"],
     "cnn": ["--model", "cnn", "--optimizer", "adam", "--lr", "0.001"],
 }

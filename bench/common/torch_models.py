@@ -28,7 +28,7 @@ def make_model(name):
 
 
 def make_optimizer(name, params):
-    """The optimizer the Leash README uses for each model: SGD momentum 0.9 lr 0.01 for
+    """The optimizer the Leash docs use for each model: SGD momentum 0.9 lr 0.01 for
     the MLP, Adam lr 1e-3 for the CNN."""
     if name == "mlp":
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)

@@ -3,6 +3,9 @@
 // line. Not thread-safe.
 #pragma once
 
+#include <time.h>
+
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,5 +34,32 @@ struct Scrape {
                              const std::string& value = "") const;
 };
 Result<Scrape> ParsePrometheusText(const std::string& text);
+
+// Scrapes 127.0.0.1:`port`/metrics every 20 ms until `pred(scrape)` holds and returns
+// that scrape, so a test checks the very sample that showed the event it waited for.
+// A failed or malformed scrape is retried. DeadlineExceeded, with the last failure or
+// the last body, if `pred` never held before `deadline`: the deadline is there for a
+// stuck run only, never a measure of speed.
+template <typename Pred>
+Result<Scrape> ScrapeWhen(int port, Pred pred, std::chrono::milliseconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::string last = "no scrape yet";
+  do {
+    auto body = HttpGet(port, "/metrics", 2000);
+    if (!body.ok()) {
+      last = body.status().ToString();
+    } else if (auto scrape = ParsePrometheusText(*body); !scrape.ok()) {
+      last = scrape.status().ToString();
+    } else if (pred(*scrape)) {
+      return *scrape;
+    } else {
+      last = "the awaited condition does not hold in:\n" + *body;
+    }
+    struct timespec ts{0, 20'000'000};
+    nanosleep(&ts, nullptr);
+  } while (std::chrono::steady_clock::now() < end);
+  return DeadlineExceeded("metrics on port " + std::to_string(port) + " after " +
+                          std::to_string(deadline.count()) + " ms: " + last);
+}
 
 }  // namespace leash::testing
