@@ -16,7 +16,7 @@
 #    build stage is kept as leash:build-stage (the compiler cache of the next build).
 #
 # Environment: LEASH_IMAGE (leash:latest), LEASH_DOCKERFILE (docker/Dockerfile),
-#   LEASH_DEBIAN_MIRROR (http://deb.debian.org/debian), LEASH_DOCKERD_LOG,
+#   LEASH_DEBIAN_MIRROR (default: the Debian mirror this machine's apt uses), LEASH_DOCKERD_LOG,
 #   LEASH_JOBS (parallel compile jobs inside the build, default: all cores).
 # Every step prints how long it took.
 set -euo pipefail
@@ -24,7 +24,24 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${LEASH_IMAGE:-leash:latest}
 DOCKERFILE=${LEASH_DOCKERFILE:-docker/Dockerfile}
-MIRROR=${LEASH_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The mirror apt uses here for the main archive (deb822 .sources files or sources.list),
+# so the images come from the same place as this machine's packages.
+apt_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] || continue
+    awk '/^URIs:/ {u=$2} /^Suites:/ && / bookworm( |$)/ {print u; exit}' "$f"
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $f ]] || continue
+    awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' "$f"
+  done
+}
+MIRROR=${LEASH_DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
+if [[ -z "$MIRROR" ]]; then
+  echo "leash: no Debian bookworm mirror found in /etc/apt; set LEASH_DEBIAN_MIRROR=URL" >&2
+  exit 2
+fi
 DOCKERD_LOG=${LEASH_DOCKERD_LOG:-/var/log/leash-dockerd.log}
 SUITE=bookworm
 PULL=0
