@@ -17,22 +17,32 @@ namespace {
 
 const char* NodeKind(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Null: return "nothing";
-    case YAML::NodeType::Scalar: return "a scalar";
-    case YAML::NodeType::Sequence: return "a sequence";
-    case YAML::NodeType::Map: return "a map";
-    case YAML::NodeType::Undefined: break;
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Undefined:
+      break;
   }
   return "an undefined node";
 }
 
 const char* Expected(FlagType type) {
   switch (type) {
-    case FlagType::kString: return "a string";
-    case FlagType::kList: return "a string or a sequence of strings";
-    case FlagType::kInt: return "an integer";
-    case FlagType::kDouble: return "a number";
-    case FlagType::kBool: return "true or false";
+    case FlagType::kString:
+      return "a string";
+    case FlagType::kList:
+      return "a string or a sequence of strings";
+    case FlagType::kInt:
+      return "an integer";
+    case FlagType::kDouble:
+      return "a number";
+    case FlagType::kBool:
+      return "true or false";
   }
   return "a value";
 }
@@ -103,8 +113,8 @@ Status ApplyJobFile(const std::string& path, const std::string& section, Flags& 
   }
   if (root.IsNull()) return Status::Ok();  // an empty file sets nothing
   if (!root.IsMap()) {
-    return InvalidArgument("job file " + path + " must be a map of sections (worker:, server:), not " +
-                           NodeKind(root));
+    return InvalidArgument("job file " + path +
+                           " must be a map of sections (worker:, server:), not " + NodeKind(root));
   }
   YAML::Node mine;
   for (const auto& entry : root) {
@@ -152,7 +162,8 @@ void CommandLine::AddCommonFlags() {
   if (!job_section_.empty()) {
     flags_.String("config", &config_path_,
                   "YAML job file: this program reads its settings from the file's '" +
-                      job_section_ + ":' section (keys are these flags' names); environment "
+                      job_section_ +
+                      ":' section (keys are these flags' names); environment "
                       "variables and flags override it (see docs/job-file.md)");
   }
   flags_.String("log-level", &log_level_, "trace, debug, info, warn or error");
@@ -192,8 +203,8 @@ std::string CommandLine::Usage() {
 
 Status CommandLine::BadValue(const std::string& flag, const std::string& value,
                              const std::string& accepted) const {
-  return InvalidArgument("bad value for " + flags_.Source(flag) + ": '" + value + "' (" +
-                         accepted + ")");
+  return InvalidArgument("bad value for " + flags_.Source(flag) + ": '" + value + "' (" + accepted +
+                         ")");
 }
 
 std::optional<int> RunPrologue(CommandLine& cli, int argc, const char* const* argv,

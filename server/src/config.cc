@@ -118,8 +118,7 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.metrics_bind = v.metrics_bind;
   if (v.max_queued_reply_mb < 1 || v.max_queued_reply_mb > kMaxMb) {
-    return bad_int("max-queued-reply-mb", v.max_queued_reply_mb,
-                   "need an integer in [1, 1048576]");
+    return bad_int("max-queued-reply-mb", v.max_queued_reply_mb, "need an integer in [1, 1048576]");
   }
   c.max_queued_reply_mb = v.max_queued_reply_mb;
   c.curve_keys = v.curve_keys;

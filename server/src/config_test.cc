@@ -54,9 +54,8 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
 }
 
 TEST(ServerConfigTest, FlagsAreParsed) {
-  auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms",
-                  "--checkpoint-interval=0", "--nonfinite=skip-rows", "--no-sync", "--no-shm",
-                  "--max-keys=100"});
+  auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
+                  "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, 1);
   EXPECT_EQ(c->num_shards, 3);

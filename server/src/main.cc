@@ -87,8 +87,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   opts.checkpoint_interval_ms = c.checkpoint_interval_ms;
   opts.max_message_bytes = static_cast<size_t>(c.max_message_mb) << 20;
   opts.limits.max_keys = static_cast<size_t>(c.max_keys);
-  opts.limits.max_header_bytes = std::max<size_t>(
-      opts.limits.max_header_bytes, static_cast<size_t>(c.max_keys) * 8 + 4096);
+  opts.limits.max_header_bytes =
+      std::max<size_t>(opts.limits.max_header_bytes, static_cast<size_t>(c.max_keys) * 8 + 4096);
   opts.max_parked_per_peer = static_cast<size_t>(c.max_parked_per_peer);
   opts.nonfinite = c.nonfinite;
   s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs);
@@ -111,8 +111,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   }
   s.transport = std::move(*transport);
   if (s.metrics_server) {
-    s.metrics = std::make_unique<leash::server::ShardMetrics>(s.metrics_server->registry(),
-                                                              *s.shard);
+    s.metrics =
+        std::make_unique<leash::server::ShardMetrics>(s.metrics_server->registry(), *s.shard);
     spdlog::info("metrics on {}", s.metrics_server->url());
   }
   return std::nullopt;
@@ -122,24 +122,26 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
 void LogStart(const ServerConfig& c, const Server& s) {
   bool loopback = leash::IsLoopbackEndpoint(c.bind);
   if (s.curve) {
-    spdlog::info("CURVE security on: traffic encrypted, {} authorized client key(s) from "
-                 "{}/authorized",
-                 s.curve->authorized.size(), c.curve_keys);
+    spdlog::info(
+        "CURVE security on: traffic encrypted, {} authorized client key(s) from "
+        "{}/authorized",
+        s.curve->authorized.size(), c.curve_keys);
   } else if (!loopback) {
-    spdlog::warn("listening on {} WITHOUT CURVE keys: traffic is unauthenticated and "
-                 "unencrypted, anyone who can reach this port can read and change the model; "
-                 "use --curve-keys DIR (leashctl keygen DIR)",
-                 c.bind);
+    spdlog::warn(
+        "listening on {} WITHOUT CURVE keys: traffic is unauthenticated and "
+        "unencrypted, anyone who can reach this port can read and change the model; "
+        "use --curve-keys DIR (leashctl keygen DIR)",
+        c.bind);
   }
   if (loopback) {
-    spdlog::info("bound to loopback only: other hosts cannot reach this shard (use --bind "
-                 "tcp://0.0.0.0:PORT for a cluster)");
+    spdlog::info(
+        "bound to loopback only: other hosts cannot reach this shard (use --bind "
+        "tcp://0.0.0.0:PORT for a cluster)");
   }
   spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})",
                c.shard, c.num_shards, c.bind, c.data_dir, c.lease_ms, c.checkpoint_interval_ms,
-               s.recovered_clock >= 0
-                   ? "recovered at clock " + std::to_string(s.recovered_clock)
-                   : std::string("fresh start"));
+               s.recovered_clock >= 0 ? "recovered at clock " + std::to_string(s.recovered_clock)
+                                      : std::string("fresh start"));
 }
 
 int Run(const ServerConfig& config) {
@@ -159,12 +161,13 @@ int Run(const ServerConfig& config) {
   }
   auto tc = s.transport->counters();
   const auto& sc = s.shard->counters();
-  spdlog::info("shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
-               "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
-               "{} failed handshakes, {} replies dropped (unread queue)",
-               config.shard, s.shard->min_clock(), sc.limit_rejections, sc.oversize_rejections,
-               sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused,
-               tc.handshake_failed, tc.replies_dropped);
+  spdlog::info(
+      "shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
+      "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
+      "{} failed handshakes, {} replies dropped (unread queue)",
+      config.shard, s.shard->min_clock(), sc.limit_rejections, sc.oversize_rejections,
+      sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
+      tc.replies_dropped);
   return 0;
 }
 
@@ -173,7 +176,7 @@ int Run(const ServerConfig& config) {
 int main(int argc, char** argv) {
   leash::server::ServerCommandLine line;
   auto start = leash::RunPrologue<ServerConfig>(line.cli(), argc, argv, "server",
-                                               [&] { return line.Config(); });
+                                                [&] { return line.Config(); });
   if (const int* code = std::get_if<int>(&start)) return *code;
   return Run(std::get<ServerConfig>(start));
 }

@@ -145,8 +145,7 @@ server:
   auto c = Parse({"--config", path});
   std::remove(path.c_str());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->servers,
-            (std::vector<std::string>{"tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000"}));
+  EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000"}));
   EXPECT_EQ(c->hidden, (std::vector<int64_t>{512, 256, 128}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
   EXPECT_DOUBLE_EQ(c->lr, 0.001);
@@ -161,8 +160,8 @@ server:
 }
 
 TEST(WorkerConfigTest, EnvironmentAndFlagsOverrideTheJobFile) {
-  std::string path = WriteJobFile("worker:\n  local: true\n  batch: 128\n  epochs: 10\n"
-                                  "  optimizer: adam\n");
+  std::string path =
+      WriteJobFile("worker:\n  local: true\n  batch: 128\n  epochs: 10\n  optimizer: adam\n");
   setenv("LEASH_CONFIG", path.c_str(), 1);
   setenv("LEASH_BATCH", "32", 1);
   setenv("LEASH_OPTIMIZER", "sgd", 1);
@@ -172,10 +171,10 @@ TEST(WorkerConfigTest, EnvironmentAndFlagsOverrideTheJobFile) {
   unsetenv("LEASH_CONFIG");
   std::remove(path.c_str());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->local);                               // the file
-  EXPECT_EQ(c->epochs, 10);                            // the file
-  EXPECT_EQ(c->batch, 32);                             // the environment over the file
-  EXPECT_EQ(c->optimizer, OptimizerKind::kAdagrad);    // the flag over both
+  EXPECT_TRUE(c->local);                             // the file
+  EXPECT_EQ(c->epochs, 10);                          // the file
+  EXPECT_EQ(c->batch, 32);                           // the environment over the file
+  EXPECT_EQ(c->optimizer, OptimizerKind::kAdagrad);  // the flag over both
 }
 
 TEST(WorkerConfigTest, BadValueFromTheJobFileNamesItsKeyAndFile) {
@@ -220,8 +219,9 @@ TEST(WorkerConfigTest, HelpKeepsEveryFlagWithItsDefault) {
   for (const char* expected :
        {"--servers (LEASH_SERVERS, default '')", "--staleness (LEASH_STALENESS, default '0')",
         "--lr (LEASH_LR, default '0.01')", "--optimizer (LEASH_OPTIMIZER, default 'momentum')",
-        "--hidden (LEASH_HIDDEN, default '256,128')", "--wire-dtype (LEASH_WIRE_DTYPE, default "
-        "'fp32')", "--step-delay-factor (LEASH_STEP_DELAY_FACTOR, default '1')",
+        "--hidden (LEASH_HIDDEN, default '256,128')",
+        "--wire-dtype (LEASH_WIRE_DTYPE, default 'fp32')",
+        "--step-delay-factor (LEASH_STEP_DELAY_FACTOR, default '1')",
         "--curve-client (LEASH_CURVE_CLIENT, default 'client')",
         "--config (LEASH_CONFIG, default '')", "--log-level (LEASH_LOG_LEVEL, default 'info')"}) {
     EXPECT_NE(usage.find(expected), std::string::npos) << expected << "\n" << usage;

@@ -44,10 +44,11 @@ void LeaveWatchdog(int64_t grace_s, const std::atomic<bool>* done) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
   while (!done->load()) {
     if (std::chrono::steady_clock::now() >= deadline) {
-      spdlog::error("could not finish the step and leave within {} s of the stop signal (is a "
-                    "shard unreachable?); exiting without leaving: the shards will evict this "
-                    "worker when its lease expires",
-                    grace_s);
+      spdlog::error(
+          "could not finish the step and leave within {} s of the stop signal (is a "
+          "shard unreachable?); exiting without leaving: the shards will evict this "
+          "worker when its lease expires",
+          grace_s);
       spdlog::shutdown();
       std::_Exit(3);
     }
@@ -116,10 +117,10 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
   if (!ctx.ok()) return Fail("cannot set up device " + c.device, ctx.status());
   w.device = std::move(*ctx);
   if (c.device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
-    spdlog::info("--device auto: {}; computing on the CPU with {} BLAS thread(s)",
-                 leash::kernels::CudaBuilt() ? "no usable GPU found"
-                                             : "this build has no CUDA support",
-                 c.threads);
+    spdlog::info(
+        "--device auto: {}; computing on the CPU with {} BLAS thread(s)",
+        leash::kernels::CudaBuilt() ? "no usable GPU found" : "this build has no CUDA support",
+        c.threads);
   } else {
     spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
   }
@@ -194,8 +195,8 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   }
   to.label = c.local ? "[local]" : "[" + w.name + "]";
   if (w.metrics_server) {
-    w.metrics = std::make_unique<leash::worker::WorkerMetrics>(
-        w.metrics_server->registry(), w.name, c.staleness, w.client.get());
+    w.metrics = std::make_unique<leash::worker::WorkerMetrics>(w.metrics_server->registry(), w.name,
+                                                               c.staleness, w.client.get());
     leash::worker::WorkerMetrics* metrics = w.metrics.get();
     to.on_step = [metrics](const leash::worker::StepReport& r) { metrics->OnStep(r); };
     to.on_epoch = [metrics](const leash::worker::EpochResult& r) { metrics->OnEpoch(r); };
@@ -208,11 +209,12 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
 int Train(const WorkerConfig& c, Worker& w) {
   std::string hidden;
   for (int64_t h : c.hidden) hidden += (hidden.empty() ? "" : ",") + std::to_string(h);
-  spdlog::info("training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} "
-               "on the wire",
-               c.model == leash::worker::ModelKind::kCnn ? std::string("CNN") : "MLP " + hidden,
-               w.train->count, c.chunk_size, c.batch, c.staleness,
-               leash::OptimizerName(c.optimizer), c.lr, leash::DTypeName(c.wire_dtype));
+  spdlog::info(
+      "training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} "
+      "on the wire",
+      c.model == leash::worker::ModelKind::kCnn ? std::string("CNN") : "MLP " + hidden,
+      w.train->count, c.chunk_size, c.batch, c.staleness, leash::OptimizerName(c.optimizer), c.lr,
+      leash::DTypeName(c.wire_dtype));
   const leash::worker::TrainOptions& to = w.train_options;
   auto results = leash::worker::Train(*w.model, *w.params, *w.train, &*w.test, to, &g_stop);
   leash::Status finish = w.params->Finish();
@@ -233,12 +235,12 @@ int Train(const WorkerConfig& c, Worker& w) {
     extra.push_back({"bytes_sent_per_iteration", sent});
     extra.push_back({"bytes_received_per_iteration", received});
     extra.push_back({"shared_memory_shards", n.shared_memory_shards});
-    spdlog::info("wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per "
-                 "iteration {:.1f} KB sent, {:.1f} KB received; {} of {} shard(s) reached "
-                 "through shared memory",
-                 leash::DTypeName(c.wire_dtype), n.requests, n.bytes_sent / 1e6,
-                 n.bytes_received / 1e6, n.resends, sent / 1e3, received / 1e3,
-                 n.shared_memory_shards, w.client->num_shards());
+    spdlog::info(
+        "wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per "
+        "iteration {:.1f} KB sent, {:.1f} KB received; {} of {} shard(s) reached "
+        "through shared memory",
+        leash::DTypeName(c.wire_dtype), n.requests, n.bytes_sent / 1e6, n.bytes_received / 1e6,
+        n.resends, sent / 1e3, received / 1e3, n.shared_memory_shards, w.client->num_shards());
   }
   const auto& epochs_done = results->epochs;
   std::printf("%s trained %lld chunks%s\n", to.label.c_str(),
@@ -251,8 +253,8 @@ int Train(const WorkerConfig& c, Worker& w) {
                 epochs_done.back().test_accuracy * 100);
   }
   if (!c.metrics_out.empty()) {
-    if (auto st = leash::worker::WriteResultsJson(c.metrics_out, c.local ? "local" : "cluster",
-                                                  to, *results, extra);
+    if (auto st = leash::worker::WriteResultsJson(c.metrics_out, c.local ? "local" : "cluster", to,
+                                                  *results, extra);
         !st.ok()) {
       spdlog::error("metrics: {}", st.ToString());
       return 1;
@@ -281,7 +283,7 @@ int Run(const WorkerConfig& config) {
 int main(int argc, char** argv) {
   leash::worker::WorkerCommandLine line;
   auto start = leash::RunPrologue<WorkerConfig>(line.cli(), argc, argv, "worker",
-                                               [&] { return line.Config(); });
+                                                [&] { return line.Config(); });
   if (const int* code = std::get_if<int>(&start)) return *code;
   return Run(std::get<WorkerConfig>(start));
 }
