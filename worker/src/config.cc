@@ -33,13 +33,9 @@ bool IsDeviceSpec(std::string_view spec) {
 
 const char* ModelName(ModelKind kind) { return kind == ModelKind::kCnn ? "cnn" : "mlp"; }
 
-WorkerCommandLine::WorkerCommandLine()
-    : cli_("leash-worker",
-           "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).", "worker",
-           WorkerConfig{}.log_level) {
-  const WorkerConfig d;
-  Values& v = values_;
-  v.servers = "";
+WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
+  Values v;
+  for (const auto& s : d.servers) v.servers += (v.servers.empty() ? "" : ",") + s;
   v.local = d.local;
   v.name = d.name;
   v.connect_timeout_s = d.connect_timeout_s;
@@ -71,6 +67,15 @@ WorkerCommandLine::WorkerCommandLine()
   v.step_delay_factor = d.step_delay_factor;
   v.metrics_out = d.metrics_out;
   v.metrics_bind = d.metrics_bind;
+  return v;
+}
+
+WorkerCommandLine::WorkerCommandLine()
+    : cli_("leash-worker",
+           "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).", "worker",
+           WorkerConfig{}.log_level) {
+  Values& v = values_;
+  v = ValuesOf(WorkerConfig{});
 
   Flags& f = cli_.flags();
   f.List("servers", &v.servers,

@@ -85,6 +85,9 @@ class WorkerCommandLine {
     double lr, momentum, weight_decay, step_delay_factor;
     bool local, no_eval, no_shm;
   };
+  // The flags' defaults: `defaults` as the flags write it.
+  static Values ValuesOf(const WorkerConfig& defaults);
+
   Values values_;
   CommandLine cli_;
 };
