@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-  librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev prometheus-cpp-dev
+  librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev prometheus-cpp-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist
 )

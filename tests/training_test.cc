@@ -216,5 +216,25 @@ TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
   EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();
 }
 
+// The job from a --config file, a flag over it; a typo in the file stops the worker.
+TEST_F(TrainingTest, WorkerTakesTheJobFromAConfigFileAndFlagsOverrideIt) {
+  std::string job = dir_.path() + "/job.yaml";
+  std::ofstream(job) << "worker:\n  servers: [" << Endpoint(ports_[0]) << ", " << Endpoint(ports_[1])
+                     << "]\n  hidden: [32]\n  epochs: 1\n  batch: 10\n  chunk-size: 500\n"
+                     << "  train-limit: 2000\n  test-limit: 500\n  name: from-file\n";
+  Process worker({LEASH_WORKER_BIN, "--config=" + job, "--batch=50"}, dir_.path() + "/job.log");
+  ASSERT_EQ(worker.Wait(std::chrono::minutes(2)), 0) << worker.ReadLog();
+  EXPECT_NE(worker.ReadLog().find("training MLP 32 on 2000 samples in chunks of 500, batch 50"),
+            std::string::npos)
+      << worker.ReadLog();
+  EXPECT_NE(worker.ReadLog().find("[from-file] trained"), std::string::npos) << worker.ReadLog();
+
+  std::ofstream(job) << "worker:\n  servers: " << servers_ << "\n  epoch: 1\n";
+  Process typo({LEASH_WORKER_BIN, "--config=" + job}, dir_.path() + "/typo.log");
+  EXPECT_EQ(typo.Wait(std::chrono::seconds(20)), 2);
+  EXPECT_NE(typo.ReadLog().find("unknown key worker.epoch at " + job + ":3:3"), std::string::npos)
+      << typo.ReadLog();
+}
+
 }  // namespace
 }  // namespace leash

@@ -23,7 +23,7 @@ void Flags::String(const std::string& name, std::string* target, const std::stri
   specs_[name] = {help, *target, false, [target](const std::string& v) {
                     *target = v;
                     return Status::Ok();
-                  }};
+                  }, FlagType::kString, {}};
 }
 
 void Flags::Int(const std::string& name, int64_t* target, const std::string& help) {
@@ -35,7 +35,7 @@ void Flags::Int(const std::string& name, int64_t* target, const std::string& hel
                     if (v.empty() || *end != '\0' || errno == ERANGE) return InvalidArgument("'" + v + "' is not an integer");
                     *target = x;
                     return Status::Ok();
-                  }};
+                  }, FlagType::kInt, {}};
 }
 
 void Flags::Double(const std::string& name, double* target, const std::string& help) {
@@ -48,7 +48,19 @@ void Flags::Double(const std::string& name, double* target, const std::string& h
                     if (v.empty() || *end != '\0' || !std::isfinite(x)) return InvalidArgument("'" + v + "' is not a finite number");
                     *target = x;
                     return Status::Ok();
-                  }};
+                  }, FlagType::kDouble, {}};
+}
+
+void Flags::List(const std::string& name, std::string* target, const std::string& help) {
+  String(name, target, help);
+  specs_[name].type = FlagType::kList;
+}
+
+FlagType Flags::TypeOf(const std::string& name) const { return specs_.at(name).type; }
+
+std::string Flags::Source(const std::string& name) const {
+  const Spec& spec = specs_.at(name);
+  return spec.source.empty() ? "--" + name + " (default)" : spec.source;
 }
 
 void Flags::Bool(const std::string& name, bool* target, const std::string& help) {
@@ -62,7 +74,7 @@ void Flags::Bool(const std::string& name, bool* target, const std::string& help)
                       return InvalidArgument("'" + v + "' is not a boolean (use true or false)");
                     }
                     return Status::Ok();
-                  }};
+                  }, FlagType::kBool, {}};
 }
 
 Status Flags::Set(const std::string& name, const std::string& value, const std::string& origin) {
@@ -70,6 +82,7 @@ Status Flags::Set(const std::string& name, const std::string& value, const std::
   if (it == specs_.end()) return InvalidArgument("unknown flag --" + name + "; see --help");
   Status s = it->second.set(value);
   if (!s.ok()) return InvalidArgument("bad value for " + origin + ": " + s.message());
+  it->second.source = origin;
   return Status::Ok();
 }
 

@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "leash/common/curve_keys.h"
+#include "leash/common/cli.h"
 #include "leash/common/flags.h"
-#include "leash/common/logging.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 
@@ -103,46 +103,46 @@ int Keygen(const std::string& dir, bool server, const std::string& clients) {
 
 int Run(int argc, char** argv) {
   std::string servers = "tcp://127.0.0.1:7000";
-  std::string log_level = "warn";
   int64_t timeout_s = 10;
   bool json = false;
   std::string curve_keys;
   std::string curve_client = leash::kDefaultCurveClient;
   bool keygen_server = false;
   std::string keygen_clients;
-  leash::Flags flags("leashctl",
-                     "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked pulls, "
-                     "snapshots\n  checkpoint  make every shard write a snapshot now\n  keygen DIR  write CURVE key "
-                     "pairs into DIR (--server: the shards' pair; --client a,b: client pairs, authorized; neither: "
-                     "server and the shared 'client'); existing keys are kept");
-  flags.String("servers", &servers, "comma-separated shard endpoints in shard order");
+  leash::CommandLine cli(
+      "leashctl",
+      "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked "
+      "pulls, snapshots\n  checkpoint  make every shard write a snapshot now\n  keygen DIR  "
+      "write CURVE key pairs into DIR (--server: the shards' pair; --client a,b: client pairs, "
+      "authorized; neither: server and the shared 'client'); existing keys are kept",
+      /*job_section=*/"", /*default_log_level=*/"warn");
+  leash::Flags& flags = cli.flags();
+  flags.List("servers", &servers, "comma-separated shard endpoints in shard order");
   flags.Int("timeout", &timeout_s, "seconds to wait for the shards");
   flags.Bool("json", &json, "print status as JSON");
-  flags.String("curve-keys", &curve_keys, "CURVE keys directory: talk to CURVE shards with DIR/<curve-client>.key");
-  flags.String("curve-client", &curve_client, "name of the key pair in --curve-keys to use (DIR/NAME.key)");
+  flags.String("curve-keys", &curve_keys,
+               "CURVE keys directory: talk to CURVE shards with DIR/<curve-client>.key");
+  flags.String("curve-client", &curve_client,
+               "name of the key pair in --curve-keys to use (DIR/NAME.key)");
   flags.Bool("server", &keygen_server, "keygen: write the shards' key pair DIR/server.key");
-  flags.String("client", &keygen_clients, "keygen: comma-separated client key pairs to write and authorize");
-  flags.String("log-level", &log_level, "trace, debug, info, warn or error");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "leashctl: %s\n", st.message().c_str());
-    return 2;
-  }
-  const auto& pos = flags.positional();
-  bool keygen = !pos.empty() && pos[0] == "keygen";
-  if (flags.help_requested() || pos.size() != (keygen ? 2u : 1u)) {
-    std::fputs(flags.Usage().c_str(), flags.help_requested() ? stdout : stderr);
-    return flags.help_requested() ? 0 : 2;
-  }
-  const std::string& cmd = pos[0];
-  if (keygen) return Keygen(pos[1], keygen_server, keygen_clients);
-  if (cmd != "status" && cmd != "checkpoint") {
-    std::fprintf(stderr, "leashctl: unknown command '%s' (use status, checkpoint or keygen)\n", cmd.c_str());
-    return 2;
-  }
-  if (auto st = leash::InitLogging("leashctl", log_level); !st.ok()) {
-    std::fprintf(stderr, "leashctl: %s\n", st.message().c_str());
-    return 2;
-  }
+  flags.String("client", &keygen_clients,
+               "keygen: comma-separated client key pairs to write and authorize");
+  auto command = [&]() -> leash::Status {
+    const auto& pos = cli.positional();
+    bool keygen = !pos.empty() && pos[0] == "keygen";
+    if (pos.size() != (keygen ? 2u : 1u)) {
+      return leash::InvalidArgument(
+          "expected one command: status, checkpoint or keygen DIR; see leashctl --help");
+    }
+    if (!keygen && pos[0] != "status" && pos[0] != "checkpoint") {
+      return leash::InvalidArgument("unknown command '" + pos[0] +
+                                    "' (use status, checkpoint or keygen)");
+    }
+    return leash::Status::Ok();
+  };
+  if (auto code = leash::RunPrologue(cli, argc, argv, "leashctl", command)) return *code;
+  const std::string& cmd = cli.positional()[0];
+  if (cmd == "keygen") return Keygen(cli.positional()[1], keygen_server, keygen_clients);
   leash::ZmqOptions zo;
   if (!curve_keys.empty()) {
     auto keys = leash::LoadCurveClientKeys(curve_keys, curve_client);

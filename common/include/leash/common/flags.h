@@ -1,6 +1,7 @@
 // Command-line flags, each with an environment-variable twin: `--checkpoint-interval`
 // is also read from LEASH_CHECKPOINT_INTERVAL, so one image works under docker compose
-// and Kubernetes. A flag on the command line wins over the environment. Not thread-safe.
+// and Kubernetes. A flag on the command line wins over the environment, which wins over
+// values Set() before Parse() (a job file's). Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,9 @@
 
 namespace leash {
 
+// What a flag holds; kList is a string holding a comma-separated list.
+enum class FlagType { kString, kList, kInt, kDouble, kBool };
+
 class Flags {
  public:
   Flags(std::string program, std::string description);
@@ -22,6 +26,19 @@ class Flags {
   void Int(const std::string& name, int64_t* target, const std::string& help);
   void Double(const std::string& name, double* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);
+  // A string flag holding a comma-separated list ("a,b,c"); a job file may give a sequence.
+  void List(const std::string& name, std::string* target, const std::string& help);
+
+  bool Has(const std::string& name) const { return specs_.count(name) != 0; }
+  // The type of a registered flag (Has(name) must hold).
+  FlagType TypeOf(const std::string& name) const;
+  // Sets a registered flag from `value`, remembering `origin` (e.g. "key worker.batch of
+  // job.yaml") as where its value came from. InvalidArgument "bad value for ORIGIN: ..."
+  // for a malformed value, or "unknown flag" for a name that was not registered.
+  Status Set(const std::string& name, const std::string& value, const std::string& origin);
+  // Where the flag's value came from: "--name", its environment variable, the origin of
+  // the last Set(), or "--name (default)".
+  std::string Source(const std::string& name) const;
 
   // Reads the environment, then argv (`--name value`, `--name=value`, `--flag` for
   // booleans). InvalidArgument naming the flag for unknown flags, missing or malformed
@@ -40,8 +57,9 @@ class Flags {
     std::string default_value;
     bool is_bool = false;
     std::function<Status(const std::string&)> set;
+    FlagType type = FlagType::kString;
+    std::string source;  // empty: the default
   };
-  Status Set(const std::string& name, const std::string& value, const std::string& origin);
 
   std::string program_;
   std::string description_;

@@ -1,0 +1,64 @@
+// leash-server's configuration: every flag (with its environment twin and its key in the
+// server: section of a --config job file) parsed and validated into a ServerConfig, one
+// clear error per bad value. Value types and a parser; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "leash/common/cli.h"
+#include "leash/common/status.h"
+#include "leash/server/shard.h"
+
+namespace leash::server {
+
+// What leash-server runs with. The defaults here are the flags' defaults.
+struct ServerConfig {
+  int64_t shard = 0;
+  int64_t num_shards = 1;
+  std::string bind = "tcp://127.0.0.1:7000";
+  std::string data_dir = "./run/shard0";
+  int64_t lease_ms = 10000;
+  int64_t checkpoint_interval_ms = 60000;  // 0: no periodic snapshots
+  int64_t max_message_mb = 512;
+  bool sync = true;  // fsync snapshots
+  NonFinitePolicy nonfinite = NonFinitePolicy::kReject;
+  int64_t max_keys = int64_t{1} << 24;
+  int64_t max_parked_per_peer = 4096;
+  std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
+  int64_t max_queued_reply_mb = 1024;
+  std::string curve_keys;     // empty: no CURVE
+  bool shared_memory = true;  // with workers on this host
+  std::string log_level = "info";
+};
+
+// leash-server's command line: its flags registered on a CommandLine (defaults from
+// ServerConfig{}), and the validation of what Parse() read into a ServerConfig.
+class ServerCommandLine {
+ public:
+  ServerCommandLine();
+  ServerCommandLine(const ServerCommandLine&) = delete;
+  ServerCommandLine& operator=(const ServerCommandLine&) = delete;
+
+  CommandLine& cli() { return cli_; }
+
+  // The parsed values as a config. InvalidArgument naming the flag (or environment
+  // variable, or job-file key), the value and what is accepted, for the first bad value.
+  Result<ServerConfig> Config() const;
+
+ private:
+  // The flags as read, before validation.
+  struct Values {
+    std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
+    int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
+    bool no_sync, no_shm;
+  };
+  Values values_;
+  CommandLine cli_;
+};
+
+// Parses argv (with the environment and a --config job file) and validates: the whole
+// of ServerCommandLine for tests and tools. --help is ignored.
+Result<ServerConfig> ParseServerConfig(int argc, const char* const* argv);
+
+}  // namespace leash::server

@@ -1,0 +1,185 @@
+// Tests of leash-server's configuration: defaults, one error per bad value of every flag,
+// a job file's server: section, and environment and flag overrides of it.
+#include "config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace leash::server {
+namespace {
+
+Result<ServerConfig> Parse(std::vector<std::string> args) {
+  std::vector<const char*> argv = {"leash-server"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseServerConfig(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string Error(std::vector<std::string> args) {
+  auto config = Parse(args);
+  EXPECT_FALSE(config.ok()) << "accepted: " << ::testing::PrintToString(args);
+  return config.ok() ? "" : config.status().message();
+}
+
+std::string WriteJobFile(const std::string& text) {
+  static int counter = 0;
+  std::string path = ::testing::TempDir() + "/leash_server_config_test_" +
+                     std::to_string(getpid()) + "_" + std::to_string(counter++) + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shard, 0);
+  EXPECT_EQ(c->num_shards, 1);
+  EXPECT_EQ(c->bind, "tcp://127.0.0.1:7000");
+  EXPECT_EQ(c->data_dir, "./run/shard0");
+  EXPECT_EQ(c->lease_ms, 10000);
+  EXPECT_EQ(c->checkpoint_interval_ms, 60000);
+  EXPECT_EQ(c->max_message_mb, 512);
+  EXPECT_TRUE(c->sync);
+  EXPECT_EQ(c->nonfinite, NonFinitePolicy::kReject);
+  EXPECT_EQ(c->max_keys, int64_t{1} << 24);
+  EXPECT_EQ(c->max_parked_per_peer, 4096);
+  EXPECT_EQ(c->max_queued_reply_mb, 1024);
+  EXPECT_TRUE(c->shared_memory);
+  EXPECT_EQ(c->log_level, "info");
+}
+
+TEST(ServerConfigTest, FlagsAreParsed) {
+  auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
+                  "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shard, 1);
+  EXPECT_EQ(c->num_shards, 3);
+  EXPECT_EQ(c->lease_ms, 500);
+  EXPECT_EQ(c->checkpoint_interval_ms, 0);
+  EXPECT_EQ(c->nonfinite, NonFinitePolicy::kSkipRows);
+  EXPECT_FALSE(c->sync);
+  EXPECT_FALSE(c->shared_memory);
+  EXPECT_EQ(c->max_keys, 100);
+}
+
+TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--num-shards=0"}, "bad value for --num-shards: '0' (need an integer >= 1)"},
+      {{"--shard=2", "--num-shards=2"},
+       "bad value for --shard: '2' (need 0 <= --shard < --num-shards = 2)"},
+      {{"--shard=-1"}, "bad value for --shard: '-1' (need 0 <= --shard < --num-shards = 1)"},
+      {{"--lease-timeout=5ms"},
+       "bad value for --lease-timeout: '5ms' (need a duration of at least 10ms, e.g. 10s)"},
+      {{"--lease-timeout=soon"}, "bad value for --lease-timeout: 'soon'"},
+      {{"--checkpoint-interval=1d"},
+       "bad value for --checkpoint-interval: '1d' (need a duration such as 60s, 500ms or 2m; "
+       "0: no periodic snapshots)"},
+      {{"--max-message-mb=0"},
+       "bad value for --max-message-mb: '0' (need an integer in [1, 1048576])"},
+      {{"--nonfinite=ignore"}, "bad value for --nonfinite: 'ignore' (use reject or skip-rows)"},
+      {{"--max-keys=0"}, "bad value for --max-keys: '0' (need an integer in [1, 2^40])"},
+      {{"--max-parked-per-peer=0"},
+       "bad value for --max-parked-per-peer: '0' (need an integer >= 1)"},
+      {{"--metrics-bind=9100"}, "bad value for --metrics-bind: --metrics-bind '9100'"},
+      {{"--max-queued-reply-mb=0"},
+       "bad value for --max-queued-reply-mb: '0' (need an integer in [1, 1048576])"},
+      {{"--log-level=chatty"}, "bad value for --log-level: 'chatty'"},
+      {{"--no-sync=perhaps"}, "bad value for --no-sync: 'perhaps' is not a boolean"},
+      {{"--shard=one"}, "bad value for --shard: 'one' is not an integer"},
+  };
+  for (const auto& c : cases) {
+    std::string message = Error(c.args);
+    EXPECT_EQ(message.rfind(c.message, 0), 0u)
+        << ::testing::PrintToString(c.args) << " gave: " << message;
+  }
+}
+
+TEST(ServerConfigTest, JobFileSetsTheShardAndFlagsAndEnvironmentOverrideIt) {
+  std::string path = WriteJobFile(R"(worker:
+  batch: 128
+server:
+  num-shards: 4
+  lease-timeout: 2s
+  checkpoint-interval: 30s
+  nonfinite: skip-rows
+  no-sync: true
+  data-dir: /var/lib/leash
+)");
+  setenv("LEASH_DATA_DIR", "/from/env", 1);
+  setenv("LEASH_LEASE_TIMEOUT", "3s", 1);
+  auto c = Parse({"--config", path, "--shard=3", "--lease-timeout=4s"});
+  unsetenv("LEASH_LEASE_TIMEOUT");
+  unsetenv("LEASH_DATA_DIR");
+  std::remove(path.c_str());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_shards, 4);                          // the file
+  EXPECT_EQ(c->checkpoint_interval_ms, 30000);          // the file
+  EXPECT_EQ(c->nonfinite, NonFinitePolicy::kSkipRows);  // the file
+  EXPECT_FALSE(c->sync);                                // the file
+  EXPECT_EQ(c->data_dir, "/from/env");                  // the environment over the file
+  EXPECT_EQ(c->lease_ms, 4000);                         // the flag over both
+  EXPECT_EQ(c->shard, 3);                               // the flag
+}
+
+TEST(ServerConfigTest, BadValueFromTheJobFileNamesItsKeyAndFile) {
+  std::string path = WriteJobFile("server:\n  num-shards: 2\n  shard: 2\n");
+  std::string message = Error({"--config=" + path});
+  std::remove(path.c_str());
+  EXPECT_EQ(message, "bad value for key server.shard of " + path +
+                         ": '2' (need 0 <= --shard < --num-shards = 2)");
+}
+
+TEST(ServerConfigTest, UnknownKeyAndWrongTypeAreErrors) {
+  std::string path = WriteJobFile("server:\n  lease: 10s\n");
+  std::string message = Error({"--config=" + path});
+  std::remove(path.c_str());
+  EXPECT_NE(message.find("unknown key server.lease at " + path + ":2:3"), std::string::npos)
+      << message;
+
+  path = WriteJobFile("server:\n  max-keys: {a: 1}\n");
+  message = Error({"--config=" + path});
+  std::remove(path.c_str());
+  EXPECT_NE(message.find("key server.max-keys at " + path), std::string::npos) << message;
+  EXPECT_NE(message.find("must be an integer, not a map"), std::string::npos) << message;
+}
+
+TEST(ServerConfigTest, MissingJobFileIsAnError) {
+  setenv("LEASH_CONFIG", "/nonexistent/job.yaml", 1);
+  std::string message = Error({});
+  unsetenv("LEASH_CONFIG");
+  EXPECT_NE(message.find("cannot read job file /nonexistent/job.yaml"), std::string::npos)
+      << message;
+}
+
+TEST(ServerConfigTest, ExampleJobFileIsValid) {
+  auto c = Parse({"--config", LEASH_EXAMPLE_JOB, "--shard=1"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_shards, 2);
+  EXPECT_EQ(c->shard, 1);
+}
+
+TEST(ServerConfigTest, HelpKeepsEveryFlagWithItsDefault) {
+  ServerCommandLine line;
+  std::string usage = line.cli().Usage();
+  for (const char* expected :
+       {"--lease-timeout (LEASH_LEASE_TIMEOUT, default '10s')",
+        "--checkpoint-interval (LEASH_CHECKPOINT_INTERVAL, default '60s')",
+        "--max-keys (LEASH_MAX_KEYS, default '16777216')",
+        "--nonfinite (LEASH_NONFINITE, default 'reject')",
+        "--bind (LEASH_BIND, default 'tcp://127.0.0.1:7000')",
+        "--config (LEASH_CONFIG, default '')", "--log-level (LEASH_LOG_LEVEL, default 'info')"}) {
+    EXPECT_NE(usage.find(expected), std::string::npos) << expected << "\n" << usage;
+  }
+}
+
+}  // namespace
+}  // namespace leash::server

@@ -1,0 +1,241 @@
+// leash-worker's flags and their validation into a WorkerConfig. Not thread-safe.
+#include "config.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <string_view>
+
+#include "leash/common/flags.h"
+#include "leash/common/metrics.h"
+
+namespace leash::worker {
+namespace {
+
+std::string JoinSizes(const std::vector<int64_t>& sizes) {
+  std::string out;
+  for (int64_t s : sizes) out += (out.empty() ? "" : ",") + std::to_string(s);
+  return out;
+}
+
+// cpu, cuda, cuda:N or auto; whether the device exists is the kernels' business.
+bool IsDeviceSpec(std::string_view spec) {
+  if (spec == "cpu" || spec == "auto" || spec == "cuda") return true;
+  constexpr std::string_view kPrefix = "cuda:";
+  if (spec.substr(0, kPrefix.size()) != kPrefix || spec.size() == kPrefix.size()) return false;
+  if (spec.size() - kPrefix.size() > 9) return false;
+  for (char c : spec.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* ModelName(ModelKind kind) { return kind == ModelKind::kCnn ? "cnn" : "mlp"; }
+
+WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
+  Values v;
+  for (const auto& s : d.servers) v.servers += (v.servers.empty() ? "" : ",") + s;
+  v.local = d.local;
+  v.name = d.name;
+  v.connect_timeout_s = d.connect_timeout_s;
+  v.leave_timeout_s = d.leave_timeout_s;
+  v.no_shm = !d.shared_memory;
+  v.curve_keys = d.curve_keys;
+  v.curve_client = d.curve_client;
+  v.model = ModelName(d.model);
+  v.hidden = JoinSizes(d.hidden);
+  v.optimizer = OptimizerName(d.optimizer);
+  v.lr = d.lr;
+  v.momentum = d.momentum;
+  v.weight_decay = d.weight_decay;
+  v.staleness = d.staleness;
+  v.batch = d.batch;
+  v.accumulate = d.accumulate;
+  v.epochs = d.epochs;
+  v.chunk_size = d.chunk_size;
+  v.seed = d.seed;
+  v.wire_dtype = DTypeName(d.wire_dtype);
+  v.data = d.data;
+  v.train_limit = d.train_limit;
+  v.test_limit = d.test_limit;
+  v.device = d.device;
+  v.threads = d.threads;
+  v.log_every = d.log_every;
+  v.no_eval = !d.evaluate;
+  v.eval_every = d.eval_every;
+  v.step_delay_factor = d.step_delay_factor;
+  v.metrics_out = d.metrics_out;
+  v.metrics_bind = d.metrics_bind;
+  return v;
+}
+
+WorkerCommandLine::WorkerCommandLine()
+    : cli_("leash-worker",
+           "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).", "worker",
+           WorkerConfig{}.log_level) {
+  Values& v = values_;
+  v = ValuesOf(WorkerConfig{});
+
+  Flags& f = cli_.flags();
+  f.List("servers", &v.servers,
+         "comma-separated shard endpoints in shard order, e.g. "
+         "tcp://127.0.0.1:7000,tcp://127.0.0.1:7001");
+  f.Bool("local", &v.local, "train in this process with no server (the baseline)");
+  f.Int("staleness", &v.staleness,
+        "staleness bound s: iteration c reads once every worker finished c-s-1 "
+        "(0 = bulk-synchronous)");
+  f.Int("batch", &v.batch, "examples per step");
+  f.Double("lr", &v.lr, "learning rate");
+  f.String("optimizer", &v.optimizer, "server-side optimizer: sgd, momentum, adam or adagrad");
+  f.Double("momentum", &v.momentum, "momentum of the momentum optimizer");
+  f.Double("weight-decay", &v.weight_decay, "L2 weight decay");
+  f.Int("epochs", &v.epochs,
+        "epochs of the job: passes over the training set by all workers together");
+  f.String("data", &v.data,
+           "directory holding the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
+  f.Int("seed", &v.seed, "seed of parameter initialization and shuffling");
+  f.Int("threads", &v.threads, "BLAS threads");
+  f.Int("chunk-size", &v.chunk_size, "samples per data chunk leased from shard 0");
+  f.Int("accumulate", &v.accumulate,
+        "micro-batches of --batch examples whose gradients are averaged into one push");
+  f.String("name", &v.name, "worker name in logs and status (default: host:pid)");
+  f.String("model", &v.model,
+           "mlp (784-hidden-10) or cnn (conv32-pool-conv64-pool-dense128-dense10)");
+  f.List("hidden", &v.hidden, "hidden layer sizes of the MLP");
+  f.String("wire-dtype", &v.wire_dtype,
+           "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
+  f.String("device", &v.device, "cpu, cuda:N or auto");
+  f.Int("log-every", &v.log_every, "steps between progress lines");
+  f.Int("connect-timeout", &v.connect_timeout_s,
+        "seconds to wait for every shard to answer at start");
+  f.Int("leave-timeout", &v.leave_timeout_s,
+        "seconds after SIGTERM/SIGINT to finish the step and leave before exiting anyway");
+  f.Int("train-limit", &v.train_limit, "use only the first N training samples (0: all)");
+  f.Int("test-limit", &v.test_limit, "evaluate on only the first N test samples (0: all)");
+  f.Double("step-delay-factor", &v.step_delay_factor,
+           "straggler injection for benchmarks: sleep (factor-1) x each step's compute time "
+           "(1: none)");
+  f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
+  f.Bool("no-shm", &v.no_shm,
+         "send pushes and pulls through the socket even to a shard on this host (by default "
+         "large ones go through shared memory there)");
+  f.Int("eval-every", &v.eval_every,
+        "also evaluate on the test set (--test-limit) every N of this worker's iterations, "
+        "between them, for a finer accuracy curve in --metrics-out's \"evaluations\"; not "
+        "counted as training time (0: never)");
+  f.String("metrics-out", &v.metrics_out, "write per-epoch results as JSON to this file");
+  f.String("metrics-bind", &v.metrics_bind,
+           "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9100 (empty: no "
+           "metrics)");
+  f.String("curve-keys", &v.curve_keys,
+           "CURVE keys directory (leashctl keygen): encrypt and authenticate the connections "
+           "with this client's key pair and DIR/server.pub");
+  f.String("curve-client", &v.curve_client,
+           "name of this worker's key pair in --curve-keys (DIR/NAME.key)");
+}
+
+Result<WorkerConfig> WorkerCommandLine::Config() const {
+  const Values& v = values_;
+  auto bad = [&](const char* flag, const std::string& value, const std::string& accepted) {
+    return cli_.BadValue(flag, value, accepted);
+  };
+  auto bad_int = [&](const char* flag, int64_t value, const std::string& accepted) {
+    return bad(flag, std::to_string(value), accepted);
+  };
+  auto bad_double = [&](const char* flag, double value, const std::string& accepted) {
+    std::ostringstream text;
+    text << value;
+    return bad(flag, text.str(), accepted);
+  };
+
+  WorkerConfig c;
+  c.local = v.local;
+  c.servers = SplitList(v.servers);
+  if (!c.local && c.servers.empty()) {
+    return InvalidArgument(
+        "no shards given: set --servers (or LEASH_SERVERS, or servers: in the job file's "
+        "worker: section), or use --local to train without a server");
+  }
+  if (v.staleness < 0) return bad_int("staleness", v.staleness, "need an integer >= 0");
+  c.staleness = v.staleness;
+  if (v.batch < 1) return bad_int("batch", v.batch, "need an integer >= 1");
+  c.batch = v.batch;
+  if (!(v.lr > 0)) return bad_double("lr", v.lr, "need a number > 0");
+  c.lr = v.lr;
+  auto optimizer = ParseOptimizer(v.optimizer);
+  if (!optimizer.ok()) return bad("optimizer", v.optimizer, "use sgd, momentum, adam or adagrad");
+  c.optimizer = *optimizer;
+  c.momentum = v.momentum;
+  c.weight_decay = v.weight_decay;
+  if (v.epochs < 1) return bad_int("epochs", v.epochs, "need an integer >= 1");
+  c.epochs = v.epochs;
+  c.data = v.data;
+  c.seed = v.seed;
+  if (v.threads < 1) return bad_int("threads", v.threads, "need an integer >= 1");
+  c.threads = v.threads;
+  if (v.chunk_size < 1) return bad_int("chunk-size", v.chunk_size, "need an integer >= 1");
+  c.chunk_size = v.chunk_size;
+  if (v.accumulate < 1) return bad_int("accumulate", v.accumulate, "need an integer >= 1");
+  c.accumulate = v.accumulate;
+  c.name = v.name;
+  if (v.model == "mlp") {
+    c.model = ModelKind::kMlp;
+  } else if (v.model == "cnn") {
+    c.model = ModelKind::kCnn;
+  } else {
+    return bad("model", v.model, "use mlp or cnn");
+  }
+  c.hidden.clear();
+  for (const auto& h : SplitList(v.hidden)) {
+    char* end = nullptr;
+    long long size = std::strtoll(h.c_str(), &end, 10);
+    if (*end != '\0' || size < 1) {
+      return bad("hidden", v.hidden, "need a comma-separated list of positive layer sizes");
+    }
+    c.hidden.push_back(size);
+  }
+  auto dtype = ParseDType(v.wire_dtype);
+  if (!dtype.ok()) return bad("wire-dtype", v.wire_dtype, "use fp32, fp16 or bf16");
+  c.wire_dtype = *dtype;
+  if (!IsDeviceSpec(v.device)) return bad("device", v.device, "use cpu, cuda, cuda:N or auto");
+  c.device = v.device;
+  c.log_every = v.log_every;
+  c.connect_timeout_s = v.connect_timeout_s;
+  c.leave_timeout_s = v.leave_timeout_s;
+  if (v.train_limit < 0) return bad_int("train-limit", v.train_limit, "need an integer >= 0");
+  c.train_limit = v.train_limit;
+  if (v.test_limit < 0) return bad_int("test-limit", v.test_limit, "need an integer >= 0");
+  c.test_limit = v.test_limit;
+  if (!(v.step_delay_factor >= 1 && v.step_delay_factor < 1e6)) {
+    return bad_double("step-delay-factor", v.step_delay_factor, "need a number in [1, 1e6)");
+  }
+  c.step_delay_factor = v.step_delay_factor;
+  c.evaluate = !v.no_eval;
+  c.shared_memory = !v.no_shm;
+  if (v.eval_every < 0) {
+    return bad_int("eval-every", v.eval_every,
+                   "need an integer >= 0; 0: no evaluation within epochs");
+  }
+  c.eval_every = v.eval_every;
+  c.metrics_out = v.metrics_out;
+  if (!v.metrics_bind.empty()) {
+    if (auto address = ParseMetricsBind(v.metrics_bind); !address.ok()) {
+      return InvalidArgument("bad value for " + cli_.Source("metrics-bind") + ": " +
+                             address.status().message());
+    }
+  }
+  c.metrics_bind = v.metrics_bind;
+  c.curve_keys = v.curve_keys;
+  c.curve_client = v.curve_client;
+  c.log_level = cli_.log_level();
+  return c;
+}
+
+Result<WorkerConfig> ParseWorkerConfig(int argc, const char* const* argv) {
+  WorkerCommandLine line;
+  LEASH_RETURN_IF_ERROR(line.cli().Parse(argc, argv));
+  return line.Config();
+}
+
+}  // namespace leash::worker

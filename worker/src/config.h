@@ -1,0 +1,99 @@
+// leash-worker's configuration: every flag (with its environment twin and its key in the
+// worker: section of a --config job file) parsed and validated into a WorkerConfig, one
+// clear error per bad value. Value types and a parser; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "leash/common/cli.h"
+#include "leash/common/curve_keys.h"
+#include "leash/common/domain.h"
+#include "leash/common/status.h"
+
+namespace leash::worker {
+
+enum class ModelKind { kMlp, kCnn };
+
+// What leash-worker runs with. The defaults here are the flags' defaults.
+struct WorkerConfig {
+  // The cluster: shard endpoints in shard order, or `local` (no server, the baseline).
+  std::vector<std::string> servers;
+  bool local = false;
+  std::string name;  // in logs and status; empty: host:pid
+  int64_t connect_timeout_s = 60;
+  int64_t leave_timeout_s = 30;
+  bool shared_memory = true;  // large pushes and pulls to a shard on this host
+  std::string curve_keys;     // empty: no CURVE
+  std::string curve_client = kDefaultCurveClient;
+
+  // The job.
+  ModelKind model = ModelKind::kMlp;
+  std::vector<int64_t> hidden = {256, 128};  // MLP hidden layer sizes
+  OptimizerKind optimizer = OptimizerKind::kMomentum;
+  double lr = 0.01;
+  double momentum = 0.9;
+  double weight_decay = 0;
+  int64_t staleness = 0;
+  int64_t batch = 64;
+  int64_t accumulate = 1;
+  int64_t epochs = 3;
+  int64_t chunk_size = 1024;
+  int64_t seed = 1;
+  DType wire_dtype = DType::kF32;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int64_t train_limit = 0;  // 0: all
+  int64_t test_limit = 0;   // 0: all
+
+  // The process.
+  std::string device = "auto";  // cpu, cuda, cuda:N or auto (checked for syntax only)
+  int64_t threads = 1;
+  int64_t log_every = 100;
+  bool evaluate = true;
+  int64_t eval_every = 0;
+  double step_delay_factor = 1;
+  std::string metrics_out;
+  std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
+  std::string log_level = "info";
+};
+
+// "mlp" or "cnn".
+const char* ModelName(ModelKind kind);
+
+// leash-worker's command line: its flags registered on a CommandLine (defaults from
+// WorkerConfig{}), and the validation of what Parse() read into a WorkerConfig.
+class WorkerCommandLine {
+ public:
+  WorkerCommandLine();
+  WorkerCommandLine(const WorkerCommandLine&) = delete;
+  WorkerCommandLine& operator=(const WorkerCommandLine&) = delete;
+
+  CommandLine& cli() { return cli_; }
+
+  // The parsed values as a config. InvalidArgument naming the flag (or environment
+  // variable, or job-file key), the value and what is accepted, for the first bad value.
+  Result<WorkerConfig> Config() const;
+
+ private:
+  // The flags as read, before validation.
+  struct Values {
+    std::string servers, optimizer, wire_dtype, name, hidden, model, metrics_out, metrics_bind;
+    std::string device, curve_keys, curve_client, data;
+    int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
+    int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
+    double lr, momentum, weight_decay, step_delay_factor;
+    bool local, no_eval, no_shm;
+  };
+  // The flags' defaults: `defaults` as the flags write it.
+  static Values ValuesOf(const WorkerConfig& defaults);
+
+  Values values_;
+  CommandLine cli_;
+};
+
+// Parses argv (with the environment and a --config job file) and validates: the whole
+// of WorkerCommandLine for tests and tools. --help is ignored.
+Result<WorkerConfig> ParseWorkerConfig(int argc, const char* const* argv);
+
+}  // namespace leash::worker
