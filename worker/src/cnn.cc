@@ -43,7 +43,8 @@ constexpr uint64_t kInitSeed = 0x1ea5'0002;
 
 class Cnn final : public KernelModel {
  public:
-  Cnn(Context& ctx, int64_t max_batch) : KernelModel(ctx), max_batch_(max_batch) {}
+  Cnn(Context& ctx, int64_t max_batch)
+      : KernelModel(ctx, kImageSize * kImageSize, kClasses, max_batch) {}
 
   // Describes the parameters, allocates every buffer and He-initializes the weights.
   Status Init() {
@@ -54,7 +55,7 @@ class Cnn final : public KernelModel {
     dense_[1] = DenseLayer{kHidden, kClasses, {}};
 
     std::mt19937_64 rng(kInitSeed);
-    const auto batch = static_cast<size_t>(max_batch_);
+    const auto batch = static_cast<size_t>(max_batch());
     size_t widest = 0;  // the largest per-example gradient that flows back
     for (int l = 0; l < 2; ++l) {
       const ConvLayer& c = conv_[l];
@@ -75,65 +76,7 @@ class Cnn final : public KernelModel {
       LEASH_ASSIGN_OR_RETURN(dense_[l].act, Buffer::Allocate(ctx(), batch * static_cast<size_t>(d.out)));
       widest = std::max(widest, static_cast<size_t>(std::max(d.in, d.out)));
     }
-    // The gradient flowing back ping-pongs between two buffers as wide as the widest one.
-    for (Buffer& d : delta_) {
-      LEASH_ASSIGN_OR_RETURN(d, Buffer::Allocate(ctx(), batch * widest));
-    }
-    return InitStaging(static_cast<int64_t>(batch), input_size(), kClasses);
-  }
-
-  int64_t input_size() const override { return kImageSize * kImageSize; }
-  int64_t num_classes() const override { return kClasses; }
-
-  Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
-                              const std::function<void(size_t)>& on_grad) override {
-    LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in, BeginStep(images_host, labels_host, batch));
-    LEASH_ASSIGN_OR_RETURN(const float* logits, Forward(in.x, batch));
-    StepStats stats;
-    Buffer* dz = &delta_[0];
-    Buffer* dnext = &delta_[1];
-    LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx(), batch, kClasses, logits, in.labels,
-                                                       dz->data(), &stats.loss, &stats.correct));
-
-    // Dense layers, last first; dz holds dL/d(output) of layer l.
-    for (int l = 1; l >= 0; --l) {
-      const DenseLayer& d = dense_[l];
-      const auto pi = static_cast<size_t>(2 + l);  // its weights(pi)
-      Weights& p = weights(pi);
-      const float* x = l == 0 ? conv_[1].pooled.data() : dense_[0].act.data();
-      // dW = x^T dz (in x out), db = column sums of dz.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, d.in, d.out, batch, 1.f, x, dz->data(),
-                                          0.f, p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, d.out, dz->data(), p.db.data()));
-      GradientsReady(2 + static_cast<size_t>(l), on_grad);
-      // dx = dz W^T (batch x in); through the ReLU that produced x for the upper layer
-      // (the pooled features' ReLU came before pooling, so it is undone below).
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, d.in, d.out, 1.f, dz->data(),
-                                          Weight(pi), 0.f, dnext->data()));
-      if (l == 1) LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * d.in, x, dnext->data(), dnext->data()));
-      std::swap(dz, dnext);
-    }
-
-    // Convolutions, last first; dz holds dL/d(pooled output) of layer l.
-    for (int l = 1; l >= 0; --l) {
-      const ConvLayer& c = conv_[l];
-      Weights& p = weights(static_cast<size_t>(l));
-      const int64_t pixels = c.size * c.size;
-      const float* x = l == 0 ? in.x : conv_[0].pooled.data();
-      // Back through the pooling and the ReLU into dnext = dL/d(convolution + bias).
-      LEASH_RETURN_IF_ERROR(kernels::MaxPool2dBackward(ctx(), batch, c.c_out, c.size, c.size, c.act.data(),
-                                                       c.pooled.data(), dz->data(), dnext->data()));
-      LEASH_RETURN_IF_ERROR(
-          kernels::ReluBackward(ctx(), batch * c.c_out * pixels, c.act.data(), dnext->data(), dnext->data()));
-      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardWeight(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
-                                                          x, dnext->data(), p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(), p.db.data()));
-      GradientsReady(static_cast<size_t>(l), on_grad);
-      if (l == 0) break;  // nobody needs the gradient of the input
-      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardData(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
-                                                        dnext->data(), Weight(static_cast<size_t>(l)), dz->data()));
-    }
-    return stats;
+    return InitBuffers(widest);
   }
 
  private:
@@ -150,6 +93,7 @@ class Cnn final : public KernelModel {
     int64_t out = 0;
     Buffer act;  // batch x out (after ReLU, except for the logits of the last layer)
   };
+
   // Returns the logits, in dense_[1].act.
   Result<const float*> Forward(const float* x, int64_t batch) override {
     for (int l = 0; l < 2; ++l) {
@@ -175,11 +119,52 @@ class Cnn final : public KernelModel {
     return x;
   }
 
-  const int64_t max_batch_;
+  Status Backward(const float* input, int64_t batch, Buffer* dz, Buffer* dnext,
+                  const std::function<void(size_t)>& on_grad) override {
+    // Dense layers, last first; dz holds dL/d(output) of layer l.
+    for (int l = 1; l >= 0; --l) {
+      const DenseLayer& d = dense_[l];
+      const auto pi = static_cast<size_t>(2 + l);  // its weights(pi)
+      Weights& p = weights(pi);
+      const float* x = l == 0 ? conv_[1].pooled.data() : dense_[0].act.data();
+      // dW = x^T dz (in x out), db = column sums of dz.
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, d.in, d.out, batch, 1.f, x, dz->data(),
+                                          0.f, p.dw.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, d.out, dz->data(), p.db.data()));
+      GradientsReady(2 + static_cast<size_t>(l), on_grad);
+      // dx = dz W^T (batch x in); through the ReLU that produced x for the upper layer
+      // (the pooled features' ReLU came before pooling, so it is undone below).
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, d.in, d.out, 1.f, dz->data(),
+                                          Weight(pi), 0.f, dnext->data()));
+      if (l == 1) LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * d.in, x, dnext->data(), dnext->data()));
+      std::swap(dz, dnext);
+    }
+
+    // Convolutions, last first; dz holds dL/d(pooled output) of layer l.
+    for (int l = 1; l >= 0; --l) {
+      const ConvLayer& c = conv_[l];
+      Weights& p = weights(static_cast<size_t>(l));
+      const int64_t pixels = c.size * c.size;
+      const float* x = l == 0 ? input : conv_[0].pooled.data();
+      // Back through the pooling and the ReLU into dnext = dL/d(convolution + bias).
+      LEASH_RETURN_IF_ERROR(kernels::MaxPool2dBackward(ctx(), batch, c.c_out, c.size, c.size, c.act.data(),
+                                                       c.pooled.data(), dz->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(
+          kernels::ReluBackward(ctx(), batch * c.c_out * pixels, c.act.data(), dnext->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardWeight(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
+                                                          x, dnext->data(), p.dw.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(), p.db.data()));
+      GradientsReady(static_cast<size_t>(l), on_grad);
+      if (l == 0) break;  // nobody needs the gradient of the input
+      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardData(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
+                                                        dnext->data(), Weight(static_cast<size_t>(l)), dz->data()));
+    }
+    return Status::Ok();
+  }
+
   // Their parameters are weights(0) to weights(3): conv1, conv2, fc1, fc2.
   ConvLayer conv_[2];
   DenseLayer dense_[2];
-  Buffer delta_[2];
 };
 
 }  // namespace

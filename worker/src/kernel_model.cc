@@ -28,8 +28,12 @@ Status KernelModel::AddParams(const std::string& name, int64_t rows, int64_t col
   return Status::Ok();
 }
 
-Status KernelModel::InitStaging(int64_t max_batch, int64_t input_size, int64_t num_classes) {
-  LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, max_batch, input_size, num_classes));
+Status KernelModel::InitBuffers(size_t widest) {
+  for (kernels::Buffer& d : delta_) {
+    LEASH_ASSIGN_OR_RETURN(
+        d, kernels::Buffer::Allocate(ctx_, static_cast<size_t>(max_batch_) * widest));
+  }
+  LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, max_batch_, input_size_, num_classes_));
   grad_ready_.assign(params_.size(), false);
   bindings_.Init(params_.size());
   return Status::Ok();
@@ -47,6 +51,21 @@ Status KernelModel::SetParam(size_t index, const float* host) {
 
 Status KernelModel::BindParam(size_t index, const float* host) {
   return bindings_.Bind(ctx_, params_, index, host);
+}
+
+Result<StepStats> KernelModel::TrainStep(const float* images_host, const int32_t* labels_host,
+                                         int64_t batch,
+                                         const std::function<void(size_t)>& on_grad) {
+  std::fill(grad_ready_.begin(), grad_ready_.end(), false);
+  LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in,
+                         stager_.Stage("TrainStep", images_host, labels_host, batch));
+  LEASH_ASSIGN_OR_RETURN(const float* logits, Forward(in.x, batch));
+  StepStats stats;
+  LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx_, batch, num_classes_, logits, in.labels,
+                                                     delta_[0].data(), &stats.loss,
+                                                     &stats.correct));
+  LEASH_RETURN_IF_ERROR(Backward(in.x, batch, &delta_[0], &delta_[1], on_grad));
+  return stats;
 }
 
 Status KernelModel::PrefetchBatch(const float* images_host, const int32_t* labels_host,
@@ -73,7 +92,9 @@ Result<const float*> KernelModel::HostGradient(size_t index) {
                               " yet; call TrainStep first (and wait for its on_grad)");
   }
   // Only the CPU's buffers are host memory.
-  if (ctx_.device().type != kernels::DeviceType::kCpu) return static_cast<const float*>(nullptr);
+  if (ctx_.device().type != kernels::DeviceType::kCpu) {
+    return static_cast<const float*>(nullptr);
+  }
   return static_cast<const float*>(Grad(index).data());
 }
 
@@ -81,12 +102,6 @@ Result<StepStats> KernelModel::Evaluate(const float* images_host, const int32_t*
                                         int64_t n) {
   return stager_.Evaluate(images_host, labels_host, n,
                           [&](const float* x, int64_t rows) { return Forward(x, rows); });
-}
-
-Result<BatchStager::Staged> KernelModel::BeginStep(const float* images_host,
-                                                   const int32_t* labels_host, int64_t batch) {
-  std::fill(grad_ready_.begin(), grad_ready_.end(), false);
-  return stager_.Stage("TrainStep", images_host, labels_host, batch);
 }
 
 void KernelModel::GradientsReady(size_t layer, const std::function<void(size_t)>& on_grad) {

@@ -34,58 +34,25 @@ constexpr uint64_t kInitSeed = 0x1ea5'0001;
 class Mlp final : public KernelModel {
  public:
   Mlp(Context& ctx, int64_t input_size, int64_t num_classes, int64_t max_batch)
-      : KernelModel(ctx), input_size_(input_size), num_classes_(num_classes), max_batch_(max_batch) {}
+      : KernelModel(ctx, input_size, num_classes, max_batch) {}
 
   // Allocates every buffer for `widths` = input, hidden..., classes and He-initializes W.
   Status Init(const std::vector<int64_t>& widths) {
     std::mt19937_64 rng(kInitSeed);
-    int64_t widest = 0;
+    size_t widest = 0;
     for (size_t l = 0; l + 1 < widths.size(); ++l) {
       Layer layer;
       layer.in = widths[l];
       layer.out = widths[l + 1];
-      widest = std::max(widest, layer.out);
+      widest = std::max(widest, static_cast<size_t>(layer.out));
       const std::string name = "mlp/fc" + std::to_string(l + 1);
       LEASH_RETURN_IF_ERROR(AddParams(name, layer.in, layer.out, layer.in, layer.out, rng));
-      LEASH_ASSIGN_OR_RETURN(layer.act, Buffer::Allocate(ctx(), static_cast<size_t>(max_batch_) * static_cast<size_t>(layer.out)));
+      const auto out = static_cast<size_t>(layer.out);
+      LEASH_ASSIGN_OR_RETURN(layer.act, Buffer::Allocate(ctx(), static_cast<size_t>(max_batch()) * out));
       layers_.push_back(std::move(layer));
     }
-    // The gradient flowing back ping-pongs between two buffers as wide as the widest layer.
-    for (Buffer& d : delta_) {
-      LEASH_ASSIGN_OR_RETURN(d, Buffer::Allocate(ctx(), static_cast<size_t>(max_batch_) * widest));
-    }
-    return InitStaging(max_batch_, input_size_, num_classes_);
-  }
-
-  int64_t input_size() const override { return input_size_; }
-  int64_t num_classes() const override { return num_classes_; }
-
-  Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
-                              const std::function<void(size_t)>& on_grad) override {
-    LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in, BeginStep(images_host, labels_host, batch));
-    LEASH_ASSIGN_OR_RETURN(const float* logits, Forward(in.x, batch));
-    StepStats stats;
-    Buffer* dz = &delta_[0];
-    Buffer* dnext = &delta_[1];
-    LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx(), batch, num_classes_, logits, in.labels, dz->data(),
-                                                       &stats.loss, &stats.correct));
-    for (size_t l = layers_.size(); l-- > 0;) {
-      Layer& layer = layers_[l];
-      Weights& p = weights(l);
-      const float* x = l == 0 ? in.x : layers_[l - 1].act.data();
-      // dW = x^T dz (in x out), db = column sums of dz.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, layer.in, layer.out, batch, 1.f, x,
-                                          dz->data(), 0.f, p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, layer.out, dz->data(), p.db.data()));
-      GradientsReady(l, on_grad);
-      if (l == 0) break;  // nobody needs the gradient of the input
-      // dx = dz W^T (batch x in), then through the ReLU that produced x.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, layer.in, layer.out, 1.f,
-                                          dz->data(), Weight(l), 0.f, dnext->data()));
-      LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * layer.in, x, dnext->data(), dnext->data()));
-      std::swap(dz, dnext);
-    }
-    return stats;
+    // The gradient flowing back is as wide as the widest layer.
+    return InitBuffers(widest);
   }
 
  private:
@@ -111,11 +78,28 @@ class Mlp final : public KernelModel {
     return x;
   }
 
-  const int64_t input_size_;
-  const int64_t num_classes_;
-  const int64_t max_batch_;
+  Status Backward(const float* input, int64_t batch, Buffer* dz, Buffer* dnext,
+                  const std::function<void(size_t)>& on_grad) override {
+    for (size_t l = layers_.size(); l-- > 0;) {
+      Layer& layer = layers_[l];
+      Weights& p = weights(l);
+      const float* x = l == 0 ? input : layers_[l - 1].act.data();
+      // dW = x^T dz (in x out), db = column sums of dz.
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, layer.in, layer.out, batch, 1.f, x,
+                                          dz->data(), 0.f, p.dw.data()));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, layer.out, dz->data(), p.db.data()));
+      GradientsReady(l, on_grad);
+      if (l == 0) break;  // nobody needs the gradient of the input
+      // dx = dz W^T (batch x in), then through the ReLU that produced x.
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, layer.in, layer.out, 1.f,
+                                          dz->data(), Weight(l), 0.f, dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * layer.in, x, dnext->data(), dnext->data()));
+      std::swap(dz, dnext);
+    }
+    return Status::Ok();
+  }
+
   std::vector<Layer> layers_;
-  Buffer delta_[2];
 };
 
 }  // namespace
