@@ -1,5 +1,5 @@
-// Devices, contexts and owned device memory: ParseDevice, Context::Create (CPU, or CUDA
-// through the kernels/cuda backend), Buffer and DeviceArray. A Context is used by one
+// Devices, contexts and owned memory: ParseDevice, Context::Create (CPU, or CUDA through
+// the kernels/cuda backend), DeviceArray (Buffer) and PinnedHostBuffer. A Context is used by one
 // thread at a time; the free functions are thread-safe.
 #include <charconv>
 #include <cstdint>
@@ -36,7 +36,7 @@ class CudaContext final : public Context {
 
 std::string Bytes(size_t n) { return std::to_string(n) + " bytes"; }
 
-// Raw memory behind Buffer and DeviceArray: zero-filled, on the context's device.
+// Raw memory behind a DeviceArray: zero-filled, on the context's device.
 Result<void*> AllocateBytes(Context& ctx, size_t count, size_t element_size) {
   if (count > std::numeric_limits<size_t>::max() / element_size) {
     return InvalidArgument("cannot allocate " + std::to_string(count) + " elements: the size overflows");
@@ -53,20 +53,6 @@ Result<void*> AllocateBytes(Context& ctx, size_t count, size_t element_size) {
       return internal::OnCuda<Result<void*>>(ctx, [&](auto& s) { return cuda::Allocate(s, bytes); });
   }
   return InvalidArgument("unknown device type");
-}
-
-void FreeBytes(Device device, void* p) noexcept {
-  if (p == nullptr) return;
-  switch (device.type) {
-    case DeviceType::kCpu:
-      std::free(p);
-      return;
-    case DeviceType::kCuda:
-#if LEASH_WITH_CUDA
-      cuda::Free(device.index, p);
-#endif
-      return;
-  }
 }
 
 // Validates a copy of `count` elements between host memory and an array of `size`
@@ -123,6 +109,34 @@ Status CopyOut(Context& ctx, Device device, const void* base, size_t size, void*
 namespace internal {
 
 Status NoCuda() { return Unavailable("this build has no CUDA support; rebuild with -DLEASH_WITH_CUDA=ON"); }
+
+void FreeDeviceMemory::operator()(void* p) const noexcept {
+  if (p == nullptr) return;
+  switch (device.type) {
+    case DeviceType::kCpu:
+      std::free(p);
+      return;
+    case DeviceType::kCuda:
+#if LEASH_WITH_CUDA
+      cuda::Free(device.index, p);
+#endif
+      return;
+  }
+}
+
+void FreePinnedMemory::operator()(void* p) const noexcept {
+  if (p == nullptr) return;
+  switch (device.type) {
+    case DeviceType::kCpu:
+      std::free(p);
+      return;
+    case DeviceType::kCuda:
+#if LEASH_WITH_CUDA
+      cuda::FreePinned(p);
+#endif
+      return;
+  }
+}
 
 cuda::State* CudaStateOf(Context& ctx) {
 #if LEASH_WITH_CUDA
@@ -210,104 +224,28 @@ Result<std::unique_ptr<Context>> Context::Create(Device device, int cpu_threads)
   return InvalidArgument("unknown device type " + std::to_string(static_cast<int>(device.type)));
 }
 
-// ---- Buffer ----
-
-Result<Buffer> Buffer::Allocate(Context& ctx, size_t count) {
-  LEASH_ASSIGN_OR_RETURN(void* p, AllocateBytes(ctx, count, sizeof(float)));
-  Buffer b;
-  b.data_ = static_cast<float*>(p);
-  b.size_ = count;
-  b.device_ = ctx.device();
-  return b;
-}
-
-Buffer::~Buffer() { Release(); }
-
-Buffer::Buffer(Buffer&& other) noexcept : data_(other.data_), size_(other.size_), device_(other.device_) {
-  other.data_ = nullptr;
-  other.size_ = 0;
-}
-
-Buffer& Buffer::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    Release();
-    data_ = other.data_;
-    size_ = other.size_;
-    device_ = other.device_;
-    other.data_ = nullptr;
-    other.size_ = 0;
-  }
-  return *this;
-}
-
-void Buffer::Release() {
-  FreeBytes(device_, data_);
-  data_ = nullptr;
-  size_ = 0;
-}
-
-Status Buffer::CopyFromHost(Context& ctx, const float* src_host, size_t count, size_t offset) {
-  return CopyIn(ctx, device_, data_, size_, src_host, count, offset, sizeof(float));
-}
-
-Status Buffer::CopyToHost(Context& ctx, float* dst_host, size_t count, size_t offset) const {
-  return CopyOut(ctx, device_, data_, size_, dst_host, count, offset, sizeof(float));
-}
-
 // ---- DeviceArray ----
 
 template <typename T>
 Result<DeviceArray<T>> DeviceArray<T>::Allocate(Context& ctx, size_t count) {
   LEASH_ASSIGN_OR_RETURN(void* p, AllocateBytes(ctx, count, sizeof(T)));
   DeviceArray a;
-  a.data_ = static_cast<T*>(p);
+  a.data_ = {static_cast<T*>(p), internal::FreeDeviceMemory{ctx.device()}};
   a.size_ = count;
-  a.device_ = ctx.device();
   return a;
 }
 
 template <typename T>
-DeviceArray<T>::~DeviceArray() {
-  Release();
-}
-
-template <typename T>
-DeviceArray<T>::DeviceArray(DeviceArray&& other) noexcept
-    : data_(other.data_), size_(other.size_), device_(other.device_) {
-  other.data_ = nullptr;
-  other.size_ = 0;
-}
-
-template <typename T>
-DeviceArray<T>& DeviceArray<T>::operator=(DeviceArray&& other) noexcept {
-  if (this != &other) {
-    Release();
-    data_ = other.data_;
-    size_ = other.size_;
-    device_ = other.device_;
-    other.data_ = nullptr;
-    other.size_ = 0;
-  }
-  return *this;
-}
-
-template <typename T>
-void DeviceArray<T>::Release() {
-  FreeBytes(device_, data_);
-  data_ = nullptr;
-  size_ = 0;
-}
-
-template <typename T>
 Status DeviceArray<T>::CopyFromHost(Context& ctx, const T* src_host, size_t count, size_t offset) {
-  return CopyIn(ctx, device_, data_, size_, src_host, count, offset, sizeof(T));
+  return CopyIn(ctx, device(), data(), size(), src_host, count, offset, sizeof(T));
 }
 
 template <typename T>
 Status DeviceArray<T>::CopyToHost(Context& ctx, T* dst_host, size_t count, size_t offset) const {
-  return CopyOut(ctx, device_, data_, size_, dst_host, count, offset, sizeof(T));
+  return CopyOut(ctx, device(), data(), size(), dst_host, count, offset, sizeof(T));
 }
 
+template class DeviceArray<float>;
 template class DeviceArray<int32_t>;
 template class DeviceArray<uint16_t>;
 
@@ -315,58 +253,22 @@ template class DeviceArray<uint16_t>;
 
 Result<PinnedHostBuffer> PinnedHostBuffer::Allocate(Context& ctx, size_t bytes) {
   PinnedHostBuffer b;
-  b.device_ = ctx.device();
+  b.data_ = {nullptr, internal::FreePinnedMemory{ctx.device()}};
   b.bytes_ = bytes;
   if (bytes == 0) return b;
   switch (ctx.device().type) {
     case DeviceType::kCpu:
-      b.data_ = std::malloc(bytes);
+      b.data_.reset(std::malloc(bytes));
       if (b.data_ == nullptr) return ResourceExhausted("out of host memory allocating " + Bytes(bytes));
       return b;
     case DeviceType::kCuda: {
-      LEASH_ASSIGN_OR_RETURN(b.data_, internal::OnCuda<Result<void*>>(
+      LEASH_ASSIGN_OR_RETURN(void* p, internal::OnCuda<Result<void*>>(
                                           ctx, [&](auto& s) { return cuda::AllocatePinned(s, bytes); }));
+      b.data_.reset(p);
       return b;
     }
   }
   return InvalidArgument("unknown device type");
-}
-
-PinnedHostBuffer::~PinnedHostBuffer() { Release(); }
-
-PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
-  other.data_ = nullptr;
-  other.bytes_ = 0;
-}
-
-PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
-  if (this != &other) {
-    Release();
-    data_ = other.data_;
-    bytes_ = other.bytes_;
-    device_ = other.device_;
-    other.data_ = nullptr;
-    other.bytes_ = 0;
-  }
-  return *this;
-}
-
-void PinnedHostBuffer::Release() {
-  if (data_ != nullptr) {
-    switch (device_.type) {
-      case DeviceType::kCpu:
-        std::free(data_);
-        break;
-      case DeviceType::kCuda:
-#if LEASH_WITH_CUDA
-        cuda::FreePinned(data_);
-#endif
-        break;
-    }
-  }
-  data_ = nullptr;
-  bytes_ = 0;
 }
 
 // ---- CopyStream ----

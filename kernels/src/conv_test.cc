@@ -14,29 +14,14 @@
 #include <vector>
 
 #include "leash/kernels/kernels.h"
+#include "test_inputs.h"
 
 namespace leash::kernels {
 namespace {
 
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
 size_t XSize(const Conv2dShape& s) { return static_cast<size_t>(s.n * s.c_in * s.h * s.w); }
 size_t YSize(const Conv2dShape& s) { return static_cast<size_t>(s.n * s.c_out * s.h_out() * s.w_out()); }
 size_t WSize(const Conv2dShape& s) { return static_cast<size_t>(s.c_out * s.patch_rows()); }
-
-std::string Name(const Conv2dShape& s) {
-  return "n=" + std::to_string(s.n) + " c_in=" + std::to_string(s.c_in) + " h=" + std::to_string(s.h) +
-         " w=" + std::to_string(s.w) + " c_out=" + std::to_string(s.c_out) + " k=" + std::to_string(s.k) +
-         " pad=" + std::to_string(s.pad);
-}
 
 // Calls f(y index, x index, weight index) for every product the convolution sums, straight
 // from the definition in kernels.h: y[i, o, r, c] += w[o, ci, a, b] x[i, ci, r + a - pad,
@@ -105,29 +90,6 @@ void ExpectMatchesReference(const std::vector<float>& got, const RefResult& want
   }
 }
 
-// Central-difference gradient of f at x.
-std::vector<double> NumericGradient(const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
-                                    double eps) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double up = f(x);
-    x[i] = saved - eps;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * eps);
-  }
-  return g;
-}
-
-void ExpectGradientsMatch(const std::vector<float>& analytic, const std::vector<double>& numeric, const char* what) {
-  ASSERT_EQ(analytic.size(), numeric.size());
-  for (size_t i = 0; i < analytic.size(); ++i) {
-    EXPECT_NEAR(analytic[i], numeric[i], 1e-4 + 1e-3 * std::abs(numeric[i])) << what << " element " << i;
-  }
-}
-
 double Dot(const std::vector<double>& a, const std::vector<double>& b) {
   return std::inner_product(a.begin(), a.end(), b.begin(), 0.0);
 }
@@ -141,15 +103,8 @@ const Conv2dShape kShapes[] = {
     {2, 2, 1, 6, 2, 3, 1}, {3, 1, 9, 1, 2, 1, 0}, {2, 8, 14, 14, 16, 3, 1},
 };
 
-class CpuConvTest : public ::testing::Test {
+class CpuConvTest : public CpuContextTest {
  protected:
-  void SetUp() override {
-    auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-    ASSERT_TRUE(ctx.ok()) << ctx.status();
-    ctx_ = std::move(ctx).value();
-  }
-  Context& ctx() { return *ctx_; }
-
   std::vector<float> Forward(const Conv2dShape& s, const std::vector<float>& x, const std::vector<float>& w) {
     std::vector<float> y(YSize(s), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
     Status st = Conv2dForward(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), w.data(), y.data());
@@ -168,8 +123,6 @@ class CpuConvTest : public ::testing::Test {
     EXPECT_TRUE(st.ok()) << st;
     return dw;
   }
-
-  std::unique_ptr<Context> ctx_;
 };
 
 using Conv2dTest = CpuConvTest;
@@ -182,7 +135,7 @@ using ConvValidationTest = CpuConvTest;
 TEST_F(Conv2dTest, ForwardMatchesReference) {
   uint32_t seed = 1;
   for (const Conv2dShape& s : kShapes) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     ExpectMatchesReference(Forward(s, x, w), RefForward(s, ToDouble(x), ToDouble(w)), "y");
@@ -192,7 +145,7 @@ TEST_F(Conv2dTest, ForwardMatchesReference) {
 TEST_F(Conv2dTest, BackwardDataMatchesReference) {
   uint32_t seed = 100;
   for (const Conv2dShape& s : kShapes) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto dy = RandomVector(YSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     ExpectMatchesReference(BackwardData(s, dy, w), RefBackwardData(s, ToDouble(dy), ToDouble(w)), "dx");
@@ -202,7 +155,7 @@ TEST_F(Conv2dTest, BackwardDataMatchesReference) {
 TEST_F(Conv2dTest, BackwardWeightMatchesReferenceSummedOverTheBatch) {
   uint32_t seed = 200;
   for (const Conv2dShape& s : kShapes) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto dy = RandomVector(YSize(s), seed++);
     ExpectMatchesReference(BackwardWeight(s, x, dy), RefBackwardWeight(s, ToDouble(x), ToDouble(dy)), "dweight");
@@ -214,7 +167,7 @@ TEST_F(Conv2dTest, GradientsMatchCentralDifferences) {
   uint32_t seed = 300;
   for (const Conv2dShape& s :
        {Conv2dShape{2, 2, 5, 4, 3, 3, 1}, Conv2dShape{2, 3, 4, 5, 2, 3, 0}, Conv2dShape{1, 2, 3, 3, 2, 2, 1}}) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     const auto g = RandomVector(YSize(s), seed++);
@@ -233,7 +186,7 @@ TEST_F(Conv2dTest, ScratchIsReusedAcrossShapesOfEverySize) {
   uint32_t seed = 400;
   for (const Conv2dShape& s : {Conv2dShape{1, 1, 4, 4, 1, 3, 1}, Conv2dShape{2, 4, 12, 11, 3, 5, 2},
                                Conv2dShape{2, 2, 5, 5, 2, 3, 0}, Conv2dShape{2, 4, 12, 11, 3, 5, 2}}) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     const auto dy = RandomVector(YSize(s), seed++);

@@ -13,17 +13,10 @@
 #include <vector>
 
 #include "leash/kernels/kernels.h"
+#include "test_inputs.h"
 
 namespace leash::kernels {
 namespace {
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 // Values on a grid of 0.25 in [-1, 1]: 2 x 2 windows often hold equal maxima.
 std::vector<float> TiedVector(size_t n, uint32_t seed) {
@@ -37,52 +30,14 @@ std::vector<float> TiedVector(size_t n, uint32_t seed) {
 // Summation orders (and cuDNN's algorithms: FFT, Winograd) differ from the CPU's; the
 // error grows like the square root of the number of terms in each sum.
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t terms, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const float atol = 1e-5f * std::sqrt(static_cast<float>(terms)) * 4;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + 1e-4f * std::abs(want[i])) << what << " element " << i;
-  }
+  kernels::ExpectClose(got, want, 1e-4f, 1e-5f * std::sqrt(static_cast<float>(terms)) * 4, what);
 }
 
-std::string Name(const Conv2dShape& s) {
-  return "n=" + std::to_string(s.n) + " c_in=" + std::to_string(s.c_in) + " h=" + std::to_string(s.h) +
-         " w=" + std::to_string(s.w) + " c_out=" + std::to_string(s.c_out) + " k=" + std::to_string(s.k) +
-         " pad=" + std::to_string(s.pad);
-}
-
-class CudaConvTest : public ::testing::Test {
+class CudaConvTest : public CudaAgainstCpuTest {
  protected:
-  void SetUp() override {
-    if (!CudaBuilt() || CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
-    auto gpu = Context::Create(Device{DeviceType::kCuda, 0});
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    gpu_ = std::move(gpu).value();
-    auto cpu = Context::Create(Device{DeviceType::kCpu, 0});
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = std::move(cpu).value();
-  }
-
-  Context& gpu() { return *gpu_; }
-  Context& cpu() { return *cpu_; }
-
-  Buffer Upload(const std::vector<float>& host) {
-    auto a = Buffer::Allocate(gpu(), host.size());
-    EXPECT_TRUE(a.ok()) << a.status();
-    if (!a.ok()) return Buffer();
-    EXPECT_TRUE(a->CopyFromHost(gpu(), host.data(), host.size()).ok());
-    return std::move(a).value();
-  }
-
-  std::vector<float> Download(const Buffer& a) {
-    std::vector<float> host(a.size());
-    Status s = a.CopyToHost(gpu(), host.data(), host.size());
-    EXPECT_TRUE(s.ok()) << s;
-    return host;
-  }
-
   // Runs the three convolution kernels on both devices and compares.
   void CheckConvolution(const Conv2dShape& s, uint32_t seed) {
-    SCOPED_TRACE(Name(s));
+    SCOPED_TRACE(ShapeName(s));
     const auto x_size = static_cast<size_t>(s.n * s.c_in * s.h * s.w);
     const auto y_size = static_cast<size_t>(s.n * s.c_out * s.h_out() * s.w_out());
     const auto w_size = static_cast<size_t>(s.c_out * s.patch_rows());
@@ -113,9 +68,6 @@ class CudaConvTest : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st;
     ExpectClose(Download(dwd), dw, s.n * s.h_out() * s.w_out(), "dweight");
   }
-
-  std::unique_ptr<Context> gpu_;
-  std::unique_ptr<Context> cpu_;
 };
 
 using CudaConv2dTest = CudaConvTest;

@@ -8,30 +8,14 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "leash/kernels/kernels.h"
+#include "test_inputs.h"
 
 namespace leash::kernels {
 namespace {
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomLabels(size_t n, int32_t classes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, classes - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(rng);
-  return v;
-}
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -39,50 +23,7 @@ uint32_t Bits(float f) {
   return u;
 }
 
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
-                 const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::abs(want[i])) << what << " element " << i;
-  }
-}
-
-class CudaKernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!CudaBuilt() || CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
-    auto gpu = Context::Create(Device{DeviceType::kCuda, 0});
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    gpu_ = std::move(gpu).value();
-    auto cpu = Context::Create(Device{DeviceType::kCpu, 0});
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = std::move(cpu).value();
-  }
-
-  Context& gpu() { return *gpu_; }
-  Context& cpu() { return *cpu_; }
-
-  template <typename T>
-  auto Upload(const std::vector<T>& host) {
-    using Array = std::conditional_t<std::is_same_v<T, float>, Buffer, DeviceArray<T>>;
-    auto a = Array::Allocate(gpu(), host.size());
-    EXPECT_TRUE(a.ok()) << a.status();
-    if (!a.ok()) return Array();
-    EXPECT_TRUE(a->CopyFromHost(gpu(), host.data(), host.size()).ok());
-    return std::move(a).value();
-  }
-
-  template <typename Array>
-  auto Download(const Array& a) {
-    std::vector<std::remove_const_t<std::remove_pointer_t<decltype(a.data())>>> host(a.size());
-    Status s = a.CopyToHost(gpu(), host.data(), host.size());
-    EXPECT_TRUE(s.ok()) << s;
-    return host;
-  }
-
-  std::unique_ptr<Context> gpu_;
-  std::unique_ptr<Context> cpu_;
-};
+using CudaKernelsTest = CudaAgainstCpuTest;
 
 TEST_F(CudaKernelsTest, GemmMatchesCpuForEveryTransposeAndOddSizes) {
   struct Shape {

@@ -14,27 +14,10 @@
 #include "leash/common/half.h"
 #include "leash/kernels/cpu.h"
 #include "leash/kernels/kernels.h"
+#include "test_inputs.h"
 
 namespace leash::kernels {
 namespace {
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomLabels(size_t n, int32_t classes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, classes - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // op(X)[i][j] of a row-major matrix whose op is rows x cols.
 double OpAt(const std::vector<double>& x, Transpose t, int64_t rows, int64_t cols, int64_t i, int64_t j) {
@@ -55,55 +38,7 @@ std::vector<double> RefProduct(Transpose ta, Transpose tb, int64_t m, int64_t n,
   return c;
 }
 
-// Reference mean softmax cross-entropy in double.
-double RefSoftmaxLoss(int64_t rows, int64_t classes, const std::vector<double>& x, const std::vector<int32_t>& labels) {
-  double total = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double max = x[r * classes];
-    for (int64_t c = 1; c < classes; ++c) max = std::max(max, x[r * classes + c]);
-    double sum = 0.0;
-    for (int64_t c = 0; c < classes; ++c) sum += std::exp(x[r * classes + c] - max);
-    total += max + std::log(sum) - x[r * classes + labels[r]];
-  }
-  return total / static_cast<double>(rows);
-}
-
-// Central-difference gradient of f at x.
-std::vector<double> NumericGradient(const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
-                                    double eps) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double up = f(x);
-    x[i] = saved - eps;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * eps);
-  }
-  return g;
-}
-
-// A float analytic gradient against a double numeric one: loose enough for fp32 rounding,
-// far too tight for a wrong scale, sign, transpose or missing term.
-void ExpectGradientsMatch(const std::vector<float>& analytic, const std::vector<double>& numeric, const char* what) {
-  ASSERT_EQ(analytic.size(), numeric.size());
-  for (size_t i = 0; i < analytic.size(); ++i) {
-    EXPECT_NEAR(analytic[i], numeric[i], 1e-4 + 1e-3 * std::abs(numeric[i])) << what << " element " << i;
-  }
-}
-
-class CpuKernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-    ASSERT_TRUE(ctx.ok()) << ctx.status();
-    ctx_ = std::move(ctx).value();
-  }
-  Context& ctx() { return *ctx_; }
-  std::unique_ptr<Context> ctx_;
-};
-
+using CpuKernelsTest = CpuContextTest;
 using KernelsGradientTest = CpuKernelsTest;
 using KernelsOptimizerTest = CpuKernelsTest;
 using KernelsValidationTest = CpuKernelsTest;

@@ -1,7 +1,7 @@
-// Shared by the built-in models: validates a host batch and stages it where the model's
-// kernels read it (the caller's arrays on the CPU, copies in buffers allocated once on a
-// GPU, made while the previous step computes when the batch was staged ahead), and checks
-// parameter indices. One thread at a time.
+// Shared by the built-in models (through kernel_model.h): validates a host batch and
+// stages it where the model's kernels read it (the caller's arrays on the CPU, copies in
+// buffers allocated once on a GPU, made while the previous step computes when the batch
+// was staged ahead), and checks parameter indices. One thread at a time.
 #pragma once
 
 #include <algorithm>

@@ -17,7 +17,8 @@
 #include "leash/worker/dataset.h"
 #include "leash/worker/model.h"
 
-#include "binding_checks.h"
+#include "model_checks.h"
+#include "test_inputs.h"
 
 #ifndef LEASH_CNN_CUDA_TEST
 #define LEASH_CNN_CUDA_TEST 0
@@ -29,6 +30,7 @@ namespace {
 using kernels::Context;
 using kernels::Device;
 using kernels::DeviceType;
+using kernels::RandomLabels;
 
 constexpr int64_t kPixels = 28 * 28;
 constexpr int64_t kClasses = 10;
@@ -37,13 +39,6 @@ std::vector<float> NormalVector(size_t n, std::mt19937& rng, float stddev) {
   std::normal_distribution<float> dist(0.f, stddev);
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomLabels(size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> dist(0, kClasses - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(rng);
   return v;
 }
 
@@ -59,12 +54,6 @@ std::vector<std::vector<float>> InitParams(Model& model, std::mt19937& rng, bool
     EXPECT_TRUE(model.SetParam(i, values.back().data()).ok());
   }
   return values;
-}
-
-std::unique_ptr<Context> CpuContext() {
-  auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-  EXPECT_TRUE(ctx.ok()) << ctx.status();
-  return ctx.ok() ? std::move(ctx).value() : nullptr;
 }
 
 #if !LEASH_CNN_CUDA_TEST
@@ -132,29 +121,16 @@ double RefLoss(const std::vector<Tensor>& p, const std::vector<float>& images, c
   const Tensor p2 = RefConvBlock(p1, n, 32, 14, p[2], p[3], 64);
   const Tensor h = RefDense(p2, n, 3136, 128, p[4], p[5], true);
   const Tensor logits = RefDense(h, n, 128, kClasses, p[6], p[7], false);
-  double loss = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double* z = &logits[i * kClasses];
-    const double max = *std::max_element(z, z + kClasses);
-    double sum = 0;
-    for (int64_t c = 0; c < kClasses; ++c) sum += std::exp(z[c] - max);
-    loss += max + std::log(sum) - z[labels[i]];
-  }
-  return loss / static_cast<double>(n);
+  return kernels::RefSoftmaxLoss(n, kClasses, logits, labels);
 }
 
-class CnnTest : public ::testing::Test {
+class CnnTest : public kernels::CpuContextTest {
  protected:
-  void SetUp() override {
-    ctx_ = CpuContext();
-    ASSERT_NE(ctx_, nullptr);
-  }
   std::unique_ptr<Model> Make(int64_t max_batch) {
     auto m = MakeCnn(*ctx_, max_batch);
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? std::move(m).value() : nullptr;
   }
-  std::unique_ptr<Context> ctx_;
 };
 
 TEST_F(CnnTest, ParamsDescribeTheLayersHeInitialized) {
@@ -195,7 +171,7 @@ TEST_F(CnnTest, GradientsMatchCentralDifferencesOfReference) {
   ASSERT_NE(model, nullptr);
   const auto values = InitParams(*model, rng, true);
   const auto images = NormalVector(batch * kPixels, rng, 1.f);
-  const auto labels = RandomLabels(batch, rng);
+  const auto labels = RandomLabels(batch, kClasses, rng);
 
   std::vector<std::vector<float>> grads(values.size());
   auto stats = model->TrainStep(images.data(), labels.data(), batch, [&](size_t i) {
@@ -236,7 +212,7 @@ TEST_F(CnnTest, OnGradIsCalledOncePerParameterLastLayerFirst) {
 
   std::mt19937 rng(3);
   const auto images = NormalVector(3 * kPixels, rng, 1.f);
-  const auto labels = RandomLabels(3, rng);
+  const auto labels = RandomLabels(3, kClasses, rng);
   std::vector<size_t> order;
   auto stats = model->TrainStep(images.data(), labels.data(), 3, [&](size_t i) {
     order.push_back(i);
@@ -310,19 +286,8 @@ TEST_F(CnnTest, EvaluateInChunksEqualsEvaluatingAtOnce) {
   const auto values = InitParams(*small, rng, true);
   for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(large->SetParam(i, values[i].data()).ok());
   const auto images = NormalVector(n * kPixels, rng, 1.f);
-  const auto labels = RandomLabels(n, rng);
-
-  auto chunked = small->Evaluate(images.data(), labels.data(), n);
-  auto whole = large->Evaluate(images.data(), labels.data(), n);
-  ASSERT_TRUE(chunked.ok()) << chunked.status();
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_NEAR(chunked->loss, whole->loss, 1e-5 * (1 + whole->loss));
-  EXPECT_EQ(chunked->correct, whole->correct);
-  // A training step on the same examples reports the same numbers.
-  auto step = large->TrainStep(images.data(), labels.data(), n);
-  ASSERT_TRUE(step.ok()) << step.status();
-  EXPECT_NEAR(step->loss, whole->loss, 1e-5 * (1 + whole->loss));
-  EXPECT_EQ(step->correct, whole->correct);
+  const auto labels = RandomLabels(n, kClasses, rng);
+  ExpectChunkedEvaluationMatchesWhole(*small, *large, images, labels, n, 1e-5);
 }
 
 TEST_F(CnnTest, BadSizesAndArgumentsAreRejected) {
@@ -334,27 +299,7 @@ TEST_F(CnnTest, BadSizesAndArgumentsAreRejected) {
 
   auto model = Make(4);
   ASSERT_NE(model, nullptr);
-  std::vector<float> images(5 * kPixels, 0.1f);
-  std::vector<int32_t> labels(5, 1);
-  EXPECT_EQ(model->TrainStep(images.data(), labels.data(), 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(images.data(), labels.data(), 5).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(nullptr, labels.data(), 2).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(images.data(), nullptr, 2).status().code(), StatusCode::kInvalidArgument);
-  labels[1] = 10;
-  auto bad_label = model->TrainStep(images.data(), labels.data(), 2);
-  EXPECT_EQ(bad_label.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad_label.status().message().find("label 10 of example 1"), std::string::npos) << bad_label.status();
-  labels[1] = 1;
-  EXPECT_EQ(model->Evaluate(images.data(), labels.data(), 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Evaluate(nullptr, labels.data(), 5).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(model->Evaluate(images.data(), labels.data(), 5).ok());  // more than max_batch is fine
-
-  std::vector<float> buf(3136 * 128);
-  EXPECT_EQ(model->SetParam(8, buf.data()).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->SetParam(0, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Gradient(8, buf.data()).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(model->TrainStep(images.data(), labels.data(), 2).ok());
-  EXPECT_EQ(model->Gradient(0, nullptr).code(), StatusCode::kInvalidArgument);
+  ExpectBadArgumentsRejected(*model, 4);
 }
 
 TEST_F(CnnTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
@@ -370,7 +315,7 @@ TEST_F(CnnTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
 
 TEST(CnnTest, CudaModelMatchesCpuModel) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
-  auto cpu_ctx = CpuContext();
+  auto cpu_ctx = kernels::MakeCpuContext();
   ASSERT_NE(cpu_ctx, nullptr);
   auto gpu_ctx = Context::Create(Device{DeviceType::kCuda, 0});
   ASSERT_TRUE(gpu_ctx.ok()) << gpu_ctx.status();
@@ -383,7 +328,7 @@ TEST(CnnTest, CudaModelMatchesCpuModel) {
   const auto values = InitParams(**cpu, rng, true);
   for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE((*gpu)->SetParam(i, values[i].data()).ok());
   const auto images = NormalVector(batch * kPixels, rng, 1.f);
-  const auto labels = RandomLabels(batch, rng);
+  const auto labels = RandomLabels(batch, kClasses, rng);
 
   std::vector<size_t> order;
   auto cpu_stats = (*cpu)->TrainStep(images.data(), labels.data(), batch);

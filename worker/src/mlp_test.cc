@@ -14,7 +14,8 @@
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
 
-#include "binding_checks.h"
+#include "model_checks.h"
+#include "test_inputs.h"
 
 namespace leash::worker {
 namespace {
@@ -22,20 +23,8 @@ namespace {
 using kernels::Context;
 using kernels::Device;
 using kernels::DeviceType;
-
-std::vector<float> RandomVector(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomLabels(size_t n, int64_t classes, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(classes - 1));
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(rng);
-  return v;
-}
+using kernels::RandomLabels;
+using kernels::RandomVector;
 
 // Random values for every parameter of `model`, set into it.
 std::vector<std::vector<float>> RandomizeParams(Model& model, std::mt19937& rng) {
@@ -70,15 +59,7 @@ double ReferenceLoss(const std::vector<std::vector<double>>& params, const std::
     a = std::move(z);
     width = out;
   }
-  double loss = 0;
-  for (int64_t r = 0; r < batch; ++r) {
-    const double* x = &a[r * width];
-    const double max = *std::max_element(x, x + width);
-    double sum = 0;
-    for (int64_t c = 0; c < width; ++c) sum += std::exp(x[c] - max);
-    loss += max + std::log(sum) - x[labels[r]];
-  }
-  return loss / static_cast<double>(batch);
+  return kernels::RefSoftmaxLoss(batch, width, a, labels);
 }
 
 // Trains `direct` with plain TrainStep calls and `staged` with PrefetchBatch ahead of each
@@ -139,19 +120,13 @@ void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t 
   EXPECT_EQ(staged.PrefetchBatch(nullptr, batches[0].labels.data(), 1).code(), StatusCode::kInvalidArgument);
 }
 
-class MlpTest : public ::testing::Test {
+class MlpTest : public kernels::CpuContextTest {
  protected:
-  void SetUp() override {
-    auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-    ASSERT_TRUE(ctx.ok()) << ctx.status();
-    ctx_ = std::move(ctx).value();
-  }
   std::unique_ptr<Model> Make(int64_t input, std::vector<int64_t> hidden, int64_t classes, int64_t max_batch) {
     auto m = MakeMlp(*ctx_, input, std::move(hidden), classes, max_batch);
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? std::move(m).value() : nullptr;
   }
-  std::unique_ptr<Context> ctx_;
 };
 
 TEST_F(MlpTest, ParamsDescribeHeInitializedLayers) {
@@ -303,18 +278,7 @@ TEST_F(MlpTest, EvaluateInChunksEqualsEvaluatingAtOnce) {
   for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(large->SetParam(i, values[i].data()).ok());
   const auto images = RandomVector(n * input, rng, -2.f, 2.f);
   const auto labels = RandomLabels(n, classes, rng);
-
-  auto chunked = small->Evaluate(images.data(), labels.data(), n);
-  auto whole = large->Evaluate(images.data(), labels.data(), n);
-  ASSERT_TRUE(chunked.ok()) << chunked.status();
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_NEAR(chunked->loss, whole->loss, 1e-6 * (1 + whole->loss));
-  EXPECT_EQ(chunked->correct, whole->correct);
-  // A training step on the same examples reports the same numbers.
-  auto step = large->TrainStep(images.data(), labels.data(), n);
-  ASSERT_TRUE(step.ok()) << step.status();
-  EXPECT_NEAR(step->loss, whole->loss, 1e-6 * (1 + whole->loss));
-  EXPECT_EQ(step->correct, whole->correct);
+  ExpectChunkedEvaluationMatchesWhole(*small, *large, images, labels, n, 1e-6);
 }
 
 TEST_F(MlpTest, BadSizesAndArgumentsAreRejected) {
@@ -332,28 +296,7 @@ TEST_F(MlpTest, BadSizesAndArgumentsAreRejected) {
 
   auto model = Make(5, {4}, 3, 8);
   ASSERT_NE(model, nullptr);
-  std::vector<float> images(9 * 5, 0.1f);
-  std::vector<int32_t> labels(9, 1);
-  EXPECT_EQ(model->TrainStep(images.data(), labels.data(), 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(images.data(), labels.data(), 9).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(images.data(), labels.data(), -1).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(nullptr, labels.data(), 2).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->TrainStep(images.data(), nullptr, 2).status().code(), StatusCode::kInvalidArgument);
-  labels[1] = 3;
-  auto bad_label = model->TrainStep(images.data(), labels.data(), 2);
-  EXPECT_EQ(bad_label.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad_label.status().message().find("label 3 of example 1"), std::string::npos) << bad_label.status();
-  labels[1] = 1;
-  EXPECT_EQ(model->Evaluate(images.data(), labels.data(), 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Evaluate(nullptr, labels.data(), 9).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(model->Evaluate(images.data(), labels.data(), 9).ok());  // more than max_batch is fine
-
-  std::vector<float> buf(20);
-  EXPECT_EQ(model->SetParam(4, buf.data()).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->SetParam(0, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Gradient(4, buf.data()).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(model->TrainStep(images.data(), labels.data(), 2).ok());
-  EXPECT_EQ(model->Gradient(0, nullptr).code(), StatusCode::kInvalidArgument);
+  ExpectBadArgumentsRejected(*model, 8);
 }
 
 TEST_F(MlpTest, PrefetchedBatchesTrainExactlyLikeDirectOnes) {

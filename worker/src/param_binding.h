@@ -1,7 +1,7 @@
-// Shared by the built-in models: which parameters a model reads from caller-owned host
-// arrays (Model::BindParam) instead of its own buffers, and the zero-copy gradient view
-// (Model::HostGradient). Both are possible only where the model's kernels run on the
-// CPU, whose buffers are host memory. One thread at a time, like the model.
+// Shared by the built-in models (through kernel_model.h): which parameters a model reads
+// from caller-owned host arrays (Model::BindParam) instead of its own buffers. Possible
+// only where the model's kernels run on the CPU, whose buffers are host memory. One thread
+// at a time, like the model.
 #pragma once
 
 #include <cstddef>
@@ -47,19 +47,5 @@ class ParamBindings {
  private:
   std::vector<const float*> bound_;  // nullptr: the model's own buffer
 };
-
-// Model::HostGradient for a model whose gradient of parameter `index` is in `grad`, final
-// when grad_ready[index]: the buffer's memory on the CPU, nullptr on a GPU.
-inline Result<const float*> HostGradientOf(const kernels::Context& ctx, const std::vector<ParamSpec>& params,
-                                           const std::vector<bool>& grad_ready, size_t index,
-                                           const kernels::Buffer& grad) {
-  LEASH_RETURN_IF_ERROR(CheckParamIndex("HostGradient", index, params.size()));
-  if (!grad_ready[index]) {
-    return FailedPrecondition("HostGradient: no gradient of " + params[index].name +
-                              " yet; call TrainStep first (and wait for its on_grad)");
-  }
-  if (ctx.device().type != kernels::DeviceType::kCpu) return static_cast<const float*>(nullptr);
-  return grad.data();
-}
 
 }  // namespace leash::worker

@@ -67,93 +67,70 @@ class Context {
   size_t host_scratch_size_ = 0;
 };
 
-// An owned float array on a context's device, zero-filled. Move-only. Destroying it frees
-// the memory (for CUDA after the device finished the work queued on it).
-// Allocate: ResourceExhausted when the memory is not there.
-// CopyFromHost/CopyToHost: InvalidArgument when offset + count exceeds size(), a pointer
-// is null, or `ctx` is on another device than the buffer. CopyToHost waits for the copy.
-class Buffer {
- public:
-  Buffer() = default;
-  static Result<Buffer> Allocate(Context& ctx, size_t count);
-  ~Buffer();
-  Buffer(Buffer&& other) noexcept;
-  Buffer& operator=(Buffer&& other) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  float* data() { return data_; }
-  const float* data() const { return data_; }
-  size_t size() const { return size_; }
-  Device device() const { return device_; }
-
-  // Copies `count` floats between host memory and this buffer at `offset`.
-  Status CopyFromHost(Context& ctx, const float* src_host, size_t count, size_t offset = 0);
-  Status CopyToHost(Context& ctx, float* dst_host, size_t count, size_t offset = 0) const;
-
- private:
-  void Release();
-  float* data_ = nullptr;
-  size_t size_ = 0;
-  Device device_;
-};
-
 // Copies `count` int32 values host -> device memory at `dst` (for labels).
 Status CopyInt32FromHost(Context& ctx, const int32_t* src_host, size_t count, int32_t* dst);
 
-// Like Buffer, for the element types that are not float: int32_t (labels) and uint16_t
-// (fp16 / bf16 bit patterns). Only those two are instantiated. Move-only.
+namespace internal {
+// The deleters of the owning pointers below: each frees memory on the device it came from
+// (defined in context.cc; errors of a CUDA free go to stderr, as nobody is left to return
+// them to).
+struct FreeDeviceMemory {
+  Device device;
+  void operator()(void* p) const noexcept;
+};
+struct FreePinnedMemory {
+  Device device;
+  void operator()(void* p) const noexcept;
+};
+}  // namespace internal
+
+// An owned array of T on a context's device, zero-filled: float (Buffer), int32_t (labels)
+// and uint16_t (fp16 / bf16 bit patterns), the only types instantiated. Move-only; a
+// moved-from array is empty. Destroying it frees the memory (for CUDA after the device
+// finished the work queued on it).
+// Allocate: ResourceExhausted when the memory is not there.
+// CopyFromHost/CopyToHost: InvalidArgument when offset + count exceeds size(), a pointer
+// is null, or `ctx` is on another device than the array. CopyToHost waits for the copy.
 template <typename T>
 class DeviceArray {
  public:
   DeviceArray() = default;
   static Result<DeviceArray> Allocate(Context& ctx, size_t count);
-  ~DeviceArray();
-  DeviceArray(DeviceArray&& other) noexcept;
-  DeviceArray& operator=(DeviceArray&& other) noexcept;
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
 
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  size_t size() const { return size_; }
-  Device device() const { return device_; }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return data_ != nullptr ? size_ : 0; }
+  Device device() const { return data_.get_deleter().device; }
 
+  // Copies `count` elements between host memory and this array at `offset`.
   Status CopyFromHost(Context& ctx, const T* src_host, size_t count, size_t offset = 0);
   Status CopyToHost(Context& ctx, T* dst_host, size_t count, size_t offset = 0) const;
 
  private:
-  void Release();
-  T* data_ = nullptr;
-  size_t size_ = 0;
-  Device device_;
+  std::unique_ptr<T, internal::FreeDeviceMemory> data_;
+  size_t size_ = 0;  // counts only while data_ holds memory (not once moved from)
 };
+extern template class DeviceArray<float>;
 extern template class DeviceArray<int32_t>;
 extern template class DeviceArray<uint16_t>;
+using Buffer = DeviceArray<float>;
 using Int32Buffer = DeviceArray<int32_t>;
 using HalfBuffer = DeviceArray<uint16_t>;
 
 // Host memory that a context's device can copy from asynchronously: page-locked
-// (cudaMallocHost) for a CUDA context, plain memory for the CPU. Uninitialized. Move-only.
-// Allocate: ResourceExhausted when the memory is not there.
+// (cudaMallocHost) for a CUDA context, plain memory for the CPU. Uninitialized. Move-only;
+// a moved-from buffer is empty. Allocate: ResourceExhausted when the memory is not there.
 class PinnedHostBuffer {
  public:
   PinnedHostBuffer() = default;
   static Result<PinnedHostBuffer> Allocate(Context& ctx, size_t bytes);
-  ~PinnedHostBuffer();
-  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
 
-  void* data() { return data_; }
-  size_t bytes() const { return bytes_; }
+  void* data() { return data_.get(); }
+  size_t bytes() const { return data_ != nullptr ? bytes_ : 0; }
 
  private:
-  void Release();
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  Device device_;
+  std::unique_ptr<void, internal::FreePinnedMemory> data_;
+  size_t bytes_ = 0;  // counts only while data_ holds memory (not once moved from)
 };
 
 // Host -> device copies queued beside a context's computation, so the next batch travels

@@ -1,13 +1,16 @@
-// Test helper shared by mlp_test and cnn_test: checks a model's zero-copy paths
-// (BindParam, HostGradient) against its copying ones (SetParam, Gradient). Single-threaded.
+// Test helpers shared by mlp_test and cnn_test: checks a model's zero-copy paths
+// (BindParam, HostGradient) against its copying ones (SetParam, Gradient), and its chunked
+// evaluation against a whole one. Single-threaded.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "leash/worker/model.h"
@@ -94,6 +97,68 @@ inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, in
   EXPECT_EQ(bound.BindParam(n, any.data()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bound.BindParam(0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bound.HostGradient(n).status().code(), StatusCode::kInvalidArgument);
+}
+
+// `small` and `large` are two models of the same architecture and parameters whose
+// max_batch is below and at least `n`. Expects `small`'s Evaluate of the n examples (in
+// chunks) to match `large`'s (at once) and a TrainStep of `large` on them to report the
+// same loss, to `tolerance` relative to 1 + loss, and the same correct predictions.
+inline void ExpectChunkedEvaluationMatchesWhole(Model& small, Model& large,
+                                                const std::vector<float>& images,
+                                                const std::vector<int32_t>& labels, int64_t n,
+                                                double tolerance) {
+  auto chunked = small.Evaluate(images.data(), labels.data(), n);
+  auto whole = large.Evaluate(images.data(), labels.data(), n);
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_NEAR(chunked->loss, whole->loss, tolerance * (1 + whole->loss));
+  EXPECT_EQ(chunked->correct, whole->correct);
+  // A training step on the same examples reports the same numbers.
+  auto step = large.TrainStep(images.data(), labels.data(), n);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_NEAR(step->loss, whole->loss, tolerance * (1 + whole->loss));
+  EXPECT_EQ(step->correct, whole->correct);
+}
+
+// `model` (of max_batch `max_batch`, untrained) rejects with InvalidArgument: batches of
+// 0, -1 and max_batch + 1 examples, null arrays, a label out of range (naming it and its
+// example), evaluating 0 examples or null images, a parameter index out of range and null
+// host arrays; it evaluates more examples than max_batch in chunks.
+inline void ExpectBadArgumentsRejected(Model& model, int64_t max_batch) {
+  const int64_t n = max_batch + 1;
+  std::vector<float> images(static_cast<size_t>(n * model.input_size()), 0.1f);
+  std::vector<int32_t> labels(static_cast<size_t>(n), 1);
+  const auto train = [&](const float* x, const int32_t* y, int64_t batch) {
+    return model.TrainStep(x, y, batch).status().code();
+  };
+  EXPECT_EQ(train(images.data(), labels.data(), 0), StatusCode::kInvalidArgument);
+  EXPECT_EQ(train(images.data(), labels.data(), n), StatusCode::kInvalidArgument);
+  EXPECT_EQ(train(images.data(), labels.data(), -1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(train(nullptr, labels.data(), 2), StatusCode::kInvalidArgument);
+  EXPECT_EQ(train(images.data(), nullptr, 2), StatusCode::kInvalidArgument);
+  const auto classes = static_cast<int32_t>(model.num_classes());
+  labels[1] = classes;
+  auto bad_label = model.TrainStep(images.data(), labels.data(), 2);
+  EXPECT_EQ(bad_label.status().code(), StatusCode::kInvalidArgument);
+  const std::string named = "label " + std::to_string(classes) + " of example 1";
+  EXPECT_NE(bad_label.status().message().find(named), std::string::npos) << bad_label.status();
+  labels[1] = 1;
+  const auto evaluate = [&](const float* x, int64_t count) {
+    return model.Evaluate(x, labels.data(), count).status().code();
+  };
+  EXPECT_EQ(evaluate(images.data(), 0), StatusCode::kInvalidArgument);
+  EXPECT_EQ(evaluate(nullptr, n), StatusCode::kInvalidArgument);
+  EXPECT_EQ(evaluate(images.data(), n), StatusCode::kOk);  // more than max_batch is fine
+
+  const size_t count = model.params().size();
+  size_t largest = 0;
+  for (const ParamSpec& p : model.params()) largest = std::max(largest, p.size());
+  std::vector<float> buf(largest);
+  EXPECT_EQ(model.SetParam(count, buf.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.SetParam(0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.Gradient(count, buf.data()).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(model.TrainStep(images.data(), labels.data(), 2).ok());
+  EXPECT_EQ(model.Gradient(0, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 // A model that has not trained yet has no gradient to hand out in place.
