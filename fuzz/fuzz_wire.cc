@@ -31,8 +31,8 @@
 
 #include "leash/common/partition.h"
 #include "leash/common/wire.h"
-#include "leash/server/coverage.h"
-#include "leash/server/table.h"
+#include "leash/ps/coverage.h"
+#include "leash/ps/table.h"
 
 namespace {
 
@@ -108,13 +108,13 @@ void CheckPayloads(const Message& msg, wire::DType dtype, uint64_t rows, uint64_
 }
 
 void CheckTableSpec(const wire::TableSpec* spec) {
-  auto canon = server::CanonicalSpec(spec);
+  auto canon = ps::CanonicalSpec(spec);
   if (!canon.ok()) return;
   // The canonical form verifies and is a fixed point: equal specs compare byte for byte.
   flatbuffers::Verifier v(canon->data(), canon->size());
   CHECK(v.VerifyBuffer<wire::TableSpec>(nullptr), "a canonical spec verifies");
   const auto* again = flatbuffers::GetRoot<wire::TableSpec>(canon->data());
-  auto canon2 = server::CanonicalSpec(again);
+  auto canon2 = ps::CanonicalSpec(again);
   CHECK(canon2.ok() && *canon2 == *canon, "CanonicalSpec is idempotent");
   for (int shards : {1, 3}) {
     RangePartitioner part(shards);
@@ -124,11 +124,11 @@ void CheckTableSpec(const wire::TableSpec* spec) {
       // Build only tables that fit comfortably in the fuzzer's memory; the shard's own
       // size limit is fuzzed by fuzz_shard.
       if (r.size() * spec->cols() > (1u << 16) || r.size() > (1u << 16)) continue;
-      auto t = server::Table::Create(0, *canon, r);
+      auto t = ps::Table::Create(0, *canon, r);
       if (!t.ok()) continue;
-      server::TableSnapshot snap = t->ToSnapshot();
+      ps::TableSnapshot snap = t->ToSnapshot();
       for (float x : snap.values) CHECK(std::isfinite(x), "a table's initial values are finite");
-      auto back = server::Table::FromSnapshot(snap);
+      auto back = ps::Table::FromSnapshot(snap);
       CHECK(back.ok(), "a table's own snapshot restores");
     }
   }
@@ -136,25 +136,25 @@ void CheckTableSpec(const wire::TableSpec* spec) {
 
 void CheckPlan(const wire::ChunkRequest* m) {
   const wire::DataPlan* p = m->plan();
-  server::DataCoverage cov;
-  server::DataPlan plan{p->num_samples(), p->chunk_size(), p->epochs(), p->seed()};
+  ps::DataCoverage cov;
+  DataPlan plan{p->num_samples(), p->chunk_size(), p->epochs(), p->seed()};
   if (!cov.SetPlan(plan).ok()) {
-    CHECK(plan.chunks() > server::kMaxChunks || plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0,
+    CHECK(plan.chunks() > ps::kMaxChunks || plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0,
           "SetPlan refuses only empty or oversized plans");
     return;
   }
-  CHECK(plan.chunks() <= server::kMaxChunks, "SetPlan enforces the chunk limit");
+  CHECK(plan.chunks() <= ps::kMaxChunks, "SetPlan enforces the chunk limit");
   if (plan.chunks() > (1u << 16)) return;  // valid but slow to lease: keep the fuzzer fast
   for (uint64_t w = 1; w <= 3; ++w) {
-    server::Grant g = cov.Next(w);
-    if (g.kind == server::Grant::Kind::kChunk) {
+    ChunkGrant g = cov.Next(w);
+    if (g.kind == ChunkGrant::Kind::kChunk) {
       CHECK(g.begin < g.end && g.end <= p->num_samples(), "a granted chunk is a non-empty part of the data");
     }
   }
   if (m->has_done()) cov.Complete(m->done_epoch(), m->done_chunk());
   cov.Release(2);
   auto bytes = cov.Serialize();
-  auto back = server::DataCoverage::Deserialize(bytes);
+  auto back = ps::DataCoverage::Deserialize(bytes);
   CHECK(back.ok(), "DataCoverage restores its own serialization");
   CHECK(back->Serialize() == bytes, "DataCoverage round-trips");
 }

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "leash/server/table.h"
+#include "leash/ps/table.h"
 
 namespace leash::server {
 namespace {
@@ -256,7 +256,7 @@ Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const wire::Register*
 
 Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::CreateTable* m,
                             std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon, CanonicalSpec(m->spec()));
+  LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon, ps::CanonicalSpec(m->spec()));
   std::string name = m->spec()->name()->str();
   bool created = false;
   uint32_t id;
@@ -264,9 +264,9 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
     id = it->second;
     // The existing table may have been recovered from a snapshot: its spec is the one it was
     // created with, so a job restarted with another shape or optimizer is refused here too.
-    if (!SameTableSpec(tables_[id]->spec(), canon)) {
+    if (!ps::SameTableSpec(tables_[id]->spec(), canon)) {
       return AlreadyExists("table '" + name + "' already exists on shard " + std::to_string(options_.shard) + " as " +
-                           DescribeSpec(tables_[id]->spec()) + "; this request asks for " + DescribeSpec(canon) +
+                           ps::DescribeSpec(tables_[id]->spec()) + "; this request asks for " + ps::DescribeSpec(canon) +
                            ". Use another table name, the same spec, or a fresh --data-dir for a new job");
     }
   } else {
@@ -497,15 +497,12 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::Chunk
                  (p->num_samples() + p->chunk_size() - 1) / p->chunk_size(), p->chunk_size(), p->epochs());
   }
   if (m->has_done()) coverage_.Complete(m->done_epoch(), m->done_chunk());
-  Grant g = coverage_.Next(m->worker_id());
-  CoverageProgress pr = coverage_.Progress();
-  wire::GrantKind kind = g.kind == Grant::Kind::kChunk  ? wire::GrantKind::Chunk
-                         : g.kind == Grant::Kind::kWait ? wire::GrantKind::Wait
-                                                         : wire::GrantKind::Finished;
+  ChunkGrant g = coverage_.Next(m->worker_id());
+  wire::GrantKind kind = static_cast<wire::GrantKind>(g.kind);
   out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
                     return std::make_pair(wire::Body::ChunkGrant,
-                                          wire::CreateChunkGrant(fbb, kind, g.epoch, g.chunk, g.begin, g.end, pr.epochs_done,
-                                                                 pr.chunks_done, pr.num_chunks)
+                                          wire::CreateChunkGrant(fbb, kind, g.epoch, g.chunk, g.begin, g.end, g.epochs_done,
+                                                                 g.chunks_done, g.num_chunks)
                                               .Union());
                   })});
   return Status::Ok();

@@ -668,7 +668,7 @@ Status Client::Rejoin() {
   return Register();
 }
 
-Result<ChunkGrant> Client::NextChunk(const DataPlanArgs& plan, const ChunkDone* done) {
+Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done) {
   auto grant = std::make_shared<ChunkGrant>();
   ChunkDone d = done ? *done : ChunkDone{};
   bool has_done = done != nullptr;

@@ -19,13 +19,18 @@
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
 #include "leash/common/wire.h"
-#include "leash/server/clock_table.h"
-#include "leash/server/coverage.h"
+#include "leash/ps/clock_table.h"
+#include "leash/ps/coverage.h"
 #include "leash/server/snapshot.h"
 
 namespace leash::server {
 
-class Table;
+// The parameter-store core a shard serves (ps/): tables, clocks, data coverage.
+using ps::ClockTable;
+using ps::DataCoverage;
+using ps::LiveWorker;
+using ps::ParkedPulls;
+using ps::Table;
 
 // What a shard does with a push holding NaN or Inf.
 enum class NonFinitePolicy {

@@ -80,15 +80,6 @@ struct TableHandle {
 };
 
 
-// The job's data plan: every worker of a job must use the same one.
-struct DataPlanArgs {
-  uint64_t num_samples = 0;
-  uint32_t chunk_size = 1024;
-  uint32_t epochs = 1;
-  uint64_t seed = 1;
-};
-
-
 struct ClientCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -144,7 +135,7 @@ class Client {
 
   // Reports the chunk `done` (if not null) as trained and leases the next chunk of the
   // job's data from shard 0. FailedPrecondition if `plan` differs from the job's.
-  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done);
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done);
 
   // True once a shard has said it does not know this worker (it was evicted after its
   // lease expired, or the shard restarted without it). Rejoin() then registers again.

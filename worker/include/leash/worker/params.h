@@ -55,7 +55,7 @@ class ParamStore {
   virtual Status Idle() = 0;
   // Reports `done` as trained and leases the next chunk of the job's data (from shard 0,
   // or from an in-process queue in local mode).
-  virtual Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) = 0;
+  virtual Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) = 0;
   // True when a shard no longer knows this worker; Rejoin() registers it again.
   virtual bool needs_rejoin() const { return false; }
   virtual Status Rejoin() { return Status::Ok(); }

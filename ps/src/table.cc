@@ -1,5 +1,5 @@
 // Dense table storage, deterministic initialization and optimizer application.
-#include "leash/server/table.h"
+#include "leash/ps/table.h"
 
 #include <cctype>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "leash/kernels/cpu.h"
 
-namespace leash::server {
+namespace leash::ps {
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -299,4 +299,4 @@ void Table::Apply(const Rows& rows, const float* grad) {
   ApplyRow((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_, grad);
 }
 
-}  // namespace leash::server
+}  // namespace leash::ps
