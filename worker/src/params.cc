@@ -8,23 +8,18 @@
 
 namespace leash::worker {
 
-TableOptions MakeTableOptions(const ParamSpec& p, const OptimizerOptions& opt, size_t index) {
-  TableOptions t;
+TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t index) {
+  TableSpec t;
   t.name = p.name;
   t.rows = p.rows;
   t.cols = p.cols;
-  t.optimizer = opt.kind;
-  t.learning_rate = opt.learning_rate;
-  t.momentum = opt.momentum;
-  t.weight_decay = opt.weight_decay;
-  switch (p.init) {
-    case InitKind::kZeros: t.init = wire::InitKind::Zeros; break;
-    case InitKind::kUniform: t.init = wire::InitKind::Uniform; break;
-    case InitKind::kNormal: t.init = wire::InitKind::Normal; break;
-    case InitKind::kConstant: t.init = wire::InitKind::Constant; break;
-  }
-  t.init_scale = p.init_scale;
-  t.init_seed = opt.seed * 1000003ULL + index;
+  t.optimizer.kind = opt.kind;
+  t.optimizer.lr = opt.learning_rate;
+  t.optimizer.momentum = opt.momentum;
+  t.optimizer.weight_decay = opt.weight_decay;
+  t.init.kind = p.init;
+  t.init.scale = p.init_scale;
+  t.init.seed = opt.seed * 1000003ULL + index;
   return t;
 }
 
@@ -36,7 +31,7 @@ class RemoteParams final : public ParamStore {
 
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
-      LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableOptions(params[i], opt, i)));
+      LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableSpec(params[i], opt, i)));
       tables_.push_back(std::move(h));
     }
     return Status::Ok();
@@ -186,13 +181,9 @@ class LocalParams final : public ParamStore {
  public:
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
-      TableOptions t = MakeTableOptions(params[i], opt, i);
-      flatbuffers::FlatBufferBuilder fbb;
-      fbb.Finish(BuildTableSpec(fbb, t));
-      LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon,
-                             ps::CanonicalSpec(flatbuffers::GetRoot<wire::TableSpec>(fbb.GetBufferPointer())));
-      LEASH_ASSIGN_OR_RETURN(ps::Table table,
-                             ps::Table::Create(static_cast<uint32_t>(i), std::move(canon), {0, t.rows}));
+      TableSpec t = MakeTableSpec(params[i], opt, i);
+      uint64_t rows = t.rows;
+      LEASH_ASSIGN_OR_RETURN(ps::Table table, ps::Table::Create(static_cast<uint32_t>(i), std::move(t), {0, rows}));
       tables_.push_back(std::make_unique<ps::Table>(std::move(table)));
     }
     return Status::Ok();

@@ -8,16 +8,16 @@
 
 #include "leash/common/partition.h"
 #include "leash/common/status.h"
-#include "leash/common/wire.h"
+#include "leash/common/domain.h"
 
 namespace leash::ps {
 
 // Everything a shard must remember about one table to carry on after a restart.
 struct TableSnapshot {
   uint32_t table_id = 0;
-  // The table's spec exactly as received (a serialized, verified wire::TableSpec), so a
-  // re-created table can be compared with the original byte for byte.
-  std::vector<uint8_t> spec;
+  // The table's spec as created (normalized by ValidateSpec), so a re-created table can
+  // be compared with the original.
+  TableSpec spec;
   uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
   uint64_t row_end = 0;
   uint32_t cols = 0;
@@ -27,53 +27,45 @@ struct TableSnapshot {
 };
 
 
-struct OptimizerConfig {
-  wire::OptimizerKind kind = wire::OptimizerKind::SGD;
-  float lr = 0.01f;
-  float momentum = 0.9f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float epsilon = 1e-8f;
-  float weight_decay = 0.f;
-};
-
 // Number of optimizer state slots each optimizer keeps per value.
-int OptimizerSlots(wire::OptimizerKind kind);
+int OptimizerSlots(OptimizerKind kind);
 
-// Validates a wire TableSpec (name, positive sizes, sane hyper-parameters) and returns
-// its canonical serialization, which two equal specs share byte for byte.
-Result<std::vector<uint8_t>> CanonicalSpec(const wire::TableSpec* spec);
+// Validates a table spec (name, positive sizes, known optimizer and initializer, sane
+// hyper-parameters); InvalidArgument saying what is wrong otherwise.
+Status ValidateSpec(const TableSpec& spec);
 
-// Whether two canonical specs describe the same table: same name, rows and cols (values are
+// Whether two valid specs describe the same table: same name, rows and cols (values are
 // always float32 on a shard; the wire dtype is chosen per request, not per table), the same
 // optimizer kind and the hyper-parameters that kind uses (lr and weight decay always;
 // momentum for Momentum; beta1, beta2 and epsilon for Adam; epsilon for Adagrad), and the
 // same initializer (kind; scale unless Zeros; seed for Uniform and Normal). Fields the
 // optimizer or initializer ignores do not count, so specs that behave alike match.
-bool SameTableSpec(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
+bool SameTableSpec(const TableSpec& a, const TableSpec& b);
 
-// A canonical spec for people: "784 x 256 float32, adam(lr=0.001, ...), init uniform(...)".
-std::string DescribeSpec(const std::vector<uint8_t>& canonical);
+// A spec for people: "784 x 256 float32, adam(lr=0.001, ...), init uniform(...)".
+std::string DescribeSpec(const TableSpec& spec);
 
 class Table {
  public:
-  // Builds the table from a canonical spec, owning rows `range`, initialized by its
-  // InitSpec (the same global row gets the same value on any shard). ResourceExhausted
-  // if the rows of `range` hold more than `max_values` floats.
-  static Result<Table> Create(uint32_t id, std::vector<uint8_t> canonical_spec, RowRange range,
-                              uint64_t max_values = UINT64_MAX);
+  // Builds the table from `spec` (checked by ValidateSpec), owning rows `range`,
+  // initialized by its initializer (the same global row gets the same value on any
+  // shard). InvalidArgument for an invalid spec; ResourceExhausted if the rows of
+  // `range` hold more than `max_values` floats.
+  static Result<Table> Create(uint32_t id, TableSpec spec, RowRange range, uint64_t max_values = UINT64_MAX);
   // Rebuilds a table from a snapshot; DataLoss if sizes do not add up.
   static Result<Table> FromSnapshot(const TableSnapshot& snap);
   TableSnapshot ToSnapshot() const;
 
   uint32_t id() const { return id_; }
-  const std::string& name() const { return name_; }
-  uint64_t rows() const { return rows_; }
-  uint32_t cols() const { return cols_; }
+  const std::string& name() const { return spec_.name; }
+  uint64_t rows() const { return spec_.rows; }
+  uint32_t cols() const { return spec_.cols; }
   RowRange range() const { return range_; }
-  const std::vector<uint8_t>& spec() const { return spec_; }
+  const TableSpec& spec() const { return spec_; }
   uint64_t steps() const { return steps_; }
 
+  // InvalidArgument unless `rows` lie inside the table (keys in range, begin <= end).
+  Status CheckInTable(const Rows& rows) const;
   // InvalidArgument unless every row of `rows` is owned by this shard.
   Status CheckOwned(const Rows& rows) const;
   // Copies the values of `rows` (row-major) into out (rows.size() * cols floats).
@@ -86,10 +78,8 @@ class Table {
   void ApplyRow(size_t offset, size_t n, const float* g);
 
   uint32_t id_ = 0;
-  std::string name_;
-  std::vector<uint8_t> spec_;
-  uint64_t rows_ = 0;
-  uint32_t cols_ = 0;
+  TableSpec spec_;
+  uint32_t cols_ = 0;  // spec_.cols, read on every row
   RowRange range_;
   OptimizerConfig opt_;
   std::vector<float> values_;

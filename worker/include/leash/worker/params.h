@@ -15,15 +15,16 @@
 namespace leash::worker {
 
 struct OptimizerOptions {
-  wire::OptimizerKind kind = wire::OptimizerKind::SGD;
+  OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
   float momentum = 0.9f;
   float weight_decay = 0.f;
   uint64_t seed = 1;  // parameter initialization seed
 };
 
-// Table options for `p` trained with `opt` (initializer from the model's spec).
-TableOptions MakeTableOptions(const ParamSpec& p, const OptimizerOptions& opt, size_t index);
+// The table spec for parameter `p` (the `index`-th of the model) trained with `opt`
+// (initializer from the model's spec, seeded from opt.seed and index).
+TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t index);
 
 class ParamStore {
  public:
