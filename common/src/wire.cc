@@ -211,8 +211,6 @@ Status ErrorToStatus(const wire::Error* error) {
 
 // ---- rows and table specs -------------------------------------------------------------
 
-namespace {
-
 flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows) {
   if (rows.explicit_keys) {
     auto keys = fbb.CreateVector(rows.keys);
@@ -220,6 +218,8 @@ flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb,
   }
   return wire::CreateRowSet(fbb, rows.begin, rows.end);
 }
+
+namespace {
 
 // A row set as sent; the range and keys are checked against the table by the shard.
 Result<Rows> DecodeRows(const wire::RowSet* rs, const WireLimits& limits) {
@@ -314,16 +314,17 @@ Result<TableSpec> DecodeTableSpec(std::span<const uint8_t> bytes) {
 namespace {
 
 Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const WireLimits& limits) {
-  // Payload frames are only legal where the body says so.
-  if (env->body_type() != wire::Body::Push && payloads > 0) {
-    switch (env->body_type()) {
-      case wire::Body::Register: case wire::Body::CreateTable: case wire::Body::Pull:
-      case wire::Body::ClockUpdate: case wire::Body::Heartbeat: case wire::Body::Leave:
-      case wire::Body::Checkpoint: case wire::Body::Stats: case wire::Body::ChunkRequest:
-        return InvalidArgument("a " + std::string(wire::EnumNameBody(env->body_type())) +
-                               " request carries no payload frames, got " + std::to_string(payloads));
-      default: break;
-    }
+  // Payload frames are only legal where the body says so (a push's gradient); a reply
+  // body is refused below whatever follows it.
+  const wire::Body body = env->body_type();
+  const bool is_request = body == wire::Body::Register || body == wire::Body::CreateTable ||
+                          body == wire::Body::Pull || body == wire::Body::Push ||
+                          body == wire::Body::ClockUpdate || body == wire::Body::Heartbeat ||
+                          body == wire::Body::Leave || body == wire::Body::Checkpoint ||
+                          body == wire::Body::Stats || body == wire::Body::ChunkRequest;
+  if (is_request && body != wire::Body::Push && payloads > 0) {
+    return InvalidArgument("a " + std::string(wire::EnumNameBody(body)) +
+                           " request carries no payload frames, got " + std::to_string(payloads));
   }
   switch (env->body_type()) {
     case wire::Body::Register: {

@@ -44,7 +44,8 @@ Result<Decoded<Request>> DecodeRequest(const Message& msg, const WireLimits& lim
 Result<Decoded<Reply>> DecodeReply(const Message& msg, const WireLimits& limits = {});
 
 // Encodes a request or a reply as a header frame followed by `payloads`.
-Message EncodeRequest(uint64_t request_id, const Request& request, std::vector<Frame> payloads = {});
+Message EncodeRequest(uint64_t request_id, const Request& request,
+                      std::vector<Frame> payloads = {});
 Message EncodeReply(uint64_t request_id, const Reply& reply, std::vector<Frame> payloads = {});
 
 // Request id of a header that may be malformed; 0 when it cannot be read safely.
@@ -83,18 +84,19 @@ std::vector<uint8_t> EncodeTableSpec(const TableSpec& spec);
 Result<TableSpec> DecodeTableSpec(std::span<const uint8_t> bytes);
 
 // Requests, as the client sends them (shorthands of EncodeRequest for tests and tools).
-Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name);
-Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
-                 int64_t staleness, DType dtype = DType::kF32);
+Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
+                     const std::string& name);
+Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
+                 int64_t clock, int64_t staleness, DType dtype = DType::kF32);
 // `payload` holds the gradient encoded in `dtype` (see EncodeValues).
-Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
-                 uint64_t seq, DType dtype, Frame payload);
+Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
+                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload);
 Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock);
 Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeStats(uint64_t rid);
-Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const DataPlan& plan,
-                         const ChunkDone* done);
+Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
+                         const DataPlan& plan, const ChunkDone* done);
 Message MakeCheckpoint(uint64_t rid);
 Message MakeCreateTable(uint64_t rid, const TableSpec& spec);
 

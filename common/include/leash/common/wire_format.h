@@ -32,10 +32,14 @@ Message MakeMessage(uint64_t request_id, BuildBody&& build, std::vector<Frame> p
   Message m;
   m.reserve(1 + payloads.size());
   auto detached = std::make_shared<flatbuffers::DetachedBuffer>(fbb.Release());
-  m.push_back(Frame::Wrap(detached->data(), detached->size(), std::shared_ptr<const void>(detached)));
+  m.push_back(
+      Frame::Wrap(detached->data(), detached->size(), std::shared_ptr<const void>(detached)));
   for (auto& p : payloads) m.push_back(std::move(p));
   return m;
 }
+
+// A row set as the codec writes it.
+flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows);
 
 // Converts an Error body back to a Status (code and message).
 Status ErrorToStatus(const wire::Error* error);
