@@ -161,7 +161,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     leash::ClientOptions co;
     co.name = w.name;
     co.staleness = c.staleness;
-    co.wire_dtype = leash::ToWire(c.wire_dtype);  // until ClientOptions takes leash::DType
+    co.wire_dtype = c.wire_dtype;
     co.connect_timeout_ms = c.connect_timeout_s * 1000;
     auto client = leash::Client::Connect(std::move(*transport), co);
     if (!client.ok()) return Fail("cannot join the cluster", client.status());
@@ -169,8 +169,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     w.params = leash::worker::MakeRemoteParams(w.client.get(), c.staleness);
   }
   leash::worker::OptimizerOptions opt;
-  // Until OptimizerOptions takes leash::OptimizerKind (the enumerators match).
-  opt.kind = static_cast<leash::wire::OptimizerKind>(c.optimizer);
+  opt.kind = c.optimizer;
   opt.learning_rate = static_cast<float>(c.lr);
   opt.momentum = static_cast<float>(c.momentum);
   opt.weight_decay = static_cast<float>(c.weight_decay);
