@@ -50,7 +50,7 @@
 #include <spdlog/spdlog.h>
 
 #include "leash/common/wire.h"
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 #include "leash/server/shard.h"
 
 namespace {

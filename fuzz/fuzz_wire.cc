@@ -34,7 +34,7 @@
 
 #include "leash/common/partition.h"
 #include "leash/common/wire.h"
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 #include "leash/ps/coverage.h"
 #include "leash/ps/table.h"
 

@@ -10,7 +10,7 @@
 
 #include "leash/common/half.h"
 #include "leash/common/wire.h"
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"

@@ -9,7 +9,7 @@
 #include <variant>
 
 #include "leash/common/half.h"
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 
 namespace leash {
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <variant>
 
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 
 namespace leash {
 namespace {

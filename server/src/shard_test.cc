@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "leash/common/wire.h"
-#include "leash/common/wire_format.h"
+#include "wire_format.h"
 
 namespace leash::server {
 namespace {
