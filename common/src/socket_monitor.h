@@ -47,7 +47,7 @@ std::string DescribeServerHandshakeFailure(const SocketMonitor::Event& e, bool c
 // A client's view of its connections' handshakes, one entry per shard: the failures it
 // saw, and connections that never finish a CURVE handshake (a CURVE server that cannot
 // decrypt the client's HELLO just closes the connection).
-class HandshakeWatch {
+class HandshakeWatch final : public ConnectionHealth {
  public:
   HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options);
 
@@ -57,7 +57,7 @@ class HandshakeWatch {
   // An event of `shard`'s socket monitor; a new failure is logged once.
   void OnEvent(int shard, const SocketMonitor::Event& e);
   // Unavailable with what to do if `shard` cannot be talked to; Ok if nothing is known.
-  Status ShardHealth(int shard) const;
+  Status ShardHealth(int shard) const override;
 
  private:
   static constexpr int64_t kHandshakeGraceMs = 3000;

@@ -1,9 +1,13 @@
 // A client's ZeroMQ connections: one DEALER socket per shard, each with a socket monitor
 // whose handshake events feed the per-shard health (socket_monitor.h), and same-host
-// shared memory per shard (shm_link.h). Thread-compatible, except the methods
-// transport.h marks thread-safe.
+// shared memory per shard (shm_link.h). ZeroMQ sockets are not thread-safe, and their
+// file descriptors signal edge-triggered: every socket operation happens under one
+// mutex, a Receive that waits polls the descriptors without it, and a Send that may
+// have taken a waiting Receive's edge wakes it. Thread-safety as transport.h says.
+#include <poll.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <zmq.hpp>
@@ -16,9 +20,9 @@
 namespace leash {
 namespace {
 
-using zmq_util::FromZmq;
+using Received = std::optional<std::pair<int, Message>>;
 
-class ZmqClient final : public ClientTransport {
+class ZmqClient final : public ClientTransport, public ClientSharedMemory {
  public:
   ZmqClient(zmq::context_t& ctx, std::vector<std::string> endpoints, const ZmqOptions& o)
       : ctx_(ctx), endpoints_(std::move(endpoints)), options_(o), watch_(endpoints_, o) {}
@@ -33,6 +37,7 @@ class ZmqClient final : public ClientTransport {
   Status Init() {
     if (options_.curve) LEASH_RETURN_IF_ERROR(CurveSupported());
     if (options_.shared_memory) shm::ShmSegment::RemoveStale();
+    std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       sockets_.emplace_back();
       monitors_.emplace_back();
@@ -57,100 +62,98 @@ class ZmqClient final : public ClientTransport {
       for (const auto& moved : p->frames) parts[moved.first] = zmq::message_t();
       parts.emplace_back(p->trailer.data(), p->trailer.size());
     }
-    return zmq_util::SendAll(*sockets_.at(idx), parts).WithContext(endpoints_[idx]);
+    std::lock_guard<std::mutex> lock(mu_);
+    Status st = zmq_util::SendAll(*sockets_[idx], parts).WithContext(endpoints_[idx]);
+    NudgeIfReadable(idx);
+    return st;
   }
+
+  Result<Received> Receive(std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        LEASH_ASSIGN_OR_RETURN(Received in, ReadReady());
+        if (in) return in;
+        if (timeout.count() <= 0) return Received();
+        if (woken_.exchange(false)) {
+          waker_.Drain();
+          return Received();
+        }
+        fds_.clear();
+        for (auto& s : sockets_) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        for (auto& m : monitors_) {
+          if (int fd = m->fd(); fd >= 0) fds_.push_back({fd, POLLIN, 0});
+        }
+        fds_.push_back({waker_.fd(), POLLIN, 0});
+        polling_.store(true);
+      }
+      auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() > 0) ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count()));
+      polling_.store(false);
+      if (fds_.back().revents & POLLIN) waker_.Drain();
+      if (std::chrono::steady_clock::now() >= deadline) timeout = std::chrono::milliseconds(0);
+    }
+  }
+
+  Status Reconnect(int shard) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    LEASH_RETURN_IF_ERROR(Open(shard));
+    // A shard that never answered the offer (it may have been down) hears it again.
+    SendOffer(static_cast<size_t>(shard));
+    if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old socket
+    return Status::Ok();
+  }
+
+  void Wake() override {
+    woken_.store(true);
+    waker_.Wake();
+  }
+
+  ClientSharedMemory* shared_memory() override { return options_.shared_memory ? this : nullptr; }
+  const ConnectionHealth* health() const override { return &watch_; }
 
   std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) override {
     if (shard < 0 || static_cast<size_t>(shard) >= shm_.size()) return std::nullopt;
     return shm_[static_cast<size_t>(shard)]->Reserve(bytes);
   }
 
-  bool SharedMemoryWith(int shard) const override {
+  bool ActiveWith(int shard) const override {
     return shard >= 0 && static_cast<size_t>(shard) < shm_.size() &&
            shm_[static_cast<size_t>(shard)]->on();
   }
 
-  Result<std::optional<std::pair<int, Message>>> Receive(
-      std::chrono::milliseconds timeout) override {
-    // Shared-memory answers are handled here and come back as empty messages: look again
-    // (without waiting) so a caller draining edge-triggered PollFds() misses nothing.
-    while (true) {
-      LEASH_ASSIGN_OR_RETURN(auto in, ReceiveOne(timeout));
-      if (!in || !in->second.empty()) return in;
-      timeout = std::chrono::milliseconds(0);
-    }
-  }
-
-  Status Reconnect(int shard) override {
-    LEASH_RETURN_IF_ERROR(Open(shard));
-    // A shard that never answered the offer (it may have been down) hears it again.
-    SendOffer(static_cast<size_t>(shard));
-    return Status::Ok();
-  }
-
-  std::vector<int> PollFds() override {
-    std::vector<int> fds;
-    fds.reserve(sockets_.size());
-    for (auto& s : sockets_) fds.push_back(s->get(zmq::sockopt::fd));
-    for (auto& m : monitors_) {
-      if (!m) continue;
-      int fd = m->fd();
-      if (fd >= 0) fds.push_back(fd);
-    }
-    return fds;
-  }
-
-  void Wake() override { waker_.Wake(); }
-
-  Status ShardHealth(int shard) const override { return watch_.ShardHealth(shard); }
-
  private:
-  Result<std::optional<std::pair<int, Message>>> ReceiveOne(std::chrono::milliseconds timeout) {
-    std::vector<zmq::pollitem_t> items;
-    items.reserve(2 * sockets_.size() + 1);
-    for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({nullptr, waker_.fd(), ZMQ_POLLIN, 0});
-    for (auto& m : monitors_) items.push_back({m->handle(), 0, ZMQ_POLLIN, 0});
-    // Serve shards round-robin so a busy shard cannot starve the others.
-    for (size_t k = 0; k < sockets_.size(); ++k) {
-      size_t i = (next_ + k) % sockets_.size();
-      if (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
-        next_ = i + 1;
-        return ReadFrom(i);
-      }
-    }
-    // ZMQ_EVENTS above is authoritative: with no time to wait, nothing is ready. Threads
-    // that wait on PollFds() instead of polling here still need the handshake events.
-    if (timeout.count() <= 0) {
-      for (size_t i = 0; i < monitors_.size(); ++i) {
-        if (monitors_[i]) DrainMonitor(i);
-      }
-      return std::optional<std::pair<int, Message>>();
-    }
-    try {
-      zmq::poll(items.data(), items.size(), timeout);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) return std::optional<std::pair<int, Message>>();
-      return FromZmq(e, "zmq poll");
-    }
-    if (items[sockets_.size()].revents & ZMQ_POLLIN) waker_.Drain();
+  // A message from a socket that has one (round-robin, so a busy shard cannot starve the
+  // others), after the monitors' events; nullopt if none. Shared-memory answers are
+  // handled here. Under mu_.
+  Result<Received> ReadReady() {
     for (size_t i = 0; i < monitors_.size(); ++i) {
-      if (items[sockets_.size() + 1 + i].revents & ZMQ_POLLIN) DrainMonitor(i);
+      while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
     }
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
-      if (items[i].revents & ZMQ_POLLIN) {
+      while (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
         next_ = i + 1;
-        return ReadFrom(i);
+        LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
+        if (in) return in;
       }
     }
-    return std::optional<std::pair<int, Message>>();
+    return Received();
+  }
+
+  // After a socket operation on socket i: a Receive polling now may have lost the edge
+  // of a message that is there; wake it to look. Under mu_.
+  void NudgeIfReadable(size_t i) {
+    if (polling_.load() && (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN)) waker_.Wake();
   }
 
   std::string Describe(int shard) const {
     return "shard " + std::to_string(shard) + " (" + endpoints_[static_cast<size_t>(shard)] + ")";
   }
 
+  // Under mu_.
   void SendOffer(size_t i) {
     std::optional<std::string> offer = shm_[i]->Offer();
     if (!offer) return;
@@ -160,10 +163,7 @@ class ZmqClient final : public ClientTransport {
     if (!st.ok()) spdlog::debug("shared-memory offer to shard {} not sent: {}", i, st.ToString());
   }
 
-  void DrainMonitor(size_t i) {
-    while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
-  }
-
+  // Under mu_.
   Status Open(int shard) {
     auto idx = static_cast<size_t>(shard);
     const bool replaced = sockets_[idx] != nullptr;
@@ -191,12 +191,13 @@ class ZmqClient final : public ClientTransport {
     return Status::Ok();
   }
 
-  Result<std::optional<std::pair<int, Message>>> ReadFrom(size_t i) {
+  // One message of socket i; nullopt for a shared-memory answer (handled here). Under mu_.
+  Result<Received> ReadFrom(size_t i) {
     std::vector<zmq::message_t> parts;
     LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*sockets_[i], &parts));
     if (parts.size() == 1 && shm::IsAnswer(parts[0].data(), parts[0].size())) {
       shm_[i]->OnAnswer(parts[0].data(), parts[0].size());
-      return std::optional<std::pair<int, Message>>(std::make_pair(static_cast<int>(i), Message()));
+      return Received();
     }
     std::optional<shm::Trailer> trailer;
     if (parts.size() >= 2)
@@ -212,11 +213,11 @@ class ZmqClient final : public ClientTransport {
                      Describe(static_cast<int>(i)), st.ToString());
       }
     }
-    return std::optional<std::pair<int, Message>>(
-        std::make_pair(static_cast<int>(i), std::move(m)));
+    return Received(std::make_pair(static_cast<int>(i), std::move(m)));
   }
 
   zmq::context_t& ctx_;
+  std::mutex mu_;  // every socket operation
   std::vector<std::string> endpoints_;
   ZmqOptions options_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
@@ -224,7 +225,10 @@ class ZmqClient final : public ClientTransport {
   std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per shard; never null after Init
   HandshakeWatch watch_;
   zmq_util::Waker waker_;
-  size_t next_ = 0;
+  std::atomic<bool> woken_{false};    // Wake() was called and no Receive returned for it yet
+  std::atomic<bool> polling_{false};  // a Receive polls the descriptors (without mu_)
+  std::vector<pollfd> fds_;           // the receiving thread's
+  size_t next_ = 0;                   // under mu_
 };
 
 }  // namespace
