@@ -130,12 +130,12 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     }
     clients.push_back(std::move(*c));
   }
-  leash::TableOptions t;
+  leash::TableSpec t;
   t.name = "bench";
   t.cols = 64;
   t.rows = static_cast<uint64_t>(floats / 64);
-  t.optimizer = leash::wire::OptimizerKind::Momentum;
-  t.learning_rate = 1e-6f;
+  t.optimizer.kind = leash::OptimizerKind::kMomentum;
+  t.optimizer.lr = 1e-6f;
   auto table = clients[0]->CreateTable(t).value();
   std::vector<Sample> out;
   for (const char* op : {"push", "pull"}) {

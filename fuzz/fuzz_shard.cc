@@ -50,6 +50,7 @@
 #include <spdlog/spdlog.h>
 
 #include "leash/common/wire.h"
+#include "leash/common/wire_format.h"
 #include "leash/server/shard.h"
 
 namespace {
@@ -261,7 +262,7 @@ class Harness {
       }
       case kCreateTable: {
         *peer = Peer(in.U8());
-        TableSpecArgs t;
+        TableSpec t;
         t.name = "t" + std::to_string(in.U8() % 4);
         uint8_t mode = in.U8();
         if (mode & 1) {
@@ -272,32 +273,34 @@ class Harness {
           t.cols = in.U8() % 6;
         }
         uint8_t kind = in.U8() % 5;
-        t.optimizer = kind == 4 ? static_cast<wire::OptimizerKind>(9) : static_cast<wire::OptimizerKind>(kind);
+        // Kind 9 is outside the enum: the codec sends it as it is, for the shard to refuse.
+        t.optimizer.kind = static_cast<OptimizerKind>(kind == 4 ? 9 : kind);
         if (mode & 2) {  // arbitrary hyper-parameters: no longer the bounded generator
-          t.learning_rate = in.F32();
-          t.momentum = in.F32();
-          t.beta1 = in.F32();
-          t.beta2 = in.F32();
-          t.epsilon = in.F32();
-          t.weight_decay = in.F32();
-          t.init_scale = in.F32();
+          t.optimizer.lr = in.F32();
+          t.optimizer.momentum = in.F32();
+          t.optimizer.beta1 = in.F32();
+          t.optimizer.beta2 = in.F32();
+          t.optimizer.epsilon = in.F32();
+          t.optimizer.weight_decay = in.F32();
+          t.init.scale = in.F32();
           p->bounded = false;
         } else {
-          t.learning_rate = Pick(kLr, in.U8());
-          t.momentum = Pick(kUnit, in.U8());
-          t.beta1 = Pick(kUnit, in.U8());
-          t.beta2 = Pick(kUnit, in.U8());
-          t.epsilon = Pick(kEps, in.U8());
-          t.weight_decay = Pick(kWd, in.U8());
-          t.init_scale = Pick(kScale, in.U8());
+          t.optimizer.lr = Pick(kLr, in.U8());
+          t.optimizer.momentum = Pick(kUnit, in.U8());
+          t.optimizer.beta1 = Pick(kUnit, in.U8());
+          t.optimizer.beta2 = Pick(kUnit, in.U8());
+          t.optimizer.epsilon = Pick(kEps, in.U8());
+          t.optimizer.weight_decay = Pick(kWd, in.U8());
+          t.init.scale = Pick(kScale, in.U8());
         }
-        t.init = static_cast<wire::InitKind>(in.U8() % 5);
-        t.init_seed = in.U8();
+        t.init.kind = static_cast<InitKind>(in.U8() % 5);
+        t.init.seed = in.U8();
         if (trace_) {
           std::fprintf(stderr, "  create %s %llu x %u opt %d lr %g mom %g b1 %g b2 %g eps %g wd %g init %d scale %g\n",
-                       t.name.c_str(), static_cast<unsigned long long>(t.rows), t.cols, static_cast<int>(t.optimizer),
-                       t.learning_rate, t.momentum, t.beta1, t.beta2, t.epsilon, t.weight_decay, static_cast<int>(t.init),
-                       t.init_scale);
+                       t.name.c_str(), static_cast<unsigned long long>(t.rows), t.cols,
+                       static_cast<int>(t.optimizer.kind), t.optimizer.lr, t.optimizer.momentum, t.optimizer.beta1,
+                       t.optimizer.beta2, t.optimizer.epsilon, t.optimizer.weight_decay, static_cast<int>(t.init.kind),
+                       t.init.scale);
         }
         *m = MakeCreateTable(rid, t);
         p->request = wire::Body::CreateTable;
@@ -311,7 +314,7 @@ class Harness {
         Rows rows = DecodeRows(in);
         int64_t clock = shard_->min_clock() + in.I8();
         int64_t staleness = in.I8() % 4;
-        auto dtype = static_cast<wire::DType>(in.U8() % 4);
+        auto dtype = static_cast<DType>(in.U8() % 4);  // 3 is outside the enum
         *m = MakePull(rid, table, rows, worker, clock, staleness, dtype);
         p->request = wire::Body::Pull;
         p->pull_need = clock - staleness;
@@ -339,7 +342,7 @@ class Harness {
           for (float g : grad) std::fprintf(stderr, " %g", g);
           std::fprintf(stderr, "\n");
         }
-        Frame payload = EncodeValues(grad, dtype == wire::DType::F32 || static_cast<int>(dtype) > 2 ? wire::DType::F32 : dtype);
+        Frame payload = EncodeValues(grad, static_cast<int>(dtype) > 2 ? DType::kF32 : FromWire(dtype));
         std::vector<Frame> frames{std::move(payload)};
         if (mode & 4) frames.clear();
         if (mode & 8) frames.push_back(Frame::Copy("x"));
@@ -395,10 +398,10 @@ class Harness {
         uint32_t epochs = (mode & 1) ? in.U32() : in.U8() % 4;
         // Plans up to kMaxChunks are valid but slow to lease; keep accepted ones small so
         // the fuzzer stays fast (larger ones still test the limit).
-        if (chunk > 0 && samples / chunk > (1u << 12) && samples / chunk < kMaxChunks) samples = uint64_t{chunk} << 12;
+        if (chunk > 0 && samples / chunk > (1u << 12) && samples / chunk < ps::kMaxChunks) samples = uint64_t{chunk} << 12;
         uint64_t seed = in.U8() % 2;
         ChunkDone done{in.U8() % 4u, in.U8() % 32u};
-        *m = MakeChunkRequest(rid, worker, inc, samples, chunk, epochs, seed, (mode & 2) ? &done : nullptr);
+        *m = MakeChunkRequest(rid, worker, inc, DataPlan{samples, chunk, epochs, seed}, (mode & 2) ? &done : nullptr);
         p->request = wire::Body::ChunkRequest;
         return true;
       }
@@ -474,7 +477,7 @@ class Harness {
           uint64_t n = r->num_rows() * r->cols();
           CHECK(n <= (1u << 24), "pull replies stay small here");
           std::vector<float> values(n);
-          CHECK(DecodeValues(o.message[1], r->dtype(), n, values.data()).ok(), "a pull reply's payload decodes");
+          CHECK(DecodeValues(o.message[1], FromWire(r->dtype()), n, values.data()).ok(), "a pull reply's payload decodes");
           if (!unbounded_) CHECK(AllFinite(values), "table values stay finite");
           break;
         }

@@ -91,12 +91,12 @@ TEST_F(AuthTest, RefusedKeyFailsConnectClearlyAndTheShardServesOthers) {
   auto shard = StartShard();
   auto good = Connect("w0");
   ASSERT_TRUE(good.ok()) << good.status() << shard->ReadLog();
-  TableOptions t;
+  TableSpec t;
   t.name = "w";
   t.rows = 4;
   t.cols = 2;
-  t.optimizer = wire::OptimizerKind::SGD;
-  t.learning_rate = 1.f;
+  t.optimizer.kind = OptimizerKind::kSgd;
+  t.optimizer.lr = 1.f;
   auto table = (*good)->CreateTable(t);
   ASSERT_TRUE(table.ok()) << table.status();
 

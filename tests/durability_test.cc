@@ -58,12 +58,12 @@ std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& endpoint, co
 using testing::FilesNamed;
 using testing::TreeOf;
 
-TableOptions BigTable(uint64_t rows, uint32_t cols) {
-  TableOptions t;
+TableSpec BigTable(uint64_t rows, uint32_t cols) {
+  TableSpec t;
   t.name = "big";
   t.rows = rows;
   t.cols = cols;
-  t.learning_rate = 1.f;  // SGD with lr 1: a push of -1 everywhere adds exactly 1 to every value
+  t.optimizer.lr = 1.f;  // SGD with lr 1: a push of -1 everywhere adds exactly 1 to every value
   return t;
 }
 
@@ -148,8 +148,8 @@ TEST(DurabilityTest, RecoveredTableKeepsItsSpecAcrossAShardRestart) {
   TempDir dir;
   const std::string data = dir.path() + "/shard0";
   const std::string endpoint = Endpoint(FreePort());
-  TableOptions spec = BigTable(100, 4);
-  spec.optimizer = wire::OptimizerKind::Adam;
+  TableSpec spec = BigTable(100, 4);
+  spec.optimizer.kind = OptimizerKind::kAdam;
   {
     auto shard = StartShard(endpoint, data, dir.path() + "/shard0.log");
     ZmqContext ctx;
@@ -165,7 +165,7 @@ TEST(DurabilityTest, RecoveredTableKeepsItsSpecAcrossAShardRestart) {
   auto same = client->CreateTable(spec);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->shard_ids, std::vector<uint32_t>{0});
-  TableOptions other = spec;
+  TableSpec other = spec;
   other.cols = 5;
   auto refused = client->CreateTable(other);
   ASSERT_FALSE(refused.ok());

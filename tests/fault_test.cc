@@ -12,6 +12,7 @@
 #include <sstream>
 #include <regex>
 #include <thread>
+#include <variant>
 #include <zmq.hpp>
 
 #include "leash/common/wire.h"
@@ -217,27 +218,30 @@ TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
       if (!more) return m;
     }
   };
-  TableSpecArgs spec;
+  TableSpec spec;
   spec.name = "w";
   spec.rows = 2;
   spec.cols = 1;
-  spec.learning_rate = 1.f;
+  spec.optimizer.lr = 1.f;
   send(MakeCreateTable(1, spec));
-  ASSERT_EQ(VerifyEnvelope(reply()).value()->body_type(), wire::Body::TableCreated);
+  ASSERT_TRUE(std::holds_alternative<TableCreated>(DecodeReply(reply()).value().value));
   send(MakeRegister(2, 77, 1, "dup"));
-  ASSERT_EQ(VerifyEnvelope(reply()).value()->body_type(), wire::Body::Welcome);
-  Message push = MakePush(3, 0, Rows::Range(0, 2), 77, 1, 1, wire::DType::F32, EncodeValues(std::vector<float>{1, 2}, wire::DType::F32));
+  ASSERT_TRUE(std::holds_alternative<Welcome>(DecodeReply(reply()).value().value));
+  Message push = MakePush(3, 0, Rows::Range(0, 2), 77, 1, 1, DType::kF32, EncodeValues(std::vector<float>{1, 2}, DType::kF32));
   send(push);
   Message r1 = reply();
   send(push);  // the client's retry after a lost reply
   Message r2 = reply();
-  ASSERT_TRUE(VerifyEnvelope(r1).ok() && VerifyEnvelope(r2).ok());
-  EXPECT_TRUE(VerifyEnvelope(r1).value()->body_as_PushReply()->applied());
-  EXPECT_FALSE(VerifyEnvelope(r2).value()->body_as_PushReply()->applied());
+  auto d1 = DecodeReply(r1);
+  auto d2 = DecodeReply(r2);
+  ASSERT_TRUE(d1.ok() && d2.ok());
+  ASSERT_TRUE(std::holds_alternative<PushReply>(d1->value) && std::holds_alternative<PushReply>(d2->value));
+  EXPECT_TRUE(std::get<PushReply>(d1->value).applied);
+  EXPECT_FALSE(std::get<PushReply>(d2->value).applied);
   send(MakePull(4, 0, Rows::Range(0, 2), 77, 0, 0));
   Message pulled = reply();
   std::vector<float> v(2);
-  ASSERT_TRUE(DecodeValues(pulled.at(1), wire::DType::F32, 2, v.data()).ok());
+  ASSERT_TRUE(DecodeValues(pulled.at(1), DType::kF32, 2, v.data()).ok());
   EXPECT_EQ(v, (std::vector<float>{-1, -2}));
 }
 

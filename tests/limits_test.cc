@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <variant>
 #include <zmq.hpp>
 
 #include "leash/common/wire.h"
@@ -48,9 +49,9 @@ class RawPeer {
       m.push_back(Frame::Copy(part.data(), part.size()));
       if (!part.more()) break;
     }
-    auto env = VerifyEnvelope(m);
-    if (!env.ok()) return env.status();
-    if ((*env)->body_type() == wire::Body::Error) return ErrorToStatus((*env)->body_as_Error());
+    auto reply = DecodeReply(m);
+    if (!reply.ok()) return reply.status();
+    if (const auto* e = std::get_if<ErrorReply>(&reply->value)) return e->status;
     return Status::Ok();
   }
 
@@ -84,7 +85,7 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   zmq::context_t raw_ctx;
   RawPeer raw(raw_ctx, cluster.endpoints()[0]);
   std::vector<float> huge(384 * 1024, 1.f);
-  raw.Send(MakePush(1, 0, Rows::Range(0, 384), 4242, 1, 1, wire::DType::F32, EncodeValues(huge, wire::DType::F32)));
+  raw.Send(MakePush(1, 0, Rows::Range(0, 384), 4242, 1, 1, DType::kF32, EncodeValues(huge, DType::kF32)));
   auto reply = raw.Reply(20s);
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(reply->code(), StatusCode::kResourceExhausted) << *reply;
@@ -93,7 +94,7 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   // A 3 MiB frame is over ZeroMQ's cap: the connection is dropped without buffering it.
   RawPeer raw2(raw_ctx, cluster.endpoints()[0]);
   std::vector<float> huger(768 * 1024, 1.f);
-  raw2.Send(MakePush(2, 0, Rows::Range(0, 512), 4242, 1, 1, wire::DType::F32, EncodeValues(huger, wire::DType::F32)));
+  raw2.Send(MakePush(2, 0, Rows::Range(0, 512), 4242, 1, 1, DType::kF32, EncodeValues(huger, DType::kF32)));
   EXPECT_FALSE(raw2.Reply(2s).has_value());
 
   // Too many keys in one request.

@@ -1,11 +1,15 @@
-// Envelope verification, error replies and tensor payload encoding.
+// The codec: envelope verification, requests and replies to and from the domain types,
+// error replies and tensor payload encoding. Thread-safe (no shared state).
 #include "leash/common/wire.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <variant>
 
 #include "leash/common/half.h"
+#include "leash/common/wire_format.h"
 
 namespace leash {
 
@@ -149,61 +153,29 @@ Result<std::vector<Message>> UnpackBatch(const Message& batch) {
   return out;
 }
 
-Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id) {
-  return MakeMessage(request_id, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    auto msg = fbb.CreateString(status.message());
-    return std::make_pair(wire::Body::Error, wire::CreateError(fbb, ToWireCode(status.code()), msg, boot_id).Union());
-  });
-}
-
-Status ErrorToStatus(const wire::Error* error) {
-  if (error == nullptr) return Internal("error reply without an error body");
-  StatusCode code = FromWireCode(error->code());
-  if (code == StatusCode::kOk) code = StatusCode::kInternal;
-  return Status(code, error->message() ? error->message()->str() : std::string("(no message)"));
-}
-
-size_t DTypeSize(wire::DType dtype) {
-  switch (dtype) {
-    case wire::DType::F32: return 4;
-    case wire::DType::F16: return 2;
-    case wire::DType::BF16: return 2;
-  }
-  return 0;
-}
-
-const char* DTypeName(wire::DType dtype) {
-  switch (dtype) {
-    case wire::DType::F32: return "fp32";
-    case wire::DType::F16: return "fp16";
-    case wire::DType::BF16: return "bf16";
-  }
-  return "unknown";
-}
-
-Frame EncodeValues(std::span<const float> values, wire::DType dtype) {
-  if (dtype == wire::DType::F32) return Frame::Copy(values.data(), values.size_bytes());
+Frame EncodeValues(std::span<const float> values, DType dtype) {
+  if (dtype == DType::kF32) return Frame::Copy(values.data(), values.size_bytes());
   std::vector<uint8_t> out(values.size() * DTypeSize(dtype));
   EncodeValuesInto(values, dtype, out.data());
   return Frame::Own(std::move(out));
 }
 
-void EncodeValuesInto(std::span<const float> values, wire::DType dtype, uint8_t* out) {
+void EncodeValuesInto(std::span<const float> values, DType dtype, uint8_t* out) {
   switch (dtype) {
-    case wire::DType::F32:
+    case DType::kF32:
       if (!values.empty()) std::memcpy(out, values.data(), values.size_bytes());
       return;
-    case wire::DType::F16:
-    case wire::DType::BF16:
+    case DType::kF16:
+    case DType::kBF16:
       for (size_t i = 0; i < values.size(); ++i) {
-        uint16_t h = dtype == wire::DType::F16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
+        uint16_t h = dtype == DType::kF16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
         std::memcpy(out + 2 * i, &h, 2);
       }
       return;
   }
 }
 
-Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* out) {
+Status DecodeValues(const Frame& frame, DType dtype, size_t count, float* out) {
   size_t width = DTypeSize(dtype);
   if (width == 0) return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
   // count > size / width first: count * width may wrap around to the frame's size.
@@ -214,20 +186,30 @@ Status DecodeValues(const Frame& frame, wire::DType dtype, size_t count, float* 
   }
   const uint8_t* p = frame.data();
   switch (dtype) {
-    case wire::DType::F32:
+    case DType::kF32:
       if (count > 0) std::memcpy(out, p, count * 4);
       break;
-    case wire::DType::F16:
-    case wire::DType::BF16:
+    case DType::kF16:
+    case DType::kBF16:
       for (size_t i = 0; i < count; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = dtype == wire::DType::F16 ? HalfToFloat(h) : Bf16ToFloat(h);
+        out[i] = dtype == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
       }
       break;
   }
   return Status::Ok();
 }
+
+
+Status ErrorToStatus(const wire::Error* error) {
+  if (error == nullptr) return Internal("error reply without an error body");
+  StatusCode code = FromWireCode(error->code());
+  if (code == StatusCode::kOk) code = StatusCode::kInternal;
+  return Status(code, error->message() ? error->message()->str() : std::string("(no message)"));
+}
+
+// ---- rows and table specs -------------------------------------------------------------
 
 flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb, const Rows& rows) {
   if (rows.explicit_keys) {
@@ -237,7 +219,10 @@ flatbuffers::Offset<wire::RowSet> BuildRows(flatbuffers::FlatBufferBuilder& fbb,
   return wire::CreateRowSet(fbb, rows.begin, rows.end);
 }
 
-Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLimits& limits) {
+namespace {
+
+// A row set as sent; the range and keys are checked against the table by the shard.
+Result<Rows> DecodeRows(const wire::RowSet* rs, const WireLimits& limits) {
   if (rs == nullptr) return InvalidArgument("request has no row set");
   Rows r;
   if (rs->keys() != nullptr) {
@@ -252,106 +237,421 @@ Result<Rows> ReadRows(const wire::RowSet* rs, uint64_t table_rows, const WireLim
     }
     r.explicit_keys = true;
     r.keys.assign(rs->keys()->begin(), rs->keys()->end());
-    for (uint64_t k : r.keys) {
-      if (k >= table_rows) {
-        return InvalidArgument("key " + std::to_string(k) + " is out of range for a table of " +
-                               std::to_string(table_rows) + " rows");
-      }
-    }
     return r;
   }
   r.begin = rs->begin();
   r.end = rs->end();
-  if (r.begin > r.end || r.end > table_rows) {
-    return InvalidArgument("row range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
-                           ") is not inside a table of " + std::to_string(table_rows) + " rows");
-  }
   return r;
 }
 
-Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    auto n = fbb.CreateString(name);
-    return std::make_pair(wire::Body::Register, wire::CreateRegister(fbb, worker_id, incarnation, n).Union());
-  });
-}
-
-Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
-                 int64_t staleness, wire::DType dtype) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    auto rs = BuildRows(fbb, rows);
-    return std::make_pair(wire::Body::Pull, wire::CreatePull(fbb, table_id, rs, worker_id, clock,
-                                                             static_cast<int32_t>(staleness), dtype)
-                                                .Union());
-  });
-}
-
-Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
-                 uint64_t seq, wire::DType dtype, Frame payload) {
-  return MakeMessage(
-      rid,
-      [&](flatbuffers::FlatBufferBuilder& fbb) {
-        auto rs = BuildRows(fbb, rows);
-        return std::make_pair(wire::Body::Push,
-                              wire::CreatePush(fbb, table_id, rs, worker_id, incarnation, seq, dtype).Union());
-      },
-      {std::move(payload)});
-}
-
-Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::make_pair(wire::Body::ClockUpdate, wire::CreateClockUpdate(fbb, worker_id, clock).Union());
-  });
-}
-
-Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::make_pair(wire::Body::Heartbeat, wire::CreateHeartbeat(fbb, worker_id, incarnation).Union());
-  });
-}
-
-Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::make_pair(wire::Body::Leave, wire::CreateLeave(fbb, worker_id, incarnation).Union());
-  });
-}
-
-Message MakeStats(uint64_t rid) {
-  return MakeMessage(rid, [](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::make_pair(wire::Body::Stats, wire::CreateStats(fbb).Union());
-  });
-}
-
-Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, uint64_t num_samples,
-                         uint32_t chunk_size, uint32_t epochs, uint64_t seed, const ChunkDone* done) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    auto plan = wire::CreateDataPlan(fbb, num_samples, chunk_size, epochs, seed);
-    return std::make_pair(wire::Body::ChunkRequest,
-                          wire::CreateChunkRequest(fbb, worker_id, incarnation, plan, done != nullptr,
-                                                   done ? done->epoch : 0, done ? done->chunk : 0)
-                              .Union());
-  });
-}
-
-Message MakeCheckpoint(uint64_t rid) {
-  return MakeMessage(rid, [](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::make_pair(wire::Body::Checkpoint, wire::CreateCheckpoint(fbb).Union());
-  });
-}
-
-flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb, const TableSpecArgs& t) {
+flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb, const TableSpec& t) {
   auto name = fbb.CreateString(t.name);
-  auto opt = wire::CreateOptimizerSpec(fbb, t.optimizer, t.learning_rate, t.momentum, t.beta1, t.beta2, t.epsilon,
-                                       t.weight_decay);
-  auto init = wire::CreateInitSpec(fbb, t.init, t.init_scale, t.init_seed);
+  const OptimizerConfig& o = t.optimizer;
+  auto opt = wire::CreateOptimizerSpec(fbb, static_cast<wire::OptimizerKind>(o.kind), o.lr, o.momentum, o.beta1,
+                                       o.beta2, o.epsilon, o.weight_decay);
+  auto init = wire::CreateInitSpec(fbb, static_cast<wire::InitKind>(t.init.kind), t.init.scale, t.init.seed);
   return wire::CreateTableSpec(fbb, name, t.rows, t.cols, opt, init);
 }
 
-Message MakeCreateTable(uint64_t rid, const TableSpecArgs& t) {
-  return MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-    auto spec = BuildTableSpec(fbb, t);
-    return std::make_pair(wire::Body::CreateTable, wire::CreateCreateTable(fbb, spec).Union());
-  });
+// A verified TableSpec table as a domain spec. InvalidArgument for an empty name or an
+// optimizer or initializer outside the enums (the other checks are the table's).
+Result<TableSpec> ReadTableSpec(const wire::TableSpec* s) {
+  if (s == nullptr || s->name() == nullptr || s->name()->size() == 0) {
+    return InvalidArgument("table spec needs a non-empty name");
+  }
+  TableSpec t;
+  t.name = s->name()->str();
+  t.rows = s->rows();
+  t.cols = s->cols();
+  if (const wire::OptimizerSpec* o = s->optimizer()) {
+    if (static_cast<int>(o->kind()) > static_cast<int>(kMaxOptimizerKind)) {
+      return InvalidArgument("table '" + t.name + "' names an unknown optimizer");
+    }
+    t.optimizer.kind = static_cast<OptimizerKind>(o->kind());
+    t.optimizer.lr = o->learning_rate();
+    t.optimizer.momentum = o->momentum();
+    t.optimizer.beta1 = o->beta1();
+    t.optimizer.beta2 = o->beta2();
+    t.optimizer.epsilon = o->epsilon();
+    t.optimizer.weight_decay = o->weight_decay();
+  }
+  if (const wire::InitSpec* i = s->init()) {
+    if (static_cast<int>(i->kind()) > static_cast<int>(kMaxInitKind)) {
+      return InvalidArgument("table '" + t.name + "' names an unknown initializer");
+    }
+    t.init.kind = static_cast<InitKind>(i->kind());
+    t.init.scale = i->scale();
+    t.init.seed = i->seed();
+  }
+  return t;
 }
+
+Result<DType> ReadDType(wire::DType d, const char* what) {
+  if (static_cast<int>(d) > static_cast<int>(kMaxDType)) return InvalidArgument(std::string("unknown ") + what);
+  return static_cast<DType>(d);
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeTableSpec(const TableSpec& spec) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  fbb.Finish(BuildTableSpec(fbb, spec));
+  return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+}
+
+Result<TableSpec> DecodeTableSpec(std::span<const uint8_t> bytes) {
+  flatbuffers::Verifier v(bytes.data(), bytes.size());
+  if (bytes.empty() || !v.VerifyBuffer<wire::TableSpec>(nullptr)) {
+    return DataLoss("stored table spec of " + std::to_string(bytes.size()) + " bytes does not verify");
+  }
+  auto spec = ReadTableSpec(flatbuffers::GetRoot<wire::TableSpec>(bytes.data()));
+  if (!spec.ok()) return DataLoss("stored table spec is invalid: " + spec.status().message());
+  return spec;
+}
+
+// ---- requests -------------------------------------------------------------------------
+
+namespace {
+
+Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const WireLimits& limits) {
+  // Payload frames are only legal where the body says so (a push's gradient); a reply
+  // body is refused below whatever follows it.
+  const wire::Body body = env->body_type();
+  const bool is_request = body == wire::Body::Register || body == wire::Body::CreateTable ||
+                          body == wire::Body::Pull || body == wire::Body::Push ||
+                          body == wire::Body::ClockUpdate || body == wire::Body::Heartbeat ||
+                          body == wire::Body::Leave || body == wire::Body::Checkpoint ||
+                          body == wire::Body::Stats || body == wire::Body::ChunkRequest;
+  if (is_request && body != wire::Body::Push && payloads > 0) {
+    return InvalidArgument("a " + std::string(wire::EnumNameBody(body)) +
+                           " request carries no payload frames, got " + std::to_string(payloads));
+  }
+  switch (env->body_type()) {
+    case wire::Body::Register: {
+      const wire::Register* m = env->body_as_Register();
+      return Request(RegisterRequest{m->worker_id(), m->incarnation(), m->name() ? m->name()->str() : std::string()});
+    }
+    case wire::Body::CreateTable: {
+      LEASH_ASSIGN_OR_RETURN(TableSpec spec, ReadTableSpec(env->body_as_CreateTable()->spec()));
+      return Request(CreateTableRequest{std::move(spec)});
+    }
+    case wire::Body::Pull: {
+      const wire::Pull* m = env->body_as_Pull();
+      PullRequest r;
+      r.table_id = m->table_id();
+      LEASH_ASSIGN_OR_RETURN(r.rows, DecodeRows(m->rows(), limits));
+      r.worker_id = m->worker_id();
+      r.clock = m->clock();
+      r.staleness = m->staleness();
+      LEASH_ASSIGN_OR_RETURN(r.dtype, ReadDType(m->dtype(), "reply dtype"));
+      return Request(std::move(r));
+    }
+    case wire::Body::Push: {
+      const wire::Push* m = env->body_as_Push();
+      PushRequest r;
+      r.table_id = m->table_id();
+      LEASH_ASSIGN_OR_RETURN(r.rows, DecodeRows(m->rows(), limits));
+      r.worker_id = m->worker_id();
+      r.incarnation = m->incarnation();
+      r.seq = m->seq();
+      LEASH_ASSIGN_OR_RETURN(r.dtype, ReadDType(m->dtype(), "gradient dtype"));
+      r.clock_after = m->clock_after();
+      return Request(std::move(r));
+    }
+    case wire::Body::ClockUpdate: {
+      const wire::ClockUpdate* m = env->body_as_ClockUpdate();
+      return Request(ClockRequest{m->worker_id(), m->clock()});
+    }
+    case wire::Body::Heartbeat: {
+      const wire::Heartbeat* m = env->body_as_Heartbeat();
+      return Request(HeartbeatRequest{m->worker_id(), m->incarnation()});
+    }
+    case wire::Body::Leave: {
+      const wire::Leave* m = env->body_as_Leave();
+      return Request(LeaveRequest{m->worker_id(), m->incarnation()});
+    }
+    case wire::Body::Checkpoint: return Request(CheckpointRequest{});
+    case wire::Body::Stats: return Request(StatsRequest{});
+    case wire::Body::ChunkRequest: {
+      const wire::ChunkRequest* m = env->body_as_ChunkRequest();
+      ChunkRequest r;
+      r.worker_id = m->worker_id();
+      r.incarnation = m->incarnation();
+      const wire::DataPlan* p = m->plan();
+      if (p == nullptr) return InvalidArgument("chunk request has no data plan");
+      r.plan = DataPlan{p->num_samples(), p->chunk_size(), p->epochs(), p->seed()};
+      if (m->has_done()) r.done = ChunkDone{m->done_epoch(), m->done_chunk()};
+      return Request(std::move(r));
+    }
+    default:
+      return InvalidArgument(std::string("a shard does not accept ") + wire::EnumNameBody(env->body_type()) +
+                             " messages");
+  }
+}
+
+}  // namespace
+
+Result<Decoded<Request>> DecodeRequest(const Message& msg, const WireLimits& limits) {
+  LEASH_ASSIGN_OR_RETURN(const wire::Envelope* env, VerifyEnvelope(msg, limits));
+  LEASH_ASSIGN_OR_RETURN(Request r, ReadRequest(env, msg.size() - 1, limits));
+  return Decoded<Request>{env->request_id(), std::move(r), std::span<const Frame>(msg).subspan(1)};
+}
+
+Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> payloads) {
+  return MakeMessage(
+      rid,
+      [&](flatbuffers::FlatBufferBuilder& fbb) -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+        return std::visit(
+            [&](const auto& r) -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+              using T = std::decay_t<decltype(r)>;
+              if constexpr (std::is_same_v<T, RegisterRequest>) {
+                auto n = fbb.CreateString(r.name);
+                return {wire::Body::Register, wire::CreateRegister(fbb, r.worker_id, r.incarnation, n).Union()};
+              } else if constexpr (std::is_same_v<T, CreateTableRequest>) {
+                auto spec = BuildTableSpec(fbb, r.spec);
+                return {wire::Body::CreateTable, wire::CreateCreateTable(fbb, spec).Union()};
+              } else if constexpr (std::is_same_v<T, PullRequest>) {
+                auto rs = BuildRows(fbb, r.rows);
+                return {wire::Body::Pull, wire::CreatePull(fbb, r.table_id, rs, r.worker_id, r.clock,
+                                                           static_cast<int32_t>(r.staleness), ToWire(r.dtype))
+                                              .Union()};
+              } else if constexpr (std::is_same_v<T, PushRequest>) {
+                auto rs = BuildRows(fbb, r.rows);
+                return {wire::Body::Push, wire::CreatePush(fbb, r.table_id, rs, r.worker_id, r.incarnation, r.seq,
+                                                           ToWire(r.dtype), r.clock_after)
+                                              .Union()};
+              } else if constexpr (std::is_same_v<T, ClockRequest>) {
+                return {wire::Body::ClockUpdate, wire::CreateClockUpdate(fbb, r.worker_id, r.clock).Union()};
+              } else if constexpr (std::is_same_v<T, HeartbeatRequest>) {
+                return {wire::Body::Heartbeat, wire::CreateHeartbeat(fbb, r.worker_id, r.incarnation).Union()};
+              } else if constexpr (std::is_same_v<T, LeaveRequest>) {
+                return {wire::Body::Leave, wire::CreateLeave(fbb, r.worker_id, r.incarnation).Union()};
+              } else if constexpr (std::is_same_v<T, CheckpointRequest>) {
+                return {wire::Body::Checkpoint, wire::CreateCheckpoint(fbb).Union()};
+              } else if constexpr (std::is_same_v<T, StatsRequest>) {
+                return {wire::Body::Stats, wire::CreateStats(fbb).Union()};
+              } else {
+                static_assert(std::is_same_v<T, ChunkRequest>);
+                const DataPlan& p = r.plan;
+                auto plan = wire::CreateDataPlan(fbb, p.num_samples, p.chunk_size, p.epochs, p.seed);
+                return {wire::Body::ChunkRequest,
+                        wire::CreateChunkRequest(fbb, r.worker_id, r.incarnation, plan, r.done.has_value(),
+                                                 r.done ? r.done->epoch : 0, r.done ? r.done->chunk : 0)
+                            .Union()};
+              }
+            },
+            request);
+      },
+      std::move(payloads));
+}
+
+// ---- replies --------------------------------------------------------------------------
+
+Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payloads) {
+  return MakeMessage(
+      rid,
+      [&](flatbuffers::FlatBufferBuilder& fbb) -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+        return std::visit(
+            [&](const auto& r) -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+              using T = std::decay_t<decltype(r)>;
+              if constexpr (std::is_same_v<T, Welcome>) {
+                return {wire::Body::Welcome, wire::CreateWelcome(fbb, r.shard, r.num_shards, r.start_clock, r.lease_ms,
+                                                                 r.recovered_clock, r.boot_id, r.max_message_bytes)
+                                                 .Union()};
+              } else if constexpr (std::is_same_v<T, TableCreated>) {
+                return {wire::Body::TableCreated, wire::CreateTableCreated(fbb, r.table_id, r.created).Union()};
+              } else if constexpr (std::is_same_v<T, PullReply>) {
+                return {wire::Body::PullReply, wire::CreatePullReply(fbb, r.table_id, r.num_rows, r.cols,
+                                                                     ToWire(r.dtype), r.min_clock)
+                                                   .Union()};
+              } else if constexpr (std::is_same_v<T, PushReply>) {
+                return {wire::Body::PushReply, wire::CreatePushReply(fbb, r.applied, r.skipped_rows).Union()};
+              } else if constexpr (std::is_same_v<T, ClockReply>) {
+                return {wire::Body::ClockReply, wire::CreateClockReply(fbb, r.min_clock).Union()};
+              } else if constexpr (std::is_same_v<T, HeartbeatReply>) {
+                return {wire::Body::HeartbeatReply, wire::CreateHeartbeatReply(fbb, r.min_clock, r.boot_id).Union()};
+              } else if constexpr (std::is_same_v<T, LeaveReply>) {
+                return {wire::Body::LeaveReply, wire::CreateLeaveReply(fbb).Union()};
+              } else if constexpr (std::is_same_v<T, CheckpointReply>) {
+                return {wire::Body::CheckpointReply, wire::CreateCheckpointReply(fbb, r.clock).Union()};
+              } else if constexpr (std::is_same_v<T, ShardStats>) {
+                std::vector<flatbuffers::Offset<wire::WorkerInfo>> workers;
+                workers.reserve(r.workers.size());
+                for (const ShardStats::Worker& w : r.workers) {
+                  workers.push_back(wire::CreateWorkerInfo(fbb, w.id, w.incarnation, fbb.CreateString(w.name), w.clock,
+                                                           w.ms_since_heartbeat));
+                }
+                std::vector<flatbuffers::Offset<wire::TableInfo>> tables;
+                tables.reserve(r.tables.size());
+                for (const ShardStats::TableStat& t : r.tables) {
+                  tables.push_back(
+                      wire::CreateTableInfo(fbb, t.table_id, fbb.CreateString(t.name), t.rows, t.cols, t.local_rows));
+                }
+                auto wv = fbb.CreateVector(workers);
+                auto tv = fbb.CreateVector(tables);
+                const CoverageProgress& p = r.coverage;
+                return {wire::Body::StatsReply,
+                        wire::CreateStatsReply(fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls,
+                                               r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
+                                               r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
+                                               p.num_chunks, p.chunks_leased, r.snapshot_age_ms)
+                            .Union()};
+              } else if constexpr (std::is_same_v<T, ChunkGrant>) {
+                return {wire::Body::ChunkGrant,
+                        wire::CreateChunkGrant(fbb, static_cast<wire::GrantKind>(r.kind), r.epoch, r.chunk, r.begin,
+                                               r.end, r.epochs_done, r.chunks_done, r.num_chunks)
+                            .Union()};
+              } else {
+                static_assert(std::is_same_v<T, ErrorReply>);
+                auto msg = fbb.CreateString(r.status.message());
+                return {wire::Body::Error,
+                        wire::CreateError(fbb, ToWireCode(r.status.code()), msg, r.boot_id).Union()};
+              }
+            },
+            reply);
+      },
+      std::move(payloads));
+}
+
+Message MakeError(uint64_t request_id, const Status& status, uint64_t boot_id) {
+  return EncodeReply(request_id, ErrorReply{status, boot_id});
+}
+
+namespace {
+
+Result<Reply> ReadReply(const wire::Envelope* env) {
+  switch (env->body_type()) {
+    case wire::Body::Welcome: {
+      const wire::Welcome* w = env->body_as_Welcome();
+      return Reply(Welcome{w->shard(), w->num_shards(), w->start_clock(), w->lease_ms(), w->recovered_clock(),
+                           w->boot_id(), w->max_message_bytes()});
+    }
+    case wire::Body::TableCreated: {
+      const wire::TableCreated* t = env->body_as_TableCreated();
+      return Reply(TableCreated{t->table_id(), t->created()});
+    }
+    case wire::Body::PullReply: {
+      const wire::PullReply* p = env->body_as_PullReply();
+      LEASH_ASSIGN_OR_RETURN(DType dtype, ReadDType(p->dtype(), "pull reply dtype"));
+      return Reply(PullReply{p->table_id(), p->num_rows(), p->cols(), dtype, p->min_clock()});
+    }
+    case wire::Body::PushReply: {
+      const wire::PushReply* p = env->body_as_PushReply();
+      return Reply(PushReply{p->applied(), p->skipped_rows()});
+    }
+    case wire::Body::ClockReply: return Reply(ClockReply{env->body_as_ClockReply()->min_clock()});
+    case wire::Body::HeartbeatReply: {
+      const wire::HeartbeatReply* h = env->body_as_HeartbeatReply();
+      return Reply(HeartbeatReply{h->min_clock(), h->boot_id()});
+    }
+    case wire::Body::LeaveReply: return Reply(LeaveReply{});
+    case wire::Body::CheckpointReply: return Reply(CheckpointReply{env->body_as_CheckpointReply()->clock()});
+    case wire::Body::StatsReply: {
+      const wire::StatsReply* r = env->body_as_StatsReply();
+      ShardStats o;
+      o.shard = r->shard();
+      o.num_shards = r->num_shards();
+      o.min_clock = r->min_clock();
+      o.parked_pulls = r->parked_pulls();
+      o.pushes_applied = r->pushes_applied();
+      o.pulls_served = r->pulls_served();
+      o.errors = r->errors();
+      o.last_snapshot_clock = r->last_snapshot_clock();
+      o.recovered_clock = r->recovered_clock();
+      o.snapshot_age_ms = r->snapshot_age_ms();
+      o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(), r->num_chunks(),
+                                    r->chunks_leased()};
+      if (r->workers()) {
+        for (const auto* w : *r->workers()) {
+          o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),
+                               w->ms_since_heartbeat()});
+        }
+      }
+      if (r->tables()) {
+        for (const auto* t : *r->tables()) {
+          o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
+        }
+      }
+      return Reply(std::move(o));
+    }
+    case wire::Body::ChunkGrant: {
+      const wire::ChunkGrant* g = env->body_as_ChunkGrant();
+      if (static_cast<int>(g->kind()) > static_cast<int>(wire::GrantKind::MAX)) {
+        return InvalidArgument("chunk grant of unknown kind " + std::to_string(static_cast<int>(g->kind())));
+      }
+      ChunkGrant o;
+      o.kind = static_cast<ChunkGrant::Kind>(g->kind());
+      o.epoch = g->epoch();
+      o.chunk = g->chunk();
+      o.begin = g->begin();
+      o.end = g->end();
+      o.epochs_done = g->epochs_done();
+      o.chunks_done = g->chunks_done();
+      o.num_chunks = g->num_chunks();
+      return Reply(o);
+    }
+    case wire::Body::Error: {
+      const wire::Error* e = env->body_as_Error();
+      return Reply(ErrorReply{ErrorToStatus(e), e->boot_id()});
+    }
+    default:
+      return InvalidArgument(std::string("a ") + wire::EnumNameBody(env->body_type()) + " message is not a reply");
+  }
+}
+
+}  // namespace
+
+Result<Decoded<Reply>> DecodeReply(const Message& msg, const WireLimits& limits) {
+  LEASH_ASSIGN_OR_RETURN(const wire::Envelope* env, VerifyEnvelope(msg, limits));
+  LEASH_ASSIGN_OR_RETURN(Reply r, ReadReply(env));
+  return Decoded<Reply>{env->request_id(), std::move(r), std::span<const Frame>(msg).subspan(1)};
+}
+
+// ---- request shorthands ---------------------------------------------------------------
+
+Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name) {
+  return EncodeRequest(rid, RegisterRequest{worker_id, incarnation, name});
+}
+
+Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
+                 int64_t staleness, DType dtype) {
+  return EncodeRequest(rid, PullRequest{table_id, rows, worker_id, clock, staleness, dtype});
+}
+
+Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
+                 uint64_t seq, DType dtype, Frame payload) {
+  std::vector<Frame> payloads;
+  payloads.push_back(std::move(payload));
+  return EncodeRequest(rid, PushRequest{table_id, rows, worker_id, incarnation, seq, dtype, -1},
+                       std::move(payloads));
+}
+
+Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock) {
+  return EncodeRequest(rid, ClockRequest{worker_id, clock});
+}
+
+Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
+  return EncodeRequest(rid, HeartbeatRequest{worker_id, incarnation});
+}
+
+Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
+  return EncodeRequest(rid, LeaveRequest{worker_id, incarnation});
+}
+
+Message MakeStats(uint64_t rid) { return EncodeRequest(rid, StatsRequest{}); }
+
+Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const DataPlan& plan,
+                         const ChunkDone* done) {
+  ChunkRequest r;
+  r.worker_id = worker_id;
+  r.incarnation = incarnation;
+  r.plan = plan;
+  if (done != nullptr) r.done = *done;
+  return EncodeRequest(rid, r);
+}
+
+Message MakeCheckpoint(uint64_t rid) { return EncodeRequest(rid, CheckpointRequest{}); }
+
+Message MakeCreateTable(uint64_t rid, const TableSpec& spec) { return EncodeRequest(rid, CreateTableRequest{spec}); }
 
 }  // namespace leash

@@ -51,6 +51,8 @@
 #include <utility>
 #include <vector>
 
+#include "leash/common/wire.h"
+
 namespace leash::server {
 namespace {
 
@@ -374,7 +376,9 @@ std::string EncodeTableMeta(const TableSnapshot& t) {
   PutU32(&out, t.cols);
   PutU64(&out, t.optimizer_steps);
   PutU32(&out, static_cast<uint32_t>(t.slots.size()));
-  PutBytes(&out, std::string_view(reinterpret_cast<const char*>(t.spec.data()), t.spec.size()));
+  // The spec as the codec serializes it, the bytes every release so far has written.
+  std::vector<uint8_t> spec = EncodeTableSpec(t.spec);
+  PutBytes(&out, std::string_view(reinterpret_cast<const char*>(spec.data()), spec.size()));
   return out;
 }
 
@@ -385,7 +389,9 @@ bool DecodeTableMeta(std::string_view bytes, TableSnapshot* t, uint32_t* num_slo
       !d.U64(&t->optimizer_steps) || !d.U32(num_slots) || !d.Bytes(&spec) || !d.done()) {
     return false;
   }
-  t->spec.assign(spec.begin(), spec.end());
+  auto decoded = DecodeTableSpec(std::span(reinterpret_cast<const uint8_t*>(spec.data()), spec.size()));
+  if (!decoded.ok()) return false;
+  t->spec = std::move(*decoded);
   return true;
 }
 
@@ -548,7 +554,7 @@ Status RocksDbStore::Validate(const ShardSnapshot& s) const {
       }
     }
     if (!ChunkCount(t.values.size(), options_.chunk_bytes) || t.slots.size() >= UINT32_MAX ||
-        t.spec.size() > UINT32_MAX) {
+        t.spec.name.size() > UINT32_MAX) {
       return InvalidArgument(name + " is too large to store");
     }
   }

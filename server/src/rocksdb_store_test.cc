@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "leash/ps/coverage.h"
 #include "support/files.h"
 
 namespace leash::server {
@@ -38,7 +39,12 @@ std::vector<float> Ramp(size_t n, float seed) {
 TableSnapshot MakeTable(uint32_t id, uint64_t row_begin, uint64_t rows, uint32_t cols, size_t slots, float seed) {
   TableSnapshot t;
   t.table_id = id;
-  t.spec = {0x10, 0x00, 0xff, static_cast<uint8_t>(id), 0x00, 0x7f};  // zero bytes must survive
+  t.spec.name = std::string("t\0\xff", 3) + std::to_string(id);  // zero bytes must survive
+  t.spec.rows = row_begin + rows + 1;
+  t.spec.cols = cols;
+  t.spec.optimizer.kind = static_cast<OptimizerKind>(slots == 2 ? 2 : slots);  // SGD, Momentum, Adam
+  t.spec.optimizer.lr = 0.5f + static_cast<float>(id);
+  t.spec.init = {InitKind::kNormal, 0.25f, 1000 + id};
   t.row_begin = row_begin;
   t.row_end = row_begin + rows;
   t.cols = cols;
@@ -658,6 +664,77 @@ TEST_F(RocksDbStoreTest, AnotherShardsDirectoryIsLeftByteForByteAsItWas) {
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(TreeOf(Dir()), before);
+}
+
+// server/testdata/snapshot-v1 was written by the release before the domain model (see its
+// README.md): what it holds must still load, with the same specs, values, optimizer state,
+// worker clocks and data coverage.
+TEST_F(RocksDbStoreTest, LoadsSnapshotV1Fixture) {
+  const fs::path fixture = fs::path(LEASH_TESTDATA_DIR) / "snapshot-v1";
+  ASSERT_TRUE(fs::is_directory(fixture)) << fixture;
+  RocksDbStoreOptions o = Options();
+  fs::create_directories(o.path);
+  fs::copy(fixture, o.path, fs::copy_options::recursive);  // RocksDB writes on open
+  auto store = OpenRocksDbStore(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->has_value());
+  const ShardSnapshot& snap = **loaded;
+  EXPECT_EQ(snap.shard, 0u);
+  EXPECT_EQ(snap.num_shards, 1u);
+  EXPECT_EQ(snap.min_clock, 1);
+
+  ASSERT_EQ(snap.workers.size(), 1u);
+  EXPECT_EQ(snap.workers[0].worker_id, 42u);
+  EXPECT_EQ(snap.workers[0].incarnation, 1795491553018u);
+  EXPECT_EQ(snap.workers[0].clock, 1);
+  EXPECT_EQ(snap.workers[0].last_seq, 2u);
+  EXPECT_EQ(snap.workers[0].name, "fixture");
+
+  ASSERT_EQ(snap.tables.size(), 2u);
+  TableSpec sgd{.name = "dense_sgd", .rows = 4, .cols = 3};
+  sgd.optimizer.lr = 0.5f;
+  sgd.init = {InitKind::kConstant, 1.f, 0};
+  EXPECT_EQ(snap.tables[0].spec, sgd);
+  TableSpec adam{.name = "emb_adam", .rows = 5, .cols = 2};
+  adam.optimizer.kind = OptimizerKind::kAdam;
+  adam.optimizer.lr = 0.1f;
+  adam.init = {InitKind::kUniform, 0.5f, 7};
+  EXPECT_EQ(snap.tables[1].spec, adam);
+
+  // The tables rebuild from the snapshot, holding what the fixture's pushes left.
+  auto t0 = ps::Table::FromSnapshot(snap.tables[0]);
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  std::vector<float> v0(12);
+  t0->Read(Rows::Range(0, 4), v0.data());
+  for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(v0[i], 1.f - 0.05f * static_cast<float>(i), 1e-6f) << i;
+  EXPECT_TRUE(snap.tables[0].slots.empty());
+
+  auto t1 = ps::Table::FromSnapshot(snap.tables[1]);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(t1->steps(), 1u);
+  std::vector<float> v1(10);
+  t1->Read(Rows::Range(0, 5), v1.data());
+  const std::vector<float> want = {0.154714689f, -0.0818069875f, 0.195029736f, -0.257143468f, 0.133936882f,
+                                   0.284786314f, 0.208711594f,  -0.491010755f, -0.242782757f, -0.162216917f};
+  for (size_t i = 0; i < 10; ++i) EXPECT_FLOAT_EQ(v1[i], want[i]) << i;
+  // Adam's moments after one step of g = [1, 2] on row 1 and [3, 4] on row 3.
+  ASSERT_EQ(snap.tables[1].slots.size(), 2u);
+  const std::vector<float> g = {0, 0, 1, 2, 0, 0, 3, 4, 0, 0};
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_NEAR(snap.tables[1].slots[0][i], 0.1f * g[i], 1e-6f) << "first moment " << i;
+    // (1 - beta2) is 0.00099998713 in float.
+    EXPECT_NEAR(snap.tables[1].slots[1][i], 0.001f * g[i] * g[i], 1e-6f) << "second moment " << i;
+  }
+
+  auto coverage = ps::DataCoverage::Deserialize(snap.coverage);
+  ASSERT_TRUE(coverage.ok()) << coverage.status();
+  CoverageProgress p = coverage->Progress();
+  EXPECT_EQ(p.epochs, 2u);
+  EXPECT_EQ(p.epochs_done, 0u);
+  EXPECT_EQ(p.num_chunks, 10u);
+  EXPECT_EQ(p.chunks_done, 1u);
 }
 
 }  // namespace

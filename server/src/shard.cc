@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
+#include <variant>
 
-#include "leash/server/table.h"
+#include "leash/ps/table.h"
 
 namespace leash::server {
 namespace {
@@ -136,15 +138,19 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
     st = ResourceExhausted("message of " + std::to_string(MessageBytes(message)) + " bytes exceeds this shard's limit of " +
                            std::to_string(options_.max_message_bytes) + " bytes; split the request");
   } else {
-    auto env = VerifyEnvelope(message, options_.limits);
-    if (!env.ok()) {
+    auto decoded = DecodeRequest(message, options_.limits);
+    if (!decoded.ok()) {
       rid = PeekRequestId(message);
-      st = env.status();
-      oversize = st.code() == StatusCode::kResourceExhausted;  // the header limit
+      st = decoded.status();
+      // The header limit, or else the key limit: the codec's only other limit.
+      oversize = st.code() == StatusCode::kResourceExhausted && !message.empty() &&
+                 message[0].size() > options_.limits.max_header_bytes;
+      names_keys = st.code() == StatusCode::kResourceExhausted && !oversize;
     } else {
-      rid = (*env)->request_id();
-      names_keys = (*env)->body_type() == wire::Body::Pull || (*env)->body_type() == wire::Body::Push;
-      st = Dispatch(peer, *env, message, out);
+      rid = decoded->request_id;
+      names_keys = std::holds_alternative<PullRequest>(decoded->value) ||
+                   std::holds_alternative<PushRequest>(decoded->value);
+      st = Dispatch(peer, *decoded, out);
     }
   }
   if (!st.ok()) {
@@ -207,73 +213,61 @@ void Shard::HandleBatch(const PeerId& peer, const Message& batch, std::vector<Ou
   for (Outgoing& o : rest) out->push_back(std::move(o));
 }
 
-Status Shard::Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
-                       std::vector<Outgoing>* out) {
-  uint64_t rid = env->request_id();
-  // Payload frames are only legal where the body says so.
-  bool takes_payload = env->body_type() == wire::Body::Push;
-  if (!takes_payload && message.size() > 1) {
-    return InvalidArgument("a " + std::string(wire::EnumNameBody(env->body_type())) + " request carries no payload frames, got " +
-                           std::to_string(message.size() - 1));
-  }
-  switch (env->body_type()) {
-    case wire::Body::Register: return OnRegister(peer, rid, env->body_as_Register(), out);
-    case wire::Body::CreateTable: return OnCreateTable(peer, rid, env->body_as_CreateTable(), out);
-    case wire::Body::Pull: return OnPull(peer, rid, env->body_as_Pull(), out);
-    case wire::Body::Push: return OnPush(peer, rid, env->body_as_Push(), message, out);
-    case wire::Body::ClockUpdate: return OnClock(peer, rid, env->body_as_ClockUpdate(), out);
-    case wire::Body::Heartbeat: return OnHeartbeat(peer, rid, env->body_as_Heartbeat(), out);
-    case wire::Body::Leave: return OnLeave(peer, rid, env->body_as_Leave(), out);
-    case wire::Body::Checkpoint: return OnCheckpoint(peer, rid, out);
-    case wire::Body::Stats: return OnStats(peer, rid, out);
-    case wire::Body::ChunkRequest: return OnChunkRequest(peer, rid, env->body_as_ChunkRequest(), out);
-    default:
-      return InvalidArgument(std::string("a shard does not accept ") + wire::EnumNameBody(env->body_type()) +
-                             " messages");
-  }
+Status Shard::Dispatch(const PeerId& peer, Decoded<Request>& request, std::vector<Outgoing>* out) {
+  uint64_t rid = request.request_id;
+  return std::visit(
+      [&](auto& m) -> Status {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, RegisterRequest>) return OnRegister(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, CreateTableRequest>) return OnCreateTable(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, PullRequest>) return OnPull(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, PushRequest>) return OnPush(peer, rid, m, request.payloads, out);
+        if constexpr (std::is_same_v<T, ClockRequest>) return OnClock(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, HeartbeatRequest>) return OnHeartbeat(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, LeaveRequest>) return OnLeave(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, CheckpointRequest>) return OnCheckpoint(peer, rid, out);
+        if constexpr (std::is_same_v<T, StatsRequest>) return OnStats(peer, rid, out);
+        if constexpr (std::is_same_v<T, ChunkRequest>) return OnChunkRequest(peer, rid, m, out);
+      },
+      request.value);
 }
 
-Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const wire::Register* m, std::vector<Outgoing>* out) {
-  std::string name = m->name() ? m->name()->str() : std::string();
-  LiveWorker* prior = clocks_.FindAny(m->worker_id());
-  bool fresh = prior == nullptr || prior->incarnation != m->incarnation();
-  LEASH_ASSIGN_OR_RETURN(int64_t start, clocks_.Register(m->worker_id(), m->incarnation(), name, now_ms_()));
+Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m, std::vector<Outgoing>* out) {
+  LiveWorker* prior = clocks_.FindAny(m.worker_id);
+  bool fresh = prior == nullptr || prior->incarnation != m.incarnation;
+  LEASH_ASSIGN_OR_RETURN(int64_t start, clocks_.Register(m.worker_id, m.incarnation, m.name, now_ms_()));
   if (fresh) {
     spdlog::info("shard {}: worker {} '{}' (incarnation {}) joined at clock {}; {} live", options_.shard,
-                 m->worker_id(), name, m->incarnation(), start, clocks_.live());
+                 m.worker_id, m.name, m.incarnation, start, clocks_.live());
   }
   ReleasePulls(out);  // a replaced incarnation may have been the one holding the minimum back
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::Welcome,
-                                          wire::CreateWelcome(fbb, options_.shard, options_.num_shards, start,
-                                                              static_cast<uint32_t>(options_.lease_ms),
-                                                              recovered_clock_, options_.boot_id,
-                                                              options_.max_message_bytes)
-                                              .Union());
-                  })});
+  out->push_back({peer, EncodeReply(rid, Welcome{options_.shard, options_.num_shards, start,
+                                                 static_cast<uint32_t>(options_.lease_ms), recovered_clock_,
+                                                 options_.boot_id, options_.max_message_bytes})});
   return Status::Ok();
 }
 
-Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::CreateTable* m,
+Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableRequest& m,
                             std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon, CanonicalSpec(m->spec()));
-  std::string name = m->spec()->name()->str();
+  const TableSpec& spec = m.spec;
+  LEASH_RETURN_IF_ERROR(ps::ValidateSpec(spec));
+  const std::string& name = spec.name;
   bool created = false;
   uint32_t id;
   if (auto it = table_by_name_.find(name); it != table_by_name_.end()) {
     id = it->second;
     // The existing table may have been recovered from a snapshot: its spec is the one it was
     // created with, so a job restarted with another shape or optimizer is refused here too.
-    if (!SameTableSpec(tables_[id]->spec(), canon)) {
+    if (!ps::SameTableSpec(tables_[id]->spec(), spec)) {
       return AlreadyExists("table '" + name + "' already exists on shard " + std::to_string(options_.shard) + " as " +
-                           DescribeSpec(tables_[id]->spec()) + "; this request asks for " + DescribeSpec(canon) +
+                           ps::DescribeSpec(tables_[id]->spec()) + "; this request asks for " + ps::DescribeSpec(spec) +
                            ". Use another table name, the same spec, or a fresh --data-dir for a new job");
     }
   } else {
     id = static_cast<uint32_t>(tables_.size());
     RangePartitioner part(static_cast<int>(options_.num_shards));
-    RowRange range = part.Range(m->spec()->rows(), static_cast<int>(options_.shard));
-    LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, std::move(canon), range, options_.max_table_values));
+    RowRange range = part.Range(spec.rows, static_cast<int>(options_.shard));
+    LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, spec, range, options_.max_table_values));
     spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard, id, name, t.rows(),
                  t.cols(), range.begin, range.end);
     tables_.push_back(std::make_unique<Table>(std::move(t)));
@@ -285,9 +279,7 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const wire::Create
       spdlog::error("shard {}: snapshot after creating '{}' failed: {}", options_.shard, name, r.status().ToString());
     }
   }
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::TableCreated, wire::CreateTableCreated(fbb, id, created).Union());
-                  })});
+  out->push_back({peer, EncodeReply(rid, TableCreated{id, created})});
   return Status::Ok();
 }
 
@@ -299,18 +291,18 @@ Result<Table*> Shard::FindTable(uint32_t table_id) {
   return tables_[table_id].get();
 }
 
-Message Shard::PullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
-                         wire::DType dtype) {
+Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
+                             DType dtype) {
   size_t n = rows.size() * table.cols();
   Frame payload;
   std::optional<WritableFrame> reserved;
-  if (dtype == wire::DType::F32 && payload_allocator_) reserved = payload_allocator_(peer, n * sizeof(float));
+  if (dtype == DType::kF32 && payload_allocator_) reserved = payload_allocator_(peer, n * sizeof(float));
   if (reserved) {
     // Straight into memory the transport sends without copying (shared memory with a
     // worker on this host).
     table.Read(rows, reinterpret_cast<float*>(reserved->data));
     payload = std::move(reserved->frame);
-  } else if (dtype == wire::DType::F32) {
+  } else if (dtype == DType::kF32) {
     // Read straight into the frame the transport sends without copying.
     std::shared_ptr<float[]> values(new float[n]);
     float* data = values.get();
@@ -322,25 +314,20 @@ Message Shard::PullReply(const PeerId& peer, uint64_t rid, const Table& table, c
     payload = EncodeValues(values, dtype);
   }
   ++counters_.pulls_served;
-  return MakeMessage(
-      rid,
-      [&](flatbuffers::FlatBufferBuilder& fbb) {
-        return std::make_pair(wire::Body::PullReply, wire::CreatePullReply(fbb, table.id(), rows.size(), table.cols(),
-                                                                           dtype, clocks_.MinClock())
-                                                         .Union());
-      },
-      {std::move(payload)});
+  std::vector<Frame> payloads;
+  payloads.push_back(std::move(payload));
+  return EncodeReply(rid, PullReply{table.id(), rows.size(), table.cols(), dtype, clocks_.MinClock()},
+                     std::move(payloads));
 }
 
-Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m->table_id()));
-  LEASH_ASSIGN_OR_RETURN(Rows rows, ReadRows(m->rows(), table->rows(), options_.limits));
-  LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
-  if (static_cast<int>(m->dtype()) > static_cast<int>(wire::DType::MAX)) return InvalidArgument("unknown reply dtype");
-  if (m->staleness() < 0) return InvalidArgument("staleness must be >= 0");
-  if (LiveWorker* w = clocks_.FindAny(m->worker_id())) w->last_seen_ms = now_ms_();
-  if (clocks_.Allows(m->clock(), m->staleness())) {
-    out->push_back({peer, PullReply(peer, rid, *table, rows, m->dtype())});
+Status Shard::OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m.table_id));
+  LEASH_RETURN_IF_ERROR(table->CheckInTable(m.rows));
+  LEASH_RETURN_IF_ERROR(table->CheckOwned(m.rows));
+  if (m.staleness < 0) return InvalidArgument("staleness must be >= 0");
+  if (LiveWorker* w = clocks_.FindAny(m.worker_id)) w->last_seen_ms = now_ms_();
+  if (clocks_.Allows(m.clock, m.staleness)) {
+    out->push_back({peer, MakePullReply(peer, rid, *table, m.rows, m.dtype)});
     return Status::Ok();
   }
   if (++parked_per_peer_[peer] > options_.max_parked_per_peer) {
@@ -350,39 +337,39 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std:
                              " pulls waiting for the staleness bound; wait for them before sending more");
   }
   ++counters_.pulls_parked;
-  parked_.Park(m->clock() - m->staleness(), ParkedPull{peer, rid, m->worker_id(), m->table_id(), std::move(rows), m->dtype()});
+  parked_.Park(m.clock - m.staleness, ParkedPull{peer, rid, m.worker_id, m.table_id, std::move(m.rows), m.dtype});
   return Status::Ok();
 }
 
-Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, const Message& message,
+Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span<const Frame> payloads,
                      std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
   w->last_seen_ms = now_ms_();
-  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m->table_id()));
-  LEASH_ASSIGN_OR_RETURN(Rows rows, ReadRows(m->rows(), table->rows(), options_.limits));
+  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m.table_id));
+  Rows& rows = m.rows;
+  LEASH_RETURN_IF_ERROR(table->CheckInTable(rows));
   LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
-  if (message.size() != 2) {
+  if (payloads.size() != 1) {
     return InvalidArgument("a push carries exactly one gradient frame after the header, got " +
-                           std::to_string(message.size() - 1));
+                           std::to_string(payloads.size()));
   }
-  if (static_cast<int>(m->dtype()) > static_cast<int>(wire::DType::MAX)) return InvalidArgument("unknown gradient dtype");
   size_t n = rows.size() * table->cols();
   bool applied = false;
   uint64_t skipped = 0;
-  if (m->seq() <= w->last_seq) {
+  if (m.seq <= w->last_seq) {
     ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
   } else {
     // fp32 gradients are applied where the transport put them (its frames are 8-byte
     // aligned); a copy is made only to widen 16-bit values or to drop non-finite rows.
     std::vector<float> grad;
     const float* g = nullptr;
-    const Frame& payload = message[1];
-    if (m->dtype() == wire::DType::F32 && payload.size() == n * sizeof(float) &&
+    const Frame& payload = payloads[0];
+    if (m.dtype == DType::kF32 && payload.size() == n * sizeof(float) &&
         reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
       g = reinterpret_cast<const float*>(payload.data());
     } else {
       grad.resize(n);
-      LEASH_RETURN_IF_ERROR(DecodeValues(payload, m->dtype(), n, grad.data()).WithContext("push to table '" + table->name() + "'"));
+      LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data()).WithContext("push to table '" + table->name() + "'"));
       g = grad.data();
     }
     if (!AllFinite(g, n)) {
@@ -397,117 +384,93 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, cons
       g = grad.data();
     }
     if (rows.size() > 0) table->Apply(rows, g);
-    w->last_seq = m->seq();
+    w->last_seq = m.seq;
     ++counters_.pushes_applied;
     applied = true;
   }
-  if (m->clock_after() >= 0 && clocks_.Advance(w, m->clock_after())) ReleasePulls(out);
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::PushReply, wire::CreatePushReply(fbb, applied, skipped).Union());
-                  })});
+  if (m.clock_after >= 0 && clocks_.Advance(w, m.clock_after)) ReleasePulls(out);
+  out->push_back({peer, EncodeReply(rid, PushReply{applied, skipped})});
   return Status::Ok();
 }
 
-Status Shard::OnClock(const PeerId& peer, uint64_t rid, const wire::ClockUpdate* m, std::vector<Outgoing>* out) {
-  LiveWorker* w = clocks_.FindAny(m->worker_id());
+Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m, std::vector<Outgoing>* out) {
+  LiveWorker* w = clocks_.FindAny(m.worker_id);
   if (w == nullptr) {
-    return NotRegistered("clock from worker " + std::to_string(m->worker_id()) +
-                              ", which is not registered on this shard (evicted or the shard restarted); register again");
+    return NotRegistered("clock from worker " + std::to_string(m.worker_id) +
+                         ", which is not registered on this shard (evicted or the shard restarted); register again");
   }
   w->last_seen_ms = now_ms_();
-  if (clocks_.Advance(w, m->clock())) ReleasePulls(out);
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::ClockReply, wire::CreateClockReply(fbb, clocks_.MinClock()).Union());
-                  })});
+  if (clocks_.Advance(w, m.clock)) ReleasePulls(out);
+  out->push_back({peer, EncodeReply(rid, ClockReply{clocks_.MinClock()})});
   return Status::Ok();
 }
 
-Status Shard::OnHeartbeat(const PeerId& peer, uint64_t rid, const wire::Heartbeat* m, std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
+Status Shard::OnHeartbeat(const PeerId& peer, uint64_t rid, const HeartbeatRequest& m,
+                          std::vector<Outgoing>* out) {
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
   w->last_seen_ms = now_ms_();
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::HeartbeatReply,
-                                          wire::CreateHeartbeatReply(fbb, clocks_.MinClock(), options_.boot_id).Union());
-                  })});
+  out->push_back({peer, EncodeReply(rid, HeartbeatReply{clocks_.MinClock(), options_.boot_id})});
   return Status::Ok();
 }
 
-Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, std::vector<Outgoing>* out) {
-  LiveWorker* w = clocks_.FindAny(m->worker_id());
-  if (w != nullptr && w->incarnation == m->incarnation()) {
+Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m, std::vector<Outgoing>* out) {
+  LiveWorker* w = clocks_.FindAny(m.worker_id);
+  if (w != nullptr && w->incarnation == m.incarnation) {
     std::string name = w->name;
-    clocks_.Remove(m->worker_id());
-    coverage_.Release(m->worker_id());
-    spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard, m->worker_id(), name,
+    clocks_.Remove(m.worker_id);
+    coverage_.Release(m.worker_id);
+    spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard, m.worker_id, name,
                  clocks_.live(), clocks_.MinClock());
     ReleasePulls(out);
   }
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::LeaveReply, wire::CreateLeaveReply(fbb).Union());
-                  })});
+  out->push_back({peer, EncodeReply(rid, LeaveReply{})});
   return Status::Ok();
 }
 
 Status Shard::OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out) {
   LEASH_ASSIGN_OR_RETURN(int64_t clock, Checkpoint());
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::CheckpointReply, wire::CreateCheckpointReply(fbb, clock).Union());
-                  })});
+  out->push_back({peer, EncodeReply(rid, CheckpointReply{clock})});
   return Status::Ok();
 }
 
 Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out) {
   int64_t now = now_ms_();
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    std::vector<flatbuffers::Offset<wire::WorkerInfo>> workers;
-                    for (const auto& [id, w] : clocks_.workers()) {
-                      workers.push_back(wire::CreateWorkerInfo(fbb, id, w.incarnation, fbb.CreateString(w.name), w.clock,
-                                                               static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))));
-                    }
-                    std::vector<flatbuffers::Offset<wire::TableInfo>> tables;
-                    for (const auto& t : tables_) {
-                      tables.push_back(wire::CreateTableInfo(fbb, t->id(), fbb.CreateString(t->name()), t->rows(), t->cols(),
-                                                             t->range().size()));
-                    }
-                    auto wv = fbb.CreateVector(workers);
-                    auto tv = fbb.CreateVector(tables);
-                    CoverageProgress p = coverage_.Progress();
-                    return std::make_pair(
-                        wire::Body::StatsReply,
-                        wire::CreateStatsReply(fbb, options_.shard, options_.num_shards, clocks_.MinClock(), parked_.size(),
-                                               counters_.pushes_applied, counters_.pulls_served, counters_.errors,
-                                               last_snapshot_clock_, recovered_clock_, wv, tv, p.epochs_done, p.epochs,
-                                               p.chunks_done, p.num_chunks, p.chunks_leased,
-                                               last_snapshot_ms_ < 0 ? -1 : now - last_snapshot_ms_)
-                            .Union());
-                  })});
+  ShardStats st;
+  st.shard = options_.shard;
+  st.num_shards = options_.num_shards;
+  st.min_clock = clocks_.MinClock();
+  st.parked_pulls = parked_.size();
+  st.pushes_applied = counters_.pushes_applied;
+  st.pulls_served = counters_.pulls_served;
+  st.errors = counters_.errors;
+  st.last_snapshot_clock = last_snapshot_clock_;
+  st.recovered_clock = recovered_clock_;
+  st.snapshot_age_ms = last_snapshot_ms_ < 0 ? -1 : now - last_snapshot_ms_;
+  st.coverage = coverage_.Progress();
+  for (const auto& [id, w] : clocks_.workers()) {
+    st.workers.push_back(
+        {id, w.incarnation, w.name, w.clock, static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))});
+  }
+  for (const auto& t : tables_) st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
+  out->push_back({peer, EncodeReply(rid, std::move(st))});
   return Status::Ok();
 }
 
-Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::ChunkRequest* m,
-                             std::vector<Outgoing>* out) {
-  if (options_.shard != 0) return FailedPrecondition("data chunks are leased by shard 0, not shard " + std::to_string(options_.shard));
-  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m->worker_id(), m->incarnation()));
-  w->last_seen_ms = now_ms_();
-  const wire::DataPlan* p = m->plan();
-  bool first_plan = !coverage_.has_plan();
-  LEASH_RETURN_IF_ERROR(coverage_.SetPlan({p->num_samples(), p->chunk_size(), p->epochs(), p->seed()}));
-  if (first_plan) {
-    spdlog::info("shard {}: job trains {} samples in {} chunks of {} for {} epochs", options_.shard, p->num_samples(),
-                 (p->num_samples() + p->chunk_size() - 1) / p->chunk_size(), p->chunk_size(), p->epochs());
+Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m, std::vector<Outgoing>* out) {
+  if (options_.shard != 0) {
+    return FailedPrecondition("data chunks are leased by shard 0, not shard " + std::to_string(options_.shard));
   }
-  if (m->has_done()) coverage_.Complete(m->done_epoch(), m->done_chunk());
-  Grant g = coverage_.Next(m->worker_id());
-  CoverageProgress pr = coverage_.Progress();
-  wire::GrantKind kind = g.kind == Grant::Kind::kChunk  ? wire::GrantKind::Chunk
-                         : g.kind == Grant::Kind::kWait ? wire::GrantKind::Wait
-                                                         : wire::GrantKind::Finished;
-  out->push_back({peer, MakeMessage(rid, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                    return std::make_pair(wire::Body::ChunkGrant,
-                                          wire::CreateChunkGrant(fbb, kind, g.epoch, g.chunk, g.begin, g.end, pr.epochs_done,
-                                                                 pr.chunks_done, pr.num_chunks)
-                                              .Union());
-                  })});
+  LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
+  w->last_seen_ms = now_ms_();
+  const DataPlan& p = m.plan;
+  bool first_plan = !coverage_.has_plan();
+  LEASH_RETURN_IF_ERROR(coverage_.SetPlan(p));
+  if (first_plan) {
+    spdlog::info("shard {}: job trains {} samples in {} chunks of {} for {} epochs", options_.shard, p.num_samples,
+                 (p.num_samples + p.chunk_size - 1) / p.chunk_size, p.chunk_size, p.epochs);
+  }
+  if (m.done) coverage_.Complete(m.done->epoch, m.done->chunk);
+  out->push_back({peer, EncodeReply(rid, coverage_.Next(m.worker_id))});
   return Status::Ok();
 }
 
@@ -517,7 +480,7 @@ void Shard::ReleasePulls(std::vector<Outgoing>* out) {
       parked_per_peer_.erase(it);
     }
     // The table and rows were validated when the pull was parked and tables never shrink.
-    out->push_back({p.peer, PullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
+    out->push_back({p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
   }
 }
 

@@ -31,7 +31,7 @@ TEST(ShardMetricsTest, MirrorsCountersAndGaugesOfTheShard) {
   std::vector<Outgoing> out;
   shard.Handle("a", MakeRegister(1, 7, 1, "a"), &out);
   shard.Handle("b", MakeRegister(2, 8, 1, "b"), &out);
-  TableSpecArgs t;
+  TableSpec t;
   t.name = "w";
   t.rows = 4;
   t.cols = 2;
@@ -40,8 +40,8 @@ TEST(ShardMetricsTest, MirrorsCountersAndGaugesOfTheShard) {
   rows.begin = 0;
   rows.end = 4;
   std::vector<float> g(8, 0.5f);
-  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, wire::DType::F32, EncodeValues(g, wire::DType::F32)), &out);
-  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, wire::DType::F32, EncodeValues(g, wire::DType::F32)), &out);  // resent
+  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, DType::kF32, EncodeValues(g, DType::kF32)), &out);
+  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, DType::kF32, EncodeValues(g, DType::kF32)), &out);  // resent
   shard.Handle("a", MakeClock(5, 7, 2), &out);
   shard.Handle("a", MakePull(6, 0, rows, 7, 2, 0), &out);  // parked: b is still at clock 0
   shard.Handle("b", MakePull(7, 0, rows, 8, 0, 0), &out);  // served

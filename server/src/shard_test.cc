@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "leash/common/wire.h"
+#include "leash/common/wire_format.h"
 
 namespace leash::server {
 namespace {
@@ -28,41 +29,53 @@ class ShardTest : public ::testing::Test {
     return out;
   }
 
-  // Sends `m` and expects exactly one reply, to `peer`; returns its envelope.
-  const wire::Envelope* One(const PeerId& peer, const Message& m) {
+  // A reply decoded by the codec (a failed expectation and an empty Reply if it is not).
+  static Decoded<Reply> Decode(const Message& m) {
+    auto d = DecodeReply(m);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? std::move(*d) : Decoded<Reply>{};
+  }
+  // The status an error reply carries; Ok for any other reply.
+  static Status StatusOf(const Reply& r) {
+    const auto* e = std::get_if<ErrorReply>(&r);
+    return e ? e->status : Status::Ok();
+  }
+
+  // Sends `m` and expects exactly one reply, to `peer`; returns it decoded (null if none).
+  const Decoded<Reply>* One(const PeerId& peer, const Message& m) {
     last_ = Send(peer, m);
     EXPECT_EQ(last_.size(), 1u);
     if (last_.size() != 1) return nullptr;
     EXPECT_EQ(last_[0].peer, peer);
-    auto env = VerifyEnvelope(last_[0].message);
-    EXPECT_TRUE(env.ok()) << env.status();
-    return env.ok() ? *env : nullptr;
+    last_reply_ = Decode(last_[0].message);
+    return &last_reply_;
   }
 
   Status ErrorOf(const PeerId& peer, const Message& m) {
-    const wire::Envelope* e = One(peer, m);
-    if (e == nullptr || e->body_type() != wire::Body::Error) return Status::Ok();
-    return ErrorToStatus(e->body_as_Error());
+    const Decoded<Reply>* e = One(peer, m);
+    return e == nullptr ? Status::Ok() : StatusOf(e->value);
   }
 
   void Register(uint64_t worker, uint64_t inc = 1) {
-    const wire::Envelope* e = One("w" + std::to_string(worker), MakeRegister(1, worker, inc, "w"));
+    const Decoded<Reply>* e = One("w" + std::to_string(worker), MakeRegister(1, worker, inc, "w"));
     ASSERT_NE(e, nullptr);
-    ASSERT_EQ(e->body_type(), wire::Body::Welcome);
+    ASSERT_TRUE(std::holds_alternative<Welcome>(e->value)) << StatusOf(e->value);
   }
 
-  uint32_t Create(const TableSpecArgs& t) {
-    const wire::Envelope* e = One("admin", MakeCreateTable(2, t));
-    EXPECT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
-    return e->body_as_TableCreated()->table_id();
+  uint32_t Create(const TableSpec& t) {
+    const Decoded<Reply>* e = One("admin", MakeCreateTable(2, t));
+    if (e == nullptr) return 0;
+    const auto* tc = std::get_if<TableCreated>(&e->value);
+    EXPECT_NE(tc, nullptr) << StatusOf(e->value);
+    return tc ? tc->table_id : 0;
   }
 
-  static TableSpecArgs Spec(const std::string& name, uint64_t rows, uint32_t cols, float lr = 1.f) {
-    TableSpecArgs t;
+  static TableSpec Spec(const std::string& name, uint64_t rows, uint32_t cols, float lr = 1.f) {
+    TableSpec t;
     t.name = name;
     t.rows = rows;
     t.cols = cols;
-    t.learning_rate = lr;
+    t.optimizer.lr = lr;
     return t;
   }
 
@@ -74,13 +87,12 @@ class ShardTest : public ::testing::Test {
   }
 
   std::vector<float> ReadReply(const Outgoing& o) {
-    auto env = VerifyEnvelope(o.message);
-    EXPECT_TRUE(env.ok());
-    const wire::PullReply* r = (*env)->body_as_PullReply();
-    EXPECT_NE(r, nullptr) << "reply is " << wire::EnumNameBody((*env)->body_type());
+    Decoded<Reply> d = Decode(o.message);
+    const auto* r = std::get_if<PullReply>(&d.value);
+    EXPECT_NE(r, nullptr) << "reply is no pull reply: " << StatusOf(d.value);
     if (r == nullptr) return {};
-    std::vector<float> v(r->num_rows() * r->cols());
-    EXPECT_TRUE(DecodeValues(o.message[1], r->dtype(), v.size(), v.data()).ok());
+    std::vector<float> v(r->num_rows * r->cols);
+    EXPECT_TRUE(DecodeValues(o.message[1], r->dtype, v.size(), v.data()).ok());
     return v;
   }
 
@@ -92,11 +104,11 @@ class ShardTest : public ::testing::Test {
   }
 
   Status Push(uint32_t table, Rows rows, std::vector<float> g, uint64_t worker, uint64_t seq, uint64_t inc = 1) {
-    const wire::Envelope* e =
-        One("w" + std::to_string(worker), MakePush(4, table, rows, worker, inc, seq, wire::DType::F32, EncodeValues(g, wire::DType::F32)));
+    const Decoded<Reply>* e =
+        One("w" + std::to_string(worker), MakePush(4, table, rows, worker, inc, seq, DType::kF32, EncodeValues(g, DType::kF32)));
     if (e == nullptr) return Internal("no reply");
-    if (e->body_type() == wire::Body::Error) return ErrorToStatus(e->body_as_Error());
-    EXPECT_EQ(e->body_type(), wire::Body::PushReply);
+    if (std::holds_alternative<ErrorReply>(e->value)) return StatusOf(e->value);
+    EXPECT_TRUE(std::holds_alternative<PushReply>(e->value));
     return Status::Ok();
   }
 
@@ -105,15 +117,18 @@ class ShardTest : public ::testing::Test {
   int64_t now_ = 1000;
   std::unique_ptr<Shard> shard_;
   std::vector<Outgoing> last_;
+  Decoded<Reply> last_reply_;
 };
 
 TEST_F(ShardTest, RegisterWelcomesWithShardIdentityAndStartClock) {
-  const wire::Envelope* e = One("p", MakeRegister(77, 5, 1, "alpha"));
-  ASSERT_EQ(e->body_type(), wire::Body::Welcome);
-  EXPECT_EQ(e->request_id(), 77u);
-  EXPECT_EQ(e->body_as_Welcome()->start_clock(), 0);
-  EXPECT_EQ(e->body_as_Welcome()->num_shards(), 1u);
-  EXPECT_EQ(e->body_as_Welcome()->recovered_clock(), -1);
+  const Decoded<Reply>* e = One("p", MakeRegister(77, 5, 1, "alpha"));
+  ASSERT_NE(e, nullptr);
+  const auto* w = std::get_if<Welcome>(&e->value);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(e->request_id, 77u);
+  EXPECT_EQ(w->start_clock, 0);
+  EXPECT_EQ(w->num_shards, 1u);
+  EXPECT_EQ(w->recovered_clock, -1);
   EXPECT_EQ(shard_->live_workers(), 1u);
 }
 
@@ -121,7 +136,7 @@ TEST_F(ShardTest, CreateTableIsIdempotentForTheSameSpec) {
   uint32_t a = Create(Spec("w", 4, 3));
   uint32_t b = Create(Spec("w", 4, 3));
   EXPECT_EQ(a, b);
-  EXPECT_FALSE(One("admin", MakeCreateTable(2, Spec("w", 4, 3)))->body_as_TableCreated()->created());
+  EXPECT_FALSE(std::get<TableCreated>(One("admin", MakeCreateTable(2, Spec("w", 4, 3)))->value).created);
 }
 
 TEST_F(ShardTest, CreateTableWithAnotherSpecIsAlreadyExists) {
@@ -142,19 +157,19 @@ TEST_F(ShardTest, AlreadyExistsNamesTheExistingAndTheRequestedSpec) {
 
 TEST_F(ShardTest, CreateTableWithAnotherOptimizerOrInitializerIsAlreadyExists) {
   auto adam = Spec("w", 4, 3);
-  adam.optimizer = wire::OptimizerKind::Adam;
-  adam.init = wire::InitKind::Uniform;
-  adam.init_scale = 0.1f;
-  adam.init_seed = 7;
+  adam.optimizer.kind = OptimizerKind::kAdam;
+  adam.init.kind = InitKind::kUniform;
+  adam.init.scale = 0.1f;
+  adam.init.seed = 7;
   Create(adam);
   auto other_kind = adam;
-  other_kind.optimizer = wire::OptimizerKind::Adagrad;
+  other_kind.optimizer.kind = OptimizerKind::kAdagrad;
   auto other_beta = adam;
-  other_beta.beta2 = 0.99f;
+  other_beta.optimizer.beta2 = 0.99f;
   auto other_seed = adam;
-  other_seed.init_seed = 8;
+  other_seed.init.seed = 8;
   auto other_init = adam;
-  other_init.init = wire::InitKind::Normal;
+  other_init.init.kind = InitKind::kNormal;
   auto other_rows = adam;
   other_rows.rows = 5;
   for (const auto& spec : {other_kind, other_beta, other_seed, other_init, other_rows}) {
@@ -169,34 +184,36 @@ TEST_F(ShardTest, CreateTableWithAnotherOptimizerOrInitializerIsAlreadyExists) {
 
 TEST_F(ShardTest, FieldsTheOptimizerAndInitializerIgnoreDoNotMakeASpecDifferent) {
   auto sgd = Spec("w", 4, 3);
-  sgd.momentum = 0.5f;  // SGD has no momentum
-  sgd.init = wire::InitKind::Zeros;
-  sgd.init_seed = 3;    // zeros have no seed
+  sgd.optimizer.momentum = 0.5f;  // SGD has no momentum
+  sgd.init.kind = InitKind::kZeros;
+  sgd.init.seed = 3;    // zeros have no seed
   uint32_t id = Create(sgd);
   auto same = Spec("w", 4, 3);
-  same.momentum = 0.9f;
-  same.init_seed = 4;
-  const wire::Envelope* e = One("admin", MakeCreateTable(2, same));
-  ASSERT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
-  EXPECT_EQ(e->body_as_TableCreated()->table_id(), id);
-  EXPECT_FALSE(e->body_as_TableCreated()->created());
+  same.optimizer.momentum = 0.9f;
+  same.init.seed = 4;
+  const Decoded<Reply>* e = One("admin", MakeCreateTable(2, same));
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(std::holds_alternative<TableCreated>(e->value)) << StatusOf(e->value);
+  EXPECT_EQ(std::get<TableCreated>(e->value).table_id, id);
+  EXPECT_FALSE(std::get<TableCreated>(e->value).created);
 }
 
 TEST_F(ShardTest, RecoveredTableKeepsItsSpecForCreateTable) {
   auto spec = Spec("w", 4, 3);
-  spec.optimizer = wire::OptimizerKind::Momentum;
+  spec.optimizer.kind = OptimizerKind::kMomentum;
   uint32_t other = Create(Spec("first", 2, 2));
   uint32_t id = Create(spec);
   ASSERT_TRUE(shard_->Checkpoint().ok());
   Reset();  // a restarted shard on the same store
   ASSERT_TRUE(shard_->Recover().ok());
-  const wire::Envelope* e = One("admin", MakeCreateTable(2, spec));
-  ASSERT_EQ(e->body_type(), wire::Body::TableCreated) << ErrorToStatus(e->body_as_Error());
-  EXPECT_EQ(e->body_as_TableCreated()->table_id(), id);
-  EXPECT_FALSE(e->body_as_TableCreated()->created()) << "the recovered table is returned, not a new one";
+  const Decoded<Reply>* e = One("admin", MakeCreateTable(2, spec));
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(std::holds_alternative<TableCreated>(e->value)) << StatusOf(e->value);
+  EXPECT_EQ(std::get<TableCreated>(e->value).table_id, id);
+  EXPECT_FALSE(std::get<TableCreated>(e->value).created) << "the recovered table is returned, not a new one";
   EXPECT_NE(id, other);
   auto changed = spec;
-  changed.momentum = 0.5f;
+  changed.optimizer.momentum = 0.5f;
   Status st = ErrorOf("admin", MakeCreateTable(2, changed));
   ASSERT_EQ(st.code(), StatusCode::kAlreadyExists);
   EXPECT_NE(st.message().find("as 4 x 3 float32, momentum(lr=1, momentum=0.9"), std::string::npos) << st;
@@ -210,9 +227,9 @@ TEST_F(ShardTest, CreateTableRejectsEmptyShapes) {
 
 TEST_F(ShardTest, InitializationIsDeterministicAndScaled) {
   auto t = Spec("w", 100, 10);
-  t.init = wire::InitKind::Uniform;
-  t.init_scale = 0.5f;
-  t.init_seed = 9;
+  t.init.kind = InitKind::kUniform;
+  t.init.scale = 0.5f;
+  t.init.seed = 9;
   uint32_t id = Create(t);
   auto v = Pull(id, Range(0, 100));
   ASSERT_EQ(v.size(), 1000u);
@@ -265,7 +282,7 @@ TEST_F(ShardTest, DuplicatePushIsAppliedOnce) {
   Register(1);
   ASSERT_TRUE(Push(id, Range(0, 1), {1, 1}, 1, 1).ok());
   ASSERT_TRUE(Push(id, Range(0, 1), {1, 1}, 1, 1).ok());
-  EXPECT_FALSE(VerifyEnvelope(last_[0].message).value()->body_as_PushReply()->applied());
+  EXPECT_FALSE(std::get<PushReply>(Decode(last_[0].message).value).applied);
   EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{-1, -1}));
   EXPECT_EQ(shard_->counters().pushes_duplicate, 1u);
 }
@@ -297,7 +314,7 @@ TEST_F(ShardTest, SkipRowsPolicyAppliesOnlyTheFiniteRows) {
   Register(1);
   float nan = std::numeric_limits<float>::quiet_NaN();
   ASSERT_TRUE(Push(id, Range(0, 3), {1, 2, nan, 4, 5, 6}, 1, 1).ok());
-  EXPECT_EQ(VerifyEnvelope(last_[0].message).value()->body_as_PushReply()->skipped_rows(), 1u);
+  EXPECT_EQ(std::get<PushReply>(Decode(last_[0].message).value).skipped_rows, 1u);
   EXPECT_EQ(Pull(id, Range(0, 3)), (std::vector<float>{-1, -2, 0, 0, -5, -6}));
   EXPECT_EQ(shard_->counters().nonfinite_rows_skipped, 1u);
   EXPECT_EQ(shard_->counters().nonfinite_pushes, 1u);
@@ -383,13 +400,14 @@ TEST_F(ShardTest, MalformedMessagesGetErrorRepliesAndTheShardKeepsServing) {
 }
 
 TEST_F(ShardTest, OtherProtocolVersionIsVersionMismatch) {
+  // A raw message on purpose: the codec only writes its own protocol version.
   flatbuffers::FlatBufferBuilder fbb;
   auto body = wire::CreateStats(fbb);
   fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 1, 5, wire::Body::Stats, body.Union()), "LSH1");
   Status st = ErrorOf("x", Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())});
   EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
   EXPECT_EQ(last_[0].message.size(), 1u);
-  EXPECT_EQ(VerifyEnvelope(last_[0].message).value()->request_id(), 5u);
+  EXPECT_EQ(Decode(last_[0].message).request_id, 5u);
 }
 
 TEST_F(ShardTest, OversizedMessageIsResourceExhausted) {
@@ -406,11 +424,11 @@ TEST_F(ShardTest, ABatchIsHandledMessageByMessageAndAnsweredInOneBatch) {
   uint32_t w = Create(Spec("w", 2, 2)), b = Create(Spec("b", 1, 2));
   Register(1);
   Register(2);
-  auto grad = [](std::vector<float> g) { return EncodeValues(g, wire::DType::F32); };
+  auto grad = [](std::vector<float> g) { return EncodeValues(g, DType::kF32); };
   // An iteration's pushes and clock in one message; the same push twice is applied once.
-  Message batch = PackBatch({MakePush(10, w, Range(0, 2), 1, 1, 1, wire::DType::F32, grad({1, 2, 3, 4})),
-                             MakePush(11, b, Range(0, 1), 1, 1, 2, wire::DType::F32, grad({5, 6})),
-                             MakePush(12, b, Range(0, 1), 1, 1, 2, wire::DType::F32, grad({5, 6})),
+  Message batch = PackBatch({MakePush(10, w, Range(0, 2), 1, 1, 1, DType::kF32, grad({1, 2, 3, 4})),
+                             MakePush(11, b, Range(0, 1), 1, 1, 2, DType::kF32, grad({5, 6})),
+                             MakePush(12, b, Range(0, 1), 1, 1, 2, DType::kF32, grad({5, 6})),
                              MakeClock(13, 1, 1)});
   auto out = Send("w1", batch);
   ASSERT_EQ(out.size(), 1u);
@@ -419,10 +437,10 @@ TEST_F(ShardTest, ABatchIsHandledMessageByMessageAndAnsweredInOneBatch) {
   ASSERT_TRUE(replies.ok()) << replies.status();
   ASSERT_EQ(replies->size(), 4u);
   const std::vector<uint64_t> rids = {10, 11, 12, 13};
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(VerifyEnvelope((*replies)[i]).value()->request_id(), rids[i]);
-  EXPECT_TRUE(VerifyEnvelope((*replies)[1]).value()->body_as_PushReply()->applied());
-  EXPECT_FALSE(VerifyEnvelope((*replies)[2]).value()->body_as_PushReply()->applied());
-  EXPECT_EQ(VerifyEnvelope((*replies)[3]).value()->body_type(), wire::Body::ClockReply);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(Decode((*replies)[i]).request_id, rids[i]);
+  EXPECT_TRUE(std::get<PushReply>(Decode((*replies)[1]).value).applied);
+  EXPECT_FALSE(std::get<PushReply>(Decode((*replies)[2]).value).applied);
+  EXPECT_TRUE(std::holds_alternative<ClockReply>(Decode((*replies)[3]).value));
   EXPECT_EQ(Pull(w, Range(0, 2)), (std::vector<float>{-1, -2, -3, -4}));
   EXPECT_EQ(Pull(b, Range(0, 1)), (std::vector<float>{-5, -6}));
 
@@ -435,10 +453,10 @@ TEST_F(ShardTest, ABatchIsHandledMessageByMessageAndAnsweredInOneBatch) {
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0].peer, "w1");
   EXPECT_EQ(out[1].peer, "w1");
-  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 20u);
+  EXPECT_EQ(Decode(out[0].message).request_id, 20u);
   EXPECT_EQ(ReadReply(out[1]), (std::vector<float>{-5, -6}));
   EXPECT_EQ(out[2].peer, "w2");
-  EXPECT_EQ(VerifyEnvelope(out[2].message).value()->request_id(), 30u) << "a batch of one is answered plainly";
+  EXPECT_EQ(Decode(out[2].message).request_id, 30u) << "a batch of one is answered plainly";
 }
 
 TEST_F(ShardTest, BadMessagesInABatchGetTheirOwnErrorsAndMalformedBatchesOneError) {
@@ -451,10 +469,10 @@ TEST_F(ShardTest, BadMessagesInABatchGetTheirOwnErrorsAndMalformedBatchesOneErro
   auto replies = UnpackBatch(out[0].message);
   ASSERT_TRUE(replies.ok()) << replies.status();
   ASSERT_EQ(replies->size(), 4u);
-  EXPECT_EQ(ErrorToStatus(VerifyEnvelope((*replies)[0]).value()->body_as_Error()).code(), StatusCode::kNotFound);
-  EXPECT_EQ(ErrorToStatus(VerifyEnvelope((*replies)[1]).value()->body_as_Error()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatusOf(Decode((*replies)[0]).value).code(), StatusCode::kNotFound);
+  EXPECT_EQ(StatusOf(Decode((*replies)[1]).value).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadReply({"w1", (*replies)[2]}), (std::vector<float>{0, 0}));
-  EXPECT_NE(ErrorToStatus(VerifyEnvelope((*replies)[3]).value()->body_as_Error()).message().find("inside a batch"),
+  EXPECT_NE(StatusOf(Decode((*replies)[3]).value).message().find("inside a batch"),
             std::string::npos);
   Message truncated = PackBatch({MakeClock(43, 1, 1)});
   truncated.pop_back();
@@ -475,8 +493,8 @@ TEST_F(ShardTest, BulkSynchronousPullWaitsForEveryWorkersClock) {
   auto out = Send("w2", MakeClock(7, 2, 1));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].peer, "w1");
-  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 6u);
-  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->body_as_PullReply()->min_clock(), 1);
+  EXPECT_EQ(Decode(out[0].message).request_id, 6u);
+  EXPECT_EQ(std::get<PullReply>(Decode(out[0].message).value).min_clock, 1);
   EXPECT_EQ(shard_->parked_pulls(), 0u);
 }
 
@@ -491,7 +509,7 @@ TEST_F(ShardTest, StalePullIsAnsweredExactlyWhenMinimumReachesClockMinusStalenes
   EXPECT_EQ(Send("w2", MakeClock(22, 2, 2)).size(), 1u);
   auto out = Send("w2", MakeClock(23, 2, 3));
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(VerifyEnvelope(out[0].message).value()->request_id(), 20u);
+  EXPECT_EQ(Decode(out[0].message).request_id, 20u);
   // Within the bound a pull is served at once.
   EXPECT_EQ(Send("w1", MakePull(24, id, Range(0, 1), 1, 5, 2)).size(), 1u);
 }
@@ -531,8 +549,8 @@ TEST_F(ShardTest, LeaveDropsTheWorkerAtOnce) {
 
 TEST_F(ShardTest, SnapshotRestoresValuesOptimizerStateAndClocks) {
   auto spec = Spec("w", 2, 1, 0.1f);
-  spec.optimizer = wire::OptimizerKind::Momentum;
-  spec.momentum = 0.5f;
+  spec.optimizer.kind = OptimizerKind::kMomentum;
+  spec.optimizer.momentum = 0.5f;
   uint32_t id = Create(spec);
   Register(1);
   ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 1).ok());
@@ -551,7 +569,7 @@ TEST_F(ShardTest, SnapshotRestoresValuesOptimizerStateAndClocks) {
   // The restored worker's sequence numbers survived: a replay of push 1 is a duplicate.
   ASSERT_TRUE(Push(id, Range(0, 2), {1, 2}, 1, 1).ok());
   EXPECT_EQ(Pull(id, Range(0, 2)), expected);
-  EXPECT_EQ(One("a", MakeRegister(1, 2, 1, "x"))->body_as_Welcome()->recovered_clock(), 4);
+  EXPECT_EQ(std::get<Welcome>(One("a", MakeRegister(1, 2, 1, "x"))->value).recovered_clock, 4);
 }
 
 TEST_F(ShardTest, ScheduledSnapshotsFollowTheInterval) {
@@ -581,17 +599,19 @@ TEST_F(ShardTest, StatsReportWorkersTablesAndParkedPulls) {
   Register(2);
   Send("w1", MakeClock(1, 1, 1));
   Send("w1", MakePull(2, id, Range(0, 3), 1, 1, 0));
-  const wire::Envelope* e = One("ctl", MakeStats(9));
-  const wire::StatsReply* r = e->body_as_StatsReply();
+  const Decoded<Reply>* e = One("ctl", MakeStats(9));
+  ASSERT_NE(e, nullptr);
+  const auto* r = std::get_if<ShardStats>(&e->value);
   ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->parked_pulls(), 1u);
-  EXPECT_EQ(r->workers()->size(), 2u);
-  EXPECT_EQ(r->tables()->size(), 1u);
-  EXPECT_EQ(r->tables()->Get(0)->local_rows(), 3u);
-  EXPECT_EQ(r->min_clock(), 0);
+  EXPECT_EQ(r->parked_pulls, 1u);
+  EXPECT_EQ(r->workers.size(), 2u);
+  ASSERT_EQ(r->tables.size(), 1u);
+  EXPECT_EQ(r->tables[0].local_rows, 3u);
+  EXPECT_EQ(r->tables[0].name, "w");
+  EXPECT_EQ(r->min_clock, 0);
 }
 
-// Found by fuzz_shard: a CreateTable of 2^40 x 2^24 (within CanonicalSpec's plausibility
+// Found by fuzz_shard: a CreateTable of 2^40 x 2^24 (within ValidateSpec's plausibility
 // bounds) made the shard allocate the whole table and abort.
 TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
   ShardOptions o;
@@ -610,14 +630,14 @@ TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
 // Found by fuzz_shard: Adagrad (and Adam) with epsilon 0 turned a value whose gradient was
 // 0 into NaN (0 / (sqrt(0) + 0)).
 TEST_F(ShardTest, AdamAndAdagradNeedAPositiveEpsilon) {
-  for (auto kind : {wire::OptimizerKind::Adam, wire::OptimizerKind::Adagrad}) {
-    TableSpecArgs t = Spec(std::string("t") + wire::EnumNameOptimizerKind(kind), 2, 3, 0.001f);
-    t.optimizer = kind;
-    t.epsilon = 0.f;
+  for (auto kind : {OptimizerKind::kAdam, OptimizerKind::kAdagrad}) {
+    TableSpec t = Spec(std::string("t") + OptimizerName(kind), 2, 3, 0.001f);
+    t.optimizer.kind = kind;
+    t.optimizer.epsilon = 0.f;
     Status st = ErrorOf("admin", MakeCreateTable(1, t));
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("epsilon"), std::string::npos) << st;
-    t.epsilon = 1e-8f;
+    t.optimizer.epsilon = 1e-8f;
     uint32_t id = Create(t);
     Register(1);
     // Zero gradients leave their values alone.
@@ -628,20 +648,20 @@ TEST_F(ShardTest, AdamAndAdagradNeedAPositiveEpsilon) {
     EXPECT_EQ(values[2], 0.f);
   }
   // SGD and momentum never divide: their epsilon is not checked.
-  TableSpecArgs sgd = Spec("sgd", 2, 3);
-  sgd.epsilon = 0.f;
+  TableSpec sgd = Spec("sgd", 2, 3);
+  sgd.optimizer.epsilon = 0.f;
   Create(sgd);
 }
 
 // Found by fuzz_wire: a Normal initializer with a finite but huge scale (3e38) gave
 // initial values of Inf.
 TEST_F(ShardTest, InitScaleThatCouldOverflowIsRejected) {
-  TableSpecArgs t = Spec("init", 4, 4);
-  t.init = wire::InitKind::Normal;
-  t.init_scale = 3e38f;
+  TableSpec t = Spec("init", 4, 4);
+  t.init.kind = InitKind::kNormal;
+  t.init.scale = 3e38f;
   Status st = ErrorOf("admin", MakeCreateTable(1, t));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
-  t.init_scale = 1e30f;
+  t.init.scale = 1e30f;
   uint32_t id = Create(t);
   for (float v : Pull(id, Range(0, 4))) EXPECT_TRUE(std::isfinite(v));
 }

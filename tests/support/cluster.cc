@@ -52,13 +52,13 @@ std::unique_ptr<Process> Cluster::StartWorker(const std::string& name, std::vect
   return std::make_unique<Process>(argv, dir_ + "/" + name + ".log");
 }
 
-TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
-  TableOptions t;
+TableSpec Sgd1(const std::string& name, uint64_t rows, uint32_t cols) {
+  TableSpec t;
   t.name = name;
   t.rows = rows;
   t.cols = cols;
-  t.optimizer = wire::OptimizerKind::SGD;
-  t.learning_rate = 1.f;
+  t.optimizer.kind = OptimizerKind::kSgd;
+  t.optimizer.lr = 1.f;
   return t;
 }
 

@@ -47,7 +47,7 @@ class Cluster {
 
 // A table of rows x cols with plain SGD at learning rate 1, so that a push of g changes
 // every value by exactly -g (tests assert sums exactly).
-TableOptions Sgd1(const std::string& name, uint64_t rows, uint32_t cols);
+TableSpec Sgd1(const std::string& name, uint64_t rows, uint32_t cols);
 
 // The number just before `what` in a shard's final log line ("shard 0 stopped cleanly ...
 // 3 limit rejections ..."); -1 if the line or the count is not there.

@@ -13,9 +13,12 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <span>
+#include <variant>
 #include <thread>
 
 #include "leash/common/partition.h"
+#include "leash/common/wire.h"
 
 namespace leash {
 namespace {
@@ -46,7 +49,7 @@ class OpWaiter {
 // A user-level operation fanned out to one or more shards; completes when every part
 // has a reply. Everything but `done` is touched under the client's I/O lock.
 struct Op {
-  using OnReply = std::function<Status(int shard, const wire::Envelope* env, const Message& msg)>;
+  using OnReply = std::function<Status(int shard, const Reply& reply, std::span<const Frame> payloads)>;
   Op(int parts, OnReply cb, OpWaiter* w) : remaining(parts), on_reply(std::move(cb)), waiter(w) {}
   std::atomic<bool> done{false};
   Status status;  // the result, written before done is set
@@ -469,20 +472,20 @@ class Client::Impl final : public detail::OpWaiter {
     last_heard_[si] = NowMs();
     backoff_[si] = 100;
     next_reconnect_[si] = 0;
-    auto env = VerifyEnvelope(msg);
-    if (!env.ok()) {
-      spdlog::error("shard {} sent an unreadable reply: {}", shard, env.status().ToString());
+    auto decoded = DecodeReply(msg);
+    if (!decoded.ok()) {
+      spdlog::error("shard {} sent an unreadable reply: {}", shard, decoded.status().ToString());
       return;
     }
-    auto it = inflight_.find((*env)->request_id());
+    auto it = inflight_.find(decoded->request_id);
     if (it == inflight_.end()) return;  // a late duplicate of a resent request
     Pending r = std::move(it->second);
     inflight_.erase(it);
     --inflight_per_shard_[shard];
-    const wire::Envelope* e = *env;
-    if (e->body_type() == wire::Body::Error) {
-      NoteBoot(shard, e->body_as_Error()->boot_id());
-      Status st = ErrorToStatus(e->body_as_Error()).WithContext("shard " + std::to_string(shard));
+    const Reply& reply = decoded->value;
+    if (const auto* e = std::get_if<ErrorReply>(&reply)) {
+      NoteBoot(shard, e->boot_id);
+      Status st = e->status.WithContext("shard " + std::to_string(shard));
       if (st.code() == StatusCode::kNotRegistered) needs_rejoin_.store(true);
       if (r.op) {
         if (r.op->Complete(std::move(st))) notify_waiters_ = true;
@@ -492,11 +495,11 @@ class Client::Impl final : public detail::OpWaiter {
       return;
     }
     if (!r.op) {  // heartbeat acknowledged
-      if (const wire::HeartbeatReply* hb = e->body_as_HeartbeatReply()) NoteBoot(shard, hb->boot_id());
+      if (const auto* hb = std::get_if<HeartbeatReply>(&reply)) NoteBoot(shard, hb->boot_id);
       return;
     }
-    if (const wire::Welcome* w = e->body_as_Welcome()) NoteBoot(shard, w->boot_id());
-    if (r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, e, msg) : Status::Ok())) {
+    if (const auto* w = std::get_if<Welcome>(&reply)) NoteBoot(shard, w->boot_id);
+    if (r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, reply, decoded->payloads) : Status::Ok())) {
       notify_waiters_ = true;
     }
   }
@@ -579,7 +582,7 @@ Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport>
   auto answered = std::make_shared<std::vector<bool>>(static_cast<size_t>(n), false);
   auto fut = c->impl_->Submit(
       AllShards(n), [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
-      [answered](int shard, const wire::Envelope*, const Message&) -> Status {
+      [answered](int shard, const Reply&, std::span<const Frame>) -> Status {
         (*answered)[static_cast<size_t>(shard)] = true;
         return Status::Ok();
       });
@@ -617,17 +620,18 @@ Status Client::Register() {
   auto fut = impl_->Submit(
       AllShards(n),
       [&](int, uint64_t rid, uint64_t) { return MakeRegister(rid, options_.worker_id, incarnation, options_.name); },
-      [starts, lease, answered, n, impl = impl_.get()](int shard, const wire::Envelope* env, const Message&) -> Status {
-        const wire::Welcome* w = env->body_as_Welcome();
+      [starts, lease, answered, n, impl = impl_.get()](int shard, const Reply& reply,
+                                                       std::span<const Frame>) -> Status {
+        const auto* w = std::get_if<Welcome>(&reply);
         if (w == nullptr) return Internal("shard answered Register without a Welcome");
-        impl->NoteMaxMessage(shard, w->max_message_bytes());
-        if (static_cast<int>(w->num_shards()) != n || static_cast<int>(w->shard()) != shard) {
+        impl->NoteMaxMessage(shard, w->max_message_bytes);
+        if (static_cast<int>(w->num_shards) != n || static_cast<int>(w->shard) != shard) {
           return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
-                                    std::to_string(w->shard()) + " of " + std::to_string(w->num_shards()) +
+                                    std::to_string(w->shard) + " of " + std::to_string(w->num_shards) +
                                     "; list the shards in order, all of them");
         }
-        (*starts)[static_cast<size_t>(shard)] = w->start_clock();
-        (*lease)[static_cast<size_t>(shard)] = w->lease_ms();
+        (*starts)[static_cast<size_t>(shard)] = w->start_clock;
+        (*lease)[static_cast<size_t>(shard)] = w->lease_ms;
         (*answered)[static_cast<size_t>(shard)] = true;
         return Status::Ok();
       });
@@ -658,30 +662,19 @@ Status Client::Rejoin() {
   return Register();
 }
 
-Result<ChunkGrant> Client::NextChunk(const DataPlanArgs& plan, const ChunkDone* done) {
+Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done) {
   auto grant = std::make_shared<ChunkGrant>();
-  ChunkDone d = done ? *done : ChunkDone{};
-  bool has_done = done != nullptr;
-  uint64_t incarnation = incarnation_.load();
+  ChunkRequest request;
+  request.worker_id = options_.worker_id;
+  request.incarnation = incarnation_.load();
+  request.plan = plan;
+  if (done != nullptr) request.done = *done;
   auto fut = impl_->Submit(
-      {0},
-      [&](int, uint64_t rid, uint64_t) {
-        return MakeChunkRequest(rid, options_.worker_id, incarnation, plan.num_samples, plan.chunk_size, plan.epochs,
-                                plan.seed, has_done ? &d : nullptr);
-      },
-      [grant](int, const wire::Envelope* env, const Message&) -> Status {
-        const wire::ChunkGrant* g = env->body_as_ChunkGrant();
+      {0}, [&](int, uint64_t rid, uint64_t) { return EncodeRequest(rid, request); },
+      [grant](int, const Reply& reply, std::span<const Frame>) -> Status {
+        const auto* g = std::get_if<ChunkGrant>(&reply);
         if (g == nullptr) return Internal("unexpected reply to a chunk request");
-        grant->kind = g->kind() == wire::GrantKind::Chunk  ? ChunkGrant::Kind::kChunk
-                      : g->kind() == wire::GrantKind::Wait ? ChunkGrant::Kind::kWait
-                                                           : ChunkGrant::Kind::kFinished;
-        grant->epoch = g->epoch();
-        grant->chunk = g->chunk();
-        grant->begin = g->begin();
-        grant->end = g->end();
-        grant->epochs_done = g->epochs_done();
-        grant->chunks_done = g->chunks_done();
-        grant->num_chunks = g->num_chunks();
+        *grant = *g;
         return Status::Ok();
       });
   LEASH_RETURN_IF_ERROR(fut.get().WithContext("data chunk lease"));
@@ -691,16 +684,16 @@ Result<ChunkGrant> Client::NextChunk(const DataPlanArgs& plan, const ChunkDone* 
   return *grant;
 }
 
-Result<TableHandle> Client::CreateTable(const TableOptions& t) {
+Result<TableHandle> Client::CreateTable(const TableSpec& t) {
   auto ids = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(num_shards_), 0);
   std::vector<int> all = AllShards(num_shards_);
   auto fut = impl_->Submit(
       all,
       [&](int, uint64_t rid, uint64_t) { return MakeCreateTable(rid, t); },
-      [ids](int shard, const wire::Envelope* env, const Message&) -> Status {
-        const wire::TableCreated* tc = env->body_as_TableCreated();
+      [ids](int shard, const Reply& reply, std::span<const Frame>) -> Status {
+        const auto* tc = std::get_if<TableCreated>(&reply);
         if (tc == nullptr) return Internal("unexpected reply to CreateTable");
-        (*ids)[static_cast<size_t>(shard)] = tc->table_id();
+        (*ids)[static_cast<size_t>(shard)] = tc->table_id;
         return Status::Ok();
       });
   LEASH_RETURN_IF_ERROR(fut.get().WithContext("create table '" + t.name + "'"));
@@ -714,16 +707,17 @@ Result<TableHandle> Client::CreateTable(const TableOptions& t) {
 
 namespace {
 
-Status CheckPullReply(const wire::Envelope* env, const Message& msg, size_t rows, uint32_t cols, size_t* values) {
-  const wire::PullReply* r = env->body_as_PullReply();
+// The pull reply in `reply`, checked to hold rows x cols values in one payload frame.
+Result<const PullReply*> CheckPullReply(const Reply& reply, std::span<const Frame> payloads, size_t rows,
+                                        uint32_t cols) {
+  const auto* r = std::get_if<PullReply>(&reply);
   if (r == nullptr) return Internal("unexpected reply to Pull");
-  if (r->num_rows() != rows || r->cols() != cols) {
-    return Internal("pull reply has " + std::to_string(r->num_rows()) + " x " + std::to_string(r->cols()) +
+  if (r->num_rows != rows || r->cols != cols) {
+    return Internal("pull reply has " + std::to_string(r->num_rows) + " x " + std::to_string(r->cols) +
                     " values, expected " + std::to_string(rows) + " x " + std::to_string(cols));
   }
-  if (msg.size() != 2) return Internal("pull reply without exactly one payload frame");
-  *values = rows * cols;
-  return Status::Ok();
+  if (payloads.size() != 1) return Internal("pull reply without exactly one payload frame");
+  return r;
 }
 
 }  // namespace
@@ -749,12 +743,11 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
         return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
                         dtype);
       },
-      [t, out, part, impl](int s, const wire::Envelope* env, const Message& msg) -> Status {
+      [t, out, part, impl](int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
         RowRange rr = part.Range(t.rows, s);
-        size_t n = 0;
-        LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, rr.size(), t.cols, &n));
-        impl->NotePulledMinClock(env->body_as_PullReply()->min_clock());
-        return DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, out + rr.begin * t.cols);
+        LEASH_ASSIGN_OR_RETURN(const PullReply* r, CheckPullReply(reply, payloads, rr.size(), t.cols));
+        impl->NotePulledMinClock(r->min_clock);
+        return DecodeValues(payloads[0], r->dtype, rr.size() * t.cols, out + rr.begin * t.cols);
       });
 }
 
@@ -781,19 +774,17 @@ Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, fl
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t) {
-        Rows rows;
-        rows.explicit_keys = true;
-        rows.keys = (*split)[static_cast<size_t>(s)];
-        return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
-                        dtype);
+        return EncodeRequest(rid, PullRequest{t.shard_ids[static_cast<size_t>(s)],
+                                              Rows::Keys((*split)[static_cast<size_t>(s)]), options_.worker_id,
+                                              clock, options_.staleness, dtype});
       },
-      [t, out, split, pos, impl](int s, const wire::Envelope* env, const Message& msg) -> Status {
+      [t, out, split, pos, impl](int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
         const auto& p = (*pos)[static_cast<size_t>(s)];
-        size_t n = 0;
-        LEASH_RETURN_IF_ERROR(CheckPullReply(env, msg, p.size(), t.cols, &n));
-        impl->NotePulledMinClock(env->body_as_PullReply()->min_clock());
+        LEASH_ASSIGN_OR_RETURN(const PullReply* r, CheckPullReply(reply, payloads, p.size(), t.cols));
+        impl->NotePulledMinClock(r->min_clock);
+        size_t n = p.size() * t.cols;
         std::vector<float> tmp(n);
-        LEASH_RETURN_IF_ERROR(DecodeValues(msg[1], env->body_as_PullReply()->dtype(), n, tmp.data()));
+        LEASH_RETURN_IF_ERROR(DecodeValues(payloads[0], r->dtype, n, tmp.data()));
         for (size_t i = 0; i < p.size(); ++i) {
           std::copy_n(tmp.data() + i * t.cols, t.cols, out + p[i] * t.cols);
         }
@@ -857,11 +848,11 @@ Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, co
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t seq) {
-        Rows rows;
-        rows.explicit_keys = true;
-        rows.keys = split[static_cast<size_t>(s)];
-        return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, incarnation_, seq,
-                        options_.wire_dtype, payloads[static_cast<size_t>(s)]);
+        return EncodeRequest(rid,
+                             PushRequest{table.shard_ids[static_cast<size_t>(s)],
+                                         Rows::Keys(split[static_cast<size_t>(s)]), options_.worker_id,
+                                         incarnation_, seq, options_.wire_dtype, -1},
+                             {payloads[static_cast<size_t>(s)]});
       },
       nullptr, /*is_push=*/true);
 }
@@ -895,35 +886,10 @@ Result<std::vector<ShardStats>> Client::Stats() {
   auto fut = impl_->Submit(
       all,
       [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
-      [stats](int s, const wire::Envelope* env, const Message&) -> Status {
-        const wire::StatsReply* r = env->body_as_StatsReply();
+      [stats](int s, const Reply& reply, std::span<const Frame>) -> Status {
+        const auto* r = std::get_if<ShardStats>(&reply);
         if (r == nullptr) return Internal("unexpected reply to Stats");
-        ShardStats& o = (*stats)[static_cast<size_t>(s)];
-        o.shard = r->shard();
-        o.min_clock = r->min_clock();
-        o.parked_pulls = r->parked_pulls();
-        o.pushes_applied = r->pushes_applied();
-        o.pulls_served = r->pulls_served();
-        o.errors = r->errors();
-        o.last_snapshot_clock = r->last_snapshot_clock();
-        o.recovered_clock = r->recovered_clock();
-        o.snapshot_age_ms = r->snapshot_age_ms();
-        o.coverage.epochs_done = r->epochs_done();
-        o.coverage.epochs = r->epochs();
-        o.coverage.chunks_done = r->chunks_done();
-        o.coverage.num_chunks = r->num_chunks();
-        o.coverage.chunks_leased = r->chunks_leased();
-        if (r->workers()) {
-          for (const auto* w : *r->workers()) {
-            o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),
-                                 w->ms_since_heartbeat()});
-          }
-        }
-        if (r->tables()) {
-          for (const auto* t : *r->tables()) {
-            o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
-          }
-        }
+        (*stats)[static_cast<size_t>(s)] = *r;
         return Status::Ok();
       });
   LEASH_RETURN_IF_ERROR(fut.get());
@@ -936,10 +902,10 @@ Result<std::vector<int64_t>> Client::Checkpoint() {
   auto fut = impl_->Submit(
       all,
       [](int, uint64_t rid, uint64_t) { return MakeCheckpoint(rid); },
-      [clocks](int s, const wire::Envelope* env, const Message&) -> Status {
-        const wire::CheckpointReply* r = env->body_as_CheckpointReply();
+      [clocks](int s, const Reply& reply, std::span<const Frame>) -> Status {
+        const auto* r = std::get_if<CheckpointReply>(&reply);
         if (r == nullptr) return Internal("unexpected reply to Checkpoint");
-        (*clocks)[static_cast<size_t>(s)] = r->clock();
+        (*clocks)[static_cast<size_t>(s)] = r->clock;
         return Status::Ok();
       });
   LEASH_RETURN_IF_ERROR(fut.get());

@@ -34,12 +34,12 @@ ClientOptions Worker(const std::string& name, uint64_t id) {
   return o;
 }
 
-TableOptions Table(const std::string& name, uint64_t rows, uint32_t cols) {
-  TableOptions t;
+TableSpec Table(const std::string& name, uint64_t rows, uint32_t cols) {
+  TableSpec t;
   t.name = name;
   t.rows = rows;
   t.cols = cols;
-  t.learning_rate = 1.f;  // SGD: a pushed gradient g moves a value by -g
+  t.optimizer.lr = 1.f;  // SGD: a pushed gradient g moves a value by -g
   return t;
 }
 

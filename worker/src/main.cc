@@ -153,14 +153,8 @@ int Run(int argc, char** argv) {
     return 2;
   }
   leash::worker::OptimizerOptions opt;
-  if (optimizer == "sgd") {
-    opt.kind = leash::wire::OptimizerKind::SGD;
-  } else if (optimizer == "momentum") {
-    opt.kind = leash::wire::OptimizerKind::Momentum;
-  } else if (optimizer == "adam") {
-    opt.kind = leash::wire::OptimizerKind::Adam;
-  } else if (optimizer == "adagrad") {
-    opt.kind = leash::wire::OptimizerKind::Adagrad;
+  if (auto kind = leash::ParseOptimizer(optimizer); kind.ok()) {
+    opt.kind = *kind;
   } else {
     spdlog::error("unknown --optimizer '{}' (use sgd, momentum, adam or adagrad)", optimizer);
     return 2;
@@ -251,7 +245,7 @@ int Run(int argc, char** argv) {
     leash::ClientOptions co;
     co.name = name;
     co.staleness = staleness;
-    co.wire_dtype = leash::ToWire(*dtype);
+    co.wire_dtype = *dtype;
     co.connect_timeout_ms = connect_timeout_s * 1000;
     auto c = leash::Client::Connect(std::move(*transport), co);
     if (!c.ok()) return Fail("cannot join the cluster", c.status());

@@ -3,28 +3,23 @@
 
 #include <deque>
 
-#include "leash/server/coverage.h"
-#include "leash/server/table.h"
+#include "leash/ps/coverage.h"
+#include "leash/ps/table.h"
 
 namespace leash::worker {
 
-TableOptions MakeTableOptions(const ParamSpec& p, const OptimizerOptions& opt, size_t index) {
-  TableOptions t;
+TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t index) {
+  TableSpec t;
   t.name = p.name;
   t.rows = p.rows;
   t.cols = p.cols;
-  t.optimizer = opt.kind;
-  t.learning_rate = opt.learning_rate;
-  t.momentum = opt.momentum;
-  t.weight_decay = opt.weight_decay;
-  switch (p.init) {
-    case InitKind::kZeros: t.init = wire::InitKind::Zeros; break;
-    case InitKind::kUniform: t.init = wire::InitKind::Uniform; break;
-    case InitKind::kNormal: t.init = wire::InitKind::Normal; break;
-    case InitKind::kConstant: t.init = wire::InitKind::Constant; break;
-  }
-  t.init_scale = p.init_scale;
-  t.init_seed = opt.seed * 1000003ULL + index;
+  t.optimizer.kind = opt.kind;
+  t.optimizer.lr = opt.learning_rate;
+  t.optimizer.momentum = opt.momentum;
+  t.optimizer.weight_decay = opt.weight_decay;
+  t.init.kind = p.init;
+  t.init.scale = p.init_scale;
+  t.init.seed = opt.seed * 1000003ULL + index;
   return t;
 }
 
@@ -36,7 +31,7 @@ class RemoteParams final : public ParamStore {
 
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
-      LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableOptions(params[i], opt, i)));
+      LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableSpec(params[i], opt, i)));
       tables_.push_back(std::move(h));
     }
     return Status::Ok();
@@ -123,7 +118,7 @@ class RemoteParams final : public ParamStore {
 
   Status Idle() override { return EndIteration(); }
 
-  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     return client_->NextChunk(plan, done);
   }
 
@@ -186,14 +181,10 @@ class LocalParams final : public ParamStore {
  public:
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
-      TableOptions t = MakeTableOptions(params[i], opt, i);
-      flatbuffers::FlatBufferBuilder fbb;
-      fbb.Finish(BuildTableSpec(fbb, t));
-      LEASH_ASSIGN_OR_RETURN(std::vector<uint8_t> canon,
-                             server::CanonicalSpec(flatbuffers::GetRoot<wire::TableSpec>(fbb.GetBufferPointer())));
-      LEASH_ASSIGN_OR_RETURN(server::Table table,
-                             server::Table::Create(static_cast<uint32_t>(i), std::move(canon), {0, t.rows}));
-      tables_.push_back(std::make_unique<server::Table>(std::move(table)));
+      TableSpec t = MakeTableSpec(params[i], opt, i);
+      uint64_t rows = t.rows;
+      LEASH_ASSIGN_OR_RETURN(ps::Table table, ps::Table::Create(static_cast<uint32_t>(i), std::move(t), {0, rows}));
+      tables_.push_back(std::make_unique<ps::Table>(std::move(table)));
     }
     return Status::Ok();
   }
@@ -201,7 +192,7 @@ class LocalParams final : public ParamStore {
   Status PullAll(std::vector<std::vector<float>>* values) override {
     values->resize(tables_.size());
     for (size_t i = 0; i < tables_.size(); ++i) {
-      const server::Table& t = *tables_[i];
+      const ps::Table& t = *tables_[i];
       (*values)[i].resize(static_cast<size_t>(t.rows()) * t.cols());
       Rows all;
       all.end = t.rows();
@@ -222,31 +213,18 @@ class LocalParams final : public ParamStore {
   }
   Status Idle() override { return Status::Ok(); }
 
-  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
-    LEASH_RETURN_IF_ERROR(coverage_.SetPlan({plan.num_samples, plan.chunk_size, plan.epochs, plan.seed}));
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
+    LEASH_RETURN_IF_ERROR(coverage_.SetPlan(plan));
     if (done != nullptr) coverage_.Complete(done->epoch, done->chunk);
-    server::Grant g = coverage_.Next(1);
-    server::CoverageProgress p = coverage_.Progress();
-    ChunkGrant out;
-    out.kind = g.kind == server::Grant::Kind::kChunk  ? ChunkGrant::Kind::kChunk
-               : g.kind == server::Grant::Kind::kWait ? ChunkGrant::Kind::kWait
-                                                      : ChunkGrant::Kind::kFinished;
-    out.epoch = g.epoch;
-    out.chunk = g.chunk;
-    out.begin = g.begin;
-    out.end = g.end;
-    out.epochs_done = p.epochs_done;
-    out.chunks_done = p.chunks_done;
-    out.num_chunks = p.num_chunks;
-    return out;
+    return coverage_.Next(1);
   }
 
   Status Finish() override { return Status::Ok(); }
   int64_t clock() const override { return clock_; }
 
  private:
-  std::vector<std::unique_ptr<server::Table>> tables_;
-  server::DataCoverage coverage_;
+  std::vector<std::unique_ptr<ps::Table>> tables_;
+  ps::DataCoverage coverage_;
   int64_t clock_ = 0;
 };
 

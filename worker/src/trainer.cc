@@ -47,7 +47,7 @@ class Loop {
   }
 
   Result<TrainResult> Run() {
-    DataPlanArgs plan{static_cast<uint64_t>(train_.count), static_cast<uint32_t>(o_.chunk_size),
+    DataPlan plan{static_cast<uint64_t>(train_.count), static_cast<uint32_t>(o_.chunk_size),
                       static_cast<uint32_t>(o_.epochs), o_.seed};
     start_ = Clock::now();
     window_start_ = start_;

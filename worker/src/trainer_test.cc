@@ -147,7 +147,7 @@ class SwapCountingParams final : public ParamStore {
   void Push(size_t i, const float* grad) override { inner_->Push(i, grad); }
   Status EndIteration() override { return inner_->EndIteration(); }
   Status Idle() override { return inner_->Idle(); }
-  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) override {
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     return inner_->NextChunk(plan, done);
   }
   Status Finish() override { return inner_->Finish(); }

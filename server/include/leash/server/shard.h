@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,13 +20,18 @@
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
 #include "leash/common/wire.h"
-#include "leash/server/clock_table.h"
-#include "leash/server/coverage.h"
+#include "leash/ps/clock_table.h"
+#include "leash/ps/coverage.h"
 #include "leash/server/snapshot.h"
 
 namespace leash::server {
 
-class Table;
+// The parameter-store core a shard serves (ps/): tables, clocks, data coverage.
+using ps::ClockTable;
+using ps::DataCoverage;
+using ps::LiveWorker;
+using ps::ParkedPulls;
+using ps::Table;
 
 // What a shard does with a push holding NaN or Inf.
 enum class NonFinitePolicy {
@@ -120,33 +126,36 @@ class Shard {
   const DataCoverage& coverage() const { return coverage_; }
 
  private:
+  // A pull waiting for the staleness bound: what its reply needs.
   struct ParkedPull {
     PeerId peer;
     uint64_t request_id = 0;
     uint64_t worker_id = 0;
     uint32_t table_id = 0;
     Rows rows;
-    wire::DType dtype = wire::DType::F32;
+    DType dtype = DType::kF32;
   };
 
   // The messages of a batch (wire.h), one by one; the replies to `peer` go out as one batch.
   void HandleBatch(const PeerId& peer, const Message& batch, std::vector<Outgoing>* out);
-  Status Dispatch(const PeerId& peer, const wire::Envelope* env, const Message& message,
-                  std::vector<Outgoing>* out);
-  Status OnRegister(const PeerId& peer, uint64_t rid, const wire::Register* m, std::vector<Outgoing>* out);
-  Status OnCreateTable(const PeerId& peer, uint64_t rid, const wire::CreateTable* m, std::vector<Outgoing>* out);
-  Status OnPull(const PeerId& peer, uint64_t rid, const wire::Pull* m, std::vector<Outgoing>* out);
-  Status OnPush(const PeerId& peer, uint64_t rid, const wire::Push* m, const Message& message,
+  // One decoded request to its handler. A handler answers through `out` or returns the
+  // error to answer with; pulls and pushes may take their request's rows.
+  Status Dispatch(const PeerId& peer, Decoded<Request>& request, std::vector<Outgoing>* out);
+  Status OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m, std::vector<Outgoing>* out);
+  Status OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableRequest& m, std::vector<Outgoing>* out);
+  Status OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vector<Outgoing>* out);
+  Status OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span<const Frame> payloads,
                 std::vector<Outgoing>* out);
-  Status OnClock(const PeerId& peer, uint64_t rid, const wire::ClockUpdate* m, std::vector<Outgoing>* out);
-  Status OnHeartbeat(const PeerId& peer, uint64_t rid, const wire::Heartbeat* m, std::vector<Outgoing>* out);
-  Status OnLeave(const PeerId& peer, uint64_t rid, const wire::Leave* m, std::vector<Outgoing>* out);
+  Status OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m, std::vector<Outgoing>* out);
+  Status OnHeartbeat(const PeerId& peer, uint64_t rid, const HeartbeatRequest& m, std::vector<Outgoing>* out);
+  Status OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m, std::vector<Outgoing>* out);
   Status OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
   Status OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
-  Status OnChunkRequest(const PeerId& peer, uint64_t rid, const wire::ChunkRequest* m, std::vector<Outgoing>* out);
+  Status OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m, std::vector<Outgoing>* out);
 
   Result<Table*> FindTable(uint32_t table_id);
-  Message PullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows, wire::DType dtype);
+  // The pull reply for `rows` of `table`, its values read straight into the frame sent.
+  Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows, DType dtype);
   // Answers every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);

@@ -10,22 +10,12 @@
 #include <vector>
 
 #include "leash/common/status.h"
+#include "leash/ps/table.h"
 
 namespace leash::server {
 
-// Everything a shard must remember about one table to carry on after a restart.
-struct TableSnapshot {
-  uint32_t table_id = 0;
-  // The table's spec exactly as received (a serialized, verified wire::TableSpec), so a
-  // re-created table can be compared with the original byte for byte.
-  std::vector<uint8_t> spec;
-  uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
-  uint64_t row_end = 0;
-  uint32_t cols = 0;
-  std::vector<float> values;                    // (row_end - row_begin) * cols
-  std::vector<std::vector<float>> slots;        // optimizer state, each the size of values
-  uint64_t optimizer_steps = 0;                 // updates applied (Adam bias correction)
-};
+using ps::TableSnapshot;
+
 
 struct WorkerClock {
   uint64_t worker_id = 0;

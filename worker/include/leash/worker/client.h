@@ -18,7 +18,6 @@
 #include "leash/common/domain.h"
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
-#include "leash/common/wire.h"
 
 namespace leash {
 
@@ -27,10 +26,10 @@ struct ClientOptions {
   std::string name;                  // for logs and status
   bool register_worker = true;       // false for tools (leashctl) that only read
   int64_t staleness = 0;             // pulls for iteration c wait until min clock >= c - staleness
-  wire::DType wire_dtype = wire::DType::F32;  // encoding of pushes and pull replies
-  int64_t connect_timeout_ms = 30000;         // Connect() fails if a shard does not answer
+  DType wire_dtype = DType::kF32;     // encoding of pushes and pull replies
+  int64_t connect_timeout_ms = 30000;  // Connect() fails if a shard does not answer
   int64_t shard_silence_ms = 3000;   // a shard silent this long with requests pending is reconnected
-  int64_t heartbeat_ms = 0;          // 0: a third of the shards' lease
+  int64_t heartbeat_ms = 0;          // 0: a quarter of the shortest lease, 10 ms to 1 s
   // A thread waiting on a future polls for the reply this long before it sleeps: lower
   // latency for a CPU core. Off by default (it hurt on a loaded 2-core machine).
   int64_t reply_spin_us = 0;
@@ -67,9 +66,6 @@ class Future {
   std::shared_ptr<detail::Op> op_;
 };
 
-// A table's shape, server-side optimizer and initializer.
-using TableOptions = TableSpecArgs;
-
 // A table as created on every shard: its shape and each shard's id for it.
 struct TableHandle {
   std::string name;
@@ -77,15 +73,6 @@ struct TableHandle {
   uint32_t cols = 0;
   std::vector<uint32_t> shard_ids;
   size_t size() const { return static_cast<size_t>(rows) * cols; }
-};
-
-
-// The job's data plan: every worker of a job must use the same one.
-struct DataPlanArgs {
-  uint64_t num_samples = 0;
-  uint32_t chunk_size = 1024;
-  uint32_t epochs = 1;
-  uint64_t seed = 1;
 };
 
 
@@ -111,9 +98,10 @@ class Client {
   static Result<std::unique_ptr<Client>> Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options);
   ~Client();  // stops the I/O thread; does not Leave()
 
-  // Creates `table` on every shard, or finds it if it exists with the same spec.
-  // AlreadyExists if it exists with another spec; InvalidArgument for a bad spec.
-  Result<TableHandle> CreateTable(const TableOptions& table);
+  // Creates `table` (its shape, server-side optimizer and initializer) on every shard, or
+  // finds it if it exists with the same spec. AlreadyExists if it exists with another
+  // spec; InvalidArgument for a bad spec.
+  Result<TableHandle> CreateTable(const TableSpec& table);
 
   // Reads the whole table into `out` (table.size() floats, alive until the future is
   // ready) once the staleness bound allows reading for this worker's current clock.
@@ -144,7 +132,7 @@ class Client {
 
   // Reports the chunk `done` (if not null) as trained and leases the next chunk of the
   // job's data from shard 0. FailedPrecondition if `plan` differs from the job's.
-  Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done);
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done);
 
   // True once a shard has said it does not know this worker (it was evicted after its
   // lease expired, or the shard restarted without it). Rejoin() then registers again.

@@ -10,13 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/domain.h"
 #include "leash/common/status.h"
 #include "leash/kernels/kernels.h"
 
 namespace leash::worker {
 
-// How a parameter table is initialized, mirroring wire::InitSpec.
-enum class InitKind { kZeros, kUniform, kNormal, kConstant };
+// How a parameter table is initialized (the domain's initializer kinds).
+using InitKind = ::leash::InitKind;
 
 struct ParamSpec {
   std::string name;     // table name, e.g. "mlp/fc1/w"

@@ -15,15 +15,16 @@
 namespace leash::worker {
 
 struct OptimizerOptions {
-  wire::OptimizerKind kind = wire::OptimizerKind::SGD;
+  OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
   float momentum = 0.9f;
   float weight_decay = 0.f;
   uint64_t seed = 1;  // parameter initialization seed
 };
 
-// Table options for `p` trained with `opt` (initializer from the model's spec).
-TableOptions MakeTableOptions(const ParamSpec& p, const OptimizerOptions& opt, size_t index);
+// The table spec for parameter `p` (the `index`-th of the model) trained with `opt`
+// (initializer from the model's spec, seeded from opt.seed and index).
+TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t index);
 
 class ParamStore {
  public:
@@ -55,7 +56,7 @@ class ParamStore {
   virtual Status Idle() = 0;
   // Reports `done` as trained and leases the next chunk of the job's data (from shard 0,
   // or from an in-process queue in local mode).
-  virtual Result<ChunkGrant> NextChunk(const DataPlanArgs& plan, const ChunkDone* done) = 0;
+  virtual Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) = 0;
   // True when a shard no longer knows this worker; Rejoin() registers it again.
   virtual bool needs_rejoin() const { return false; }
   virtual Status Rejoin() { return Status::Ok(); }

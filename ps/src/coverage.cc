@@ -1,11 +1,11 @@
 // Chunk leases per epoch. Not thread-safe (one request loop).
-#include "leash/server/coverage.h"
+#include "leash/ps/coverage.h"
 
 #include <algorithm>
 #include <cstring>
 #include <random>
 
-namespace leash::server {
+namespace leash::ps {
 namespace {
 
 void PutU64(std::vector<uint8_t>* out, uint64_t v) {
@@ -27,9 +27,9 @@ Status CheckPlan(const DataPlan& plan) {
   if (plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0) {
     return InvalidArgument("data plan needs samples, chunk size and epochs > 0");
   }
-  if (plan.chunks() > kMaxChunks) {
+  if (PlanChunks(plan) > kMaxChunks) {
     return InvalidArgument("data plan of " + std::to_string(plan.num_samples) + " samples in chunks of " +
-                           std::to_string(plan.chunk_size) + " has " + std::to_string(plan.chunks()) +
+                           std::to_string(plan.chunk_size) + " has " + std::to_string(PlanChunks(plan)) +
                            " chunks, more than the limit of " + std::to_string(kMaxChunks) +
                            "; use a larger --chunk-size");
   }
@@ -57,7 +57,7 @@ DataCoverage::Epoch& DataCoverage::Open(uint32_t e) {
   auto it = epochs_.find(e);
   if (it != epochs_.end()) return it->second;
   Epoch& ep = epochs_[e];
-  uint32_t n = plan_->num_chunks();
+  uint32_t n = PlanNumChunks(*plan_);
   ep.completed.assign(n, 0);
   std::vector<uint32_t> order(n);
   for (uint32_t i = 0; i < n; ++i) order[i] = i;
@@ -71,18 +71,27 @@ DataCoverage::Epoch& DataCoverage::Open(uint32_t e) {
 void DataCoverage::Advance() {
   while (plan_ && current_ < plan_->epochs) {
     auto it = epochs_.find(current_);
-    if (it == epochs_.end() || it->second.done < plan_->num_chunks()) return;
+    if (it == epochs_.end() || it->second.done < PlanNumChunks(*plan_)) return;
     epochs_.erase(it);
     ++current_;
   }
 }
 
-Grant DataCoverage::Next(uint64_t worker) {
-  Grant g;
+ChunkGrant DataCoverage::Next(uint64_t worker) {
+  ChunkGrant g = Lease(worker);
+  CoverageProgress p = Progress();
+  g.epochs_done = p.epochs_done;
+  g.chunks_done = p.chunks_done;
+  g.num_chunks = p.num_chunks;
+  return g;
+}
+
+ChunkGrant DataCoverage::Lease(uint64_t worker) {
+  ChunkGrant g;
   if (!plan_) return g;
   Advance();
   if (current_ >= plan_->epochs) {
-    g.kind = Grant::Kind::kFinished;
+    g.kind = ChunkGrant::Kind::kFinished;
     return g;
   }
   for (uint32_t e = current_; e < std::min(current_ + 2, plan_->epochs); ++e) {
@@ -91,7 +100,7 @@ Grant DataCoverage::Next(uint64_t worker) {
     uint32_t c = ep.pending.front();
     ep.pending.pop_front();
     ep.leased[c] = worker;
-    g.kind = Grant::Kind::kChunk;
+    g.kind = ChunkGrant::Kind::kChunk;
     g.epoch = e;
     g.chunk = c;
     g.begin = static_cast<uint64_t>(c) * plan_->chunk_size;
@@ -104,7 +113,7 @@ Grant DataCoverage::Next(uint64_t worker) {
 void DataCoverage::Complete(uint32_t epoch, uint32_t chunk) {
   // Next grants chunks of epochs current_ and current_ + 1 only: a report of a later epoch
   // was never granted, and opening it would grow epochs_ past the two a snapshot holds.
-  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= plan_->num_chunks() || epoch >= plan_->epochs) {
+  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= PlanNumChunks(*plan_) || epoch >= plan_->epochs) {
     return;
   }
   Epoch& ep = Open(epoch);
@@ -136,7 +145,7 @@ CoverageProgress DataCoverage::Progress() const {
   if (!plan_) return p;
   p.epochs = plan_->epochs;
   p.epochs_done = current_;
-  p.num_chunks = plan_->num_chunks();
+  p.num_chunks = PlanNumChunks(*plan_);
   for (const auto& [e, ep] : epochs_) {
     if (e == current_) p.chunks_done = ep.done;
     p.chunks_leased += static_cast<uint32_t>(ep.leased.size());
@@ -187,7 +196,7 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
   d.current_ = static_cast<uint32_t>(current);
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t e, count;
-    if (!GetU64(bytes, &pos, &e) || !GetU64(bytes, &pos, &count) || count != plan.num_chunks() || e >= epochs) {
+    if (!GetU64(bytes, &pos, &e) || !GetU64(bytes, &pos, &count) || count != PlanNumChunks(plan) || e >= epochs) {
       return bad();
     }
     Epoch& ep = d.Open(static_cast<uint32_t>(e));
@@ -207,4 +216,4 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
   return d;
 }
 
-}  // namespace leash::server
+}  // namespace leash::ps

@@ -12,7 +12,7 @@
 
 #include "leash/common/status.h"
 
-namespace leash::server {
+namespace leash::ps {
 
 struct LiveWorker {
   uint64_t worker_id = 0;
@@ -104,4 +104,4 @@ class ParkedPulls {
   std::multimap<int64_t, T> parked_;
 };
 
-}  // namespace leash::server
+}  // namespace leash::ps

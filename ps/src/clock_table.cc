@@ -1,10 +1,10 @@
 // Staleness controller state. Not thread-safe (owned by one request loop).
-#include "leash/server/clock_table.h"
+#include "leash/ps/clock_table.h"
 
 #include <algorithm>
 #include <limits>
 
-namespace leash::server {
+namespace leash::ps {
 
 Result<int64_t> ClockTable::Register(uint64_t worker_id, uint64_t incarnation, const std::string& name,
                                      int64_t now_ms) {
@@ -93,4 +93,4 @@ bool ClockTable::Recompute() {
   return moved;
 }
 
-}  // namespace leash::server
+}  // namespace leash::ps

@@ -1,11 +1,11 @@
 // Unit tests of data-chunk leases: coverage per epoch, failure, pipelining, snapshots.
-#include "leash/server/coverage.h"
+#include "leash/ps/coverage.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-namespace leash::server {
+namespace leash::ps {
 namespace {
 
 DataPlan Plan(uint64_t samples = 10, uint32_t chunk = 3, uint32_t epochs = 2) { return {samples, chunk, epochs, 7}; }
@@ -16,9 +16,9 @@ TEST(DataCoverageTest, EveryChunkOnceAndChunksCoverTheDataset) {
   std::set<uint32_t> seen;
   uint64_t covered = 0;
   while (true) {
-    Grant g = d.Next(1);
-    if (g.kind != Grant::Kind::kChunk) {
-      EXPECT_EQ(g.kind, Grant::Kind::kFinished);
+    ChunkGrant g = d.Next(1);
+    if (g.kind != ChunkGrant::Kind::kChunk) {
+      EXPECT_EQ(g.kind, ChunkGrant::Kind::kFinished);
       break;
     }
     EXPECT_TRUE(seen.insert(g.chunk).second);
@@ -35,51 +35,51 @@ TEST(DataCoverageTest, EveryChunkOnceAndChunksCoverTheDataset) {
 TEST(DataCoverageTest, NextEpochIsHandedOutOnceTheCurrentIsAllLeased) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(6, 3, 2)).ok());
-  Grant a = d.Next(1);
-  Grant b = d.Next(2);
+  ChunkGrant a = d.Next(1);
+  ChunkGrant b = d.Next(2);
   EXPECT_EQ(a.epoch, 0u);
   EXPECT_EQ(b.epoch, 0u);
-  Grant c = d.Next(1);  // epoch 0 all leased: worker 1 goes on with epoch 1
-  ASSERT_EQ(c.kind, Grant::Kind::kChunk);
+  ChunkGrant c = d.Next(1);  // epoch 0 all leased: worker 1 goes on with epoch 1
+  ASSERT_EQ(c.kind, ChunkGrant::Kind::kChunk);
   EXPECT_EQ(c.epoch, 1u);
   d.Next(1);
-  EXPECT_EQ(d.Next(1).kind, Grant::Kind::kWait);  // no more than two epochs in flight
+  EXPECT_EQ(d.Next(1).kind, ChunkGrant::Kind::kWait);  // no more than two epochs in flight
 }
 
 TEST(DataCoverageTest, ChunksOfAFailedWorkerGoToOthers) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(9, 3, 1)).ok());
-  Grant lost = d.Next(1);
-  Grant b = d.Next(2);
+  ChunkGrant lost = d.Next(1);
+  ChunkGrant b = d.Next(2);
   d.Complete(b.epoch, b.chunk);
   EXPECT_EQ(d.Release(1), 1u);
-  Grant again = d.Next(2);
+  ChunkGrant again = d.Next(2);
   EXPECT_EQ(again.chunk, lost.chunk);  // the released chunk comes first
   d.Complete(again.epoch, again.chunk);
-  Grant last = d.Next(2);
+  ChunkGrant last = d.Next(2);
   d.Complete(last.epoch, last.chunk);
-  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kFinished);
+  EXPECT_EQ(d.Next(2).kind, ChunkGrant::Kind::kFinished);
 }
 
 TEST(DataCoverageTest, LateReportOfAReleasedChunkCountsOnce) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(3, 3, 2)).ok());
-  Grant g = d.Next(1);
+  ChunkGrant g = d.Next(1);
   d.Release(1);  // worker 1 evicted (it was only paused)
   d.Complete(g.epoch, g.chunk);  // ... and reports the chunk after all
   EXPECT_EQ(d.times_completed(0, g.chunk), 1u);
   EXPECT_EQ(d.Progress().epochs_done, 1u);
-  Grant next = d.Next(2);
+  ChunkGrant next = d.Next(2);
   EXPECT_EQ(next.epoch, 1u);
 }
 
 TEST(DataCoverageTest, WaitWhileOthersHoldTheLastChunks) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(3, 3, 1)).ok());
-  Grant g = d.Next(1);
-  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kWait);
+  ChunkGrant g = d.Next(1);
+  EXPECT_EQ(d.Next(2).kind, ChunkGrant::Kind::kWait);
   d.Complete(g.epoch, g.chunk);
-  EXPECT_EQ(d.Next(2).kind, Grant::Kind::kFinished);
+  EXPECT_EQ(d.Next(2).kind, ChunkGrant::Kind::kFinished);
 }
 
 TEST(DataCoverageTest, PlansMustAgree) {
@@ -96,12 +96,12 @@ TEST(DataCoverageTest, SerializeKeepsProgressAndDropsLeases) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(12, 3, 3)).ok());
   for (int i = 0; i < 4; ++i) {  // finish epoch 0
-    Grant g = d.Next(1);
+    ChunkGrant g = d.Next(1);
     d.Complete(g.epoch, g.chunk);
   }
-  Grant done = d.Next(1);
+  ChunkGrant done = d.Next(1);
   d.Complete(done.epoch, done.chunk);
-  Grant held = d.Next(2);
+  ChunkGrant held = d.Next(2);
   auto r = DataCoverage::Deserialize(d.Serialize());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->Progress().epochs_done, 1u);
@@ -109,8 +109,8 @@ TEST(DataCoverageTest, SerializeKeepsProgressAndDropsLeases) {
   EXPECT_EQ(r->Progress().chunks_leased, 0u);
   std::set<uint32_t> rest;
   while (true) {
-    Grant g = r->Next(3);
-    if (g.kind != Grant::Kind::kChunk || g.epoch != 1) break;
+    ChunkGrant g = r->Next(3);
+    if (g.kind != ChunkGrant::Kind::kChunk || g.epoch != 1) break;
     rest.insert(g.chunk);
   }
   EXPECT_EQ(rest.size(), 3u);
@@ -137,9 +137,9 @@ TEST(DataCoverageTest, RejectsPlansWithTooManyChunks) {
   EXPECT_FALSE(d.SetPlan({kMaxChunks + 1, 1, 1, 0}).ok());
   // num_samples + chunk_size - 1 overflowed to a handful of chunks.
   EXPECT_FALSE(d.SetPlan({UINT64_MAX, UINT32_MAX, 1, 0}).ok());
-  EXPECT_EQ((DataPlan{UINT64_MAX, 2, 1, 0}).chunks(), uint64_t{1} << 63);
+  EXPECT_EQ(PlanChunks(DataPlan{UINT64_MAX, 2, 1, 0}), uint64_t{1} << 63);
   ASSERT_TRUE(d.SetPlan({kMaxChunks, 1, 1, 0}).ok());
-  EXPECT_EQ(d.Next(1).kind, Grant::Kind::kChunk);
+  EXPECT_EQ(d.Next(1).kind, ChunkGrant::Kind::kChunk);
   EXPECT_EQ(d.Progress().num_chunks, kMaxChunks);
 }
 
@@ -149,8 +149,8 @@ TEST(DataCoverageTest, RejectsPlansWithTooManyChunks) {
 TEST(DataCoverageTest, ReportsOfEpochsNeverGrantedAreIgnoredAndSnapshotsStayReadable) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(10, 3, 5)).ok());
-  Grant g = d.Next(1);
-  ASSERT_EQ(g.kind, Grant::Kind::kChunk);
+  ChunkGrant g = d.Next(1);
+  ASSERT_EQ(g.kind, ChunkGrant::Kind::kChunk);
   d.Complete(3, 0);
   d.Complete(4, 1);
   EXPECT_EQ(d.times_completed(3, 0), 0u);
@@ -162,4 +162,4 @@ TEST(DataCoverageTest, ReportsOfEpochsNeverGrantedAreIgnoredAndSnapshotsStayRead
 }
 
 }  // namespace
-}  // namespace leash::server
+}  // namespace leash::ps

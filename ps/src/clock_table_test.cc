@@ -1,9 +1,9 @@
 // Unit tests of the staleness controller state: minimum clock, joins, leases, parking.
-#include "leash/server/clock_table.h"
+#include "leash/ps/clock_table.h"
 
 #include <gtest/gtest.h>
 
-namespace leash::server {
+namespace leash::ps {
 namespace {
 
 TEST(ClockTableTest, MinimumIsTheSlowestLiveWorker) {
@@ -113,4 +113,4 @@ TEST(ParkedPullsTest, ReleasesExactlyThoseTheMinimumAllows) {
 }
 
 }  // namespace
-}  // namespace leash::server
+}  // namespace leash::ps

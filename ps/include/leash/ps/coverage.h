@@ -14,42 +14,24 @@
 #include <optional>
 #include <vector>
 
+#include "leash/common/domain.h"
 #include "leash/common/status.h"
 
-namespace leash::server {
+namespace leash::ps {
 
 // The most chunks a plan may cut the training set into: each epoch keeps a few words
 // per chunk, so a plan from a buggy or hostile worker must not make shard 0 allocate
 // gigabytes (SetPlan refuses larger plans; use a larger --chunk-size).
 inline constexpr uint64_t kMaxChunks = uint64_t{1} << 20;
 
-struct DataPlan {
-  uint64_t num_samples = 0;
-  uint32_t chunk_size = 0;
-  uint32_t epochs = 0;
-  uint64_t seed = 0;
-  // Chunks of the plan (without overflow); valid plans have at most kMaxChunks.
-  uint64_t chunks() const { return chunk_size == 0 ? 0 : num_samples / chunk_size + (num_samples % chunk_size != 0); }
-  uint32_t num_chunks() const { return static_cast<uint32_t>(std::min<uint64_t>(chunks(), kMaxChunks)); }
-  bool operator==(const DataPlan&) const = default;
-};
+// Chunks of `plan` (without overflow); valid plans have at most kMaxChunks.
+inline uint64_t PlanChunks(const DataPlan& plan) {
+  return plan.chunk_size == 0 ? 0 : plan.num_samples / plan.chunk_size + (plan.num_samples % plan.chunk_size != 0);
+}
+inline uint32_t PlanNumChunks(const DataPlan& plan) {
+  return static_cast<uint32_t>(std::min<uint64_t>(PlanChunks(plan), kMaxChunks));
+}
 
-struct Grant {
-  enum class Kind { kChunk, kWait, kFinished };
-  Kind kind = Kind::kWait;
-  uint32_t epoch = 0;
-  uint32_t chunk = 0;
-  uint64_t begin = 0;  // samples [begin, end) of the training set
-  uint64_t end = 0;
-};
-
-struct CoverageProgress {
-  uint32_t epochs_done = 0;      // epochs whose every chunk was trained
-  uint32_t epochs = 0;
-  uint32_t chunks_done = 0;      // in the first unfinished epoch
-  uint32_t num_chunks = 0;
-  uint32_t chunks_leased = 0;
-};
 
 class DataCoverage {
  public:
@@ -60,8 +42,8 @@ class DataCoverage {
   bool has_plan() const { return plan_.has_value(); }
 
   // The next chunk for `worker`, kWait while the remaining chunks are leased to others,
-  // or kFinished once every epoch is complete.
-  Grant Next(uint64_t worker);
+  // or kFinished once every epoch is complete; with the progress after it.
+  ChunkGrant Next(uint64_t worker);
   // Marks a chunk trained (idempotent; a late report of a re-leased chunk counts once).
   void Complete(uint32_t epoch, uint32_t chunk);
   // Returns every chunk `worker` holds to the queue; the number returned.
@@ -82,6 +64,7 @@ class DataCoverage {
     std::deque<uint32_t> pending;        // not leased, not done
     std::map<uint32_t, uint64_t> leased;  // chunk -> worker
   };
+  ChunkGrant Lease(uint64_t worker);  // Next without the progress
   Epoch& Open(uint32_t e);
   void Advance();
 
@@ -90,4 +73,4 @@ class DataCoverage {
   std::map<uint32_t, Epoch> epochs_;    // current_ and possibly current_ + 1
 };
 
-}  // namespace leash::server
+}  // namespace leash::ps

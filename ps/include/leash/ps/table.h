@@ -1,0 +1,90 @@
+// One dense table's rows owned by this shard, with its server-side optimizer.
+// Not thread-safe: owned by the shard's request loop.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "leash/common/partition.h"
+#include "leash/common/status.h"
+#include "leash/common/domain.h"
+
+namespace leash::ps {
+
+// Everything a shard must remember about one table to carry on after a restart.
+struct TableSnapshot {
+  uint32_t table_id = 0;
+  // The table's spec as created (normalized by ValidateSpec), so a re-created table can
+  // be compared with the original.
+  TableSpec spec;
+  uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
+  uint64_t row_end = 0;
+  uint32_t cols = 0;
+  std::vector<float> values;                    // (row_end - row_begin) * cols
+  std::vector<std::vector<float>> slots;        // optimizer state, each the size of values
+  uint64_t optimizer_steps = 0;                 // updates applied (Adam bias correction)
+};
+
+
+// Number of optimizer state slots each optimizer keeps per value.
+int OptimizerSlots(OptimizerKind kind);
+
+// Validates a table spec (name, positive sizes, known optimizer and initializer, sane
+// hyper-parameters); InvalidArgument saying what is wrong otherwise.
+Status ValidateSpec(const TableSpec& spec);
+
+// Whether two valid specs describe the same table: same name, rows and cols (values are
+// always float32 on a shard; the wire dtype is chosen per request, not per table), the same
+// optimizer kind and the hyper-parameters that kind uses (lr and weight decay always;
+// momentum for Momentum; beta1, beta2 and epsilon for Adam; epsilon for Adagrad), and the
+// same initializer (kind; scale unless Zeros; seed for Uniform and Normal). Fields the
+// optimizer or initializer ignores do not count, so specs that behave alike match.
+bool SameTableSpec(const TableSpec& a, const TableSpec& b);
+
+// A spec for people: "784 x 256 float32, adam(lr=0.001, ...), init uniform(...)".
+std::string DescribeSpec(const TableSpec& spec);
+
+class Table {
+ public:
+  // Builds the table from `spec` (checked by ValidateSpec), owning rows `range`,
+  // initialized by its initializer (the same global row gets the same value on any
+  // shard). InvalidArgument for an invalid spec; ResourceExhausted if the rows of
+  // `range` hold more than `max_values` floats.
+  static Result<Table> Create(uint32_t id, TableSpec spec, RowRange range, uint64_t max_values = UINT64_MAX);
+  // Rebuilds a table from a snapshot; DataLoss if sizes do not add up.
+  static Result<Table> FromSnapshot(const TableSnapshot& snap);
+  TableSnapshot ToSnapshot() const;
+
+  uint32_t id() const { return id_; }
+  const std::string& name() const { return spec_.name; }
+  uint64_t rows() const { return spec_.rows; }
+  uint32_t cols() const { return spec_.cols; }
+  RowRange range() const { return range_; }
+  const TableSpec& spec() const { return spec_; }
+  uint64_t steps() const { return steps_; }
+
+  // InvalidArgument unless `rows` lie inside the table (keys in range, begin <= end).
+  Status CheckInTable(const Rows& rows) const;
+  // InvalidArgument unless every row of `rows` is owned by this shard.
+  Status CheckOwned(const Rows& rows) const;
+  // Copies the values of `rows` (row-major) into out (rows.size() * cols floats).
+  void Read(const Rows& rows, float* out) const;
+  // Applies one gradient (rows.size() * cols floats, finite) with the optimizer.
+  void Apply(const Rows& rows, const float* grad);
+
+ private:
+  Table() = default;
+  void ApplyRow(size_t offset, size_t n, const float* g);
+
+  uint32_t id_ = 0;
+  TableSpec spec_;
+  uint32_t cols_ = 0;  // spec_.cols, read on every row
+  RowRange range_;
+  OptimizerConfig opt_;
+  std::vector<float> values_;
+  std::vector<std::vector<float>> slots_;
+  uint64_t steps_ = 0;
+};
+
+}  // namespace leash::ps
