@@ -81,6 +81,17 @@ MemoryCluster::View MemoryCluster::view(int i) {
   return n.view;
 }
 
+bool MemoryCluster::AdvanceUntil(int i, int64_t step_ms,
+                                 const std::function<bool(const View&)>& condition,
+                                 std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  do {
+    Advance(i, step_ms);
+    if (WaitFor(i, condition, std::chrono::milliseconds(50))) return true;
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 bool MemoryCluster::WaitFor(int i, const std::function<bool(const View&)>& condition,
                             std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -55,6 +55,11 @@ class MemoryCluster {
     size_t live_workers = 0;
   };
   View view(int i);
+  // Moves shard i's clock `step_ms` forward, again every 50 ms, until `condition` holds
+  // for view(i) (a message the shard had queued may renew a lease after a step); false
+  // if it did not within `timeout`.
+  bool AdvanceUntil(int i, int64_t step_ms, const std::function<bool(const View&)>& condition,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(20));
   // Waits until `condition` holds for view(i); false if it did not within `timeout`.
   bool WaitFor(int i, const std::function<bool(const View&)>& condition,
                std::chrono::milliseconds timeout = std::chrono::seconds(20));
