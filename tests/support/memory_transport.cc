@@ -2,6 +2,11 @@
 #include "support/memory_transport.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
 
 namespace leash::testing {
 namespace {
