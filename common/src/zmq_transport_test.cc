@@ -1,12 +1,14 @@
 // Tests of the ZeroMQ transport adapter in one process over ipc:// sockets: plain round
-// trips, CURVE with an authorized key, a refused key reported by ShardHealth and counted by
+// trips, CURVE with an authorized key, a refused key reported by health() and counted by
 // the shard's transport, a plain client against a CURVE server, loopback endpoints, and
 // same-host shared memory (frames through it both ways, a shard that declines it, a
-// restarted shard, a forged trailer).
+// restarted shard, a forged trailer), and a client receiving on one thread while
+// another sends or wakes it.
 #include "leash/common/zmq_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -121,7 +123,7 @@ class ZmqTransportTest : public ::testing::Test {
     while (std::chrono::steady_clock::now() < end) {
       (void)s.Receive(5ms);
       (void)c.Receive(5ms);
-      if (c.SharedMemoryWith(0)) return true;
+      if (c.shared_memory() != nullptr && c.shared_memory()->ActiveWith(0)) return true;
     }
     return false;
   }
@@ -138,7 +140,7 @@ TEST_F(ZmqTransportTest, PlainRoundTrip) {
   auto client = ConnectZmqClient(cctx, {endpoint_});
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE(RoundTrip(**server, **client, 10s));
-  EXPECT_TRUE((*client)->ShardHealth(0).ok());
+  EXPECT_TRUE((*client)->health()->ShardHealth(0).ok());
   EXPECT_EQ((*server)->counters().auth_refused, 0u);
 }
 
@@ -149,7 +151,7 @@ TEST_F(ZmqTransportTest, CurveRoundTripWithAnAuthorizedKey) {
   auto client = ConnectZmqClient(cctx, {endpoint_}, ClientOptions("good"));
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE(RoundTrip(**server, **client, 10s));
-  EXPECT_TRUE((*client)->ShardHealth(0).ok()) << (*client)->ShardHealth(0);
+  EXPECT_TRUE((*client)->health()->ShardHealth(0).ok()) << (*client)->health()->ShardHealth(0);
   EXPECT_EQ((*server)->counters().auth_refused, 0u);
 }
 
@@ -160,7 +162,7 @@ TEST_F(ZmqTransportTest, RefusedKeyIsReportedToTheClientAndCounted) {
   auto client = ConnectZmqClient(cctx, {endpoint_}, ClientOptions("rogue"));
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE(RoundTrip(**server, **client, 2s));
-  Status health = (*client)->ShardHealth(0);
+  Status health = (*client)->health()->ShardHealth(0);
   EXPECT_EQ(health.code(), StatusCode::kUnavailable) << health;
   EXPECT_NE(health.message().find("did not complete the CURVE handshake"), std::string::npos) << health;
   EXPECT_NE(health.message().find("rogue.pub"), std::string::npos) << health;
@@ -174,7 +176,7 @@ TEST_F(ZmqTransportTest, PlainClientOfACurveServerIsToldToUseKeys) {
   auto client = ConnectZmqClient(cctx, {endpoint_});
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE(RoundTrip(**server, **client, 2s));
-  Status health = (*client)->ShardHealth(0);
+  Status health = (*client)->health()->ShardHealth(0);
   EXPECT_FALSE(health.ok());
   EXPECT_NE(health.message().find("--curve-keys"), std::string::npos) << health;
   EXPECT_GE((*server)->counters().handshake_failed, 1u);
@@ -231,7 +233,7 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
   EXPECT_FALSE((*server)->ReservePayload("nobody", 64'000)) << "a peer without shared memory";
 
   // A payload built in place is sent without a copy, and again when resent.
-  auto w = (*client)->ReservePayload(0, 100'000);
+  auto w = (*client)->shared_memory()->ReservePayload(0, 100'000);
   ASSERT_TRUE(w);
   Frame expected = Pattern(100'000, 4);
   std::memcpy(w->data, expected.data(), expected.size());
@@ -243,7 +245,7 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
     EXPECT_TRUE(Same(got->message[1], expected)) << "send " << send;
   }
   EXPECT_EQ((*server)->counters().shm_frames_received, 3u);
-  EXPECT_FALSE((*client)->ReservePayload(0, 1000)) << "below the threshold: ordinary memory";
+  EXPECT_FALSE((*client)->shared_memory()->ReservePayload(0, 1000)) << "below the threshold: ordinary memory";
 }
 
 TEST_F(ZmqTransportTest, AShardWithSharedMemoryOffDeclinesItAndFramesGoThroughTheSocket) {
@@ -253,7 +255,7 @@ TEST_F(ZmqTransportTest, AShardWithSharedMemoryOffDeclinesItAndFramesGoThroughTh
   auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE(AwaitShm(**server, **client, 500ms));
-  EXPECT_FALSE((*client)->ReservePayload(0, 1 << 20));
+  EXPECT_FALSE((*client)->shared_memory()->ReservePayload(0, 1 << 20));
   Frame big = Pattern(500'000, 5);
   ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
   auto in = ServerGet(**server, 5s);
@@ -322,6 +324,47 @@ TEST_F(ZmqTransportTest, AForgedSharedMemoryTrailerIsStrippedAndItsFrameStaysEmp
   EXPECT_TRUE(in->message[1].empty()) << "nothing was read from a segment that does not exist";
   EXPECT_EQ((*server)->counters().shm_frames_received, 0u);
   EXPECT_TRUE(RoundTrip(**server, **client, 5s)) << "the connection still works";
+}
+
+// One thread waits in Receive while another sends: every reply reaches the waiting
+// thread (a send that consumes the sockets' edge wakes it), and Wake ends its wait.
+TEST_F(ZmqTransportTest, AReceiveOnOneThreadGetsEveryReplyWhileAnotherThreadSends) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_});
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kMessages = 500;
+  std::atomic<bool> stop{false};
+  std::thread echo([&] {
+    while (!stop.load()) {
+      auto in = (*server)->Receive(20ms);
+      if (in.ok() && in->has_value()) (void)(*server)->Send((*in)->peer, (*in)->message);
+    }
+  });
+  int received = 0;
+  std::thread receiver([&] {
+    auto end = std::chrono::steady_clock::now() + 60s;
+    while (received < kMessages && std::chrono::steady_clock::now() < end) {
+      auto in = (*client)->Receive(10s);
+      ASSERT_TRUE(in.ok()) << in.status();
+      if (in->has_value()) ++received;
+    }
+  });
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy(std::to_string(i))}).ok());
+    if (i % 50 == 0) std::this_thread::yield();
+  }
+  receiver.join();
+  EXPECT_EQ(received, kMessages);
+  std::thread waiter([&] {
+    auto in = (*client)->Receive(60s);
+    EXPECT_TRUE(in.ok() && !in->has_value()) << "woken, not timed out or given a message";
+  });
+  (*client)->Wake();
+  waiter.join();
+  stop.store(true);
+  echo.join();
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {

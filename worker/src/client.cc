@@ -1,12 +1,10 @@
 // leash::Client: request pipelining, heartbeats and resends. Callers send their requests
-// and read the replies they wait for on their own threads, one at a time under a lock; a
-// background I/O thread handles the rest (replies nobody waits for, heartbeats, resends).
+// and read the replies they wait for on their own threads (one thread at a time receives
+// from the transport); a background I/O thread handles the rest (replies nobody waits for,
+// heartbeats, resends).
 #include "leash/worker/client.h"
 
-#include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -59,19 +57,17 @@ struct Op {
   Status error;
   OnReply on_reply;
   OpWaiter* waiter;  // valid while !done
-  int wake_fd = -1;  // a waiting thread's eventfd, written when the op completes
+  int sleepers = 0;  // threads asleep until it is done (they need a notification)
 
-  void Finish(Status st) {
+  // Returns whether a thread sleeps until the op is done.
+  bool Finish(Status st) {
     status = std::move(st);
     done.store(true, std::memory_order_release);
-    if (wake_fd >= 0) {
-      uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof one);
-    }
+    return sleepers > 0;
   }
-  void Complete(Status st) {
+  bool Complete(Status st) {
     if (!st.ok() && error.ok()) error = std::move(st);
-    if (--remaining == 0) Finish(error);
+    return --remaining == 0 && Finish(error);
   }
 };
 
@@ -100,23 +96,6 @@ std::vector<int> AllShards(int n) {
   return all;
 }
 
-// An eventfd per thread that waits on futures: completing an op writes it.
-int ThreadWakeFd() {
-  struct Fd {
-    int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  };
-  thread_local Fd fd;
-  return fd.fd;
-}
-
-void DrainFd(int fd) {
-  uint64_t v;
-  [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
-}
-
 }  // namespace
 
 bool Future::WaitMs(int64_t timeout_ms) const {
@@ -135,10 +114,14 @@ void Future::wait() const { WaitMs(-1); }
 
 bool Future::ready() const { return !op_ || op_->done.load(std::memory_order_acquire); }
 
-// Every thread may send and receive, one at a time under io_mu_: a caller sends its
-// requests itself, and a thread waiting on a future reads replies itself (the
-// transport's descriptors are polled without the lock). The background I/O thread
-// handles replies nobody waits for, heartbeats, silence and resends.
+// Every thread may send, one at a time under io_mu_, and one thread at a time is the
+// reader: it waits in the transport's Receive without io_mu_ (sends go on meanwhile, as
+// transport.h allows), then handles what came under io_mu_, so replies are handled in
+// the order they arrived. A thread waiting on a future is the reader itself when it can,
+// so its reply reaches it without a hand-off; while it reads, other waiters sleep until
+// their op is done or the reader's role is free. The background I/O thread is the reader
+// while nobody waits (a waiter that finds it reading wakes it to take over), and sends
+// heartbeats and resends.
 class Client::Impl final : public detail::OpWaiter {
  public:
   Impl(std::unique_ptr<ClientTransport> transport, const ClientOptions& options)
@@ -151,22 +134,25 @@ class Client::Impl final : public detail::OpWaiter {
         push_seq_(static_cast<size_t>(n_), 0),
         held_(static_cast<size_t>(n_)),
         silence_ms_(options.shard_silence_ms),
-        io_wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+        shared_memory_(transport_->shared_memory()) {}
 
-  ~Impl() override {
-    Stop();
-    if (io_wake_fd_ >= 0) ::close(io_wake_fd_);
-  }
+  ~Impl() override { Stop(); }
 
   void Start() { io_ = std::thread([this] { Loop(); }); }
 
-  const ClientTransport& transport() const { return *transport_; }
-  std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) { return transport_->ReservePayload(shard, bytes); }
+  const ConnectionHealth* health() const { return transport_->health(); }
+  std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) {
+    return shared_memory_ != nullptr ? shared_memory_->ReservePayload(shard, bytes) : std::nullopt;
+  }
 
   void Stop() {
     if (!io_.joinable()) return;
-    stop_.store(true);
-    WakeIo();
+    {
+      std::lock_guard<std::mutex> lock(io_mu_);
+      stop_.store(true);
+    }
+    io_cv_.notify_all();
+    transport_->Wake();
     io_.join();
   }
 
@@ -211,7 +197,6 @@ class Client::Impl final : public detail::OpWaiter {
         uint64_t rid = r.rid;
         inflight_.emplace(rid, std::move(r));
       }
-      DrainLocked();  // the sends may have consumed the descriptors' edge
     }
     return Future(op);
   }
@@ -226,68 +211,60 @@ class Client::Impl final : public detail::OpWaiter {
   void Flush() {
     std::lock_guard<std::mutex> lock(io_mu_);
     FlushLocked();
-    DrainLocked();
   }
 
   bool Wait(Op& op, int64_t timeout_ms) override {
-    {
-      std::lock_guard<std::mutex> lock(io_mu_);
-      FlushLocked();  // a held request would never be answered
-    }
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
-    int efd = ThreadWakeFd();
-    waiters_.fetch_add(1);
-    bool done = false;
-    std::vector<pollfd> fds;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
     // A reply that comes within a round trip is read without going to sleep.
-    if (spin_us_ > 0 && timeout_ms != 0) {
-      auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-      while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_end) {
-        std::lock_guard<std::mutex> lock(io_mu_);
-        DrainLocked();
-      }
-    }
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(io_mu_);
-        DrainLocked();
-        done = op.done.load(std::memory_order_acquire);
-        if (done || efd < 0) {
-          op.wake_fd = -1;
-          break;
-        }
-        op.wake_fd = efd;
-        fds.clear();
-        for (int fd : transport_->PollFds()) fds.push_back({fd, POLLIN, 0});
-      }
-      int wait_ms = 50;  // a safety net only: completion and arrivals wake this thread
+    const auto spin_end = start + std::chrono::microseconds(timeout_ms != 0 ? spin_us_ : 0);
+    std::unique_lock<std::mutex> lock(io_mu_);
+    FlushLocked();  // a held request would never be answered
+    ++waiters_;
+    bool kicked = false;
+    while (!op.done.load(std::memory_order_acquire)) {
+      auto now = std::chrono::steady_clock::now();
+      const bool expired = timeout_ms >= 0 && now >= deadline;
+      int64_t wait_ms = 50;  // a safety net only: arrivals, completions and Wake end waits
       if (timeout_ms >= 0) {
-        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-        if (left <= 0) {
-          std::lock_guard<std::mutex> lock(io_mu_);
-          op.wake_fd = -1;
-          done = op.done.load(std::memory_order_acquire);
-          break;
+        wait_ms = std::min<int64_t>(
+            wait_ms, std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count());
+      }
+      if (expired || now < spin_end) wait_ms = 0;
+      if (!reading_) {
+        bool ok = ReadLocked(lock, wait_ms, /*io_thread=*/false);
+        if (expired) break;
+        if (ok) continue;
+        // A failed transport: wait a little before reading again.
+      } else if (expired) {
+        break;
+      } else if (io_reading_ && !kicked) {
+        // The I/O thread waits in Receive: end its wait; it gives the role up for us
+        // within microseconds, so look for that before going to sleep.
+        kicked = true;
+        transport_->Wake();
+        lock.unlock();
+        auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+        while (reading_flag_.load(std::memory_order_acquire) &&
+               std::chrono::steady_clock::now() < until) {
+          std::this_thread::yield();
         }
-        wait_ms = static_cast<int>(std::min<int64_t>(left, wait_ms));
+        lock.lock();
+        continue;
       }
-      fds.push_back({efd, POLLIN, 0});
-      ::poll(fds.data(), fds.size(), wait_ms);
-      if (fds.back().revents & POLLIN) DrainFd(efd);
+      ++op.sleepers;
+      wait_cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(wait_ms, 1)));
+      --op.sleepers;
     }
-    if (efd < 0 && !done) {  // no eventfd: let the I/O thread deliver the result
-      waiters_.fetch_sub(1);
-      WakeIo();
-      while (!op.done.load(std::memory_order_acquire)) {
-        if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    --waiters_;
+    if (!reading_) {
+      if (waiters_ > 0) {
+        wait_cv_.notify_all();  // one of them becomes the reader
+      } else if (!inflight_.empty()) {
+        io_cv_.notify_one();  // the I/O thread reads what is still in flight
       }
-      return true;
     }
-    // The I/O thread leaves the connections to waiting threads; the last one to go
-    // hands back what is still in flight.
-    if (waiters_.fetch_sub(1) == 1 && inflight_count_.load() > 0) WakeIo();
-    return done;
+    return op.done.load(std::memory_order_acquire);
   }
 
   // Heartbeats every `interval_ms` (0 stops them). A shard counts as silent only after
@@ -297,7 +274,9 @@ class Client::Impl final : public detail::OpWaiter {
     hb_incarnation_.store(incarnation);
     silence_ms_.store(std::max(options_.shard_silence_ms, interval_ms * 5 / 2));
     hb_interval_ms_.store(interval_ms);
-    WakeIo();
+    std::lock_guard<std::mutex> lock(io_mu_);
+    io_cv_.notify_one();
+    if (io_reading_) transport_->Wake();
   }
 
   ClientCounters counters() const {
@@ -309,7 +288,9 @@ class Client::Impl final : public detail::OpWaiter {
     c.pushes = pushes_.load();
     c.pulls = pulls_.load();
     c.pulled_min_clock = pulled_min_clock_.load();
-    for (int shard = 0; shard < n_; ++shard) c.shared_memory_shards += transport_->SharedMemoryWith(shard) ? 1 : 0;
+    for (int shard = 0; shard < n_ && shared_memory_ != nullptr; ++shard) {
+      c.shared_memory_shards += shared_memory_->ActiveWith(shard) ? 1 : 0;
+    }
     return c;
   }
   void CountPush() { ++pushes_; }
@@ -326,11 +307,6 @@ class Client::Impl final : public detail::OpWaiter {
   void clear_needs_rejoin() { needs_rejoin_.store(false); }
 
  private:
-  void WakeIo() {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(io_wake_fd_, &one, sizeof one);
-  }
-
   void FlushLocked() {
     hold_ = false;
     for (int s = 0; s < n_; ++s) {
@@ -350,67 +326,73 @@ class Client::Impl final : public detail::OpWaiter {
     if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", shard, st.ToString());
   }
 
-  // Receives and handles every message that is ready. Under io_mu_. False if the
-  // transport failed.
-  bool DrainLocked() {
-    while (true) {
-      auto in = transport_->Receive(std::chrono::milliseconds(0));
-      if (!in.ok()) {
-        spdlog::error("client transport failed: {}", in.status().ToString());
-        return false;
-      }
-      if (!in->has_value()) break;
+  // As the reader: waits up to `wait_ms` for a message without io_mu_ (held by `lock`
+  // before and after), then handles it and every other message that is ready, and
+  // wakes the waiters whose ops completed. False if the transport failed.
+  bool ReadLocked(std::unique_lock<std::mutex>& lock, int64_t wait_ms, bool io_thread) {
+    reading_ = true;
+    io_reading_ = io_thread;
+    reading_flag_.store(true, std::memory_order_release);
+    lock.unlock();
+    auto in = transport_->Receive(std::chrono::milliseconds(std::max<int64_t>(wait_ms, 0)));
+    lock.lock();
+    bool ok = in.ok();
+    while (ok && in->has_value()) {
       OnMessage((*in)->first, (*in)->second);
+      in = transport_->Receive(std::chrono::milliseconds(0));
+      ok = in.ok();
     }
-    inflight_count_.store(inflight_.size());
-    return true;
+    if (!ok) spdlog::error("client transport failed: {}", in.status().ToString());
+    reading_ = false;
+    io_reading_ = false;
+    reading_flag_.store(false, std::memory_order_release);
+    if (notify_waiters_) {
+      notify_waiters_ = false;
+      wait_cv_.notify_all();
+    }
+    return ok;
   }
 
   void Loop() {
     int64_t last_hb = 0;
-    std::vector<pollfd> fds;
+    std::unique_lock<std::mutex> lock(io_mu_);
     while (!stop_.load()) {
       int64_t wait = 50;
-      bool ok = true;
-      fds.clear();
-      {
-        std::lock_guard<std::mutex> lock(io_mu_);
-        int64_t now = NowMs();
-        int64_t hb = hb_interval_ms_.load();
-        if (hb > 0 && now - last_hb >= hb) {
-          last_hb = now;
-          for (int s = 0; s < n_; ++s) {
-            Pending r;
-            r.rid = next_rid_.fetch_add(1);
-            r.shard = s;
-            r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
-            if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
-            SendNow(r);
-            inflight_.emplace(r.rid, std::move(r));
-          }
-        }
-        CheckSilence(now);
-        ok = DrainLocked();
-        if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
-        // While threads wait on futures they read the connections; this one keeps time.
-        if (waiters_.load() == 0) {
-          for (int fd : transport_->PollFds()) fds.push_back({fd, POLLIN, 0});
+      int64_t now = NowMs();
+      int64_t hb = hb_interval_ms_.load();
+      if (hb > 0 && now - last_hb >= hb) {
+        last_hb = now;
+        for (int s = 0; s < n_; ++s) {
+          Pending r;
+          r.rid = next_rid_.fetch_add(1);
+          r.shard = s;
+          r.message = MakeHeartbeat(r.rid, hb_worker_.load(), hb_incarnation_.load());
+          if (inflight_per_shard_[s]++ == 0) last_heard_[static_cast<size_t>(s)] = now;
+          SendNow(r);
+          inflight_.emplace(r.rid, std::move(r));
         }
       }
-      if (!ok) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CheckSilence(now);
+      if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
+      // While threads wait on futures they read the connections; this one keeps time.
+      if (waiters_ > 0 || reading_) {
+        io_cv_.wait_for(lock, std::chrono::milliseconds(wait));
         continue;
       }
-      fds.push_back({io_wake_fd_, POLLIN, 0});
-      ::poll(fds.data(), fds.size(), static_cast<int>(wait));
-      if (fds.back().revents & POLLIN) DrainFd(io_wake_fd_);
+      if (!ReadLocked(lock, wait, /*io_thread=*/true)) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        lock.lock();
+      }
+      if (waiters_ > 0) wait_cv_.notify_all();  // the reader's role is free for them
     }
-    std::lock_guard<std::mutex> lock(io_mu_);
     for (auto& [rid, r] : inflight_) {
-      if (r.op) r.op->Complete(Cancelled("client shut down before shard " + std::to_string(r.shard) + " replied"));
+      if (r.op && r.op->Complete(Cancelled("client shut down before shard " + std::to_string(r.shard) + " replied"))) {
+        notify_waiters_ = true;
+      }
     }
     inflight_.clear();
-    inflight_count_.store(0);
+    if (notify_waiters_) wait_cv_.notify_all();
   }
 
   // A shard that answers with a new boot id restarted and lost whatever was in flight to
@@ -506,7 +488,7 @@ class Client::Impl final : public detail::OpWaiter {
       Status st = e->status.WithContext("shard " + std::to_string(shard));
       if (st.code() == StatusCode::kNotRegistered) needs_rejoin_.store(true);
       if (r.op) {
-        r.op->Complete(std::move(st));
+        if (r.op->Complete(std::move(st))) notify_waiters_ = true;
       } else if (st.code() != StatusCode::kNotRegistered) {
         spdlog::warn("heartbeat rejected: {}", st.ToString());
       }
@@ -517,20 +499,27 @@ class Client::Impl final : public detail::OpWaiter {
       return;
     }
     if (const auto* w = std::get_if<Welcome>(&reply)) NoteBoot(shard, w->boot_id);
-    r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, reply, decoded->payloads) : Status::Ok());
+    if (r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, reply, decoded->payloads) : Status::Ok())) {
+      notify_waiters_ = true;
+    }
   }
 
   std::unique_ptr<ClientTransport> transport_;
   ClientOptions options_;
   int n_;
-  // Guards the transport and the state below it; never held while waiting.
+  // Guards sends and the state below it; never held while waiting.
   std::mutex io_mu_;
+  std::condition_variable wait_cv_;  // waiters that are not the reader sleep here
+  std::condition_variable io_cv_;    // the I/O thread sleeps here while others read
+  bool reading_ = false;             // a thread is the reader (under io_mu_)
+  bool io_reading_ = false;          // ... and it is the I/O thread (under io_mu_)
+  std::atomic<bool> reading_flag_{false};  // reading_, for a waiter spinning without io_mu_
+  bool notify_waiters_ = false;      // an op with sleepers completed (under io_mu_)
+  int waiters_ = 0;                  // threads waiting on futures (under io_mu_)
   // Taken under io_mu_, so rid order is send order.
   std::atomic<uint64_t> next_rid_{1};
   std::thread io_;
   std::atomic<bool> stop_{false};
-  std::atomic<int> waiters_{0};            // threads waiting on futures (they read the connections)
-  std::atomic<size_t> inflight_count_{0};  // inflight_.size() as of the last drain
 
   // Under io_mu_.
   std::map<uint64_t, Pending> inflight_;  // ordered by rid = send order
@@ -557,7 +546,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<bool> needs_rejoin_{false};
   std::map<int, uint64_t> boot_ids_;  // under io_mu_
   std::atomic<int64_t> last_clock_{0};
-  int io_wake_fd_;  // wakes the I/O thread
+  ClientSharedMemory* shared_memory_;  // the transport's, or null
   int64_t spin_us_ = options_.reply_spin_us;
 };
 
@@ -607,7 +596,8 @@ Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     for (int s = 0; s < num_shards_; ++s) {
-      Status health = impl_->transport().ShardHealth(s);
+      const ConnectionHealth* h = impl_->health();
+      Status health = h != nullptr ? h->ShardHealth(s) : Status::Ok();
       if (!health.ok()) return health;
     }
     if (std::chrono::steady_clock::now() < deadline) continue;

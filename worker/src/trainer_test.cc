@@ -1,7 +1,8 @@
 // Unit tests of the training loop: straggler injection (--step-delay-factor), periodic
 // evaluation (--eval-every), and parameters and gradients used in place (BindParam,
 // HostGradient) against the copying path, with a local (in-process) MLP on a small
-// synthetic dataset. Single-threaded.
+// synthetic dataset, or RemoteParams' prefetch over shards on the in-memory transport.
+// Single training thread.
 #include "leash/worker/trainer.h"
 
 #include <gtest/gtest.h>
@@ -9,11 +10,11 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
-#include <limits>
 
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
 #include "leash/worker/params.h"
+#include "support/memory_cluster.h"
 
 namespace leash::worker {
 namespace {
@@ -127,37 +128,23 @@ struct SpyRun {
   SpyModel* spy = nullptr;
 };
 
-// LocalParams with RemoteParams' prefetch: PullAll swaps the prefetched arrays into
-// `values`, and while a prefetch is in flight every Push (made during a TrainStep, from
-// on_grad) overwrites the arrays it will be written into with NaN, as a reply decoded on
-// the client's I/O thread may at any time. Every third prefetch counts as stale: PullAll
-// then pulls again into `values`, as RemoteParams does. The values are always the
-// tables' current ones, so training matches LocalParams exactly unless the model reads a
-// prefetch's arrays during a step.
-class PrefetchingParams final : public ParamStore {
+// RemoteParams (staleness 1, so it prefetches) over real shards on the in-memory
+// transport, counting the PullAlls that swapped a prefetch in instead of pulling.
+class SwapCountingParams final : public ParamStore {
  public:
+  SwapCountingParams(std::unique_ptr<ParamStore> inner, const Client* client)
+      : inner_(std::move(inner)), client_(client) {}
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     return inner_->Setup(params, opt);
   }
   Status PullAll(std::vector<std::vector<float>>* values) override {
-    if (in_flight_) {
-      in_flight_ = false;
-      if (++prefetches_ % 3 != 0) {
-        LEASH_RETURN_IF_ERROR(inner_->PullAll(&next_));  // the reply lands
-        values->swap(next_);
-        ++swaps;
-        return Status::Ok();
-      }
-    }
-    return inner_->PullAll(values);
+    uint64_t pulls = client_->counters().pulls;
+    Status st = inner_->PullAll(values);
+    if (st.ok() && client_->counters().pulls == pulls) ++swaps;
+    return st;
   }
-  void Prefetch() override { in_flight_ = true; }
-  void Push(size_t i, const float* grad) override {
-    if (in_flight_) {
-      for (auto& a : next_) std::fill(a.begin(), a.end(), std::numeric_limits<float>::quiet_NaN());
-    }
-    inner_->Push(i, grad);
-  }
+  void Prefetch() override { inner_->Prefetch(); }
+  void Push(size_t i, const float* grad) override { inner_->Push(i, grad); }
   Status EndIteration() override { return inner_->EndIteration(); }
   Status Idle() override { return inner_->Idle(); }
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
@@ -169,14 +156,13 @@ class PrefetchingParams final : public ParamStore {
   int64_t swaps = 0;
 
  private:
-  std::unique_ptr<ParamStore> inner_ = MakeLocalParams();
-  std::vector<std::vector<float>> next_;
-  bool in_flight_ = false;
-  int64_t prefetches_ = 0;
+  std::unique_ptr<ParamStore> inner_;
+  const Client* client_;
 };
 
 // Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
-// LocalParams or (prefetching) PrefetchingParams.
+// LocalParams or (prefetching) RemoteParams under staleness 1 on a one-shard in-memory
+// cluster whose replies take a millisecond, so that prefetches land during steps.
 SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep, bool prefetching = false) {
   SpyRun run;
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
@@ -186,8 +172,25 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
   auto model = MakeMlp(**ctx, train.features(), {32, 16}, 10, 32);
   EXPECT_TRUE(model.ok()) << model.status();
   *keep = std::make_unique<SpyModel>(**model, zero_copy);
-  auto* prefetcher = prefetching ? new PrefetchingParams : nullptr;
-  std::unique_ptr<ParamStore> params(prefetching ? prefetcher : MakeLocalParams().release());
+  std::unique_ptr<testing::MemoryCluster> cluster;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<ParamStore> params;
+  SwapCountingParams* prefetcher = nullptr;
+  if (prefetching) {
+    cluster = std::make_unique<testing::MemoryCluster>(1);
+    cluster->network().SetFaults(testing::Direction::kToClient, "", testing::Faults{.delay_ms = 1});
+    ClientOptions co;
+    co.worker_id = 1;
+    co.staleness = 1;
+    auto c = cluster->Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return run;
+    client = std::move(*c);
+    prefetcher = new SwapCountingParams(MakeRemoteParams(client.get(), 1), client.get());
+    params.reset(prefetcher);
+  } else {
+    params = MakeLocalParams();
+  }
   EXPECT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
   TrainOptions o;
   o.epochs = 2;
@@ -251,11 +254,12 @@ TEST(TrainerTest, AccumulatedMicroBatchesStillCopyGradientsAndMatch) {
   EXPECT_GT(zero_copy.spy->host_gradients, 0);
 }
 
-// The model is bound only to the arrays PullAll returned, never to those a prefetch is
-// writing into while a step runs (nor left bound to swapped-out ones after a stale one).
+// The model is bound only to the arrays PullAll returned, never to those RemoteParams'
+// prefetch is writing into while a step runs (which hold the values of two iterations
+// back until it lands): bound in place, it trains exactly as it does on copies.
 TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
   std::unique_ptr<SpyModel> copy_model, zero_model;
-  SpyRun copying = TrainSpied(false, 1, &copy_model);
+  SpyRun copying = TrainSpied(false, 1, &copy_model, /*prefetching=*/true);
   SpyRun zero_copy = TrainSpied(true, 1, &zero_model, /*prefetching=*/true);
   ExpectSameTraining(copying, zero_copy);
   EXPECT_GT(zero_copy.spy->bind_calls, 0);

@@ -1,7 +1,9 @@
 // The transport seam: the server and client libraries talk through these interfaces,
 // and only main.cc files (and integration tests) construct the ZeroMQ implementations
-// (zmq_transport.h). Each object is used by one thread at a time unless a method says
-// otherwise.
+// (zmq_transport.h); unit tests use the in-memory one (tests/support/memory_transport.h).
+// A transport moves messages; what else one can do (same-host shared memory, handshake
+// diagnostics) it offers through side interfaces that are null where it cannot.
+// Thread-safety is stated per class and method.
 #pragma once
 
 #include <chrono>
@@ -9,7 +11,6 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "leash/common/message.h"
 #include "leash/common/status.h"
@@ -39,7 +40,8 @@ struct Inbound {
   Message message;
 };
 
-// A shard's listening endpoint (a ROUTER socket in production).
+// A shard's listening endpoint (a ROUTER socket in production). Used by one thread at a
+// time, except Wake() and counters().
 class ServerTransport {
  public:
   virtual ~ServerTransport() = default;
@@ -54,37 +56,58 @@ class ServerTransport {
   // Room for a payload of `bytes` to `peer` that Send() passes without copying it (shared
   // memory with a client on this host), or nullopt: then use ordinary memory. The frame
   // may be sent to that peer only.
-  virtual std::optional<WritableFrame> ReservePayload(const PeerId& /*peer*/, size_t /*bytes*/) { return std::nullopt; }
+  virtual std::optional<WritableFrame> ReservePayload(const PeerId& /*peer*/, size_t /*bytes*/) {
+    return std::nullopt;
+  }
+};
+
+// Optional capability of a ClientTransport: large frames to shards on this host go
+// through shared memory. Thread-safe.
+class ClientSharedMemory {
+ public:
+  virtual ~ClientSharedMemory() = default;
+  // Room for a payload of `bytes` to `shard` that Send() can pass without copying it, or
+  // nullopt: then build the frame in ordinary memory. The frame may be sent (and resent)
+  // to that shard only.
+  virtual std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) = 0;
+  // Whether large frames to `shard` go through shared memory now.
+  virtual bool ActiveWith(int shard) const = 0;
+};
+
+// Optional capability of a ClientTransport: it knows why a shard cannot be talked to
+// (e.g. the shard refused this client's CURVE key). Thread-safe.
+class ConnectionHealth {
+ public:
+  virtual ~ConnectionHealth() = default;
+  // An Unavailable status saying what to do, or Ok if nothing is known to be wrong.
+  virtual Status ShardHealth(int shard) const = 0;
 };
 
 // A client's connections, one per shard (DEALER sockets in production).
+//
+// Threads: one thread at a time may Receive. Send and Reconnect may be called while
+// another thread waits in Receive (a message that arrives meanwhile still ends that
+// wait), one call at a time (the caller serializes them). Wake and the side interfaces
+// are thread-safe.
 class ClientTransport {
  public:
   virtual ~ClientTransport() = default;
   virtual int num_shards() const = 0;
+  // Queues `message` for `shard` without blocking; ResourceExhausted if its queue is full.
   virtual Status Send(int shard, Message message) = 0;
-  // Waits up to `timeout` for a message from any shard. nullopt on timeout or Wake().
-  virtual Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds timeout) = 0;
+  // Waits up to `timeout` (0: does not wait) for a message from any shard. nullopt on
+  // timeout or Wake(). Messages of one shard come in the order it sent them.
+  virtual Result<std::optional<std::pair<int, Message>>> Receive(
+      std::chrono::milliseconds timeout) = 0;
+  // Makes a Receive that waits return nullopt now, or, if none waits, the next one that
+  // would wait. Never lost; may end one wait more than asked.
+  virtual void Wake() = 0;
   // Drops the connection to `shard` and everything queued on it, and connects again.
   virtual Status Reconnect(int shard) = 0;
-  // File descriptors that become readable when a message may have arrived, for a
-  // caller that waits with poll(2) instead of Receive (and may do so on another thread
-  // than the one sending: the descriptors are only polled, never read). They are edge
-  // triggered: after every Send or Receive, call Receive(0) until it returns nullopt
-  // before waiting on them again. Valid until the next Reconnect.
-  virtual std::vector<int> PollFds() = 0;
-  // Interrupts a Receive. Thread-safe.
-  virtual void Wake() = 0;
-  // Why `shard` cannot be talked to, if the transport knows (e.g. the shard refused this
-  // client's CURVE key): an Unavailable status saying what to do; Ok if nothing is known
-  // to be wrong. Thread-safe.
-  virtual Status ShardHealth(int /*shard*/) const { return Status::Ok(); }
-  // Room for a payload of `bytes` to `shard` that Send() can pass without copying it
-  // (shared memory with a shard on this host), or nullopt: then build the frame in
-  // ordinary memory. The frame may be sent (and resent) to that shard only. Thread-safe.
-  virtual std::optional<WritableFrame> ReservePayload(int /*shard*/, size_t /*bytes*/) { return std::nullopt; }
-  // Whether large frames to `shard` go through shared memory. Thread-safe.
-  virtual bool SharedMemoryWith(int /*shard*/) const { return false; }
+
+  // Side interfaces; null where the transport cannot. Each lives as long as the transport.
+  virtual ClientSharedMemory* shared_memory() { return nullptr; }
+  virtual const ConnectionHealth* health() const { return nullptr; }
 };
 
 }  // namespace leash

@@ -1,6 +1,6 @@
 // ZeroMQ implementations of the transport seam: a ROUTER for a shard, one DEALER per
 // shard for a client. The only place cppzmq is used and zmq::error_t is translated.
-// Thread-compatible, except Wake(), which is thread-safe.
+// Thread-safety as transport.h says for each interface.
 #pragma once
 
 #include <memory>
@@ -68,7 +68,7 @@ Result<std::unique_ptr<ServerTransport>> BindZmqServer(ZmqContext& ctx, const st
 // Connects one DEALER to each endpoint; shard i is endpoints[i]. Connecting never
 // blocks: an unreachable shard shows up as requests that are not answered. Handshake
 // failures (a refused CURVE key, CURVE on one side only) are watched through a socket
-// monitor and reported by ShardHealth().
+// monitor and reported by health(); with options.shared_memory, shared_memory() is set.
 Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
                                                          const std::vector<std::string>& endpoints,
                                                          const ZmqOptions& options = {});

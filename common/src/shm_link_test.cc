@@ -1,0 +1,185 @@
+// Tests of the shared-memory side protocol on its own, without sockets: a client's link
+// and a shard's links exchange the offer, the answer and messages with trailers as the
+// ZeroMQ adapter would pass them (frames that went into the segment left empty, the
+// trailer as the last frame). Single-threaded.
+#include "shm_link.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace leash::shm {
+namespace {
+
+constexpr size_t kRing = size_t{1} << 20;
+constexpr size_t kMin = 32 << 10;
+
+Frame Pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 13);
+  return Frame::Own(std::move(v));
+}
+
+bool Same(const Frame& a, const Frame& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// What the peer gets: `m` with the placed frames left empty, and the decoded trailer.
+struct Wire {
+  Message message;
+  std::optional<Trailer> trailer;
+};
+
+Wire Carry(const Message& m, const std::optional<Placement>& p, uint32_t ring) {
+  Wire w;
+  w.message = m;
+  if (!p) return w;
+  for (const auto& moved : p->frames) w.message[moved.first] = Frame();
+  w.trailer = DecodeTrailer(p->trailer.data(), p->trailer.size(), ring);
+  return w;
+}
+
+// A client link whose offer `server` accepted for `peer`.
+void Connect(ClientLink& client, ServerLinks& server, const PeerId& peer) {
+  std::optional<std::string> offer = client.Offer();
+  ASSERT_TRUE(offer);
+  ASSERT_TRUE(IsOffer(offer->data(), offer->size()));
+  std::string answer = server.AnswerOffer(peer, offer->data(), offer->size());
+  ASSERT_TRUE(IsAnswer(answer.data(), answer.size()));
+  client.OnAnswer(answer.data(), answer.size());
+}
+
+TEST(ShmLinkTest, AnAcceptedOfferCarriesLargeFramesBothWaysAndSmallOnesInline) {
+  ClientLink client(kRing, kMin, "shard 0");
+  ServerLinks server(/*enabled=*/true, kMin);
+  ASSERT_EQ(client.state(), ClientLink::kOffered);
+  Connect(client, server, "peer");
+  ASSERT_TRUE(client.on());
+  EXPECT_FALSE(client.Offer()) << "an answered offer is not sent again";
+
+  Message request = {Pattern(100, 1), Pattern(200'000, 2), Pattern(1000, 3)};
+  std::optional<Placement> placed = client.Place(request);
+  ASSERT_TRUE(placed);
+  ASSERT_EQ(placed->frames.size(), 1u) << "only the large payload frame goes";
+  EXPECT_EQ(placed->frames[0].first, 1u);
+  Wire up = Carry(request, placed, 0);
+  ASSERT_TRUE(up.trailer);
+  EXPECT_TRUE(up.message[1].empty());
+  EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+  for (size_t i = 0; i < request.size(); ++i) EXPECT_TRUE(Same(up.message[i], request[i])) << i;
+  EXPECT_EQ(server.frames_received(), 1u);
+
+  Message reply = {Pattern(64, 4), Pattern(300'000, 5)};
+  std::optional<Placement> back = server.Place("peer", reply);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(server.frames_sent(), 1u);
+  Wire down = Carry(reply, back, 1);
+  ASSERT_TRUE(down.trailer);
+  ASSERT_TRUE(client.Fill(*down.trailer, &down.message).ok());
+  for (size_t i = 0; i < reply.size(); ++i) EXPECT_TRUE(Same(down.message[i], reply[i])) << i;
+
+  EXPECT_FALSE(server.Place("someone else", reply)) << "a peer without a segment";
+  EXPECT_FALSE(client.Place({Pattern(100, 1), Pattern(1000, 2)})) << "nothing large enough";
+}
+
+TEST(ShmLinkTest, AReservedPayloadIsSentInPlaceAndReadAgainWhenResent) {
+  ClientLink client(kRing, kMin, "shard 0");
+  ServerLinks server(true, kMin);
+  Connect(client, server, "peer");
+  ASSERT_TRUE(client.on());
+  EXPECT_FALSE(client.Reserve(1000)) << "below the threshold: ordinary memory";
+  std::optional<WritableFrame> w = client.Reserve(100'000);
+  ASSERT_TRUE(w);
+  Frame expected = Pattern(100'000, 7);
+  std::memcpy(w->data, expected.data(), expected.size());
+  Message request = {Pattern(64, 1), w->frame};
+  for (int send = 0; send < 2; ++send) {
+    Wire up = Carry(request, client.Place(request), 0);
+    ASSERT_TRUE(up.trailer) << send;
+    EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+    EXPECT_TRUE(Same(up.message[1], expected)) << send;
+  }
+}
+
+TEST(ShmLinkTest, AShardWithSharedMemoryOffDeclinesAndTheClientStaysOff) {
+  ClientLink client(kRing, kMin, "shard 0");
+  ServerLinks server(/*enabled=*/false, kMin);
+  Connect(client, server, "peer");
+  EXPECT_EQ(client.state(), ClientLink::kOff);
+  EXPECT_FALSE(client.Offer());
+  EXPECT_FALSE(client.Reserve(1 << 20));
+  EXPECT_FALSE(client.Place({Pattern(64, 1), Pattern(200'000, 2)}));
+  EXPECT_TRUE(server.empty());
+}
+
+TEST(ShmLinkTest, ARestartedShardMapsTheSegmentFromTheNextTrailer) {
+  ClientLink client(kRing, kMin, "shard 0");
+  {
+    ServerLinks before(true, kMin);
+    Connect(client, before, "peer");
+  }
+  ASSERT_TRUE(client.on());
+  ServerLinks after(true, kMin);  // a new process: nothing mapped
+  Message request = {Pattern(64, 1), Pattern(150'000, 2)};
+  Wire up = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(up.trailer);
+  EXPECT_FALSE(after.OnMessage("peer again", &*up.trailer, &up.message));
+  EXPECT_TRUE(Same(up.message[1], request[1]));
+  EXPECT_TRUE(after.Place("peer again", {Pattern(64, 3), Pattern(100'000, 4)}))
+      << "replies go through the segment again";
+}
+
+TEST(ShmLinkTest, ATrailerTheShardCannotReadIsRefusedAndTurnsTheClientOff) {
+  ClientLink client(kRing, kMin, "shard 0");
+  ServerLinks accepting(true, kMin);
+  Connect(client, accepting, "peer");
+  ASSERT_TRUE(client.on());
+  ServerLinks refusing(/*enabled=*/false, kMin);  // restarted with --shm off
+  Message request = {Pattern(64, 1), Pattern(150'000, 2)};
+  Wire up = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(up.trailer);
+  std::optional<std::string> answer = refusing.OnMessage("peer", &*up.trailer, &up.message);
+  ASSERT_TRUE(answer);
+  EXPECT_TRUE(up.message[1].empty()) << "the request fails its size checks";
+  client.OnAnswer(answer->data(), answer->size());
+  EXPECT_EQ(client.state(), ClientLink::kOff);
+  EXPECT_FALSE(client.Place(request));
+}
+
+TEST(ShmLinkTest, MalformedTrailersAndAnswersAreNotTakenForGoodOnes) {
+  ClientLink client(kRing, kMin, "shard 0");
+  ServerLinks server(true, kMin);
+  Connect(client, server, "peer");
+  Message request = {Pattern(64, 1), Pattern(150'000, 2)};
+  std::optional<Placement> placed = client.Place(request);
+  ASSERT_TRUE(placed);
+  const std::string& bytes = placed->trailer;
+  EXPECT_FALSE(DecodeTrailer(bytes.data(), bytes.size() - 1, 0)) << "sizes do not add up";
+  EXPECT_FALSE(DecodeTrailer("ordinary payload", 16, 0));
+
+  // A trailer naming frame 0 (the header) or a frame the message lacks fills nothing.
+  Trailer forged = *DecodeTrailer(bytes.data(), bytes.size(), 0);
+  forged.frames[0].first = 0;
+  Message m = request;
+  EXPECT_FALSE(server.OnMessage("peer", &forged, &m));
+  EXPECT_TRUE(Same(m[0], request[0]));
+  forged.frames[0].first = 9;
+  Status st = client.Fill(forged, &m);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+
+  // A trailer of another segment is not read by the client.
+  Trailer other = *DecodeTrailer(bytes.data(), bytes.size(), 1);
+  other.token ^= 1;
+  Message reply = {Pattern(64, 3), Frame()};
+  EXPECT_EQ(client.Fill(other, &reply).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(reply[1].empty());
+
+  // An answer for another token is ignored.
+  std::string answer = server.AnswerOffer("p2", "\xffLSHMHEL", 8);  // too short: refused
+  client.OnAnswer(answer.data(), answer.size());
+  EXPECT_TRUE(client.on());
+}
+
+}  // namespace
+}  // namespace leash::shm

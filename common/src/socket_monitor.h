@@ -1,0 +1,77 @@
+// Watching ZeroMQ connections: SocketMonitor reads one socket's connection and handshake
+// events, and the diagnostics below turn them into what a person can act on: a shard's
+// log line for a failed handshake, and a client's per-shard health (a refused CURVE key,
+// CURVE on one side only, a wrong server key).
+// SocketMonitor is used by one thread at a time; HandshakeWatch is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "leash/common/status.h"
+#include "leash/common/zmq_transport.h"
+
+namespace leash {
+
+// Watches one socket's events: zmq_socket_monitor publishes them on an inproc PAIR that
+// this object reads without blocking.
+class SocketMonitor {
+ public:
+  struct Event {
+    uint16_t event = 0;  // ZMQ_EVENT_*
+    uint32_t value = 0;  // the event's value (an errno, a ZAP status, a protocol error)
+  };
+
+  // Throws zmq::error_t if the monitor cannot be set up.
+  SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int events);
+
+  void* handle() { return pair_.handle(); }
+  // The file descriptor that signals (edge-triggered, like any ZeroMQ socket's) that
+  // events may be waiting; -1 if unknown.
+  int fd();
+
+  // The next event, if one is waiting.
+  std::optional<Event> Next();
+
+ private:
+  zmq::socket_t pair_;
+};
+
+// Why a client's handshake with this shard failed, for the shard's log.
+std::string DescribeServerHandshakeFailure(const SocketMonitor::Event& e, bool curve);
+
+// A client's view of its connections' handshakes, one entry per shard: the failures it
+// saw, and connections that never finish a CURVE handshake (a CURVE server that cannot
+// decrypt the client's HELLO just closes the connection).
+class HandshakeWatch final : public ConnectionHealth {
+ public:
+  HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options);
+
+  // A new connection to `shard` is being set up (a failure seen before is kept until a
+  // handshake succeeds).
+  void Reconnecting(int shard);
+  // An event of `shard`'s socket monitor; a new failure is logged once.
+  void OnEvent(int shard, const SocketMonitor::Event& e);
+  // Unavailable with what to do if `shard` cannot be talked to; Ok if nothing is known.
+  Status ShardHealth(int shard) const override;
+
+ private:
+  static constexpr int64_t kHandshakeGraceMs = 3000;
+  struct Health {
+    int64_t unsecured_since_ms = -1;  // first connection since the last good handshake
+    std::string failure;              // the last handshake failure, until one succeeds
+  };
+  std::string Describe(int shard) const;
+  std::string KeyHint() const;
+
+  const std::vector<std::string> endpoints_;
+  const ZmqOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Health> health_;  // guarded by mu_
+};
+
+}  // namespace leash

@@ -1,0 +1,249 @@
+// Unit tests of leash::Client against real shards on the in-memory transport
+// (tests/support/memory_cluster.h): pushes and pulls across shards, resends after a shard
+// restart and after lost messages, exactly-once pushes under duplicated messages, parked
+// pulls released by the slowest worker's clock, rejoining after an eviction, and
+// heartbeats across a long step. Waits are for events (a future, a shard's state), never
+// for a duration, except where a test needs time to pass (a long step).
+#include "leash/worker/client.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "support/memory_cluster.h"
+
+namespace leash {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Direction;
+using testing::Faults;
+using testing::MemoryCluster;
+using testing::Packet;
+using testing::Verdict;
+
+ClientOptions Worker(const std::string& name, uint64_t id) {
+  ClientOptions o;
+  o.name = name;
+  o.worker_id = id;
+  o.connect_timeout_ms = 20000;
+  o.shard_silence_ms = 200;  // lost messages are resent quickly
+  o.heartbeat_ms = 50;       // and a silent shard is noticed after 200 ms, not 2.5 s
+  return o;
+}
+
+TableSpec Table(const std::string& name, uint64_t rows, uint32_t cols) {
+  TableSpec t;
+  t.name = name;
+  t.rows = rows;
+  t.cols = cols;
+  t.optimizer.lr = 1.f;  // SGD: a pushed gradient g moves a value by -g
+  return t;
+}
+
+std::unique_ptr<Client> MustConnect(MemoryCluster& cluster, ClientOptions o) {
+  auto c = cluster.Connect(std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// Pushes `g` everywhere, ends the iteration, and waits for both.
+void PushAndClock(Client& c, const TableHandle& t, float g) {
+  std::vector<float> grad(t.size(), g);
+  Future push = c.Push(t, grad.data());
+  Future clock = c.Clock();
+  ASSERT_TRUE(push.get().ok()) << push.get();
+  ASSERT_TRUE(clock.get().ok()) << clock.get();
+}
+
+std::vector<float> PullAll(Client& c, const TableHandle& t) {
+  std::vector<float> v(t.size(), 12345.f);
+  Status st = c.Pull(t, v.data()).get();
+  EXPECT_TRUE(st.ok()) << st;
+  return v;
+}
+
+void ExpectAll(const std::vector<float>& v, float x) {
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], x) << "value " << i;
+}
+
+TEST(ClientTest, PullsReadWhatPushesAppliedOnEveryShard) {
+  MemoryCluster cluster(3);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 10, 3));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->shard_ids.size(), 3u);
+  PushAndClock(*c, *t, 0.5f);
+  PushAndClock(*c, *t, 0.25f);
+  ExpectAll(PullAll(*c, *t), -0.75f);
+  EXPECT_EQ(c->clock(), 2);
+  std::vector<uint64_t> keys = {9, 0, 4};
+  std::vector<float> rows(keys.size() * 3);
+  ASSERT_TRUE(c->Pull(*t, keys, rows.data()).get().ok());
+  ExpectAll(rows, -0.75f);
+}
+
+TEST(ClientTest, RequestsLostToAShardRestartAreResentAndAnswered) {
+  MemoryCluster cluster(2);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 8, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  PushAndClock(*c, *t, 1.f);
+  cluster.Stop(1);  // its snapshot holds the push and the clock
+  std::vector<float> grad(t->size(), 2.f);
+  Future push = c->Push(*t, grad.data());  // shard 1's part is lost
+  Future clock = c->Clock();
+  cluster.Start(1);
+  ASSERT_TRUE(push.get().ok()) << push.get();
+  ASSERT_TRUE(clock.get().ok()) << clock.get();
+  ExpectAll(PullAll(*c, *t), -3.f);
+  EXPECT_GT(c->counters().resends, 0u);
+}
+
+TEST(ClientTest, DuplicatedMessagesApplyEachPushExactlyOnce) {
+  MemoryCluster cluster(2);
+  cluster.network().AddRule([](const Packet&) { return Verdict{Verdict::kDuplicate}; });
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 6, 4));
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int i = 0; i < 5; ++i) PushAndClock(*c, *t, 1.f);
+  ExpectAll(PullAll(*c, *t), -5.f);
+  EXPECT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& v) {
+    return v.counters.pushes_duplicate >= 5;
+  })) << "the shard saw the copies and skipped them";
+  EXPECT_GT(cluster.network().stats().duplicated, 0u);
+}
+
+// Replies on the connection to shard 1 are lost (requests still reach the shard): the
+// client finds the shard silent, reconnects, resends, and the shard skips the push it
+// has already applied.
+TEST(ClientTest, APushWhoseReplyWasLostIsResentAndAppliedOnce) {
+  MemoryCluster cluster(2);
+  std::atomic<bool> cut{false};
+  PeerId lost;  // the connection whose replies are lost; touched by the rule only
+  cluster.network().AddRule([&cut, &lost](const Packet& p) -> std::optional<Verdict> {
+    if (cut.load() && lost.empty() && p.direction == Direction::kToShard &&
+        p.address == MemoryCluster::Address(1)) {
+      lost = p.peer;
+    }
+    if (!lost.empty() && p.direction == Direction::kToClient && p.peer == lost) {
+      return Verdict{Verdict::kDrop};
+    }
+    return std::nullopt;
+  });
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 4, 4));
+  ASSERT_TRUE(t.ok()) << t.status();
+  cut.store(true);
+  PushAndClock(*c, *t, 1.f);
+  ExpectAll(PullAll(*c, *t), -1.f);
+  EXPECT_GT(c->counters().resends, 0u);
+  EXPECT_GT(cluster.network().stats().dropped, 0u);
+  EXPECT_TRUE(cluster.WaitFor(1, [](const MemoryCluster::View& v) {
+    return v.counters.pushes_duplicate >= 1;
+  })) << "the resent push reached shard 1, which had applied it";
+}
+
+TEST(ClientTest, APullParkedBehindTheSlowestWorkerIsAnsweredWhenItClocks) {
+  MemoryCluster cluster(1);
+  auto fast = MustConnect(cluster, Worker("fast", 1));
+  auto slow = MustConnect(cluster, Worker("slow", 2));
+  ASSERT_TRUE(fast && slow);
+  auto t = fast->CreateTable(Table("t", 4, 1));
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto ts = slow->CreateTable(Table("t", 4, 1));
+  ASSERT_TRUE(ts.ok()) << ts.status();
+  PushAndClock(*fast, *t, 1.f);  // fast is at clock 1, slow at 0: pulls for 1 wait (s = 0)
+  std::vector<float> v(t->size(), 0.f);
+  Future pull = fast->Pull(*t, v.data());
+  ASSERT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& s) { return s.parked_pulls == 1; }));
+  EXPECT_FALSE(pull.ready());
+  PushAndClock(*slow, *ts, 2.f);
+  ASSERT_TRUE(pull.get().ok()) << pull.get();
+  ExpectAll(v, -3.f);  // it waited for the slow worker's push too
+}
+
+TEST(ClientTest, AnEvictedWorkerIsToldToRejoinAndWorksAfterRejoining) {
+  server::ShardOptions o;
+  o.lease_ms = 60'000;
+  MemoryCluster cluster(2, o);
+  std::atomic<bool> cut{false};
+  // Requests (heartbeats) are lost while `cut`; replies on their way still arrive (a
+  // reply lost on a live connection is never asked for again).
+  cluster.network().AddRule([&cut](const Packet& p) -> std::optional<Verdict> {
+    if (cut.load() && p.direction == Direction::kToShard) return Verdict{Verdict::kDrop};
+    return std::nullopt;
+  });
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 6, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  PushAndClock(*c, *t, 1.f);
+  cut.store(true);  // heartbeats go nowhere while the lease runs out
+  ASSERT_TRUE(cluster.AdvanceUntil(1, 61'000, [](const MemoryCluster::View& v) {
+    return v.counters.evictions == 1;
+  })) << "the lease ran out";
+  cut.store(false);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!c->needs_rejoin() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(c->needs_rejoin()) << "a heartbeat to shard 1 was refused";
+  uint64_t before = c->incarnation();
+  ASSERT_TRUE(c->Rejoin().ok());
+  EXPECT_FALSE(c->needs_rejoin());
+  EXPECT_GT(c->incarnation(), before);
+  PushAndClock(*c, *t, 1.f);
+  ExpectAll(PullAll(*c, *t), -2.f);
+}
+
+TEST(ClientTest, HeartbeatsKeepAWorkerAliveThroughAStepLongerThanItsLease) {
+  server::ShardOptions o;
+  o.lease_ms = 200;
+  MemoryCluster cluster(2, o);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 4, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  PushAndClock(*c, *t, 1.f);
+  std::this_thread::sleep_for(1500ms);  // a long compute step: over seven leases
+  PushAndClock(*c, *t, 1.f);
+  ExpectAll(PullAll(*c, *t), -2.f);
+  EXPECT_FALSE(c->needs_rejoin());
+  EXPECT_EQ(cluster.view(0).counters.evictions, 0u);
+  EXPECT_EQ(cluster.view(1).counters.evictions, 0u);
+}
+
+TEST(ClientTest, HeldRequestsGoOutAsOneMessagePerShardWhenFlushed) {
+  MemoryCluster cluster(2);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto a = c->CreateTable(Table("a", 64, 8));  // 1 KiB of gradient per shard
+  auto b = c->CreateTable(Table("b", 64, 8));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<int> large{0};  // messages to shards bigger than a heartbeat
+  cluster.network().AddRule([&large](const Packet& p) -> std::optional<Verdict> {
+    size_t bytes = 0;
+    for (const Frame& f : *p.message) bytes += f.size();
+    if (p.direction == Direction::kToShard && bytes > 1000) ++large;
+    return std::nullopt;
+  });
+  std::vector<float> grad(a->size(), 1.f);
+  c->HoldSends();
+  Future pa = c->Push(*a, grad.data());
+  Future pb = c->Push(*b, grad.data());
+  Future clock = c->Clock();
+  EXPECT_EQ(large.load(), 0) << "nothing sent while held";
+  c->FlushSends();
+  ASSERT_TRUE(pa.get().ok() && pb.get().ok() && clock.get().ok());
+  EXPECT_EQ(large.load(), 2) << "one batch per shard";
+  ExpectAll(PullAll(*c, *a), -1.f);
+}
+
+}  // namespace
+}  // namespace leash

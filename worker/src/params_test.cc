@@ -1,0 +1,192 @@
+// Unit tests of RemoteParams (MakeRemoteParams) against real shards on the in-memory
+// transport: an iteration's pushes held until EndIteration unless they add up to a 1 MiB
+// bucket, the prefetch under staleness >= 1 (swapped in, not pulled again) and none
+// under staleness 0, and a rejoin after eviction that drops the old incarnation's work.
+// Single training thread, as RemoteParams requires.
+#include "leash/worker/params.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "support/memory_cluster.h"
+
+namespace leash::worker {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Direction;
+using testing::MemoryCluster;
+using testing::Packet;
+using testing::Verdict;
+
+ParamSpec Param(const std::string& name, uint64_t rows, uint32_t cols) {
+  ParamSpec p;
+  p.name = name;
+  p.rows = rows;
+  p.cols = cols;
+  return p;  // zeros
+}
+
+OptimizerOptions Sgd() {
+  OptimizerOptions o;
+  o.learning_rate = 1.f;  // a pushed gradient g moves a value by -g
+  return o;
+}
+
+class RemoteParamsTest : public ::testing::Test {
+ protected:
+  // A worker of `cluster` with RemoteParams under `staleness`, set up with `params`.
+  void Open(MemoryCluster& cluster, int64_t staleness, const std::vector<ParamSpec>& params) {
+    ClientOptions o;
+    o.name = "w";
+    o.worker_id = 1;
+    o.staleness = staleness;
+    o.heartbeat_ms = 50;
+    auto c = cluster.Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+    store_ = MakeRemoteParams(client_.get(), staleness);
+    ASSERT_TRUE(store_->Setup(params, Sgd()).ok());
+  }
+
+  // Counts the messages to shards that carry more than `bytes` (gradients, not
+  // heartbeats or clocks), and their bytes.
+  void CountLarge(MemoryCluster& cluster, size_t bytes) {
+    cluster.network().AddRule([this, bytes](const Packet& p) -> std::optional<Verdict> {
+      size_t n = 0;
+      for (const Frame& f : *p.message) n += f.size();
+      if (p.direction == Direction::kToShard && n > bytes) {
+        ++large_;
+        large_bytes_ += n;
+      }
+      return std::nullopt;
+    });
+  }
+
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<ParamStore> store_;
+  std::atomic<int> large_{0};
+  std::atomic<size_t> large_bytes_{0};
+};
+
+TEST_F(RemoteParamsTest, SmallPushesAreHeldUntilEndIterationAndGoWithTheClock) {
+  MemoryCluster cluster(1);
+  Open(cluster, 0, {Param("a", 256, 4), Param("b", 256, 4)});  // 4 KiB each
+  CountLarge(cluster, 2000);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  std::vector<float> grad(1024, 1.f);
+  store_->Push(0, grad.data());
+  store_->Push(1, grad.data());
+  EXPECT_EQ(large_.load(), 0) << "held";
+  ASSERT_TRUE(store_->EndIteration().ok());
+  EXPECT_EQ(large_.load(), 1) << "both pushes and the clock in one message";
+  EXPECT_GT(large_bytes_.load(), 2 * 4096u);
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  for (const auto& v : values) EXPECT_EQ(v.front(), -1.f);
+  EXPECT_EQ(store_->clock(), 1);
+}
+
+TEST_F(RemoteParamsTest, PushesThatAddUpToAMebibyteGoBeforeEndIteration) {
+  MemoryCluster cluster(1);
+  // Three 512 KiB tables: the second push fills a 1 MiB bucket.
+  Open(cluster, 0, {Param("a", 1024, 128), Param("b", 1024, 128), Param("c", 1024, 128)});
+  CountLarge(cluster, 100'000);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  std::vector<float> grad(1024 * 128, 1.f);
+  store_->Push(0, grad.data());
+  EXPECT_EQ(large_.load(), 0) << "half a bucket is held";
+  store_->Push(1, grad.data());
+  EXPECT_EQ(large_.load(), 1) << "a full bucket goes at once, as one message";
+  EXPECT_GE(large_bytes_.load(), size_t{1} << 20);
+  store_->Push(2, grad.data());
+  EXPECT_EQ(large_.load(), 1);
+  ASSERT_TRUE(store_->EndIteration().ok());
+  EXPECT_EQ(large_.load(), 2);
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  for (const auto& v : values) EXPECT_EQ(v.back(), -1.f);
+}
+
+TEST_F(RemoteParamsTest, APrefetchUnderStalenessOneIsSwappedInWithoutPullingAgain) {
+  MemoryCluster cluster(2);
+  Open(cluster, 1, {Param("a", 8, 2), Param("b", 3, 5)});
+  std::vector<std::vector<float>> values;
+  std::vector<float> grad(16, 1.f);
+  for (int iteration = 0; iteration < 4; ++iteration) {
+    uint64_t pulls = client_->counters().pulls;
+    ASSERT_TRUE(store_->PullAll(&values).ok());
+    if (iteration == 0) {
+      EXPECT_EQ(client_->counters().pulls, pulls + 2) << "nothing prefetched yet";
+    } else {
+      EXPECT_EQ(client_->counters().pulls, pulls) << "the prefetch was used";
+    }
+    // The prefetch started in the previous iteration (before its pushes): one behind.
+    float expected = -static_cast<float>(std::max(0, iteration - 1));
+    for (const auto& v : values) EXPECT_EQ(v.front(), expected) << "iteration " << iteration;
+    const float* a = values[0].data();
+    store_->Prefetch();
+    EXPECT_EQ(client_->counters().pulls, pulls + (iteration == 0 ? 4 : 2));
+    EXPECT_EQ(values[0].data(), a) << "the prefetch writes other arrays";
+    store_->Push(0, grad.data());
+    store_->Push(1, grad.data());
+    ASSERT_TRUE(store_->EndIteration().ok());
+  }
+}
+
+TEST_F(RemoteParamsTest, NoPrefetchUnderStalenessZero) {
+  MemoryCluster cluster(1);
+  Open(cluster, 0, {Param("a", 8, 2)});
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  uint64_t pulls = client_->counters().pulls;
+  store_->Prefetch();
+  EXPECT_EQ(client_->counters().pulls, pulls);
+  std::vector<float> grad(16, 1.f);
+  store_->Push(0, grad.data());
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  EXPECT_EQ(values[0].front(), -1.f) << "pulled afresh: this iteration's push is in";
+}
+
+TEST_F(RemoteParamsTest, RejoiningDropsThePrefetchAndPullsForTheNewClock) {
+  server::ShardOptions o;
+  o.lease_ms = 60'000;
+  MemoryCluster cluster(1, o);
+  std::atomic<bool> cut{false};
+  // Requests (heartbeats) are lost while `cut`; replies on their way still arrive (a
+  // reply lost on a live connection is never asked for again).
+  cluster.network().AddRule([&cut](const Packet& p) -> std::optional<Verdict> {
+    if (cut.load() && p.direction == Direction::kToShard) return Verdict{Verdict::kDrop};
+    return std::nullopt;
+  });
+  Open(cluster, 1, {Param("a", 8, 2)});
+  std::vector<std::vector<float>> values;
+  std::vector<float> grad(16, 1.f);
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  store_->Push(0, grad.data());
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  store_->Prefetch();
+  cut.store(true);  // no heartbeat arrives while the lease runs out
+  ASSERT_TRUE(cluster.AdvanceUntil(0, 61'000, [](const MemoryCluster::View& v) {
+    return v.counters.evictions == 1;
+  })) << "the lease ran out";
+  cut.store(false);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!store_->needs_rejoin() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_TRUE(store_->needs_rejoin());
+  ASSERT_TRUE(store_->Rejoin().ok());
+  EXPECT_FALSE(store_->needs_rejoin());
+  uint64_t pulls = client_->counters().pulls;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  EXPECT_EQ(client_->counters().pulls, pulls + 1) << "no prefetch is left to swap in";
+  EXPECT_EQ(values[0].front(), -1.f);
+}
+
+}  // namespace
+}  // namespace leash::worker
