@@ -27,10 +27,12 @@ import ps_cost  # noqa: E402  (run_worker, run_cluster: the same runs the suite 
 
 def pushpull(build, tmp, seconds):
     out = tempfile.mkdtemp(dir=tmp)
-    subprocess.run([os.path.join(build, "bench", "leash-bench-pushpull"), "--server-bin",
-                    os.path.join(build, "server", "leash-server"), "--sizes", "1024,1048576",
-                    "--seconds", str(seconds), "--out", out],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    p = subprocess.run([os.path.join(build, "bench", "leash-bench-pushpull"), "--server-bin",
+                        os.path.join(build, "server", "leash-server"), "--sizes", "1024,1048576",
+                        "--seconds", str(seconds), "--out", out],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"leash-bench-pushpull of {build} exited {p.returncode}: {p.stderr[-2000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
         samples = json.load(f)["samples"]
 
