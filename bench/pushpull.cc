@@ -57,7 +57,8 @@ int FreePort() {
 class Shards {
  public:
   Shards(const std::string& bin, int n, const std::string& dir) {
-    for (int i = 0; i < n; ++i) endpoints_.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
+    for (int i = 0; i < n; ++i)
+      endpoints_.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
     for (int i = 0; i < n; ++i) {
       pid_t pid = fork();
       if (pid == 0) {
@@ -65,10 +66,14 @@ class Shards {
         std::string log = dir + "/shard" + std::to_string(i) + ".log";
         FILE* f = std::freopen(log.c_str(), "w", stderr);
         (void)f;
-        std::vector<std::string> args = {bin, "--shard=" + std::to_string(i), "--num-shards=" + std::to_string(n),
+        std::vector<std::string> args = {bin,
+                                         "--shard=" + std::to_string(i),
+                                         "--num-shards=" + std::to_string(n),
                                          "--bind=" + endpoints_[static_cast<size_t>(i)],
-                                         "--data-dir=" + dir + "/shard" + std::to_string(i), "--checkpoint-interval=0",
-                                         "--no-sync", "--log-level=warn"};
+                                         "--data-dir=" + dir + "/shard" + std::to_string(i),
+                                         "--checkpoint-interval=0",
+                                         "--no-sync",
+                                         "--log-level=warn"};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -106,24 +111,27 @@ std::vector<double> Drive(Submit submit, int inflight, double seconds, int64_t* 
       std::fprintf(stderr, "request failed: %s\n", st.ToString().c_str());
       std::exit(1);
     }
-    lat.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - q.front().second).count());
+    lat.push_back(
+        std::chrono::duration<double, std::micro>(SteadyClock::now() - q.front().second).count());
     q.pop_front();
     ++*ops;
   }
   return lat;
 }
 
-std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int64_t floats, int n, int inflight,
-                             double seconds, int64_t spin_us) {
+std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int64_t floats, int n,
+                             int inflight, double seconds, int64_t spin_us) {
   Shards shards(bin, n, dir);
   leash::ZmqContext ctx;
   std::vector<std::unique_ptr<leash::Client>> clients;
   for (int w = 0; w < n; ++w) {
     leash::ClientOptions o;
     o.name = "bench" + std::to_string(w);
-    o.staleness = int64_t{1} << 40;  // pulls never wait for clocks: this measures transport and update cost
+    o.staleness =
+        int64_t{1} << 40;  // pulls never wait for clocks: this measures transport and update cost
     o.reply_spin_us = spin_us;
-    auto c = leash::Client::Connect(std::move(leash::ConnectZmqClient(ctx, shards.endpoints()).value()), o);
+    auto c = leash::Client::Connect(
+        std::move(leash::ConnectZmqClient(ctx, shards.endpoints()).value()), o);
     if (!c.ok()) {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       std::exit(1);
@@ -147,7 +155,8 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
       threads.emplace_back([&, w] {
         std::vector<float> buf(static_cast<size_t>(floats), 1e-3f);
         leash::Client* c = clients[static_cast<size_t>(w)].get();
-        std::vector<std::vector<float>> outs(static_cast<size_t>(inflight), std::vector<float>(static_cast<size_t>(floats)));
+        std::vector<std::vector<float>> outs(static_cast<size_t>(inflight),
+                                             std::vector<float>(static_cast<size_t>(floats)));
         size_t k = 0;
         lat[static_cast<size_t>(w)] = Drive(
             [&] {
@@ -319,12 +328,14 @@ int main(int argc, char** argv) {
   std::string out = "bench/results";
   double seconds = 2;
   int64_t spin_us = 0;
-  leash::Flags flags("leash-bench-pushpull", "Push/pull microbenchmark against the raw ZeroMQ ceiling.");
+  leash::Flags flags("leash-bench-pushpull",
+                     "Push/pull microbenchmark against the raw ZeroMQ ceiling.");
   flags.String("server-bin", &server, "leash-server executable");
   flags.String("sizes", &sizes, "floats per request");
   flags.Double("seconds", &seconds, "duration of each measurement");
   flags.String("out", &out, "directory for pushpull.json and pushpull.md");
-  flags.Int("reply-spin-us", &spin_us, "ClientOptions::reply_spin_us of the Leash clients (0: sleep at once)");
+  flags.Int("reply-spin-us", &spin_us,
+            "ClientOptions::reply_spin_us of the Leash clients (0: sleep at once)");
   if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
     std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
     return st.ok() ? 0 : 2;
@@ -340,47 +351,56 @@ int main(int argc, char** argv) {
     samples.push_back(RawOneWay(floats, seconds, /*other_process=*/true));
     for (int n : {1, 2}) {
       for (int inflight : {1, 8}) {
-        auto r = RunLeash(server, dir + "/" + sz + "-" + std::to_string(n) + "-" + std::to_string(inflight), floats, n,
-                          inflight, seconds, spin_us);
+        auto r = RunLeash(server,
+                          dir + "/" + sz + "-" + std::to_string(n) + "-" + std::to_string(inflight),
+                          floats, n, inflight, seconds, spin_us);
         samples.insert(samples.end(), r.begin(), r.end());
       }
     }
     for (size_t i = samples.size() - 12; i < samples.size(); ++i) {
       const Sample& s = samples[i];
-      std::printf("%-8s %-10s %8lld floats %d shard(s) %d worker(s) %d in flight: %9.0f ops/s %8.1f MB/s p50 %8.1f us p99 %8.1f us\n",
-                  s.system.c_str(), s.op.c_str(), static_cast<long long>(s.floats), s.shards, s.workers, s.inflight,
-                  s.ops_per_s, s.mb_per_s, s.p50_us, s.p99_us);
+      std::printf(
+          "%-8s %-10s %8lld floats %d shard(s) %d worker(s) %d in flight: %9.0f ops/s %8.1f MB/s "
+          "p50 %8.1f us p99 %8.1f us\n",
+          s.system.c_str(), s.op.c_str(), static_cast<long long>(s.floats), s.shards, s.workers,
+          s.inflight, s.ops_per_s, s.mb_per_s, s.p50_us, s.p99_us);
       std::fflush(stdout);
     }
   }
   std::string cmd = "rm -rf " + dir;
   if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
 
-  auto find = [&](const std::string& sys, const std::string& op, int64_t floats, int n, int inflight) -> const Sample* {
+  auto find = [&](const std::string& sys, const std::string& op, int64_t floats, int n,
+                  int inflight) -> const Sample* {
     for (const auto& s : samples) {
-      if (s.system == sys && s.op == op && s.floats == floats && (sys != "leash" || (s.shards == n && s.inflight == inflight))) {
+      if (s.system == sys && s.op == op && s.floats == floats &&
+          (sys != "leash" || (s.shards == n && s.inflight == inflight))) {
         return &s;
       }
     }
     return nullptr;
   };
   std::ostringstream md, js;
-  md << "# Push/pull microbenchmark\n\nReal leash-server shards on loopback (momentum update on every push), "
+  md << "# Push/pull microbenchmark\n\nReal leash-server shards on loopback (momentum update on "
+        "every push), "
      << "leash::Client workers; raw ZeroMQ measured in the same run. " << seconds << " s per cell, "
      << std::thread::hardware_concurrency() << " cores, client reply spin " << spin_us << " us.\n\n"
-     << "| system | op | floats | shards x workers | in flight | ops/s | MB/s | p50 us | p99 us |\n|---|---|---|---|---|---|---|---|---|\n";
+     << "| system | op | floats | shards x workers | in flight | ops/s | MB/s | p50 us | p99 us "
+        "|\n|---|---|---|---|---|---|---|---|---|\n";
   js << "{\n  \"benchmark\": \"pushpull\",\n  \"seconds\": " << seconds << ",\n  \"samples\": [\n";
   for (size_t i = 0; i < samples.size(); ++i) {
     const Sample& s = samples[i];
     char row[256];
-    std::snprintf(row, sizeof row, "| %s | %s | %lld | %dx%d | %d | %.0f | %.1f | %.1f | %.1f |\n", s.system.c_str(),
-                  s.op.c_str(), static_cast<long long>(s.floats), s.shards, s.workers, s.inflight, s.ops_per_s,
-                  s.mb_per_s, s.p50_us, s.p99_us);
+    std::snprintf(row, sizeof row, "| %s | %s | %lld | %dx%d | %d | %.0f | %.1f | %.1f | %.1f |\n",
+                  s.system.c_str(), s.op.c_str(), static_cast<long long>(s.floats), s.shards,
+                  s.workers, s.inflight, s.ops_per_s, s.mb_per_s, s.p50_us, s.p99_us);
     md << row;
-    js << "    {\"system\": \"" << s.system << "\", \"op\": \"" << s.op << "\", \"floats\": " << s.floats
-       << ", \"shards\": " << s.shards << ", \"workers\": " << s.workers << ", \"inflight\": " << s.inflight
-       << ", \"ops_per_s\": " << s.ops_per_s << ", \"mb_per_s\": " << s.mb_per_s << ", \"p50_us\": " << s.p50_us
-       << ", \"p99_us\": " << s.p99_us << "}" << (i + 1 < samples.size() ? ",\n" : "\n");
+    js << "    {\"system\": \"" << s.system << "\", \"op\": \"" << s.op
+       << "\", \"floats\": " << s.floats << ", \"shards\": " << s.shards
+       << ", \"workers\": " << s.workers << ", \"inflight\": " << s.inflight
+       << ", \"ops_per_s\": " << s.ops_per_s << ", \"mb_per_s\": " << s.mb_per_s
+       << ", \"p50_us\": " << s.p50_us << ", \"p99_us\": " << s.p99_us << "}"
+       << (i + 1 < samples.size() ? ",\n" : "\n");
   }
   js << "  ],\n  \"ratios\": {";
   md << "\n## Against the raw ZeroMQ ceiling\n\n";
@@ -395,7 +415,8 @@ int main(int argc, char** argv) {
     }
     if (auto* r = find("raw zmq", "round trip, 2 processes", 1024, 1, 1)) {
       double ratio = l->p50_us / r->p50_us;
-      md << "- the same against the raw round trip to an echo in another process (its own ZeroMQ context, as a "
+      md << "- the same against the raw round trip to an echo in another process (its own ZeroMQ "
+            "context, as a "
          << "shard has): " << r->p50_us << " us = **" << ratio << "x**\n";
       js << (first ? "" : ", ") << "\"push_4KB_p50_over_raw_rtt_2_processes\": " << ratio;
       first = false;
@@ -404,14 +425,15 @@ int main(int argc, char** argv) {
   if (auto* l = find("leash", "push", 1048576, 1, 8); l != nullptr) {
     if (auto* r = find("raw zmq", "one-way", 1048576, 1, 1)) {
       double ratio = l->mb_per_s / r->mb_per_s;
-      md << "- 4 MB push, 8 in flight: " << l->mb_per_s << " MB/s vs raw one-way " << r->mb_per_s << " MB/s = **"
-         << ratio * 100 << "%** (target >= 80%)\n";
+      md << "- 4 MB push, 8 in flight: " << l->mb_per_s << " MB/s vs raw one-way " << r->mb_per_s
+         << " MB/s = **" << ratio * 100 << "%** (target >= 80%)\n";
       js << (first ? "" : ", ") << "\"push_4MB_throughput_over_raw\": " << ratio;
       first = false;
     }
     if (auto* r = find("raw zmq", "one-way, 2 processes", 1048576, 1, 1)) {
       double ratio = l->mb_per_s / r->mb_per_s;
-      md << "- the same against the raw one-way stream to a receiver in another process (delivered bytes): "
+      md << "- the same against the raw one-way stream to a receiver in another process (delivered "
+            "bytes): "
          << r->mb_per_s << " MB/s = **" << ratio * 100 << "%**\n";
       js << (first ? "" : ", ") << "\"push_4MB_throughput_over_raw_2_processes\": " << ratio;
     }

@@ -50,20 +50,20 @@
 #include <spdlog/spdlog.h>
 
 #include "leash/common/wire.h"
-#include "wire_format.h"
 #include "leash/server/shard.h"
+#include "wire_format.h"
 
 namespace {
 
 using namespace leash;
 using namespace leash::server;
 
-#define CHECK(cond, what)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
+#define CHECK(cond, what)                                                           \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "fuzz_shard: invariant broken: %s (%s)\n", what, #cond); \
-      std::abort();                                                                \
-    }                                                                              \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 enum Op : uint8_t {
@@ -92,8 +92,18 @@ constexpr float kUnit[] = {0.f, 0.5f, 0.9f, 0.999f};
 constexpr float kEps[] = {0.f, 1e-8f, 1e-3f, 1.f};
 constexpr float kWd[] = {0.f, 1e-4f, 0.1f, 0.f};
 constexpr float kScale[] = {0.f, 0.01f, 1.f, 100.f};
-const float kGrad[] = {0.f,   1.f,   -1.f,  0.5f, -0.25f, 1e3f, -1e3f, 1e-30f, std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 0.f};
+const float kGrad[] = {0.f,
+                       1.f,
+                       -1.f,
+                       0.5f,
+                       -0.25f,
+                       1e3f,
+                       -1e3f,
+                       1e-30f,
+                       std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity(),
+                       0.f};
 
 template <typename T, size_t N>
 T Pick(const T (&table)[N], uint8_t b) {
@@ -125,24 +135,36 @@ class Input {
 // A request the harness sent and has no reply for yet.
 struct Pending {
   wire::Body request = wire::Body::NONE;  // NONE for raw or mutated messages
-  int64_t pull_need = std::numeric_limits<int64_t>::min();  // pulls: min clock the reply must reflect
-  bool bounded = true;     // built by the bounded generators
-  uint32_t table_cols = 0;  // CreateTable: the spec's cols
+  int64_t pull_need =
+      std::numeric_limits<int64_t>::min();  // pulls: min clock the reply must reflect
+  bool bounded = true;                      // built by the bounded generators
+  uint32_t table_cols = 0;                  // CreateTable: the spec's cols
 };
 
 wire::Body ReplyKind(wire::Body request) {
   switch (request) {
-    case wire::Body::Register: return wire::Body::Welcome;
-    case wire::Body::CreateTable: return wire::Body::TableCreated;
-    case wire::Body::Pull: return wire::Body::PullReply;
-    case wire::Body::Push: return wire::Body::PushReply;
-    case wire::Body::ClockUpdate: return wire::Body::ClockReply;
-    case wire::Body::Heartbeat: return wire::Body::HeartbeatReply;
-    case wire::Body::Leave: return wire::Body::LeaveReply;
-    case wire::Body::Checkpoint: return wire::Body::CheckpointReply;
-    case wire::Body::Stats: return wire::Body::StatsReply;
-    case wire::Body::ChunkRequest: return wire::Body::ChunkGrant;
-    default: return wire::Body::NONE;
+    case wire::Body::Register:
+      return wire::Body::Welcome;
+    case wire::Body::CreateTable:
+      return wire::Body::TableCreated;
+    case wire::Body::Pull:
+      return wire::Body::PullReply;
+    case wire::Body::Push:
+      return wire::Body::PushReply;
+    case wire::Body::ClockUpdate:
+      return wire::Body::ClockReply;
+    case wire::Body::Heartbeat:
+      return wire::Body::HeartbeatReply;
+    case wire::Body::Leave:
+      return wire::Body::LeaveReply;
+    case wire::Body::Checkpoint:
+      return wire::Body::CheckpointReply;
+    case wire::Body::Stats:
+      return wire::Body::StatsReply;
+    case wire::Body::ChunkRequest:
+      return wire::Body::ChunkGrant;
+    default:
+      return wire::Body::NONE;
   }
 }
 
@@ -158,9 +180,15 @@ class Harness {
   explicit Harness(uint8_t config) {
     options_.nonfinite = (config & 1) ? NonFinitePolicy::kSkipRows : NonFinitePolicy::kReject;
     switch ((config >> 1) % 3) {
-      case 0: options_.shard = 0, options_.num_shards = 1; break;
-      case 1: options_.shard = 0, options_.num_shards = 2; break;
-      default: options_.shard = 1, options_.num_shards = 2; break;
+      case 0:
+        options_.shard = 0, options_.num_shards = 1;
+        break;
+      case 1:
+        options_.shard = 0, options_.num_shards = 2;
+        break;
+      default:
+        options_.shard = 1, options_.num_shards = 2;
+        break;
     }
     options_.lease_ms = 1000;
     options_.checkpoint_interval_ms = (config & 8) ? 0 : 3000;
@@ -201,7 +229,9 @@ class Harness {
 
   void Step(Input& in) {
     uint8_t op = in.U8() % kNumOps;
-    if (trace_) std::fprintf(stderr, "op %d (min clock %lld, parked %zu)\n", op, static_cast<long long>(shard_->min_clock()), shard_->parked_pulls());
+    if (trace_)
+      std::fprintf(stderr, "op %d (min clock %lld, parked %zu)\n", op,
+                   static_cast<long long>(shard_->min_clock()), shard_->parked_pulls());
     switch (op) {
       case kTick: {
         std::vector<Outgoing> out;
@@ -210,8 +240,12 @@ class Harness {
         Replies(out);
         break;
       }
-      case kAdvance: now_ += in.U16(); break;
-      case kRestart: Restart(); break;
+      case kAdvance:
+        now_ += in.U16();
+        break;
+      case kRestart:
+        Restart();
+        break;
       case kRaw: {
         PeerId peer = Peer(in.U8());
         size_t frames = 1 + in.U8() % 2;
@@ -296,11 +330,13 @@ class Harness {
         t.init.kind = static_cast<InitKind>(in.U8() % 5);
         t.init.seed = in.U8();
         if (trace_) {
-          std::fprintf(stderr, "  create %s %llu x %u opt %d lr %g mom %g b1 %g b2 %g eps %g wd %g init %d scale %g\n",
+          std::fprintf(stderr,
+                       "  create %s %llu x %u opt %d lr %g mom %g b1 %g b2 %g eps %g wd %g init %d "
+                       "scale %g\n",
                        t.name.c_str(), static_cast<unsigned long long>(t.rows), t.cols,
-                       static_cast<int>(t.optimizer.kind), t.optimizer.lr, t.optimizer.momentum, t.optimizer.beta1,
-                       t.optimizer.beta2, t.optimizer.epsilon, t.optimizer.weight_decay, static_cast<int>(t.init.kind),
-                       t.init.scale);
+                       static_cast<int>(t.optimizer.kind), t.optimizer.lr, t.optimizer.momentum,
+                       t.optimizer.beta1, t.optimizer.beta2, t.optimizer.epsilon,
+                       t.optimizer.weight_decay, static_cast<int>(t.init.kind), t.init.scale);
         }
         *m = MakeCreateTable(rid, t);
         p->request = wire::Body::CreateTable;
@@ -342,7 +378,8 @@ class Harness {
           for (float g : grad) std::fprintf(stderr, " %g", g);
           std::fprintf(stderr, "\n");
         }
-        Frame payload = EncodeValues(grad, static_cast<int>(dtype) > 2 ? DType::kF32 : FromWire(dtype));
+        Frame payload =
+            EncodeValues(grad, static_cast<int>(dtype) > 2 ? DType::kF32 : FromWire(dtype));
         std::vector<Frame> frames{std::move(payload)};
         if (mode & 4) frames.clear();
         if (mode & 8) frames.push_back(Frame::Copy("x"));
@@ -350,8 +387,9 @@ class Harness {
             rid,
             [&](flatbuffers::FlatBufferBuilder& fbb) {
               auto rs = BuildRows(fbb, rows);
-              return std::make_pair(wire::Body::Push,
-                                    wire::CreatePush(fbb, table, rs, worker, inc, seq, dtype, clock_after).Union());
+              return std::make_pair(
+                  wire::Body::Push,
+                  wire::CreatePush(fbb, table, rs, worker, inc, seq, dtype, clock_after).Union());
             },
             std::move(frames));
         p->request = wire::Body::Push;
@@ -398,14 +436,17 @@ class Harness {
         uint32_t epochs = (mode & 1) ? in.U32() : in.U8() % 4;
         // Plans up to kMaxChunks are valid but slow to lease; keep accepted ones small so
         // the fuzzer stays fast (larger ones still test the limit).
-        if (chunk > 0 && samples / chunk > (1u << 12) && samples / chunk < ps::kMaxChunks) samples = uint64_t{chunk} << 12;
+        if (chunk > 0 && samples / chunk > (1u << 12) && samples / chunk < ps::kMaxChunks)
+          samples = uint64_t{chunk} << 12;
         uint64_t seed = in.U8() % 2;
         ChunkDone done{in.U8() % 4u, in.U8() % 32u};
-        *m = MakeChunkRequest(rid, worker, inc, DataPlan{samples, chunk, epochs, seed}, (mode & 2) ? &done : nullptr);
+        *m = MakeChunkRequest(rid, worker, inc, DataPlan{samples, chunk, epochs, seed},
+                              (mode & 2) ? &done : nullptr);
         p->request = wire::Body::ChunkRequest;
         return true;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 
@@ -428,8 +469,10 @@ class Harness {
       CHECK(it != pending_.end(), "a reply answers a request of its peer that had no reply yet");
       const Pending& p = it->second;
       bool unbounded = p.request == wire::Body::NONE || !p.bounded;
-      if (auto* pr = (*env)->body_as_PushReply(); pr && pr->applied() && unbounded) unbounded_ = true;
-      if (auto* tc = (*env)->body_as_TableCreated(); tc && tc->created() && unbounded) unbounded_ = true;
+      if (auto* pr = (*env)->body_as_PushReply(); pr && pr->applied() && unbounded)
+        unbounded_ = true;
+      if (auto* tc = (*env)->body_as_TableCreated(); tc && tc->created() && unbounded)
+        unbounded_ = true;
     }
     for (const Outgoing& o : out) {
       const wire::Envelope* env = *VerifyEnvelope(o.message);
@@ -444,7 +487,8 @@ class Harness {
       if (found) it = current_;
       for (int pass = 0; pass < 2 && !found; ++pass) {
         for (auto j = first; j != last && !found; ++j) {
-          if (pass == 0 ? ReplyKind(j->second.request) == env->body_type() : j->second.request == wire::Body::NONE) {
+          if (pass == 0 ? ReplyKind(j->second.request) == env->body_type()
+                        : j->second.request == wire::Body::NONE) {
             it = j;
             found = true;
           }
@@ -454,54 +498,67 @@ class Harness {
       if (it == current_) current_ = pending_.end();
       pending_.erase(it);
       if (trace_) {
-        std::fprintf(stderr, "  -> %s rid %llu: %s%s\n", o.peer.c_str(), static_cast<unsigned long long>(env->request_id()),
+        std::fprintf(stderr, "  -> %s rid %llu: %s%s\n", o.peer.c_str(),
+                     static_cast<unsigned long long>(env->request_id()),
                      wire::EnumNameBody(env->body_type()),
-                     env->body_as_Error() ? (" " + ErrorToStatus(env->body_as_Error()).ToString()).c_str() : "");
+                     env->body_as_Error()
+                         ? (" " + ErrorToStatus(env->body_as_Error()).ToString()).c_str()
+                         : "");
       }
       if (p.request != wire::Body::NONE) {
         CHECK(env->body_type() == wire::Body::Error || env->body_type() == ReplyKind(p.request),
               "a request gets an Error or the reply of its kind");
       }
-      CHECK(env->body_type() == wire::Body::PullReply || o.message.size() == 1, "only pull replies carry payloads");
+      CHECK(env->body_type() == wire::Body::PullReply || o.message.size() == 1,
+            "only pull replies carry payloads");
       switch (env->body_type()) {
         case wire::Body::Error: {
           CHECK(!ErrorToStatus(env->body_as_Error()).ok(), "an Error reply holds an error");
-          CHECK(env->body_as_Error()->boot_id() == options_.boot_id, "an Error reply carries the boot id");
+          CHECK(env->body_as_Error()->boot_id() == options_.boot_id,
+                "an Error reply carries the boot id");
           break;
         }
         case wire::Body::PullReply: {
           const wire::PullReply* r = env->body_as_PullReply();
           CHECK(r->min_clock() >= p.pull_need, "a pull is served only within its staleness bound");
-          CHECK(r->min_clock() <= shard_->min_clock(), "a pull reply reflects no future minimum clock");
+          CHECK(r->min_clock() <= shard_->min_clock(),
+                "a pull reply reflects no future minimum clock");
           CHECK(o.message.size() == 2, "a pull reply carries one payload frame");
           uint64_t n = r->num_rows() * r->cols();
           CHECK(n <= (1u << 24), "pull replies stay small here");
           std::vector<float> values(n);
-          CHECK(DecodeValues(o.message[1], FromWire(r->dtype()), n, values.data()).ok(), "a pull reply's payload decodes");
+          CHECK(DecodeValues(o.message[1], FromWire(r->dtype()), n, values.data()).ok(),
+                "a pull reply's payload decodes");
           if (!unbounded_) CHECK(AllFinite(values), "table values stay finite");
           break;
         }
         case wire::Body::TableCreated:
-          if (p.request == wire::Body::CreateTable) cols_[env->body_as_TableCreated()->table_id()] = p.table_cols;
+          if (p.request == wire::Body::CreateTable)
+            cols_[env->body_as_TableCreated()->table_id()] = p.table_cols;
           break;
         case wire::Body::StatsReply:
-          CHECK(env->body_as_StatsReply()->parked_pulls() == shard_->parked_pulls(), "stats report the parked pulls");
+          CHECK(env->body_as_StatsReply()->parked_pulls() == shard_->parked_pulls(),
+                "stats report the parked pulls");
           break;
-        default: break;
+        default:
+          break;
       }
     }
   }
 
   void CheckState() {
-    CHECK(pending_.size() == shard_->parked_pulls(), "every request but a parked pull is answered at once");
-    CHECK(shard_->parked_pulls() <= kPeers * kMaxParkedPerPeer, "parked pulls are bounded per peer");
+    CHECK(pending_.size() == shard_->parked_pulls(),
+          "every request but a parked pull is answered at once");
+    CHECK(shard_->parked_pulls() <= kPeers * kMaxParkedPerPeer,
+          "parked pulls are bounded per peer");
     CHECK(shard_->min_clock() >= last_min_, "the minimum clock never goes back");
     last_min_ = shard_->min_clock();
     if (store_.saves() != checked_saves_) {
       checked_saves_ = store_.saves();
       auto snap = store_.Load();
       CHECK(snap.ok() && snap->has_value(), "a saved snapshot loads");
-      CHECK((*snap)->min_clock <= shard_->min_clock(), "a snapshot's clock is not ahead of the shard");
+      CHECK((*snap)->min_clock <= shard_->min_clock(),
+            "a snapshot's clock is not ahead of the shard");
       if (!unbounded_) {
         for (const auto& t : (*snap)->tables) {
           CHECK(AllFinite(t.values), "table values stay finite");
@@ -544,10 +601,27 @@ class Script {
   explicit Script(uint8_t config) { b_.push_back(config); }
   Script& U8(uint8_t v) { return b_.push_back(v), *this; }
   Script& Op(Op op) { return U8(op); }
-  Script& Register(int peer, int worker, int inc) { return Op(kRegister).U8(peer).U8(worker).U8(inc); }
+  Script& Register(int peer, int worker, int inc) {
+    return Op(kRegister).U8(peer).U8(worker).U8(inc);
+  }
   // rows x cols table named t<name> with optimizer `opt`, lr 0.1, eps 1e-3, init Normal 0.01.
   Script& Create(int peer, int name, int rows, int cols, int opt) {
-    return Op(kCreateTable).U8(peer).U8(name).U8(0).U8(rows).U8(cols).U8(opt).U8(2).U8(2).U8(2).U8(3).U8(2).U8(1).U8(1).U8(2).U8(7);
+    return Op(kCreateTable)
+        .U8(peer)
+        .U8(name)
+        .U8(0)
+        .U8(rows)
+        .U8(cols)
+        .U8(opt)
+        .U8(2)
+        .U8(2)
+        .U8(2)
+        .U8(3)
+        .U8(2)
+        .U8(1)
+        .U8(1)
+        .U8(2)
+        .U8(7);
   }
   Script& Range(int b, int e) { return U8(0).U8(b).U8(e); }
   Script& Keys(std::initializer_list<int> keys) {
@@ -561,7 +635,9 @@ class Script {
   Script& PullTail(int clock, int staleness, int dtype) {
     return U8(static_cast<uint8_t>(clock)).U8(static_cast<uint8_t>(staleness)).U8(dtype);
   }
-  Script& Push(int peer, int worker, int inc, int table) { return Op(kPush).U8(peer).U8(worker).U8(inc).U8(table); }
+  Script& Push(int peer, int worker, int inc, int table) {
+    return Op(kPush).U8(peer).U8(worker).U8(inc).U8(table);
+  }
   // seq, dtype, clock_after (-1: none), then one gradient byte per value.
   Script& PushTail(int seq, int dtype, int clock_after, std::initializer_list<int> grads) {
     U8(seq).U8(dtype);
@@ -574,11 +650,25 @@ class Script {
     for (int g : grads) U8(g);
     return *this;
   }
-  Script& Clock(int peer, int worker, int delta) { return Op(kClock).U8(peer).U8(worker).U8(static_cast<uint8_t>(delta)); }
-  Script& Heartbeat(int peer, int worker, int inc) { return Op(kHeartbeat).U8(peer).U8(worker).U8(inc); }
+  Script& Clock(int peer, int worker, int delta) {
+    return Op(kClock).U8(peer).U8(worker).U8(static_cast<uint8_t>(delta));
+  }
+  Script& Heartbeat(int peer, int worker, int inc) {
+    return Op(kHeartbeat).U8(peer).U8(worker).U8(inc);
+  }
   Script& Leave(int peer, int worker, int inc) { return Op(kLeave).U8(peer).U8(worker).U8(inc); }
   Script& Chunk(int peer, int worker, int inc, bool done, int epoch, int chunk) {
-    return Op(kChunkRequest).U8(peer).U8(worker).U8(inc).U8(done ? 2 : 0).U8(50).U8(8).U8(2).U8(1).U8(epoch).U8(chunk);
+    return Op(kChunkRequest)
+        .U8(peer)
+        .U8(worker)
+        .U8(inc)
+        .U8(done ? 2 : 0)
+        .U8(50)
+        .U8(8)
+        .U8(2)
+        .U8(1)
+        .U8(epoch)
+        .U8(chunk);
   }
   Script& Advance(uint16_t ms) { return Op(kAdvance).U8(ms & 0xff).U8(ms >> 8); }
   const std::vector<uint8_t>& bytes() const { return b_; }
@@ -603,7 +693,8 @@ std::vector<std::pair<std::string, Script>> Seeds() {
   opt.Register(0, 1, 1);
   for (int o = 0; o < 4; ++o) {
     opt.Create(3, o, 6, 2, o);
-    for (int d = 0; d < 3; ++d) opt.Push(0, 1, 1, o).Range(0, 2).PushTail(1 + d, d, -1, {1, 8, 2, 0});
+    for (int d = 0; d < 3; ++d)
+      opt.Push(0, 1, 1, o).Range(0, 2).PushTail(1 + d, d, -1, {1, 8, 2, 0});
   }
   opt.Op(kCheckpoint).U8(3);
   s.emplace_back("optimizers", opt);
@@ -617,7 +708,11 @@ std::vector<std::pair<std::string, Script>> Seeds() {
   // Data coverage on shard 0: chunks granted, completed, released on leave.
   Script cov(0);
   cov.Register(0, 1, 1).Register(1, 2, 1).Chunk(0, 1, 1, false, 0, 0).Chunk(1, 2, 1, false, 0, 0);
-  cov.Chunk(0, 1, 1, true, 0, 0).Leave(1, 2, 1).Chunk(0, 1, 1, true, 0, 1).Op(kRestart).Chunk(0, 1, 1, false, 0, 0);
+  cov.Chunk(0, 1, 1, true, 0, 0)
+      .Leave(1, 2, 1)
+      .Chunk(0, 1, 1, true, 0, 1)
+      .Op(kRestart)
+      .Chunk(0, 1, 1, false, 0, 0);
   s.emplace_back("coverage", cov);
   // Two shards: rows owned by the other shard, and a mutated and a raw message.
   Script two(2);
@@ -633,7 +728,8 @@ void WriteSeeds(const std::string& dir) {
   auto seeds = Seeds();
   for (const auto& [name, script] : seeds) {
     std::ofstream f(dir + "/" + name, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(script.bytes().data()), static_cast<std::streamsize>(script.bytes().size()));
+    f.write(reinterpret_cast<const char*>(script.bytes().data()),
+            static_cast<std::streamsize>(script.bytes().size()));
   }
   std::fprintf(stderr, "fuzz_shard: wrote %zu seeds to %s\n", seeds.size(), dir.c_str());
 }

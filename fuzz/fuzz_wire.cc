@@ -24,8 +24,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <string>
 #include <span>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -34,9 +34,9 @@
 
 #include "leash/common/partition.h"
 #include "leash/common/wire.h"
-#include "wire_format.h"
 #include "leash/ps/coverage.h"
 #include "leash/ps/table.h"
+#include "wire_format.h"
 
 namespace {
 
@@ -44,12 +44,12 @@ using namespace leash;
 
 constexpr std::string_view kFrameMarker = "LFRM";
 
-#define CHECK(cond, what)                                                         \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define CHECK(cond, what)                                                          \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
       std::fprintf(stderr, "fuzz_wire: invariant broken: %s (%s)\n", what, #cond); \
-      std::abort();                                                               \
-    }                                                                             \
+      std::abort();                                                                \
+    }                                                                              \
   } while (0)
 
 Message Split(const uint8_t* data, size_t size) {
@@ -84,7 +84,8 @@ void CheckRows(const Rows& rows, size_t max_keys) {
     if (rows.explicit_keys) {
       for (uint64_t k : rows.keys) CHECK(k < table_rows, "checked keys are inside the table");
     } else {
-      CHECK(rows.begin <= rows.end && rows.end <= table_rows, "checked ranges are inside the table");
+      CHECK(rows.begin <= rows.end && rows.end <= table_rows,
+            "checked ranges are inside the table");
       CHECK(rows.size() == rows.end - rows.begin, "Rows::size of a range");
     }
   }
@@ -100,14 +101,16 @@ void CheckDecode(const Frame& frame, DType dtype, uint64_t count) {
   Status st = DecodeValues(frame, dtype, count, out.data());
   if (!st.ok()) return;
   CHECK(width != 0, "DecodeValues rejects unknown dtypes");
-  CHECK(count <= fits && count * width == frame.size(), "DecodeValues accepts only a frame of exactly count values");
+  CHECK(count <= fits && count * width == frame.size(),
+        "DecodeValues accepts only a frame of exactly count values");
 }
 
 void CheckPayloads(std::span<const Frame> payloads, DType dtype, uint64_t rows, uint64_t cols) {
   for (const Frame& f : payloads) {
     CheckDecode(f, dtype, rows * cols);  // as a reader multiplying header fields would
     CheckDecode(f, dtype, rows);
-    for (auto d : {DType::kF32, DType::kF16, DType::kBF16}) CheckDecode(f, d, f.size() / DTypeSize(d));
+    for (auto d : {DType::kF32, DType::kF16, DType::kBF16})
+      CheckDecode(f, d, f.size() / DTypeSize(d));
     CheckDecode(f, static_cast<DType>(7), 1);
   }
 }
@@ -141,7 +144,8 @@ void CheckPlan(const ChunkRequest& m) {
   const DataPlan& plan = m.plan;
   ps::DataCoverage cov;
   if (!cov.SetPlan(plan).ok()) {
-    CHECK(ps::PlanChunks(plan) > ps::kMaxChunks || plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0,
+    CHECK(ps::PlanChunks(plan) > ps::kMaxChunks || plan.num_samples == 0 || plan.chunk_size == 0 ||
+              plan.epochs == 0,
           "SetPlan refuses only empty or oversized plans");
     return;
   }
@@ -150,7 +154,8 @@ void CheckPlan(const ChunkRequest& m) {
   for (uint64_t w = 1; w <= 3; ++w) {
     ChunkGrant g = cov.Next(w);
     if (g.kind == ChunkGrant::Kind::kChunk) {
-      CHECK(g.begin < g.end && g.end <= plan.num_samples, "a granted chunk is a non-empty part of the data");
+      CHECK(g.begin < g.end && g.end <= plan.num_samples,
+            "a granted chunk is a non-empty part of the data");
     }
   }
   if (m.done) cov.Complete(m.done->epoch, m.done->chunk);
@@ -170,7 +175,8 @@ void CheckRequest(Request& request, std::span<const Frame> payloads, size_t max_
   }
   if (auto* m = std::get_if<PushRequest>(&request)) {
     CheckRows(m->rows, max_keys);
-    for (uint64_t cols : {uint64_t{1}, uint64_t{3}}) CheckPayloads(payloads, m->dtype, m->rows.size(), cols);
+    for (uint64_t cols : {uint64_t{1}, uint64_t{3}})
+      CheckPayloads(payloads, m->dtype, m->rows.size(), cols);
   }
   if (auto* m = std::get_if<ChunkRequest>(&request)) CheckPlan(*m);
 }
@@ -195,21 +201,24 @@ void ReadMessage(const Message& msg) {
     std::vector<Frame> payloads(request->payloads.begin(), request->payloads.end());
     Message again = EncodeRequest(request->request_id, request->value, std::move(payloads));
     auto decoded = DecodeRequest(again);
-    CHECK(decoded.ok() && decoded->value.index() == request->value.index(), "a decoded request re-encodes");
+    CHECK(decoded.ok() && decoded->value.index() == request->value.index(),
+          "a decoded request re-encodes");
   }
   if (!reply.ok()) {
     CHECK(!reply.status().message().empty(), "a decoding error says what is wrong");
     return;
   }
   CHECK(PeekRequestId(msg) == reply->request_id, "PeekRequestId agrees with DecodeReply");
-  if (const auto* r = std::get_if<PullReply>(&reply->value)) CheckPayloads(reply->payloads, r->dtype, r->num_rows, r->cols);
+  if (const auto* r = std::get_if<PullReply>(&reply->value))
+    CheckPayloads(reply->payloads, r->dtype, r->num_rows, r->cols);
   if (const auto* e = std::get_if<ErrorReply>(&reply->value)) {
     CHECK(!e->status.ok(), "an Error body never converts to Ok");
     (void)e->status.ToString();
   }
   Message again = EncodeReply(reply->request_id, reply->value);
   auto decoded = DecodeReply(again);
-  CHECK(decoded.ok() && decoded->value.index() == reply->value.index(), "a decoded reply re-encodes");
+  CHECK(decoded.ok() && decoded->value.index() == reply->value.index(),
+        "a decoded reply re-encodes");
 }
 
 std::vector<std::pair<std::string, Message>> Seeds() {
@@ -229,8 +238,10 @@ std::vector<std::pair<std::string, Message>> Seeds() {
   s.emplace_back("create_table", MakeCreateTable(2, t));
   s.emplace_back("pull_range", MakePull(3, 0, Rows::Range(2, 6), 7, 4, 1));
   s.emplace_back("pull_keys_fp16", MakePull(4, 0, keys, 7, 4, 1, DType::kF16));
-  s.emplace_back("push_range", MakePush(5, 0, Rows::Range(0, 2), 7, 1, 1, DType::kF32, EncodeValues(grad, DType::kF32)));
-  s.emplace_back("push_keys_bf16", MakePush(6, 0, keys, 7, 1, 2, DType::kBF16, EncodeValues(grad, DType::kBF16)));
+  s.emplace_back("push_range", MakePush(5, 0, Rows::Range(0, 2), 7, 1, 1, DType::kF32,
+                                        EncodeValues(grad, DType::kF32)));
+  s.emplace_back("push_keys_bf16",
+                 MakePush(6, 0, keys, 7, 1, 2, DType::kBF16, EncodeValues(grad, DType::kBF16)));
   s.emplace_back("clock", MakeClock(7, 7, 5));
   s.emplace_back("heartbeat", MakeHeartbeat(8, 7, 1));
   s.emplace_back("leave", MakeLeave(9, 7, 1));
@@ -238,7 +249,8 @@ std::vector<std::pair<std::string, Message>> Seeds() {
   s.emplace_back("checkpoint", MakeCheckpoint(11));
   s.emplace_back("chunk_request", MakeChunkRequest(12, 7, 1, DataPlan{60000, 1000, 3, 42}, &done));
   s.emplace_back("error", MakeError(13, NotRegistered("worker 7 is not registered"), 99));
-  s.emplace_back("pull_reply", EncodeReply(14, PullReply{0, 2, 4, DType::kF16, 3}, {EncodeValues(grad, DType::kF16)}));
+  s.emplace_back("pull_reply", EncodeReply(14, PullReply{0, 2, 4, DType::kF16, 3},
+                                           {EncodeValues(grad, DType::kF16)}));
   ShardStats stats;
   stats.num_shards = 2;
   stats.min_clock = 3;
@@ -250,7 +262,8 @@ std::vector<std::pair<std::string, Message>> Seeds() {
   stats.tables = {{0, "fc1.w", 10, 4, 5}};
   s.emplace_back("stats_reply", EncodeReply(15, stats));
   s.emplace_back("welcome", EncodeReply(16, Welcome{0, 2, 3, 10000, -1, 99, 0}));
-  s.emplace_back("chunk_grant", EncodeReply(17, ChunkGrant{ChunkGrant::Kind::kChunk, 0, 3, 3000, 4000, 0, 1, 60}));
+  s.emplace_back("chunk_grant",
+                 EncodeReply(17, ChunkGrant{ChunkGrant::Kind::kChunk, 0, 3, 3000, 4000, 0, 1, 60}));
   // A batch of an iteration's pushes and clock, as RemoteParams sends them.
   std::vector<Message> batch;
   for (const auto& [name, msg] : s) {

@@ -40,8 +40,10 @@ class AuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
     keys_ = dir_.path() + "/keys";
-    // The layout docs/security.md documents: a server pair, a shared client pair, a per-worker pair.
-    auto [code, out] = Leashctl(dir_.path(), {"keygen", keys_, "--server", "--client", "client,w0"});
+    // The layout docs/security.md documents: a server pair, a shared client pair, a per-worker
+    // pair.
+    auto [code, out] =
+        Leashctl(dir_.path(), {"keygen", keys_, "--server", "--client", "client,w0"});
     ASSERT_EQ(code, 0) << out;
     // A pair that is not authorized: generated in the same directory, not in authorized/.
     bool created = false;
@@ -50,8 +52,9 @@ class AuthTest : public ::testing::Test {
   }
 
   std::unique_ptr<Process> StartShard(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {LEASH_SERVER_BIN, "--bind=" + endpoint_, "--data-dir=" + dir_.path() + "/shard0",
-                                     "--checkpoint-interval=0", "--no-sync", "--curve-keys=" + keys_};
+    std::vector<std::string> argv = {
+        LEASH_SERVER_BIN,          "--bind=" + endpoint_, "--data-dir=" + dir_.path() + "/shard0",
+        "--checkpoint-interval=0", "--no-sync",           "--curve-keys=" + keys_};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Process>(argv, dir_.path() + "/shard0.log");
   }
@@ -105,7 +108,9 @@ TEST_F(AuthTest, RefusedKeyFailsConnectClearlyAndTheShardServesOthers) {
   auto rogue = Connect("rogue");
   ASSERT_FALSE(rogue.ok());
   EXPECT_EQ(rogue.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(rogue.status().message().find("did not complete the CURVE handshake"), std::string::npos) << rogue.status();
+  EXPECT_NE(rogue.status().message().find("did not complete the CURVE handshake"),
+            std::string::npos)
+      << rogue.status();
   EXPECT_NE(rogue.status().message().find("authorized keys"), std::string::npos) << rogue.status();
   EXPECT_NE(rogue.status().message().find("rogue.pub"), std::string::npos) << rogue.status();
 
@@ -126,8 +131,10 @@ TEST_F(AuthTest, RefusedKeyFailsConnectClearlyAndTheShardServesOthers) {
 
   std::string log = StopShard(*shard);
   EXPECT_NE(log.find("refused CURVE client key"), std::string::npos) << log;
-  EXPECT_EQ(log.find("refused CURVE client key", log.find("refused CURVE client key") + 1), std::string::npos)
-      << "a refused key is logged once\n" << log;
+  EXPECT_EQ(log.find("refused CURVE client key", log.find("refused CURVE client key") + 1),
+            std::string::npos)
+      << "a refused key is logged once\n"
+      << log;
   EXPECT_GE(testing::CountInFinalLog(log, "CURVE keys refused"), 1) << log;
   EXPECT_GE(testing::CountInFinalLog(log, "failed handshakes"), 1) << log;
 }
@@ -159,8 +166,8 @@ TEST_F(AuthTest, WorkerTrainsAndLeashctlReportsWithKeys) {
   }
   auto shard = StartShard();
   Process worker({LEASH_WORKER_BIN, "--servers=" + endpoint_, "--name=w0", "--curve-keys=" + keys_,
-                  "--curve-client=w0", "--epochs=1", "--train-limit=2000", "--test-limit=500", "--chunk-size=500",
-                  "--staleness=1"},
+                  "--curve-client=w0", "--epochs=1", "--train-limit=2000", "--test-limit=500",
+                  "--chunk-size=500", "--staleness=1"},
                  dir_.path() + "/w0.log");
   auto code = worker.Wait(180s);
   ASSERT_TRUE(code.has_value()) << worker.ReadLog();
@@ -168,16 +175,19 @@ TEST_F(AuthTest, WorkerTrainsAndLeashctlReportsWithKeys) {
   EXPECT_NE(worker.ReadLog().find("final test accuracy"), std::string::npos) << worker.ReadLog();
   EXPECT_NE(worker.ReadLog().find("CURVE security on"), std::string::npos) << worker.ReadLog();
 
-  auto [ok, status] = Leashctl(dir_.path(), {"--servers=" + endpoint_, "--curve-keys=" + keys_, "status"});
+  auto [ok, status] =
+      Leashctl(dir_.path(), {"--servers=" + endpoint_, "--curve-keys=" + keys_, "status"});
   EXPECT_EQ(ok, 0) << status;
   EXPECT_NE(status.find("epoch 1 of 1 complete"), std::string::npos) << status;
 
   // The same leashctl without keys, or with a refused key, fails clearly (exit 1).
-  auto [plain, plain_out] = Leashctl(dir_.path(), {"--servers=" + endpoint_, "--timeout=20", "status"});
+  auto [plain, plain_out] =
+      Leashctl(dir_.path(), {"--servers=" + endpoint_, "--timeout=20", "status"});
   EXPECT_EQ(plain, 1) << plain_out;
   EXPECT_NE(plain_out.find("--curve-keys"), std::string::npos) << plain_out;
-  auto [rogue, rogue_out] = Leashctl(
-      dir_.path(), {"--servers=" + endpoint_, "--timeout=20", "--curve-keys=" + keys_, "--curve-client=rogue", "status"});
+  auto [rogue, rogue_out] =
+      Leashctl(dir_.path(), {"--servers=" + endpoint_, "--timeout=20", "--curve-keys=" + keys_,
+                             "--curve-client=rogue", "status"});
   EXPECT_EQ(rogue, 1) << rogue_out;
   EXPECT_NE(rogue_out.find("authorized keys"), std::string::npos) << rogue_out;
   StopShard(*shard);
@@ -189,7 +199,8 @@ TEST_F(AuthTest, BadKeyDirectoriesExitTwoNamingTheFile) {
                    "--curve-keys=" + dir_.path() + "/nowhere"},
                   dir_.path() + "/missing.log");
   EXPECT_EQ(missing.Wait(30s), std::optional<int>(2));
-  EXPECT_NE(missing.ReadLog().find(dir_.path() + "/nowhere"), std::string::npos) << missing.ReadLog();
+  EXPECT_NE(missing.ReadLog().find(dir_.path() + "/nowhere"), std::string::npos)
+      << missing.ReadLog();
 
   // A malformed authorized key.
   std::string bad = keys_ + "/authorized/broken.pub";
@@ -205,8 +216,9 @@ TEST_F(AuthTest, BadKeyDirectoriesExitTwoNamingTheFile) {
   EXPECT_NE(shard->ReadLog().find("malformed key file"), std::string::npos) << shard->ReadLog();
 
   // A worker whose own key pair does not exist.
-  Process worker({LEASH_WORKER_BIN, "--servers=" + endpoint_, "--curve-keys=" + keys_, "--curve-client=w7"},
-                 dir_.path() + "/w7.log");
+  Process worker(
+      {LEASH_WORKER_BIN, "--servers=" + endpoint_, "--curve-keys=" + keys_, "--curve-client=w7"},
+      dir_.path() + "/w7.log");
   EXPECT_EQ(worker.Wait(60s), std::optional<int>(2));
   EXPECT_NE(worker.ReadLog().find(keys_ + "/w7.key"), std::string::npos) << worker.ReadLog();
 }

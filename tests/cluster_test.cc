@@ -10,10 +10,10 @@
 
 #include "leash/common/half.h"
 #include "leash/common/wire.h"
-#include "wire_format.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"
+#include "wire_format.h"
 
 namespace leash {
 namespace {
@@ -150,7 +150,8 @@ TEST(ClusterTest, HalfPrecisionOnTheWireHalvesTheBytesAndKeepsFp32Masters) {
     for (int k = 0; k < 300; ++k) ASSERT_TRUE(half->Push(*t, third.data()).get().ok());
     std::vector<float> v(t->size());
     ASSERT_TRUE(full->Pull(*t, v.data()).get().ok());
-    float rounded = dtype == DType::kF16 ? HalfToFloat(FloatToHalf(1.f / 3.f)) : Bf16ToFloat(FloatToBf16(1.f / 3.f));
+    float rounded = dtype == DType::kF16 ? HalfToFloat(FloatToHalf(1.f / 3.f))
+                                         : Bf16ToFloat(FloatToBf16(1.f / 3.f));
     for (size_t i = 0; i < v.size(); i += 97) {
       EXPECT_NEAR(v[i], -2.f * g[i] - 300.f * rounded, 1e-3) << "value " << i;
     }
@@ -250,7 +251,8 @@ class RawPeer {
   }
   void Send(const std::vector<std::string>& frames) {
     for (size_t i = 0; i < frames.size(); ++i) {
-      s_.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      s_.send(zmq::buffer(frames[i]),
+              i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
   void Send(const Message& m) {
@@ -308,18 +310,21 @@ TEST(ClusterTest, GarbageFromARawPeerGetsErrorRepliesWhileOthersAreServed) {
   raw.Send(MakeRegister(13, 4242, 1, "raw"));
   ASSERT_TRUE(raw.Reply().ok());
   std::vector<float> wrong(3, 1.f);
-  raw.Send(MakePush(14, 0, Rows::Range(0, 8), 4242, 1, 1, DType::kF32, EncodeValues(wrong, DType::kF32)));
+  raw.Send(MakePush(14, 0, Rows::Range(0, 8), 4242, 1, 1, DType::kF32,
+                    EncodeValues(wrong, DType::kF32)));
   EXPECT_EQ(raw.Reply().code(), StatusCode::kInvalidArgument);
 
   // An oversized tensor (2 MiB against a 1 MiB limit) is refused, not applied.
   std::vector<float> huge(512 * 1024, 1.f);
-  raw.Send(MakePush(15, 0, Rows::Range(0, 8), 4242, 1, 2, DType::kF32, EncodeValues(huge, DType::kF32)));
+  raw.Send(
+      MakePush(15, 0, Rows::Range(0, 8), 4242, 1, 2, DType::kF32, EncodeValues(huge, DType::kF32)));
   EXPECT_EQ(raw.Reply().code(), StatusCode::kResourceExhausted);
 
   // Another protocol version (a raw message on purpose: the codec only writes its own).
   flatbuffers::FlatBufferBuilder fbb;
   auto body = wire::CreateStats(fbb);
-  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 7, 16, wire::Body::Stats, body.Union()), wire::EnvelopeIdentifier());
+  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 7, 16, wire::Body::Stats, body.Union()),
+             wire::EnvelopeIdentifier());
   raw.Send({std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize())});
   EXPECT_EQ(raw.Reply().code(), StatusCode::kVersionMismatch);
 

@@ -36,16 +36,21 @@ using testing::TempDir;
 using testing::WaitFor;
 
 // One leash-server shard (shard/num_shards) on `endpoint` with data in `dir`.
-std::unique_ptr<Process> StartShard(const std::string& endpoint, const std::string& dir, const std::string& log,
-                                    std::vector<std::string> extra = {}, int shard = 0, int num_shards = 1) {
-  std::vector<std::string> argv = {LEASH_SERVER_BIN, "--shard=" + std::to_string(shard),
-                                   "--num-shards=" + std::to_string(num_shards), "--bind=" + endpoint,
-                                   "--data-dir=" + dir, "--checkpoint-interval=0"};
+std::unique_ptr<Process> StartShard(const std::string& endpoint, const std::string& dir,
+                                    const std::string& log, std::vector<std::string> extra = {},
+                                    int shard = 0, int num_shards = 1) {
+  std::vector<std::string> argv = {LEASH_SERVER_BIN,
+                                   "--shard=" + std::to_string(shard),
+                                   "--num-shards=" + std::to_string(num_shards),
+                                   "--bind=" + endpoint,
+                                   "--data-dir=" + dir,
+                                   "--checkpoint-interval=0"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<Process>(argv, log);
 }
 
-std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& endpoint, const std::string& name) {
+std::unique_ptr<Client> Connect(ZmqContext& ctx, const std::string& endpoint,
+                                const std::string& name) {
   auto t = ConnectZmqClient(ctx, {endpoint});
   if (!t.ok()) return nullptr;
   ClientOptions o;
@@ -85,15 +90,17 @@ TEST(DurabilityTest, ShardKilledWhileWritingLargeSnapshotsRecoversACompleteEarli
   float last_value = 0.f;
   int recovered_nonempty = 0;
   for (int round = 0; round < 4; ++round) {
-    auto shard = StartShard(endpoint, data, dir.path() + "/shard0.log", {"--checkpoint-interval=1ms"});
+    auto shard =
+        StartShard(endpoint, data, dir.path() + "/shard0.log", {"--checkpoint-interval=1ms"});
     ZmqContext ctx;
     auto client = Connect(ctx, endpoint, "pusher");
     ASSERT_NE(client, nullptr) << shard->ReadLog();
     auto table = client->CreateTable(BigTable(kRows, kCols));
     ASSERT_TRUE(table.ok()) << table.status();
     // Push until the kill; a push the dead shard never answers is simply abandoned.
-    const auto kill_at = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(std::uniform_int_distribution<int>(400, 2000)(rng));
+    const auto kill_at =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(400, 2000)(rng));
     int pushes = 0;
     while (std::chrono::steady_clock::now() < kill_at) {
       auto f = client->Push(*table, minus_one.data());
@@ -105,7 +112,8 @@ TEST(DurabilityTest, ShardKilledWhileWritingLargeSnapshotsRecoversACompleteEarli
     shard->Kill();
     client.reset();
     const std::string log = shard->ReadLog();
-    ASSERT_NE(log.find("snapshot #"), std::string::npos) << "the shard wrote no snapshot before the kill: " << log;
+    ASSERT_NE(log.find("snapshot #"), std::string::npos)
+        << "the shard wrote no snapshot before the kill: " << log;
 
     server::RocksDbStoreOptions so;
     so.path = data;
@@ -120,22 +128,26 @@ TEST(DurabilityTest, ShardKilledWhileWritingLargeSnapshotsRecoversACompleteEarli
     ASSERT_EQ(v.size(), kRows * kCols);
     size_t mixed = 0;
     for (float x : v) mixed += x != v[0];
-    EXPECT_EQ(mixed, 0u) << "round " << round << ": snapshot #" << s.sequence << " mixes two states";
+    EXPECT_EQ(mixed, 0u) << "round " << round << ": snapshot #" << s.sequence
+                         << " mixes two states";
     EXPECT_EQ(v[0], std::floor(v[0]));
     EXPECT_GE(s.sequence, last_sequence) << "recovered an older snapshot than the last round's";
     EXPECT_GE(v[0], last_value);
-    EXPECT_EQ(static_cast<uint64_t>(v[0]), s.tables[0].optimizer_steps) << "values and optimizer steps agree";
-    std::printf("round %d: %d pushes acknowledged, recovered snapshot #%llu holding %g pushes\n", round, pushes,
-                static_cast<unsigned long long>(s.sequence), static_cast<double>(v[0]));
+    EXPECT_EQ(static_cast<uint64_t>(v[0]), s.tables[0].optimizer_steps)
+        << "values and optimizer steps agree";
+    std::printf("round %d: %d pushes acknowledged, recovered snapshot #%llu holding %g pushes\n",
+                round, pushes, static_cast<unsigned long long>(s.sequence),
+                static_cast<double>(v[0]));
     // No snapshot the shard finished (and logged) before the kill is lost: it was synced.
     uint64_t last_logged = 0;
-    for (size_t at = log.find("snapshot #"); at != std::string::npos; at = log.find("snapshot #", at + 1)) {
+    for (size_t at = log.find("snapshot #"); at != std::string::npos;
+         at = log.find("snapshot #", at + 1)) {
       if (log.compare(log.find(' ', at + 10), 9, " at clock") == 0) {
         last_logged = std::max<uint64_t>(last_logged, std::stoull(log.substr(at + 10)));
       }
     }
-    EXPECT_GE(s.sequence, last_logged) << "snapshot #" << last_logged << " was written, yet #" << s.sequence
-                                       << " was recovered";
+    EXPECT_GE(s.sequence, last_logged)
+        << "snapshot #" << last_logged << " was written, yet #" << s.sequence << " was recovered";
     last_sequence = s.sequence;
     last_value = v[0];
     recovered_nonempty += v[0] > 0;
@@ -170,8 +182,10 @@ TEST(DurabilityTest, RecoveredTableKeepsItsSpecAcrossAShardRestart) {
   auto refused = client->CreateTable(other);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kAlreadyExists) << refused.status();
-  EXPECT_NE(refused.status().message().find("as 100 x 4 float32, adam("), std::string::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("asks for 100 x 5 float32, adam("), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("as 100 x 4 float32, adam("), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("asks for 100 x 5 float32, adam("), std::string::npos)
+      << refused.status();
   EXPECT_NE(shard->ReadLog().find("recovered snapshot"), std::string::npos);
 }
 
@@ -185,9 +199,12 @@ class RefusedDirectoryTest : public ::testing::Test {
   void MakeStore(const std::string& data, int shard = 0, int num_shards = 1) {
     const std::string endpoint = Endpoint(FreePort());
     for (int run = 0; run < 2; ++run) {
-      auto p = StartShard(endpoint, data, dir_.path() + "/make" + std::to_string(run) + ".log", {}, shard, num_shards);
-      if (num_shards != 1) {  // a one-endpoint client cannot join a 2-shard job: the shard's own snapshots do
-        ASSERT_TRUE(WaitFor([&] { return p->ReadLog().find("listening") != std::string::npos; }, 20s));
+      auto p = StartShard(endpoint, data, dir_.path() + "/make" + std::to_string(run) + ".log", {},
+                          shard, num_shards);
+      if (num_shards !=
+          1) {  // a one-endpoint client cannot join a 2-shard job: the shard's own snapshots do
+        ASSERT_TRUE(
+            WaitFor([&] { return p->ReadLog().find("listening") != std::string::npos; }, 20s));
       } else {
         ZmqContext ctx;
         auto t = ConnectZmqClient(ctx, {endpoint});
@@ -205,9 +222,11 @@ class RefusedDirectoryTest : public ::testing::Test {
     }
   }
 
-  void ExpectRefused(const std::string& data, const std::string& hint, int shard = 0, int num_shards = 1) {
+  void ExpectRefused(const std::string& data, const std::string& hint, int shard = 0,
+                     int num_shards = 1) {
     const auto before = TreeOf(data);
-    auto p = StartShard(Endpoint(FreePort()), data, dir_.path() + "/refused.log", {}, shard, num_shards);
+    auto p =
+        StartShard(Endpoint(FreePort()), data, dir_.path() + "/refused.log", {}, shard, num_shards);
     auto code = p->Wait(30s);
     const std::string log = p->ReadLog();
     ASSERT_TRUE(code.has_value()) << "leash-server did not exit: " << log;

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 #include <variant>
 #include <zmq.hpp>
@@ -28,7 +28,9 @@ using testing::TempDir;
 using testing::WaitFor;
 using SteadyClock = std::chrono::steady_clock;
 
-int64_t Ms(SteadyClock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
+int64_t Ms(SteadyClock::duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
 
 // Minimum clock over shards (-1 if a shard does not answer).
 int64_t MinClock(Cluster& c) {
@@ -83,11 +85,14 @@ std::vector<int> ChildProcesses() {
 // Every fault test must leave no process behind, whatever its outcome.
 class FaultTest : public ::testing::Test {
  protected:
-  void TearDown() override { EXPECT_TRUE(ChildProcesses().empty()) << "a test left processes behind"; }
+  void TearDown() override {
+    EXPECT_TRUE(ChildProcesses().empty()) << "a test left processes behind";
+  }
 };
 
-const std::vector<std::string> kQuickJob = {"--train-limit=6000", "--test-limit=1000", "--chunk-size=250",
-                                            "--log-every=0",      "--batch=32",         "--connect-timeout=30"};
+const std::vector<std::string> kQuickJob = {"--train-limit=6000", "--test-limit=1000",
+                                            "--chunk-size=250",   "--log-every=0",
+                                            "--batch=32",         "--connect-timeout=30"};
 
 std::vector<std::string> Job(std::vector<std::string> more) {
   std::vector<std::string> f = kQuickJob;
@@ -101,14 +106,16 @@ TEST_F(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsUntilItsLeaseEvictsI
   Cluster cluster(2, dir.path(), {"--lease-timeout=2s"});
   std::vector<std::unique_ptr<Process>> w;
   for (int i = 0; i < 3; ++i) {
-    w.push_back(cluster.StartWorker("w" + std::to_string(i), Job({"--epochs=3", "--staleness=0", "--no-eval"})));
+    w.push_back(cluster.StartWorker("w" + std::to_string(i),
+                                    Job({"--epochs=3", "--staleness=0", "--no-eval"})));
   }
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 3; }, 90s)) << w[0]->ReadLog();
   // A worker that joins late starts at the others' clock: wait until w2 has trained a few
   // iterations of its own, so it holds a data chunk when it dies (the others can reach
   // clock 30 before it has even loaded the data set).
   const int64_t joined_at = WorkerClock(cluster, "w2");
-  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 30 && WorkerClock(cluster, "w2") >= joined_at + 3; }, 90s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return MinClock(cluster) >= 30 && WorkerClock(cluster, "w2") >= joined_at + 3; }, 90s))
       << w[2]->ReadLog();
   w[2]->Kill();
   auto killed_at = SteadyClock::now();
@@ -120,11 +127,12 @@ TEST_F(FaultTest, KilledWorkerStallsBulkSynchronousSurvivorsUntilItsLeaseEvictsI
   // a loaded machine stretches it.)
   ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) > dead_clock; }, 300s));
   int64_t stall_ms = Ms(SteadyClock::now() - killed_at);
-  std::printf("survivors resumed %lld ms after the kill (lease %lld ms)\n", static_cast<long long>(stall_ms),
-              static_cast<long long>(kLeaseMs));
+  std::printf("survivors resumed %lld ms after the kill (lease %lld ms)\n",
+              static_cast<long long>(stall_ms), static_cast<long long>(kLeaseMs));
   for (int s = 0; s < 2; ++s) {
     EXPECT_NE(cluster.shard(s).ReadLog().find("'w2' at clock"), std::string::npos)
-        << "shard " << s << " evicted w2 when its lease ran out\n" << cluster.shard(s).ReadLog();
+        << "shard " << s << " evicted w2 when its lease ran out\n"
+        << cluster.shard(s).ReadLog();
   }
   EXPECT_EQ(LiveWorkers(cluster), 2);
   for (int i = 0; i < 2; ++i) {
@@ -149,7 +157,8 @@ TEST_F(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2; }, 60s)) << second->ReadLog();
   int64_t joined = WorkerClock(cluster, "second");
   EXPECT_GE(joined, before) << "a joining worker starts at the current minimum clock, not at 0";
-  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "second") >= joined + 20; }, 60s)) << second->ReadLog();
+  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "second") >= joined + 20; }, 60s))
+      << second->ReadLog();
   second->Signal(SIGTERM);
   auto t0 = SteadyClock::now();
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 300s)) << second->ReadLog();
@@ -167,7 +176,8 @@ TEST_F(FaultTest, WorkerJoinsLiveAtTheMinimumClockAndLeavesAtOnce) {
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 0) << second->ReadLog();
   int64_t after = MinClock(cluster);
-  EXPECT_TRUE(WaitFor([&] { return MinClock(cluster) >= after + 20; }, 60s)) << "the first worker goes on";
+  EXPECT_TRUE(WaitFor([&] { return MinClock(cluster) >= after + 20; }, 60s))
+      << "the first worker goes on";
 }
 
 TEST_F(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
@@ -175,15 +185,19 @@ TEST_F(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
   Cluster cluster(2, dir.path(), {"--lease-timeout=1500ms"});
   auto a = cluster.StartWorker("a", Job({"--epochs=60", "--staleness=0", "--no-eval"}));
   auto b = cluster.StartWorker("b", Job({"--epochs=60", "--staleness=0", "--no-eval"}));
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2 && MinClock(cluster) >= 20; }, 90s)) << b->ReadLog();
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2 && MinClock(cluster) >= 20; }, 90s))
+      << b->ReadLog();
   b->Signal(SIGSTOP);
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 300s)) << "the paused worker is evicted";
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 1; }, 300s))
+      << "the paused worker is evicted";
   int64_t evicted_at = MinClock(cluster);
-  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= evicted_at + 20; }, 60s)) << "the other worker went on";
+  ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= evicted_at + 20; }, 60s))
+      << "the other worker went on";
   b->Signal(SIGCONT);
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster) == 2; }, 30s)) << b->ReadLog();
   int64_t rejoined = WorkerClock(cluster, "b");
-  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "b") >= rejoined + 10; }, 60s)) << b->ReadLog();
+  ASSERT_TRUE(WaitFor([&] { return WorkerClock(cluster, "b") >= rejoined + 10; }, 60s))
+      << b->ReadLog();
   EXPECT_NE(b->ReadLog().find("rejoining as incarnation"), std::string::npos) << b->ReadLog();
   a->Signal(SIGTERM);
   b->Signal(SIGTERM);
@@ -194,7 +208,8 @@ TEST_F(FaultTest, PausedWorkerIsEvictedThenRejoinsWithANewIncarnation) {
 TEST_F(FaultTest, StopSignalWithAShardDownExitsAfterTheLeaveTimeoutInsteadOfHanging) {
   TempDir dir;
   Cluster cluster(2, dir.path());
-  auto w = cluster.StartWorker("w", Job({"--epochs=100", "--staleness=0", "--no-eval", "--leave-timeout=2"}));
+  auto w = cluster.StartWorker(
+      "w", Job({"--epochs=100", "--staleness=0", "--no-eval", "--leave-timeout=2"}));
   ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 20; }, 90s)) << w->ReadLog();
   cluster.shard(1).Kill();  // and it never comes back
   std::this_thread::sleep_for(300ms);
@@ -217,7 +232,8 @@ TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   s.connect(cluster.endpoints()[0]);
   auto send = [&](const Message& m) {
     for (size_t i = 0; i < m.size(); ++i) {
-      s.send(zmq::buffer(m[i].data(), m[i].size()), i + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      s.send(zmq::buffer(m[i].data(), m[i].size()),
+             i + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   };
   auto reply = [&]() -> Message {
@@ -239,7 +255,8 @@ TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   ASSERT_TRUE(std::holds_alternative<TableCreated>(DecodeReply(reply()).value().value));
   send(MakeRegister(2, 77, 1, "dup"));
   ASSERT_TRUE(std::holds_alternative<Welcome>(DecodeReply(reply()).value().value));
-  Message push = MakePush(3, 0, Rows::Range(0, 2), 77, 1, 1, DType::kF32, EncodeValues(std::vector<float>{1, 2}, DType::kF32));
+  Message push = MakePush(3, 0, Rows::Range(0, 2), 77, 1, 1, DType::kF32,
+                          EncodeValues(std::vector<float>{1, 2}, DType::kF32));
   send(push);
   Message r1 = reply();
   send(push);  // the client's retry after a lost reply
@@ -247,7 +264,8 @@ TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
   auto d1 = DecodeReply(r1);
   auto d2 = DecodeReply(r2);
   ASSERT_TRUE(d1.ok() && d2.ok());
-  ASSERT_TRUE(std::holds_alternative<PushReply>(d1->value) && std::holds_alternative<PushReply>(d2->value));
+  ASSERT_TRUE(std::holds_alternative<PushReply>(d1->value) &&
+              std::holds_alternative<PushReply>(d2->value));
   EXPECT_TRUE(std::get<PushReply>(d1->value).applied);
   EXPECT_FALSE(std::get<PushReply>(d2->value).applied);
   send(MakePull(4, 0, Rows::Range(0, 2), 77, 0, 0));
@@ -267,7 +285,8 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   auto last_snapshot = [](const std::string& log) {
     std::regex snap_re("snapshot #([0-9]+) at clock ([0-9]+) written");
     std::pair<std::string, int64_t> last{"", -1};
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), snap_re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), snap_re);
+         it != std::sregex_iterator(); ++it) {
       last = {(*it)[1], std::stoll((*it)[2])};
     }
     return last;
@@ -287,14 +306,17 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
     std::string where;
     if (st.ok()) {
       for (const auto& sh : *st) {
-        where += "shard " + std::to_string(sh.shard) + " min clock " + std::to_string(sh.min_clock) + " parked " +
-                 std::to_string(sh.parked_pulls) + ";";
+        where += "shard " + std::to_string(sh.shard) + " min clock " +
+                 std::to_string(sh.min_clock) + " parked " + std::to_string(sh.parked_pulls) + ";";
         for (const auto& w : sh.workers) where += " " + w.name + "@" + std::to_string(w.clock);
         where += "\n";
       }
     }
-    FAIL() << "workers did not finish\n" << where << "--- a\n" << a->ReadLog() << "--- b\n" << b->ReadLog()
-           << "--- shard 1\n" << cluster.shard(1).ReadLog();
+    FAIL() << "workers did not finish\n"
+           << where << "--- a\n"
+           << a->ReadLog() << "--- b\n"
+           << b->ReadLog() << "--- shard 1\n"
+           << cluster.shard(1).ReadLog();
   }
   EXPECT_EQ(*ca, 0) << a->ReadLog();
   EXPECT_EQ(*cb, 0) << b->ReadLog();
@@ -306,7 +328,8 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   EXPECT_EQ((*stats)[0].coverage.epochs_done, 4u);
   EXPECT_NE(a->ReadLog().find("final test accuracy"), std::string::npos);
   // The workers noticed the restart and sent again what the dead shard had lost.
-  EXPECT_NE((a->ReadLog() + b->ReadLog()).find("shard 1 restarted; resent"), std::string::npos) << a->ReadLog();
+  EXPECT_NE((a->ReadLog() + b->ReadLog()).find("shard 1 restarted; resent"), std::string::npos)
+      << a->ReadLog();
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ class RawPeer {
   }
   void Send(const Message& m) {
     for (size_t i = 0; i < m.size(); ++i) {
-      s_.send(zmq::buffer(m[i].view()), i + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      s_.send(zmq::buffer(m[i].view()),
+              i + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
   std::optional<Status> Reply(std::chrono::milliseconds wait) {
@@ -61,7 +62,8 @@ class RawPeer {
 
 TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   TempDir dir;
-  Cluster cluster(1, dir.path(), {"--max-message-mb=1", "--max-keys=100", "--max-parked-per-peer=2"});
+  Cluster cluster(1, dir.path(),
+                  {"--max-message-mb=1", "--max-keys=100", "--max-parked-per-peer=2"});
   auto a = cluster.Connect("a");
   auto b = cluster.Connect("b");
   ASSERT_TRUE(a && b);
@@ -85,7 +87,8 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   zmq::context_t raw_ctx;
   RawPeer raw(raw_ctx, cluster.endpoints()[0]);
   std::vector<float> huge(384 * 1024, 1.f);
-  raw.Send(MakePush(1, 0, Rows::Range(0, 384), 4242, 1, 1, DType::kF32, EncodeValues(huge, DType::kF32)));
+  raw.Send(MakePush(1, 0, Rows::Range(0, 384), 4242, 1, 1, DType::kF32,
+                    EncodeValues(huge, DType::kF32)));
   auto reply = raw.Reply(20s);
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(reply->code(), StatusCode::kResourceExhausted) << *reply;
@@ -94,7 +97,8 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   // A 3 MiB frame is over ZeroMQ's cap: the connection is dropped without buffering it.
   RawPeer raw2(raw_ctx, cluster.endpoints()[0]);
   std::vector<float> huger(768 * 1024, 1.f);
-  raw2.Send(MakePush(2, 0, Rows::Range(0, 512), 4242, 1, 1, DType::kF32, EncodeValues(huger, DType::kF32)));
+  raw2.Send(MakePush(2, 0, Rows::Range(0, 512), 4242, 1, 1, DType::kF32,
+                     EncodeValues(huger, DType::kF32)));
   EXPECT_FALSE(raw2.Reply(2s).has_value());
 
   // Too many keys in one request.
@@ -161,14 +165,16 @@ TEST(LimitsTest, RepliesToAPeerThatDoesNotReadAreDroppedNotBuffered) {
   zmq::context_t raw_ctx;
   RawPeer raw(raw_ctx, cluster.endpoints()[0], /*slow_reader=*/true);
   constexpr int kPulls = 300;
-  for (int i = 0; i < kPulls; ++i) raw.Send(MakePull(100 + i, t->shard_ids[0], Rows::Range(0, 256), 0, 0, 0));
+  for (int i = 0; i < kPulls; ++i)
+    raw.Send(MakePull(100 + i, t->shard_ids[0], Rows::Range(0, 256), 0, 0, 0));
   ASSERT_TRUE(testing::WaitFor(
       [&] {
         auto st = a->Stats();
         return st.ok() && (*st)[0].pulls_served >= kPulls;
       },
       60s));
-  std::printf("shard RSS after %d unread 1 MiB replies: %.0f MiB\n", kPulls, RssMb(cluster.shard(0).pid()));
+  std::printf("shard RSS after %d unread 1 MiB replies: %.0f MiB\n", kPulls,
+              RssMb(cluster.shard(0).pid()));
 
   // The well-behaved client is still served.
   std::vector<float> v(t->size());
@@ -179,7 +185,8 @@ TEST(LimitsTest, RepliesToAPeerThatDoesNotReadAreDroppedNotBuffered) {
   EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
   std::string log = cluster.shard(0).ReadLog();
   int64_t dropped = testing::CountInFinalLog(log, "replies dropped");
-  EXPECT_GE(dropped, kPulls / 2) << log;  // most of them: only a few MiB fit the queue and the socket buffers
+  EXPECT_GE(dropped, kPulls / 2)
+      << log;  // most of them: only a few MiB fit the queue and the socket buffers
   EXPECT_NE(log.find("unread replies queued"), std::string::npos) << log;
 }
 

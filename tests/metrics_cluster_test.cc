@@ -34,20 +34,27 @@ constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
 // run that is stuck, however loaded the machine.
 constexpr auto kStuck = 300s;
 
-double Value(const Scrape& s, const std::string& name, const std::string& label, const std::string& value) {
+double Value(const Scrape& s, const std::string& name, const std::string& label,
+             const std::string& value) {
   auto v = s.Find(name, label, value);
   EXPECT_TRUE(v.has_value()) << name << "{" << label << "=\"" << value << "\"} missing";
   return v.value_or(NAN);
 }
 
 std::vector<std::string> ServerArgs(int port, int metrics_port, const std::string& dir) {
-  return {LEASH_SERVER_BIN, "--bind=" + Endpoint(port), "--data-dir=" + dir + "/shard0", "--no-sync",
-          "--lease-timeout=5s", "--checkpoint-interval=1s", "--metrics-bind=127.0.0.1:" + std::to_string(metrics_port)};
+  return {LEASH_SERVER_BIN,
+          "--bind=" + Endpoint(port),
+          "--data-dir=" + dir + "/shard0",
+          "--no-sync",
+          "--lease-timeout=5s",
+          "--checkpoint-interval=1s",
+          "--metrics-bind=127.0.0.1:" + std::to_string(metrics_port)};
 }
 
 TEST(MetricsEndToEndTest, ShardAndWorkerPublishTrainingProgress) {
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST not found at " << kData << " (apt-get install dataset-fashion-mnist)";
+    GTEST_SKIP() << "Fashion-MNIST not found at " << kData
+                 << " (apt-get install dataset-fashion-mnist)";
   }
   TempDir dir;
   int port = FreePort(), shard_metrics = FreePort(), worker_metrics = FreePort();
@@ -55,9 +62,9 @@ TEST(MetricsEndToEndTest, ShardAndWorkerPublishTrainingProgress) {
   ASSERT_TRUE(WaitFor([&] { return HttpGet(shard_metrics, "/metrics", 1000).ok(); }, kStuck))
       << shard.ReadLog();
 
-  Process worker({LEASH_WORKER_BIN, "--servers=" + Endpoint(port), "--name=w0", "--staleness=1", "--epochs=1000",
-                  "--train-limit=2000", "--chunk-size=500", "--no-eval", "--log-every=0",
-                  "--metrics-bind=127.0.0.1:" + std::to_string(worker_metrics)},
+  Process worker({LEASH_WORKER_BIN, "--servers=" + Endpoint(port), "--name=w0", "--staleness=1",
+                  "--epochs=1000", "--train-limit=2000", "--chunk-size=500", "--no-eval",
+                  "--log-every=0", "--metrics-bind=127.0.0.1:" + std::to_string(worker_metrics)},
                  dir.path() + "/w0.log");
   // Wait until the worker has trained past its first job epoch (2000 samples) and has
   // heard that the epoch is done; the checks below read this very scrape.
@@ -145,11 +152,11 @@ TEST(PrometheusTextTest, ReadsSamplesAndRejectsMalformedLines) {
   EXPECT_EQ(ok->Find("h_count"), 2);
   EXPECT_EQ(ok->Find("h_sum"), 1.5e-3);
   EXPECT_EQ(ok->types.at("h"), "histogram");
-  for (const char* bad : {"a_total 3\n",                              // no TYPE before it
-                          "# TYPE a counter\na{shard=0} 3\n",        // unquoted label value
-                          "# TYPE a counter\na 3x\n",                // not a number
-                          "# TYPE a countr\na 3\n",                  // unknown type
-                          "# TYPE a counter\na\n"}) {                // no value
+  for (const char* bad : {"a_total 3\n",                       // no TYPE before it
+                          "# TYPE a counter\na{shard=0} 3\n",  // unquoted label value
+                          "# TYPE a counter\na 3x\n",          // not a number
+                          "# TYPE a countr\na 3\n",            // unknown type
+                          "# TYPE a counter\na\n"}) {          // no value
     EXPECT_FALSE(ParsePrometheusText(bad).ok()) << bad;
   }
 }
@@ -193,8 +200,10 @@ TEST(MetricsEndToEndTest, BadMetricsBindExitsWithAClearMessage) {
   TakenPort taken;
   std::string in_use = "127.0.0.1:" + std::to_string(taken.port());
   int port = FreePort();
-  std::vector<std::string> server = {LEASH_SERVER_BIN, "--bind=" + Endpoint(port), "--data-dir=" + dir.path() + "/s"};
-  std::vector<std::string> worker = {LEASH_WORKER_BIN, "--servers=" + Endpoint(port), "--connect-timeout=2"};
+  std::vector<std::string> server = {LEASH_SERVER_BIN, "--bind=" + Endpoint(port),
+                                     "--data-dir=" + dir.path() + "/s"};
+  std::vector<std::string> worker = {LEASH_WORKER_BIN, "--servers=" + Endpoint(port),
+                                     "--connect-timeout=2"};
 
   int n = 0;
   for (const auto& base : {server, worker}) {

@@ -121,7 +121,8 @@ Result<std::pair<size_t, size_t>> NonFiniteValues(Cluster& c) {
       for (size_t i = 0; i < s.tables.size(); ++i) {
         if (s.tables[i].name == h.name) id = static_cast<uint32_t>(i);
       }
-      if (id == UINT32_MAX) return NotFound("shard " + std::to_string(s.shard) + " lacks table " + h.name);
+      if (id == UINT32_MAX)
+        return NotFound("shard " + std::to_string(s.shard) + " lacks table " + h.name);
       h.shard_ids.push_back(id);
     }
     std::vector<float> v(h.size());
@@ -133,14 +134,19 @@ Result<std::pair<size_t, size_t>> NonFiniteValues(Cluster& c) {
 }
 
 TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
-  if (EnvInt("LEASH_SOAK", 0) != 1) GTEST_SKIP() << "set LEASH_SOAK=1 to run the soak test (ctest -L soak)";
+  if (EnvInt("LEASH_SOAK", 0) != 1)
+    GTEST_SKIP() << "set LEASH_SOAK=1 to run the soak test (ctest -L soak)";
   const int64_t window_s = std::max<int64_t>(20, EnvInt("LEASH_SOAK_SECONDS", 200));
   // About 4.5 s per epoch on the 2-core development machine under load: the job outlasts the
   // window, and the drain after it finishes the rest.
   const int64_t epochs = std::max<int64_t>(2, EnvInt("LEASH_SOAK_EPOCHS", window_s / 3));
-  const auto seed = static_cast<uint64_t>(EnvInt("LEASH_SOAK_SEED", static_cast<int64_t>(std::random_device{}() % 1000000)));
-  std::printf("soak: seed %llu (LEASH_SOAK_SEED to repeat), window %llds, %lld epochs of full Fashion-MNIST\n",
-              static_cast<unsigned long long>(seed), static_cast<long long>(window_s), static_cast<long long>(epochs));
+  const auto seed = static_cast<uint64_t>(
+      EnvInt("LEASH_SOAK_SEED", static_cast<int64_t>(std::random_device{}() % 1000000)));
+  std::printf(
+      "soak: seed %llu (LEASH_SOAK_SEED to repeat), window %llds, %lld epochs of full "
+      "Fashion-MNIST\n",
+      static_cast<unsigned long long>(seed), static_cast<long long>(window_s),
+      static_cast<long long>(epochs));
   std::fflush(stdout);
   std::mt19937_64 rng(seed);
   auto uniform = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
@@ -148,9 +154,14 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   TempDir dir;
   Cluster cluster(2, dir.path(), {"--lease-timeout=3s", "--checkpoint-interval=5s"});
   ASSERT_TRUE(WaitFor([&] { return cluster.Stats().ok(); }, 30s)) << cluster.shard(0).ReadLog();
-  const std::vector<std::string> job = {"--epochs=" + std::to_string(epochs), "--staleness=2", "--batch=64",
-                                        "--chunk-size=2000", "--log-every=0", "--connect-timeout=60",
-                                        "--leave-timeout=15", "--threads=1"};
+  const std::vector<std::string> job = {"--epochs=" + std::to_string(epochs),
+                                        "--staleness=2",
+                                        "--batch=64",
+                                        "--chunk-size=2000",
+                                        "--log-every=0",
+                                        "--connect-timeout=60",
+                                        "--leave-timeout=15",
+                                        "--threads=1"};
   auto flags = [&](bool eval) {
     auto f = job;
     if (!eval) f.push_back("--no-eval");
@@ -175,7 +186,8 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   series["shard1"] = {"shard1", cluster.shard(1).pid(), {}};
   series["steady worker"] = {"steady worker", workers[0]->pid(), {}};
 
-  int sigkills = 0, sigterms = 0, restarts = 0, graceful_exits = 0, early_terms = 0, shard_restarts = 0;
+  int sigkills = 0, sigterms = 0, restarts = 0, graceful_exits = 0, early_terms = 0,
+      shard_restarts = 0;
   double shard_restart_t = -1;
   const auto t0 = SteadyClock::now();
   auto now_s = [&] { return std::chrono::duration<double>(SteadyClock::now() - t0).count(); };
@@ -256,10 +268,12 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
       ++restarts;
     }
   }
-  std::printf("soak %.0fs: chaos over (%d SIGKILL, %d SIGTERM, %d restarts, %d shard restart); draining\n", chaos_end,
-              sigkills, sigterms, restarts, shard_restarts);
+  std::printf(
+      "soak %.0fs: chaos over (%d SIGKILL, %d SIGTERM, %d restarts, %d shard restart); draining\n",
+      chaos_end, sigkills, sigterms, restarts, shard_restarts);
   std::fflush(stdout);
-  const auto drain_deadline = SteadyClock::now() + std::chrono::seconds(std::max<int64_t>(600, window_s * 2));
+  const auto drain_deadline =
+      SteadyClock::now() + std::chrono::seconds(std::max<int64_t>(600, window_s * 2));
   for (int i = 0; i < kSlots; ++i) {
     while (SteadyClock::now() < drain_deadline && !workers[i]->Wait(2s)) {
       const double t = now_s();
@@ -269,7 +283,8 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
       }
     }
     auto code = workers[i]->Wait(0ms);
-    ASSERT_EQ(code, std::optional<int>(0)) << "worker slot " << i << " did not finish the job: " << workers[i]->ReadLog();
+    ASSERT_EQ(code, std::optional<int>(0))
+        << "worker slot " << i << " did not finish the job: " << workers[i]->ReadLog();
   }
   const double end_t = now_s();
   for (auto& [name, s] : series) {
@@ -279,7 +294,9 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   // Epochs complete.
   const std::string status = LeashctlStatus(cluster, dir.path());
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(status, m, std::regex(R"re("epochs_done": (\d+), "epochs": (\d+))re"))) << status;
+  ASSERT_TRUE(
+      std::regex_search(status, m, std::regex(R"re("epochs_done": (\d+), "epochs": (\d+))re")))
+      << status;
   EXPECT_EQ(std::stoll(m[1]), epochs) << status;
   EXPECT_EQ(std::stoll(m[2]), epochs) << status;
 
@@ -293,18 +310,23 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   std::string steady_log = workers[0]->ReadLog();
   std::smatch acc;
   double accuracy = -1;
-  if (std::regex_search(steady_log, acc, std::regex(R"(final test accuracy ([0-9.]+)%)"))) accuracy = std::stod(acc[1]);
-  EXPECT_GT(accuracy, 70.0) << steady_log.substr(steady_log.size() > 3000 ? steady_log.size() - 3000 : 0);
+  if (std::regex_search(steady_log, acc, std::regex(R"(final test accuracy ([0-9.]+)%)")))
+    accuracy = std::stod(acc[1]);
+  EXPECT_GT(accuracy, 70.0) << steady_log.substr(steady_log.size() > 3000 ? steady_log.size() - 3000
+                                                                          : 0);
 
   // Leaks. The shards: fds back to their at-rest count (+-8: RocksDB keeps its table files
-  // open, a few more once snapshots were flushed; compaction bounds them) once every worker is gone;
-  // RSS growth over the second half of the run under 16 MiB. The steady worker: fds and RSS
+  // open, a few more once snapshots were flushed; compaction bounds them) once every worker is
+  // gone; RSS growth over the second half of the run under 16 MiB. The steady worker: fds and RSS
   // over the second half (its connections stay open) within 8 fds and 64 MiB.
-  std::printf("soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d left gracefully, %d still starting up), "
-              "%d worker restarts, %d shard restart at %.0fs; %lld epochs done; %zu values finite; final test accuracy "
-              "%.2f%%\n",
-              chaos_end, end_t - chaos_end, sigkills, sigterms, graceful_exits, early_terms, restarts, shard_restarts,
-              shard_restart_t, static_cast<long long>(epochs), finite->first, accuracy);
+  std::printf(
+      "soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d left gracefully, %d still "
+      "starting up), "
+      "%d worker restarts, %d shard restart at %.0fs; %lld epochs done; %zu values finite; final "
+      "test accuracy "
+      "%.2f%%\n",
+      chaos_end, end_t - chaos_end, sigkills, sigterms, graceful_exits, early_terms, restarts,
+      shard_restarts, shard_restart_t, static_cast<long long>(epochs), finite->first, accuracy);
   for (auto& [name, s] : series) {
     ASSERT_GE(s.samples.size(), 4u) << name;
     const double first_t = s.samples.front().t;
@@ -313,10 +335,12 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
     const Sample& mid = s.At(half);
     const Sample& last = s.samples.back();
     const int64_t growth_kib = s.MaxRssFrom(half) - mid.rss_kib;
-    std::printf("soak: %-13s pid %d: RSS %.1f MiB at %.0fs, %.1f MiB at %.0fs (mid), %.1f MiB at the end, max growth "
-                "over the second half %.1f MiB; fds %d -> %d -> %d\n",
-                name.c_str(), s.pid, first.rss_kib / 1024.0, first.t, mid.rss_kib / 1024.0, mid.t,
-                last.rss_kib / 1024.0, growth_kib / 1024.0, first.fds, mid.fds, last.fds);
+    std::printf(
+        "soak: %-13s pid %d: RSS %.1f MiB at %.0fs, %.1f MiB at %.0fs (mid), %.1f MiB at the end, "
+        "max growth "
+        "over the second half %.1f MiB; fds %d -> %d -> %d\n",
+        name.c_str(), s.pid, first.rss_kib / 1024.0, first.t, mid.rss_kib / 1024.0, mid.t,
+        last.rss_kib / 1024.0, growth_kib / 1024.0, first.fds, mid.fds, last.fds);
     if (name == "steady worker") {
       EXPECT_LT(growth_kib, 64 * 1024) << name;
       EXPECT_LE(last.fds, mid.fds + 8) << name;
@@ -326,14 +350,17 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   }
   // Shard 0 ran the whole time: compare with its fds before any worker connected. Shard 1
   // was restarted with the workers around: its end (no workers) is at most its first sample.
-  std::printf("soak: shard0 fds at rest %d before the job, %d after it; shard1 fds %d after its restart, %d after the "
-              "job\n",
-              rest_fds[0], series["shard0"].samples.back().fds, series["shard1"].samples.front().fds,
-              series["shard1"].samples.back().fds);
+  std::printf(
+      "soak: shard0 fds at rest %d before the job, %d after it; shard1 fds %d after its restart, "
+      "%d after the "
+      "job\n",
+      rest_fds[0], series["shard0"].samples.back().fds, series["shard1"].samples.front().fds,
+      series["shard1"].samples.back().fds);
   EXPECT_LE(std::abs(series["shard0"].samples.back().fds - rest_fds[0]), 8);
   EXPECT_LE(series["shard1"].samples.back().fds, series["shard1"].samples.front().fds + 8);
   EXPECT_FALSE(job_done_early && chaos_end < static_cast<double>(window_s) / 3)
-      << "the job ended in the first third of the window, too early for a soak: raise LEASH_SOAK_EPOCHS";
+      << "the job ended in the first third of the window, too early for a soak: raise "
+         "LEASH_SOAK_EPOCHS";
   std::fflush(stdout);
 }
 

@@ -39,7 +39,8 @@ class TrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
-      GTEST_SKIP() << "Fashion-MNIST not found at " << kData << " (apt-get install dataset-fashion-mnist)";
+      GTEST_SKIP() << "Fashion-MNIST not found at " << kData
+                   << " (apt-get install dataset-fashion-mnist)";
     }
     for (int i = 0; i < 2; ++i) {
       ports_.push_back(FreePort());
@@ -47,19 +48,25 @@ class TrainingTest : public ::testing::Test {
     }
     for (int i = 0; i < 2; ++i) {
       shards_.push_back(std::make_unique<Process>(
-          std::vector<std::string>{LEASH_SERVER_BIN, "--shard=" + std::to_string(i), "--num-shards=2",
+          std::vector<std::string>{LEASH_SERVER_BIN, "--shard=" + std::to_string(i),
+                                   "--num-shards=2",
                                    "--bind=" + Endpoint(ports_[static_cast<size_t>(i)]),
-                                   "--data-dir=" + dir_.path() + "/shard" + std::to_string(i), "--no-sync",
-                                   "--lease-timeout=5s"},
+                                   "--data-dir=" + dir_.path() + "/shard" + std::to_string(i),
+                                   "--no-sync", "--lease-timeout=5s"},
           dir_.path() + "/shard" + std::to_string(i) + ".log"));
     }
   }
 
   std::unique_ptr<Process> Worker(int index, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {LEASH_WORKER_BIN,       "--servers=" + servers_,
-                                     "--name=w" + std::to_string(index), "--chunk-size=500",
-                                     "--train-limit=6000",   "--test-limit=2000",
-                                     "--log-every=20",       "--metrics-out=" + dir_.path() + "/w" + std::to_string(index) + ".json"};
+    std::vector<std::string> argv = {
+        LEASH_WORKER_BIN,
+        "--servers=" + servers_,
+        "--name=w" + std::to_string(index),
+        "--chunk-size=500",
+        "--train-limit=6000",
+        "--test-limit=2000",
+        "--log-every=20",
+        "--metrics-out=" + dir_.path() + "/w" + std::to_string(index) + ".json"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Process>(argv, dir_.path() + "/w" + std::to_string(index) + ".log");
   }
@@ -115,7 +122,7 @@ TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   ASSERT_EQ(w1->Wait(std::chrono::minutes(4)), 0) << w1->ReadLog();
   std::string p0 = dir_.path() + "/w0.json", p1 = dir_.path() + "/w1.json";
   double iterations = Field(p0, "iterations").at(0);
-  auto steps = Field(p0, "step");  // the evaluations' (the epochs' key is "steps")
+  auto steps = Field(p0, "step");         // the evaluations' (the epochs' key is "steps")
   auto acc = Field(p0, "test_accuracy");  // the epochs' are -1 (--no-eval), then the points'
   ASSERT_EQ(acc.size(), 2 + steps.size());
   EXPECT_EQ(steps.size(), static_cast<size_t>(iterations / 10));
@@ -134,8 +141,8 @@ TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
 }
 
 TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
-  std::vector<std::string> cnn = {"--model=cnn", "--epochs=3", "--staleness=1", "--train-limit=1500",
-                                  "--test-limit=500", "--lr=0.02"};
+  std::vector<std::string> cnn = {"--model=cnn",        "--epochs=3",       "--staleness=1",
+                                  "--train-limit=1500", "--test-limit=500", "--lr=0.02"};
   auto w0 = Worker(0, cnn);
   auto w1 = Worker(1, cnn);
   ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
@@ -152,13 +159,15 @@ TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
     }
   }
   EXPECT_EQ(samples[0], 1500);
-  EXPECT_LT(loss_sum[2] / samples[2], 0.8 * loss_sum[0] / samples[0]) << "the CNN's training loss did not fall";
+  EXPECT_LT(loss_sum[2] / samples[2], 0.8 * loss_sum[0] / samples[0])
+      << "the CNN's training loss did not fall";
   EXPECT_NE(w0->ReadLog().find("training CNN"), std::string::npos);
 }
 
 TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval"});
-  auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval", "--wire-dtype=fp16"});
+  auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--batch=16", "--accumulate=4", "--no-eval",
+                       "--wire-dtype=fp16"});
   ASSERT_EQ(w0->Wait(std::chrono::minutes(3)), 0) << w0->ReadLog();
   ASSERT_EQ(w1->Wait(std::chrono::minutes(3)), 0) << w1->ReadLog();
   double samples = 0;
@@ -166,7 +175,8 @@ TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
     auto per_epoch = Field(path, "steps");
-    double micro = std::accumulate(per_epoch.begin(), per_epoch.end(), 0.0);  // micro-batches, whole job
+    double micro =
+        std::accumulate(per_epoch.begin(), per_epoch.end(), 0.0);  // micro-batches, whole job
     double iterations = Field(path, "iterations").at(0);
     double chunks = Field(path, "chunks_trained").at(0);
     samples += Field(path, "samples").at(0);
@@ -205,13 +215,16 @@ TEST_F(TrainingTest, InterruptedWorkerLeavesAtOnceAndLeashctlSeesIt) {
 }
 
 TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
-  Process bad({LEASH_WORKER_BIN, "--servers=" + servers_, "--batch=zero"}, dir_.path() + "/bad.log");
+  Process bad({LEASH_WORKER_BIN, "--servers=" + servers_, "--batch=zero"},
+              dir_.path() + "/bad.log");
   EXPECT_EQ(bad.Wait(std::chrono::seconds(20)), 2);
   EXPECT_NE(bad.ReadLog().find("--batch"), std::string::npos) << bad.ReadLog();
-  Process bad_eval({LEASH_WORKER_BIN, "--servers=" + servers_, "--eval-every=-1"}, dir_.path() + "/bad_eval.log");
+  Process bad_eval({LEASH_WORKER_BIN, "--servers=" + servers_, "--eval-every=-1"},
+                   dir_.path() + "/bad_eval.log");
   EXPECT_EQ(bad_eval.Wait(std::chrono::seconds(20)), 2);
   EXPECT_NE(bad_eval.ReadLog().find("--eval-every"), std::string::npos) << bad_eval.ReadLog();
-  Process lost({LEASH_WORKER_BIN, "--servers=" + Endpoint(FreePort()), "--connect-timeout=1"}, dir_.path() + "/lost.log");
+  Process lost({LEASH_WORKER_BIN, "--servers=" + Endpoint(FreePort()), "--connect-timeout=1"},
+               dir_.path() + "/lost.log");
   EXPECT_EQ(lost.Wait(std::chrono::seconds(60)), 1);
   EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();
 }
@@ -219,7 +232,8 @@ TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
 // The job from a --config file, a flag over it; a typo in the file stops the worker.
 TEST_F(TrainingTest, WorkerTakesTheJobFromAConfigFileAndFlagsOverrideIt) {
   std::string job = dir_.path() + "/job.yaml";
-  std::ofstream(job) << "worker:\n  servers: [" << Endpoint(ports_[0]) << ", " << Endpoint(ports_[1])
+  std::ofstream(job) << "worker:\n  servers: [" << Endpoint(ports_[0]) << ", "
+                     << Endpoint(ports_[1])
                      << "]\n  hidden: [32]\n  epochs: 1\n  batch: 10\n  chunk-size: 500\n"
                      << "  train-limit: 2000\n  test-limit: 500\n  name: from-file\n";
   Process worker({LEASH_WORKER_BIN, "--config=" + job, "--batch=50"}, dir_.path() + "/job.log");

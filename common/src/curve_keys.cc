@@ -29,8 +29,8 @@ std::string Trim(const std::string& s) {
 bool ValidName(const std::string& name) {
   if (name.empty() || name == "." || name == "..") return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-           c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
   });
 }
 
@@ -38,23 +38,28 @@ bool ValidName(const std::string& name) {
 void WarnIfShared(const std::string& secret_path) {
   struct stat st {};
   if (::stat(secret_path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    spdlog::warn("secret key {} is readable by other users (mode {:o}); chmod 600 it", secret_path, st.st_mode & 0777);
+    spdlog::warn("secret key {} is readable by other users (mode {:o}); chmod 600 it", secret_path,
+                 st.st_mode & 0777);
   }
 }
 
 Result<std::string> PublicOf(const std::string& secret_z85, const std::string& path) {
   char pub[kZ85KeyChars + 1] = {0};
   if (zmq_curve_public(pub, secret_z85.c_str()) != 0) {
-    return InvalidArgument("cannot derive the public key from " + path + ": " + zmq_strerror(errno));
+    return InvalidArgument("cannot derive the public key from " + path + ": " +
+                           zmq_strerror(errno));
   }
   return std::string(pub);
 }
 
 Status CheckDir(const std::string& dir) {
   std::error_code ec;
-  if (dir.empty()) return InvalidArgument("--curve-keys is empty; give the directory written by `leashctl keygen DIR`");
+  if (dir.empty())
+    return InvalidArgument(
+        "--curve-keys is empty; give the directory written by `leashctl keygen DIR`");
   if (!fs::is_directory(dir, ec)) {
-    return InvalidArgument("CURVE keys directory '" + dir + "' does not exist or is not a directory" +
+    return InvalidArgument("CURVE keys directory '" + dir +
+                           "' does not exist or is not a directory" +
                            (ec ? " (" + ec.message() + ")" : std::string()) +
                            "; create it with `leashctl keygen " + dir + "`");
   }
@@ -70,7 +75,8 @@ Status WriteFile(const std::string& path, const std::string& text, mode_t mode) 
     f.flush();
     if (!f) return IOError("cannot write " + tmp + ": " + std::strerror(errno));
   }
-  if (::chmod(tmp.c_str(), mode) != 0) return IOError("cannot chmod " + tmp + ": " + std::strerror(errno));
+  if (::chmod(tmp.c_str(), mode) != 0)
+    return IOError("cannot chmod " + tmp + ": " + std::strerror(errno));
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) return IOError("cannot rename " + tmp + " to " + path + ": " + ec.message());
@@ -81,8 +87,10 @@ Status WriteFile(const std::string& path, const std::string& text, mode_t mode) 
 
 Status CurveSupported() {
   if (zmq_has("curve") == 0) {
-    return Unavailable("this libzmq was built without CURVE security (libsodium); --curve-keys needs a libzmq with "
-                       "CURVE, e.g. Debian's libzmq5");
+    return Unavailable(
+        "this libzmq was built without CURVE security (libsodium); --curve-keys needs a libzmq "
+        "with "
+        "CURVE, e.g. Debian's libzmq5");
   }
   return Status::Ok();
 }
@@ -96,8 +104,9 @@ bool IsZ85Key(const std::string& z85) {
 Result<std::string> ReadKeyFile(const std::string& path) {
   std::ifstream f(path);
   if (!f) {
-    return InvalidArgument("cannot read key file " + path + ": " + std::strerror(errno) +
-                           " (generate keys with `leashctl keygen DIR`, and make the file readable by this user)");
+    return InvalidArgument(
+        "cannot read key file " + path + ": " + std::strerror(errno) +
+        " (generate keys with `leashctl keygen DIR`, and make the file readable by this user)");
   }
   std::string line, key;
   int keys = 0;
@@ -109,8 +118,9 @@ Result<std::string> ReadKeyFile(const std::string& path) {
   }
   if (f.bad()) return InvalidArgument("cannot read key file " + path + ": " + std::strerror(errno));
   if (keys != 1 || !IsZ85Key(key)) {
-    return InvalidArgument("malformed key file " + path + ": expected one line with a 40-character Z85 CURVE key (" +
-                           std::to_string(keys) + " non-comment lines found); regenerate it with `leashctl keygen`");
+    return InvalidArgument(
+        "malformed key file " + path + ": expected one line with a 40-character Z85 CURVE key (" +
+        std::to_string(keys) + " non-comment lines found); regenerate it with `leashctl keygen`");
   }
   return key;
 }
@@ -130,15 +140,19 @@ Result<CurveKeys> LoadCurveServerKeys(const std::string& dir) {
   if (fs::exists(pub_path, ec)) {
     LEASH_ASSIGN_OR_RETURN(std::string pub, ReadKeyFile(pub_path));
     if (pub != k.own.public_z85) {
-      return InvalidArgument(pub_path + " is not the public half of " + secret_path +
-                             "; the clients would not trust this shard. Regenerate the pair with `leashctl keygen " +
-                             dir + " --server` after deleting both files");
+      return InvalidArgument(
+          pub_path + " is not the public half of " + secret_path +
+          "; the clients would not trust this shard. Regenerate the pair with `leashctl keygen " +
+          dir + " --server` after deleting both files");
     }
   }
   std::string auth_dir = dir + "/authorized";
   if (!fs::is_directory(auth_dir, ec)) {
-    return InvalidArgument("no directory " + auth_dir + " of authorized client keys; create client keys with "
-                           "`leashctl keygen " + dir + " --client NAME` (it authorizes them) or copy their .pub files there");
+    return InvalidArgument("no directory " + auth_dir +
+                           " of authorized client keys; create client keys with "
+                           "`leashctl keygen " +
+                           dir +
+                           " --client NAME` (it authorizes them) or copy their .pub files there");
   }
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(auth_dir, ec)) {
@@ -151,8 +165,10 @@ Result<CurveKeys> LoadCurveServerKeys(const std::string& dir) {
     k.authorized.push_back({p.stem().string(), pub});
   }
   if (k.authorized.empty()) {
-    return InvalidArgument("no client keys in " + auth_dir + " (*.pub): every client would be refused; run "
-                           "`leashctl keygen " + dir + " --client NAME` or copy the clients' .pub files there");
+    return InvalidArgument("no client keys in " + auth_dir +
+                           " (*.pub): every client would be refused; run "
+                           "`leashctl keygen " +
+                           dir + " --client NAME` or copy the clients' .pub files there");
   }
   return k;
 }
@@ -161,7 +177,8 @@ Result<CurveKeys> LoadCurveClientKeys(const std::string& dir, const std::string&
   LEASH_RETURN_IF_ERROR(CurveSupported());
   LEASH_RETURN_IF_ERROR(CheckDir(dir));
   if (!ValidName(client_name)) {
-    return InvalidArgument("bad CURVE client name '" + client_name + "' (letters, digits, '-', '_', '.')");
+    return InvalidArgument("bad CURVE client name '" + client_name +
+                           "' (letters, digits, '-', '_', '.')");
   }
   CurveKeys k;
   k.dir = dir;
@@ -174,9 +191,11 @@ Result<CurveKeys> LoadCurveClientKeys(const std::string& dir, const std::string&
   return k;
 }
 
-Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, bool authorize, bool* created) {
+Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, bool authorize,
+                            bool* created) {
   LEASH_RETURN_IF_ERROR(CurveSupported());
-  if (!ValidName(name)) return InvalidArgument("bad key name '" + name + "' (letters, digits, '-', '_', '.')");
+  if (!ValidName(name))
+    return InvalidArgument("bad key name '" + name + "' (letters, digits, '-', '_', '.')");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return IOError("cannot create " + dir + ": " + ec.message());
@@ -194,13 +213,15 @@ Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, boo
     }
     pub = pub_buf;
     LEASH_RETURN_IF_ERROR(WriteFile(secret_path,
-                                    "# Leash CURVE secret key '" + name + "': keep it private (mode 0600)\n" +
+                                    "# Leash CURVE secret key '" + name +
+                                        "': keep it private (mode 0600)\n" +
                                         std::string(secret_buf) + "\n",
                                     0600));
     *created = true;
   }
   if (!fs::exists(pub_path, ec)) {
-    LEASH_RETURN_IF_ERROR(WriteFile(pub_path, "# Leash CURVE public key '" + name + "'\n" + pub + "\n", 0644));
+    LEASH_RETURN_IF_ERROR(
+        WriteFile(pub_path, "# Leash CURVE public key '" + name + "'\n" + pub + "\n", 0644));
   }
   if (authorize) {
     std::string auth_dir = dir + "/authorized";
@@ -208,7 +229,9 @@ Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, boo
     if (ec) return IOError("cannot create " + auth_dir + ": " + ec.message());
     std::string auth_path = auth_dir + "/" + name + ".pub";
     if (!fs::exists(auth_path, ec)) {
-      LEASH_RETURN_IF_ERROR(WriteFile(auth_path, "# Leash CURVE client '" + name + "', accepted by the shards\n" + pub + "\n", 0644));
+      LEASH_RETURN_IF_ERROR(WriteFile(
+          auth_path, "# Leash CURVE client '" + name + "', accepted by the shards\n" + pub + "\n",
+          0644));
     }
   }
   return Status::Ok();

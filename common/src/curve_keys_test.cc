@@ -48,7 +48,7 @@ TEST(CurveKeysTest, KeygenWritesAPairTheShardAndTheClientLoad) {
   ASSERT_TRUE(Generate(dir, "client", true).ok());
   ASSERT_TRUE(Generate(dir, "w0", true).ok());
 
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat((dir + "/server.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   ASSERT_EQ(::stat((dir + "/client.key").c_str(), &st), 0);
@@ -93,13 +93,16 @@ TEST(CurveKeysTest, MissingKeyFileIsNamed) {
   ASSERT_TRUE(Generate(d.path(), "client", true).ok());  // no server pair
   auto server = LoadCurveServerKeys(d.path());
   ASSERT_FALSE(server.ok());
-  EXPECT_NE(server.status().message().find(d.path() + "/server.key"), std::string::npos) << server.status();
+  EXPECT_NE(server.status().message().find(d.path() + "/server.key"), std::string::npos)
+      << server.status();
   auto client = LoadCurveClientKeys(d.path(), "w9");
   ASSERT_FALSE(client.ok());
-  EXPECT_NE(client.status().message().find(d.path() + "/w9.key"), std::string::npos) << client.status();
+  EXPECT_NE(client.status().message().find(d.path() + "/w9.key"), std::string::npos)
+      << client.status();
   auto no_server_pub = LoadCurveClientKeys(d.path(), "client");
   ASSERT_FALSE(no_server_pub.ok());
-  EXPECT_NE(no_server_pub.status().message().find("server.pub"), std::string::npos) << no_server_pub.status();
+  EXPECT_NE(no_server_pub.status().message().find("server.pub"), std::string::npos)
+      << no_server_pub.status();
 }
 
 TEST(CurveKeysTest, MalformedKeyFilesAreRefusedWithTheirName) {
@@ -107,8 +110,9 @@ TEST(CurveKeysTest, MalformedKeyFilesAreRefusedWithTheirName) {
   ASSERT_TRUE(Generate(d.path(), "server", false).ok());
   ASSERT_TRUE(Generate(d.path(), "client", true).ok());
   std::string bad = d.path() + "/authorized/bad.pub";
-  for (const std::string& text : {std::string("not a key\n"), std::string(""), std::string("# only a comment\n"),
-                                  std::string(39, 'a') + "\n", std::string(40, '"') + "\n"}) {
+  for (const std::string& text :
+       {std::string("not a key\n"), std::string(""), std::string("# only a comment\n"),
+        std::string(39, 'a') + "\n", std::string(40, '"') + "\n"}) {
     Write(bad, text);
     auto k = LoadCurveServerKeys(d.path());
     ASSERT_FALSE(k.ok()) << "accepted: '" << text << "'";

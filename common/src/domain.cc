@@ -7,18 +7,24 @@ namespace leash {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kF16:
+      return "fp16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -32,10 +38,14 @@ Result<DType> ParseDType(std::string_view name) {
 
 const char* OptimizerName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kMomentum: return "momentum";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdagrad: return "adagrad";
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kMomentum:
+      return "momentum";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdagrad:
+      return "adagrad";
   }
   return "unknown";
 }
@@ -45,7 +55,8 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name) {
   if (name == "momentum") return OptimizerKind::kMomentum;
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "adagrad") return OptimizerKind::kAdagrad;
-  return InvalidArgument("unknown optimizer '" + std::string(name) + "' (expected sgd, momentum, adam or adagrad)");
+  return InvalidArgument("unknown optimizer '" + std::string(name) +
+                         "' (expected sgd, momentum, adam or adagrad)");
 }
 
 }  // namespace leash

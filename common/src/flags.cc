@@ -14,41 +14,59 @@ Flags::Flags(std::string program, std::string description)
 
 std::string Flags::EnvName(const std::string& flag) {
   std::string env = "LEASH_";
-  for (char c : flag) env += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (char c : flag)
+    env += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return env;
 }
 
 void Flags::String(const std::string& name, std::string* target, const std::string& help) {
   order_.push_back(name);
-  specs_[name] = {help, *target, false, [target](const std::string& v) {
+  specs_[name] = {help,
+                  *target,
+                  false,
+                  [target](const std::string& v) {
                     *target = v;
                     return Status::Ok();
-                  }, FlagType::kString, {}};
+                  },
+                  FlagType::kString,
+                  {}};
 }
 
 void Flags::Int(const std::string& name, int64_t* target, const std::string& help) {
   order_.push_back(name);
-  specs_[name] = {help, std::to_string(*target), false, [target](const std::string& v) {
+  specs_[name] = {help,
+                  std::to_string(*target),
+                  false,
+                  [target](const std::string& v) {
                     errno = 0;
                     char* end = nullptr;
                     long long x = std::strtoll(v.c_str(), &end, 10);
-                    if (v.empty() || *end != '\0' || errno == ERANGE) return InvalidArgument("'" + v + "' is not an integer");
+                    if (v.empty() || *end != '\0' || errno == ERANGE)
+                      return InvalidArgument("'" + v + "' is not an integer");
                     *target = x;
                     return Status::Ok();
-                  }, FlagType::kInt, {}};
+                  },
+                  FlagType::kInt,
+                  {}};
 }
 
 void Flags::Double(const std::string& name, double* target, const std::string& help) {
   order_.push_back(name);
   std::ostringstream def;
   def << *target;
-  specs_[name] = {help, def.str(), false, [target](const std::string& v) {
+  specs_[name] = {help,
+                  def.str(),
+                  false,
+                  [target](const std::string& v) {
                     char* end = nullptr;
                     double x = std::strtod(v.c_str(), &end);
-                    if (v.empty() || *end != '\0' || !std::isfinite(x)) return InvalidArgument("'" + v + "' is not a finite number");
+                    if (v.empty() || *end != '\0' || !std::isfinite(x))
+                      return InvalidArgument("'" + v + "' is not a finite number");
                     *target = x;
                     return Status::Ok();
-                  }, FlagType::kDouble, {}};
+                  },
+                  FlagType::kDouble,
+                  {}};
 }
 
 void Flags::List(const std::string& name, std::string* target, const std::string& help) {
@@ -65,7 +83,10 @@ std::string Flags::Source(const std::string& name) const {
 
 void Flags::Bool(const std::string& name, bool* target, const std::string& help) {
   order_.push_back(name);
-  specs_[name] = {help, *target ? "true" : "false", true, [target](const std::string& v) {
+  specs_[name] = {help,
+                  *target ? "true" : "false",
+                  true,
+                  [target](const std::string& v) {
                     if (v == "1" || v == "true" || v == "yes" || v == "on") {
                       *target = true;
                     } else if (v == "0" || v == "false" || v == "no" || v == "off") {
@@ -74,7 +95,9 @@ void Flags::Bool(const std::string& name, bool* target, const std::string& help)
                       return InvalidArgument("'" + v + "' is not a boolean (use true or false)");
                     }
                     return Status::Ok();
-                  }, FlagType::kBool, {}};
+                  },
+                  FlagType::kBool,
+                  {}};
 }
 
 Status Flags::Set(const std::string& name, const std::string& value, const std::string& origin) {
@@ -129,10 +152,12 @@ Status Flags::Parse(int argc, const char* const* argv) {
 
 std::string Flags::Usage() const {
   std::ostringstream os;
-  os << "usage: " << program_ << " [flags]\n" << description_ << "\n\nflags (each also read from its environment variable):\n";
+  os << "usage: " << program_ << " [flags]\n"
+     << description_ << "\n\nflags (each also read from its environment variable):\n";
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    os << "  --" << name << " (" << EnvName(name) << ", default '" << s.default_value << "')\n      " << s.help << "\n";
+    os << "  --" << name << " (" << EnvName(name) << ", default '" << s.default_value
+       << "')\n      " << s.help << "\n";
   }
   return os.str();
 }

@@ -17,9 +17,9 @@ TEST(HalfTest, ExactValuesRoundTrip) {
 }
 
 TEST(HalfTest, RoundsToNearestEven) {
-  EXPECT_EQ(FloatToHalf(1.f + 1.f / 2048), FloatToHalf(1.f));                     // tie -> even
-  EXPECT_EQ(HalfToFloat(FloatToHalf(1.f + 3.f / 2048)), 1.f + 2.f / 1024);       // tie -> even (up)
-  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.f + 1.f / 256)), 1.f);                     // tie -> even
+  EXPECT_EQ(FloatToHalf(1.f + 1.f / 2048), FloatToHalf(1.f));               // tie -> even
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.f + 3.f / 2048)), 1.f + 2.f / 1024);  // tie -> even (up)
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.f + 1.f / 256)), 1.f);                // tie -> even
   EXPECT_NEAR(HalfToFloat(FloatToHalf(0.1f)), 0.1f, 1e-4);
 }
 

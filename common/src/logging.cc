@@ -9,7 +9,8 @@ namespace leash {
 Status InitLogging(const std::string& component, const std::string& level) {
   auto lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") {
-    return InvalidArgument("unknown log level '" + level + "' (use trace, debug, info, warn, error or off)");
+    return InvalidArgument("unknown log level '" + level +
+                           "' (use trace, debug, info, warn, error or off)");
   }
   auto logger = spdlog::stderr_color_mt(component);
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%n] %v");

@@ -29,20 +29,23 @@ namespace leash {
 namespace {
 
 Status BadBind(const std::string& bind, const std::string& why) {
-  return InvalidArgument("--metrics-bind '" + bind + "': " + why +
-                         " (expected HOST:PORT, e.g. 127.0.0.1:9100 or 0.0.0.0:9100; empty turns metrics off)");
+  return InvalidArgument(
+      "--metrics-bind '" + bind + "': " + why +
+      " (expected HOST:PORT, e.g. 127.0.0.1:9100 or 0.0.0.0:9100; empty turns metrics off)");
 }
 
 }  // namespace
 
 Result<MetricsAddress> ParseMetricsBind(const std::string& bind) {
-  if (bind.find("://") != std::string::npos) return BadBind(bind, "no scheme: give the address alone");
+  if (bind.find("://") != std::string::npos)
+    return BadBind(bind, "no scheme: give the address alone");
   size_t colon = bind.rfind(':');
   if (colon == std::string::npos || colon == 0) return BadBind(bind, "no host and port");
   MetricsAddress a;
   a.host = bind.substr(0, colon);
   std::string port = bind.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
       std::atoi(port.c_str()) > 65535) {
     return BadBind(bind, "port '" + port + "' is not a number in 0..65535");
   }
@@ -50,11 +53,13 @@ Result<MetricsAddress> ParseMetricsBind(const std::string& bind) {
   if (a.host == "localhost") a.host = "127.0.0.1";
   unsigned char buf[16];
   if (a.host.front() == '[') {
-    if (a.host.back() != ']' || inet_pton(AF_INET6, a.host.substr(1, a.host.size() - 2).c_str(), buf) != 1) {
+    if (a.host.back() != ']' ||
+        inet_pton(AF_INET6, a.host.substr(1, a.host.size() - 2).c_str(), buf) != 1) {
       return BadBind(bind, "'" + a.host + "' is not a bracketed IPv6 address");
     }
   } else if (inet_pton(AF_INET, a.host.c_str(), buf) != 1) {
-    return BadBind(bind, "host '" + a.host + "' is not an IPv4 address (host names are not resolved)");
+    return BadBind(bind,
+                   "host '" + a.host + "' is not an IPv4 address (host names are not resolved)");
   }
   return a;
 }
@@ -81,7 +86,8 @@ void WriteAll(int fd, const std::string& data) {
 
 std::string Response(const char* status, const char* type, const std::string& body) {
   return std::string("HTTP/1.0 ") + status + "\r\nContent-Type: " + type +
-         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
+         body;
 }
 
 }  // namespace
@@ -93,8 +99,9 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& b
   s->registry_ = std::make_shared<prometheus::Registry>();
   const std::string listen = address.host + ":" + std::to_string(address.port);
   auto fail = [&](const std::string& why) {
-    return Unavailable("cannot serve metrics on " + listen + " (" + why +
-                       "): is the port in use or the address not on this host? Pick another --metrics-bind");
+    return Unavailable(
+        "cannot serve metrics on " + listen + " (" + why +
+        "): is the port in use or the address not on this host? Pick another --metrics-bind");
   };
   const bool v6 = address.host.front() == '[';
   s->listen_fd_ = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -119,8 +126,10 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& b
   if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) return fail(Errno("bind"));
   if (::listen(s->listen_fd_, 16) != 0) return fail(Errno("listen"));
   len = sizeof ss;
-  if (::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return fail(Errno("getsockname"));
-  s->port_ = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  if (::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    return fail(Errno("getsockname"));
+  s->port_ = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                      : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   s->stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->stop_fd_ < 0) return fail(Errno("eventfd"));
   MetricsServer* raw = s.get();
@@ -150,13 +159,16 @@ void MetricsServer::Answer(int fd) {
   std::string request;
   char buf[1024];
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kRequestTimeoutMs);
-  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos) {
     if (request.size() >= kMaxRequestBytes) {
-      WriteAll(fd, Response("431 Request Header Fields Too Large", "text/plain", "request too large\n"));
+      WriteAll(
+          fd, Response("431 Request Header Fields Too Large", "text/plain", "request too large\n"));
       return;
     }
-    int left = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
     pollfd p{fd, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, left) <= 0) return;  // silent peer: drop it
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
@@ -173,7 +185,8 @@ void MetricsServer::Answer(int fd) {
     return;
   }
   const std::string method = line.substr(0, sp1);
-  std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
+  std::string path =
+      line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
   path = path.substr(0, path.find('?'));
   if (method != "GET" && method != "HEAD") {
     WriteAll(fd, Response("405 Method Not Allowed", "text/plain", "only GET /metrics is served\n"));

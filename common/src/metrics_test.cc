@@ -1,12 +1,12 @@
 // Tests of --metrics-bind parsing, the metrics endpoint's bind errors and CollectedValue.
 #include "leash/common/metrics.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,9 +31,9 @@ TEST(MetricsBindTest, AcceptsHostAndPort) {
 }
 
 TEST(MetricsBindTest, RejectsMalformedAddressesWithAHint) {
-  for (const char* bad : {"9100", ":9100", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:65536",
-                          "127.0.0.1:-1", "tcp://127.0.0.1:9100", "shard0:9100", "300.1.1.1:9100", "[::1:9100",
-                          "[nothost]:9100"}) {
+  for (const char* bad : {"9100", ":9100", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http",
+                          "127.0.0.1:65536", "127.0.0.1:-1", "tcp://127.0.0.1:9100", "shard0:9100",
+                          "300.1.1.1:9100", "[::1:9100", "[nothost]:9100"}) {
     auto a = ParseMetricsBind(bad);
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument) << bad;
@@ -79,7 +79,12 @@ std::string Exchange(int port, const std::string& request) {
 TEST(MetricsServerTest, ServesTheRegistryAsPrometheusTextAndNothingElse) {
   auto s = MetricsServer::Start("127.0.0.1:0");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  prometheus::BuildCounter().Name("leash_test_events_total").Help("events").Register((*s)->registry()).Add({{"shard", "3"}}).Increment(5);
+  prometheus::BuildCounter()
+      .Name("leash_test_events_total")
+      .Help("events")
+      .Register((*s)->registry())
+      .Add({{"shard", "3"}})
+      .Increment(5);
   const int port = (*s)->port();
 
   std::string ok = Exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -88,12 +93,16 @@ TEST(MetricsServerTest, ServesTheRegistryAsPrometheusTextAndNothingElse) {
   EXPECT_NE(ok.find("# TYPE leash_test_events_total counter"), std::string::npos) << ok;
   EXPECT_NE(ok.find("leash_test_events_total{shard=\"3\"} 5"), std::string::npos) << ok;
   const size_t body = ok.find("\r\n\r\n") + 4;
-  EXPECT_NE(ok.find("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"),
+            std::string::npos)
+      << ok;
 
   EXPECT_EQ(Exchange(port, "GET /other HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
   EXPECT_EQ(Exchange(port, "POST /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 405", 0), 0u);
   EXPECT_EQ(Exchange(port, "garbage\r\n\r\n").rfind("HTTP/1.0 400", 0), 0u);
-  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\nX: " + std::string(20000, 'a')).rfind("HTTP/1.0 431", 0), 0u);
+  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\nX: " + std::string(20000, 'a'))
+                .rfind("HTTP/1.0 431", 0),
+            0u);
   // A peer that connects and says nothing is dropped (after 2 s), and the next scrape is
   // served.
   int idle = socket(AF_INET, SOCK_STREAM, 0);
@@ -115,9 +124,18 @@ TEST(MetricsServerTest, RefusesAnAddressNotOnThisHost) {
 
 TEST(CollectedValueTest, ReadsCountersGaugesAndHistograms) {
   prometheus::Registry r;
-  auto& c = prometheus::BuildCounter().Name("x_total").Help("x").Labels({{"shard", "1"}}).Register(r).Add({});
+  auto& c = prometheus::BuildCounter()
+                .Name("x_total")
+                .Help("x")
+                .Labels({{"shard", "1"}})
+                .Register(r)
+                .Add({});
   auto& g = prometheus::BuildGauge().Name("y").Help("y").Register(r).Add({{"worker", "w"}});
-  auto& h = prometheus::BuildHistogram().Name("z_seconds").Help("z").Register(r).Add({}, prometheus::Histogram::BucketBoundaries{1, 2});
+  auto& h = prometheus::BuildHistogram()
+                .Name("z_seconds")
+                .Help("z")
+                .Register(r)
+                .Add({}, prometheus::Histogram::BucketBoundaries{1, 2});
   c.Increment(3);
   g.Set(-2.5);
   h.Observe(0.5);

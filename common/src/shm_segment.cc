@@ -22,7 +22,8 @@ constexpr char kPrefix[] = "/leash-shm-";
 constexpr size_t kPage = 4096;
 constexpr uint32_t kMaxGranules = 1u << 20;  // 16 GiB a ring: a bound for a peer's header
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "state words must be lock-free to be shared");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "state words must be lock-free to be shared");
 
 struct Header {
   char magic[8];
@@ -36,7 +37,9 @@ static_assert(sizeof(Header) <= kPage);
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t StatesBytes(uint32_t granules) { return RoundUp(2 * static_cast<size_t>(granules) * sizeof(uint32_t), kPage); }
+size_t StatesBytes(uint32_t granules) {
+  return RoundUp(2 * static_cast<size_t>(granules) * sizeof(uint32_t), kPage);
+}
 
 size_t SegmentBytes(uint32_t granules) {
   return kPage + StatesBytes(granules) + 2 * static_cast<size_t>(granules) * kGranuleBytes;
@@ -45,18 +48,22 @@ size_t SegmentBytes(uint32_t granules) {
 Status Errno(const std::string& what) { return IOError(what + ": " + std::strerror(errno)); }
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-uint32_t GranulesFor(uint64_t size) { return static_cast<uint32_t>((size + kGranuleBytes - 1) / kGranuleBytes); }
+uint32_t GranulesFor(uint64_t size) {
+  return static_cast<uint32_t>((size + kGranuleBytes - 1) / kGranuleBytes);
+}
 
 // "/leash-shm-<pid>-<16 hex digits>", and the pid in it.
 bool ParseName(const std::string& name, long* pid) {
   const size_t n = sizeof kPrefix - 1;
   if (name.size() > 64 || name.compare(0, n, kPrefix) != 0) return false;
   size_t dash = name.find('-', n);
-  if (dash == std::string::npos || dash == n || dash - n > 10 || name.size() != dash + 1 + 16) return false;
+  if (dash == std::string::npos || dash == n || dash - n > 10 || name.size() != dash + 1 + 16)
+    return false;
   for (size_t i = n; i < dash; ++i) {
     if (name[i] < '0' || name[i] > '9') return false;
   }
@@ -85,8 +92,10 @@ Status ShmSegment::Map(int fd, size_t size, bool create) {
     new (&h->ready) std::atomic<uint32_t>(0);
   }
   for (uint32_t r = 0; r < 2; ++r) {
-    states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage) + static_cast<size_t>(r) * granules_;
-    rings_[r] = base_ + kPage + StatesBytes(granules_) + static_cast<size_t>(r) * granules_ * kGranuleBytes;
+    states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage) +
+                 static_cast<size_t>(r) * granules_;
+    rings_[r] =
+        base_ + kPage + StatesBytes(granules_) + static_cast<size_t>(r) * granules_ * kGranuleBytes;
   }
   return Status::Ok();
 }
@@ -95,7 +104,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
   std::shared_ptr<ShmSegment> s(new ShmSegment());
   uint64_t granules = std::max<uint64_t>(4, (ring_bytes + kGranuleBytes - 1) / kGranuleBytes);
   if (granules > kMaxGranules) {
-    return InvalidArgument("shared-memory ring of " + std::to_string(ring_bytes) + " bytes is too large (at most " +
+    return InvalidArgument("shared-memory ring of " + std::to_string(ring_bytes) +
+                           " bytes is too large (at most " +
                            std::to_string(uint64_t{kMaxGranules} * kGranuleBytes) + ")");
   }
   s->granules_ = static_cast<uint32_t>(granules);
@@ -103,7 +113,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
   s->token_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMs());
   if (s->token_ == 0) s->token_ = 1;
   char suffix[17];
-  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
+  std::snprintf(suffix, sizeof suffix, "%016llx",
+                static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
   s->name_ = std::string(kPrefix) + std::to_string(::getpid()) + "-" + suffix;
   s->fd_ = ::shm_open(s->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (s->fd_ < 0) return Errno("shm_open(" + s->name_ + ")");
@@ -116,7 +127,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
 
 Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, uint64_t token) {
   long pid = 0;
-  if (!ParseName(name, &pid)) return InvalidArgument("'" + name + "' is not a Leash shared-memory segment name");
+  if (!ParseName(name, &pid))
+    return InvalidArgument("'" + name + "' is not a Leash shared-memory segment name");
   std::shared_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;
   s->token_ = token;
@@ -130,17 +142,21 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, ui
   if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
     return InvalidArgument("shared-memory segment " + name + " is not a file of this user");
   }
-  if (static_cast<size_t>(st.st_size) < kPage) return InvalidArgument("shared-memory segment " + name + " is too small");
+  if (static_cast<size_t>(st.st_size) < kPage)
+    return InvalidArgument("shared-memory segment " + name + " is too small");
   Header h;
-  if (::pread(s->fd_, &h, offsetof(Header, ready), 0) != static_cast<ssize_t>(offsetof(Header, ready))) {
+  if (::pread(s->fd_, &h, offsetof(Header, ready), 0) !=
+      static_cast<ssize_t>(offsetof(Header, ready))) {
     return Errno("reading the header of " + name);
   }
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion || h.granule_bytes != kGranuleBytes ||
-      h.granules < 1 || h.granules > kMaxGranules) {
-    return InvalidArgument("shared-memory segment " + name + " has no valid Leash header (version " +
-                           std::to_string(h.version) + ")");
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion ||
+      h.granule_bytes != kGranuleBytes || h.granules < 1 || h.granules > kMaxGranules) {
+    return InvalidArgument("shared-memory segment " + name +
+                           " has no valid Leash header (version " + std::to_string(h.version) +
+                           ")");
   }
-  if (h.token != token) return InvalidArgument("shared-memory segment " + name + " holds another token");
+  if (h.token != token)
+    return InvalidArgument("shared-memory segment " + name + " holds another token");
   if (static_cast<size_t>(st.st_size) != SegmentBytes(h.granules)) {
     return InvalidArgument("shared-memory segment " + name + " has " + std::to_string(st.st_size) +
                            " bytes, its header says " + std::to_string(SegmentBytes(h.granules)));
@@ -160,13 +176,16 @@ ShmSegment::~ShmSegment() {
 }
 
 Status ShmSegment::Allocate() {
-  if (fd_ < 0) return FailedPrecondition("shared-memory segment " + name_ + " was allocated already, or not created here");
+  if (fd_ < 0)
+    return FailedPrecondition("shared-memory segment " + name_ +
+                              " was allocated already, or not created here");
   int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
   ::close(fd_);  // needed for nothing else
   fd_ = -1;
   if (rc != 0) {
-    return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " + name_ + ": " +
-                   std::strerror(rc) + " (is /dev/shm too small? --shm off sends everything through the socket)");
+    return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " +
+                   name_ + ": " + std::strerror(rc) +
+                   " (is /dev/shm too small? --shm off sends everything through the socket)");
   }
   reinterpret_cast<Header*>(base_)->ready.store(1, std::memory_order_release);
   return Status::Ok();
@@ -190,7 +209,8 @@ void ShmSegment::RemoveStale() {
     long pid = 0;
     if (!ParseName(name, &pid)) continue;
     struct stat st {};
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid())
+      continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::shm_unlink(name.c_str());
   }
   ::closedir(d);
@@ -199,8 +219,9 @@ void ShmSegment::RemoveStale() {
 Result<const uint8_t*> ShmSegment::Check(const Descriptor& d) {
   if (d.ring > 1 || d.generation == 0 || d.size == 0 || d.offset % kGranuleBytes != 0 ||
       d.offset / kGranuleBytes + GranulesFor(d.size) > granules_ || d.size > ring_bytes()) {
-    return InvalidArgument("shared-memory descriptor out of bounds (ring " + std::to_string(d.ring) + ", offset " +
-                           std::to_string(d.offset) + ", " + std::to_string(d.size) + " bytes)");
+    return InvalidArgument("shared-memory descriptor out of bounds (ring " +
+                           std::to_string(d.ring) + ", offset " + std::to_string(d.offset) + ", " +
+                           std::to_string(d.size) + " bytes)");
   }
   const auto first = static_cast<uint32_t>(d.offset / kGranuleBytes);
   std::atomic<uint32_t>* st = states(d.ring);
@@ -218,7 +239,8 @@ void ShmSegment::Release(const Descriptor& d) {
   std::atomic<uint32_t>* st = states(d.ring);
   for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {
     uint32_t expected = d.generation;  // a writer that stamped it again keeps it
-    st[g].compare_exchange_strong(expected, 0, std::memory_order_release, std::memory_order_relaxed);
+    st[g].compare_exchange_strong(expected, 0, std::memory_order_release,
+                                  std::memory_order_relaxed);
   }
 }
 
@@ -312,9 +334,11 @@ std::optional<Descriptor> ShmWriter::Put(const Frame& frame) {
   const uint32_t k = GranulesFor(frame.size());
   auto first = Claim(k, NowMs());
   if (!first) return std::nullopt;
-  std::memcpy(segment_->data(ring_) + static_cast<size_t>(*first) * kGranuleBytes, frame.data(), frame.size());
+  std::memcpy(segment_->data(ring_) + static_cast<size_t>(*first) * kGranuleBytes, frame.data(),
+              frame.size());
   std::atomic_thread_fence(std::memory_order_release);
-  return Descriptor{ring_, generation_, static_cast<uint64_t>(*first) * kGranuleBytes, frame.size()};
+  return Descriptor{ring_, generation_, static_cast<uint64_t>(*first) * kGranuleBytes,
+                    frame.size()};
 }
 
 std::optional<Frame> ShmWriter::Reserve(size_t size) {
@@ -337,7 +361,8 @@ std::optional<Frame> ShmWriter::Reserve(size_t size) {
 
 std::optional<Descriptor> ShmWriter::Stamp(const Frame& frame) {
   const uint8_t* base = segment_->data(ring_);
-  if (frame.empty() || frame.data() < base || frame.data() >= base + segment_->ring_bytes()) return std::nullopt;
+  if (frame.empty() || frame.data() < base || frame.data() >= base + segment_->ring_bytes())
+    return std::nullopt;
   const auto offset = static_cast<uint64_t>(frame.data() - base);
   if (offset % kGranuleBytes != 0) return std::nullopt;
   const auto first = static_cast<uint32_t>(offset / kGranuleBytes);

@@ -119,7 +119,8 @@ TEST(ShmSegmentTest, AReservedFrameIsReadOnEverySendAndHeldUntilDestroyed) {
     // A frame from elsewhere is not the writer's.
     EXPECT_FALSE(w.Stamp(FrameOf(content)));
   }
-  EXPECT_TRUE(w.Put(FrameOf(Bytes(4 * kGranuleBytes, 0)))) << "the whole ring is free once the frame is gone";
+  EXPECT_TRUE(w.Put(FrameOf(Bytes(4 * kGranuleBytes, 0))))
+      << "the whole ring is free once the frame is gone";
 }
 
 TEST(ShmSegmentTest, ABorrowedFrameGivesItsGranulesBackWhenDestroyed) {
@@ -198,11 +199,13 @@ TEST(ShmSegmentTest, OpenRefusesOtherTokensNamesAndMissingSegments) {
   ASSERT_TRUE(c.ok());
   auto wrong = ShmSegment::Open((*c)->name(), (*c)->token() + 1);
   EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
-  for (std::string name : {"/etc/passwd", "/leash-shm-1-xyz", "/leash-shm--0123456789abcdef",
-                           "/leash-shm-12-0123456789abcdeF", "../leash-shm-1-0123456789abcdef", ""}) {
+  for (std::string name :
+       {"/etc/passwd", "/leash-shm-1-xyz", "/leash-shm--0123456789abcdef",
+        "/leash-shm-12-0123456789abcdeF", "../leash-shm-1-0123456789abcdef", ""}) {
     EXPECT_EQ(ShmSegment::Open(name, 1).status().code(), StatusCode::kInvalidArgument) << name;
   }
-  EXPECT_EQ(ShmSegment::Open("/leash-shm-1-0123456789abcdef", 1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ShmSegment::Open("/leash-shm-1-0123456789abcdef", 1).status().code(),
+            StatusCode::kNotFound);
   // Not allocated yet: a shard can map it but no writer touches the rings.
   auto s = ShmSegment::Open((*c)->name(), (*c)->token());
   ASSERT_TRUE(s.ok()) << s.status();
@@ -233,11 +236,13 @@ TEST(ShmSegmentTest, MappedSegmentsHoldNoDescriptorsAndAllocateOnlyOnce) {
     EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
     auto o = ShmSegment::Open((*c)->name(), (*c)->token());
     ASSERT_TRUE(o.ok()) << o.status();
-    EXPECT_EQ((*o)->Allocate().code(), StatusCode::kFailedPrecondition) << "only the creator allocates";
+    EXPECT_EQ((*o)->Allocate().code(), StatusCode::kFailedPrecondition)
+        << "only the creator allocates";
     created.push_back(*c);
     opened.push_back(*o);
   }
-  EXPECT_EQ(OpenDescriptors(), before) << "a shard mapping many workers' segments keeps no descriptor per segment";
+  EXPECT_EQ(OpenDescriptors(), before)
+      << "a shard mapping many workers' segments keeps no descriptor per segment";
   // The mappings still work.
   ShmWriter w(created.back(), 0, 0);
   auto d = w.Put(FrameOf(Bytes(1000, 3)));

@@ -14,13 +14,16 @@
 namespace leash {
 
 Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimits& limits) {
-  if (msg.empty()) return InvalidArgument("empty message: expected a FlatBuffers Envelope header frame");
+  if (msg.empty())
+    return InvalidArgument("empty message: expected a FlatBuffers Envelope header frame");
   const Frame& h = msg[0];
   if (h.size() < 8) {
-    return InvalidArgument("header of " + std::to_string(h.size()) + " bytes is too short to be an Envelope");
+    return InvalidArgument("header of " + std::to_string(h.size()) +
+                           " bytes is too short to be an Envelope");
   }
   if (h.size() > limits.max_header_bytes) {
-    return ResourceExhausted("header of " + std::to_string(h.size()) + " bytes exceeds the limit of " +
+    return ResourceExhausted("header of " + std::to_string(h.size()) +
+                             " bytes exceeds the limit of " +
                              std::to_string(limits.max_header_bytes));
   }
   if (!wire::EnvelopeBufferHasIdentifier(h.data())) {
@@ -36,8 +39,9 @@ Result<const wire::Envelope*> VerifyEnvelope(const Message& msg, const WireLimit
   }
   const wire::Envelope* env = wire::GetEnvelope(h.data());
   if (env->version() != kProtocolVersion) {
-    return VersionMismatch("peer speaks protocol version " + std::to_string(env->version()) + ", this build speaks " +
-                           std::to_string(kProtocolVersion) + "; run the same Leash release everywhere");
+    return VersionMismatch("peer speaks protocol version " + std::to_string(env->version()) +
+                           ", this build speaks " + std::to_string(kProtocolVersion) +
+                           "; run the same Leash release everywhere");
   }
   if (env->body_type() == wire::Body::NONE || env->body() == nullptr) {
     return InvalidArgument("message has no body");
@@ -51,42 +55,67 @@ uint64_t PeekRequestId(const Message& msg) {
   if (!msg.empty() && msg[0].size() >= 8) {
     flatbuffers::Verifier v(msg[0].data(), msg[0].size());
     // A table that verifies on its own still gives a usable request id.
-    if (v.VerifyBuffer<wire::Envelope>(nullptr)) return wire::GetEnvelope(msg[0].data())->request_id();
+    if (v.VerifyBuffer<wire::Envelope>(nullptr))
+      return wire::GetEnvelope(msg[0].data())->request_id();
   }
   return 0;
 }
 
 wire::ErrorCode ToWireCode(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return wire::ErrorCode::Ok;
-    case StatusCode::kInvalidArgument: return wire::ErrorCode::InvalidArgument;
-    case StatusCode::kNotFound: return wire::ErrorCode::NotFound;
-    case StatusCode::kAlreadyExists: return wire::ErrorCode::AlreadyExists;
-    case StatusCode::kFailedPrecondition: return wire::ErrorCode::FailedPrecondition;
-    case StatusCode::kResourceExhausted: return wire::ErrorCode::ResourceExhausted;
-    case StatusCode::kUnavailable: return wire::ErrorCode::Unavailable;
-    case StatusCode::kVersionMismatch: return wire::ErrorCode::VersionMismatch;
-    case StatusCode::kDataLoss: return wire::ErrorCode::DataLoss;
-    case StatusCode::kAborted: return wire::ErrorCode::Aborted;
-    case StatusCode::kNotRegistered: return wire::ErrorCode::NotRegistered;
-    default: return wire::ErrorCode::Internal;
+    case StatusCode::kOk:
+      return wire::ErrorCode::Ok;
+    case StatusCode::kInvalidArgument:
+      return wire::ErrorCode::InvalidArgument;
+    case StatusCode::kNotFound:
+      return wire::ErrorCode::NotFound;
+    case StatusCode::kAlreadyExists:
+      return wire::ErrorCode::AlreadyExists;
+    case StatusCode::kFailedPrecondition:
+      return wire::ErrorCode::FailedPrecondition;
+    case StatusCode::kResourceExhausted:
+      return wire::ErrorCode::ResourceExhausted;
+    case StatusCode::kUnavailable:
+      return wire::ErrorCode::Unavailable;
+    case StatusCode::kVersionMismatch:
+      return wire::ErrorCode::VersionMismatch;
+    case StatusCode::kDataLoss:
+      return wire::ErrorCode::DataLoss;
+    case StatusCode::kAborted:
+      return wire::ErrorCode::Aborted;
+    case StatusCode::kNotRegistered:
+      return wire::ErrorCode::NotRegistered;
+    default:
+      return wire::ErrorCode::Internal;
   }
 }
 
 StatusCode FromWireCode(wire::ErrorCode code) {
   switch (code) {
-    case wire::ErrorCode::Ok: return StatusCode::kOk;
-    case wire::ErrorCode::InvalidArgument: return StatusCode::kInvalidArgument;
-    case wire::ErrorCode::NotFound: return StatusCode::kNotFound;
-    case wire::ErrorCode::AlreadyExists: return StatusCode::kAlreadyExists;
-    case wire::ErrorCode::FailedPrecondition: return StatusCode::kFailedPrecondition;
-    case wire::ErrorCode::ResourceExhausted: return StatusCode::kResourceExhausted;
-    case wire::ErrorCode::Unavailable: return StatusCode::kUnavailable;
-    case wire::ErrorCode::VersionMismatch: return StatusCode::kVersionMismatch;
-    case wire::ErrorCode::DataLoss: return StatusCode::kDataLoss;
-    case wire::ErrorCode::Aborted: return StatusCode::kAborted;
-    case wire::ErrorCode::NotRegistered: return StatusCode::kNotRegistered;
-    default: return StatusCode::kInternal;
+    case wire::ErrorCode::Ok:
+      return StatusCode::kOk;
+    case wire::ErrorCode::InvalidArgument:
+      return StatusCode::kInvalidArgument;
+    case wire::ErrorCode::NotFound:
+      return StatusCode::kNotFound;
+    case wire::ErrorCode::AlreadyExists:
+      return StatusCode::kAlreadyExists;
+    case wire::ErrorCode::FailedPrecondition:
+      return StatusCode::kFailedPrecondition;
+    case wire::ErrorCode::ResourceExhausted:
+      return StatusCode::kResourceExhausted;
+    case wire::ErrorCode::Unavailable:
+      return StatusCode::kUnavailable;
+    case wire::ErrorCode::VersionMismatch:
+      return StatusCode::kVersionMismatch;
+    case wire::ErrorCode::DataLoss:
+      return StatusCode::kDataLoss;
+    case wire::ErrorCode::Aborted:
+      return StatusCode::kAborted;
+    case wire::ErrorCode::NotRegistered:
+      return StatusCode::kNotRegistered;
+    default:
+      return StatusCode::kInternal;
   }
 }
 
@@ -121,16 +150,19 @@ Message PackBatch(std::vector<Message> messages) {
 Result<std::vector<Message>> UnpackBatch(const Message& batch) {
   if (!IsBatch(batch)) return InvalidArgument("not a batch (frame 0 is no batch header)");
   const Frame& head = batch[0];
-  if (head.size() < 12) return InvalidArgument("batch header of " + std::to_string(head.size()) + " bytes is truncated");
+  if (head.size() < 12)
+    return InvalidArgument("batch header of " + std::to_string(head.size()) +
+                           " bytes is truncated");
   uint32_t count;
   std::memcpy(&count, head.data() + 8, 4);
   if (count == 0 || count > kMaxBatchMessages) {
-    return InvalidArgument("a batch must hold 1 to " + std::to_string(kMaxBatchMessages) + " messages, says " +
-                           std::to_string(count));
+    return InvalidArgument("a batch must hold 1 to " + std::to_string(kMaxBatchMessages) +
+                           " messages, says " + std::to_string(count));
   }
   if (head.size() != 12 + 4 * size_t{count}) {
-    return InvalidArgument("batch header of " + std::to_string(head.size()) + " bytes for " + std::to_string(count) +
-                           " messages (expected " + std::to_string(12 + 4 * size_t{count}) + ")");
+    return InvalidArgument("batch header of " + std::to_string(head.size()) + " bytes for " +
+                           std::to_string(count) + " messages (expected " +
+                           std::to_string(12 + 4 * size_t{count}) + ")");
   }
   std::vector<Message> out;
   out.reserve(count);
@@ -138,17 +170,20 @@ Result<std::vector<Message>> UnpackBatch(const Message& batch) {
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t n;
     std::memcpy(&n, head.data() + 12 + 4 * size_t{i}, 4);
-    if (n == 0) return InvalidArgument("message " + std::to_string(i) + " of a batch has no frames");
+    if (n == 0)
+      return InvalidArgument("message " + std::to_string(i) + " of a batch has no frames");
     if (n > batch.size() - next) {
-      return InvalidArgument("batch header names " + std::to_string(n) + " frames for message " + std::to_string(i) +
-                             " but only " + std::to_string(batch.size() - next) + " follow");
+      return InvalidArgument("batch header names " + std::to_string(n) + " frames for message " +
+                             std::to_string(i) + " but only " +
+                             std::to_string(batch.size() - next) + " follow");
     }
     out.emplace_back(batch.begin() + static_cast<std::ptrdiff_t>(next),
                      batch.begin() + static_cast<std::ptrdiff_t>(next + n));
     next += n;
   }
   if (next != batch.size()) {
-    return InvalidArgument("batch has " + std::to_string(batch.size() - next) + " frames beyond its messages");
+    return InvalidArgument("batch has " + std::to_string(batch.size() - next) +
+                           " frames beyond its messages");
   }
   return out;
 }
@@ -177,12 +212,14 @@ void EncodeValuesInto(std::span<const float> values, DType dtype, uint8_t* out) 
 
 Status DecodeValues(const Frame& frame, DType dtype, size_t count, float* out) {
   size_t width = DTypeSize(dtype);
-  if (width == 0) return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
+  if (width == 0)
+    return InvalidArgument("unknown payload dtype " + std::to_string(static_cast<int>(dtype)));
   // count > size / width first: count * width may wrap around to the frame's size.
   if (count > frame.size() / width || frame.size() != count * width) {
-    return InvalidArgument("payload has " + std::to_string(frame.size()) + " bytes but the header describes " +
-                           std::to_string(count) + " " + DTypeName(dtype) + " values (" +
-                           std::to_string(count * width) + " bytes)");
+    return InvalidArgument("payload has " + std::to_string(frame.size()) +
+                           " bytes but the header describes " + std::to_string(count) + " " +
+                           DTypeName(dtype) + " values (" + std::to_string(count * width) +
+                           " bytes)");
   }
   const uint8_t* p = frame.data();
   switch (dtype) {
@@ -200,7 +237,6 @@ Status DecodeValues(const Frame& frame, DType dtype, size_t count, float* out) {
   }
   return Status::Ok();
 }
-
 
 Status ErrorToStatus(const wire::Error* error) {
   if (error == nullptr) return Internal("error reply without an error body");
@@ -227,8 +263,8 @@ Result<Rows> DecodeRows(const wire::RowSet* rs, const WireLimits& limits) {
   Rows r;
   if (rs->keys() != nullptr) {
     if (rs->keys()->size() > limits.max_keys) {
-      return ResourceExhausted("request names " + std::to_string(rs->keys()->size()) + " keys; the limit is " +
-                               std::to_string(limits.max_keys));
+      return ResourceExhausted("request names " + std::to_string(rs->keys()->size()) +
+                               " keys; the limit is " + std::to_string(limits.max_keys));
     }
     // FlatBuffers 2.0 verifies a vector's length field, not its 8-byte elements, for
     // alignment; a builder always aligns them, so a misaligned one is a forged message.
@@ -244,12 +280,14 @@ Result<Rows> DecodeRows(const wire::RowSet* rs, const WireLimits& limits) {
   return r;
 }
 
-flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb, const TableSpec& t) {
+flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuilder& fbb,
+                                                    const TableSpec& t) {
   auto name = fbb.CreateString(t.name);
   const OptimizerConfig& o = t.optimizer;
-  auto opt = wire::CreateOptimizerSpec(fbb, static_cast<wire::OptimizerKind>(o.kind), o.lr, o.momentum, o.beta1,
-                                       o.beta2, o.epsilon, o.weight_decay);
-  auto init = wire::CreateInitSpec(fbb, static_cast<wire::InitKind>(t.init.kind), t.init.scale, t.init.seed);
+  auto opt = wire::CreateOptimizerSpec(fbb, static_cast<wire::OptimizerKind>(o.kind), o.lr,
+                                       o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay);
+  auto init = wire::CreateInitSpec(fbb, static_cast<wire::InitKind>(t.init.kind), t.init.scale,
+                                   t.init.seed);
   return wire::CreateTableSpec(fbb, name, t.rows, t.cols, opt, init);
 }
 
@@ -287,7 +325,8 @@ Result<TableSpec> ReadTableSpec(const wire::TableSpec* s) {
 }
 
 Result<DType> ReadDType(wire::DType d, const char* what) {
-  if (static_cast<int>(d) > static_cast<int>(kMaxDType)) return InvalidArgument(std::string("unknown ") + what);
+  if (static_cast<int>(d) > static_cast<int>(kMaxDType))
+    return InvalidArgument(std::string("unknown ") + what);
   return static_cast<DType>(d);
 }
 
@@ -302,7 +341,8 @@ std::vector<uint8_t> EncodeTableSpec(const TableSpec& spec) {
 Result<TableSpec> DecodeTableSpec(std::span<const uint8_t> bytes) {
   flatbuffers::Verifier v(bytes.data(), bytes.size());
   if (bytes.empty() || !v.VerifyBuffer<wire::TableSpec>(nullptr)) {
-    return DataLoss("stored table spec of " + std::to_string(bytes.size()) + " bytes does not verify");
+    return DataLoss("stored table spec of " + std::to_string(bytes.size()) +
+                    " bytes does not verify");
   }
   auto spec = ReadTableSpec(flatbuffers::GetRoot<wire::TableSpec>(bytes.data()));
   if (!spec.ok()) return DataLoss("stored table spec is invalid: " + spec.status().message());
@@ -329,7 +369,8 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
   switch (env->body_type()) {
     case wire::Body::Register: {
       const wire::Register* m = env->body_as_Register();
-      return Request(RegisterRequest{m->worker_id(), m->incarnation(), m->name() ? m->name()->str() : std::string()});
+      return Request(RegisterRequest{m->worker_id(), m->incarnation(),
+                                     m->name() ? m->name()->str() : std::string()});
     }
     case wire::Body::CreateTable: {
       LEASH_ASSIGN_OR_RETURN(TableSpec spec, ReadTableSpec(env->body_as_CreateTable()->spec()));
@@ -370,8 +411,10 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
       const wire::Leave* m = env->body_as_Leave();
       return Request(LeaveRequest{m->worker_id(), m->incarnation()});
     }
-    case wire::Body::Checkpoint: return Request(CheckpointRequest{});
-    case wire::Body::Stats: return Request(StatsRequest{});
+    case wire::Body::Checkpoint:
+      return Request(CheckpointRequest{});
+    case wire::Body::Stats:
+      return Request(StatsRequest{});
     case wire::Body::ChunkRequest: {
       const wire::ChunkRequest* m = env->body_as_ChunkRequest();
       ChunkRequest r;
@@ -384,8 +427,8 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
       return Request(std::move(r));
     }
     default:
-      return InvalidArgument(std::string("a shard does not accept ") + wire::EnumNameBody(env->body_type()) +
-                             " messages");
+      return InvalidArgument(std::string("a shard does not accept ") +
+                             wire::EnumNameBody(env->body_type()) + " messages");
   }
 }
 
@@ -406,26 +449,32 @@ Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> p
               using T = std::decay_t<decltype(r)>;
               if constexpr (std::is_same_v<T, RegisterRequest>) {
                 auto n = fbb.CreateString(r.name);
-                return {wire::Body::Register, wire::CreateRegister(fbb, r.worker_id, r.incarnation, n).Union()};
+                return {wire::Body::Register,
+                        wire::CreateRegister(fbb, r.worker_id, r.incarnation, n).Union()};
               } else if constexpr (std::is_same_v<T, CreateTableRequest>) {
                 auto spec = BuildTableSpec(fbb, r.spec);
                 return {wire::Body::CreateTable, wire::CreateCreateTable(fbb, spec).Union()};
               } else if constexpr (std::is_same_v<T, PullRequest>) {
                 auto rs = BuildRows(fbb, r.rows);
-                return {wire::Body::Pull, wire::CreatePull(fbb, r.table_id, rs, r.worker_id, r.clock,
-                                                           static_cast<int32_t>(r.staleness), ToWire(r.dtype))
-                                              .Union()};
+                return {wire::Body::Pull,
+                        wire::CreatePull(fbb, r.table_id, rs, r.worker_id, r.clock,
+                                         static_cast<int32_t>(r.staleness), ToWire(r.dtype))
+                            .Union()};
               } else if constexpr (std::is_same_v<T, PushRequest>) {
                 auto rs = BuildRows(fbb, r.rows);
-                return {wire::Body::Push, wire::CreatePush(fbb, r.table_id, rs, r.worker_id, r.incarnation, r.seq,
-                                                           ToWire(r.dtype), r.clock_after)
-                                              .Union()};
+                return {wire::Body::Push,
+                        wire::CreatePush(fbb, r.table_id, rs, r.worker_id, r.incarnation, r.seq,
+                                         ToWire(r.dtype), r.clock_after)
+                            .Union()};
               } else if constexpr (std::is_same_v<T, ClockRequest>) {
-                return {wire::Body::ClockUpdate, wire::CreateClockUpdate(fbb, r.worker_id, r.clock).Union()};
+                return {wire::Body::ClockUpdate,
+                        wire::CreateClockUpdate(fbb, r.worker_id, r.clock).Union()};
               } else if constexpr (std::is_same_v<T, HeartbeatRequest>) {
-                return {wire::Body::Heartbeat, wire::CreateHeartbeat(fbb, r.worker_id, r.incarnation).Union()};
+                return {wire::Body::Heartbeat,
+                        wire::CreateHeartbeat(fbb, r.worker_id, r.incarnation).Union()};
               } else if constexpr (std::is_same_v<T, LeaveRequest>) {
-                return {wire::Body::Leave, wire::CreateLeave(fbb, r.worker_id, r.incarnation).Union()};
+                return {wire::Body::Leave,
+                        wire::CreateLeave(fbb, r.worker_id, r.incarnation).Union()};
               } else if constexpr (std::is_same_v<T, CheckpointRequest>) {
                 return {wire::Body::Checkpoint, wire::CreateCheckpoint(fbb).Union()};
               } else if constexpr (std::is_same_v<T, StatsRequest>) {
@@ -433,10 +482,12 @@ Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> p
               } else {
                 static_assert(std::is_same_v<T, ChunkRequest>);
                 const DataPlan& p = r.plan;
-                auto plan = wire::CreateDataPlan(fbb, p.num_samples, p.chunk_size, p.epochs, p.seed);
+                auto plan =
+                    wire::CreateDataPlan(fbb, p.num_samples, p.chunk_size, p.epochs, p.seed);
                 return {wire::Body::ChunkRequest,
-                        wire::CreateChunkRequest(fbb, r.worker_id, r.incarnation, plan, r.done.has_value(),
-                                                 r.done ? r.done->epoch : 0, r.done ? r.done->chunk : 0)
+                        wire::CreateChunkRequest(fbb, r.worker_id, r.incarnation, plan,
+                                                 r.done.has_value(), r.done ? r.done->epoch : 0,
+                                                 r.done ? r.done->chunk : 0)
                             .Union()};
               }
             },
@@ -455,57 +506,67 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
             [&](const auto& r) -> std::pair<wire::Body, flatbuffers::Offset<void>> {
               using T = std::decay_t<decltype(r)>;
               if constexpr (std::is_same_v<T, Welcome>) {
-                return {wire::Body::Welcome, wire::CreateWelcome(fbb, r.shard, r.num_shards, r.start_clock, r.lease_ms,
-                                                                 r.recovered_clock, r.boot_id, r.max_message_bytes)
-                                                 .Union()};
+                return {wire::Body::Welcome,
+                        wire::CreateWelcome(fbb, r.shard, r.num_shards, r.start_clock, r.lease_ms,
+                                            r.recovered_clock, r.boot_id, r.max_message_bytes)
+                            .Union()};
               } else if constexpr (std::is_same_v<T, TableCreated>) {
-                return {wire::Body::TableCreated, wire::CreateTableCreated(fbb, r.table_id, r.created).Union()};
+                return {wire::Body::TableCreated,
+                        wire::CreateTableCreated(fbb, r.table_id, r.created).Union()};
               } else if constexpr (std::is_same_v<T, PullReply>) {
-                return {wire::Body::PullReply, wire::CreatePullReply(fbb, r.table_id, r.num_rows, r.cols,
-                                                                     ToWire(r.dtype), r.min_clock)
-                                                   .Union()};
+                return {wire::Body::PullReply,
+                        wire::CreatePullReply(fbb, r.table_id, r.num_rows, r.cols, ToWire(r.dtype),
+                                              r.min_clock)
+                            .Union()};
               } else if constexpr (std::is_same_v<T, PushReply>) {
-                return {wire::Body::PushReply, wire::CreatePushReply(fbb, r.applied, r.skipped_rows).Union()};
+                return {wire::Body::PushReply,
+                        wire::CreatePushReply(fbb, r.applied, r.skipped_rows).Union()};
               } else if constexpr (std::is_same_v<T, ClockReply>) {
                 return {wire::Body::ClockReply, wire::CreateClockReply(fbb, r.min_clock).Union()};
               } else if constexpr (std::is_same_v<T, HeartbeatReply>) {
-                return {wire::Body::HeartbeatReply, wire::CreateHeartbeatReply(fbb, r.min_clock, r.boot_id).Union()};
+                return {wire::Body::HeartbeatReply,
+                        wire::CreateHeartbeatReply(fbb, r.min_clock, r.boot_id).Union()};
               } else if constexpr (std::is_same_v<T, LeaveReply>) {
                 return {wire::Body::LeaveReply, wire::CreateLeaveReply(fbb).Union()};
               } else if constexpr (std::is_same_v<T, CheckpointReply>) {
-                return {wire::Body::CheckpointReply, wire::CreateCheckpointReply(fbb, r.clock).Union()};
+                return {wire::Body::CheckpointReply,
+                        wire::CreateCheckpointReply(fbb, r.clock).Union()};
               } else if constexpr (std::is_same_v<T, ShardStats>) {
                 std::vector<flatbuffers::Offset<wire::WorkerInfo>> workers;
                 workers.reserve(r.workers.size());
                 for (const ShardStats::Worker& w : r.workers) {
-                  workers.push_back(wire::CreateWorkerInfo(fbb, w.id, w.incarnation, fbb.CreateString(w.name), w.clock,
+                  workers.push_back(wire::CreateWorkerInfo(fbb, w.id, w.incarnation,
+                                                           fbb.CreateString(w.name), w.clock,
                                                            w.ms_since_heartbeat));
                 }
                 std::vector<flatbuffers::Offset<wire::TableInfo>> tables;
                 tables.reserve(r.tables.size());
                 for (const ShardStats::TableStat& t : r.tables) {
-                  tables.push_back(
-                      wire::CreateTableInfo(fbb, t.table_id, fbb.CreateString(t.name), t.rows, t.cols, t.local_rows));
+                  tables.push_back(wire::CreateTableInfo(fbb, t.table_id, fbb.CreateString(t.name),
+                                                         t.rows, t.cols, t.local_rows));
                 }
                 auto wv = fbb.CreateVector(workers);
                 auto tv = fbb.CreateVector(tables);
                 const CoverageProgress& p = r.coverage;
                 return {wire::Body::StatsReply,
-                        wire::CreateStatsReply(fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls,
-                                               r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
-                                               r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
+                        wire::CreateStatsReply(fbb, r.shard, r.num_shards, r.min_clock,
+                                               r.parked_pulls, r.pushes_applied, r.pulls_served,
+                                               r.errors, r.last_snapshot_clock, r.recovered_clock,
+                                               wv, tv, p.epochs_done, p.epochs, p.chunks_done,
                                                p.num_chunks, p.chunks_leased, r.snapshot_age_ms)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
-                        wire::CreateChunkGrant(fbb, static_cast<wire::GrantKind>(r.kind), r.epoch, r.chunk, r.begin,
-                                               r.end, r.epochs_done, r.chunks_done, r.num_chunks)
+                        wire::CreateChunkGrant(fbb, static_cast<wire::GrantKind>(r.kind), r.epoch,
+                                               r.chunk, r.begin, r.end, r.epochs_done,
+                                               r.chunks_done, r.num_chunks)
                             .Union()};
               } else {
                 static_assert(std::is_same_v<T, ErrorReply>);
                 auto msg = fbb.CreateString(r.status.message());
-                return {wire::Body::Error,
-                        wire::CreateError(fbb, ToWireCode(r.status.code()), msg, r.boot_id).Union()};
+                return {
+                    wire::Body::Error,
+                    wire::CreateError(fbb, ToWireCode(r.status.code()), msg, r.boot_id).Union()};
               }
             },
             reply);
@@ -523,8 +584,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
   switch (env->body_type()) {
     case wire::Body::Welcome: {
       const wire::Welcome* w = env->body_as_Welcome();
-      return Reply(Welcome{w->shard(), w->num_shards(), w->start_clock(), w->lease_ms(), w->recovered_clock(),
-                           w->boot_id(), w->max_message_bytes()});
+      return Reply(Welcome{w->shard(), w->num_shards(), w->start_clock(), w->lease_ms(),
+                           w->recovered_clock(), w->boot_id(), w->max_message_bytes()});
     }
     case wire::Body::TableCreated: {
       const wire::TableCreated* t = env->body_as_TableCreated();
@@ -539,13 +600,16 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       const wire::PushReply* p = env->body_as_PushReply();
       return Reply(PushReply{p->applied(), p->skipped_rows()});
     }
-    case wire::Body::ClockReply: return Reply(ClockReply{env->body_as_ClockReply()->min_clock()});
+    case wire::Body::ClockReply:
+      return Reply(ClockReply{env->body_as_ClockReply()->min_clock()});
     case wire::Body::HeartbeatReply: {
       const wire::HeartbeatReply* h = env->body_as_HeartbeatReply();
       return Reply(HeartbeatReply{h->min_clock(), h->boot_id()});
     }
-    case wire::Body::LeaveReply: return Reply(LeaveReply{});
-    case wire::Body::CheckpointReply: return Reply(CheckpointReply{env->body_as_CheckpointReply()->clock()});
+    case wire::Body::LeaveReply:
+      return Reply(LeaveReply{});
+    case wire::Body::CheckpointReply:
+      return Reply(CheckpointReply{env->body_as_CheckpointReply()->clock()});
     case wire::Body::StatsReply: {
       const wire::StatsReply* r = env->body_as_StatsReply();
       ShardStats o;
@@ -559,17 +623,18 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.last_snapshot_clock = r->last_snapshot_clock();
       o.recovered_clock = r->recovered_clock();
       o.snapshot_age_ms = r->snapshot_age_ms();
-      o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(), r->num_chunks(),
-                                    r->chunks_leased()};
+      o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
+                                    r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {
         for (const auto* w : *r->workers()) {
-          o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "", w->clock(),
-                               w->ms_since_heartbeat()});
+          o.workers.push_back({w->worker_id(), w->incarnation(), w->name() ? w->name()->str() : "",
+                               w->clock(), w->ms_since_heartbeat()});
         }
       }
       if (r->tables()) {
         for (const auto* t : *r->tables()) {
-          o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(), t->cols(), t->local_rows()});
+          o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(),
+                              t->cols(), t->local_rows()});
         }
       }
       return Reply(std::move(o));
@@ -577,7 +642,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
     case wire::Body::ChunkGrant: {
       const wire::ChunkGrant* g = env->body_as_ChunkGrant();
       if (static_cast<int>(g->kind()) > static_cast<int>(wire::GrantKind::MAX)) {
-        return InvalidArgument("chunk grant of unknown kind " + std::to_string(static_cast<int>(g->kind())));
+        return InvalidArgument("chunk grant of unknown kind " +
+                               std::to_string(static_cast<int>(g->kind())));
       }
       ChunkGrant o;
       o.kind = static_cast<ChunkGrant::Kind>(g->kind());
@@ -595,7 +661,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       return Reply(ErrorReply{ErrorToStatus(e), e->boot_id()});
     }
     default:
-      return InvalidArgument(std::string("a ") + wire::EnumNameBody(env->body_type()) + " message is not a reply");
+      return InvalidArgument(std::string("a ") + wire::EnumNameBody(env->body_type()) +
+                             " message is not a reply");
   }
 }
 
@@ -609,17 +676,18 @@ Result<Decoded<Reply>> DecodeReply(const Message& msg, const WireLimits& limits)
 
 // ---- request shorthands ---------------------------------------------------------------
 
-Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const std::string& name) {
+Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
+                     const std::string& name) {
   return EncodeRequest(rid, RegisterRequest{worker_id, incarnation, name});
 }
 
-Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, int64_t clock,
-                 int64_t staleness, DType dtype) {
+Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
+                 int64_t clock, int64_t staleness, DType dtype) {
   return EncodeRequest(rid, PullRequest{table_id, rows, worker_id, clock, staleness, dtype});
 }
 
-Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id, uint64_t incarnation,
-                 uint64_t seq, DType dtype, Frame payload) {
+Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
+                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload) {
   std::vector<Frame> payloads;
   payloads.push_back(std::move(payload));
   return EncodeRequest(rid, PushRequest{table_id, rows, worker_id, incarnation, seq, dtype, -1},
@@ -640,8 +708,8 @@ Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {
 
 Message MakeStats(uint64_t rid) { return EncodeRequest(rid, StatsRequest{}); }
 
-Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation, const DataPlan& plan,
-                         const ChunkDone* done) {
+Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
+                         const DataPlan& plan, const ChunkDone* done) {
   ChunkRequest r;
   r.worker_id = worker_id;
   r.incarnation = incarnation;
@@ -652,6 +720,8 @@ Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
 
 Message MakeCheckpoint(uint64_t rid) { return EncodeRequest(rid, CheckpointRequest{}); }
 
-Message MakeCreateTable(uint64_t rid, const TableSpec& spec) { return EncodeRequest(rid, CreateTableRequest{spec}); }
+Message MakeCreateTable(uint64_t rid, const TableSpec& spec) {
+  return EncodeRequest(rid, CreateTableRequest{spec});
+}
 
 }  // namespace leash

@@ -33,7 +33,8 @@ TEST(WireTest, VerifiesAWellFormedMessage) {
 
 TEST(WireTest, RejectsEmptyShortAndGarbage) {
   EXPECT_EQ(VerifyEnvelope(Message{}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(VerifyEnvelope(Message{Frame::Copy("abc")}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(VerifyEnvelope(Message{Frame::Copy("abc")}).status().code(),
+            StatusCode::kInvalidArgument);
   auto st = VerifyEnvelope(Message{Frame::Copy("this is not a flatbuffer at all")}).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("LSH1"), std::string::npos) << st;
@@ -60,7 +61,8 @@ TEST(WireTest, EveryTruncationIsRejectedOrReadsTheSameRequest) {
 }
 
 TEST(WireTest, RandomCorruptionNeverCrashesTheVerifier) {
-  Message m = MakePush(1, 0, Range(0, 2), 1, 1, 1, DType::kF32, EncodeValues(std::vector<float>{1, 2}, DType::kF32));
+  Message m = MakePush(1, 0, Range(0, 2), 1, 1, 1, DType::kF32,
+                       EncodeValues(std::vector<float>{1, 2}, DType::kF32));
   std::mt19937 rng(1);
   std::vector<uint8_t> bytes(m[0].data(), m[0].data() + m[0].size());
   int rejected = 0;
@@ -77,7 +79,8 @@ TEST(WireTest, RandomCorruptionNeverCrashesTheVerifier) {
 TEST(WireTest, RejectsAnotherProtocolVersion) {
   flatbuffers::FlatBufferBuilder fbb;
   auto body = wire::CreateStats(fbb);
-  fbb.Finish(wire::CreateEnvelope(fbb, 99, 1, wire::Body::Stats, body.Union()), wire::EnvelopeIdentifier());
+  fbb.Finish(wire::CreateEnvelope(fbb, 99, 1, wire::Body::Stats, body.Union()),
+             wire::EnvelopeIdentifier());
   auto r = VerifyEnvelope(Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())});
   EXPECT_EQ(r.status().code(), StatusCode::kVersionMismatch);
   EXPECT_NE(r.status().message().find("99"), std::string::npos);
@@ -86,15 +89,17 @@ TEST(WireTest, RejectsAnotherProtocolVersion) {
 TEST(WireTest, RejectsAMessageWithoutBody) {
   flatbuffers::FlatBufferBuilder fbb;
   fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion, 1), wire::EnvelopeIdentifier());
-  EXPECT_EQ(VerifyEnvelope(Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())}).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      VerifyEnvelope(Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())}).status().code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, HeaderOverTheLimitIsResourceExhausted) {
   TableSpec t{.name = std::string(5000, 'x'), .rows = 1, .cols = 1};
   WireLimits limits;
   limits.max_header_bytes = 1024;
-  EXPECT_EQ(DecodeRequest(MakeCreateTable(1, t), limits).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(DecodeRequest(MakeCreateTable(1, t), limits).status().code(),
+            StatusCode::kResourceExhausted);
 }
 
 TEST(WireTest, ErrorRepliesCarryCodeMessageAndBootId) {
@@ -116,7 +121,8 @@ TEST(WireTest, PayloadRoundTripsInEveryDtype) {
     std::vector<float> back(v.size());
     ASSERT_TRUE(DecodeValues(f, dt, v.size(), back.data()).ok());
     for (size_t i = 0; i < v.size(); ++i) {
-      EXPECT_NEAR(back[i], v[i], dt == DType::kF32 ? 0 : std::fabs(v[i]) / 100 + 1e-6) << DTypeName(dt);
+      EXPECT_NEAR(back[i], v[i], dt == DType::kF32 ? 0 : std::fabs(v[i]) / 100 + 1e-6)
+          << DTypeName(dt);
     }
   }
 }
@@ -135,11 +141,14 @@ TEST(WireTest, PayloadOfTheWrongSizeIsRejectedNamingBothSizes) {
 // 2^63 values.
 TEST(WireTest, PayloadCountWhoseByteSizeOverflowsIsRejected) {
   float out[4] = {};
-  EXPECT_EQ(DecodeValues(Frame(), DType::kF32, uint64_t{1} << 62, out).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecodeValues(Frame(), DType::kF16, uint64_t{1} << 63, out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeValues(Frame(), DType::kF32, uint64_t{1} << 62, out).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeValues(Frame(), DType::kF16, uint64_t{1} << 63, out).code(),
+            StatusCode::kInvalidArgument);
   std::vector<float> two = {1.f, 2.f};
   Frame f = EncodeValues(two, DType::kBF16);  // 4 bytes
-  EXPECT_EQ(DecodeValues(f, DType::kBF16, (uint64_t{1} << 63) + 2, out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeValues(f, DType::kBF16, (uint64_t{1} << 63) + 2, out).code(),
+            StatusCode::kInvalidArgument);
   ASSERT_TRUE(DecodeValues(f, DType::kBF16, 2, out).ok());
   EXPECT_EQ(out[1], 2.f);
 }
@@ -148,12 +157,13 @@ TEST(WireTest, PayloadCountWhoseByteSizeOverflowsIsRejected) {
 // passes FlatBuffers verification, and reading its keys was a misaligned 8-byte load.
 TEST(WireTest, MisalignedKeyVectorIsRejected) {
   const std::vector<uint8_t> bytes = {
-      0x14, 0x00, 0x00, 0x00, 0x4c, 0x53, 0x48, 0x31, 0x0c, 0x00, 0x14, 0x00, 0x06, 0x00, 0x0c, 0x00,
-      0x05, 0x00, 0x08, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x05, 0x01, 0x00, 0x1c, 0x00, 0x00, 0x00,
-      0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x22, 0x00, 0x00, 0x00, 0x08, 0x00,
-      0x10, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x07, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a, 0x00,
-      0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00,
-      0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x13, 0x13, 0x13, 0x00, 0x00, 0x00};
+      0x14, 0x00, 0x00, 0x00, 0x4c, 0x53, 0x48, 0x31, 0x0c, 0x00, 0x14, 0x00, 0x06, 0x00,
+      0x0c, 0x00, 0x05, 0x00, 0x08, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x05, 0x01, 0x00,
+      0x1c, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00,
+      0x22, 0x00, 0x00, 0x00, 0x08, 0x00, 0x10, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x07, 0x00,
+      0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x04, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x13, 0x13, 0x13, 0x00, 0x00, 0x00};
   Message m{Frame::Copy(bytes.data(), bytes.size())};
   auto env = VerifyEnvelope(m);
   ASSERT_TRUE(env.ok()) << env.status();
@@ -179,8 +189,9 @@ TEST(WireTest, RequestsOutsideTheEnumsOrWithStrayFramesAreRejected) {
   // A pull asking for dtype 7 and a table spec naming optimizer 9 and initializer 8.
   flatbuffers::FlatBufferBuilder a;
   auto rows = wire::CreateRowSet(a, 0, 1);
-  a.Finish(wire::CreateEnvelope(a, kProtocolVersion, 1, wire::Body::Pull,
-                                wire::CreatePull(a, 0, rows, 1, 0, 0, static_cast<wire::DType>(7)).Union()),
+  a.Finish(wire::CreateEnvelope(
+               a, kProtocolVersion, 1, wire::Body::Pull,
+               wire::CreatePull(a, 0, rows, 1, 0, 0, static_cast<wire::DType>(7)).Union()),
            wire::EnvelopeIdentifier());
   auto r = DecodeRequest(Message{Frame::Copy(a.GetBufferPointer(), a.GetSize())});
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -204,10 +215,12 @@ TEST(WireTest, RequestsOutsideTheEnumsOrWithStrayFramesAreRejected) {
   clock.push_back(Frame::Copy("x", 1));
   auto d = DecodeRequest(clock);
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(d.status().message().find("carries no payload frames, got 1"), std::string::npos) << d.status();
+  EXPECT_NE(d.status().message().find("carries no payload frames, got 1"), std::string::npos)
+      << d.status();
   auto e = DecodeRequest(EncodeReply(4, ClockReply{3}));
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find("does not accept ClockReply"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("does not accept ClockReply"), std::string::npos)
+      << e.status();
   EXPECT_FALSE(DecodeReply(MakeClock(5, 7, 1)).ok()) << "a request is no reply";
 }
 
@@ -233,7 +246,8 @@ TEST(WireTest, EveryRequestRoundTrips) {
   spec.init = {InitKind::kNormal, 0.125f, 99};
   EXPECT_EQ(std::get<CreateTableRequest>(RoundTrip(CreateTableRequest{spec})).spec, spec);
 
-  auto pull = std::get<PullRequest>(RoundTrip(PullRequest{3, Rows::Keys({4, 1, 9}), 7, 12, 2, DType::kBF16}));
+  auto pull = std::get<PullRequest>(
+      RoundTrip(PullRequest{3, Rows::Keys({4, 1, 9}), 7, 12, 2, DType::kBF16}));
   EXPECT_EQ(pull.table_id, 3u);
   EXPECT_TRUE(pull.rows.explicit_keys);
   EXPECT_EQ(pull.rows.keys, (std::vector<uint64_t>{4, 1, 9}));
@@ -257,7 +271,8 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(push.dtype, DType::kF16);
   EXPECT_EQ(push.clock_after, 4);
   ASSERT_EQ(pd->payloads.size(), 1u);
-  EXPECT_EQ(pd->payloads[0].data(), pm[1].data()) << "the payload is the message's frame, not a copy";
+  EXPECT_EQ(pd->payloads[0].data(), pm[1].data())
+      << "the payload is the message's frame, not a copy";
 
   auto clock = std::get<ClockRequest>(RoundTrip(ClockRequest{7, 13}));
   EXPECT_EQ(clock.worker_id, 7u);
@@ -375,7 +390,8 @@ TEST(WireTest, EveryReplyRoundTrips) {
 }
 
 TEST(WireTest, PullReplyPayloadsAreTheMessagesFrames) {
-  Message m = EncodeReply(3, PullReply{0, 1, 2, DType::kF32, 0}, {EncodeValues(std::vector<float>{1, 2}, DType::kF32)});
+  Message m = EncodeReply(3, PullReply{0, 1, 2, DType::kF32, 0},
+                          {EncodeValues(std::vector<float>{1, 2}, DType::kF32)});
   auto d = DecodeReply(m);
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->payloads.size(), 1u);
@@ -392,10 +408,12 @@ TEST(WireTest, TableSpecBytesRoundTripAndMatchTheSchema) {
   std::vector<uint8_t> bytes = EncodeTableSpec(spec);
   flatbuffers::FlatBufferBuilder fbb(128);
   auto name = fbb.CreateString("w");
-  auto opt = wire::CreateOptimizerSpec(fbb, wire::OptimizerKind::Momentum, 0.5f, 0.9f, 0.9f, 0.999f, 1e-8f, 0.f);
+  auto opt = wire::CreateOptimizerSpec(fbb, wire::OptimizerKind::Momentum, 0.5f, 0.9f, 0.9f, 0.999f,
+                                       1e-8f, 0.f);
   auto init = wire::CreateInitSpec(fbb, wire::InitKind::Uniform, 0.25f, 7);
   fbb.Finish(wire::CreateTableSpec(fbb, name, 4, 3, opt, init));
-  EXPECT_EQ(bytes, std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
+  EXPECT_EQ(bytes,
+            std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
   auto back = DecodeTableSpec(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, spec);
@@ -455,7 +473,12 @@ TEST(WireTest, MalformedBatchesAreRejectedSayingWhy) {
       {with_head(frames(0, 2)), "no frames"},
       {with_head(frames(1, 5)), "only 1 follow"},
       {with_head(frames(1, 0)), "no frames"},
-      {[&] { Message m = good; m.push_back(Frame::Copy("x", 1)); return m; }(), "beyond"},
+      {[&] {
+         Message m = good;
+         m.push_back(Frame::Copy("x", 1));
+         return m;
+       }(),
+       "beyond"},
   };
   for (const auto& [m, why] : bad) {
     auto r = UnpackBatch(m);

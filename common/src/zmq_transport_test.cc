@@ -67,7 +67,8 @@ class ZmqTransportTest : public ::testing::Test {
 
   // Sends "ping" from the client and answers "pong" from the server; true if the client
   // got the answer within `wait`.
-  static bool RoundTrip(ServerTransport& server, ClientTransport& client, std::chrono::milliseconds wait) {
+  static bool RoundTrip(ServerTransport& server, ClientTransport& client,
+                        std::chrono::milliseconds wait) {
     EXPECT_TRUE(client.Send(0, {Frame::Copy("ping", 4)}).ok());
     auto end = std::chrono::steady_clock::now() + wait;
     bool answered = false;
@@ -164,7 +165,8 @@ TEST_F(ZmqTransportTest, RefusedKeyIsReportedToTheClientAndCounted) {
   EXPECT_FALSE(RoundTrip(**server, **client, 2s));
   Status health = (*client)->health()->ShardHealth(0);
   EXPECT_EQ(health.code(), StatusCode::kUnavailable) << health;
-  EXPECT_NE(health.message().find("did not complete the CURVE handshake"), std::string::npos) << health;
+  EXPECT_NE(health.message().find("did not complete the CURVE handshake"), std::string::npos)
+      << health;
   EXPECT_NE(health.message().find("rogue.pub"), std::string::npos) << health;
   EXPECT_GE((*server)->counters().auth_refused, 1u);
 }
@@ -188,9 +190,9 @@ TEST_F(ZmqTransportTest, OneCurveServerPerContext) {
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = BindZmqServer(ctx, "ipc://" + dir_.path() + "/other.sock", ServerOptions());
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("one CURVE server per ZmqContext"), std::string::npos) << second.status();
+  EXPECT_NE(second.status().message().find("one CURVE server per ZmqContext"), std::string::npos)
+      << second.status();
 }
-
 
 TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
   ZmqContext sctx, cctx;
@@ -245,7 +247,8 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
     EXPECT_TRUE(Same(got->message[1], expected)) << "send " << send;
   }
   EXPECT_EQ((*server)->counters().shm_frames_received, 3u);
-  EXPECT_FALSE((*client)->shared_memory()->ReservePayload(0, 1000)) << "below the threshold: ordinary memory";
+  EXPECT_FALSE((*client)->shared_memory()->ReservePayload(0, 1000))
+      << "below the threshold: ordinary memory";
 }
 
 TEST_F(ZmqTransportTest, AShardWithSharedMemoryOffDeclinesItAndFramesGoThroughTheSocket) {
@@ -368,12 +371,12 @@ TEST_F(ZmqTransportTest, AReceiveOnOneThreadGetsEveryReplyWhileAnotherThreadSend
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {
-  for (const char* e : {"tcp://127.0.0.1:7000", "tcp://127.1.2.3:1", "tcp://localhost:7000", "tcp://[::1]:7000",
-                        "tcp://lo:7000", "ipc:///tmp/x.sock", "inproc://x"}) {
+  for (const char* e : {"tcp://127.0.0.1:7000", "tcp://127.1.2.3:1", "tcp://localhost:7000",
+                        "tcp://[::1]:7000", "tcp://lo:7000", "ipc:///tmp/x.sock", "inproc://x"}) {
     EXPECT_TRUE(IsLoopbackEndpoint(e)) << e;
   }
-  for (const char* e : {"tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://10.0.0.5:7000", "tcp://eth0:7000",
-                        "tcp://shard0:7000", "tcp://[::]:7000"}) {
+  for (const char* e : {"tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://10.0.0.5:7000",
+                        "tcp://eth0:7000", "tcp://shard0:7000", "tcp://[::]:7000"}) {
     EXPECT_FALSE(IsLoopbackEndpoint(e)) << e;
   }
 }

@@ -105,15 +105,19 @@ inline WindowMax MaxOfWindow(const float* top, const float* bottom) {
   const bool bottom_wins = bottom_max > top_max;
   const int row = bottom_wins;
   // Arithmetic rather than `row ? right_bottom : right_top`, which becomes a branch.
-  const int column = right_top + row * (static_cast<int>(right_bottom) - static_cast<int>(right_top));
+  const int column =
+      right_top + row * (static_cast<int>(right_bottom) - static_cast<int>(right_top));
   return {Select(bottom_wins, bottom_max, top_max), row, column};
 }
 
 }  // namespace
 
-int64_t Conv2dScratchSize(const Conv2dShape& s) { return IsPointwise(s) ? 0 : s.patch_rows() * s.h_out() * s.w_out(); }
+int64_t Conv2dScratchSize(const Conv2dShape& s) {
+  return IsPointwise(s) ? 0 : s.patch_rows() * s.h_out() * s.w_out();
+}
 
-void Conv2dForward(const Conv2dShape& s, const float* x, const float* weight, float* y, float* scratch) {
+void Conv2dForward(const Conv2dShape& s, const float* x, const float* weight, float* y,
+                   float* scratch) {
   const int64_t pixels = s.h_out() * s.w_out();
   for (int64_t i = 0; i < s.n; ++i) {
     const float* image = x + i * s.c_in * s.h * s.w;
@@ -128,19 +132,21 @@ void Conv2dForward(const Conv2dShape& s, const float* x, const float* weight, fl
   }
 }
 
-void Conv2dBackwardData(const Conv2dShape& s, const float* dy, const float* weight, float* dx, float* scratch) {
+void Conv2dBackwardData(const Conv2dShape& s, const float* dy, const float* weight, float* dx,
+                        float* scratch) {
   const int64_t pixels = s.h_out() * s.w_out();
   for (int64_t i = 0; i < s.n; ++i) {
     float* dimage = dx + i * s.c_in * s.h * s.w;
     float* dcol = IsPointwise(s) ? dimage : scratch;
     // dcol (c_in k k x pixels) = W^T * dy_i, then each patch entry goes back to its pixel.
-    Gemm(Transpose::kYes, Transpose::kNo, s.patch_rows(), pixels, s.c_out, 1.f, weight, dy + i * s.c_out * pixels, 0.f,
-         dcol);
+    Gemm(Transpose::kYes, Transpose::kNo, s.patch_rows(), pixels, s.c_out, 1.f, weight,
+         dy + i * s.c_out * pixels, 0.f, dcol);
     if (!IsPointwise(s)) Col2Im(s, dcol, dimage);
   }
 }
 
-void Conv2dBackwardWeight(const Conv2dShape& s, const float* x, const float* dy, float* dweight, float* scratch) {
+void Conv2dBackwardWeight(const Conv2dShape& s, const float* x, const float* dy, float* dweight,
+                          float* scratch) {
   if (s.n == 0) {
     std::fill(dweight, dweight + s.c_out * s.patch_rows(), 0.f);
     return;
@@ -154,8 +160,8 @@ void Conv2dBackwardWeight(const Conv2dShape& s, const float* x, const float* dy,
       col = scratch;
     }
     // dW (c_out x c_in k k) (+)= dy_i (c_out x pixels) * col^T; the first image overwrites.
-    Gemm(Transpose::kNo, Transpose::kYes, s.c_out, s.patch_rows(), pixels, 1.f, dy + i * s.c_out * pixels, col,
-         i == 0 ? 0.f : 1.f, dweight);
+    Gemm(Transpose::kNo, Transpose::kYes, s.c_out, s.patch_rows(), pixels, 1.f,
+         dy + i * s.c_out * pixels, col, i == 0 ? 0.f : 1.f, dweight);
   }
 }
 
@@ -198,7 +204,8 @@ void MaxPool2dForward(int64_t n, int64_t c, int64_t h, int64_t w, const float* x
   }
 }
 
-void MaxPool2dBackward(int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* dy, float* dx) {
+void MaxPool2dBackward(int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* dy,
+                       float* dx) {
   const int64_t h_out = h / 2, w_out = w / 2;
   std::fill(dx, dx + n * c * h * w, 0.f);
   for (int64_t plane = 0; plane < n * c; ++plane) {

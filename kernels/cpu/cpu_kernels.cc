@@ -13,8 +13,8 @@ namespace leash::kernels::cpu {
 
 void SetCpuThreads(int threads) { openblas_set_num_threads(threads); }
 
-void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
-          float beta, float* c) {
+void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // BLAS rejects the zero leading dimensions this implies; the result is beta * C.
     for (int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.f ? 0.f : beta * c[i];
@@ -27,7 +27,8 @@ void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alp
   const int64_t ldb = tb_yes ? k : n;
   cblas_sgemm(CblasRowMajor, ta_yes ? CblasTrans : CblasNoTrans, tb_yes ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(n));
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(n));
 }
 
 void BiasAdd(int64_t rows, int64_t cols, const float* bias, float* y) {
@@ -67,8 +68,8 @@ void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
   }
 }
 
-void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels, float* dlogits,
-                         float* loss, int64_t* correct) {
+void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
+                         float* dlogits, float* loss, int64_t* correct) {
   double loss_sum = 0.0;
   int64_t right = 0;
   const float inv_rows = rows > 0 ? 1.f / static_cast<float>(rows) : 0.f;
@@ -92,15 +93,18 @@ void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, con
         sum += d[c];
       }
       const float inv_sum = 1.f / sum;
-      for (int64_t c = 0; c < classes; ++c) d[c] = (d[c] * inv_sum - (c == label ? 1.f : 0.f)) * inv_rows;
+      for (int64_t c = 0; c < classes; ++c)
+        d[c] = (d[c] * inv_sum - (c == label ? 1.f : 0.f)) * inv_rows;
     } else {
       for (int64_t c = 0; c < classes; ++c) sum += std::exp(x[c] - max);
     }
     // log-sum-exp: max + log(sum exp(x - max)) never overflows.
-    loss_sum += static_cast<double>(max) + std::log(static_cast<double>(sum)) - static_cast<double>(x_label);
+    loss_sum += static_cast<double>(max) + std::log(static_cast<double>(sum)) -
+                static_cast<double>(x_label);
     if (argmax == label) ++right;
   }
-  if (loss != nullptr) *loss = rows > 0 ? static_cast<float>(loss_sum / static_cast<double>(rows)) : 0.f;
+  if (loss != nullptr)
+    *loss = rows > 0 ? static_cast<float>(loss_sum / static_cast<double>(rows)) : 0.f;
   if (correct != nullptr) *correct = right;
 }
 
@@ -111,15 +115,16 @@ constexpr int64_t kBlock = 16;
 
 namespace {
 
-inline void SgdBlock(int64_t n, float lr, float wd, const float* __restrict g, float* __restrict w) {
+inline void SgdBlock(int64_t n, float lr, float wd, const float* __restrict g,
+                     float* __restrict w) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] + wd * w[i];
     w[i] -= lr * gi;
   }
 }
 
-inline void MomentumBlock(int64_t n, float lr, float mu, float wd, const float* __restrict g, float* __restrict w,
-                          float* __restrict v) {
+inline void MomentumBlock(int64_t n, float lr, float mu, float wd, const float* __restrict g,
+                          float* __restrict w, float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] + wd * w[i];
     v[i] = mu * v[i] + gi;
@@ -137,11 +142,13 @@ void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
 
 void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) MomentumBlock(kBlock, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
+  for (; i + kBlock <= n; i += kBlock)
+    MomentumBlock(kBlock, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
   MomentumBlock(n - i, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
 }
 
-void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m, float* v) {
+void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
+                float* v) {
   const float c1 = AdamBiasCorrection(p.beta1, step);
   const float c2 = AdamBiasCorrection(p.beta2, step);
   for (int64_t i = 0; i < n; ++i) {

@@ -34,11 +34,14 @@ class Descriptor {
  private:
   T desc_ = nullptr;
 };
-using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
-using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc =
-    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
-using PoolDesc = Descriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
+using TensorDesc =
+    Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
+using PoolDesc = Descriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
+                            cudnnDestroyPoolingDescriptor>;
 
 // Sizes were validated by the entry points to fit cuDNN's int.
 int I(int64_t v) { return static_cast<int>(v); }
@@ -50,13 +53,14 @@ std::string Dims(std::initializer_list<int64_t> dims) {
 }
 
 std::string Describe(const Conv2dShape& s) {
-  return Dims({s.n, s.c_in, s.h, s.w}) + " input, " + Dims({s.c_out, s.c_in, s.k, s.k}) + " weight, pad " +
-         std::to_string(s.pad);
+  return Dims({s.n, s.c_in, s.h, s.w}) + " input, " + Dims({s.c_out, s.c_in, s.k, s.k}) +
+         " weight, pad " + std::to_string(s.pad);
 }
 
 Status DescribeTensor(TensorDesc& d, int64_t n, int64_t c, int64_t h, int64_t w) {
   LEASH_RETURN_IF_ERROR(d.Create("tensor"));
-  return FromCudnn(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, I(n), I(c), I(h), I(w)),
+  return FromCudnn(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, I(n),
+                                              I(c), I(h), I(w)),
                    "describing a " + Dims({n, c, h, w}) + " tensor to cuDNN");
 }
 
@@ -70,15 +74,18 @@ struct ConvDescs {
     LEASH_RETURN_IF_ERROR(DescribeTensor(x, s.n, s.c_in, s.h, s.w));
     LEASH_RETURN_IF_ERROR(DescribeTensor(y, s.n, s.c_out, s.h_out(), s.w_out()));
     LEASH_RETURN_IF_ERROR(weight.Create("filter"));
-    LEASH_RETURN_IF_ERROR(FromCudnn(cudnnSetFilter4dDescriptor(weight.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                                               I(s.c_out), I(s.c_in), I(s.k), I(s.k)),
-                                    "describing a " + Dims({s.c_out, s.c_in, s.k, s.k}) + " filter to cuDNN"));
+    LEASH_RETURN_IF_ERROR(
+        FromCudnn(cudnnSetFilter4dDescriptor(weight.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                             I(s.c_out), I(s.c_in), I(s.k), I(s.k)),
+                  "describing a " + Dims({s.c_out, s.c_in, s.k, s.k}) + " filter to cuDNN"));
     LEASH_RETURN_IF_ERROR(conv.Create("convolution"));
-    LEASH_RETURN_IF_ERROR(FromCudnn(cudnnSetConvolution2dDescriptor(conv.get(), I(s.pad), I(s.pad), 1, 1, 1, 1,
-                                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-                                    "describing a convolution with pad " + std::to_string(s.pad) + " to cuDNN"));
+    LEASH_RETURN_IF_ERROR(
+        FromCudnn(cudnnSetConvolution2dDescriptor(conv.get(), I(s.pad), I(s.pad), 1, 1, 1, 1,
+                                                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                  "describing a convolution with pad " + std::to_string(s.pad) + " to cuDNN"));
     // Plain fp32: TF32 tensor cores would lose the agreement with the CPU kernels.
-    return FromCudnn(cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH), "selecting cuDNN's fp32 math");
+    return FromCudnn(cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH),
+                     "selecting cuDNN's fp32 math");
   }
 };
 
@@ -87,23 +94,25 @@ struct ConvDescs {
 // every run). `workspace_for(algo, &bytes)` asks cuDNN whether `algo` runs on these
 // descriptors and what it needs; an algorithm it refuses is skipped, not an error.
 template <typename Perf, typename Algo, typename WorkspaceFor>
-Status Choose(const Perf* perf, int count, WorkspaceFor workspace_for, const std::string& what, Algo* algo,
-              size_t* bytes) {
+Status Choose(const Perf* perf, int count, WorkspaceFor workspace_for, const std::string& what,
+              Algo* algo, size_t* bytes) {
   for (bool deterministic_only : {true, false}) {
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[i];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+      if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+        continue;
       if (deterministic_only && p.determinism != CUDNN_DETERMINISTIC) continue;
       size_t needed = 0;
-      if (workspace_for(p.algo, &needed) != CUDNN_STATUS_SUCCESS || needed > kMaxWorkspaceBytes) continue;
+      if (workspace_for(p.algo, &needed) != CUDNN_STATUS_SUCCESS || needed > kMaxWorkspaceBytes)
+        continue;
       *algo = p.algo;
       *bytes = needed;
       return Status::Ok();
     }
   }
-  return Unavailable("cuDNN offers no fp32 algorithm needing at most " + std::to_string(kMaxWorkspaceBytes) +
-                     " bytes of workspace for " + what);
+  return Unavailable("cuDNN offers no fp32 algorithm needing at most " +
+                     std::to_string(kMaxWorkspaceBytes) + " bytes of workspace for " + what);
 }
 
 // The algorithms for `shape`, chosen on first use and cached in the State.
@@ -117,43 +126,44 @@ Result<const ConvAlgos*> AlgosFor(State& s, const ConvDescs& d, const Conv2dShap
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int count = 0;
-    LEASH_RETURN_IF_ERROR(
-        FromCudnn(cudnnGetConvolutionForwardAlgorithm_v7(s.cudnn, d.x.get(), d.weight.get(), d.conv.get(), d.y.get(),
-                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
-                  "ranking cuDNN's forward algorithms for " + what));
+    LEASH_RETURN_IF_ERROR(FromCudnn(cudnnGetConvolutionForwardAlgorithm_v7(
+                                        s.cudnn, d.x.get(), d.weight.get(), d.conv.get(), d.y.get(),
+                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+                                    "ranking cuDNN's forward algorithms for " + what));
     auto workspace_for = [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-      return cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, d.x.get(), d.weight.get(), d.conv.get(), d.y.get(), algo,
-                                                     bytes);
+      return cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, d.x.get(), d.weight.get(),
+                                                     d.conv.get(), d.y.get(), algo, bytes);
     };
-    LEASH_RETURN_IF_ERROR(Choose(perf, count, workspace_for, "forward " + what, &a.forward, &a.forward_bytes));
+    LEASH_RETURN_IF_ERROR(
+        Choose(perf, count, workspace_for, "forward " + what, &a.forward, &a.forward_bytes));
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int count = 0;
-    LEASH_RETURN_IF_ERROR(FromCudnn(
-        cudnnGetConvolutionBackwardDataAlgorithm_v7(s.cudnn, d.weight.get(), d.y.get(), d.conv.get(), d.x.get(),
-                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
-        "ranking cuDNN's backward-data algorithms for " + what));
+    LEASH_RETURN_IF_ERROR(FromCudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                        s.cudnn, d.weight.get(), d.y.get(), d.conv.get(), d.x.get(),
+                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+                                    "ranking cuDNN's backward-data algorithms for " + what));
     auto workspace_for = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, d.weight.get(), d.y.get(), d.conv.get(), d.x.get(),
-                                                          algo, bytes);
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, d.weight.get(), d.y.get(),
+                                                          d.conv.get(), d.x.get(), algo, bytes);
     };
-    LEASH_RETURN_IF_ERROR(
-        Choose(perf, count, workspace_for, "the data gradient of " + what, &a.backward_data, &a.backward_data_bytes));
+    LEASH_RETURN_IF_ERROR(Choose(perf, count, workspace_for, "the data gradient of " + what,
+                                 &a.backward_data, &a.backward_data_bytes));
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int count = 0;
-    LEASH_RETURN_IF_ERROR(FromCudnn(
-        cudnnGetConvolutionBackwardFilterAlgorithm_v7(s.cudnn, d.x.get(), d.y.get(), d.conv.get(), d.weight.get(),
-                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
-        "ranking cuDNN's backward-filter algorithms for " + what));
+    LEASH_RETURN_IF_ERROR(FromCudnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                        s.cudnn, d.x.get(), d.y.get(), d.conv.get(), d.weight.get(),
+                                        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
+                                    "ranking cuDNN's backward-filter algorithms for " + what));
     auto workspace_for = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, d.x.get(), d.y.get(), d.conv.get(), d.weight.get(),
-                                                            algo, bytes);
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          s.cudnn, d.x.get(), d.y.get(), d.conv.get(), d.weight.get(), algo, bytes);
     };
-    LEASH_RETURN_IF_ERROR(Choose(perf, count, workspace_for, "the weight gradient of " + what, &a.backward_filter,
-                                 &a.backward_filter_bytes));
+    LEASH_RETURN_IF_ERROR(Choose(perf, count, workspace_for, "the weight gradient of " + what,
+                                 &a.backward_filter, &a.backward_filter_bytes));
   }
   return &s.conv_algos.emplace(key, a).first->second;
 }
@@ -163,15 +173,16 @@ Result<void*> Reserve(State& s, size_t bytes) {
   Workspace& ws = s.workspace;
   if (bytes <= ws.bytes) return ws.ptr;
   // Work already queued may still use the smaller block.
-  LEASH_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(s.stream), "waiting to grow the cuDNN workspace"));
+  LEASH_RETURN_IF_ERROR(
+      FromCuda(cudaStreamSynchronize(s.stream), "waiting to grow the cuDNN workspace"));
   Free(ws.device, ws.ptr);
   ws.ptr = nullptr;
   ws.bytes = 0;
   ws.device = s.device;
   void* p = nullptr;
   LEASH_RETURN_IF_ERROR(FromCuda(
-      cudaMalloc(&p, bytes),
-      "allocating " + std::to_string(bytes) + " bytes of cuDNN workspace on cuda:" + std::to_string(s.device)));
+      cudaMalloc(&p, bytes), "allocating " + std::to_string(bytes) +
+                                 " bytes of cuDNN workspace on cuda:" + std::to_string(s.device)));
   ws.ptr = p;
   ws.bytes = bytes;
   return p;
@@ -188,14 +199,14 @@ struct PoolDescs {
     LEASH_RETURN_IF_ERROR(pool.Create("pooling"));
     // The deterministic mode routes each window's gradient to one element, its first
     // maximum, as the CPU kernel does.
-    return FromCudnn(cudnnSetPooling2dDescriptor(pool.get(), CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_NOT_PROPAGATE_NAN,
-                                                 2, 2, 0, 0, 2, 2),
+    return FromCudnn(cudnnSetPooling2dDescriptor(pool.get(), CUDNN_POOLING_MAX_DETERMINISTIC,
+                                                 CUDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2),
                      "describing 2x2 max pooling to cuDNN");
   }
 };
 
-__global__ void BiasAddChannelsKernel(int64_t total, int64_t c, int64_t hw, const float* __restrict__ bias,
-                                      float* __restrict__ y) {
+__global__ void BiasAddChannelsKernel(int64_t total, int64_t c, int64_t hw,
+                                      const float* __restrict__ bias, float* __restrict__ y) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     y[i] += bias[(i / hw) % c];
@@ -204,8 +215,8 @@ __global__ void BiasAddChannelsKernel(int64_t total, int64_t c, int64_t hw, cons
 
 // One block per channel sums that channel's n * hw values: a fixed order, so the result
 // is the same on every run.
-__global__ void BiasGradChannelsKernel(int64_t n, int64_t c, int64_t hw, const float* __restrict__ dy,
-                                       float* __restrict__ db) {
+__global__ void BiasGradChannelsKernel(int64_t n, int64_t c, int64_t hw,
+                                       const float* __restrict__ dy, float* __restrict__ db) {
   __shared__ float partial[kBlock];
   const int64_t ch = blockIdx.x;
   float sum = 0.f;
@@ -216,7 +227,8 @@ __global__ void BiasGradChannelsKernel(int64_t n, int64_t c, int64_t hw, const f
   partial[threadIdx.x] = sum;
   __syncthreads();
   for (int stride = kBlock / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
   if (threadIdx.x == 0) db[ch] = partial[0];
@@ -224,36 +236,41 @@ __global__ void BiasGradChannelsKernel(int64_t n, int64_t c, int64_t hw, const f
 
 }  // namespace
 
-Status Conv2dForward(State& s, const Conv2dShape& shape, const float* x, const float* weight, float* y) {
+Status Conv2dForward(State& s, const Conv2dShape& shape, const float* x, const float* weight,
+                     float* y) {
   LEASH_RETURN_IF_ERROR(Activate(s));
   ConvDescs d;
   LEASH_RETURN_IF_ERROR(d.Init(shape));
   LEASH_ASSIGN_OR_RETURN(const ConvAlgos* algos, AlgosFor(s, d, shape));
   LEASH_ASSIGN_OR_RETURN(void* workspace, Reserve(s, algos->forward_bytes));
   const float one = 1.f, zero = 0.f;
-  return FromCudnn(cudnnConvolutionForward(s.cudnn, &one, d.x.get(), x, d.weight.get(), weight, d.conv.get(),
-                                           algos->forward, workspace, algos->forward_bytes, &zero, d.y.get(), y),
-                   "cudnnConvolutionForward of " + Describe(shape));
+  return FromCudnn(
+      cudnnConvolutionForward(s.cudnn, &one, d.x.get(), x, d.weight.get(), weight, d.conv.get(),
+                              algos->forward, workspace, algos->forward_bytes, &zero, d.y.get(), y),
+      "cudnnConvolutionForward of " + Describe(shape));
 }
 
-Status Conv2dBackwardData(State& s, const Conv2dShape& shape, const float* dy, const float* weight, float* dx) {
+Status Conv2dBackwardData(State& s, const Conv2dShape& shape, const float* dy, const float* weight,
+                          float* dx) {
   LEASH_RETURN_IF_ERROR(Activate(s));
   ConvDescs d;
   LEASH_RETURN_IF_ERROR(d.Init(shape));
   LEASH_ASSIGN_OR_RETURN(const ConvAlgos* algos, AlgosFor(s, d, shape));
   LEASH_ASSIGN_OR_RETURN(void* workspace, Reserve(s, algos->backward_data_bytes));
   const float one = 1.f, zero = 0.f;
-  return FromCudnn(
-      cudnnConvolutionBackwardData(s.cudnn, &one, d.weight.get(), weight, d.y.get(), dy, d.conv.get(),
-                                   algos->backward_data, workspace, algos->backward_data_bytes, &zero, d.x.get(), dx),
-      "cudnnConvolutionBackwardData of " + Describe(shape));
+  return FromCudnn(cudnnConvolutionBackwardData(s.cudnn, &one, d.weight.get(), weight, d.y.get(),
+                                                dy, d.conv.get(), algos->backward_data, workspace,
+                                                algos->backward_data_bytes, &zero, d.x.get(), dx),
+                   "cudnnConvolutionBackwardData of " + Describe(shape));
 }
 
-Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, const float* dy, float* dweight) {
+Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, const float* dy,
+                            float* dweight) {
   LEASH_RETURN_IF_ERROR(Activate(s));
   if (shape.n == 0) {  // cuDNN rejects empty tensors; the sum over no examples is zero
     const auto bytes = static_cast<size_t>(shape.c_out * shape.patch_rows()) * sizeof(float);
-    return FromCuda(cudaMemsetAsync(dweight, 0, bytes, s.stream), "zeroing the weight gradient of an empty batch");
+    return FromCuda(cudaMemsetAsync(dweight, 0, bytes, s.stream),
+                    "zeroing the weight gradient of an empty batch");
   }
   ConvDescs d;
   LEASH_RETURN_IF_ERROR(d.Init(shape));
@@ -261,8 +278,9 @@ Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, 
   LEASH_ASSIGN_OR_RETURN(void* workspace, Reserve(s, algos->backward_filter_bytes));
   const float one = 1.f, zero = 0.f;
   return FromCudnn(
-      cudnnConvolutionBackwardFilter(s.cudnn, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(), algos->backward_filter,
-                                     workspace, algos->backward_filter_bytes, &zero, d.weight.get(), dweight),
+      cudnnConvolutionBackwardFilter(s.cudnn, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
+                                     algos->backward_filter, workspace,
+                                     algos->backward_filter_bytes, &zero, d.weight.get(), dweight),
       "cudnnConvolutionBackwardFilter of " + Describe(shape));
 }
 
@@ -279,23 +297,25 @@ Status BiasGradChannels(State& s, int64_t n, int64_t c, int64_t hw, const float*
   return LaunchStatus("BiasGradChannelsKernel");
 }
 
-Status MaxPool2dForward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y) {
+Status MaxPool2dForward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                        float* y) {
   LEASH_RETURN_IF_ERROR(Activate(s));
   PoolDescs d;
   LEASH_RETURN_IF_ERROR(d.Init(n, c, h, w));
   const float one = 1.f, zero = 0.f;
-  return FromCudnn(cudnnPoolingForward(s.cudnn, d.pool.get(), &one, d.x.get(), x, &zero, d.y.get(), y),
-                   "cudnnPoolingForward of a " + Dims({n, c, h, w}) + " tensor");
+  return FromCudnn(
+      cudnnPoolingForward(s.cudnn, d.pool.get(), &one, d.x.get(), x, &zero, d.y.get(), y),
+      "cudnnPoolingForward of a " + Dims({n, c, h, w}) + " tensor");
 }
 
-Status MaxPool2dBackward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
-                         const float* dy, float* dx) {
+Status MaxPool2dBackward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                         const float* y, const float* dy, float* dx) {
   LEASH_RETURN_IF_ERROR(Activate(s));
   PoolDescs d;
   LEASH_RETURN_IF_ERROR(d.Init(n, c, h, w));
   const float one = 1.f, zero = 0.f;
-  return FromCudnn(cudnnPoolingBackward(s.cudnn, d.pool.get(), &one, d.y.get(), y, d.y.get(), dy, d.x.get(), x, &zero,
-                                        d.x.get(), dx),
+  return FromCudnn(cudnnPoolingBackward(s.cudnn, d.pool.get(), &one, d.y.get(), y, d.y.get(), dy,
+                                        d.x.get(), x, &zero, d.x.get(), dx),
                    "cudnnPoolingBackward of a " + Dims({n, c, h, w}) + " tensor");
 }
 

@@ -58,8 +58,8 @@ Status CopiesWaitForCompute(State& s, CopyQueue& q);
 // Blocks until the copies queued so far are done.
 Status SynchronizeCopies(State& s, CopyQueue& q);
 
-Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            const float* b, float beta, float* c);
+Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c);
 Status BiasAdd(State& s, int64_t rows, int64_t cols, const float* bias, float* y);
 Status BiasGrad(State& s, int64_t rows, int64_t cols, const float* dy, float* db);
 Status Relu(State& s, int64_t n, const float* x, float* y);
@@ -67,24 +67,31 @@ Status ReluBackward(State& s, int64_t n, const float* y, const float* dy, float*
 // Convolutions on cuDNN (full fp32), with the algorithms chosen once per shape and the
 // workspace kept in the State; n >= 1 except for Conv2dBackwardWeight, where n == 0
 // writes zeros.
-Status Conv2dForward(State& s, const Conv2dShape& shape, const float* x, const float* weight, float* y);
-Status Conv2dBackwardData(State& s, const Conv2dShape& shape, const float* dy, const float* weight, float* dx);
-Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, const float* dy, float* dweight);
+Status Conv2dForward(State& s, const Conv2dShape& shape, const float* x, const float* weight,
+                     float* y);
+Status Conv2dBackwardData(State& s, const Conv2dShape& shape, const float* dy, const float* weight,
+                          float* dx);
+Status Conv2dBackwardWeight(State& s, const Conv2dShape& shape, const float* x, const float* dy,
+                            float* dweight);
 Status BiasAddChannels(State& s, int64_t n, int64_t c, int64_t hw, const float* bias, float* y);
 Status BiasGradChannels(State& s, int64_t n, int64_t c, int64_t hw, const float* dy, float* db);
 // 2 x 2 max pooling with stride 2 on cuDNN; n, c >= 1.
-Status MaxPool2dForward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y);
-Status MaxPool2dBackward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
-                         const float* dy, float* dx);
+Status MaxPool2dForward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                        float* y);
+Status MaxPool2dBackward(State& s, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                         const float* y, const float* dy, float* dx);
 // Loss and correct count are reduced on the device and copied back; InvalidArgument when
 // the device found labels outside [0, classes).
-Status SoftmaxCrossEntropy(State& s, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
-                           float* dlogits, float* loss_host, int64_t* correct_host);
+Status SoftmaxCrossEntropy(State& s, int64_t rows, int64_t classes, const float* logits,
+                           const int32_t* labels, float* dlogits, float* loss_host,
+                           int64_t* correct_host);
 Status SgdUpdate(State& s, int64_t n, const SgdParams& p, const float* g, float* w);
-Status MomentumUpdate(State& s, int64_t n, const MomentumParams& p, const float* g, float* w, float* v);
-Status AdamUpdate(State& s, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
-                  float* v);
-Status AdagradUpdate(State& s, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+Status MomentumUpdate(State& s, int64_t n, const MomentumParams& p, const float* g, float* w,
+                      float* v);
+Status AdamUpdate(State& s, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w,
+                  float* m, float* v);
+Status AdagradUpdate(State& s, int64_t n, const AdagradParams& p, const float* g, float* w,
+                     float* acc);
 Status ConvertToHalf(State& s, int64_t n, const float* x, uint16_t* y, bool bf16);
 Status ConvertFromHalf(State& s, int64_t n, const uint16_t* x, float* y, bool bf16);
 

@@ -70,7 +70,9 @@ struct State {
 };
 
 // Makes the state's GPU current on the calling thread (contexts may move between threads).
-inline Status Activate(State& s) { return FromCuda(cudaSetDevice(s.device), "selecting cuda:" + std::to_string(s.device)); }
+inline Status Activate(State& s) {
+  return FromCuda(cudaSetDevice(s.device), "selecting cuda:" + std::to_string(s.device));
+}
 
 // Grid size for a grid-stride loop over n elements with blocks of `block` threads.
 inline unsigned GridFor(int64_t n, int block) {

@@ -21,7 +21,8 @@ inline Status FromCuda(cudaError_t e, const std::string& what) {
     case cudaErrorMemoryAllocation:
       return ResourceExhausted(msg);
     case cudaErrorNoKernelImageForDevice:
-      return Unavailable(msg + "; rebuild with CMAKE_CUDA_ARCHITECTURES including this GPU's architecture");
+      return Unavailable(
+          msg + "; rebuild with CMAKE_CUDA_ARCHITECTURES including this GPU's architecture");
     case cudaErrorNoDevice:
     case cudaErrorInvalidDevice:
     case cudaErrorInsufficientDriver:

@@ -14,11 +14,12 @@ namespace {
 constexpr int kBlock = 256;
 
 // Grid-stride loop over [0, n) with 64-bit indices.
-#define LEASH_FOR_EACH(i, n)                                                            \
+#define LEASH_FOR_EACH(i, n)                                                             \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restrict__ bias, float* __restrict__ y) {
+__global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restrict__ bias,
+                              float* __restrict__ y) {
   LEASH_FOR_EACH(i, rows * cols) { y[i] += bias[i % cols]; }
 }
 
@@ -26,7 +27,8 @@ __global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restric
 // the kBiasRows partial sums of a column are added in shared memory.
 constexpr int kBiasCols = 32;
 constexpr int kBiasRows = 8;
-__global__ void BiasGradKernel(int64_t rows, int64_t cols, const float* __restrict__ dy, float* __restrict__ db) {
+__global__ void BiasGradKernel(int64_t rows, int64_t cols, const float* __restrict__ dy,
+                               float* __restrict__ db) {
   __shared__ float partial[kBiasRows][kBiasCols + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBiasCols + threadIdx.x;
   float sum = 0.f;
@@ -50,15 +52,16 @@ __global__ void ReluBackwardKernel(int64_t n, const float* y, const float* dy, f
   LEASH_FOR_EACH(i, n) { dx[i] = y[i] > 0.f ? dy[i] : 0.f; }
 }
 
-__global__ void SgdKernel(int64_t n, SgdParams p, const float* __restrict__ g, float* __restrict__ w) {
+__global__ void SgdKernel(int64_t n, SgdParams p, const float* __restrict__ g,
+                          float* __restrict__ w) {
   LEASH_FOR_EACH(i, n) {
     const float gi = g[i] + p.weight_decay * w[i];
     w[i] -= p.lr * gi;
   }
 }
 
-__global__ void MomentumKernel(int64_t n, MomentumParams p, const float* __restrict__ g, float* __restrict__ w,
-                               float* __restrict__ v) {
+__global__ void MomentumKernel(int64_t n, MomentumParams p, const float* __restrict__ g,
+                               float* __restrict__ w, float* __restrict__ v) {
   LEASH_FOR_EACH(i, n) {
     const float gi = g[i] + p.weight_decay * w[i];
     const float vi = p.momentum * v[i] + gi;
@@ -79,8 +82,8 @@ __global__ void AdamKernel(int64_t n, AdamParams p, float c1, float c2, const fl
   }
 }
 
-__global__ void AdagradKernel(int64_t n, AdagradParams p, const float* __restrict__ g, float* __restrict__ w,
-                              float* __restrict__ acc) {
+__global__ void AdagradKernel(int64_t n, AdagradParams p, const float* __restrict__ g,
+                              float* __restrict__ w, float* __restrict__ acc) {
   LEASH_FOR_EACH(i, n) {
     const float gi = g[i] + p.weight_decay * w[i];
     const float ai = acc[i] + gi * gi;
@@ -100,7 +103,8 @@ __device__ inline uint16_t FloatToHalfBits(float f) {
 
 __device__ inline uint16_t FloatToBf16Bits(float f) {
   const uint32_t x = __float_as_uint(f);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu)) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu))
+    return static_cast<uint16_t>((x >> 16) | 0x40u);
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
@@ -113,7 +117,8 @@ __device__ inline float HalfBitsToFloat(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
 
-__global__ void ToHalfKernel(int64_t n, const float* __restrict__ x, uint16_t* __restrict__ y, bool bf16) {
+__global__ void ToHalfKernel(int64_t n, const float* __restrict__ x, uint16_t* __restrict__ y,
+                             bool bf16) {
   if (bf16) {
     LEASH_FOR_EACH(i, n) { y[i] = FloatToBf16Bits(x[i]); }
   } else {
@@ -121,7 +126,8 @@ __global__ void ToHalfKernel(int64_t n, const float* __restrict__ x, uint16_t* _
   }
 }
 
-__global__ void FromHalfKernel(int64_t n, const uint16_t* __restrict__ x, float* __restrict__ y, bool bf16) {
+__global__ void FromHalfKernel(int64_t n, const uint16_t* __restrict__ x, float* __restrict__ y,
+                               bool bf16) {
   if (bf16) {
     LEASH_FOR_EACH(i, n) { y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16); }
   } else {
@@ -170,23 +176,25 @@ Status SgdUpdate(State& s, int64_t n, const SgdParams& p, const float* g, float*
   return LaunchStatus("SgdKernel");
 }
 
-Status MomentumUpdate(State& s, int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
+Status MomentumUpdate(State& s, int64_t n, const MomentumParams& p, const float* g, float* w,
+                      float* v) {
   if (n == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(Activate(s));
   MomentumKernel<<<GridFor(n, kBlock), kBlock, 0, s.stream>>>(n, p, g, w, v);
   return LaunchStatus("MomentumKernel");
 }
 
-Status AdamUpdate(State& s, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
-                  float* v) {
+Status AdamUpdate(State& s, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w,
+                  float* m, float* v) {
   if (n == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(Activate(s));
-  AdamKernel<<<GridFor(n, kBlock), kBlock, 0, s.stream>>>(n, p, AdamBiasCorrection(p.beta1, step),
-                                                          AdamBiasCorrection(p.beta2, step), g, w, m, v);
+  AdamKernel<<<GridFor(n, kBlock), kBlock, 0, s.stream>>>(
+      n, p, AdamBiasCorrection(p.beta1, step), AdamBiasCorrection(p.beta2, step), g, w, m, v);
   return LaunchStatus("AdamKernel");
 }
 
-Status AdagradUpdate(State& s, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc) {
+Status AdagradUpdate(State& s, int64_t n, const AdagradParams& p, const float* g, float* w,
+                     float* acc) {
   if (n == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(Activate(s));
   AdagradKernel<<<GridFor(n, kBlock), kBlock, 0, s.stream>>>(n, p, g, w, acc);

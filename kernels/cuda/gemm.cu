@@ -18,8 +18,8 @@ __global__ void ScaleKernel(int64_t n, float beta, float* c) {
 
 }  // namespace
 
-Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            const float* b, float beta, float* c) {
+Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(Activate(s));
   if (k == 0) {
@@ -32,10 +32,11 @@ Status Gemm(State& s, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t 
   // Leading dimensions are the row-major column counts, as for CBLAS.
   const int lda = static_cast<int>(ta_yes ? m : k);
   const int ldb = static_cast<int>(tb_yes ? k : n);
-  return FromCublas(cublasSgemm(s.cublas, tb_yes ? CUBLAS_OP_T : CUBLAS_OP_N, ta_yes ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a, lda,
-                                &beta, c, static_cast<int>(n)),
-                    "cublasSgemm m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+  return FromCublas(
+      cublasSgemm(s.cublas, tb_yes ? CUBLAS_OP_T : CUBLAS_OP_N, ta_yes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a,
+                  lda, &beta, c, static_cast<int>(n)),
+      "cublasSgemm m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
 }
 
 }  // namespace leash::kernels::cuda

@@ -39,7 +39,8 @@ std::string Bytes(size_t n) { return std::to_string(n) + " bytes"; }
 // Raw memory behind a DeviceArray: zero-filled, on the context's device.
 Result<void*> AllocateBytes(Context& ctx, size_t count, size_t element_size) {
   if (count > std::numeric_limits<size_t>::max() / element_size) {
-    return InvalidArgument("cannot allocate " + std::to_string(count) + " elements: the size overflows");
+    return InvalidArgument("cannot allocate " + std::to_string(count) +
+                           " elements: the size overflows");
   }
   const size_t bytes = count * element_size;
   if (bytes == 0) return static_cast<void*>(nullptr);
@@ -50,30 +51,31 @@ Result<void*> AllocateBytes(Context& ctx, size_t count, size_t element_size) {
       return p;
     }
     case DeviceType::kCuda:
-      return internal::OnCuda<Result<void*>>(ctx, [&](auto& s) { return cuda::Allocate(s, bytes); });
+      return internal::OnCuda<Result<void*>>(ctx,
+                                             [&](auto& s) { return cuda::Allocate(s, bytes); });
   }
   return InvalidArgument("unknown device type");
 }
 
 // Validates a copy of `count` elements between host memory and an array of `size`
 // elements on `device`, starting at element `offset`.
-Status CheckCopy(Context& ctx, const char* op, Device device, size_t size, const void* host, size_t count,
-                 size_t offset) {
+Status CheckCopy(Context& ctx, const char* op, Device device, size_t size, const void* host,
+                 size_t count, size_t offset) {
   if (!(ctx.device() == device)) {
-    return InvalidArgument(std::string(op) + ": the array lives on " + DeviceName(device) + " but the context is " +
-                           DeviceName(ctx.device()));
+    return InvalidArgument(std::string(op) + ": the array lives on " + DeviceName(device) +
+                           " but the context is " + DeviceName(ctx.device()));
   }
   if (offset > size || count > size - offset) {
     return InvalidArgument(std::string(op) + ": elements [" + std::to_string(offset) + ", " +
-                           std::to_string(offset) + " + " + std::to_string(count) + ") are outside an array of " +
-                           std::to_string(size));
+                           std::to_string(offset) + " + " + std::to_string(count) +
+                           ") are outside an array of " + std::to_string(size));
   }
   if (host == nullptr) return InvalidArgument(std::string(op) + ": the host pointer is null");
   return Status::Ok();
 }
 
-Status CopyIn(Context& ctx, Device device, void* base, size_t size, const void* src_host, size_t count,
-              size_t offset, size_t element_size) {
+Status CopyIn(Context& ctx, Device device, void* base, size_t size, const void* src_host,
+              size_t count, size_t offset, size_t element_size) {
   if (count == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(CheckCopy(ctx, "CopyFromHost", device, size, src_host, count, offset));
   void* dst = static_cast<char*>(base) + offset * element_size;
@@ -83,13 +85,14 @@ Status CopyIn(Context& ctx, Device device, void* base, size_t size, const void* 
       std::memcpy(dst, src_host, bytes);
       return Status::Ok();
     case DeviceType::kCuda:
-      return internal::OnCuda(ctx, [&](auto& s) { return cuda::CopyToDevice(s, dst, src_host, bytes); });
+      return internal::OnCuda(ctx,
+                              [&](auto& s) { return cuda::CopyToDevice(s, dst, src_host, bytes); });
   }
   return InvalidArgument("unknown device type");
 }
 
-Status CopyOut(Context& ctx, Device device, const void* base, size_t size, void* dst_host, size_t count,
-               size_t offset, size_t element_size) {
+Status CopyOut(Context& ctx, Device device, const void* base, size_t size, void* dst_host,
+               size_t count, size_t offset, size_t element_size) {
   if (count == 0) return Status::Ok();
   LEASH_RETURN_IF_ERROR(CheckCopy(ctx, "CopyToHost", device, size, dst_host, count, offset));
   const void* src = static_cast<const char*>(base) + offset * element_size;
@@ -99,7 +102,8 @@ Status CopyOut(Context& ctx, Device device, const void* base, size_t size, void*
       std::memcpy(dst_host, src, bytes);
       return Status::Ok();
     case DeviceType::kCuda:
-      return internal::OnCuda(ctx, [&](auto& s) { return cuda::CopyToHost(s, dst_host, src, bytes); });
+      return internal::OnCuda(ctx,
+                              [&](auto& s) { return cuda::CopyToHost(s, dst_host, src, bytes); });
   }
   return InvalidArgument("unknown device type");
 }
@@ -108,7 +112,9 @@ Status CopyOut(Context& ctx, Device device, const void* base, size_t size, void*
 
 namespace internal {
 
-Status NoCuda() { return Unavailable("this build has no CUDA support; rebuild with -DLEASH_WITH_CUDA=ON"); }
+Status NoCuda() {
+  return Unavailable("this build has no CUDA support; rebuild with -DLEASH_WITH_CUDA=ON");
+}
 
 void FreeDeviceMemory::operator()(void* p) const noexcept {
   if (p == nullptr) return;
@@ -172,7 +178,8 @@ std::string DeviceName(Device device) {
 
 Result<Device> ParseDevice(std::string_view spec) {
   if (spec == "cpu") return Device{DeviceType::kCpu, 0};
-  if (spec == "auto") return CudaDeviceCount() > 0 ? Device{DeviceType::kCuda, 0} : Device{DeviceType::kCpu, 0};
+  if (spec == "auto")
+    return CudaDeviceCount() > 0 ? Device{DeviceType::kCuda, 0} : Device{DeviceType::kCpu, 0};
   const std::string_view prefix = "cuda:";
   if (spec == "cuda" || spec.substr(0, prefix.size()) == prefix) {
     int index = 0;
@@ -180,29 +187,35 @@ Result<Device> ParseDevice(std::string_view spec) {
       const std::string_view digits = spec.substr(prefix.size());
       const char* end = digits.data() + digits.size();
       auto [ptr, ec] = std::from_chars(digits.data(), end, index);
-      if (digits.empty() || digits.front() < '0' || digits.front() > '9' || ec != std::errc() || ptr != end) {
-        return InvalidArgument("bad device \"" + std::string(spec) + "\": the GPU index after \"cuda:\" must be a number >= 0");
+      if (digits.empty() || digits.front() < '0' || digits.front() > '9' || ec != std::errc() ||
+          ptr != end) {
+        return InvalidArgument("bad device \"" + std::string(spec) +
+                               "\": the GPU index after \"cuda:\" must be a number >= 0");
       }
     }
     if (!CudaBuilt()) return internal::NoCuda();
     const int count = CudaDeviceCount();
     if (index >= count) {
-      return Unavailable("device cuda:" + std::to_string(index) + " does not exist: this machine has " +
-                         std::to_string(count) + " usable GPU(s); use \"cpu\" or \"auto\"");
+      return Unavailable("device cuda:" + std::to_string(index) +
+                         " does not exist: this machine has " + std::to_string(count) +
+                         " usable GPU(s); use \"cpu\" or \"auto\"");
     }
     return Device{DeviceType::kCuda, index};
   }
-  return InvalidArgument("unknown device \"" + std::string(spec) + "\": expected cpu, cuda, cuda:N or auto");
+  return InvalidArgument("unknown device \"" + std::string(spec) +
+                         "\": expected cpu, cuda, cuda:N or auto");
 }
 
 Result<std::unique_ptr<Context>> Context::Create(Device device, int cpu_threads) {
   switch (device.type) {
     case DeviceType::kCpu: {
       if (device.index != 0) {
-        return InvalidArgument("there is one CPU device, index 0; got cpu index " + std::to_string(device.index));
+        return InvalidArgument("there is one CPU device, index 0; got cpu index " +
+                               std::to_string(device.index));
       }
       if (cpu_threads < 1) {
-        return InvalidArgument("a CPU context needs cpu_threads >= 1, got " + std::to_string(cpu_threads));
+        return InvalidArgument("a CPU context needs cpu_threads >= 1, got " +
+                               std::to_string(cpu_threads));
       }
       cpu::SetCpuThreads(cpu_threads);
       return std::unique_ptr<Context>(std::make_unique<CpuContext>());
@@ -259,11 +272,13 @@ Result<PinnedHostBuffer> PinnedHostBuffer::Allocate(Context& ctx, size_t bytes) 
   switch (ctx.device().type) {
     case DeviceType::kCpu:
       b.data_.reset(std::malloc(bytes));
-      if (b.data_ == nullptr) return ResourceExhausted("out of host memory allocating " + Bytes(bytes));
+      if (b.data_ == nullptr)
+        return ResourceExhausted("out of host memory allocating " + Bytes(bytes));
       return b;
     case DeviceType::kCuda: {
-      LEASH_ASSIGN_OR_RETURN(void* p, internal::OnCuda<Result<void*>>(
-                                          ctx, [&](auto& s) { return cuda::AllocatePinned(s, bytes); }));
+      LEASH_ASSIGN_OR_RETURN(void* p, internal::OnCuda<Result<void*>>(ctx, [&](auto& s) {
+                               return cuda::AllocatePinned(s, bytes);
+                             }));
       b.data_.reset(p);
       return b;
     }
@@ -277,8 +292,9 @@ namespace {
 
 Status CheckQueuedCopy(const void* dst, const void* src_host, size_t bytes) {
   if (bytes > 0 && (dst == nullptr || src_host == nullptr)) {
-    return InvalidArgument(std::string("CopyStream::CopyToDevice: ") + (dst == nullptr ? "the destination" : "the source") +
-                           " of a " + Bytes(bytes) + " copy is null");
+    return InvalidArgument(std::string("CopyStream::CopyToDevice: ") +
+                           (dst == nullptr ? "the destination" : "the source") + " of a " +
+                           Bytes(bytes) + " copy is null");
   }
   return Status::Ok();
 }
@@ -303,7 +319,8 @@ class CudaCopyStream final : public CopyStream {
   Status CopyToDevice(void* dst_device, const void* src_host, size_t bytes) override {
     LEASH_RETURN_IF_ERROR(CheckQueuedCopy(dst_device, src_host, bytes));
     if (bytes == 0) return Status::Ok();
-    return internal::OnCuda(ctx_, [&](auto& s) { return cuda::QueueCopy(s, *queue_, dst_device, src_host, bytes); });
+    return internal::OnCuda(
+        ctx_, [&](auto& s) { return cuda::QueueCopy(s, *queue_, dst_device, src_host, bytes); });
   }
   Status ContextWaitsForCopies() override {
     return internal::OnCuda(ctx_, [&](auto& s) { return cuda::ComputeWaitsForCopies(s, *queue_); });
@@ -332,7 +349,8 @@ Result<std::unique_ptr<CopyStream>> CopyStream::Create(Context& ctx) {
       return internal::OnCuda<Result<std::unique_ptr<CopyStream>>>(
           ctx, [&](auto& s) -> Result<std::unique_ptr<CopyStream>> {
             LEASH_ASSIGN_OR_RETURN(cuda::CopyQueuePtr queue, cuda::CreateCopyQueue(s));
-            return std::unique_ptr<CopyStream>(std::make_unique<CudaCopyStream>(ctx, std::move(queue)));
+            return std::unique_ptr<CopyStream>(
+                std::make_unique<CudaCopyStream>(ctx, std::move(queue)));
           });
 #else
       return internal::NoCuda();
@@ -344,8 +362,8 @@ Result<std::unique_ptr<CopyStream>> CopyStream::Create(Context& ctx) {
 Status CopyInt32FromHost(Context& ctx, const int32_t* src_host, size_t count, int32_t* dst) {
   if (count == 0) return Status::Ok();
   if (src_host == nullptr || dst == nullptr) {
-    return InvalidArgument(std::string("CopyInt32FromHost: ") + (src_host == nullptr ? "src_host" : "dst") +
-                           " is null");
+    return InvalidArgument(std::string("CopyInt32FromHost: ") +
+                           (src_host == nullptr ? "src_host" : "dst") + " is null");
   }
   if (count > std::numeric_limits<size_t>::max() / sizeof(int32_t)) {
     return InvalidArgument("CopyInt32FromHost: count " + std::to_string(count) + " overflows");
@@ -356,7 +374,8 @@ Status CopyInt32FromHost(Context& ctx, const int32_t* src_host, size_t count, in
       std::memcpy(dst, src_host, bytes);
       return Status::Ok();
     case DeviceType::kCuda:
-      return internal::OnCuda(ctx, [&](auto& s) { return cuda::CopyToDevice(s, dst, src_host, bytes); });
+      return internal::OnCuda(ctx,
+                              [&](auto& s) { return cuda::CopyToDevice(s, dst, src_host, bytes); });
   }
   return InvalidArgument("unknown device type");
 }

@@ -20,7 +20,9 @@ namespace leash::kernels {
 namespace {
 
 size_t XSize(const Conv2dShape& s) { return static_cast<size_t>(s.n * s.c_in * s.h * s.w); }
-size_t YSize(const Conv2dShape& s) { return static_cast<size_t>(s.n * s.c_out * s.h_out() * s.w_out()); }
+size_t YSize(const Conv2dShape& s) {
+  return static_cast<size_t>(s.n * s.c_out * s.h_out() * s.w_out());
+}
 size_t WSize(const Conv2dShape& s) { return static_cast<size_t>(s.c_out * s.patch_rows()); }
 
 // Calls f(y index, x index, weight index) for every product the convolution sums, straight
@@ -31,7 +33,8 @@ void ForEachTap(const Conv2dShape& s, const std::function<void(size_t, size_t, s
     for (int64_t o = 0; o < s.c_out; ++o) {
       for (int64_t r = 0; r < s.h_out(); ++r) {
         for (int64_t col = 0; col < s.w_out(); ++col) {
-          const auto yi = static_cast<size_t>(((i * s.c_out + o) * s.h_out() + r) * s.w_out() + col);
+          const auto yi =
+              static_cast<size_t>(((i * s.c_out + o) * s.h_out() + r) * s.w_out() + col);
           for (int64_t ci = 0; ci < s.c_in; ++ci) {
             for (int64_t a = 0; a < s.k; ++a) {
               for (int64_t b = 0; b < s.k; ++b) {
@@ -55,7 +58,8 @@ struct RefResult {
   std::vector<double> magnitude;
 };
 
-RefResult RefForward(const Conv2dShape& s, const std::vector<double>& x, const std::vector<double>& w) {
+RefResult RefForward(const Conv2dShape& s, const std::vector<double>& x,
+                     const std::vector<double>& w) {
   RefResult r{std::vector<double>(YSize(s)), std::vector<double>(YSize(s))};
   ForEachTap(s, [&](size_t yi, size_t xi, size_t wi) {
     r.value[yi] += w[wi] * x[xi];
@@ -64,7 +68,8 @@ RefResult RefForward(const Conv2dShape& s, const std::vector<double>& x, const s
   return r;
 }
 
-RefResult RefBackwardData(const Conv2dShape& s, const std::vector<double>& dy, const std::vector<double>& w) {
+RefResult RefBackwardData(const Conv2dShape& s, const std::vector<double>& dy,
+                          const std::vector<double>& w) {
   RefResult r{std::vector<double>(XSize(s)), std::vector<double>(XSize(s))};
   ForEachTap(s, [&](size_t yi, size_t xi, size_t wi) {
     r.value[xi] += dy[yi] * w[wi];
@@ -73,7 +78,8 @@ RefResult RefBackwardData(const Conv2dShape& s, const std::vector<double>& dy, c
   return r;
 }
 
-RefResult RefBackwardWeight(const Conv2dShape& s, const std::vector<double>& x, const std::vector<double>& dy) {
+RefResult RefBackwardWeight(const Conv2dShape& s, const std::vector<double>& x,
+                            const std::vector<double>& dy) {
   RefResult r{std::vector<double>(WSize(s)), std::vector<double>(WSize(s))};
   ForEachTap(s, [&](size_t yi, size_t xi, size_t wi) {
     r.value[wi] += dy[yi] * x[xi];
@@ -83,7 +89,8 @@ RefResult RefBackwardWeight(const Conv2dShape& s, const std::vector<double>& x, 
 }
 
 // fp32 sums against double ones: the error of a sum grows with the size of its terms.
-void ExpectMatchesReference(const std::vector<float>& got, const RefResult& want, const char* what) {
+void ExpectMatchesReference(const std::vector<float>& got, const RefResult& want,
+                            const char* what) {
   ASSERT_EQ(got.size(), want.value.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], want.value[i], 1e-6 + 1e-5 * want.magnitude[i]) << what << " element " << i;
@@ -105,21 +112,27 @@ const Conv2dShape kShapes[] = {
 
 class CpuConvTest : public CpuContextTest {
  protected:
-  std::vector<float> Forward(const Conv2dShape& s, const std::vector<float>& x, const std::vector<float>& w) {
+  std::vector<float> Forward(const Conv2dShape& s, const std::vector<float>& x,
+                             const std::vector<float>& w) {
     std::vector<float> y(YSize(s), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
-    Status st = Conv2dForward(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), w.data(), y.data());
+    Status st = Conv2dForward(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), w.data(),
+                              y.data());
     EXPECT_TRUE(st.ok()) << st;
     return y;
   }
-  std::vector<float> BackwardData(const Conv2dShape& s, const std::vector<float>& dy, const std::vector<float>& w) {
+  std::vector<float> BackwardData(const Conv2dShape& s, const std::vector<float>& dy,
+                                  const std::vector<float>& w) {
     std::vector<float> dx(XSize(s), std::numeric_limits<float>::quiet_NaN());
-    Status st = Conv2dBackwardData(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dy.data(), w.data(), dx.data());
+    Status st = Conv2dBackwardData(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dy.data(),
+                                   w.data(), dx.data());
     EXPECT_TRUE(st.ok()) << st;
     return dx;
   }
-  std::vector<float> BackwardWeight(const Conv2dShape& s, const std::vector<float>& x, const std::vector<float>& dy) {
+  std::vector<float> BackwardWeight(const Conv2dShape& s, const std::vector<float>& x,
+                                    const std::vector<float>& dy) {
     std::vector<float> dw(WSize(s), std::numeric_limits<float>::quiet_NaN());
-    Status st = Conv2dBackwardWeight(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), dy.data(), dw.data());
+    Status st = Conv2dBackwardWeight(ctx(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(),
+                                     dy.data(), dw.data());
     EXPECT_TRUE(st.ok()) << st;
     return dw;
   }
@@ -148,7 +161,8 @@ TEST_F(Conv2dTest, BackwardDataMatchesReference) {
     SCOPED_TRACE(ShapeName(s));
     const auto dy = RandomVector(YSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
-    ExpectMatchesReference(BackwardData(s, dy, w), RefBackwardData(s, ToDouble(dy), ToDouble(w)), "dx");
+    ExpectMatchesReference(BackwardData(s, dy, w), RefBackwardData(s, ToDouble(dy), ToDouble(w)),
+                           "dx");
   }
 }
 
@@ -158,24 +172,27 @@ TEST_F(Conv2dTest, BackwardWeightMatchesReferenceSummedOverTheBatch) {
     SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto dy = RandomVector(YSize(s), seed++);
-    ExpectMatchesReference(BackwardWeight(s, x, dy), RefBackwardWeight(s, ToDouble(x), ToDouble(dy)), "dweight");
+    ExpectMatchesReference(BackwardWeight(s, x, dy),
+                           RefBackwardWeight(s, ToDouble(x), ToDouble(dy)), "dweight");
   }
 }
 
 // L = sum(G .* conv(x, w)): its gradients are BackwardData(G, w) and BackwardWeight(x, G).
 TEST_F(Conv2dTest, GradientsMatchCentralDifferences) {
   uint32_t seed = 300;
-  for (const Conv2dShape& s :
-       {Conv2dShape{2, 2, 5, 4, 3, 3, 1}, Conv2dShape{2, 3, 4, 5, 2, 3, 0}, Conv2dShape{1, 2, 3, 3, 2, 2, 1}}) {
+  for (const Conv2dShape& s : {Conv2dShape{2, 2, 5, 4, 3, 3, 1}, Conv2dShape{2, 3, 4, 5, 2, 3, 0},
+                               Conv2dShape{1, 2, 3, 3, 2, 2, 1}}) {
     SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     const auto g = RandomVector(YSize(s), seed++);
     const auto gd = ToDouble(g), xd = ToDouble(x), wd = ToDouble(w);
-    const auto numeric_dx =
-        NumericGradient([&](const std::vector<double>& v) { return Dot(gd, RefForward(s, v, wd).value); }, xd, 1e-3);
-    const auto numeric_dw =
-        NumericGradient([&](const std::vector<double>& v) { return Dot(gd, RefForward(s, xd, v).value); }, wd, 1e-3);
+    const auto numeric_dx = NumericGradient(
+        [&](const std::vector<double>& v) { return Dot(gd, RefForward(s, v, wd).value); }, xd,
+        1e-3);
+    const auto numeric_dw = NumericGradient(
+        [&](const std::vector<double>& v) { return Dot(gd, RefForward(s, xd, v).value); }, wd,
+        1e-3);
     ExpectGradientsMatch(BackwardData(s, g, w), numeric_dx, "dx");
     ExpectGradientsMatch(BackwardWeight(s, x, g), numeric_dw, "dweight");
   }
@@ -184,15 +201,18 @@ TEST_F(Conv2dTest, GradientsMatchCentralDifferences) {
 TEST_F(Conv2dTest, ScratchIsReusedAcrossShapesOfEverySize) {
   // Small, large, small again: the context's scratch grows once and stays correct.
   uint32_t seed = 400;
-  for (const Conv2dShape& s : {Conv2dShape{1, 1, 4, 4, 1, 3, 1}, Conv2dShape{2, 4, 12, 11, 3, 5, 2},
-                               Conv2dShape{2, 2, 5, 5, 2, 3, 0}, Conv2dShape{2, 4, 12, 11, 3, 5, 2}}) {
+  for (const Conv2dShape& s :
+       {Conv2dShape{1, 1, 4, 4, 1, 3, 1}, Conv2dShape{2, 4, 12, 11, 3, 5, 2},
+        Conv2dShape{2, 2, 5, 5, 2, 3, 0}, Conv2dShape{2, 4, 12, 11, 3, 5, 2}}) {
     SCOPED_TRACE(ShapeName(s));
     const auto x = RandomVector(XSize(s), seed++);
     const auto w = RandomVector(WSize(s), seed++);
     const auto dy = RandomVector(YSize(s), seed++);
     ExpectMatchesReference(Forward(s, x, w), RefForward(s, ToDouble(x), ToDouble(w)), "y");
-    ExpectMatchesReference(BackwardWeight(s, x, dy), RefBackwardWeight(s, ToDouble(x), ToDouble(dy)), "dweight");
-    ExpectMatchesReference(BackwardData(s, dy, w), RefBackwardData(s, ToDouble(dy), ToDouble(w)), "dx");
+    ExpectMatchesReference(BackwardWeight(s, x, dy),
+                           RefBackwardWeight(s, ToDouble(x), ToDouble(dy)), "dweight");
+    ExpectMatchesReference(BackwardData(s, dy, w), RefBackwardData(s, ToDouble(dy), ToDouble(w)),
+                           "dx");
   }
 }
 
@@ -264,7 +284,8 @@ std::vector<size_t> RefPoolArgmax(const PoolShape& s, const std::vector<float>& 
   return arg;
 }
 
-const PoolShape kPoolShapes[] = {{1, 1, 2, 2}, {2, 3, 4, 6}, {2, 2, 5, 7}, {1, 3, 3, 2}, {3, 1, 2, 9}, {2, 4, 28, 28}};
+const PoolShape kPoolShapes[] = {{1, 1, 2, 2}, {2, 3, 4, 6}, {2, 2, 5, 7},
+                                 {1, 3, 3, 2}, {3, 1, 2, 9}, {2, 4, 28, 28}};
 
 TEST_F(MaxPool2dTest, ForwardAndBackwardMatchReferenceForOddSizes) {
   uint32_t seed = 600;
@@ -280,8 +301,11 @@ TEST_F(MaxPool2dTest, ForwardAndBackwardMatchReferenceForOddSizes) {
       EXPECT_EQ(y[o], x[arg[o]]) << o;
       want_dx[arg[o]] = dy[o];
     }
-    std::vector<float> dx(s.in(), std::numeric_limits<float>::quiet_NaN());  // the odd edge must be zeroed
-    ASSERT_TRUE(MaxPool2dBackward(ctx(), s.n, s.c, s.h, s.w, x.data(), y.data(), dy.data(), dx.data()).ok());
+    std::vector<float> dx(s.in(),
+                          std::numeric_limits<float>::quiet_NaN());  // the odd edge must be zeroed
+    ASSERT_TRUE(
+        MaxPool2dBackward(ctx(), s.n, s.c, s.h, s.w, x.data(), y.data(), dy.data(), dx.data())
+            .ok());
     EXPECT_EQ(dx, want_dx);
   }
 }
@@ -328,7 +352,8 @@ TEST_F(MaxPool2dTest, GradientMatchesCentralDifferences) {
   const auto numeric = NumericGradient(loss, ToDouble(x), 1e-3);
   std::vector<float> y(s.out()), dx(s.in());
   ASSERT_TRUE(MaxPool2dForward(ctx(), s.n, s.c, s.h, s.w, x.data(), y.data()).ok());
-  ASSERT_TRUE(MaxPool2dBackward(ctx(), s.n, s.c, s.h, s.w, x.data(), y.data(), g.data(), dx.data()).ok());
+  ASSERT_TRUE(
+      MaxPool2dBackward(ctx(), s.n, s.c, s.h, s.w, x.data(), y.data(), g.data(), dx.data()).ok());
   ExpectGradientsMatch(dx, numeric, "dx");
 }
 
@@ -344,38 +369,58 @@ TEST_F(ConvValidationTest, BadConvolutionSizesAreInvalidArgument) {
   std::vector<float> f(1024, 7.f);
   const float* p = f.data();
   float* q = f.data();
-  ExpectInvalid(Conv2dForward(ctx(), -1, 1, 3, 3, 1, 3, 1, p, p, q), "Conv2dForward: n must be >= 0, got -1");
+  ExpectInvalid(Conv2dForward(ctx(), -1, 1, 3, 3, 1, 3, 1, p, p, q),
+                "Conv2dForward: n must be >= 0, got -1");
   ExpectInvalid(Conv2dForward(ctx(), 1, 0, 3, 3, 1, 3, 1, p, p, q), "c_in must be >= 1, got 0");
   ExpectInvalid(Conv2dForward(ctx(), 1, 1, 0, 3, 1, 3, 1, p, p, q), "h must be >= 1");
   ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, -3, 1, 3, 1, p, p, q), "w must be >= 1");
   ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 0, 3, 1, p, p, q), "c_out must be >= 1");
-  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 0, 1, p, p, q), "Conv2dBackwardData: k must be >= 1");
-  ExpectInvalid(Conv2dBackwardWeight(ctx(), 1, 1, 3, 3, 1, 3, -1, p, p, q), "Conv2dBackwardWeight: pad must be >= 0");
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 2, 3, 1, 5, 1, p, p, q), "5 x 5 kernel does not fit in the padded 4 x 5");
+  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 0, 1, p, p, q),
+                "Conv2dBackwardData: k must be >= 1");
+  ExpectInvalid(Conv2dBackwardWeight(ctx(), 1, 1, 3, 3, 1, 3, -1, p, p, q),
+                "Conv2dBackwardWeight: pad must be >= 0");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 2, 3, 1, 5, 1, p, p, q),
+                "5 x 5 kernel does not fit in the padded 4 x 5");
   ExpectInvalid(Conv2dForward(ctx(), 1, 1, int64_t{1} << 31, 3, 1, 3, 1, p, p, q), "BLAS limit");
-  ExpectInvalid(Conv2dForward(ctx(), 1 << 20, 64, 64, 64, 1, 1, 0, p, p, q), "x (n x c_in x h x w) has more than");
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 1 << 16, 1 << 16, 1, 1, 0, p, p, q), "x (n x c_in x h x w)");
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1 << 16, 4, 4, 1 << 16, 1, 0, p, p, q), "weight (c_out x c_in x k x k)");
+  ExpectInvalid(Conv2dForward(ctx(), 1 << 20, 64, 64, 64, 1, 1, 0, p, p, q),
+                "x (n x c_in x h x w) has more than");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 1 << 16, 1 << 16, 1, 1, 0, p, p, q),
+                "x (n x c_in x h x w)");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1 << 16, 4, 4, 1 << 16, 1, 0, p, p, q),
+                "weight (c_out x c_in x k x k)");
   ExpectInvalid(Conv2dForward(ctx(), 1, 1 << 14, 128, 128, 1, 3, 1, p, p, q), "the patch matrix");
-  ExpectInvalid(Conv2dForward(ctx(), 1 << 10, 1, 64, 64, 1 << 10, 1, 0, p, p, q), "y (n x c_out x h_out x w_out)");
+  ExpectInvalid(Conv2dForward(ctx(), 1 << 10, 1, 64, 64, 1 << 10, 1, 0, p, p, q),
+                "y (n x c_out x h_out x w_out)");
   EXPECT_EQ(f, std::vector<float>(1024, 7.f));
 }
 
 TEST_F(ConvValidationTest, NullPointersAreInvalidArgument) {
   std::vector<float> f(64);
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()), "Conv2dForward: x is null");
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), nullptr, f.data()), "weight is null");
-  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), f.data(), nullptr), "y is null");
-  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()), "dy is null");
-  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), f.data(), nullptr), "dx is null");
-  ExpectInvalid(Conv2dBackwardWeight(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()), "x is null");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()),
+                "Conv2dForward: x is null");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), nullptr, f.data()),
+                "weight is null");
+  ExpectInvalid(Conv2dForward(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), f.data(), nullptr),
+                "y is null");
+  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()),
+                "dy is null");
+  ExpectInvalid(Conv2dBackwardData(ctx(), 1, 1, 3, 3, 1, 3, 1, f.data(), f.data(), nullptr),
+                "dx is null");
+  ExpectInvalid(Conv2dBackwardWeight(ctx(), 1, 1, 3, 3, 1, 3, 1, nullptr, f.data(), f.data()),
+                "x is null");
   // The weight gradient is written even for an empty batch.
-  ExpectInvalid(Conv2dBackwardWeight(ctx(), 0, 1, 3, 3, 1, 3, 1, nullptr, nullptr, nullptr), "dweight is null");
-  ExpectInvalid(BiasAddChannels(ctx(), 2, 3, 4, nullptr, f.data()), "BiasAddChannels: bias is null");
-  ExpectInvalid(BiasGradChannels(ctx(), 2, 3, 4, f.data(), nullptr), "BiasGradChannels: db is null");
-  ExpectInvalid(MaxPool2dForward(ctx(), 1, 1, 4, 4, f.data(), nullptr), "MaxPool2dForward: y is null");
-  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 4, f.data(), nullptr, f.data(), f.data()), "y is null");
-  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 4, f.data(), f.data(), f.data(), nullptr), "dx is null");
+  ExpectInvalid(Conv2dBackwardWeight(ctx(), 0, 1, 3, 3, 1, 3, 1, nullptr, nullptr, nullptr),
+                "dweight is null");
+  ExpectInvalid(BiasAddChannels(ctx(), 2, 3, 4, nullptr, f.data()),
+                "BiasAddChannels: bias is null");
+  ExpectInvalid(BiasGradChannels(ctx(), 2, 3, 4, f.data(), nullptr),
+                "BiasGradChannels: db is null");
+  ExpectInvalid(MaxPool2dForward(ctx(), 1, 1, 4, 4, f.data(), nullptr),
+                "MaxPool2dForward: y is null");
+  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 4, f.data(), nullptr, f.data(), f.data()),
+                "y is null");
+  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 4, f.data(), f.data(), f.data(), nullptr),
+                "dx is null");
   // Nothing to do: null is fine.
   EXPECT_TRUE(BiasAddChannels(ctx(), 2, 0, 4, nullptr, nullptr).ok());
   EXPECT_TRUE(MaxPool2dForward(ctx(), 0, 3, 4, 4, nullptr, nullptr).ok());
@@ -384,12 +429,16 @@ TEST_F(ConvValidationTest, NullPointersAreInvalidArgument) {
 TEST_F(ConvValidationTest, BadPoolingAndBiasSizesAreInvalidArgument) {
   std::vector<float> f(64);
   ExpectInvalid(MaxPool2dForward(ctx(), 1, 1, 1, 4, f.data(), f.data()), "h and w must be >= 2");
-  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 1, f.data(), f.data(), f.data(), f.data()), "got h = 4, w = 1");
+  ExpectInvalid(MaxPool2dBackward(ctx(), 1, 1, 4, 1, f.data(), f.data(), f.data(), f.data()),
+                "got h = 4, w = 1");
   ExpectInvalid(MaxPool2dForward(ctx(), -1, 1, 4, 4, f.data(), f.data()), "n must be >= 0");
   ExpectInvalid(MaxPool2dForward(ctx(), 1 << 20, 64, 64, 64, f.data(), f.data()), "has more than");
-  ExpectInvalid(BiasAddChannels(ctx(), 2, 3, -4, f.data(), f.data()), "BiasAddChannels: hw must be >= 0");
-  ExpectInvalid(BiasGradChannels(ctx(), -2, 3, 4, f.data(), f.data()), "BiasGradChannels: n must be >= 0");
-  ExpectInvalid(BiasAddChannels(ctx(), 1 << 20, 1 << 10, 1 << 10, f.data(), f.data()), "has more than");
+  ExpectInvalid(BiasAddChannels(ctx(), 2, 3, -4, f.data(), f.data()),
+                "BiasAddChannels: hw must be >= 0");
+  ExpectInvalid(BiasGradChannels(ctx(), -2, 3, 4, f.data(), f.data()),
+                "BiasGradChannels: n must be >= 0");
+  ExpectInvalid(BiasAddChannels(ctx(), 1 << 20, 1 << 10, 1 << 10, f.data(), f.data()),
+                "has more than");
 }
 
 }  // namespace

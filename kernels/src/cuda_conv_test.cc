@@ -29,7 +29,8 @@ std::vector<float> TiedVector(size_t n, uint32_t seed) {
 
 // Summation orders (and cuDNN's algorithms: FFT, Winograd) differ from the CPU's; the
 // error grows like the square root of the number of terms in each sum.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t terms, const char* what) {
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t terms,
+                 const char* what) {
   kernels::ExpectClose(got, want, 1e-4f, 1e-5f * std::sqrt(static_cast<float>(terms)) * 4, what);
 }
 
@@ -51,20 +52,27 @@ class CudaConvTest : public CudaAgainstCpuTest {
     auto dwd = Upload(std::vector<float>(w_size, std::numeric_limits<float>::quiet_NaN()));
     std::vector<float> y(y_size), dx(x_size), dw(w_size);
 
-    ASSERT_TRUE(Conv2dForward(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), w.data(), y.data()).ok());
-    Status st = Conv2dForward(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, xd.data(), wd.data(), yd.data());
+    ASSERT_TRUE(Conv2dForward(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), w.data(),
+                              y.data())
+                    .ok());
+    Status st = Conv2dForward(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, xd.data(),
+                              wd.data(), yd.data());
     ASSERT_TRUE(st.ok()) << st;
     ExpectClose(Download(yd), y, s.patch_rows(), "y");
 
-    ASSERT_TRUE(
-        Conv2dBackwardData(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dy.data(), w.data(), dx.data()).ok());
-    st = Conv2dBackwardData(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dyd.data(), wd.data(), dxd.data());
+    ASSERT_TRUE(Conv2dBackwardData(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dy.data(),
+                                   w.data(), dx.data())
+                    .ok());
+    st = Conv2dBackwardData(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, dyd.data(),
+                            wd.data(), dxd.data());
     ASSERT_TRUE(st.ok()) << st;
     ExpectClose(Download(dxd), dx, s.c_out * s.k * s.k, "dx");
 
-    ASSERT_TRUE(
-        Conv2dBackwardWeight(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(), dy.data(), dw.data()).ok());
-    st = Conv2dBackwardWeight(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, xd.data(), dyd.data(), dwd.data());
+    ASSERT_TRUE(Conv2dBackwardWeight(cpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, x.data(),
+                                     dy.data(), dw.data())
+                    .ok());
+    st = Conv2dBackwardWeight(gpu(), s.n, s.c_in, s.h, s.w, s.c_out, s.k, s.pad, xd.data(),
+                              dyd.data(), dwd.data());
     ASSERT_TRUE(st.ok()) << st;
     ExpectClose(Download(dwd), dw, s.n * s.h_out() * s.w_out(), "dweight");
   }
@@ -77,9 +85,11 @@ using CudaMaxPool2dTest = CudaConvTest;
 TEST_F(CudaConv2dTest, MatchesCpuForOddSizesPaddingAndTheCnnLayers) {
   uint32_t seed = 1;
   for (const Conv2dShape& s : {
-           Conv2dShape{1, 1, 1, 1, 1, 1, 0}, Conv2dShape{2, 3, 5, 7, 4, 3, 1}, Conv2dShape{3, 2, 6, 5, 3, 3, 0},
-           Conv2dShape{2, 3, 4, 4, 2, 1, 0}, Conv2dShape{2, 2, 3, 5, 3, 1, 1}, Conv2dShape{1, 2, 7, 6, 3, 5, 2},
-           Conv2dShape{2, 1, 3, 3, 2, 3, 2}, Conv2dShape{1, 1, 2, 3, 1, 4, 1}, Conv2dShape{2, 2, 1, 6, 2, 3, 1},
+           Conv2dShape{1, 1, 1, 1, 1, 1, 0}, Conv2dShape{2, 3, 5, 7, 4, 3, 1},
+           Conv2dShape{3, 2, 6, 5, 3, 3, 0}, Conv2dShape{2, 3, 4, 4, 2, 1, 0},
+           Conv2dShape{2, 2, 3, 5, 3, 1, 1}, Conv2dShape{1, 2, 7, 6, 3, 5, 2},
+           Conv2dShape{2, 1, 3, 3, 2, 3, 2}, Conv2dShape{1, 1, 2, 3, 1, 4, 1},
+           Conv2dShape{2, 2, 1, 6, 2, 3, 1},
            Conv2dShape{64, 1, 28, 28, 32, 3, 1},   // the CNN's first layer at batch 64
            Conv2dShape{64, 32, 14, 14, 64, 3, 1},  // and its second
            Conv2dShape{7, 32, 14, 14, 64, 3, 1},   // a ragged last chunk of an evaluation
@@ -106,7 +116,8 @@ TEST_F(CudaConv2dTest, EmptyBatchZeroesTheWeightGradient) {
 }
 
 TEST_F(CudaBiasChannelsTest, AddAndGradMatchCpu) {
-  for (auto [n, c, hw] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 5, 7}, {64, 32, 784}, {2, 300, 3}}) {
+  for (auto [n, c, hw] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 5, 7}, {64, 32, 784}, {2, 300, 3}}) {
     SCOPED_TRACE(testing::Message() << n << " x " << c << " x " << hw);
     auto y = RandomVector(n * c * hw, 300);
     const auto bias = RandomVector(c, 301);
@@ -142,10 +153,12 @@ TEST_F(CudaMaxPool2dTest, MatchesCpuExactlyWithTiesAndOddSizes) {
     Status st = MaxPool2dForward(gpu(), n, c, h, w, xd.data(), yd.data());
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(Download(yd), y);
-    ASSERT_TRUE(MaxPool2dBackward(cpu(), n, c, h, w, x.data(), y.data(), dy.data(), dx.data()).ok());
+    ASSERT_TRUE(
+        MaxPool2dBackward(cpu(), n, c, h, w, x.data(), y.data(), dy.data(), dx.data()).ok());
     st = MaxPool2dBackward(gpu(), n, c, h, w, xd.data(), yd.data(), dyd.data(), dxd.data());
     ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(Download(dxd), dx) << "the gradient goes to the first maximum; the left-out edge is zero";
+    EXPECT_EQ(Download(dxd), dx)
+        << "the gradient goes to the first maximum; the left-out edge is zero";
   }
 }
 

@@ -30,17 +30,21 @@ TEST_F(CudaKernelsTest, GemmMatchesCpuForEveryTransposeAndOddSizes) {
     int64_t m, n, k;
   };
   uint32_t seed = 1;
-  for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 17, 65}, Shape{64, 256, 784}, Shape{3, 257, 2}}) {
+  for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 17, 65}, Shape{64, 256, 784},
+                  Shape{3, 257, 2}}) {
     for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
       for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
-        SCOPED_TRACE(testing::Message() << "m=" << s.m << " n=" << s.n << " k=" << s.k
-                                        << " ta=" << (ta == Transpose::kYes) << " tb=" << (tb == Transpose::kYes));
+        SCOPED_TRACE(testing::Message()
+                     << "m=" << s.m << " n=" << s.n << " k=" << s.k
+                     << " ta=" << (ta == Transpose::kYes) << " tb=" << (tb == Transpose::kYes));
         const auto a = RandomVector(s.m * s.k, seed++);
         const auto b = RandomVector(s.k * s.n, seed++);
         auto c = RandomVector(s.m * s.n, seed++);
         auto da = Upload(a), db = Upload(b), dc = Upload(c);
-        ASSERT_TRUE(Gemm(gpu(), ta, tb, s.m, s.n, s.k, 0.7f, da.data(), db.data(), -0.3f, dc.data()).ok());
-        ASSERT_TRUE(Gemm(cpu(), ta, tb, s.m, s.n, s.k, 0.7f, a.data(), b.data(), -0.3f, c.data()).ok());
+        ASSERT_TRUE(
+            Gemm(gpu(), ta, tb, s.m, s.n, s.k, 0.7f, da.data(), db.data(), -0.3f, dc.data()).ok());
+        ASSERT_TRUE(
+            Gemm(cpu(), ta, tb, s.m, s.n, s.k, 0.7f, a.data(), b.data(), -0.3f, c.data()).ok());
         // Summation orders differ; the error grows like sqrt(k).
         ExpectClose(Download(dc), c, 1e-5f, 1e-5f * std::sqrt(static_cast<float>(s.k)) * 4, "C");
       }
@@ -53,12 +57,18 @@ TEST_F(CudaKernelsTest, GemmWithBetaZeroIgnoresCAndZeroKScales) {
   const auto b = RandomVector(4 * 5, 11);
   std::vector<float> c(6 * 5, std::numeric_limits<float>::quiet_NaN());
   auto da = Upload(a), db = Upload(b), dc = Upload(c);
-  ASSERT_TRUE(Gemm(gpu(), Transpose::kNo, Transpose::kNo, 6, 5, 4, 1.f, da.data(), db.data(), 0.f, dc.data()).ok());
-  ASSERT_TRUE(Gemm(cpu(), Transpose::kNo, Transpose::kNo, 6, 5, 4, 1.f, a.data(), b.data(), 0.f, c.data()).ok());
+  ASSERT_TRUE(Gemm(gpu(), Transpose::kNo, Transpose::kNo, 6, 5, 4, 1.f, da.data(), db.data(), 0.f,
+                   dc.data())
+                  .ok());
+  ASSERT_TRUE(
+      Gemm(cpu(), Transpose::kNo, Transpose::kNo, 6, 5, 4, 1.f, a.data(), b.data(), 0.f, c.data())
+          .ok());
   ExpectClose(Download(dc), c, 1e-5f, 1e-6f, "C");
 
   auto scaled = Upload(std::vector<float>{1.f, 2.f, -4.f, 8.f});
-  ASSERT_TRUE(Gemm(gpu(), Transpose::kNo, Transpose::kNo, 2, 2, 0, 1.f, nullptr, nullptr, 0.5f, scaled.data()).ok());
+  ASSERT_TRUE(Gemm(gpu(), Transpose::kNo, Transpose::kNo, 2, 2, 0, 1.f, nullptr, nullptr, 0.5f,
+                   scaled.data())
+                  .ok());
   EXPECT_EQ(Download(scaled), (std::vector<float>{0.5f, 1.f, -2.f, 4.f}));
 }
 
@@ -108,11 +118,11 @@ TEST_F(CudaKernelsTest, SoftmaxCrossEntropyMatchesCpu) {
     float loss_gpu = -1.f, loss_cpu = -2.f;
     int64_t correct_gpu = -1, correct_cpu = -2;
     std::vector<float> dlogits(rows * classes);
-    ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(), dlogits_d.data(),
-                                    &loss_gpu, &correct_gpu)
+    ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(),
+                                    dlogits_d.data(), &loss_gpu, &correct_gpu)
                     .ok());
-    ASSERT_TRUE(SoftmaxCrossEntropy(cpu(), rows, classes, logits.data(), labels.data(), dlogits.data(), &loss_cpu,
-                                    &correct_cpu)
+    ASSERT_TRUE(SoftmaxCrossEntropy(cpu(), rows, classes, logits.data(), labels.data(),
+                                    dlogits.data(), &loss_cpu, &correct_cpu)
                     .ok());
     EXPECT_NEAR(loss_gpu, loss_cpu, 1e-5f * (1 + std::abs(loss_cpu)));
     EXPECT_EQ(correct_gpu, correct_cpu);
@@ -120,8 +130,8 @@ TEST_F(CudaKernelsTest, SoftmaxCrossEntropyMatchesCpu) {
 
     // Without dlogits, the same totals.
     float loss_only = -1.f;
-    ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(), nullptr, &loss_only,
-                                    nullptr)
+    ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(), nullptr,
+                                    &loss_only, nullptr)
                     .ok());
     EXPECT_NEAR(loss_only, loss_cpu, 1e-5f * (1 + std::abs(loss_cpu)));
   }
@@ -142,11 +152,11 @@ TEST_F(CudaKernelsTest, SoftmaxArgmaxTiesAndHugeLogitsMatchCpu) {
   float loss_gpu = 0.f, loss_cpu = 0.f;
   int64_t correct_gpu = 0, correct_cpu = 0;
   std::vector<float> dlogits(rows * classes);
-  ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(), dlogits_d.data(), &loss_gpu,
-                                  &correct_gpu)
+  ASSERT_TRUE(SoftmaxCrossEntropy(gpu(), rows, classes, logits_d.data(), labels_d.data(),
+                                  dlogits_d.data(), &loss_gpu, &correct_gpu)
                   .ok());
-  ASSERT_TRUE(SoftmaxCrossEntropy(cpu(), rows, classes, logits.data(), labels.data(), dlogits.data(), &loss_cpu,
-                                  &correct_cpu)
+  ASSERT_TRUE(SoftmaxCrossEntropy(cpu(), rows, classes, logits.data(), labels.data(),
+                                  dlogits.data(), &loss_cpu, &correct_cpu)
                   .ok());
   EXPECT_TRUE(std::isfinite(loss_gpu));
   EXPECT_NEAR(loss_gpu, loss_cpu, 1e-4f * (1 + std::abs(loss_cpu)));
@@ -159,7 +169,8 @@ TEST_F(CudaKernelsTest, SoftmaxLabelsOutOfRangeAreInvalidArgument) {
   auto logits_d = Upload(logits);
   auto labels_d = Upload(std::vector<int32_t>{0, 4, -1});
   float loss = 0.f;
-  Status s = SoftmaxCrossEntropy(gpu(), 3, 4, logits_d.data(), labels_d.data(), nullptr, &loss, nullptr);
+  Status s =
+      SoftmaxCrossEntropy(gpu(), 3, 4, logits_d.data(), labels_d.data(), nullptr, &loss, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("2 of 3 labels are outside [0, 4)"), std::string::npos) << s;
   // The context is still usable afterwards.
@@ -205,8 +216,10 @@ TEST_F(CudaKernelsTest, OptimizersMatchCpuOverSeveralSteps) {
     const AdamParams p{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f};
     for (size_t t = 0; t < grads.size(); ++t) {
       const auto step = static_cast<int64_t>(t + 1);
-      ASSERT_TRUE(AdamUpdate(gpu(), n, p, step, grads_d[t].data(), wd.data(), md.data(), vd.data()).ok());
-      ASSERT_TRUE(AdamUpdate(cpu(), n, p, step, grads[t].data(), w.data(), m.data(), v.data()).ok());
+      ASSERT_TRUE(
+          AdamUpdate(gpu(), n, p, step, grads_d[t].data(), wd.data(), md.data(), vd.data()).ok());
+      ASSERT_TRUE(
+          AdamUpdate(cpu(), n, p, step, grads[t].data(), w.data(), m.data(), v.data()).ok());
     }
     ExpectClose(Download(wd), w, 1e-5f, 1e-6f, "w");
     ExpectClose(Download(md), m, 1e-5f, 1e-7f, "m");
@@ -234,11 +247,16 @@ TEST_F(CudaKernelsTest, HalfConversionsAreBitIdenticalToCpu) {
     for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
     auto all_d = Upload(all);
     auto floats_d = Upload(std::vector<float>(all.size()));
-    ASSERT_TRUE(ConvertFromHalf(gpu(), static_cast<int64_t>(all.size()), all_d.data(), floats_d.data(), bf16).ok());
+    ASSERT_TRUE(ConvertFromHalf(gpu(), static_cast<int64_t>(all.size()), all_d.data(),
+                                floats_d.data(), bf16)
+                    .ok());
     std::vector<float> floats(all.size());
-    ASSERT_TRUE(ConvertFromHalf(cpu(), static_cast<int64_t>(all.size()), all.data(), floats.data(), bf16).ok());
+    ASSERT_TRUE(
+        ConvertFromHalf(cpu(), static_cast<int64_t>(all.size()), all.data(), floats.data(), bf16)
+            .ok());
     const auto floats_gpu = Download(floats_d);
-    for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(Bits(floats_gpu[i]), Bits(floats[i])) << std::hex << i;
+    for (size_t i = 0; i < all.size(); ++i)
+      ASSERT_EQ(Bits(floats_gpu[i]), Bits(floats[i])) << std::hex << i;
 
     // Random floats over the whole range plus the special values, to 16 bits.
     std::vector<float> x = RandomVector(100000, 80, -70000.f, 70000.f);
@@ -250,15 +268,18 @@ TEST_F(CudaKernelsTest, HalfConversionsAreBitIdenticalToCpu) {
       x.push_back(f);  // any bit pattern: subnormals, NaNs with payloads, infinities
     }
     const float sub = std::ldexp(1.f, -24);
-    for (float f : {0.f, -0.f, sub, sub / 2, sub * 1.5f, 65504.f, 65519.f, 65520.f, INFINITY, -INFINITY,
-                    std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(), 1e-40f}) {
+    for (float f :
+         {0.f, -0.f, sub, sub / 2, sub * 1.5f, 65504.f, 65519.f, 65520.f, INFINITY, -INFINITY,
+          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(), 1e-40f}) {
       x.push_back(f);
     }
     auto x_d = Upload(x);
     auto h_d = Upload(std::vector<uint16_t>(x.size()));
-    ASSERT_TRUE(ConvertToHalf(gpu(), static_cast<int64_t>(x.size()), x_d.data(), h_d.data(), bf16).ok());
+    ASSERT_TRUE(
+        ConvertToHalf(gpu(), static_cast<int64_t>(x.size()), x_d.data(), h_d.data(), bf16).ok());
     std::vector<uint16_t> h(x.size());
-    ASSERT_TRUE(ConvertToHalf(cpu(), static_cast<int64_t>(x.size()), x.data(), h.data(), bf16).ok());
+    ASSERT_TRUE(
+        ConvertToHalf(cpu(), static_cast<int64_t>(x.size()), x.data(), h.data(), bf16).ok());
     const auto h_gpu = Download(h_d);
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(h_gpu[i], h[i]) << std::hex << Bits(x[i]);
   }
@@ -308,7 +329,8 @@ TEST_F(CudaKernelsTest, CopyStreamIsOrderedAgainstTheContextByEvents) {
   ASSERT_TRUE((*copies)->CopyToDevice(x->data(), host, n * sizeof(float)).ok());
   ASSERT_TRUE((*copies)->Synchronize().ok());
   const auto relu = Download(*y);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(relu[i], std::max(static_cast<float>(i % 7) - 3.f, 0.f)) << i;
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(relu[i], std::max(static_cast<float>(i % 7) - 3.f, 0.f)) << i;
   EXPECT_EQ(Download(*x), std::vector<float>(n, -1.f));
   EXPECT_EQ((*copies)->CopyToDevice(nullptr, host, 4).code(), StatusCode::kInvalidArgument);
 }

@@ -32,7 +32,8 @@ class Checker {
   Checker& Dim(const char* name, int64_t v) {
     Size(name, v);
     if (status_.ok() && v > kMaxBlasDim) {
-      Fail(std::string(name) + " = " + std::to_string(v) + " exceeds the BLAS limit " + std::to_string(kMaxBlasDim));
+      Fail(std::string(name) + " = " + std::to_string(v) + " exceeds the BLAS limit " +
+           std::to_string(kMaxBlasDim));
     }
     return *this;
   }
@@ -42,17 +43,20 @@ class Checker {
     return *this;
   }
   Checker& Finite(const char* name, float v) {
-    if (status_.ok() && !std::isfinite(v)) Fail(std::string(name) + " must be finite, got " + std::to_string(v));
+    if (status_.ok() && !std::isfinite(v))
+      Fail(std::string(name) + " must be finite, got " + std::to_string(v));
     return *this;
   }
   Checker& NonNegative(const char* name, float v) {
     Finite(name, v);
-    if (status_.ok() && v < 0.f) Fail(std::string(name) + " must be >= 0, got " + std::to_string(v));
+    if (status_.ok() && v < 0.f)
+      Fail(std::string(name) + " must be >= 0, got " + std::to_string(v));
     return *this;
   }
   Checker& Beta(const char* name, float v) {
     NonNegative(name, v);
-    if (status_.ok() && v >= 1.f) Fail(std::string(name) + " must be in [0, 1), got " + std::to_string(v));
+    if (status_.ok() && v >= 1.f)
+      Fail(std::string(name) + " must be in [0, 1), got " + std::to_string(v));
     return *this;
   }
   // A size that must be at least 1, within the 32-bit interfaces.
@@ -88,7 +92,8 @@ class Checker {
 };
 
 // Elementwise ops: n >= 0 and every array present when n > 0.
-Status CheckElementwise(const char* op, int64_t n, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+Status CheckElementwise(const char* op, int64_t n,
+                        std::initializer_list<std::pair<const char*, const void*>> ptrs) {
   Checker c(op);
   c.Size("n", n);
   for (const auto& [name, p] : ptrs) c.Ptr(name, p, n > 0);
@@ -98,18 +103,24 @@ Status CheckElementwise(const char* op, int64_t n, std::initializer_list<std::pa
 // A convolution's geometry, as Conv2dForward in kernels.h requires it.
 Checker CheckConv2d(const char* op, const Conv2dShape& s) {
   Checker c(op);
-  c.Dim("n", s.n).Positive("c_in", s.c_in).Positive("h", s.h).Positive("w", s.w).Positive("c_out", s.c_out);
+  c.Dim("n", s.n)
+      .Positive("c_in", s.c_in)
+      .Positive("h", s.h)
+      .Positive("w", s.w)
+      .Positive("c_out", s.c_out);
   c.Positive("k", s.k).Dim("pad", s.pad);
   if (!c.status().ok()) return c;
   c.That(s.h_out() >= 1 && s.w_out() >= 1,
-         "a " + std::to_string(s.k) + " x " + std::to_string(s.k) + " kernel does not fit in the padded " +
-             std::to_string(s.h + 2 * s.pad) + " x " + std::to_string(s.w + 2 * s.pad) + " image (h = " +
-             std::to_string(s.h) + ", w = " + std::to_string(s.w) + ", pad = " + std::to_string(s.pad) + ")");
+         "a " + std::to_string(s.k) + " x " + std::to_string(s.k) +
+             " kernel does not fit in the padded " + std::to_string(s.h + 2 * s.pad) + " x " +
+             std::to_string(s.w + 2 * s.pad) + " image (h = " + std::to_string(s.h) +
+             ", w = " + std::to_string(s.w) + ", pad = " + std::to_string(s.pad) + ")");
   c.Dim("h_out", s.h_out()).Dim("w_out", s.w_out());
   c.Elements("x (n x c_in x h x w)", {s.n, s.c_in, s.h, s.w});
   c.Elements("y (n x c_out x h_out x w_out)", {s.n, s.c_out, s.h_out(), s.w_out()});
   c.Elements("weight (c_out x c_in x k x k)", {s.c_out, s.c_in, s.k, s.k});
-  c.Elements("the patch matrix of an image (c_in k k x h_out w_out)", {s.c_in, s.k, s.k, s.h_out(), s.w_out()});
+  c.Elements("the patch matrix of an image (c_in k k x h_out w_out)",
+             {s.c_in, s.k, s.k, s.h_out(), s.w_out()});
   return c;
 }
 
@@ -117,8 +128,8 @@ Checker CheckConv2d(const char* op, const Conv2dShape& s) {
 Checker CheckMaxPool2d(const char* op, int64_t n, int64_t c, int64_t h, int64_t w) {
   Checker check(op);
   check.Dim("n", n).Dim("c", c).Dim("h", h).Dim("w", w);
-  check.That(h >= 2 && w >= 2, "h and w must be >= 2 to hold a 2 x 2 window, got h = " + std::to_string(h) +
-                                   ", w = " + std::to_string(w));
+  check.That(h >= 2 && w >= 2, "h and w must be >= 2 to hold a 2 x 2 window, got h = " +
+                                   std::to_string(h) + ", w = " + std::to_string(w));
   check.Elements("x (n x c x h x w)", {n, c, h, w});
   return check;
 }
@@ -140,7 +151,8 @@ class HostScratch {
       ctx.host_scratch_size_ = 0;
       ctx.host_scratch_.reset(new (std::nothrow) float[needed]);
       if (ctx.host_scratch_ == nullptr) {
-        return ResourceExhausted("out of host memory allocating " + std::to_string(needed * sizeof(float)) +
+        return ResourceExhausted("out of host memory allocating " +
+                                 std::to_string(needed * sizeof(float)) +
                                  " bytes of convolution scratch");
       }
       ctx.host_scratch_size_ = needed;
@@ -153,8 +165,8 @@ class HostScratch {
 
 using internal::OnCuda;
 
-Status Gemm(Context& ctx, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            const float* b, float beta, float* c) {
+Status Gemm(Context& ctx, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) {
   Checker check("Gemm");
   check.Dim("m", m).Dim("n", n).Dim("k", k);
   const bool writes = m > 0 && n > 0;
@@ -165,14 +177,18 @@ Status Gemm(Context& ctx, Transpose ta, Transpose tb, int64_t m, int64_t n, int6
       cpu::Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
       return Status::Ok();
     case DeviceType::kCuda:
-      return OnCuda(ctx, [&](auto& s) { return cuda::Gemm(s, ta, tb, m, n, k, alpha, a, b, beta, c); });
+      return OnCuda(ctx,
+                    [&](auto& s) { return cuda::Gemm(s, ta, tb, m, n, k, alpha, a, b, beta, c); });
   }
   return InvalidArgument("Gemm: unknown device type");
 }
 
 Status BiasAdd(Context& ctx, int64_t rows, int64_t cols, const float* bias, float* y) {
   Checker check("BiasAdd");
-  check.Dim("rows", rows).Dim("cols", cols).Ptr("bias", bias, rows > 0 && cols > 0).Ptr("y", y, rows > 0 && cols > 0);
+  check.Dim("rows", rows)
+      .Dim("cols", cols)
+      .Ptr("bias", bias, rows > 0 && cols > 0)
+      .Ptr("y", y, rows > 0 && cols > 0);
   LEASH_RETURN_IF_ERROR(check.status());
   switch (ctx.device().type) {
     case DeviceType::kCpu:
@@ -186,7 +202,10 @@ Status BiasAdd(Context& ctx, int64_t rows, int64_t cols, const float* bias, floa
 
 Status BiasGrad(Context& ctx, int64_t rows, int64_t cols, const float* dy, float* db) {
   Checker check("BiasGrad");
-  check.Dim("rows", rows).Dim("cols", cols).Ptr("dy", dy, rows > 0 && cols > 0).Ptr("db", db, cols > 0);
+  check.Dim("rows", rows)
+      .Dim("cols", cols)
+      .Ptr("dy", dy, rows > 0 && cols > 0)
+      .Ptr("db", db, cols > 0);
   LEASH_RETURN_IF_ERROR(check.status());
   switch (ctx.device().type) {
     case DeviceType::kCpu:
@@ -222,8 +241,8 @@ Status ReluBackward(Context& ctx, int64_t n, const float* y, const float* dy, fl
   return InvalidArgument("ReluBackward: unknown device type");
 }
 
-Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                     int64_t pad, const float* x, const float* weight, float* y) {
+Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out,
+                     int64_t k, int64_t pad, const float* x, const float* weight, float* y) {
   const Conv2dShape s{n, c_in, h, w, c_out, k, pad};
   Checker check = CheckConv2d("Conv2dForward", s);
   check.Ptr("x", x, n > 0).Ptr("weight", weight, n > 0).Ptr("y", y, n > 0);
@@ -231,7 +250,8 @@ Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w
   if (n == 0) return Status::Ok();
   switch (ctx.device().type) {
     case DeviceType::kCpu: {
-      LEASH_ASSIGN_OR_RETURN(float* scratch, internal::HostScratch::Get(ctx, cpu::Conv2dScratchSize(s)));
+      LEASH_ASSIGN_OR_RETURN(float* scratch,
+                             internal::HostScratch::Get(ctx, cpu::Conv2dScratchSize(s)));
       cpu::Conv2dForward(s, x, weight, y, scratch);
       return Status::Ok();
     }
@@ -241,8 +261,9 @@ Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w
   return InvalidArgument("Conv2dForward: unknown device type");
 }
 
-Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                          int64_t pad, const float* dy, const float* weight, float* dx) {
+Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w,
+                          int64_t c_out, int64_t k, int64_t pad, const float* dy,
+                          const float* weight, float* dx) {
   const Conv2dShape s{n, c_in, h, w, c_out, k, pad};
   Checker check = CheckConv2d("Conv2dBackwardData", s);
   check.Ptr("dy", dy, n > 0).Ptr("weight", weight, n > 0).Ptr("dx", dx, n > 0);
@@ -250,7 +271,8 @@ Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int6
   if (n == 0) return Status::Ok();
   switch (ctx.device().type) {
     case DeviceType::kCpu: {
-      LEASH_ASSIGN_OR_RETURN(float* scratch, internal::HostScratch::Get(ctx, cpu::Conv2dScratchSize(s)));
+      LEASH_ASSIGN_OR_RETURN(float* scratch,
+                             internal::HostScratch::Get(ctx, cpu::Conv2dScratchSize(s)));
       cpu::Conv2dBackwardData(s, dy, weight, dx, scratch);
       return Status::Ok();
     }
@@ -260,25 +282,29 @@ Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int6
   return InvalidArgument("Conv2dBackwardData: unknown device type");
 }
 
-Status Conv2dBackwardWeight(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                            int64_t pad, const float* x, const float* dy, float* dweight) {
+Status Conv2dBackwardWeight(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w,
+                            int64_t c_out, int64_t k, int64_t pad, const float* x, const float* dy,
+                            float* dweight) {
   const Conv2dShape s{n, c_in, h, w, c_out, k, pad};
   Checker check = CheckConv2d("Conv2dBackwardWeight", s);
   check.Ptr("x", x, n > 0).Ptr("dy", dy, n > 0).Ptr("dweight", dweight, true);
   LEASH_RETURN_IF_ERROR(check.status());
   switch (ctx.device().type) {
     case DeviceType::kCpu: {
-      LEASH_ASSIGN_OR_RETURN(float* scratch, internal::HostScratch::Get(ctx, n > 0 ? cpu::Conv2dScratchSize(s) : 0));
+      LEASH_ASSIGN_OR_RETURN(
+          float* scratch, internal::HostScratch::Get(ctx, n > 0 ? cpu::Conv2dScratchSize(s) : 0));
       cpu::Conv2dBackwardWeight(s, x, dy, dweight, scratch);
       return Status::Ok();
     }
     case DeviceType::kCuda:
-      return OnCuda(ctx, [&](auto& st) { return cuda::Conv2dBackwardWeight(st, s, x, dy, dweight); });
+      return OnCuda(ctx,
+                    [&](auto& st) { return cuda::Conv2dBackwardWeight(st, s, x, dy, dweight); });
   }
   return InvalidArgument("Conv2dBackwardWeight: unknown device type");
 }
 
-Status BiasAddChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* bias, float* y) {
+Status BiasAddChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* bias,
+                       float* y) {
   Checker check("BiasAddChannels");
   check.Dim("n", n).Dim("c", c).Dim("hw", hw).Elements("y (n x c x hw)", {n, c, hw});
   const bool any = n > 0 && c > 0 && hw > 0;
@@ -295,7 +321,8 @@ Status BiasAddChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const flo
   return InvalidArgument("BiasAddChannels: unknown device type");
 }
 
-Status BiasGradChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* dy, float* db) {
+Status BiasGradChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* dy,
+                        float* db) {
   Checker check("BiasGradChannels");
   check.Dim("n", n).Dim("c", c).Dim("hw", hw).Elements("dy (n x c x hw)", {n, c, hw});
   check.Ptr("dy", dy, n > 0 && c > 0 && hw > 0).Ptr("db", db, c > 0);
@@ -311,7 +338,8 @@ Status BiasGradChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const fl
   return InvalidArgument("BiasGradChannels: unknown device type");
 }
 
-Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y) {
+Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                        float* y) {
   Checker check = CheckMaxPool2d("MaxPool2dForward", n, c, h, w);
   check.Ptr("x", x, n > 0 && c > 0).Ptr("y", y, n > 0 && c > 0);
   LEASH_RETURN_IF_ERROR(check.status());
@@ -326,8 +354,8 @@ Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w
   return InvalidArgument("MaxPool2dForward: unknown device type");
 }
 
-Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
-                         const float* dy, float* dx) {
+Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                         const float* y, const float* dy, float* dx) {
   Checker check = CheckMaxPool2d("MaxPool2dBackward", n, c, h, w);
   const bool any = n > 0 && c > 0;
   check.Ptr("x", x, any).Ptr("y", y, any).Ptr("dy", dy, any).Ptr("dx", dx, any);
@@ -338,13 +366,15 @@ Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t 
       cpu::MaxPool2dBackward(n, c, h, w, x, dy, dx);
       return Status::Ok();
     case DeviceType::kCuda:
-      return OnCuda(ctx, [&](auto& st) { return cuda::MaxPool2dBackward(st, n, c, h, w, x, y, dy, dx); });
+      return OnCuda(
+          ctx, [&](auto& st) { return cuda::MaxPool2dBackward(st, n, c, h, w, x, y, dy, dx); });
   }
   return InvalidArgument("MaxPool2dBackward: unknown device type");
 }
 
-Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
-                           float* dlogits, float* loss_host, int64_t* correct_host) {
+Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const float* logits,
+                           const int32_t* labels, float* dlogits, float* loss_host,
+                           int64_t* correct_host) {
   Checker check("SoftmaxCrossEntropy");
   check.Dim("rows", rows).Dim("classes", classes);
   check.That(rows == 0 || classes > 0, "classes must be > 0 when rows > 0");
@@ -354,15 +384,17 @@ Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const fl
     case DeviceType::kCpu:
       for (int64_t r = 0; r < rows; ++r) {
         if (labels[r] < 0 || labels[r] >= classes) {
-          return InvalidArgument("SoftmaxCrossEntropy: label " + std::to_string(labels[r]) + " of row " +
-                                 std::to_string(r) + " is outside [0, " + std::to_string(classes) + ")");
+          return InvalidArgument("SoftmaxCrossEntropy: label " + std::to_string(labels[r]) +
+                                 " of row " + std::to_string(r) + " is outside [0, " +
+                                 std::to_string(classes) + ")");
         }
       }
       cpu::SoftmaxCrossEntropy(rows, classes, logits, labels, dlogits, loss_host, correct_host);
       return Status::Ok();
     case DeviceType::kCuda:
       return OnCuda(ctx, [&](auto& s) {
-        return cuda::SoftmaxCrossEntropy(s, rows, classes, logits, labels, dlogits, loss_host, correct_host);
+        return cuda::SoftmaxCrossEntropy(s, rows, classes, logits, labels, dlogits, loss_host,
+                                         correct_host);
       });
   }
   return InvalidArgument("SoftmaxCrossEntropy: unknown device type");
@@ -370,7 +402,8 @@ Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const fl
 
 Status SgdUpdate(Context& ctx, int64_t n, const SgdParams& p, const float* g, float* w) {
   LEASH_RETURN_IF_ERROR(CheckElementwise("SgdUpdate", n, {{"g", g}, {"w", w}}));
-  LEASH_RETURN_IF_ERROR(Checker("SgdUpdate").Finite("lr", p.lr).Finite("weight_decay", p.weight_decay).status());
+  LEASH_RETURN_IF_ERROR(
+      Checker("SgdUpdate").Finite("lr", p.lr).Finite("weight_decay", p.weight_decay).status());
   switch (ctx.device().type) {
     case DeviceType::kCpu:
       cpu::SgdUpdate(n, p, g, w);
@@ -381,7 +414,8 @@ Status SgdUpdate(Context& ctx, int64_t n, const SgdParams& p, const float* g, fl
   return InvalidArgument("SgdUpdate: unknown device type");
 }
 
-Status MomentumUpdate(Context& ctx, int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
+Status MomentumUpdate(Context& ctx, int64_t n, const MomentumParams& p, const float* g, float* w,
+                      float* v) {
   LEASH_RETURN_IF_ERROR(CheckElementwise("MomentumUpdate", n, {{"g", g}, {"w", w}, {"v", v}}));
   LEASH_RETURN_IF_ERROR(Checker("MomentumUpdate")
                             .Finite("lr", p.lr)
@@ -398,9 +432,10 @@ Status MomentumUpdate(Context& ctx, int64_t n, const MomentumParams& p, const fl
   return InvalidArgument("MomentumUpdate: unknown device type");
 }
 
-Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
-                  float* v) {
-  LEASH_RETURN_IF_ERROR(CheckElementwise("AdamUpdate", n, {{"g", g}, {"w", w}, {"m", m}, {"v", v}}));
+Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, const float* g,
+                  float* w, float* m, float* v) {
+  LEASH_RETURN_IF_ERROR(
+      CheckElementwise("AdamUpdate", n, {{"g", g}, {"w", w}, {"m", m}, {"v", v}}));
   LEASH_RETURN_IF_ERROR(Checker("AdamUpdate")
                             .Finite("lr", p.lr)
                             .Beta("beta1", p.beta1)
@@ -419,7 +454,8 @@ Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, co
   return InvalidArgument("AdamUpdate: unknown device type");
 }
 
-Status AdagradUpdate(Context& ctx, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc) {
+Status AdagradUpdate(Context& ctx, int64_t n, const AdagradParams& p, const float* g, float* w,
+                     float* acc) {
   LEASH_RETURN_IF_ERROR(CheckElementwise("AdagradUpdate", n, {{"g", g}, {"w", w}, {"acc", acc}}));
   LEASH_RETURN_IF_ERROR(Checker("AdagradUpdate")
                             .Finite("lr", p.lr)

@@ -20,7 +20,8 @@ namespace leash::kernels {
 namespace {
 
 // op(X)[i][j] of a row-major matrix whose op is rows x cols.
-double OpAt(const std::vector<double>& x, Transpose t, int64_t rows, int64_t cols, int64_t i, int64_t j) {
+double OpAt(const std::vector<double>& x, Transpose t, int64_t rows, int64_t cols, int64_t i,
+            int64_t j) {
   return t == Transpose::kNo ? x[i * cols + j] : x[j * rows + i];
 }
 
@@ -73,7 +74,8 @@ TEST_F(CpuKernelsTest, GemmMatchesReferenceForEveryTransposeAndOddSizes) {
     int64_t m, n, k;
   };
   uint32_t seed = 1;
-  for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 17, 65}, Shape{64, 10, 129}, Shape{3, 257, 2}}) {
+  for (Shape s :
+       {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 17, 65}, Shape{64, 10, 129}, Shape{3, 257, 2}}) {
     for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
       for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
         const auto a = RandomVector(s.m * s.k, seed++);
@@ -81,18 +83,23 @@ TEST_F(CpuKernelsTest, GemmMatchesReferenceForEveryTransposeAndOddSizes) {
         auto c = RandomVector(s.m * s.n, seed++);
         const float alpha = 0.7f, beta = -0.3f;
         const auto ab = RefProduct(ta, tb, s.m, s.n, s.k, ToDouble(a), ToDouble(b));
-        const auto abs_ab = RefProduct(ta, tb, s.m, s.n, s.k, [&] {
-          auto v = ToDouble(a);
-          for (double& x : v) x = std::abs(x);
-          return v;
-        }(), [&] {
-          auto v = ToDouble(b);
-          for (double& x : v) x = std::abs(x);
-          return v;
-        }());
+        const auto abs_ab = RefProduct(
+            ta, tb, s.m, s.n, s.k,
+            [&] {
+              auto v = ToDouble(a);
+              for (double& x : v) x = std::abs(x);
+              return v;
+            }(),
+            [&] {
+              auto v = ToDouble(b);
+              for (double& x : v) x = std::abs(x);
+              return v;
+            }());
         std::vector<double> want(c.size());
-        for (size_t i = 0; i < c.size(); ++i) want[i] = alpha * ab[i] + beta * static_cast<double>(c[i]);
-        ASSERT_TRUE(Gemm(ctx(), ta, tb, s.m, s.n, s.k, alpha, a.data(), b.data(), beta, c.data()).ok());
+        for (size_t i = 0; i < c.size(); ++i)
+          want[i] = alpha * ab[i] + beta * static_cast<double>(c[i]);
+        ASSERT_TRUE(
+            Gemm(ctx(), ta, tb, s.m, s.n, s.k, alpha, a.data(), b.data(), beta, c.data()).ok());
         for (size_t i = 0; i < c.size(); ++i) {
           ASSERT_NEAR(c[i], want[i], 1e-6 * (1 + abs_ab[i]) * 4)
               << "m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << (ta == Transpose::kYes)
@@ -108,20 +115,28 @@ TEST_F(CpuKernelsTest, GemmWithBetaZeroDoesNotReadC) {
   const auto a = RandomVector(m * k, 11);
   const auto b = RandomVector(k * n, 12);
   std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
-  ASSERT_TRUE(Gemm(ctx(), Transpose::kNo, Transpose::kNo, m, n, k, 1.f, a.data(), b.data(), 0.f, c.data()).ok());
+  ASSERT_TRUE(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, m, n, k, 1.f, a.data(), b.data(), 0.f, c.data())
+          .ok());
   const auto want = RefProduct(Transpose::kNo, Transpose::kNo, m, n, k, ToDouble(a), ToDouble(b));
   for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(c[i], want[i], 1e-5) << i;
 }
 
 TEST_F(CpuKernelsTest, GemmWithZeroInnerSizeScalesC) {
   std::vector<float> c = {1.f, -2.f, 3.f, 4.f, 5.f, 6.f};
-  ASSERT_TRUE(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 3, 0, 1.f, nullptr, nullptr, 0.5f, c.data()).ok());
+  ASSERT_TRUE(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 3, 0, 1.f, nullptr, nullptr, 0.5f, c.data())
+          .ok());
   EXPECT_EQ(c, (std::vector<float>{0.5f, -1.f, 1.5f, 2.f, 2.5f, 3.f}));
   c.assign(6, std::numeric_limits<float>::quiet_NaN());
-  ASSERT_TRUE(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 3, 0, 1.f, nullptr, nullptr, 0.f, c.data()).ok());
+  ASSERT_TRUE(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 3, 0, 1.f, nullptr, nullptr, 0.f, c.data())
+          .ok());
   EXPECT_EQ(c, std::vector<float>(6, 0.f));
   // Empty outputs touch nothing.
-  EXPECT_TRUE(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 0, 3, 4, 1.f, nullptr, nullptr, 0.f, nullptr).ok());
+  EXPECT_TRUE(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 0, 3, 4, 1.f, nullptr, nullptr, 0.f, nullptr)
+          .ok());
 }
 
 TEST_F(CpuKernelsTest, BiasAddMatchesReference) {
@@ -170,7 +185,8 @@ TEST_F(CpuKernelsTest, SoftmaxCrossEntropyMatchesReference) {
   std::vector<float> dlogits(rows * classes);
   float loss = -1.f;
   int64_t correct = -1;
-  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, logits.data(), labels.data(), dlogits.data(), &loss, &correct)
+  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, logits.data(), labels.data(),
+                                  dlogits.data(), &loss, &correct)
                   .ok());
   const auto x = ToDouble(logits);
   EXPECT_NEAR(loss, RefSoftmaxLoss(rows, classes, x, labels), 1e-5);
@@ -187,7 +203,8 @@ TEST_F(CpuKernelsTest, SoftmaxCrossEntropyMatchesReference) {
     }
     for (int64_t c = 0; c < classes; ++c) sum += std::exp(x[r * classes + c] - max);
     for (int64_t c = 0; c < classes; ++c) {
-      const double want = (std::exp(x[r * classes + c] - max) / sum - (c == labels[r] ? 1 : 0)) / rows;
+      const double want =
+          (std::exp(x[r * classes + c] - max) / sum - (c == labels[r] ? 1 : 0)) / rows;
       EXPECT_NEAR(dlogits[r * classes + c], want, 1e-6) << r << "," << c;
     }
     if (argmax == labels[r]) ++want_correct;
@@ -201,13 +218,17 @@ TEST_F(CpuKernelsTest, SoftmaxCrossEntropyIsStableForHugeLogits) {
   const auto base = RandomVector(rows * classes, 28, -2.f, 2.f);
   const std::vector<int32_t> labels = {0, 3, 1};
   float base_loss = 0.f;
-  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, base.data(), labels.data(), nullptr, &base_loss, nullptr).ok());
+  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, base.data(), labels.data(), nullptr,
+                                  &base_loss, nullptr)
+                  .ok());
   for (float offset : {1e4f, -1e4f}) {
     auto shifted = base;
     for (float& v : shifted) v += offset;
     std::vector<float> d(rows * classes);
     float loss = 0.f;
-    ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, shifted.data(), labels.data(), d.data(), &loss, nullptr).ok());
+    ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, shifted.data(), labels.data(), d.data(),
+                                    &loss, nullptr)
+                    .ok());
     EXPECT_TRUE(std::isfinite(loss));
     EXPECT_NEAR(loss, base_loss, 2e-3) << offset;  // the offset itself costs fp32 precision
     for (float v : d) EXPECT_TRUE(std::isfinite(v));
@@ -219,7 +240,9 @@ TEST_F(CpuKernelsTest, SoftmaxArgmaxTakesTheFirstOfTiedLogits) {
   const std::vector<int32_t> labels = {0, 2};
   int64_t correct = -1;
   float loss = 0.f;
-  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), 2, 3, logits.data(), labels.data(), nullptr, &loss, &correct).ok());
+  ASSERT_TRUE(
+      SoftmaxCrossEntropy(ctx(), 2, 3, logits.data(), labels.data(), nullptr, &loss, &correct)
+          .ok());
   EXPECT_EQ(correct, 1);  // row 0 ties -> class 0 (right); row 1 ties 1 and 2 -> class 1 (wrong)
   EXPECT_NEAR(loss, (std::log(3.0) + (5 + std::log(std::exp(-3.0) + 2.0) - 5)) / 2, 1e-6);
 }
@@ -241,7 +264,8 @@ TEST_F(KernelsGradientTest, GemmGradientsMatchNumericalForEveryTranspose) {
   uint32_t seed = 100;
   for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
     for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
-      SCOPED_TRACE(testing::Message() << "ta=" << (ta == Transpose::kYes) << " tb=" << (tb == Transpose::kYes));
+      SCOPED_TRACE(testing::Message()
+                   << "ta=" << (ta == Transpose::kYes) << " tb=" << (tb == Transpose::kYes));
       const auto a = RandomVector(m * k, seed++);
       const auto b = RandomVector(k * n, seed++);
       const auto g = RandomVector(m * n, seed++);
@@ -256,21 +280,27 @@ TEST_F(KernelsGradientTest, GemmGradientsMatchNumericalForEveryTranspose) {
       // d op(A) = G op(B)^T  and  d op(B) = op(A)^T G, laid out as A and B are stored.
       std::vector<float> da(m * k), db(k * n);
       if (!at) {
-        ASSERT_TRUE(Gemm(ctx(), N, bt ? N : T, m, k, n, 1.f, g.data(), b.data(), 0.f, da.data()).ok());
+        ASSERT_TRUE(
+            Gemm(ctx(), N, bt ? N : T, m, k, n, 1.f, g.data(), b.data(), 0.f, da.data()).ok());
       } else {
-        ASSERT_TRUE(Gemm(ctx(), bt ? T : N, T, k, m, n, 1.f, b.data(), g.data(), 0.f, da.data()).ok());
+        ASSERT_TRUE(
+            Gemm(ctx(), bt ? T : N, T, k, m, n, 1.f, b.data(), g.data(), 0.f, da.data()).ok());
       }
       if (!bt) {
-        ASSERT_TRUE(Gemm(ctx(), at ? N : T, N, k, n, m, 1.f, a.data(), g.data(), 0.f, db.data()).ok());
+        ASSERT_TRUE(
+            Gemm(ctx(), at ? N : T, N, k, n, m, 1.f, a.data(), g.data(), 0.f, db.data()).ok());
       } else {
-        ASSERT_TRUE(Gemm(ctx(), T, at ? T : N, n, k, m, 1.f, g.data(), a.data(), 0.f, db.data()).ok());
+        ASSERT_TRUE(
+            Gemm(ctx(), T, at ? T : N, n, k, m, 1.f, g.data(), a.data(), 0.f, db.data()).ok());
       }
       const auto bd = ToDouble(b);
       const auto ad = ToDouble(a);
-      ExpectGradientsMatch(da, NumericGradient([&](const std::vector<double>& x) { return loss(x, bd); }, ad, 1e-3),
-                           "dA");
-      ExpectGradientsMatch(db, NumericGradient([&](const std::vector<double>& x) { return loss(ad, x); }, bd, 1e-3),
-                           "dB");
+      ExpectGradientsMatch(
+          da, NumericGradient([&](const std::vector<double>& x) { return loss(x, bd); }, ad, 1e-3),
+          "dA");
+      ExpectGradientsMatch(
+          db, NumericGradient([&](const std::vector<double>& x) { return loss(ad, x); }, bd, 1e-3),
+          "dB");
     }
   }
 }
@@ -314,7 +344,9 @@ TEST_F(KernelsGradientTest, SoftmaxCrossEntropyGradientMatchesNumerical) {
   const auto labels = RandomLabels(rows, classes, 131);
   std::vector<float> d(rows * classes);
   float loss = 0.f;
-  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, logits.data(), labels.data(), d.data(), &loss, nullptr).ok());
+  ASSERT_TRUE(SoftmaxCrossEntropy(ctx(), rows, classes, logits.data(), labels.data(), d.data(),
+                                  &loss, nullptr)
+                  .ok());
   auto f = [&](const std::vector<double>& x) { return RefSoftmaxLoss(rows, classes, x, labels); };
   EXPECT_NEAR(loss, f(ToDouble(logits)), 1e-5);
   ExpectGradientsMatch(d, NumericGradient(f, ToDouble(logits), 1e-4), "dlogits");
@@ -440,41 +472,49 @@ TEST_F(KernelsOptimizerTest, RawCpuKernelsAgreeWithEntryPoints) {
 
 void ExpectInvalid(const Status& s, const std::string& needle) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find(needle), std::string::npos) << "message \"" << s.message() << "\" lacks \"" << needle
-                                                          << "\"";
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
 }
 
 TEST_F(KernelsValidationTest, NegativeSizesAreInvalidArgument) {
   std::vector<float> f(16);
   std::vector<int32_t> l(4);
-  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, -1, 2, 2, 1.f, f.data(), f.data(), 0.f, f.data()),
-                "Gemm: m must be >= 0, got -1");
-  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, -3, 1.f, f.data(), f.data(), 0.f, f.data()), "k");
+  ExpectInvalid(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, -1, 2, 2, 1.f, f.data(), f.data(), 0.f, f.data()),
+      "Gemm: m must be >= 0, got -1");
+  ExpectInvalid(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, -3, 1.f, f.data(), f.data(), 0.f, f.data()),
+      "k");
   ExpectInvalid(BiasAdd(ctx(), 2, -1, f.data(), f.data()), "BiasAdd: cols");
   ExpectInvalid(BiasGrad(ctx(), -2, 2, f.data(), f.data()), "BiasGrad: rows");
   ExpectInvalid(Relu(ctx(), -1, f.data(), f.data()), "Relu: n");
   ExpectInvalid(ReluBackward(ctx(), -1, f.data(), f.data(), f.data()), "ReluBackward: n");
-  ExpectInvalid(SoftmaxCrossEntropy(ctx(), -1, 2, f.data(), l.data(), nullptr, nullptr, nullptr), "rows");
-  ExpectInvalid(SoftmaxCrossEntropy(ctx(), 2, 0, f.data(), l.data(), nullptr, nullptr, nullptr), "classes");
+  ExpectInvalid(SoftmaxCrossEntropy(ctx(), -1, 2, f.data(), l.data(), nullptr, nullptr, nullptr),
+                "rows");
+  ExpectInvalid(SoftmaxCrossEntropy(ctx(), 2, 0, f.data(), l.data(), nullptr, nullptr, nullptr),
+                "classes");
   ExpectInvalid(SgdUpdate(ctx(), -1, {}, f.data(), f.data()), "SgdUpdate: n");
   ExpectInvalid(ConvertFromHalf(ctx(), -5, nullptr, nullptr, false), "ConvertFromHalf: n");
-  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, int64_t{1} << 31, 1, 1, 1.f, f.data(), f.data(), 0.f,
-                     f.data()),
+  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, int64_t{1} << 31, 1, 1, 1.f, f.data(),
+                     f.data(), 0.f, f.data()),
                 "BLAS limit");
 }
 
 TEST_F(KernelsValidationTest, NullPointersAreInvalidArgument) {
   std::vector<float> f(16);
   std::vector<int32_t> l(4);
-  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.f, nullptr, f.data(), 0.f, f.data()),
-                "Gemm: a is null");
-  ExpectInvalid(Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.f, f.data(), f.data(), 0.f, nullptr),
-                "Gemm: c is null");
+  ExpectInvalid(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.f, nullptr, f.data(), 0.f, f.data()),
+      "Gemm: a is null");
+  ExpectInvalid(
+      Gemm(ctx(), Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.f, f.data(), f.data(), 0.f, nullptr),
+      "Gemm: c is null");
   ExpectInvalid(BiasAdd(ctx(), 2, 2, nullptr, f.data()), "bias is null");
   ExpectInvalid(BiasGrad(ctx(), 2, 2, f.data(), nullptr), "db is null");
   ExpectInvalid(Relu(ctx(), 3, nullptr, f.data()), "x is null");
   ExpectInvalid(ReluBackward(ctx(), 3, f.data(), f.data(), nullptr), "dx is null");
-  ExpectInvalid(SoftmaxCrossEntropy(ctx(), 2, 2, f.data(), nullptr, nullptr, nullptr, nullptr), "labels is null");
+  ExpectInvalid(SoftmaxCrossEntropy(ctx(), 2, 2, f.data(), nullptr, nullptr, nullptr, nullptr),
+                "labels is null");
   ExpectInvalid(MomentumUpdate(ctx(), 3, {}, f.data(), f.data(), nullptr), "v is null");
   ExpectInvalid(AdamUpdate(ctx(), 3, {}, 1, f.data(), f.data(), nullptr, f.data()), "m is null");
   ExpectInvalid(AdagradUpdate(ctx(), 3, {}, nullptr, f.data(), f.data()), "g is null");
@@ -491,8 +531,9 @@ TEST_F(KernelsValidationTest, LabelsOutOfRangeAreInvalidArgumentBeforeAnyWrite) 
   float loss = 42.f;
   for (int32_t bad : {-1, 3, 1000}) {
     const std::vector<int32_t> labels = {0, bad};
-    ExpectInvalid(SoftmaxCrossEntropy(ctx(), 2, 3, logits.data(), labels.data(), d.data(), &loss, nullptr),
-                  "label " + std::to_string(bad) + " of row 1 is outside [0, 3)");
+    ExpectInvalid(
+        SoftmaxCrossEntropy(ctx(), 2, 3, logits.data(), labels.data(), d.data(), &loss, nullptr),
+        "label " + std::to_string(bad) + " of row 1 is outside [0, 3)");
   }
   EXPECT_EQ(d, std::vector<float>(6, 42.f));
   EXPECT_EQ(loss, 42.f);
@@ -502,12 +543,16 @@ TEST_F(KernelsValidationTest, BadHyperParametersAreInvalidArgument) {
   std::vector<float> f(4);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   ExpectInvalid(SgdUpdate(ctx(), 4, {nan, 0.f}, f.data(), f.data()), "lr must be finite");
-  ExpectInvalid(MomentumUpdate(ctx(), 4, {0.1f, INFINITY, 0.f}, f.data(), f.data(), f.data()), "momentum");
-  ExpectInvalid(AdamUpdate(ctx(), 4, {}, 0, f.data(), f.data(), f.data(), f.data()), "step is 1-based, got 0");
+  ExpectInvalid(MomentumUpdate(ctx(), 4, {0.1f, INFINITY, 0.f}, f.data(), f.data(), f.data()),
+                "momentum");
+  ExpectInvalid(AdamUpdate(ctx(), 4, {}, 0, f.data(), f.data(), f.data(), f.data()),
+                "step is 1-based, got 0");
   AdamParams beta_one;
   beta_one.beta1 = 1.f;
-  ExpectInvalid(AdamUpdate(ctx(), 4, beta_one, 1, f.data(), f.data(), f.data(), f.data()), "beta1 must be in [0, 1)");
-  ExpectInvalid(AdagradUpdate(ctx(), 4, {0.1f, -1.f, 0.f}, f.data(), f.data(), f.data()), "epsilon must be >= 0");
+  ExpectInvalid(AdamUpdate(ctx(), 4, beta_one, 1, f.data(), f.data(), f.data(), f.data()),
+                "beta1 must be in [0, 1)");
+  ExpectInvalid(AdagradUpdate(ctx(), 4, {0.1f, -1.f, 0.f}, f.data(), f.data(), f.data()),
+                "epsilon must be >= 0");
   EXPECT_EQ(f, std::vector<float>(4, 0.f));
 }
 
@@ -519,17 +564,19 @@ TEST_F(KernelsDeviceTest, ParseDeviceAcceptsCpuAndAuto) {
   EXPECT_EQ(*cpu, (Device{DeviceType::kCpu, 0}));
   auto automatic = ParseDevice("auto");
   ASSERT_TRUE(automatic.ok()) << automatic.status();
-  const Device want = CudaDeviceCount() > 0 ? Device{DeviceType::kCuda, 0} : Device{DeviceType::kCpu, 0};
+  const Device want =
+      CudaDeviceCount() > 0 ? Device{DeviceType::kCuda, 0} : Device{DeviceType::kCpu, 0};
   EXPECT_EQ(*automatic, want);
   EXPECT_EQ(DeviceName(Device{DeviceType::kCpu, 0}), "cpu");
   EXPECT_EQ(DeviceName(Device{DeviceType::kCuda, 3}), "cuda:3");
 }
 
 TEST_F(KernelsDeviceTest, ParseDeviceRejectsMalformedSpecs) {
-  for (const char* spec : {"", "gpu", "CPU", " cpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cuda:+1", "cuda0",
-                           "cuda:99999999999"}) {
+  for (const char* spec : {"", "gpu", "CPU", " cpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x",
+                           "cuda:+1", "cuda0", "cuda:99999999999"}) {
     auto d = ParseDevice(spec);
-    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << "\"" << spec << "\": " << d.status();
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument)
+        << "\"" << spec << "\": " << d.status();
   }
 }
 
@@ -545,15 +592,19 @@ TEST_F(KernelsDeviceTest, ParseDeviceReportsMissingGpusAsUnavailable) {
     }
     EXPECT_EQ(d.status().code(), StatusCode::kUnavailable) << spec << ": " << d.status();
     if (!CudaBuilt()) {
-      EXPECT_EQ(d.status().message(), "this build has no CUDA support; rebuild with -DLEASH_WITH_CUDA=ON");
+      EXPECT_EQ(d.status().message(),
+                "this build has no CUDA support; rebuild with -DLEASH_WITH_CUDA=ON");
     }
   }
 }
 
 TEST_F(KernelsDeviceTest, ContextCreationRejectsBadDevicesWithoutAborting) {
-  EXPECT_EQ(Context::Create(Device{DeviceType::kCpu, 1}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Context::Create(Device{DeviceType::kCpu, 0}, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Context::Create(Device{DeviceType::kCuda, 1000}).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Context::Create(Device{DeviceType::kCpu, 1}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Context::Create(Device{DeviceType::kCpu, 0}, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Context::Create(Device{DeviceType::kCuda, 1000}).status().code(),
+            StatusCode::kUnavailable);
   if (CudaDeviceCount() == 0) {
     auto gpu = Context::Create(Device{DeviceType::kCuda, 0});
     EXPECT_EQ(gpu.status().code(), StatusCode::kUnavailable) << gpu.status();
@@ -637,7 +688,8 @@ TEST_F(KernelsHalfTest, EveryHalfPatternRoundTrips) {
         EXPECT_TRUE(IsHalfNan(back[i], bf16)) << std::hex << i;
         EXPECT_EQ(back[i] & 0x8000u, all[i] & 0x8000u) << "sign of NaN " << std::hex << i;
       } else {
-        ASSERT_EQ(back[i], all[i]) << (bf16 ? "bf16 " : "fp16 ") << std::hex << i << " -> " << floats[i];
+        ASSERT_EQ(back[i], all[i])
+            << (bf16 ? "bf16 " : "fp16 ") << std::hex << i << " -> " << floats[i];
       }
     }
   }
@@ -651,21 +703,21 @@ TEST_F(KernelsHalfTest, Fp16RoundsToNearestEvenWithSubnormalsAndOverflow) {
   const float sub = std::ldexp(1.f, -24);  // smallest fp16 subnormal
   const Case cases[] = {
       {1.f, 0x3c00},
-      {std::ldexp(1.f, -11) + 1.f, 0x3c00},               // halfway, even stays
-      {3 * std::ldexp(1.f, -11) + 1.f, 0x3c02},           // halfway, odd rounds up
+      {std::ldexp(1.f, -11) + 1.f, 0x3c00},                         // halfway, even stays
+      {3 * std::ldexp(1.f, -11) + 1.f, 0x3c02},                     // halfway, odd rounds up
       {1.f + std::ldexp(1.f, -11) + std::ldexp(1.f, -20), 0x3c01},  // just above halfway
       {-2.5f, 0xc100},
-      {65504.f, 0x7bff},    // largest finite
-      {65519.f, 0x7bff},    // below the halfway point to 65536
-      {65520.f, 0x7c00},    // halfway to 65536 rounds to even: infinity
+      {65504.f, 0x7bff},  // largest finite
+      {65519.f, 0x7bff},  // below the halfway point to 65536
+      {65520.f, 0x7c00},  // halfway to 65536 rounds to even: infinity
       {1e10f, 0x7c00},
       {-INFINITY, 0xfc00},
       {INFINITY, 0x7c00},
       {sub, 0x0001},
-      {sub / 2, 0x0000},      // halfway between 0 and the smallest subnormal: even (0)
-      {sub * 0.75f, 0x0001},  // above halfway
-      {sub * 1.5f, 0x0002},   // halfway between 1 and 2 subnormal steps: even (2)
-      {std::ldexp(1.f, -14), 0x0400},        // smallest normal
+      {sub / 2, 0x0000},               // halfway between 0 and the smallest subnormal: even (0)
+      {sub * 0.75f, 0x0001},           // above halfway
+      {sub * 1.5f, 0x0002},            // halfway between 1 and 2 subnormal steps: even (2)
+      {std::ldexp(1.f, -14), 0x0400},  // smallest normal
       {std::ldexp(1.f, -14) - sub, 0x03ff},  // largest subnormal
       {1e-40f, 0x0000},                      // fp32 subnormal underflows
       {-0.f, 0x8000},
@@ -687,10 +739,10 @@ TEST_F(KernelsHalfTest, Bf16RoundsToNearestEvenAndKeepsNan) {
   };
   const Case cases[] = {
       {1.f, 0x3f80},
-      {1.f + std::ldexp(1.f, -8), 0x3f80},                          // halfway, even stays
-      {1.f + 3 * std::ldexp(1.f, -8), 0x3f82},                      // halfway, odd rounds up
+      {1.f + std::ldexp(1.f, -8), 0x3f80},                         // halfway, even stays
+      {1.f + 3 * std::ldexp(1.f, -8), 0x3f82},                     // halfway, odd rounds up
       {1.f + std::ldexp(1.f, -8) + std::ldexp(1.f, -16), 0x3f81},  // above halfway
-      {std::numeric_limits<float>::max(), 0x7f80},                  // rounds past the largest bf16
+      {std::numeric_limits<float>::max(), 0x7f80},                 // rounds past the largest bf16
       {-INFINITY, 0xff80},
       {1e-40f, 0x0001},  // fp32 subnormal -> bf16 subnormal
       {-0.f, 0x8000},
@@ -698,8 +750,9 @@ TEST_F(KernelsHalfTest, Bf16RoundsToNearestEvenAndKeepsNan) {
   for (const Case& c : cases) {
     EXPECT_EQ(ToHalves(ctx(), {c.in}, true)[0], c.want) << c.in;
   }
-  for (float nan : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                    std::numeric_limits<float>::signaling_NaN()}) {
+  for (float nan :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::signaling_NaN()}) {
     const uint16_t h = ToHalves(ctx(), {nan}, true)[0];
     EXPECT_TRUE(IsHalfNan(h, true)) << std::hex << h;  // never rounds to infinity
     EXPECT_TRUE(h & 0x40u) << "quiet";

@@ -66,8 +66,7 @@ inline double RefSoftmaxLoss(int64_t rows, int64_t classes, const std::vector<do
 
 // Central-difference gradient of f at x.
 inline std::vector<double> NumericGradient(
-    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
-    double eps) {
+    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x, double eps) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double saved = x[i];
@@ -94,8 +93,8 @@ inline void ExpectGradientsMatch(const std::vector<float>& analytic,
 
 // Each element of `got` within atol + rtol * |want| of `want`'s (the first one that is not
 // fails the test).
-inline void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
-                        float rtol, float atol, const char* what) {
+inline void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol,
+                        float atol, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], atol + rtol * std::abs(want[i])) << what << " element " << i;

@@ -6,14 +6,15 @@
 
 namespace leash::ps {
 
-Result<int64_t> ClockTable::Register(uint64_t worker_id, uint64_t incarnation, const std::string& name,
-                                     int64_t now_ms) {
+Result<int64_t> ClockTable::Register(uint64_t worker_id, uint64_t incarnation,
+                                     const std::string& name, int64_t now_ms) {
   auto it = workers_.find(worker_id);
   if (it != workers_.end()) {
     LiveWorker& w = it->second;
     if (incarnation < w.incarnation) {
-      return FailedPrecondition("worker " + std::to_string(worker_id) + " registered with incarnation " +
-                                std::to_string(incarnation) + " but incarnation " + std::to_string(w.incarnation) +
+      return FailedPrecondition("worker " + std::to_string(worker_id) +
+                                " registered with incarnation " + std::to_string(incarnation) +
+                                " but incarnation " + std::to_string(w.incarnation) +
                                 " is already live; a newer copy of this worker is running");
     }
     if (incarnation == w.incarnation) {
@@ -42,14 +43,15 @@ void ClockTable::Restore(const LiveWorker& w) {
 Result<LiveWorker*> ClockTable::Find(uint64_t worker_id, uint64_t incarnation) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
-    return NotRegistered("worker " + std::to_string(worker_id) +
-                              " is not registered on this shard (it left, was evicted after its lease expired, or "
-                              "the shard restarted); register again");
+    return NotRegistered(
+        "worker " + std::to_string(worker_id) +
+        " is not registered on this shard (it left, was evicted after its lease expired, or "
+        "the shard restarted); register again");
   }
   if (it->second.incarnation != incarnation) {
-    return NotRegistered("worker " + std::to_string(worker_id) + " incarnation " + std::to_string(incarnation) +
-                              " was superseded by incarnation " + std::to_string(it->second.incarnation) +
-                              "; register again");
+    return NotRegistered("worker " + std::to_string(worker_id) + " incarnation " +
+                         std::to_string(incarnation) + " was superseded by incarnation " +
+                         std::to_string(it->second.incarnation) + "; register again");
   }
   return &it->second;
 }

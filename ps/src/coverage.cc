@@ -15,23 +15,23 @@ void PutU64(std::vector<uint8_t>* out, uint64_t v) {
 bool GetU64(const std::vector<uint8_t>& in, size_t* pos, uint64_t* v) {
   if (*pos > in.size() || in.size() - *pos < 8) return false;
   *v = 0;
-  for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(in[*pos + static_cast<size_t>(i)]) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    *v |= static_cast<uint64_t>(in[*pos + static_cast<size_t>(i)]) << (8 * i);
   *pos += 8;
   return true;
 }
 
 constexpr uint64_t kMagic = 0x313056434853414cULL;  // "LASHCV01"
 
-
 Status CheckPlan(const DataPlan& plan) {
   if (plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0) {
     return InvalidArgument("data plan needs samples, chunk size and epochs > 0");
   }
   if (PlanChunks(plan) > kMaxChunks) {
-    return InvalidArgument("data plan of " + std::to_string(plan.num_samples) + " samples in chunks of " +
-                           std::to_string(plan.chunk_size) + " has " + std::to_string(PlanChunks(plan)) +
-                           " chunks, more than the limit of " + std::to_string(kMaxChunks) +
-                           "; use a larger --chunk-size");
+    return InvalidArgument("data plan of " + std::to_string(plan.num_samples) +
+                           " samples in chunks of " + std::to_string(plan.chunk_size) + " has " +
+                           std::to_string(PlanChunks(plan)) + " chunks, more than the limit of " +
+                           std::to_string(kMaxChunks) + "; use a larger --chunk-size");
   }
   return Status::Ok();
 }
@@ -42,12 +42,13 @@ Status DataCoverage::SetPlan(const DataPlan& plan) {
   LEASH_RETURN_IF_ERROR(CheckPlan(plan));
   if (plan_) {
     if (*plan_ == plan) return Status::Ok();
-    return FailedPrecondition("this job trains " + std::to_string(plan_->num_samples) + " samples in chunks of " +
-                              std::to_string(plan_->chunk_size) + " for " + std::to_string(plan_->epochs) +
-                              " epochs (seed " + std::to_string(plan_->seed) + "); this worker asks for " +
-                              std::to_string(plan.num_samples) + "/" + std::to_string(plan.chunk_size) + "/" +
-                              std::to_string(plan.epochs) + " (seed " + std::to_string(plan.seed) +
-                              "): start every worker with the same data, --chunk-size, --epochs and --seed");
+    return FailedPrecondition(
+        "this job trains " + std::to_string(plan_->num_samples) + " samples in chunks of " +
+        std::to_string(plan_->chunk_size) + " for " + std::to_string(plan_->epochs) +
+        " epochs (seed " + std::to_string(plan_->seed) + "); this worker asks for " +
+        std::to_string(plan.num_samples) + "/" + std::to_string(plan.chunk_size) + "/" +
+        std::to_string(plan.epochs) + " (seed " + std::to_string(plan.seed) +
+        "): start every worker with the same data, --chunk-size, --epochs and --seed");
   }
   plan_ = plan;
   return Status::Ok();
@@ -113,13 +114,15 @@ ChunkGrant DataCoverage::Lease(uint64_t worker) {
 void DataCoverage::Complete(uint32_t epoch, uint32_t chunk) {
   // Next grants chunks of epochs current_ and current_ + 1 only: a report of a later epoch
   // was never granted, and opening it would grow epochs_ past the two a snapshot holds.
-  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= PlanNumChunks(*plan_) || epoch >= plan_->epochs) {
+  if (!plan_ || epoch < current_ || epoch > current_ + 1 || chunk >= PlanNumChunks(*plan_) ||
+      epoch >= plan_->epochs) {
     return;
   }
   Epoch& ep = Open(epoch);
   ep.leased.erase(chunk);
   // A chunk reported by a worker that was evicted meanwhile may also be pending again.
-  if (auto it = std::find(ep.pending.begin(), ep.pending.end(), chunk); it != ep.pending.end()) ep.pending.erase(it);
+  if (auto it = std::find(ep.pending.begin(), ep.pending.end(), chunk); it != ep.pending.end())
+    ep.pending.erase(it);
   if (ep.completed[chunk]++ == 0) ++ep.done;
   Advance();
 }
@@ -185,9 +188,9 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
   uint64_t magic, samples, chunk, epochs, seed, current, n;
   auto bad = [] { return DataLoss("the data-coverage record of the snapshot is malformed"); };
   if (!GetU64(bytes, &pos, &magic) || magic != kMagic || !GetU64(bytes, &pos, &samples) ||
-      !GetU64(bytes, &pos, &chunk) || !GetU64(bytes, &pos, &epochs) || !GetU64(bytes, &pos, &seed) ||
-      !GetU64(bytes, &pos, &current) || !GetU64(bytes, &pos, &n) || n > 2 || chunk == 0 || chunk > UINT32_MAX ||
-      epochs > UINT32_MAX || current > epochs) {
+      !GetU64(bytes, &pos, &chunk) || !GetU64(bytes, &pos, &epochs) ||
+      !GetU64(bytes, &pos, &seed) || !GetU64(bytes, &pos, &current) || !GetU64(bytes, &pos, &n) ||
+      n > 2 || chunk == 0 || chunk > UINT32_MAX || epochs > UINT32_MAX || current > epochs) {
     return bad();
   }
   DataPlan plan{samples, static_cast<uint32_t>(chunk), static_cast<uint32_t>(epochs), seed};
@@ -196,7 +199,8 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
   d.current_ = static_cast<uint32_t>(current);
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t e, count;
-    if (!GetU64(bytes, &pos, &e) || !GetU64(bytes, &pos, &count) || count != PlanNumChunks(plan) || e >= epochs) {
+    if (!GetU64(bytes, &pos, &e) || !GetU64(bytes, &pos, &count) || count != PlanNumChunks(plan) ||
+        e >= epochs) {
       return bad();
     }
     Epoch& ep = d.Open(static_cast<uint32_t>(e));

@@ -8,7 +8,9 @@
 namespace leash::ps {
 namespace {
 
-DataPlan Plan(uint64_t samples = 10, uint32_t chunk = 3, uint32_t epochs = 2) { return {samples, chunk, epochs, 7}; }
+DataPlan Plan(uint64_t samples = 10, uint32_t chunk = 3, uint32_t epochs = 2) {
+  return {samples, chunk, epochs, 7};
+}
 
 TEST(DataCoverageTest, EveryChunkOnceAndChunksCoverTheDataset) {
   DataCoverage d;
@@ -65,7 +67,7 @@ TEST(DataCoverageTest, LateReportOfAReleasedChunkCountsOnce) {
   DataCoverage d;
   ASSERT_TRUE(d.SetPlan(Plan(3, 3, 2)).ok());
   ChunkGrant g = d.Next(1);
-  d.Release(1);  // worker 1 evicted (it was only paused)
+  d.Release(1);                  // worker 1 evicted (it was only paused)
   d.Complete(g.epoch, g.chunk);  // ... and reports the chunk after all
   EXPECT_EQ(d.times_completed(0, g.chunk), 1u);
   EXPECT_EQ(d.Progress().epochs_done, 1u);

@@ -19,18 +19,24 @@ uint64_t SplitMix64(uint64_t x) {
 }
 
 // Uniform in (0, 1) from a hash.
-double Unit(uint64_t h) { return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+double Unit(uint64_t h) {
+  return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
 
 float InitValue(const InitConfig& init, uint64_t index) {
   uint64_t h = SplitMix64(init.seed * 0x100000001b3ULL ^ SplitMix64(index));
   switch (init.kind) {
-    case InitKind::kZeros: return 0.f;
-    case InitKind::kConstant: return init.scale;
-    case InitKind::kUniform: return static_cast<float>((2.0 * Unit(h) - 1.0) * init.scale);
+    case InitKind::kZeros:
+      return 0.f;
+    case InitKind::kConstant:
+      return init.scale;
+    case InitKind::kUniform:
+      return static_cast<float>((2.0 * Unit(h) - 1.0) * init.scale);
     case InitKind::kNormal: {
       double u1 = Unit(h);
       double u2 = Unit(SplitMix64(h));
-      return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2) * init.scale);
+      return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2) *
+                                init.scale);
     }
   }
   return 0.f;
@@ -38,10 +44,14 @@ float InitValue(const InitConfig& init, uint64_t index) {
 
 const char* InitName(InitKind kind) {
   switch (kind) {
-    case InitKind::kZeros: return "zeros";
-    case InitKind::kUniform: return "uniform";
-    case InitKind::kNormal: return "normal";
-    case InitKind::kConstant: return "constant";
+    case InitKind::kZeros:
+      return "zeros";
+    case InitKind::kUniform:
+      return "uniform";
+    case InitKind::kNormal:
+      return "normal";
+    case InitKind::kConstant:
+      return "constant";
   }
   return "unknown";
 }
@@ -50,10 +60,14 @@ const char* InitName(InitKind kind) {
 
 int OptimizerSlots(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kAdam: return 2;
-    case OptimizerKind::kAdagrad: return 1;
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kMomentum:
+      return 1;
+    case OptimizerKind::kAdam:
+      return 2;
+    case OptimizerKind::kAdagrad:
+      return 1;
   }
   return 0;
 }
@@ -63,12 +77,12 @@ Status ValidateSpec(const TableSpec& spec) {
   const std::string& name = spec.name;
   if (name.size() > 256) return InvalidArgument("table name longer than 256 bytes");
   if (spec.rows == 0 || spec.cols == 0) {
-    return InvalidArgument("table '" + name + "' needs rows > 0 and cols > 0, got " + std::to_string(spec.rows) +
-                           " x " + std::to_string(spec.cols));
+    return InvalidArgument("table '" + name + "' needs rows > 0 and cols > 0, got " +
+                           std::to_string(spec.rows) + " x " + std::to_string(spec.cols));
   }
   if (spec.rows > (uint64_t{1} << 40) || spec.cols > (1u << 24)) {
-    return InvalidArgument("table '" + name + "' is implausibly large: " + std::to_string(spec.rows) + " x " +
-                           std::to_string(spec.cols));
+    return InvalidArgument("table '" + name + "' is implausibly large: " +
+                           std::to_string(spec.rows) + " x " + std::to_string(spec.cols));
   }
   const OptimizerConfig& o = spec.optimizer;
   if (static_cast<int>(o.kind) > static_cast<int>(kMaxOptimizerKind)) {
@@ -76,10 +90,12 @@ Status ValidateSpec(const TableSpec& spec) {
   }
   for (float x : {o.lr, o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay}) {
     if (!std::isfinite(x) || x < 0) {
-      return InvalidArgument("table '" + name + "' has a negative or non-finite optimizer hyper-parameter");
+      return InvalidArgument("table '" + name +
+                             "' has a negative or non-finite optimizer hyper-parameter");
     }
   }
-  if (o.beta1 >= 1 || o.beta2 >= 1) return InvalidArgument("table '" + name + "': Adam betas must be < 1");
+  if (o.beta1 >= 1 || o.beta2 >= 1)
+    return InvalidArgument("table '" + name + "': Adam betas must be < 1");
   // Adam and Adagrad divide by sqrt(state) + epsilon, and the state of a value that only
   // ever saw zero gradients is 0: epsilon 0 would turn such a value into NaN.
   if ((o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdagrad) && !(o.epsilon > 0)) {
@@ -91,7 +107,8 @@ Status ValidateSpec(const TableSpec& spec) {
   // A Normal draw reaches about 8.6 standard deviations: bound the scale so no initial
   // value overflows to Inf.
   if (!std::isfinite(spec.init.scale) || std::fabs(spec.init.scale) > 1e30f) {
-    return InvalidArgument("table '" + name + "' has a non-finite init scale or one above 1e30 in magnitude");
+    return InvalidArgument("table '" + name +
+                           "' has a non-finite init scale or one above 1e30 in magnitude");
   }
   return Status::Ok();
 }
@@ -103,7 +120,8 @@ bool SameTableSpec(const TableSpec& x, const TableSpec& y) {
   const OptimizerConfig& q = y.optimizer;
   if (p.kind != q.kind || p.lr != q.lr || p.weight_decay != q.weight_decay) return false;
   switch (p.kind) {
-    case OptimizerKind::kSgd: break;
+    case OptimizerKind::kSgd:
+      break;
     case OptimizerKind::kMomentum:
       if (p.momentum != q.momentum) return false;
       break;
@@ -130,15 +148,20 @@ std::string DescribeSpec(const TableSpec& s) {
   std::string out = std::to_string(s.rows) + " x " + std::to_string(s.cols) + " float32, ";
   std::string extra;
   switch (o.kind) {
-    case OptimizerKind::kSgd: break;
-    case OptimizerKind::kMomentum: extra = ", momentum=" + num(o.momentum); break;
+    case OptimizerKind::kSgd:
+      break;
+    case OptimizerKind::kMomentum:
+      extra = ", momentum=" + num(o.momentum);
+      break;
     case OptimizerKind::kAdam:
       extra = ", beta1=" + num(o.beta1) + ", beta2=" + num(o.beta2) + ", epsilon=" + num(o.epsilon);
       break;
-    case OptimizerKind::kAdagrad: extra = ", epsilon=" + num(o.epsilon); break;
+    case OptimizerKind::kAdagrad:
+      extra = ", epsilon=" + num(o.epsilon);
+      break;
   }
-  out += std::string(OptimizerName(o.kind)) + "(lr=" + num(o.lr) + extra + ", weight_decay=" + num(o.weight_decay) +
-         "), init ";
+  out += std::string(OptimizerName(o.kind)) + "(lr=" + num(o.lr) + extra +
+         ", weight_decay=" + num(o.weight_decay) + "), init ";
   InitKind ik = s.init.kind;
   out += InitName(ik);
   if (ik == InitKind::kConstant) out += "(" + num(s.init.scale) + ")";
@@ -151,10 +174,11 @@ std::string DescribeSpec(const TableSpec& s) {
 Result<Table> Table::Create(uint32_t id, TableSpec spec, RowRange range, uint64_t max_values) {
   LEASH_RETURN_IF_ERROR(ValidateSpec(spec));
   if (range.size() > max_values / spec.cols) {  // cols > 0 in a valid spec
-    return ResourceExhausted("table '" + spec.name + "' of " + std::to_string(spec.rows) + " x " +
-                             std::to_string(spec.cols) + " would put " + std::to_string(range.size()) +
-                             " rows on this shard, more than its limit of " + std::to_string(max_values) +
-                             " values per table; use more shards or a smaller table");
+    return ResourceExhausted(
+        "table '" + spec.name + "' of " + std::to_string(spec.rows) + " x " +
+        std::to_string(spec.cols) + " would put " + std::to_string(range.size()) +
+        " rows on this shard, more than its limit of " + std::to_string(max_values) +
+        " values per table; use more shards or a smaller table");
   }
   Table t;
   t.id_ = id;
@@ -172,7 +196,8 @@ Result<Table> Table::Create(uint32_t id, TableSpec spec, RowRange range, uint64_
 
 Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
   if (Status st = ValidateSpec(snap.spec); !st.ok()) {
-    return DataLoss("table " + std::to_string(snap.table_id) + " has an invalid spec: " + st.message());
+    return DataLoss("table " + std::to_string(snap.table_id) +
+                    " has an invalid spec: " + st.message());
   }
   Table t;
   t.id_ = snap.table_id;
@@ -181,12 +206,14 @@ Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
   t.range_ = {snap.row_begin, snap.row_end};
   t.opt_ = snap.spec.optimizer;
   size_t n = static_cast<size_t>(t.range_.size()) * t.cols_;
-  if (snap.cols != t.cols_ || snap.row_end < snap.row_begin || snap.row_end > t.rows() || snap.values.size() != n ||
+  if (snap.cols != t.cols_ || snap.row_end < snap.row_begin || snap.row_end > t.rows() ||
+      snap.values.size() != n ||
       snap.slots.size() != static_cast<size_t>(OptimizerSlots(t.opt_.kind))) {
     return DataLoss("table '" + t.name() + "' in the snapshot has inconsistent sizes");
   }
   for (const auto& s : snap.slots) {
-    if (s.size() != n) return DataLoss("table '" + t.name() + "' has an optimizer slot of the wrong size");
+    if (s.size() != n)
+      return DataLoss("table '" + t.name() + "' has an optimizer slot of the wrong size");
   }
   t.values_ = snap.values;
   t.slots_ = snap.slots;
@@ -218,17 +245,19 @@ Status Table::CheckInTable(const Rows& rows) const {
     return Status::Ok();
   }
   if (rows.begin > rows.end || rows.end > this->rows()) {
-    return InvalidArgument("row range [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
-                           ") is not inside a table of " + std::to_string(this->rows()) + " rows");
+    return InvalidArgument("row range [" + std::to_string(rows.begin) + ", " +
+                           std::to_string(rows.end) + ") is not inside a table of " +
+                           std::to_string(this->rows()) + " rows");
   }
   return Status::Ok();
 }
 
 Status Table::CheckOwned(const Rows& rows) const {
   auto not_owned = [&](uint64_t a, uint64_t b) {
-    return InvalidArgument("rows [" + std::to_string(a) + ", " + std::to_string(b) + ") of table '" + name() +
-                           "' are not held by this shard, which holds [" + std::to_string(range_.begin) + ", " +
-                           std::to_string(range_.end) + "); is --servers listed in the same order everywhere?");
+    return InvalidArgument("rows [" + std::to_string(a) + ", " + std::to_string(b) +
+                           ") of table '" + name() + "' are not held by this shard, which holds [" +
+                           std::to_string(range_.begin) + ", " + std::to_string(range_.end) +
+                           "); is --servers listed in the same order everywhere?");
   };
   if (rows.explicit_keys) {
     for (uint64_t k : rows.keys) {
@@ -243,12 +272,14 @@ Status Table::CheckOwned(const Rows& rows) const {
 void Table::Read(const Rows& rows, float* out) const {
   if (rows.explicit_keys) {
     for (size_t i = 0; i < rows.keys.size(); ++i) {
-      std::memcpy(out + i * cols_, values_.data() + (rows.keys[i] - range_.begin) * cols_, cols_ * sizeof(float));
+      std::memcpy(out + i * cols_, values_.data() + (rows.keys[i] - range_.begin) * cols_,
+                  cols_ * sizeof(float));
     }
     return;
   }
   size_t n = static_cast<size_t>(rows.end - rows.begin) * cols_;
-  if (n > 0) std::memcpy(out, values_.data() + (rows.begin - range_.begin) * cols_, n * sizeof(float));
+  if (n > 0)
+    std::memcpy(out, values_.data() + (rows.begin - range_.begin) * cols_, n * sizeof(float));
 }
 
 void Table::ApplyRow(size_t offset, size_t n, const float* g) {
@@ -259,15 +290,17 @@ void Table::ApplyRow(size_t offset, size_t n, const float* g) {
       kernels::cpu::SgdUpdate(len, {opt_.lr, opt_.weight_decay}, g, w);
       break;
     case OptimizerKind::kMomentum:
-      kernels::cpu::MomentumUpdate(len, {opt_.lr, opt_.momentum, opt_.weight_decay}, g, w, slots_[0].data() + offset);
+      kernels::cpu::MomentumUpdate(len, {opt_.lr, opt_.momentum, opt_.weight_decay}, g, w,
+                                   slots_[0].data() + offset);
       break;
     case OptimizerKind::kAdam:
-      kernels::cpu::AdamUpdate(len, {opt_.lr, opt_.beta1, opt_.beta2, opt_.epsilon, opt_.weight_decay},
-                               static_cast<int64_t>(steps_), g, w, slots_[0].data() + offset,
-                               slots_[1].data() + offset);
+      kernels::cpu::AdamUpdate(
+          len, {opt_.lr, opt_.beta1, opt_.beta2, opt_.epsilon, opt_.weight_decay},
+          static_cast<int64_t>(steps_), g, w, slots_[0].data() + offset, slots_[1].data() + offset);
       break;
     case OptimizerKind::kAdagrad:
-      kernels::cpu::AdagradUpdate(len, {opt_.lr, opt_.epsilon, opt_.weight_decay}, g, w, slots_[0].data() + offset);
+      kernels::cpu::AdagradUpdate(len, {opt_.lr, opt_.epsilon, opt_.weight_decay}, g, w,
+                                  slots_[0].data() + offset);
       break;
   }
 }
@@ -280,7 +313,8 @@ void Table::Apply(const Rows& rows, const float* grad) {
     }
     return;
   }
-  ApplyRow((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_, grad);
+  ApplyRow((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
+           grad);
 }
 
 }  // namespace leash::ps

@@ -103,8 +103,10 @@ uint32_t Crc32c(const void* data, size_t n) {
   uint32_t crc = ~0u;
   const auto& t = kCrc.t;
   while (n >= 8) {
-    const uint32_t lo = crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
-    const uint32_t hi = uint32_t{p[4]} | uint32_t{p[5]} << 8 | uint32_t{p[6]} << 16 | uint32_t{p[7]} << 24;
+    const uint32_t lo =
+        crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
+    const uint32_t hi =
+        uint32_t{p[4]} | uint32_t{p[5]} << 8 | uint32_t{p[6]} << 16 | uint32_t{p[7]} << 24;
     crc = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
           t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
     p += 8;
@@ -174,7 +176,8 @@ class Decoder {
   bool Fixed(T* v, int n) {
     if (!ok_ || in_.size() < static_cast<size_t>(n)) return Fail();
     T r = 0;
-    for (int i = 0; i < n; ++i) r |= static_cast<T>(static_cast<unsigned char>(in_[static_cast<size_t>(i)])) << (8 * i);
+    for (int i = 0; i < n; ++i)
+      r |= static_cast<T>(static_cast<unsigned char>(in_[static_cast<size_t>(i)])) << (8 * i);
     *v = r;
     in_.remove_prefix(static_cast<size_t>(n));
     return true;
@@ -196,7 +199,8 @@ void EncodeFloats(std::span<const float> in, std::string* out) {
   } else {
     for (size_t i = 0; i < in.size(); ++i) {
       const auto bits = std::bit_cast<uint32_t>(in[i]);
-      for (size_t b = 0; b < 4; ++b) (*out)[4 * i + b] = static_cast<char>((bits >> (8 * b)) & 0xffu);
+      for (size_t b = 0; b < 4; ++b)
+        (*out)[4 * i + b] = static_cast<char>((bits >> (8 * b)) & 0xffu);
     }
   }
 }
@@ -211,7 +215,8 @@ void AppendDecodedFloats(std::string_view bytes, std::vector<float>* out) {
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint32_t bits = 0;
-      for (size_t b = 0; b < 4; ++b) bits |= uint32_t{static_cast<unsigned char>(bytes[4 * i + b])} << (8 * b);
+      for (size_t b = 0; b < 4; ++b)
+        bits |= uint32_t{static_cast<unsigned char>(bytes[4 * i + b])} << (8 * b);
       (*out)[old + i] = std::bit_cast<float>(bits);
     }
   }
@@ -264,17 +269,19 @@ std::string IdentityString(uint32_t shard, uint32_t num_shards) {
 bool IsLockError(const rocksdb::Status& s) {
   if (!s.IsIOError()) return false;
   const std::string m = s.ToString();
-  return m.find("lock hold by current process") != std::string::npos || m.find("While lock file") != std::string::npos ||
-         m.find("/LOCK:") != std::string::npos;
+  return m.find("lock hold by current process") != std::string::npos ||
+         m.find("While lock file") != std::string::npos || m.find("/LOCK:") != std::string::npos;
 }
 
 Status FromRocksDb(const rocksdb::Status& s, const std::string& path, std::string_view doing) {
   if (s.ok()) return Status::Ok();
   const std::string what = std::string(doing) + " RocksDB store " + path + ": " + s.ToString();
   if (IsLockError(s)) {
-    return IOError("cannot lock data directory " + path +
-                   ": another leash-server may be using this data directory; stop it or point --data-dir "
-                   "elsewhere (" + s.ToString() + ")");
+    return IOError(
+        "cannot lock data directory " + path +
+        ": another leash-server may be using this data directory; stop it or point --data-dir "
+        "elsewhere (" +
+        s.ToString() + ")");
   }
   if (s.IsNoSpace()) return ResourceExhausted(what + "; free disk space and retry");
   if (s.IsIOError()) return IOError(what);
@@ -305,9 +312,9 @@ struct ManifestTable {
   uint32_t table_id = 0;
   uint32_t meta_crc = 0;
   uint32_t num_slots = 0;
-  uint64_t num_floats = 0;    // in the values and in each slot
-  uint32_t chunk_count = 0;   // per array
-  std::vector<uint32_t> crcs; // (1 + num_slots) * chunk_count: values' chunks, then slot 0's, ...
+  uint64_t num_floats = 0;     // in the values and in each slot
+  uint32_t chunk_count = 0;    // per array
+  std::vector<uint32_t> crcs;  // (1 + num_slots) * chunk_count: values' chunks, then slot 0's, ...
 };
 
 struct Manifest {
@@ -348,15 +355,15 @@ std::string EncodeManifest(const Manifest& m) {
 bool DecodeManifest(std::string_view bytes, Manifest* m) {
   Decoder d(bytes);
   uint32_t num_tables = 0;
-  if (!d.StripCrc() || !d.U32(&m->shard) || !d.U32(&m->num_shards) || !d.U64(&m->sequence) || !d.I64(&m->min_clock) ||
-      !d.I64(&m->unix_ms) || !d.U32(&m->chunk_bytes) || !d.U32(&m->num_workers) || !d.U32(&m->workers_crc) ||
-      !d.U32(&num_tables)) {
+  if (!d.StripCrc() || !d.U32(&m->shard) || !d.U32(&m->num_shards) || !d.U64(&m->sequence) ||
+      !d.I64(&m->min_clock) || !d.I64(&m->unix_ms) || !d.U32(&m->chunk_bytes) ||
+      !d.U32(&m->num_workers) || !d.U32(&m->workers_crc) || !d.U32(&num_tables)) {
     return false;
   }
   for (uint32_t i = 0; i < num_tables; ++i) {
     ManifestTable t;
-    if (!d.U32(&t.table_id) || !d.U32(&t.meta_crc) || !d.U32(&t.num_slots) || !d.U64(&t.num_floats) ||
-        !d.U32(&t.chunk_count)) {
+    if (!d.U32(&t.table_id) || !d.U32(&t.meta_crc) || !d.U32(&t.num_slots) ||
+        !d.U64(&t.num_floats) || !d.U32(&t.chunk_count)) {
       return false;
     }
     const uint64_t n = (uint64_t{t.num_slots} + 1) * t.chunk_count;
@@ -389,14 +396,16 @@ bool DecodeTableMeta(std::string_view bytes, TableSnapshot* t, uint32_t* num_slo
       !d.U64(&t->optimizer_steps) || !d.U32(num_slots) || !d.Bytes(&spec) || !d.done()) {
     return false;
   }
-  auto decoded = DecodeTableSpec(std::span(reinterpret_cast<const uint8_t*>(spec.data()), spec.size()));
+  auto decoded =
+      DecodeTableSpec(std::span(reinterpret_cast<const uint8_t*>(spec.data()), spec.size()));
   if (!decoded.ok()) return false;
   t->spec = std::move(*decoded);
   return true;
 }
 
 // The worker clocks, followed by the job's data-coverage state (opaque bytes).
-std::string EncodeWorkers(const std::vector<WorkerClock>& workers, const std::vector<uint8_t>& coverage) {
+std::string EncodeWorkers(const std::vector<WorkerClock>& workers,
+                          const std::vector<uint8_t>& coverage) {
   std::string out;
   PutU32(&out, static_cast<uint32_t>(workers.size()));
   for (const WorkerClock& w : workers) {
@@ -410,14 +419,16 @@ std::string EncodeWorkers(const std::vector<WorkerClock>& workers, const std::ve
   return out;
 }
 
-bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers, std::vector<uint8_t>* coverage) {
+bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers,
+                   std::vector<uint8_t>* coverage) {
   Decoder d(bytes);
   uint32_t n = 0;
   if (!d.U32(&n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     WorkerClock w;
     std::string_view name;
-    if (!d.U64(&w.worker_id) || !d.U64(&w.incarnation) || !d.I64(&w.clock) || !d.U64(&w.last_seq) || !d.Bytes(&name)) {
+    if (!d.U64(&w.worker_id) || !d.U64(&w.incarnation) || !d.I64(&w.clock) || !d.U64(&w.last_seq) ||
+        !d.Bytes(&name)) {
       return false;
     }
     w.name.assign(name);
@@ -462,7 +473,8 @@ Result<bool> PrepareDirectory(const std::string& path) {
   bool empty = true;
   bool has_current = false;
   bool has_manifest = false;
-  bool looks_like_rocksdb = false;  // files only RocksDB makes: a damaged database, not a foreign directory
+  bool looks_like_rocksdb =
+      false;  // files only RocksDB makes: a damaged database, not a foreign directory
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name == "lost+found") continue;  // the root of a freshly formatted volume
@@ -477,14 +489,17 @@ Result<bool> PrepareDirectory(const std::string& path) {
   if (ec) return IOError("cannot list data directory " + path + ": " + ec.message());
   if (empty) return true;
   if ((!has_current || !has_manifest) && looks_like_rocksdb) {
-    return DataLoss("data directory " + path + " holds a damaged RocksDB database: its " +
-                    (has_current ? std::string("MANIFEST-* file is") : std::string("CURRENT file is")) +
-                    " missing, so its snapshots cannot be read; nothing was changed in it" + std::string(kDamagedHint));
+    return DataLoss(
+        "data directory " + path + " holds a damaged RocksDB database: its " +
+        (has_current ? std::string("MANIFEST-* file is") : std::string("CURRENT file is")) +
+        " missing, so its snapshots cannot be read; nothing was changed in it" +
+        std::string(kDamagedHint));
   }
   if (!has_current || !has_manifest) {
-    return FailedPrecondition("data directory " + path +
-                              " is not empty and is not a Leash shard store (it holds no RocksDB database); "
-                              "nothing was written to it. Point --data-dir at an empty or new directory");
+    return FailedPrecondition(
+        "data directory " + path +
+        " is not empty and is not a Leash shard store (it holds no RocksDB database); "
+        "nothing was written to it. Point --data-dir at an empty or new directory");
   }
   return false;
 }
@@ -503,11 +518,11 @@ class RocksDbStore final : public SnapshotStore {
  private:
   Status Validate(const ShardSnapshot& snapshot) const;
   Status BuildBatch(const ShardSnapshot& snapshot, rocksdb::WriteBatch* batch) const;
-  Status ReadArray(const rocksdb::ReadOptions& ro, const Manifest& m, const ManifestTable& t, uint32_t array,
-                   std::vector<float>* out) const;
+  Status ReadArray(const rocksdb::ReadOptions& ro, const Manifest& m, const ManifestTable& t,
+                   uint32_t array, std::vector<float>* out) const;
   Status Damaged(const Manifest& m, const std::string& what) const {
-    return DataLoss("snapshot #" + std::to_string(m.sequence) + " in " + options_.path + " is damaged: " + what +
-                    std::string(kDamagedHint));
+    return DataLoss("snapshot #" + std::to_string(m.sequence) + " in " + options_.path +
+                    " is damaged: " + what + std::string(kDamagedHint));
   }
 
   RocksDbStoreOptions options_;
@@ -531,8 +546,8 @@ class ReadSnapshot {
 
 Status RocksDbStore::Validate(const ShardSnapshot& s) const {
   if (s.shard != options_.shard || s.num_shards != options_.num_shards) {
-    return InvalidArgument("cannot save a snapshot of " + IdentityString(s.shard, s.num_shards) + " into " +
-                           options_.path + ", which belongs to " +
+    return InvalidArgument("cannot save a snapshot of " + IdentityString(s.shard, s.num_shards) +
+                           " into " + options_.path + ", which belongs to " +
                            IdentityString(options_.shard, options_.num_shards));
   }
   std::set<uint32_t> ids;
@@ -541,10 +556,11 @@ Status RocksDbStore::Validate(const ShardSnapshot& s) const {
     if (!ids.insert(t.table_id).second) return InvalidArgument("snapshot holds " + name + " twice");
     if (t.row_end < t.row_begin) return InvalidArgument(name + " has row_end before row_begin");
     const uint64_t rows = t.row_end - t.row_begin;
-    if (t.cols != 0 && rows > UINT64_MAX / t.cols) return InvalidArgument(name + " has too many rows");
+    if (t.cols != 0 && rows > UINT64_MAX / t.cols)
+      return InvalidArgument(name + " has too many rows");
     if (t.values.size() != rows * t.cols) {
-      return InvalidArgument(name + " has " + std::to_string(t.values.size()) + " values, expected rows * cols = " +
-                             std::to_string(rows * t.cols));
+      return InvalidArgument(name + " has " + std::to_string(t.values.size()) +
+                             " values, expected rows * cols = " + std::to_string(rows * t.cols));
     }
     for (size_t i = 0; i < t.slots.size(); ++i) {
       if (t.slots[i].size() != t.values.size()) {
@@ -561,7 +577,8 @@ Status RocksDbStore::Validate(const ShardSnapshot& s) const {
   for (const WorkerClock& w : s.workers) {
     if (w.name.size() > UINT32_MAX) return InvalidArgument("worker name too long");
   }
-  if (s.tables.size() > UINT32_MAX || s.workers.size() > UINT32_MAX) return InvalidArgument("snapshot too large");
+  if (s.tables.size() > UINT32_MAX || s.workers.size() > UINT32_MAX)
+    return InvalidArgument("snapshot too large");
   return Status::Ok();
 }
 
@@ -570,8 +587,8 @@ Status RocksDbStore::BuildBatch(const ShardSnapshot& s, rocksdb::WriteBatch* bat
     return FromRocksDb(batch->Put(key, value), options_.path, "writing snapshot to");
   };
   LEASH_RETURN_IF_ERROR(
-      FromRocksDb(batch->DeleteRange(std::string(kSnapshotPrefix), std::string(kSnapshotEnd)), options_.path,
-                  "writing snapshot to"));
+      FromRocksDb(batch->DeleteRange(std::string(kSnapshotPrefix), std::string(kSnapshotEnd)),
+                  options_.path, "writing snapshot to"));
 
   Manifest m;
   m.shard = s.shard;
@@ -621,7 +638,8 @@ Status RocksDbStore::Save(const ShardSnapshot& snapshot) {
     LEASH_RETURN_IF_ERROR(BuildBatch(snapshot, &batch));
     rocksdb::WriteOptions wo;
     wo.sync = options_.sync;
-    LEASH_RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), options_.path, "writing snapshot to"));
+    LEASH_RETURN_IF_ERROR(
+        FromRocksDb(db_->Write(wo, &batch), options_.path, "writing snapshot to"));
     // Each snapshot replaces the last, but the memtable keeps every one written since its
     // last flush until it reaches write_buffer_size (64 MiB): a shard's RSS would creep up by
     // a snapshot per checkpoint (the soak test saw it). Flush in the background once it holds
@@ -630,40 +648,46 @@ Status RocksDbStore::Save(const ShardSnapshot& snapshot) {
     uint64_t active = 0;
     db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeActiveMemTable, &active);
     const uint64_t batch_bytes = batch.GetDataSize();
-    if (batch_bytes >= memtable_bytes_ || active >= std::max<uint64_t>(kMinFlushBytes, 2 * batch_bytes)) {
+    if (batch_bytes >= memtable_bytes_ ||
+        active >= std::max<uint64_t>(kMinFlushBytes, 2 * batch_bytes)) {
       rocksdb::FlushOptions fo;
       fo.wait = false;
       db_->Flush(fo).PermitUncheckedError();
     }
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted("out of memory while writing snapshot #" + std::to_string(snapshot.sequence) + " to " +
-                             options_.path + "; the previous snapshot is kept");
+    return ResourceExhausted("out of memory while writing snapshot #" +
+                             std::to_string(snapshot.sequence) + " to " + options_.path +
+                             "; the previous snapshot is kept");
   }
   return Status::Ok();
 }
 
-Status RocksDbStore::ReadArray(const rocksdb::ReadOptions& ro, const Manifest& m, const ManifestTable& t,
-                               uint32_t array, std::vector<float>* out) const {
+Status RocksDbStore::ReadArray(const rocksdb::ReadOptions& ro, const Manifest& m,
+                               const ManifestTable& t, uint32_t array,
+                               std::vector<float>* out) const {
   const std::string name = ArrayName(t.table_id, array);
   try {
     out->reserve(static_cast<size_t>(t.num_floats));
   } catch (const std::exception&) {
-    return ResourceExhausted("cannot allocate " + std::to_string(t.num_floats) + " floats for " + name +
-                             " of snapshot #" + std::to_string(m.sequence) + " in " + options_.path);
+    return ResourceExhausted("cannot allocate " + std::to_string(t.num_floats) + " floats for " +
+                             name + " of snapshot #" + std::to_string(m.sequence) + " in " +
+                             options_.path);
   }
   const uint64_t total_bytes = t.num_floats * sizeof(float);
   rocksdb::PinnableSlice v;
   for (uint32_t c = 0; c < t.chunk_count; ++c) {
     const std::string key = ChunkKey(t.table_id, array, c);
-    const std::string piece = name + " chunk " + std::to_string(c) + " of " + std::to_string(t.chunk_count) +
-                              " (key " + key + ")";
+    const std::string piece = name + " chunk " + std::to_string(c) + " of " +
+                              std::to_string(t.chunk_count) + " (key " + key + ")";
     v.Reset();
     const rocksdb::Status s = db_->Get(ro, db_->DefaultColumnFamily(), key, &v);
     if (s.IsNotFound()) return Damaged(m, piece + " is missing");
     LEASH_RETURN_IF_ERROR(FromRocksDb(s, options_.path, "reading " + piece + " from"));
-    const uint64_t expected = std::min<uint64_t>(m.chunk_bytes, total_bytes - uint64_t{c} * m.chunk_bytes);
+    const uint64_t expected =
+        std::min<uint64_t>(m.chunk_bytes, total_bytes - uint64_t{c} * m.chunk_bytes);
     if (v.size() != expected) {
-      return Damaged(m, piece + " has " + std::to_string(v.size()) + " bytes, expected " + std::to_string(expected));
+      return Damaged(m, piece + " has " + std::to_string(v.size()) + " bytes, expected " +
+                            std::to_string(expected));
     }
     if (Crc32c(v.data(), v.size()) != t.crcs[size_t{array} * t.chunk_count + c]) {
       return Damaged(m, piece + " fails its checksum");
@@ -689,8 +713,8 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
     it->Seek(std::string(kSnapshotPrefix));
     LEASH_RETURN_IF_ERROR(FromRocksDb(it->status(), path, "reading snapshot from"));
     if (it->Valid() && it->key().starts_with(std::string(kSnapshotPrefix))) {
-      return DataLoss("the snapshot in " + path + " has no manifest (" + std::string(kManifestKey) + ") but key " +
-                      it->key().ToString() + " exists" + std::string(kDamagedHint));
+      return DataLoss("the snapshot in " + path + " has no manifest (" + std::string(kManifestKey) +
+                      ") but key " + it->key().ToString() + " exists" + std::string(kDamagedHint));
     }
     return std::optional<ShardSnapshot>();
   }
@@ -699,15 +723,18 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
   Manifest m;
   if (!DecodeManifest(manifest_bytes, &m)) {
     return DataLoss("the snapshot manifest (" + std::string(kManifestKey) + ") in " + path +
-                    " is corrupt: checksum mismatch or truncated record" + std::string(kDamagedHint));
+                    " is corrupt: checksum mismatch or truncated record" +
+                    std::string(kDamagedHint));
   }
   if (m.shard != options_.shard || m.num_shards != options_.num_shards) {
-    return FailedPrecondition("the snapshot in " + path + " is of " + IdentityString(m.shard, m.num_shards) +
-                              ", but the store belongs to " + IdentityString(options_.shard, options_.num_shards) +
-                              "; point --data-dir at this shard's own directory");
+    return FailedPrecondition(
+        "the snapshot in " + path + " is of " + IdentityString(m.shard, m.num_shards) +
+        ", but the store belongs to " + IdentityString(options_.shard, options_.num_shards) +
+        "; point --data-dir at this shard's own directory");
   }
   if (m.chunk_bytes == 0 || m.chunk_bytes % sizeof(float) != 0) {
-    return Damaged(m, "the manifest gives an impossible chunk size of " + std::to_string(m.chunk_bytes) + " bytes");
+    return Damaged(m, "the manifest gives an impossible chunk size of " +
+                          std::to_string(m.chunk_bytes) + " bytes");
   }
 
   ShardSnapshot out;
@@ -719,7 +746,8 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
 
   std::string record;
   s = db_->Get(ro, std::string(kWorkersKey), &record);
-  if (s.IsNotFound()) return Damaged(m, "the worker clocks (key " + std::string(kWorkersKey) + ") are missing");
+  if (s.IsNotFound())
+    return Damaged(m, "the worker clocks (key " + std::string(kWorkersKey) + ") are missing");
   LEASH_RETURN_IF_ERROR(FromRocksDb(s, path, "reading worker clocks from"));
   if (Crc32c(record) != m.workers_crc) return Damaged(m, "the worker clocks fail their checksum");
   if (!DecodeWorkers(record, &out.workers, &out.coverage) || out.workers.size() != m.num_workers) {
@@ -733,24 +761,30 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
     s = db_->Get(ro, meta_key, &record);
     if (s.IsNotFound()) return Damaged(m, name + " record (key " + meta_key + ") is missing");
     LEASH_RETURN_IF_ERROR(FromRocksDb(s, path, "reading " + name + " from"));
-    if (Crc32c(record) != mt.meta_crc) return Damaged(m, name + " record (key " + meta_key + ") fails its checksum");
+    if (Crc32c(record) != mt.meta_crc)
+      return Damaged(m, name + " record (key " + meta_key + ") fails its checksum");
     TableSnapshot t;
     uint32_t num_slots = 0;
-    if (!DecodeTableMeta(record, &t, &num_slots) || t.table_id != mt.table_id || num_slots != mt.num_slots) {
-      return Damaged(m, name + " record (key " + meta_key + ") is malformed or disagrees with the manifest");
+    if (!DecodeTableMeta(record, &t, &num_slots) || t.table_id != mt.table_id ||
+        num_slots != mt.num_slots) {
+      return Damaged(
+          m, name + " record (key " + meta_key + ") is malformed or disagrees with the manifest");
     }
     const uint64_t rows = t.row_end >= t.row_begin ? t.row_end - t.row_begin : 0;
-    const bool sizes_ok = t.row_end >= t.row_begin && (t.cols == 0 || rows <= UINT64_MAX / t.cols) &&
-                          rows * t.cols == mt.num_floats && ChunkCount(mt.num_floats, m.chunk_bytes) == mt.chunk_count;
+    const bool sizes_ok = t.row_end >= t.row_begin &&
+                          (t.cols == 0 || rows <= UINT64_MAX / t.cols) &&
+                          rows * t.cols == mt.num_floats &&
+                          ChunkCount(mt.num_floats, m.chunk_bytes) == mt.chunk_count;
     if (!sizes_ok) {
-      return Damaged(m, name + " has rows [" + std::to_string(t.row_begin) + ", " + std::to_string(t.row_end) +
-                            ") x " + std::to_string(t.cols) + " cols but the manifest counts " +
-                            std::to_string(mt.num_floats) + " floats in " + std::to_string(mt.chunk_count) +
-                            " chunks");
+      return Damaged(m, name + " has rows [" + std::to_string(t.row_begin) + ", " +
+                            std::to_string(t.row_end) + ") x " + std::to_string(t.cols) +
+                            " cols but the manifest counts " + std::to_string(mt.num_floats) +
+                            " floats in " + std::to_string(mt.chunk_count) + " chunks");
     }
     LEASH_RETURN_IF_ERROR(ReadArray(ro, m, mt, 0, &t.values));
     t.slots.resize(num_slots);
-    for (uint32_t i = 0; i < num_slots; ++i) LEASH_RETURN_IF_ERROR(ReadArray(ro, m, mt, i + 1, &t.slots[i]));
+    for (uint32_t i = 0; i < num_slots; ++i)
+      LEASH_RETURN_IF_ERROR(ReadArray(ro, m, mt, i + 1, &t.slots[i]));
     out.tables.push_back(std::move(t));
   }
   return std::optional<ShardSnapshot>(std::move(out));
@@ -768,20 +802,24 @@ Status CheckOrStampIdentity(rocksdb::DB* db, const RocksDbStoreOptions& o) {
     if (it->Valid()) {
       return FailedPrecondition("data directory " + o.path +
                                 " holds a RocksDB database that is not a Leash shard store (no " +
-                                std::string(kIdentityKey) + " record); it was left as it was. Point --data-dir "
-                                "elsewhere, or delete " + o.path + " if its data is no longer needed");
+                                std::string(kIdentityKey) +
+                                " record); it was left as it was. Point --data-dir "
+                                "elsewhere, or delete " +
+                                o.path + " if its data is no longer needed");
     }
     rocksdb::WriteOptions wo;
     wo.sync = true;  // once per directory; a later crash must not forget whose it is
-    return FromRocksDb(db->Put(wo, std::string(kIdentityKey), EncodeIdentity(o.shard, o.num_shards)), o.path,
-                       "stamping the identity of");
+    return FromRocksDb(
+        db->Put(wo, std::string(kIdentityKey), EncodeIdentity(o.shard, o.num_shards)), o.path,
+        "stamping the identity of");
   }
   LEASH_RETURN_IF_ERROR(FromRocksDb(s, o.path, "reading the identity of"));
 
   Decoder d(value);
   std::string_view magic;
   if (!d.Bytes(&magic) || magic != kMagic) {
-    return FailedPrecondition("data directory " + o.path + " has an identity record that is not Leash's (magic \"" +
+    return FailedPrecondition("data directory " + o.path +
+                              " has an identity record that is not Leash's (magic \"" +
                               std::string(kMagic) + "\" missing); point --data-dir elsewhere");
   }
   Decoder full(value);
@@ -790,19 +828,21 @@ Status CheckOrStampIdentity(rocksdb::DB* db, const RocksDbStoreOptions& o) {
   uint32_t num_shards = 0;
   if (!full.StripCrc() || !full.Bytes(&magic) || !full.U32(&version) || !full.U32(&shard) ||
       !full.U32(&num_shards) || !full.done()) {
-    return DataLoss("the identity record (" + std::string(kIdentityKey) + ") of data directory " + o.path +
-                    " is corrupt" + std::string(kDamagedHint));
+    return DataLoss("the identity record (" + std::string(kIdentityKey) + ") of data directory " +
+                    o.path + " is corrupt" + std::string(kDamagedHint));
   }
   if (version != kFormatVersion) {
     return VersionMismatch("data directory " + o.path + " was written in store format version " +
                            std::to_string(version) + ", but this leash-server reads version " +
-                           std::to_string(kFormatVersion) + "; run a leash-server that matches it, or point "
+                           std::to_string(kFormatVersion) +
+                           "; run a leash-server that matches it, or point "
                            "--data-dir elsewhere");
   }
   if (shard != o.shard || num_shards != o.num_shards) {
-    return FailedPrecondition("data directory " + o.path + " belongs to " + IdentityString(shard, num_shards) +
-                              ", but this leash-server is " + ours + "; point --data-dir elsewhere, or delete " +
-                              o.path + " if its data is no longer needed");
+    return FailedPrecondition("data directory " + o.path + " belongs to " +
+                              IdentityString(shard, num_shards) + ", but this leash-server is " +
+                              ours + "; point --data-dir elsewhere, or delete " + o.path +
+                              " if its data is no longer needed");
   }
   return Status::Ok();
 }
@@ -812,7 +852,9 @@ Status CheckOrStampIdentity(rocksdb::DB* db, const RocksDbStoreOptions& o) {
 class SpdlogRocksDbLogger final : public rocksdb::Logger {
  public:
   SpdlogRocksDbLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
-  void Logv(const char* format, va_list ap) override { Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap); }
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
     if (level < GetInfoLogLevel()) return;
     char buf[1024];
@@ -828,7 +870,8 @@ class SpdlogRocksDbLogger final : public rocksdb::Logger {
 rocksdb::Options BaseOptions() {
   rocksdb::Options ro;
   ro.info_log = std::make_shared<SpdlogRocksDbLogger>();
-  ro.paranoid_checks = true;  // the default; a corrupt MANIFEST or a missing/short SST fails the open
+  ro.paranoid_checks =
+      true;  // the default; a corrupt MANIFEST or a missing/short SST fails the open
   // A write-ahead-log record cut short at the end (a crash in the middle of writing a
   // snapshot) is dropped and the previous snapshot is recovered; a record that is complete
   // but fails its checksum is damage, and the open fails instead of silently going back.
@@ -847,7 +890,8 @@ Status CheckReadOnly(const RocksDbStoreOptions& o) {
   };
   // Damage shows as Corruption, or as IOError for a file the database lists but lacks.
   auto is_damage = [](const rocksdb::Status& s) {
-    return s.IsCorruption() || (s.IsIOError() && s.ToString().find("No such file") != std::string::npos);
+    return s.IsCorruption() ||
+           (s.IsIOError() && s.ToString().find("No such file") != std::string::npos);
   };
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::OpenForReadOnly(BaseOptions(), o.path, &raw);
@@ -877,11 +921,13 @@ Status CheckReadOnly(const RocksDbStoreOptions& o) {
 Result<std::unique_ptr<SnapshotStore>> OpenRocksDbStore(const RocksDbStoreOptions& options) {
   if (options.path.empty()) return InvalidArgument("no data directory given; set --data-dir");
   if (options.num_shards == 0 || options.shard >= options.num_shards) {
-    return InvalidArgument("bad shard identity " + IdentityString(options.shard, options.num_shards) +
+    return InvalidArgument("bad shard identity " +
+                           IdentityString(options.shard, options.num_shards) +
                            ": need shard < num_shards");
   }
   if (options.chunk_bytes < sizeof(float) || options.chunk_bytes % sizeof(float) != 0) {
-    return InvalidArgument("chunk_bytes must be a positive multiple of 4, got " + std::to_string(options.chunk_bytes));
+    return InvalidArgument("chunk_bytes must be a positive multiple of 4, got " +
+                           std::to_string(options.chunk_bytes));
   }
   LEASH_ASSIGN_OR_RETURN(const bool fresh, PrepareDirectory(options.path));
   if (!fresh) LEASH_RETURN_IF_ERROR(CheckReadOnly(options));
@@ -889,10 +935,12 @@ Result<std::unique_ptr<SnapshotStore>> OpenRocksDbStore(const RocksDbStoreOption
   rocksdb::Options ro = BaseOptions();
   ro.create_if_missing = fresh;
   rocksdb::DB* raw = nullptr;
-  LEASH_RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(ro, options.path, &raw), options.path, "opening"));
+  LEASH_RETURN_IF_ERROR(
+      FromRocksDb(rocksdb::DB::Open(ro, options.path, &raw), options.path, "opening"));
   std::unique_ptr<rocksdb::DB> db(raw);
   LEASH_RETURN_IF_ERROR(CheckOrStampIdentity(db.get(), options));
-  return std::unique_ptr<SnapshotStore>(std::make_unique<RocksDbStore>(options, std::move(db), ro.write_buffer_size));
+  return std::unique_ptr<SnapshotStore>(
+      std::make_unique<RocksDbStore>(options, std::move(db), ro.write_buffer_size));
 }
 
 }  // namespace leash::server

@@ -32,24 +32,28 @@ using ::testing::HasSubstr;
 
 std::vector<float> Ramp(size_t n, float seed) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = seed + static_cast<float>(i % 9973) * 0.25f - static_cast<float>(i / 9973);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = seed + static_cast<float>(i % 9973) * 0.25f - static_cast<float>(i / 9973);
   return v;
 }
 
-TableSnapshot MakeTable(uint32_t id, uint64_t row_begin, uint64_t rows, uint32_t cols, size_t slots, float seed) {
+TableSnapshot MakeTable(uint32_t id, uint64_t row_begin, uint64_t rows, uint32_t cols, size_t slots,
+                        float seed) {
   TableSnapshot t;
   t.table_id = id;
   t.spec.name = std::string("t\0\xff", 3) + std::to_string(id);  // zero bytes must survive
   t.spec.rows = row_begin + rows + 1;
   t.spec.cols = cols;
-  t.spec.optimizer.kind = static_cast<OptimizerKind>(slots == 2 ? 2 : slots);  // SGD, Momentum, Adam
+  t.spec.optimizer.kind =
+      static_cast<OptimizerKind>(slots == 2 ? 2 : slots);  // SGD, Momentum, Adam
   t.spec.optimizer.lr = 0.5f + static_cast<float>(id);
   t.spec.init = {InitKind::kNormal, 0.25f, 1000 + id};
   t.row_begin = row_begin;
   t.row_end = row_begin + rows;
   t.cols = cols;
   t.values = Ramp(rows * cols, seed);
-  for (size_t s = 0; s < slots; ++s) t.slots.push_back(Ramp(rows * cols, seed + 100.f * static_cast<float>(s + 1)));
+  for (size_t s = 0; s < slots; ++s)
+    t.slots.push_back(Ramp(rows * cols, seed + 100.f * static_cast<float>(s + 1)));
   t.optimizer_steps = 1000 + id;
   return t;
 }
@@ -61,7 +65,9 @@ ShardSnapshot MakeSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequenc
   s.sequence = sequence;
   s.min_clock = -3 + static_cast<int64_t>(sequence);
   s.unix_ms = 1700000000123 + static_cast<int64_t>(sequence);
-  s.workers = {{7, 2, 41, 900, "worker-a"}, {0xffffffffffffffffull, 1, -1, 0, ""}, {3, 9, 40, 12, std::string("w\0b", 3)}};
+  s.workers = {{7, 2, 41, 900, "worker-a"},
+               {0xffffffffffffffffull, 1, -1, 0, ""},
+               {3, 9, 40, 12, std::string("w\0b", 3)}};
   s.coverage = {1, 0, 2, 255, 0, 7};
   return s;
 }
@@ -84,7 +90,8 @@ ShardSnapshot RichSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequenc
 
 // Compares bit patterns, so NaN and -0 count as preserved only if they are.
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 void ExpectSameSnapshot(const ShardSnapshot& want, const ShardSnapshot& got) {
@@ -116,7 +123,8 @@ void ExpectSameSnapshot(const ShardSnapshot& want, const ShardSnapshot& got) {
     EXPECT_EQ(g.optimizer_steps, w.optimizer_steps);
     EXPECT_TRUE(SameBits(g.values, w.values));
     ASSERT_EQ(g.slots.size(), w.slots.size());
-    for (size_t s = 0; s < w.slots.size(); ++s) EXPECT_TRUE(SameBits(g.slots[s], w.slots[s])) << "slot " << s;
+    for (size_t s = 0; s < w.slots.size(); ++s)
+      EXPECT_TRUE(SameBits(g.slots[s], w.slots[s])) << "slot " << s;
   }
 }
 
@@ -422,7 +430,8 @@ TEST_F(RocksDbStoreTest, SecondOpenOfSamePathIsIOError) {
   auto second = OpenRocksDbStore(Options());
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kIOError);
-  EXPECT_THAT(second.status().message(), HasSubstr("another leash-server may be using this data directory"));
+  EXPECT_THAT(second.status().message(),
+              HasSubstr("another leash-server may be using this data directory"));
   EXPECT_THAT(second.status().message(), HasSubstr(Dir()));
 }
 
@@ -471,7 +480,8 @@ TEST_F(RocksDbStoreTest, ManifestHoldsCrc32cOfEachChunk) {
   const auto chunks = KeysContaining(Dir(), "table/00000001/");
   ASSERT_EQ(chunks.size(), 5u);  // meta + 2 value chunks + 2 slot chunks
   for (const std::string& key : chunks) {
-    EXPECT_NE(manifest.find(LittleEndian32(ReferenceCrc32c(RawGet(Dir(), key)))), std::string::npos) << key;
+    EXPECT_NE(manifest.find(LittleEndian32(ReferenceCrc32c(RawGet(Dir(), key)))), std::string::npos)
+        << key;
   }
 }
 
@@ -498,7 +508,8 @@ TEST_F(RocksDbStoreTest, TruncatedChunkIsDataLoss) {
   chunk.resize(chunk.size() - 4);
   RawPut(Dir(), keys[0], chunk);
 
-  EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss), HasSubstr("table 5 optimizer slot 1 chunk 0 of 1"));
+  EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss),
+              HasSubstr("table 5 optimizer slot 1 chunk 0 of 1"));
 }
 
 TEST_F(RocksDbStoreTest, MissingChunkIsDataLoss) {
@@ -575,7 +586,8 @@ TEST_F(DamagedDirectoryTest, IntactStoreOpensAndWritesNoLogFilesIntoIt) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_TRUE(loaded->has_value());
   ExpectSameSnapshot(RichSnapshot(0, 1, 2), **loaded);
-  EXPECT_THAT(FilesNamed(Dir(), "LOG"), ::testing::IsEmpty()) << "RocksDB's info log goes to spdlog";
+  EXPECT_THAT(FilesNamed(Dir(), "LOG"), ::testing::IsEmpty())
+      << "RocksDB's info log goes to spdlog";
 }
 
 TEST_F(DamagedDirectoryTest, FlippedByteInATableFileIsRefused) {
@@ -708,7 +720,8 @@ TEST_F(RocksDbStoreTest, LoadsSnapshotV1Fixture) {
   ASSERT_TRUE(t0.ok()) << t0.status();
   std::vector<float> v0(12);
   t0->Read(Rows::Range(0, 4), v0.data());
-  for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(v0[i], 1.f - 0.05f * static_cast<float>(i), 1e-6f) << i;
+  for (size_t i = 0; i < 12; ++i)
+    EXPECT_NEAR(v0[i], 1.f - 0.05f * static_cast<float>(i), 1e-6f) << i;
   EXPECT_TRUE(snap.tables[0].slots.empty());
 
   auto t1 = ps::Table::FromSnapshot(snap.tables[1]);
@@ -716,8 +729,9 @@ TEST_F(RocksDbStoreTest, LoadsSnapshotV1Fixture) {
   EXPECT_EQ(t1->steps(), 1u);
   std::vector<float> v1(10);
   t1->Read(Rows::Range(0, 5), v1.data());
-  const std::vector<float> want = {0.154714689f, -0.0818069875f, 0.195029736f, -0.257143468f, 0.133936882f,
-                                   0.284786314f, 0.208711594f,  -0.491010755f, -0.242782757f, -0.162216917f};
+  const std::vector<float> want = {0.154714689f,  -0.0818069875f, 0.195029736f, -0.257143468f,
+                                   0.133936882f,  0.284786314f,   0.208711594f, -0.491010755f,
+                                   -0.242782757f, -0.162216917f};
   for (size_t i = 0; i < 10; ++i) EXPECT_FLOAT_EQ(v1[i], want[i]) << i;
   // Adam's moments after one step of g = [1, 2] on row 1 and [3, 4] on row 3.
   ASSERT_EQ(snap.tables[1].slots.size(), 2u);

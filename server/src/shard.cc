@@ -80,14 +80,15 @@ Shard::~Shard() = default;
 Result<int64_t> Shard::Recover() {
   LEASH_ASSIGN_OR_RETURN(std::optional<ShardSnapshot> snap, store_->Load());
   if (!snap) {
-    spdlog::info("shard {}/{}: {} holds no snapshot, starting empty", options_.shard, options_.num_shards,
-                 store_->Describe());
+    spdlog::info("shard {}/{}: {} holds no snapshot, starting empty", options_.shard,
+                 options_.num_shards, store_->Describe());
     return int64_t{-1};
   }
   if (snap->shard != options_.shard || snap->num_shards != options_.num_shards) {
-    return FailedPrecondition("snapshot in " + store_->Describe() + " is of shard " + std::to_string(snap->shard) +
-                              "/" + std::to_string(snap->num_shards) + ", not " + std::to_string(options_.shard) +
-                              "/" + std::to_string(options_.num_shards));
+    return FailedPrecondition("snapshot in " + store_->Describe() + " is of shard " +
+                              std::to_string(snap->shard) + "/" + std::to_string(snap->num_shards) +
+                              ", not " + std::to_string(options_.shard) + "/" +
+                              std::to_string(options_.num_shards));
   }
   tables_.clear();
   table_by_name_.clear();
@@ -113,9 +114,9 @@ Result<int64_t> Shard::Recover() {
   recovered_clock_ = snap->min_clock;
   last_snapshot_clock_ = snap->min_clock;
   snapshot_sequence_ = snap->sequence;
-  spdlog::info("shard {}/{}: recovered snapshot #{} from {} at clock {}: {} tables, {} workers", options_.shard,
-               options_.num_shards, snap->sequence, store_->Describe(), snap->min_clock, tables_.size(),
-               snap->workers.size());
+  spdlog::info("shard {}/{}: recovered snapshot #{} from {} at clock {}: {} tables, {} workers",
+               options_.shard, options_.num_shards, snap->sequence, store_->Describe(),
+               snap->min_clock, tables_.size(), snap->workers.size());
   return snap->min_clock;
 }
 
@@ -135,8 +136,10 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
   if (MessageBytes(message) > options_.max_message_bytes) {
     oversize = true;
     rid = PeekRequestId(message);
-    st = ResourceExhausted("message of " + std::to_string(MessageBytes(message)) + " bytes exceeds this shard's limit of " +
-                           std::to_string(options_.max_message_bytes) + " bytes; split the request");
+    st =
+        ResourceExhausted("message of " + std::to_string(MessageBytes(message)) +
+                          " bytes exceeds this shard's limit of " +
+                          std::to_string(options_.max_message_bytes) + " bytes; split the request");
   } else {
     auto decoded = DecodeRequest(message, options_.limits);
     if (!decoded.ok()) {
@@ -182,7 +185,8 @@ void Shard::HandleBatch(const PeerId& peer, const Message& batch, std::vector<Ou
   for (const Message& m : *messages) {
     if (IsBatch(m)) {  // no batches inside batches
       ++counters_.errors;
-      out->push_back({peer, MakeError(0, InvalidArgument("a batch inside a batch"), options_.boot_id)});
+      out->push_back(
+          {peer, MakeError(0, InvalidArgument("a batch inside a batch"), options_.boot_id)});
       continue;
     }
     Handle(peer, m, out);
@@ -219,9 +223,11 @@ Status Shard::Dispatch(const PeerId& peer, Decoded<Request>& request, std::vecto
       [&](auto& m) -> Status {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, RegisterRequest>) return OnRegister(peer, rid, m, out);
-        if constexpr (std::is_same_v<T, CreateTableRequest>) return OnCreateTable(peer, rid, m, out);
+        if constexpr (std::is_same_v<T, CreateTableRequest>)
+          return OnCreateTable(peer, rid, m, out);
         if constexpr (std::is_same_v<T, PullRequest>) return OnPull(peer, rid, m, out);
-        if constexpr (std::is_same_v<T, PushRequest>) return OnPush(peer, rid, m, request.payloads, out);
+        if constexpr (std::is_same_v<T, PushRequest>)
+          return OnPush(peer, rid, m, request.payloads, out);
         if constexpr (std::is_same_v<T, ClockRequest>) return OnClock(peer, rid, m, out);
         if constexpr (std::is_same_v<T, HeartbeatRequest>) return OnHeartbeat(peer, rid, m, out);
         if constexpr (std::is_same_v<T, LeaveRequest>) return OnLeave(peer, rid, m, out);
@@ -232,18 +238,21 @@ Status Shard::Dispatch(const PeerId& peer, Decoded<Request>& request, std::vecto
       request.value);
 }
 
-Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m, std::vector<Outgoing>* out) {
+Status Shard::OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m,
+                         std::vector<Outgoing>* out) {
   LiveWorker* prior = clocks_.FindAny(m.worker_id);
   bool fresh = prior == nullptr || prior->incarnation != m.incarnation;
-  LEASH_ASSIGN_OR_RETURN(int64_t start, clocks_.Register(m.worker_id, m.incarnation, m.name, now_ms_()));
+  LEASH_ASSIGN_OR_RETURN(int64_t start,
+                         clocks_.Register(m.worker_id, m.incarnation, m.name, now_ms_()));
   if (fresh) {
-    spdlog::info("shard {}: worker {} '{}' (incarnation {}) joined at clock {}; {} live", options_.shard,
-                 m.worker_id, m.name, m.incarnation, start, clocks_.live());
+    spdlog::info("shard {}: worker {} '{}' (incarnation {}) joined at clock {}; {} live",
+                 options_.shard, m.worker_id, m.name, m.incarnation, start, clocks_.live());
   }
   ReleasePulls(out);  // a replaced incarnation may have been the one holding the minimum back
-  out->push_back({peer, EncodeReply(rid, Welcome{options_.shard, options_.num_shards, start,
-                                                 static_cast<uint32_t>(options_.lease_ms), recovered_clock_,
-                                                 options_.boot_id, options_.max_message_bytes})});
+  out->push_back(
+      {peer, EncodeReply(rid, Welcome{options_.shard, options_.num_shards, start,
+                                      static_cast<uint32_t>(options_.lease_ms), recovered_clock_,
+                                      options_.boot_id, options_.max_message_bytes})});
   return Status::Ok();
 }
 
@@ -259,24 +268,27 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableR
     // The existing table may have been recovered from a snapshot: its spec is the one it was
     // created with, so a job restarted with another shape or optimizer is refused here too.
     if (!ps::SameTableSpec(tables_[id]->spec(), spec)) {
-      return AlreadyExists("table '" + name + "' already exists on shard " + std::to_string(options_.shard) + " as " +
-                           ps::DescribeSpec(tables_[id]->spec()) + "; this request asks for " + ps::DescribeSpec(spec) +
-                           ". Use another table name, the same spec, or a fresh --data-dir for a new job");
+      return AlreadyExists(
+          "table '" + name + "' already exists on shard " + std::to_string(options_.shard) +
+          " as " + ps::DescribeSpec(tables_[id]->spec()) + "; this request asks for " +
+          ps::DescribeSpec(spec) +
+          ". Use another table name, the same spec, or a fresh --data-dir for a new job");
     }
   } else {
     id = static_cast<uint32_t>(tables_.size());
     RangePartitioner part(static_cast<int>(options_.num_shards));
     RowRange range = part.Range(spec.rows, static_cast<int>(options_.shard));
     LEASH_ASSIGN_OR_RETURN(Table t, Table::Create(id, spec, range, options_.max_table_values));
-    spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard, id, name, t.rows(),
-                 t.cols(), range.begin, range.end);
+    spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard,
+                 id, name, t.rows(), t.cols(), range.begin, range.end);
     tables_.push_back(std::make_unique<Table>(std::move(t)));
     table_by_name_[name] = id;
     created = true;
     // Persist the new table at once, so a shard that crashes before its next scheduled
     // snapshot still knows it (values are reproducible from the spec's initializer).
     if (auto r = Checkpoint(); !r.ok()) {
-      spdlog::error("shard {}: snapshot after creating '{}' failed: {}", options_.shard, name, r.status().ToString());
+      spdlog::error("shard {}: snapshot after creating '{}' failed: {}", options_.shard, name,
+                    r.status().ToString());
     }
   }
   out->push_back({peer, EncodeReply(rid, TableCreated{id, created})});
@@ -285,8 +297,8 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableR
 
 Result<Table*> Shard::FindTable(uint32_t table_id) {
   if (table_id >= tables_.size()) {
-    return NotFound("unknown table " + std::to_string(table_id) + " (this shard has " + std::to_string(tables_.size()) +
-                    " tables); create it first");
+    return NotFound("unknown table " + std::to_string(table_id) + " (this shard has " +
+                    std::to_string(tables_.size()) + " tables); create it first");
   }
   return tables_[table_id].get();
 }
@@ -296,7 +308,8 @@ Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& tabl
   size_t n = rows.size() * table.cols();
   Frame payload;
   std::optional<WritableFrame> reserved;
-  if (dtype == DType::kF32 && payload_allocator_) reserved = payload_allocator_(peer, n * sizeof(float));
+  if (dtype == DType::kF32 && payload_allocator_)
+    reserved = payload_allocator_(peer, n * sizeof(float));
   if (reserved) {
     // Straight into memory the transport sends without copying (shared memory with a
     // worker on this host).
@@ -316,7 +329,8 @@ Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& tabl
   ++counters_.pulls_served;
   std::vector<Frame> payloads;
   payloads.push_back(std::move(payload));
-  return EncodeReply(rid, PullReply{table.id(), rows.size(), table.cols(), dtype, clocks_.MinClock()},
+  return EncodeReply(rid,
+                     PullReply{table.id(), rows.size(), table.cols(), dtype, clocks_.MinClock()},
                      std::move(payloads));
 }
 
@@ -333,16 +347,18 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vect
   if (++parked_per_peer_[peer] > options_.max_parked_per_peer) {
     --parked_per_peer_[peer];
     ++counters_.parked_limit_rejections;
-    return ResourceExhausted("this connection already has " + std::to_string(options_.max_parked_per_peer) +
-                             " pulls waiting for the staleness bound; wait for them before sending more");
+    return ResourceExhausted(
+        "this connection already has " + std::to_string(options_.max_parked_per_peer) +
+        " pulls waiting for the staleness bound; wait for them before sending more");
   }
   ++counters_.pulls_parked;
-  parked_.Park(m.clock - m.staleness, ParkedPull{peer, rid, m.worker_id, m.table_id, std::move(m.rows), m.dtype});
+  parked_.Park(m.clock - m.staleness,
+               ParkedPull{peer, rid, m.worker_id, m.table_id, std::move(m.rows), m.dtype});
   return Status::Ok();
 }
 
-Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span<const Frame> payloads,
-                     std::vector<Outgoing>* out) {
+Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
+                     std::span<const Frame> payloads, std::vector<Outgoing>* out) {
   LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
   w->last_seen_ms = now_ms_();
   LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m.table_id));
@@ -369,14 +385,16 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span
       g = reinterpret_cast<const float*>(payload.data());
     } else {
       grad.resize(n);
-      LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data()).WithContext("push to table '" + table->name() + "'"));
+      LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data())
+                                .WithContext("push to table '" + table->name() + "'"));
       g = grad.data();
     }
     if (!AllFinite(g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
         return InvalidArgument("push to table '" + table->name() +
-                               "' contains NaN or Inf gradients; it was not applied (check the learning rate and data)");
+                               "' contains NaN or Inf gradients; it was not applied (check the "
+                               "learning rate and data)");
       }
       if (grad.empty()) grad.assign(g, g + n);
       skipped = DropNonFiniteRows(table->cols(), &rows, &grad);
@@ -393,11 +411,13 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span
   return Status::Ok();
 }
 
-Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m, std::vector<Outgoing>* out) {
+Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m,
+                      std::vector<Outgoing>* out) {
   LiveWorker* w = clocks_.FindAny(m.worker_id);
   if (w == nullptr) {
-    return NotRegistered("clock from worker " + std::to_string(m.worker_id) +
-                         ", which is not registered on this shard (evicted or the shard restarted); register again");
+    return NotRegistered(
+        "clock from worker " + std::to_string(m.worker_id) +
+        ", which is not registered on this shard (evicted or the shard restarted); register again");
   }
   w->last_seen_ms = now_ms_();
   if (clocks_.Advance(w, m.clock)) ReleasePulls(out);
@@ -413,14 +433,15 @@ Status Shard::OnHeartbeat(const PeerId& peer, uint64_t rid, const HeartbeatReque
   return Status::Ok();
 }
 
-Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m, std::vector<Outgoing>* out) {
+Status Shard::OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m,
+                      std::vector<Outgoing>* out) {
   LiveWorker* w = clocks_.FindAny(m.worker_id);
   if (w != nullptr && w->incarnation == m.incarnation) {
     std::string name = w->name;
     clocks_.Remove(m.worker_id);
     coverage_.Release(m.worker_id);
-    spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard, m.worker_id, name,
-                 clocks_.live(), clocks_.MinClock());
+    spdlog::info("shard {}: worker {} '{}' left; {} live, min clock {}", options_.shard,
+                 m.worker_id, name, clocks_.live(), clocks_.MinClock());
     ReleasePulls(out);
   }
   out->push_back({peer, EncodeReply(rid, LeaveReply{})});
@@ -448,17 +469,20 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
   st.snapshot_age_ms = last_snapshot_ms_ < 0 ? -1 : now - last_snapshot_ms_;
   st.coverage = coverage_.Progress();
   for (const auto& [id, w] : clocks_.workers()) {
-    st.workers.push_back(
-        {id, w.incarnation, w.name, w.clock, static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))});
+    st.workers.push_back({id, w.incarnation, w.name, w.clock,
+                          static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))});
   }
-  for (const auto& t : tables_) st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
+  for (const auto& t : tables_)
+    st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
   out->push_back({peer, EncodeReply(rid, std::move(st))});
   return Status::Ok();
 }
 
-Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m, std::vector<Outgoing>* out) {
+Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m,
+                             std::vector<Outgoing>* out) {
   if (options_.shard != 0) {
-    return FailedPrecondition("data chunks are leased by shard 0, not shard " + std::to_string(options_.shard));
+    return FailedPrecondition("data chunks are leased by shard 0, not shard " +
+                              std::to_string(options_.shard));
   }
   LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
   w->last_seen_ms = now_ms_();
@@ -466,8 +490,9 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkReques
   bool first_plan = !coverage_.has_plan();
   LEASH_RETURN_IF_ERROR(coverage_.SetPlan(p));
   if (first_plan) {
-    spdlog::info("shard {}: job trains {} samples in {} chunks of {} for {} epochs", options_.shard, p.num_samples,
-                 (p.num_samples + p.chunk_size - 1) / p.chunk_size, p.chunk_size, p.epochs);
+    spdlog::info("shard {}: job trains {} samples in {} chunks of {} for {} epochs", options_.shard,
+                 p.num_samples, (p.num_samples + p.chunk_size - 1) / p.chunk_size, p.chunk_size,
+                 p.epochs);
   }
   if (m.done) coverage_.Complete(m.done->epoch, m.done->chunk);
   out->push_back({peer, EncodeReply(rid, coverage_.Next(m.worker_id))});
@@ -476,21 +501,25 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkReques
 
 void Shard::ReleasePulls(std::vector<Outgoing>* out) {
   for (ParkedPull& p : parked_.Release(clocks_.MinClock())) {
-    if (auto it = parked_per_peer_.find(p.peer); it != parked_per_peer_.end() && --it->second == 0) {
+    if (auto it = parked_per_peer_.find(p.peer);
+        it != parked_per_peer_.end() && --it->second == 0) {
       parked_per_peer_.erase(it);
     }
     // The table and rows were validated when the pull was parked and tables never shrink.
-    out->push_back({p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
+    out->push_back(
+        {p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
   }
 }
 
 void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out) {
   LiveWorker* w = clocks_.FindAny(worker_id);
   if (w == nullptr) return;
-  spdlog::warn("shard {}: evicting worker {} '{}' at clock {}: {}", options_.shard, worker_id, w->name, w->clock, why);
+  spdlog::warn("shard {}: evicting worker {} '{}' at clock {}: {}", options_.shard, worker_id,
+               w->name, w->clock, why);
   clocks_.Remove(worker_id);
   if (size_t n = coverage_.Release(worker_id); n > 0) {
-    spdlog::warn("shard {}: {} data chunk(s) of evicted worker {} go to other workers", options_.shard, n, worker_id);
+    spdlog::warn("shard {}: {} data chunk(s) of evicted worker {} go to other workers",
+                 options_.shard, n, worker_id);
   }
   ++counters_.evictions;
   ReleasePulls(out);
@@ -499,11 +528,14 @@ void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* ou
 int64_t Shard::Tick(std::vector<Outgoing>* out) {
   int64_t now = now_ms_();
   const size_t first_reply = out->size();
-  for (uint64_t id : clocks_.Expired(now, options_.lease_ms)) Evict(id, "lease expired (no heartbeat)", out);
+  for (uint64_t id : clocks_.Expired(now, options_.lease_ms))
+    Evict(id, "lease expired (no heartbeat)", out);
   CountSent(*out, first_reply);
   if (options_.checkpoint_interval_ms > 0 && now >= next_snapshot_ms_) {
     auto r = Checkpoint();
-    if (!r.ok()) spdlog::error("shard {}: scheduled snapshot failed: {}", options_.shard, r.status().ToString());
+    if (!r.ok())
+      spdlog::error("shard {}: scheduled snapshot failed: {}", options_.shard,
+                    r.status().ToString());
     next_snapshot_ms_ = now + options_.checkpoint_interval_ms;
   }
   int64_t next = options_.lease_ms / 4;
@@ -517,9 +549,12 @@ ShardSnapshot Shard::MakeSnapshot() const {
   s.num_shards = options_.num_shards;
   s.min_clock = clocks_.MinClock();
   s.sequence = snapshot_sequence_ + 1;
-  s.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  s.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
   for (const auto& t : tables_) s.tables.push_back(t->ToSnapshot());
-  for (const auto& [id, w] : clocks_.workers()) s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
+  for (const auto& [id, w] : clocks_.workers())
+    s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
   s.coverage = coverage_.Serialize();
   return s;
 }
@@ -535,10 +570,11 @@ Result<int64_t> Shard::Checkpoint() {
   last_snapshot_clock_ = snap.min_clock;
   last_snapshot_ms_ = now_ms_();
   ++counters_.snapshots;
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (snapshot_observer_) snapshot_observer_(ms / 1e3);
-  spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard, snap.sequence,
-               snap.min_clock, store_->Describe(), ms);
+  spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard,
+               snap.sequence, snap.min_clock, store_->Describe(), ms);
   return snap.min_clock;
 }
 
@@ -553,8 +589,9 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
   std::vector<Outgoing> out;
   int64_t wait_ms = shard.Tick(&out);
   Status result;
-  shard.SetPayloadAllocator(
-      [&transport](const PeerId& peer, size_t bytes) { return transport.ReservePayload(peer, bytes); });
+  shard.SetPayloadAllocator([&transport](const PeerId& peer, size_t bytes) {
+    return transport.ReservePayload(peer, bytes);
+  });
   while (!stop.load(std::memory_order_relaxed)) {
     auto in = transport.Receive(std::chrono::milliseconds(std::min<int64_t>(wait_ms, 100)));
     if (!in.ok()) {
@@ -565,7 +602,8 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
     wait_ms = shard.Tick(&out);
     for (Outgoing& o : out) {
       Status st = transport.Send(o.peer, std::move(o.message));
-      if (!st.ok()) spdlog::warn("shard {}: reply dropped: {}", shard.options().shard, st.ToString());
+      if (!st.ok())
+        spdlog::warn("shard {}: reply dropped: {}", shard.options().shard, st.ToString());
     }
     out.clear();
     if (after_tick) after_tick(shard);
@@ -573,7 +611,8 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
   shard.SetPayloadAllocator(nullptr);  // the transport may go before the shard
   auto snap = shard.Checkpoint();
   if (!snap.ok()) {
-    spdlog::error("shard {}: final snapshot failed: {}", shard.options().shard, snap.status().ToString());
+    spdlog::error("shard {}: final snapshot failed: {}", shard.options().shard,
+                  snap.status().ToString());
     if (result.ok()) result = snap.status();
   }
   return result;

@@ -9,7 +9,8 @@
 namespace leash::server {
 namespace {
 
-double Value(const prometheus::Registry& r, const std::string& name, const std::string& shard = "0") {
+double Value(const prometheus::Registry& r, const std::string& name,
+             const std::string& shard = "0") {
   auto v = CollectedValue(r, name, {{"shard", shard}});
   EXPECT_TRUE(v.has_value()) << name << " missing";
   return v.value_or(-1e9);
@@ -41,10 +42,11 @@ TEST(ShardMetricsTest, MirrorsCountersAndGaugesOfTheShard) {
   rows.end = 4;
   std::vector<float> g(8, 0.5f);
   shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, DType::kF32, EncodeValues(g, DType::kF32)), &out);
-  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, DType::kF32, EncodeValues(g, DType::kF32)), &out);  // resent
+  shard.Handle("a", MakePush(4, 0, rows, 7, 1, 1, DType::kF32, EncodeValues(g, DType::kF32)),
+               &out);  // resent
   shard.Handle("a", MakeClock(5, 7, 2), &out);
-  shard.Handle("a", MakePull(6, 0, rows, 7, 2, 0), &out);  // parked: b is still at clock 0
-  shard.Handle("b", MakePull(7, 0, rows, 8, 0, 0), &out);  // served
+  shard.Handle("a", MakePull(6, 0, rows, 7, 2, 0), &out);   // parked: b is still at clock 0
+  shard.Handle("b", MakePull(7, 0, rows, 8, 0, 0), &out);   // served
   shard.Handle("b", MakePull(8, 99, rows, 8, 0, 0), &out);  // unknown table: an error
   metrics.Publish(shard);
 
@@ -58,7 +60,8 @@ TEST(ShardMetricsTest, MirrorsCountersAndGaugesOfTheShard) {
   EXPECT_EQ(Value(registry, "leash_shard_min_clock"), 0);
   EXPECT_EQ(Value(registry, "leash_shard_max_clock"), 2);
   EXPECT_EQ(Value(registry, "leash_shard_staleness_iterations"), 2);
-  EXPECT_EQ(Value(registry, "leash_shard_received_bytes_total"), static_cast<double>(shard.counters().bytes_in));
+  EXPECT_EQ(Value(registry, "leash_shard_received_bytes_total"),
+            static_cast<double>(shard.counters().bytes_in));
   EXPECT_GT(Value(registry, "leash_shard_sent_bytes_total"), 0);
   EXPECT_EQ(Value(registry, "leash_job_epochs_done"), 0);
 

@@ -96,16 +96,19 @@ class ShardTest : public ::testing::Test {
     return v;
   }
 
-  std::vector<float> Pull(uint32_t table, Rows rows, uint64_t worker = 0, int64_t clock = 0, int64_t s = 0) {
+  std::vector<float> Pull(uint32_t table, Rows rows, uint64_t worker = 0, int64_t clock = 0,
+                          int64_t s = 0) {
     auto out = Send("reader", MakePull(3, table, rows, worker, clock, s));
     EXPECT_EQ(out.size(), 1u);
     if (out.size() != 1) return {};
     return ReadReply(out[0]);
   }
 
-  Status Push(uint32_t table, Rows rows, std::vector<float> g, uint64_t worker, uint64_t seq, uint64_t inc = 1) {
+  Status Push(uint32_t table, Rows rows, std::vector<float> g, uint64_t worker, uint64_t seq,
+              uint64_t inc = 1) {
     const Decoded<Reply>* e =
-        One("w" + std::to_string(worker), MakePush(4, table, rows, worker, inc, seq, DType::kF32, EncodeValues(g, DType::kF32)));
+        One("w" + std::to_string(worker),
+            MakePush(4, table, rows, worker, inc, seq, DType::kF32, EncodeValues(g, DType::kF32)));
     if (e == nullptr) return Internal("no reply");
     if (std::holds_alternative<ErrorReply>(e->value)) return StatusOf(e->value);
     EXPECT_TRUE(std::holds_alternative<PushReply>(e->value));
@@ -136,12 +139,14 @@ TEST_F(ShardTest, CreateTableIsIdempotentForTheSameSpec) {
   uint32_t a = Create(Spec("w", 4, 3));
   uint32_t b = Create(Spec("w", 4, 3));
   EXPECT_EQ(a, b);
-  EXPECT_FALSE(std::get<TableCreated>(One("admin", MakeCreateTable(2, Spec("w", 4, 3)))->value).created);
+  EXPECT_FALSE(
+      std::get<TableCreated>(One("admin", MakeCreateTable(2, Spec("w", 4, 3)))->value).created);
 }
 
 TEST_F(ShardTest, CreateTableWithAnotherSpecIsAlreadyExists) {
   Create(Spec("w", 4, 3));
-  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 4, 5))).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 4, 5))).code(),
+            StatusCode::kAlreadyExists);
   auto other_lr = Spec("w", 4, 3, 0.5f);
   EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, other_lr)).code(), StatusCode::kAlreadyExists);
 }
@@ -186,7 +191,7 @@ TEST_F(ShardTest, FieldsTheOptimizerAndInitializerIgnoreDoNotMakeASpecDifferent)
   auto sgd = Spec("w", 4, 3);
   sgd.optimizer.momentum = 0.5f;  // SGD has no momentum
   sgd.init.kind = InitKind::kZeros;
-  sgd.init.seed = 3;    // zeros have no seed
+  sgd.init.seed = 3;  // zeros have no seed
   uint32_t id = Create(sgd);
   auto same = Spec("w", 4, 3);
   same.optimizer.momentum = 0.9f;
@@ -210,19 +215,25 @@ TEST_F(ShardTest, RecoveredTableKeepsItsSpecForCreateTable) {
   ASSERT_NE(e, nullptr);
   ASSERT_TRUE(std::holds_alternative<TableCreated>(e->value)) << StatusOf(e->value);
   EXPECT_EQ(std::get<TableCreated>(e->value).table_id, id);
-  EXPECT_FALSE(std::get<TableCreated>(e->value).created) << "the recovered table is returned, not a new one";
+  EXPECT_FALSE(std::get<TableCreated>(e->value).created)
+      << "the recovered table is returned, not a new one";
   EXPECT_NE(id, other);
   auto changed = spec;
   changed.optimizer.momentum = 0.5f;
   Status st = ErrorOf("admin", MakeCreateTable(2, changed));
   ASSERT_EQ(st.code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(st.message().find("as 4 x 3 float32, momentum(lr=1, momentum=0.9"), std::string::npos) << st;
-  EXPECT_NE(st.message().find("asks for 4 x 3 float32, momentum(lr=1, momentum=0.5"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("as 4 x 3 float32, momentum(lr=1, momentum=0.9"), std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("asks for 4 x 3 float32, momentum(lr=1, momentum=0.5"),
+            std::string::npos)
+      << st;
 }
 
 TEST_F(ShardTest, CreateTableRejectsEmptyShapes) {
-  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 0, 3))).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("", 2, 3))).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("w", 0, 3))).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("", 2, 3))).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(ShardTest, InitializationIsDeterministicAndScaled) {
@@ -253,7 +264,8 @@ TEST_F(ShardTest, InitializationIsDeterministicAndScaled) {
   ASSERT_EQ(out.size(), 1u);
   auto row = ReadReply(out[0]);
   ASSERT_EQ(row.size(), 10u);
-  for (int c = 0; c < 10; ++c) EXPECT_EQ(row[static_cast<size_t>(c)], v[500 + static_cast<size_t>(c)]);
+  for (int c = 0; c < 10; ++c)
+    EXPECT_EQ(row[static_cast<size_t>(c)], v[500 + static_cast<size_t>(c)]);
 }
 
 TEST_F(ShardTest, SgdPushesWithLearningRateOneSumIntoTheTable) {
@@ -329,8 +341,10 @@ TEST_F(ShardTest, ParkedPullsPerConnectionAreLimited) {
   Register(2);
   EXPECT_TRUE(Send("w1", MakePull(1, id, Range(0, 1), 1, 5, 0)).empty());
   EXPECT_TRUE(Send("w1", MakePull(2, id, Range(0, 1), 1, 5, 0)).empty());
-  EXPECT_EQ(ErrorOf("w1", MakePull(3, id, Range(0, 1), 1, 5, 0)).code(), StatusCode::kResourceExhausted);
-  EXPECT_TRUE(Send("w2", MakePull(4, id, Range(0, 1), 2, 5, 0)).empty()) << "another connection has its own budget";
+  EXPECT_EQ(ErrorOf("w1", MakePull(3, id, Range(0, 1), 1, 5, 0)).code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Send("w2", MakePull(4, id, Range(0, 1), 2, 5, 0)).empty())
+      << "another connection has its own budget";
   EXPECT_EQ(shard_->counters().limit_rejections, 1u);
   // Once the bound lets them through, the connection may park again.
   for (int c = 1; c <= 5; ++c) {
@@ -370,8 +384,10 @@ TEST_F(ShardTest, UnknownTableIsNotFound) {
 
 TEST_F(ShardTest, RowsOutsideTheTableOrShardAreRejected) {
   uint32_t id = Create(Spec("w", 4, 1));
-  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(2, 9), 0, 0, 0)).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(3, 2), 0, 0, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(2, 9), 0, 0, 0)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("r", MakePull(1, id, Range(3, 2), 0, 0, 0)).code(),
+            StatusCode::kInvalidArgument);
   ShardOptions o;
   o.shard = 1;
   o.num_shards = 2;
@@ -386,7 +402,8 @@ TEST_F(ShardTest, RowsOutsideTheTableOrShardAreRejected) {
 TEST_F(ShardTest, MalformedMessagesGetErrorRepliesAndTheShardKeepsServing) {
   uint32_t id = Create(Spec("w", 1, 1));
   EXPECT_EQ(ErrorOf("x", Message{}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ErrorOf("x", Message{Frame::Copy("garbage!garbage!garbage!")}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorOf("x", Message{Frame::Copy("garbage!garbage!garbage!")}).code(),
+            StatusCode::kInvalidArgument);
   Message good = MakePull(1, id, Range(0, 1), 0, 0, 0);
   for (size_t cut : {4ul, 8ul, good[0].size() / 2, good[0].size() - 1}) {
     Message truncated{Frame::Copy(good[0].data(), cut)};
@@ -403,7 +420,8 @@ TEST_F(ShardTest, OtherProtocolVersionIsVersionMismatch) {
   // A raw message on purpose: the codec only writes its own protocol version.
   flatbuffers::FlatBufferBuilder fbb;
   auto body = wire::CreateStats(fbb);
-  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 1, 5, wire::Body::Stats, body.Union()), "LSH1");
+  fbb.Finish(wire::CreateEnvelope(fbb, kProtocolVersion + 1, 5, wire::Body::Stats, body.Union()),
+             "LSH1");
   Status st = ErrorOf("x", Message{Frame::Copy(fbb.GetBufferPointer(), fbb.GetSize())});
   EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
   EXPECT_EQ(last_[0].message.size(), 1u);
@@ -446,7 +464,8 @@ TEST_F(ShardTest, ABatchIsHandledMessageByMessageAndAnsweredInOneBatch) {
 
   // A batch of pulls under s = 0: parked together, released by worker 2's clock; the
   // clock's reply goes to worker 2 alone, the pulls' replies to worker 1.
-  EXPECT_TRUE(Send("w1", PackBatch({MakePull(20, w, Range(0, 2), 1, 1, 0), MakePull(21, b, Range(0, 1), 1, 1, 0)}))
+  EXPECT_TRUE(Send("w1", PackBatch({MakePull(20, w, Range(0, 2), 1, 1, 0),
+                                    MakePull(21, b, Range(0, 1), 1, 1, 0)}))
                   .empty());
   EXPECT_EQ(shard_->parked_pulls(), 2u);
   out = Send("w2", PackBatch({MakeClock(30, 2, 1)}));
@@ -463,8 +482,9 @@ TEST_F(ShardTest, BadMessagesInABatchGetTheirOwnErrorsAndMalformedBatchesOneErro
   uint32_t w = Create(Spec("w", 1, 2));
   Register(1);
   Message garbage = {Frame::Copy("garbage!", 8)};
-  auto out = Send("w1", PackBatch({MakePull(40, w + 7, Range(0, 1), 1, 0, 0), garbage, MakePull(41, w, Range(0, 1), 1, 0, 0),
-                                   PackBatch({MakeClock(42, 1, 1)})}));
+  auto out = Send(
+      "w1", PackBatch({MakePull(40, w + 7, Range(0, 1), 1, 0, 0), garbage,
+                       MakePull(41, w, Range(0, 1), 1, 0, 0), PackBatch({MakeClock(42, 1, 1)})}));
   ASSERT_EQ(out.size(), 1u);
   auto replies = UnpackBatch(out[0].message);
   ASSERT_TRUE(replies.ok()) << replies.status();
@@ -619,7 +639,8 @@ TEST_F(ShardTest, TableLargerThanTheShardLimitIsResourceExhausted) {
   Reset(o);
   Status st = ErrorOf("admin", MakeCreateTable(1, Spec("huge", uint64_t{1} << 40, 1u << 24)));
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
-  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("big", 101, 10))).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(2, Spec("big", 101, 10))).code(),
+            StatusCode::kResourceExhausted);
   EXPECT_EQ(Create(Spec("fits", 100, 10)), 0u);
   // With two shards each holds half the rows, so twice the table fits.
   o.num_shards = 2;

@@ -3,7 +3,8 @@
 
 namespace leash::testing {
 
-Cluster::Cluster(int n, std::string dir, std::vector<std::string> extra) : dir_(std::move(dir)), extra_(std::move(extra)) {
+Cluster::Cluster(int n, std::string dir, std::vector<std::string> extra)
+    : dir_(std::move(dir)), extra_(std::move(extra)) {
   for (int i = 0; i < n; ++i) endpoints_.push_back(Endpoint(FreePort()));
   shards_.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) Start(i);
@@ -19,7 +20,8 @@ void Cluster::Start(int i) {
                                    "--no-sync"};
   argv.insert(argv.end(), extra_.begin(), extra_.end());  // later flags win
   shards_[static_cast<size_t>(i)].reset();
-  shards_[static_cast<size_t>(i)] = std::make_unique<Process>(argv, dir_ + "/shard" + std::to_string(i) + ".log");
+  shards_[static_cast<size_t>(i)] =
+      std::make_unique<Process>(argv, dir_ + "/shard" + std::to_string(i) + ".log");
 }
 
 std::string Cluster::servers() const {
@@ -45,7 +47,8 @@ Result<std::vector<ShardStats>> Cluster::Stats() {
   return observer_->Stats();
 }
 
-std::unique_ptr<Process> Cluster::StartWorker(const std::string& name, std::vector<std::string> flags) {
+std::unique_ptr<Process> Cluster::StartWorker(const std::string& name,
+                                              std::vector<std::string> flags) {
   std::vector<std::string> argv = {LEASH_WORKER_BIN, "--servers=" + servers(), "--name=" + name,
                                    "--metrics-out=" + WorkerMetrics(name)};
   argv.insert(argv.end(), flags.begin(), flags.end());

@@ -29,7 +29,8 @@ inline std::map<std::string, std::string> TreeOf(const std::filesystem::path& di
 }
 
 // Files directly in `dir` whose names end with `part` (or start with it, for "MANIFEST-").
-inline std::vector<std::filesystem::path> FilesNamed(const std::filesystem::path& dir, const std::string& part) {
+inline std::vector<std::filesystem::path> FilesNamed(const std::filesystem::path& dir,
+                                                     const std::string& part) {
   std::vector<std::filesystem::path> out;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();

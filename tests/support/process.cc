@@ -20,7 +20,8 @@
 
 namespace leash::testing {
 
-Process::Process(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+Process::Process(std::vector<std::string> argv, std::string log_path)
+    : log_path_(std::move(log_path)) {
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -61,7 +62,9 @@ std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
       return exit_code_;
     }
     if (std::chrono::steady_clock::now() >= end) return std::nullopt;
-    struct timespec ts{0, 10'000'000};
+    struct timespec ts {
+      0, 10'000'000
+    };
     nanosleep(&ts, nullptr);
   }
 }
@@ -102,7 +105,8 @@ bool CanBind(int port) {
 // connection could take it. Random ports in a range nobody is handed implicitly make that
 // race (seen with several suites running at once) practically disappear.
 int FreePort() {
-  static std::mt19937 rng(static_cast<unsigned>(std::random_device{}() ^ static_cast<unsigned>(getpid())));
+  static std::mt19937 rng(
+      static_cast<unsigned>(std::random_device{}() ^ static_cast<unsigned>(getpid())));
   std::uniform_int_distribution<int> pick(20000, 31999);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     const int port = pick(rng);

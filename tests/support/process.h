@@ -59,7 +59,9 @@ bool WaitFor(Pred pred, std::chrono::milliseconds timeout) {
   auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
     if (pred()) return true;
-    struct timespec ts{0, 20'000'000};
+    struct timespec ts {
+      0, 20'000'000
+    };
     nanosleep(&ts, nullptr);
   }
   return pred();

@@ -33,10 +33,12 @@ Result<std::string> HttpGet(int port, const std::string& path, int timeout_ms) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port));
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    return Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno));
+    return Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " +
+                       std::strerror(errno));
   }
   std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     return Unavailable(std::string("send: ") + std::strerror(errno));
   }
   std::string response;
@@ -50,12 +52,15 @@ Result<std::string> HttpGet(int port, const std::string& path, int timeout_ms) {
       return Unavailable(std::string("recv: ") + std::strerror(errno));
     }
     response.append(buf, static_cast<size_t>(n));
-    if (std::chrono::steady_clock::now() > deadline) return DeadlineExceeded("HTTP answer took too long");
+    if (std::chrono::steady_clock::now() > deadline)
+      return DeadlineExceeded("HTTP answer took too long");
   }
   size_t head_end = response.find("\r\n\r\n");
-  if (head_end == std::string::npos) return Internal("no HTTP header in the answer: " + response.substr(0, 200));
+  if (head_end == std::string::npos)
+    return Internal("no HTTP header in the answer: " + response.substr(0, 200));
   std::string status_line = response.substr(0, response.find("\r\n"));
-  if (status_line.find(" 200 ") == std::string::npos && status_line.substr(status_line.size() - 4) != " 200") {
+  if (status_line.find(" 200 ") == std::string::npos &&
+      status_line.substr(status_line.size() - 4) != " 200") {
     return Internal("HTTP answer '" + status_line + "'");
   }
   return response.substr(head_end + 4);
@@ -68,9 +73,18 @@ namespace {
 bool ParseValue(const std::string& s, double* v) {
   std::string lower;
   for (char c : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "+inf" || lower == "inf") { *v = INFINITY; return true; }
-  if (lower == "-inf") { *v = -INFINITY; return true; }
-  if (lower == "nan") { *v = NAN; return true; }
+  if (lower == "+inf" || lower == "inf") {
+    *v = INFINITY;
+    return true;
+  }
+  if (lower == "-inf") {
+    *v = -INFINITY;
+    return true;
+  }
+  if (lower == "nan") {
+    *v = NAN;
+    return true;
+  }
   if (lower.find_first_not_of("0123456789+-.e") != std::string::npos) return false;
   char* end = nullptr;
   *v = std::strtod(s.c_str(), &end);
@@ -81,7 +95,8 @@ bool ParseValue(const std::string& s, double* v) {
 
 Result<Scrape> ParsePrometheusText(const std::string& text) {
   static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .*)");
-  static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
+  static const std::regex kType(
+      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
   static const std::regex kSample(
       R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\})? (\S+)( -?[0-9]+)?)");
   Scrape out;
@@ -111,12 +126,14 @@ Result<Scrape> ParsePrometheusText(const std::string& text) {
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
       size_t n = std::strlen(suffix);
       std::string base = name.size() > n ? name.substr(0, name.size() - n) : "";
-      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0 && out.types.count(base) &&
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0 &&
+          out.types.count(base) &&
           (out.types[base] == "histogram" || out.types[base] == "summary")) {
         family = base;
       }
     }
-    if (!out.types.count(family)) return bad("sample of '" + family + "' without a TYPE line before it");
+    if (!out.types.count(family))
+      return bad("sample of '" + family + "' without a TYPE line before it");
     double v = 0;
     if (!ParseValue(m[4], &v)) return bad("value '" + std::string(m[4]) + "' is not a number");
     std::string labels = m[3];
@@ -126,12 +143,14 @@ Result<Scrape> ParsePrometheusText(const std::string& text) {
   return out;
 }
 
-std::optional<double> Scrape::Find(const std::string& name, const std::string& label, const std::string& value) const {
+std::optional<double> Scrape::Find(const std::string& name, const std::string& label,
+                                   const std::string& value) const {
   for (auto it = samples.lower_bound(name); it != samples.end(); ++it) {
     const std::string& key = it->first;
     if (key.compare(0, name.size(), name) != 0) break;
     if (key.size() != name.size() && key[name.size()] != '{') continue;
-    if (label.empty() || key.find(label + "=\"" + value + "\"") != std::string::npos) return it->second;
+    if (label.empty() || key.find(label + "=\"" + value + "\"") != std::string::npos)
+      return it->second;
   }
   return std::nullopt;
 }

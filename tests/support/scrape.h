@@ -55,7 +55,9 @@ Result<Scrape> ScrapeWhen(int port, Pred pred, std::chrono::milliseconds deadlin
     } else {
       last = "the awaited condition does not hold in:\n" + *body;
     }
-    struct timespec ts{0, 20'000'000};
+    struct timespec ts {
+      0, 20'000'000
+    };
     nanosleep(&ts, nullptr);
   } while (std::chrono::steady_clock::now() < end);
   return DeadlineExceeded("metrics on port " + std::to_string(port) + " after " +

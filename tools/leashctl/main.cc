@@ -5,8 +5,8 @@
 
 #include <cstdio>
 
-#include "leash/common/curve_keys.h"
 #include "leash/common/cli.h"
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
@@ -23,20 +23,27 @@ int Status(leash::Client& client, bool json) {
     std::printf("{\"shards\": [");
     for (size_t i = 0; i < stats->size(); ++i) {
       const auto& s = (*stats)[i];
-      std::printf("%s{\"shard\": %u, \"min_clock\": %lld, \"live_workers\": %zu, \"parked_pulls\": %llu, "
-                  "\"pushes_applied\": %llu, \"pulls_served\": %llu, \"errors\": %llu, \"last_snapshot_clock\": %lld, "
-                  "\"recovered_clock\": %lld, \"snapshot_age_ms\": %lld, \"epochs_done\": %u, \"epochs\": %u, "
-                  "\"chunks_done\": %u, \"num_chunks\": %u, \"workers\": [",
-                  i ? ", " : "", s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
-                  static_cast<unsigned long long>(s.parked_pulls), static_cast<unsigned long long>(s.pushes_applied),
-                  static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors),
-                  static_cast<long long>(s.last_snapshot_clock), static_cast<long long>(s.recovered_clock),
-                  static_cast<long long>(s.snapshot_age_ms), s.coverage.epochs_done, s.coverage.epochs, s.coverage.chunks_done, s.coverage.num_chunks);
+      std::printf(
+          "%s{\"shard\": %u, \"min_clock\": %lld, \"live_workers\": %zu, \"parked_pulls\": %llu, "
+          "\"pushes_applied\": %llu, \"pulls_served\": %llu, \"errors\": %llu, "
+          "\"last_snapshot_clock\": %lld, "
+          "\"recovered_clock\": %lld, \"snapshot_age_ms\": %lld, \"epochs_done\": %u, \"epochs\": "
+          "%u, "
+          "\"chunks_done\": %u, \"num_chunks\": %u, \"workers\": [",
+          i ? ", " : "", s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
+          static_cast<unsigned long long>(s.parked_pulls),
+          static_cast<unsigned long long>(s.pushes_applied),
+          static_cast<unsigned long long>(s.pulls_served),
+          static_cast<unsigned long long>(s.errors), static_cast<long long>(s.last_snapshot_clock),
+          static_cast<long long>(s.recovered_clock), static_cast<long long>(s.snapshot_age_ms),
+          s.coverage.epochs_done, s.coverage.epochs, s.coverage.chunks_done, s.coverage.num_chunks);
       for (size_t w = 0; w < s.workers.size(); ++w) {
         const auto& wk = s.workers[w];
-        std::printf("%s{\"id\": %llu, \"name\": \"%s\", \"clock\": %lld, \"ms_since_heartbeat\": %llu}", w ? ", " : "",
-                    static_cast<unsigned long long>(wk.id), wk.name.c_str(), static_cast<long long>(wk.clock),
-                    static_cast<unsigned long long>(wk.ms_since_heartbeat));
+        std::printf(
+            "%s{\"id\": %llu, \"name\": \"%s\", \"clock\": %lld, \"ms_since_heartbeat\": %llu}",
+            w ? ", " : "", static_cast<unsigned long long>(wk.id), wk.name.c_str(),
+            static_cast<long long>(wk.clock),
+            static_cast<unsigned long long>(wk.ms_since_heartbeat));
       }
       std::printf("]}");
     }
@@ -45,27 +52,37 @@ int Status(leash::Client& client, bool json) {
   }
   const auto& s0 = stats->front();
   if (s0.coverage.epochs > 0) {
-    std::printf("job: epoch %u of %u complete, %u/%u chunks of the current epoch trained, %u leased\n", s0.coverage.epochs_done,
-                s0.coverage.epochs, s0.coverage.chunks_done, s0.coverage.num_chunks, s0.coverage.chunks_leased);
+    std::printf(
+        "job: epoch %u of %u complete, %u/%u chunks of the current epoch trained, %u leased\n",
+        s0.coverage.epochs_done, s0.coverage.epochs, s0.coverage.chunks_done,
+        s0.coverage.num_chunks, s0.coverage.chunks_leased);
   }
   for (const auto& s : *stats) {
-    std::string snap = s.snapshot_age_ms < 0 ? std::string("no snapshot yet")
-                                             : "last snapshot at clock " + std::to_string(s.last_snapshot_clock) + ", " +
-                                                   std::to_string(s.snapshot_age_ms / 1000) + " s ago";
-    std::printf("shard %u: min clock %lld, %zu live workers, %llu parked pulls, %llu pushes, %llu pulls, %llu errors, "
-                "%s%s\n",
-                s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
-                static_cast<unsigned long long>(s.parked_pulls), static_cast<unsigned long long>(s.pushes_applied),
-                static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors), snap.c_str(),
-                s.recovered_clock >= 0 ? (", recovered at clock " + std::to_string(s.recovered_clock)).c_str() : "");
+    std::string snap = s.snapshot_age_ms < 0
+                           ? std::string("no snapshot yet")
+                           : "last snapshot at clock " + std::to_string(s.last_snapshot_clock) +
+                                 ", " + std::to_string(s.snapshot_age_ms / 1000) + " s ago";
+    std::printf(
+        "shard %u: min clock %lld, %zu live workers, %llu parked pulls, %llu pushes, %llu pulls, "
+        "%llu errors, "
+        "%s%s\n",
+        s.shard, static_cast<long long>(s.min_clock), s.workers.size(),
+        static_cast<unsigned long long>(s.parked_pulls),
+        static_cast<unsigned long long>(s.pushes_applied),
+        static_cast<unsigned long long>(s.pulls_served), static_cast<unsigned long long>(s.errors),
+        snap.c_str(),
+        s.recovered_clock >= 0
+            ? (", recovered at clock " + std::to_string(s.recovered_clock)).c_str()
+            : "");
     for (const auto& w : s.workers) {
       std::printf("  worker %-28s id %016llx clock %lld, heard from %llu ms ago\n", w.name.c_str(),
                   static_cast<unsigned long long>(w.id), static_cast<long long>(w.clock),
                   static_cast<unsigned long long>(w.ms_since_heartbeat));
     }
     for (const auto& t : s.tables) {
-      std::printf("  table %-20s %llu x %u, %llu rows here\n", t.name.c_str(), static_cast<unsigned long long>(t.rows),
-                  t.cols, static_cast<unsigned long long>(t.local_rows));
+      std::printf("  table %-20s %llu x %u, %llu rows here\n", t.name.c_str(),
+                  static_cast<unsigned long long>(t.rows), t.cols,
+                  static_cast<unsigned long long>(t.local_rows));
     }
   }
   return 0;
@@ -86,14 +103,17 @@ int Keygen(const std::string& dir, bool server, const std::string& clients) {
       std::fprintf(stderr, "leashctl keygen: %s\n", st.ToString().c_str());
       return false;
     }
-    std::printf("%s %s/%s.key and %s.pub%s\n", created ? "wrote" : "kept existing", dir.c_str(), name.c_str(),
-                name.c_str(), authorize ? (", authorized in " + dir + "/authorized/" + name + ".pub").c_str() : "");
+    std::printf(
+        "%s %s/%s.key and %s.pub%s\n", created ? "wrote" : "kept existing", dir.c_str(),
+        name.c_str(), name.c_str(),
+        authorize ? (", authorized in " + dir + "/authorized/" + name + ".pub").c_str() : "");
     return true;
   };
   if (server && !make("server", false)) return 1;
   for (const auto& n : names) {
     if (n == "server") {
-      std::fprintf(stderr, "leashctl keygen: 'server' is the shards' key pair, not a client name\n");
+      std::fprintf(stderr,
+                   "leashctl keygen: 'server' is the shards' key pair, not a client name\n");
       return 2;
     }
     if (!make(n, true)) return 1;
@@ -174,7 +194,8 @@ int Run(int argc, char** argv) {
     return 1;
   }
   for (size_t i = 0; i < clocks->size(); ++i) {
-    std::printf("shard %zu: snapshot written at clock %lld\n", i, static_cast<long long>((*clocks)[i]));
+    std::printf("shard %zu: snapshot written at clock %lld\n", i,
+                static_cast<long long>((*clocks)[i]));
   }
   return 0;
 }

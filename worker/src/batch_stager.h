@@ -45,9 +45,12 @@ class BatchStager {
     if (ctx.device().type == kernels::DeviceType::kCpu) return Status::Ok();
     LEASH_ASSIGN_OR_RETURN(copies_, kernels::CopyStream::Create(ctx));
     for (Slot& slot : slots_) {
-      LEASH_ASSIGN_OR_RETURN(slot.input, kernels::Buffer::Allocate(ctx, static_cast<size_t>(max_batch * input_size)));
-      LEASH_ASSIGN_OR_RETURN(slot.labels, kernels::Int32Buffer::Allocate(ctx, static_cast<size_t>(max_batch)));
-      LEASH_ASSIGN_OR_RETURN(slot.pinned, kernels::PinnedHostBuffer::Allocate(ctx, PinnedBytes(max_batch)));
+      LEASH_ASSIGN_OR_RETURN(
+          slot.input, kernels::Buffer::Allocate(ctx, static_cast<size_t>(max_batch * input_size)));
+      LEASH_ASSIGN_OR_RETURN(slot.labels,
+                             kernels::Int32Buffer::Allocate(ctx, static_cast<size_t>(max_batch)));
+      LEASH_ASSIGN_OR_RETURN(slot.pinned,
+                             kernels::PinnedHostBuffer::Allocate(ctx, PinnedBytes(max_batch)));
     }
     return Status::Ok();
   }
@@ -56,7 +59,8 @@ class BatchStager {
   // device overlaps the step in progress (on CUDA: into the slot the step is not reading,
   // from pinned memory, on the copy stream). Validates like Stage. The arrays are read
   // now; the Stage call with the same arrays and size then takes the staged copy.
-  Status StageAhead(const char* op, const float* images_host, const int32_t* labels_host, int64_t batch) {
+  Status StageAhead(const char* op, const float* images_host, const int32_t* labels_host,
+                    int64_t batch) {
     ahead_.reset();
     LEASH_RETURN_IF_ERROR(Check(op, images_host, labels_host, batch));
     Ahead a{images_host, labels_host, batch, 1 - current_};
@@ -72,7 +76,8 @@ class BatchStager {
       // Never overwrite the slot while a queued step may still read it.
       LEASH_RETURN_IF_ERROR(copies_->CopiesWaitForContext());
       LEASH_RETURN_IF_ERROR(copies_->CopyToDevice(slot.input.data(), pinned, image_bytes));
-      LEASH_RETURN_IF_ERROR(copies_->CopyToDevice(slot.labels.data(), pinned + PinnedImageBytes(), label_bytes));
+      LEASH_RETURN_IF_ERROR(
+          copies_->CopyToDevice(slot.labels.data(), pinned + PinnedImageBytes(), label_bytes));
     }
     ahead_ = a;
     ++staged_ahead_;
@@ -83,8 +88,10 @@ class BatchStager {
   // arrays and size (the computation queued next waits for that copy on the device, the
   // host does not), otherwise a copy made now. InvalidArgument naming `op` for a batch
   // size outside [1, max_batch], null arrays or a label out of range.
-  Result<Staged> Stage(const char* op, const float* images_host, const int32_t* labels_host, int64_t batch) {
-    if (ahead_ && ahead_->images == images_host && ahead_->labels == labels_host && ahead_->batch == batch) {
+  Result<Staged> Stage(const char* op, const float* images_host, const int32_t* labels_host,
+                       int64_t batch) {
+    if (ahead_ && ahead_->images == images_host && ahead_->labels == labels_host &&
+        ahead_->batch == batch) {
       const Ahead a = *ahead_;
       ahead_.reset();
       ++used_ahead_;
@@ -101,7 +108,8 @@ class BatchStager {
     // copy on the context's own stream, ordered after the work queued there.
     if (discarded) LEASH_RETURN_IF_ERROR(copies_->Synchronize());
     Slot& slot = slots_[current_];
-    LEASH_RETURN_IF_ERROR(slot.input.CopyFromHost(*ctx_, images_host, static_cast<size_t>(batch * input_size_)));
+    LEASH_RETURN_IF_ERROR(
+        slot.input.CopyFromHost(*ctx_, images_host, static_cast<size_t>(batch * input_size_)));
     LEASH_RETURN_IF_ERROR(slot.labels.CopyFromHost(*ctx_, labels_host, static_cast<size_t>(batch)));
     return Staged{slot.input.data(), slot.labels.data()};
   }
@@ -113,19 +121,22 @@ class BatchStager {
   // Mean loss and correct predictions over `n` examples, staged and evaluated in chunks of
   // max_batch. `forward(x, rows)` runs the model and returns its logits (rows x classes).
   template <typename Forward>
-  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n, Forward forward) {
+  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n,
+                             Forward forward) {
     if (n <= 0) return InvalidArgument("Evaluate: needs n > 0 examples, got " + std::to_string(n));
     double loss_sum = 0.0;
     int64_t correct = 0;
     for (int64_t start = 0; start < n; start += max_batch_) {
       const int64_t rows = std::min(max_batch_, n - start);
-      LEASH_ASSIGN_OR_RETURN(Staged in, Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
-                                              labels_host == nullptr ? nullptr : labels_host + start, rows));
+      LEASH_ASSIGN_OR_RETURN(
+          Staged in,
+          Stage("Evaluate", images_host == nullptr ? nullptr : images_host + start * input_size_,
+                labels_host == nullptr ? nullptr : labels_host + start, rows));
       LEASH_ASSIGN_OR_RETURN(const float* logits, forward(in.x, rows));
       float loss = 0.f;
       int64_t right = 0;
-      LEASH_RETURN_IF_ERROR(
-          kernels::SoftmaxCrossEntropy(*ctx_, rows, num_classes_, logits, in.labels, nullptr, &loss, &right));
+      LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(*ctx_, rows, num_classes_, logits,
+                                                         in.labels, nullptr, &loss, &right));
       loss_sum += static_cast<double>(loss) * static_cast<double>(rows);
       correct += right;
     }
@@ -145,25 +156,32 @@ class BatchStager {
     int slot = 0;
   };
 
-  Status Check(const char* op, const float* images_host, const int32_t* labels_host, int64_t batch) const {
+  Status Check(const char* op, const float* images_host, const int32_t* labels_host,
+               int64_t batch) const {
     if (batch <= 0 || batch > max_batch_) {
-      return InvalidArgument(std::string(op) + ": batch of " + std::to_string(batch) + " examples; it must be in [1, " +
-                             std::to_string(max_batch_) + "] (the model's max_batch)");
+      return InvalidArgument(std::string(op) + ": batch of " + std::to_string(batch) +
+                             " examples; it must be in [1, " + std::to_string(max_batch_) +
+                             "] (the model's max_batch)");
     }
     if (images_host == nullptr || labels_host == nullptr) {
-      return InvalidArgument(std::string(op) + ": " + (images_host == nullptr ? "images" : "labels") + " are null");
+      return InvalidArgument(std::string(op) + ": " +
+                             (images_host == nullptr ? "images" : "labels") + " are null");
     }
     for (int64_t i = 0; i < batch; ++i) {
       if (labels_host[i] < 0 || labels_host[i] >= num_classes_) {
-        return InvalidArgument(std::string(op) + ": label " + std::to_string(labels_host[i]) + " of example " +
-                               std::to_string(i) + " is outside [0, " + std::to_string(num_classes_) + ")");
+        return InvalidArgument(std::string(op) + ": label " + std::to_string(labels_host[i]) +
+                               " of example " + std::to_string(i) + " is outside [0, " +
+                               std::to_string(num_classes_) + ")");
       }
     }
     return Status::Ok();
   }
-  size_t PinnedImageBytes() const { return static_cast<size_t>(max_batch_ * input_size_) * sizeof(float); }
+  size_t PinnedImageBytes() const {
+    return static_cast<size_t>(max_batch_ * input_size_) * sizeof(float);
+  }
   size_t PinnedBytes(int64_t max_batch) const {
-    return static_cast<size_t>(max_batch * input_size_) * sizeof(float) + static_cast<size_t>(max_batch) * sizeof(int32_t);
+    return static_cast<size_t>(max_batch * input_size_) * sizeof(float) +
+           static_cast<size_t>(max_batch) * sizeof(int32_t);
   }
 
   kernels::Context* ctx_ = nullptr;

@@ -14,8 +14,8 @@
 #include <mutex>
 #include <random>
 #include <span>
-#include <variant>
 #include <thread>
+#include <variant>
 
 #include "leash/common/partition.h"
 #include "leash/common/wire.h"
@@ -24,7 +24,8 @@ namespace leash {
 namespace {
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -49,7 +50,8 @@ class OpWaiter {
 // A user-level operation fanned out to one or more shards; completes when every part
 // has a reply. Everything but `done` is touched under the client's I/O lock.
 struct Op {
-  using OnReply = std::function<Status(int shard, const Reply& reply, std::span<const Frame> payloads)>;
+  using OnReply =
+      std::function<Status(int shard, const Reply& reply, std::span<const Frame> payloads)>;
   Op(int parts, OnReply cb, OpWaiter* w) : remaining(parts), on_reply(std::move(cb)), waiter(w) {}
   std::atomic<bool> done{false};
   Status status;  // the result, written before done is set
@@ -138,7 +140,9 @@ class Client::Impl final : public detail::OpWaiter {
 
   ~Impl() override { Stop(); }
 
-  void Start() { io_ = std::thread([this] { Loop(); }); }
+  void Start() {
+    io_ = std::thread([this] { Loop(); });
+  }
 
   const ConnectionHealth* health() const { return transport_->health(); }
   std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) {
@@ -159,8 +163,9 @@ class Client::Impl final : public detail::OpWaiter {
   // Sends one message per shard in `parts` from the calling thread; `build(shard, rid,
   // seq)` makes each message. rid and push sequence numbers are assigned under the I/O
   // lock, so their order is the order messages reach each shard.
-  Future Submit(const std::vector<int>& shards, const std::function<Message(int, uint64_t, uint64_t)>& build,
-                Op::OnReply on_reply, bool is_push = false) {
+  Future Submit(const std::vector<int>& shards,
+                const std::function<Message(int, uint64_t, uint64_t)>& build, Op::OnReply on_reply,
+                bool is_push = false) {
     auto op = std::make_shared<Op>(static_cast<int>(shards.size()), std::move(on_reply), this);
     if (shards.empty()) {
       op->Finish(Status::Ok());
@@ -181,9 +186,11 @@ class Client::Impl final : public detail::OpWaiter {
         r.message = build(s, r.rid, seq);
         r.op = op;
         uint64_t limit = max_message_bytes_[static_cast<size_t>(s)].load();
-        if (limit > 0 && Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
-          op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) + " bytes to shard " +
-                                         std::to_string(s) + " exceeds the shard's limit of " + std::to_string(limit) +
+        if (limit > 0 &&
+            Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
+          op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) +
+                                         " bytes to shard " + std::to_string(s) +
+                                         " exceeds the shard's limit of " + std::to_string(limit) +
                                          " bytes (its --max-message-mb); split it"));
           continue;
         }
@@ -301,7 +308,9 @@ class Client::Impl final : public detail::OpWaiter {
   int num_shards() const { return n_; }
   bool needs_rejoin() const { return needs_rejoin_.load(); }
   // The largest request `shard` accepts, from its Welcome. Thread-safe.
-  void NoteMaxMessage(int shard, uint64_t bytes) { max_message_bytes_[static_cast<size_t>(shard)].store(bytes); }
+  void NoteMaxMessage(int shard, uint64_t bytes) {
+    max_message_bytes_[static_cast<size_t>(shard)].store(bytes);
+  }
   // The clock this worker announced last (re-announced to a shard that restarts).
   void NoteClock(int64_t clock) { last_clock_.store(clock); }
   void clear_needs_rejoin() { needs_rejoin_.store(false); }
@@ -387,7 +396,8 @@ class Client::Impl final : public detail::OpWaiter {
       if (waiters_ > 0) wait_cv_.notify_all();  // the reader's role is free for them
     }
     for (auto& [rid, r] : inflight_) {
-      if (r.op && r.op->Complete(Cancelled("client shut down before shard " + std::to_string(r.shard) + " replied"))) {
+      if (r.op && r.op->Complete(Cancelled("client shut down before shard " +
+                                           std::to_string(r.shard) + " replied"))) {
         notify_waiters_ = true;
       }
     }
@@ -432,11 +442,12 @@ class Client::Impl final : public detail::OpWaiter {
   void CheckSilence(int64_t now) {
     for (int s = 0; s < n_; ++s) {
       auto i = static_cast<size_t>(s);
-      if (inflight_per_shard_[s] == 0 || now - last_heard_[i] < silence_ms_.load() || now < next_reconnect_[i]) {
+      if (inflight_per_shard_[s] == 0 || now - last_heard_[i] < silence_ms_.load() ||
+          now < next_reconnect_[i]) {
         continue;
       }
-      spdlog::warn("shard {} silent for {} ms with {} requests pending; reconnecting and resending", s,
-                   now - last_heard_[i], inflight_per_shard_[s]);
+      spdlog::warn("shard {} silent for {} ms with {} requests pending; reconnecting and resending",
+                   s, now - last_heard_[i], inflight_per_shard_[s]);
       Status st = transport_->Reconnect(s);
       if (!st.ok()) spdlog::warn("reconnect to shard {} failed: {}", s, st.ToString());
       for (auto it = inflight_.begin(); it != inflight_.end();) {
@@ -460,7 +471,8 @@ class Client::Impl final : public detail::OpWaiter {
     if (IsBatch(msg)) {
       auto replies = UnpackBatch(msg);
       if (!replies.ok()) {
-        spdlog::error("shard {} sent an unreadable batch of replies: {}", shard, replies.status().ToString());
+        spdlog::error("shard {} sent an unreadable batch of replies: {}", shard,
+                      replies.status().ToString());
         return;
       }
       bytes_received_ += msg[0].size();
@@ -499,7 +511,8 @@ class Client::Impl final : public detail::OpWaiter {
       return;
     }
     if (const auto* w = std::get_if<Welcome>(&reply)) NoteBoot(shard, w->boot_id);
-    if (r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, reply, decoded->payloads) : Status::Ok())) {
+    if (r.op->Complete(r.op->on_reply ? r.op->on_reply(shard, reply, decoded->payloads)
+                                      : Status::Ok())) {
       notify_waiters_ = true;
     }
   }
@@ -509,13 +522,13 @@ class Client::Impl final : public detail::OpWaiter {
   int n_;
   // Guards sends and the state below it; never held while waiting.
   std::mutex io_mu_;
-  std::condition_variable wait_cv_;  // waiters that are not the reader sleep here
-  std::condition_variable io_cv_;    // the I/O thread sleeps here while others read
-  bool reading_ = false;             // a thread is the reader (under io_mu_)
-  bool io_reading_ = false;          // ... and it is the I/O thread (under io_mu_)
+  std::condition_variable wait_cv_;        // waiters that are not the reader sleep here
+  std::condition_variable io_cv_;          // the I/O thread sleeps here while others read
+  bool reading_ = false;                   // a thread is the reader (under io_mu_)
+  bool io_reading_ = false;                // ... and it is the I/O thread (under io_mu_)
   std::atomic<bool> reading_flag_{false};  // reading_, for a waiter spinning without io_mu_
-  bool notify_waiters_ = false;      // an op with sleepers completed (under io_mu_)
-  int waiters_ = 0;                  // threads waiting on futures (under io_mu_)
+  bool notify_waiters_ = false;            // an op with sleepers completed (under io_mu_)
+  int waiters_ = 0;                        // threads waiting on futures (under io_mu_)
   // Taken under io_mu_, so rid order is send order.
   std::atomic<uint64_t> next_rid_{1};
   std::thread io_;
@@ -528,12 +541,14 @@ class Client::Impl final : public detail::OpWaiter {
   std::vector<int64_t> next_reconnect_;
   std::vector<int64_t> backoff_;
   std::vector<uint64_t> push_seq_;
-  bool hold_ = false;                      // under io_mu_
+  bool hold_ = false;                       // under io_mu_
   std::vector<std::vector<Message>> held_;  // per shard, under io_mu_
   std::atomic<uint64_t> hb_worker_{0};
   std::atomic<uint64_t> hb_incarnation_{0};
   std::atomic<int64_t> silence_ms_{0};
-  std::unique_ptr<std::atomic<uint64_t>[]> max_message_bytes_{new std::atomic<uint64_t>[static_cast<size_t>(n_)]()};
+  std::unique_ptr<std::atomic<uint64_t>[]> max_message_bytes_ {
+    new std::atomic<uint64_t>[ static_cast<size_t>(n_) ]()
+  };
   std::atomic<int64_t> hb_interval_ms_{0};
 
   std::atomic<uint64_t> bytes_sent_{0};
@@ -550,19 +565,22 @@ class Client::Impl final : public detail::OpWaiter {
   int64_t spin_us_ = options_.reply_spin_us;
 };
 
-Client::Client(ClientOptions options, int num_shards) : options_(std::move(options)), num_shards_(num_shards) {}
+Client::Client(ClientOptions options, int num_shards)
+    : options_(std::move(options)), num_shards_(num_shards) {}
 
 Client::~Client() {
   if (impl_) impl_->Stop();
 }
 
 uint64_t NewIncarnation(uint64_t previous) {
-  auto now = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  auto now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
   return std::max(now, previous + 1);
 }
 
-Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options) {
+Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport> transport,
+                                                ClientOptions options) {
   if (!transport) return InvalidArgument("Client::Connect needs a transport");
   if (options.staleness < 0) return InvalidArgument("staleness must be >= 0");
   if (options.worker_id == 0) {
@@ -593,7 +611,8 @@ Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport>
 Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
   // Polls, so that a shard the transport knows is refusing us (e.g. a refused CURVE key,
   // which ZeroMQ reports only through its socket monitor) fails Connect at once.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     for (int s = 0; s < num_shards_; ++s) {
       const ConnectionHealth* h = impl_->health();
@@ -605,8 +624,10 @@ Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
     for (size_t s = 0; s < answered.size(); ++s) {
       if (!answered[s]) missing += (missing.empty() ? "" : ", ") + std::to_string(s);
     }
-    return Unavailable("shard(s) " + missing + " did not answer within " + std::to_string(options_.connect_timeout_ms) +
-                       " ms; check that leash-server is running and --servers / LEASH_SERVERS is right");
+    return Unavailable(
+        "shard(s) " + missing + " did not answer within " +
+        std::to_string(options_.connect_timeout_ms) +
+        " ms; check that leash-server is running and --servers / LEASH_SERVERS is right");
   }
   return fut.get();
 }
@@ -619,15 +640,18 @@ Status Client::Register() {
   auto answered = std::make_shared<std::vector<bool>>(static_cast<size_t>(n), false);
   auto fut = impl_->Submit(
       AllShards(n),
-      [&](int, uint64_t rid, uint64_t) { return MakeRegister(rid, options_.worker_id, incarnation, options_.name); },
+      [&](int, uint64_t rid, uint64_t) {
+        return MakeRegister(rid, options_.worker_id, incarnation, options_.name);
+      },
       [starts, lease, answered, n, impl = impl_.get()](int shard, const Reply& reply,
                                                        std::span<const Frame>) -> Status {
         const auto* w = std::get_if<Welcome>(&reply);
         if (w == nullptr) return Internal("shard answered Register without a Welcome");
         impl->NoteMaxMessage(shard, w->max_message_bytes);
         if (static_cast<int>(w->num_shards) != n || static_cast<int>(w->shard) != shard) {
-          return FailedPrecondition("server #" + std::to_string(shard) + " in --servers says it is shard " +
-                                    std::to_string(w->shard) + " of " + std::to_string(w->num_shards) +
+          return FailedPrecondition("server #" + std::to_string(shard) +
+                                    " in --servers says it is shard " + std::to_string(w->shard) +
+                                    " of " + std::to_string(w->num_shards) +
                                     "; list the shards in order, all of them");
         }
         (*starts)[static_cast<size_t>(shard)] = w->start_clock;
@@ -640,14 +664,16 @@ Status Client::Register() {
   int64_t min_lease = *std::min_element(lease->begin(), lease->end());
   clock_.store(start);
   impl_->NoteClock(start);
-  int64_t hb = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : std::clamp<int64_t>(min_lease / 4, 10, 1000);
+  int64_t hb = options_.heartbeat_ms > 0 ? options_.heartbeat_ms
+                                         : std::clamp<int64_t>(min_lease / 4, 10, 1000);
   impl_->EnableHeartbeats(options_.worker_id, incarnation, hb);
   if (*std::min_element(starts->begin(), starts->end()) != start) {
     clock_.store(start - 1);
     LEASH_RETURN_IF_ERROR(Clock().get());  // bring every shard to the same start clock
   }
-  spdlog::info("worker {:016x} '{}' (incarnation {}) registered with {} shard(s), starting at clock {}",
-               options_.worker_id, options_.name, incarnation, n, start);
+  spdlog::info(
+      "worker {:016x} '{}' (incarnation {}) registered with {} shard(s), starting at clock {}",
+      options_.worker_id, options_.name, incarnation, n, start);
   return Status::Ok();
 }
 
@@ -657,8 +683,10 @@ Status Client::Rejoin() {
   impl_->EnableHeartbeats(options_.worker_id, incarnation_.load(), 0);
   incarnation_ = NewIncarnation(incarnation_.load());
   impl_->clear_needs_rejoin();
-  spdlog::warn("worker {:016x} was dropped by a shard (evicted or the shard restarted); rejoining as incarnation {}",
-               options_.worker_id, incarnation_.load());
+  spdlog::warn(
+      "worker {:016x} was dropped by a shard (evicted or the shard restarted); rejoining as "
+      "incarnation {}",
+      options_.worker_id, incarnation_.load());
   return Register();
 }
 
@@ -678,7 +706,8 @@ Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done
         return Status::Ok();
       });
   LEASH_RETURN_IF_ERROR(fut.get().WithContext("data chunk lease"));
-  if (grant->kind == ChunkGrant::Kind::kChunk && (grant->end <= grant->begin || grant->end > plan.num_samples)) {
+  if (grant->kind == ChunkGrant::Kind::kChunk &&
+      (grant->end <= grant->begin || grant->end > plan.num_samples)) {
     return Internal("shard 0 leased an empty or out-of-range chunk");
   }
   return *grant;
@@ -688,8 +717,7 @@ Result<TableHandle> Client::CreateTable(const TableSpec& t) {
   auto ids = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(num_shards_), 0);
   std::vector<int> all = AllShards(num_shards_);
   auto fut = impl_->Submit(
-      all,
-      [&](int, uint64_t rid, uint64_t) { return MakeCreateTable(rid, t); },
+      all, [&](int, uint64_t rid, uint64_t) { return MakeCreateTable(rid, t); },
       [ids](int shard, const Reply& reply, std::span<const Frame>) -> Status {
         const auto* tc = std::get_if<TableCreated>(&reply);
         if (tc == nullptr) return Internal("unexpected reply to CreateTable");
@@ -708,13 +736,14 @@ Result<TableHandle> Client::CreateTable(const TableSpec& t) {
 namespace {
 
 // The pull reply in `reply`, checked to hold rows x cols values in one payload frame.
-Result<const PullReply*> CheckPullReply(const Reply& reply, std::span<const Frame> payloads, size_t rows,
-                                        uint32_t cols) {
+Result<const PullReply*> CheckPullReply(const Reply& reply, std::span<const Frame> payloads,
+                                        size_t rows, uint32_t cols) {
   const auto* r = std::get_if<PullReply>(&reply);
   if (r == nullptr) return Internal("unexpected reply to Pull");
   if (r->num_rows != rows || r->cols != cols) {
-    return Internal("pull reply has " + std::to_string(r->num_rows) + " x " + std::to_string(r->cols) +
-                    " values, expected " + std::to_string(rows) + " x " + std::to_string(cols));
+    return Internal("pull reply has " + std::to_string(r->num_rows) + " x " +
+                    std::to_string(r->cols) + " values, expected " + std::to_string(rows) + " x " +
+                    std::to_string(cols));
   }
   if (payloads.size() != 1) return Internal("pull reply without exactly one payload frame");
   return r;
@@ -740,12 +769,13 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
         Rows rows;
         rows.begin = rr.begin;
         rows.end = rr.end;
-        return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock, options_.staleness,
-                        dtype);
+        return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock,
+                        options_.staleness, dtype);
       },
       [t, out, part, impl](int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
         RowRange rr = part.Range(t.rows, s);
-        LEASH_ASSIGN_OR_RETURN(const PullReply* r, CheckPullReply(reply, payloads, rr.size(), t.cols));
+        LEASH_ASSIGN_OR_RETURN(const PullReply* r,
+                               CheckPullReply(reply, payloads, rr.size(), t.cols));
         impl->NotePulledMinClock(r->min_clock);
         return DecodeValues(payloads[0], r->dtype, rr.size() * t.cols, out + rr.begin * t.cols);
       });
@@ -754,8 +784,8 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
 Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {
   for (uint64_t k : keys) {
     if (k >= table.rows) {
-      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
-                                   std::to_string(table.rows) + " rows"));
+      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" +
+                                   table.name + "' of " + std::to_string(table.rows) + " rows"));
     }
   }
   RangePartitioner part(num_shards_);
@@ -774,13 +804,16 @@ Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, fl
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t) {
-        return EncodeRequest(rid, PullRequest{t.shard_ids[static_cast<size_t>(s)],
-                                              Rows::Keys((*split)[static_cast<size_t>(s)]), options_.worker_id,
-                                              clock, options_.staleness, dtype});
+        return EncodeRequest(
+            rid, PullRequest{t.shard_ids[static_cast<size_t>(s)],
+                             Rows::Keys((*split)[static_cast<size_t>(s)]), options_.worker_id,
+                             clock, options_.staleness, dtype});
       },
-      [t, out, split, pos, impl](int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
+      [t, out, split, pos, impl](int s, const Reply& reply,
+                                 std::span<const Frame> payloads) -> Status {
         const auto& p = (*pos)[static_cast<size_t>(s)];
-        LEASH_ASSIGN_OR_RETURN(const PullReply* r, CheckPullReply(reply, payloads, p.size(), t.cols));
+        LEASH_ASSIGN_OR_RETURN(const PullReply* r,
+                               CheckPullReply(reply, payloads, p.size(), t.cols));
         impl->NotePulledMinClock(r->min_clock);
         size_t n = p.size() * t.cols;
         std::vector<float> tmp(n);
@@ -817,8 +850,8 @@ Future Client::Push(const TableHandle& table, const float* grad) {
         Rows rows;
         rows.begin = rr.begin;
         rows.end = rr.end;
-        return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, incarnation_, seq,
-                        options_.wire_dtype, payloads[static_cast<size_t>(s)]);
+        return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id,
+                        incarnation_, seq, options_.wire_dtype, payloads[static_cast<size_t>(s)]);
       },
       nullptr, /*is_push=*/true);
 }
@@ -826,8 +859,8 @@ Future Client::Push(const TableHandle& table, const float* grad) {
 Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad) {
   for (uint64_t k : keys) {
     if (k >= table.rows) {
-      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" + table.name + "' of " +
-                                   std::to_string(table.rows) + " rows"));
+      return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" +
+                                   table.name + "' of " + std::to_string(table.rows) + " rows"));
     }
   }
   RangePartitioner part(num_shards_);
@@ -841,18 +874,20 @@ Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, co
     if (p.empty()) continue;
     shards.push_back(s);
     std::vector<float> g(p.size() * table.cols);
-    for (size_t i = 0; i < p.size(); ++i) std::copy_n(grad + p[i] * table.cols, table.cols, g.data() + i * table.cols);
+    for (size_t i = 0; i < p.size(); ++i)
+      std::copy_n(grad + p[i] * table.cols, table.cols, g.data() + i * table.cols);
     payloads[static_cast<size_t>(s)] = EncodeValues(g, options_.wire_dtype);
   }
   impl_->CountPush();
   return impl_->Submit(
       shards,
       [&](int s, uint64_t rid, uint64_t seq) {
-        return EncodeRequest(rid,
-                             PushRequest{table.shard_ids[static_cast<size_t>(s)],
-                                         Rows::Keys(split[static_cast<size_t>(s)]), options_.worker_id,
-                                         incarnation_, seq, options_.wire_dtype, -1},
-                             {payloads[static_cast<size_t>(s)]});
+        return EncodeRequest(
+            rid,
+            PushRequest{table.shard_ids[static_cast<size_t>(s)],
+                        Rows::Keys(split[static_cast<size_t>(s)]), options_.worker_id, incarnation_,
+                        seq, options_.wire_dtype, -1},
+            {payloads[static_cast<size_t>(s)]});
       },
       nullptr, /*is_push=*/true);
 }
@@ -862,8 +897,7 @@ Future Client::Clock() {
   impl_->NoteClock(next);
   std::vector<int> all = AllShards(num_shards_);
   return impl_->Submit(
-      all,
-      [&](int, uint64_t rid, uint64_t) { return MakeClock(rid, options_.worker_id, next); },
+      all, [&](int, uint64_t rid, uint64_t) { return MakeClock(rid, options_.worker_id, next); },
       nullptr);
 }
 
@@ -875,7 +909,9 @@ Status Client::Leave() {
       [&](int, uint64_t rid, uint64_t) { return MakeLeave(rid, options_.worker_id, incarnation_); },
       nullptr);
   if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    return Unavailable("not every shard acknowledged the leave within 5 s; they will evict this worker when its lease expires");
+    return Unavailable(
+        "not every shard acknowledged the leave within 5 s; they will evict this worker when its "
+        "lease expires");
   }
   return fut.get();
 }
@@ -884,8 +920,7 @@ Result<std::vector<ShardStats>> Client::Stats() {
   auto stats = std::make_shared<std::vector<ShardStats>>(static_cast<size_t>(num_shards_));
   std::vector<int> all = AllShards(num_shards_);
   auto fut = impl_->Submit(
-      all,
-      [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
+      all, [](int, uint64_t rid, uint64_t) { return MakeStats(rid); },
       [stats](int s, const Reply& reply, std::span<const Frame>) -> Status {
         const auto* r = std::get_if<ShardStats>(&reply);
         if (r == nullptr) return Internal("unexpected reply to Stats");
@@ -900,8 +935,7 @@ Result<std::vector<int64_t>> Client::Checkpoint() {
   auto clocks = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(num_shards_), -1);
   std::vector<int> all = AllShards(num_shards_);
   auto fut = impl_->Submit(
-      all,
-      [](int, uint64_t rid, uint64_t) { return MakeCheckpoint(rid); },
+      all, [](int, uint64_t rid, uint64_t) { return MakeCheckpoint(rid); },
       [clocks](int s, const Reply& reply, std::span<const Frame>) -> Status {
         const auto* r = std::get_if<CheckpointReply>(&reply);
         if (r == nullptr) return Internal("unexpected reply to Checkpoint");

@@ -36,7 +36,8 @@ constexpr int64_t kConv2Channels = 64;
 constexpr int64_t kHidden = 128;
 // The largest activation (conv1's output, 32 x 28 x 28 per example) must stay within the
 // kernels' 2^31 - 1 elements per tensor.
-constexpr int64_t kMaxBatch = std::numeric_limits<int32_t>::max() / (kConv1Channels * kImageSize * kImageSize);
+constexpr int64_t kMaxBatch =
+    std::numeric_limits<int32_t>::max() / (kConv1Channels * kImageSize * kImageSize);
 // Fixed so that a standalone model is reproducible; a worker overwrites the values with
 // the tables it pulls from the servers.
 constexpr uint64_t kInitSeed = 0x1ea5'0002;
@@ -73,7 +74,8 @@ class Cnn final : public KernelModel {
       const std::string name = "cnn/fc" + std::to_string(l + 1);
       // Stored in x out, as the MLP's.
       LEASH_RETURN_IF_ERROR(AddParams(name, d.in, d.out, d.in, d.out, rng));
-      LEASH_ASSIGN_OR_RETURN(dense_[l].act, Buffer::Allocate(ctx(), batch * static_cast<size_t>(d.out)));
+      LEASH_ASSIGN_OR_RETURN(dense_[l].act,
+                             Buffer::Allocate(ctx(), batch * static_cast<size_t>(d.out)));
       widest = std::max(widest, static_cast<size_t>(std::max(d.in, d.out)));
     }
     return InitBuffers(widest);
@@ -99,21 +101,24 @@ class Cnn final : public KernelModel {
     for (int l = 0; l < 2; ++l) {
       ConvLayer& c = conv_[l];
       const auto pi = static_cast<size_t>(l);
-      LEASH_RETURN_IF_ERROR(kernels::Conv2dForward(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad, x,
-                                                   Weight(pi), c.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasAddChannels(ctx(), batch, c.c_out, c.size * c.size, Bias(pi), c.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::Relu(ctx(), batch * c.c_out * c.size * c.size, c.act.data(), c.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::Conv2dForward(ctx(), batch, c.c_in, c.size, c.size, c.c_out,
+                                                   kKernel, kPad, x, Weight(pi), c.act.data()));
       LEASH_RETURN_IF_ERROR(
-          kernels::MaxPool2dForward(ctx(), batch, c.c_out, c.size, c.size, c.act.data(), c.pooled.data()));
+          kernels::BiasAddChannels(ctx(), batch, c.c_out, c.size * c.size, Bias(pi), c.act.data()));
+      LEASH_RETURN_IF_ERROR(
+          kernels::Relu(ctx(), batch * c.c_out * c.size * c.size, c.act.data(), c.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::MaxPool2dForward(ctx(), batch, c.c_out, c.size, c.size,
+                                                      c.act.data(), c.pooled.data()));
       x = c.pooled.data();
     }
     for (int l = 0; l < 2; ++l) {
       DenseLayer& d = dense_[l];
       const auto pi = static_cast<size_t>(2 + l);
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kNo, batch, d.out, d.in, 1.f, x, Weight(pi),
-                                          0.f, d.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kNo, batch, d.out, d.in,
+                                          1.f, x, Weight(pi), 0.f, d.act.data()));
       LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx(), batch, d.out, Bias(pi), d.act.data()));
-      if (l == 0) LEASH_RETURN_IF_ERROR(kernels::Relu(ctx(), batch * d.out, d.act.data(), d.act.data()));
+      if (l == 0)
+        LEASH_RETURN_IF_ERROR(kernels::Relu(ctx(), batch * d.out, d.act.data(), d.act.data()));
       x = d.act.data();
     }
     return x;
@@ -128,15 +133,17 @@ class Cnn final : public KernelModel {
       Weights& p = weights(pi);
       const float* x = l == 0 ? conv_[1].pooled.data() : dense_[0].act.data();
       // dW = x^T dz (in x out), db = column sums of dz.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, d.in, d.out, batch, 1.f, x, dz->data(),
-                                          0.f, p.dw.data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, d.in, d.out,
+                                          batch, 1.f, x, dz->data(), 0.f, p.dw.data()));
       LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, d.out, dz->data(), p.db.data()));
       GradientsReady(2 + static_cast<size_t>(l), on_grad);
       // dx = dz W^T (batch x in); through the ReLU that produced x for the upper layer
       // (the pooled features' ReLU came before pooling, so it is undone below).
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, d.in, d.out, 1.f, dz->data(),
-                                          Weight(pi), 0.f, dnext->data()));
-      if (l == 1) LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * d.in, x, dnext->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, d.in,
+                                          d.out, 1.f, dz->data(), Weight(pi), 0.f, dnext->data()));
+      if (l == 1)
+        LEASH_RETURN_IF_ERROR(
+            kernels::ReluBackward(ctx(), batch * d.in, x, dnext->data(), dnext->data()));
       std::swap(dz, dnext);
     }
 
@@ -147,17 +154,21 @@ class Cnn final : public KernelModel {
       const int64_t pixels = c.size * c.size;
       const float* x = l == 0 ? input : conv_[0].pooled.data();
       // Back through the pooling and the ReLU into dnext = dL/d(convolution + bias).
-      LEASH_RETURN_IF_ERROR(kernels::MaxPool2dBackward(ctx(), batch, c.c_out, c.size, c.size, c.act.data(),
-                                                       c.pooled.data(), dz->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::MaxPool2dBackward(ctx(), batch, c.c_out, c.size, c.size,
+                                                       c.act.data(), c.pooled.data(), dz->data(),
+                                                       dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * c.c_out * pixels, c.act.data(),
+                                                  dnext->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardWeight(ctx(), batch, c.c_in, c.size, c.size,
+                                                          c.c_out, kKernel, kPad, x, dnext->data(),
+                                                          p.dw.data()));
       LEASH_RETURN_IF_ERROR(
-          kernels::ReluBackward(ctx(), batch * c.c_out * pixels, c.act.data(), dnext->data(), dnext->data()));
-      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardWeight(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
-                                                          x, dnext->data(), p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(), p.db.data()));
+          kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(), p.db.data()));
       GradientsReady(static_cast<size_t>(l), on_grad);
       if (l == 0) break;  // nobody needs the gradient of the input
-      LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardData(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
-                                                        dnext->data(), Weight(static_cast<size_t>(l)), dz->data()));
+      LEASH_RETURN_IF_ERROR(
+          kernels::Conv2dBackwardData(ctx(), batch, c.c_in, c.size, c.size, c.c_out, kKernel, kPad,
+                                      dnext->data(), Weight(static_cast<size_t>(l)), dz->data()));
     }
     return Status::Ok();
   }
@@ -171,8 +182,8 @@ class Cnn final : public KernelModel {
 
 Result<std::unique_ptr<Model>> MakeCnn(kernels::Context& ctx, int64_t max_batch) {
   if (max_batch <= 0 || max_batch > kMaxBatch) {
-    return InvalidArgument("MakeCnn: max_batch must be in [1, " + std::to_string(kMaxBatch) + "], got " +
-                           std::to_string(max_batch));
+    return InvalidArgument("MakeCnn: max_batch must be in [1, " + std::to_string(kMaxBatch) +
+                           "], got " + std::to_string(max_batch));
   }
   auto cnn = std::make_unique<Cnn>(ctx, max_batch);
   LEASH_RETURN_IF_ERROR(cnn->Init());

@@ -64,8 +64,8 @@ using Tensor = std::vector<double>;
 
 // 3x3 convolution with padding 1 and bias, ReLU, then 2x2 max pooling, of n images of
 // c_in x size x size; weight is c_out x c_in x 3 x 3.
-Tensor RefConvBlock(const Tensor& x, int64_t n, int64_t c_in, int64_t size, const Tensor& w, const Tensor& b,
-                    int64_t c_out) {
+Tensor RefConvBlock(const Tensor& x, int64_t n, int64_t c_in, int64_t size, const Tensor& w,
+                    const Tensor& b, int64_t c_out) {
   Tensor act(n * c_out * size * size);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t o = 0; o < c_out; ++o) {
@@ -79,7 +79,8 @@ Tensor RefConvBlock(const Tensor& x, int64_t n, int64_t c_in, int64_t size, cons
               for (int64_t bb = 0; bb < 3; ++bb) {
                 const int64_t iw = c + bb - 1;
                 if (iw < 0 || iw >= size) continue;
-                s += w[((o * c_in + ci) * 3 + a) * 3 + bb] * x[((i * c_in + ci) * size + ih) * size + iw];
+                s += w[((o * c_in + ci) * 3 + a) * 3 + bb] *
+                     x[((i * c_in + ci) * size + ih) * size + iw];
               }
             }
           }
@@ -94,7 +95,8 @@ Tensor RefConvBlock(const Tensor& x, int64_t n, int64_t c_in, int64_t size, cons
     for (int64_t r = 0; r < half; ++r) {
       for (int64_t c = 0; c < half; ++c) {
         const double* top = &act[(plane * size + 2 * r) * size + 2 * c];
-        pooled[(plane * half + r) * half + c] = std::max({top[0], top[1], top[size], top[size + 1]});
+        pooled[(plane * half + r) * half + c] =
+            std::max({top[0], top[1], top[size], top[size + 1]});
       }
     }
   }
@@ -102,7 +104,8 @@ Tensor RefConvBlock(const Tensor& x, int64_t n, int64_t c_in, int64_t size, cons
 }
 
 // x W + b (W is in x out), optionally through ReLU.
-Tensor RefDense(const Tensor& x, int64_t n, int64_t in, int64_t out, const Tensor& w, const Tensor& b, bool relu) {
+Tensor RefDense(const Tensor& x, int64_t n, int64_t in, int64_t out, const Tensor& w,
+                const Tensor& b, bool relu) {
   Tensor y(n * out);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < out; ++j) {
@@ -114,8 +117,8 @@ Tensor RefDense(const Tensor& x, int64_t n, int64_t in, int64_t out, const Tenso
   return y;
 }
 
-double RefLoss(const std::vector<Tensor>& p, const std::vector<float>& images, const std::vector<int32_t>& labels,
-               int64_t n) {
+double RefLoss(const std::vector<Tensor>& p, const std::vector<float>& images,
+               const std::vector<int32_t>& labels, int64_t n) {
   const Tensor x(images.begin(), images.begin() + n * kPixels);
   const Tensor p1 = RefConvBlock(x, n, 1, 28, p[0], p[1], 32);
   const Tensor p2 = RefConvBlock(p1, n, 32, 14, p[2], p[3], 64);
@@ -199,7 +202,8 @@ TEST_F(CnnTest, GradientsMatchCentralDifferencesOfReference) {
       const double down = RefLoss(params, images, labels, batch);
       params[t][e] = saved;
       const double numeric = (up - down) / (2 * eps);
-      EXPECT_NEAR(grads[t][e], numeric, 1e-6 + 1e-4 * std::abs(numeric)) << model->params()[t].name << " element " << e;
+      EXPECT_NEAR(grads[t][e], numeric, 1e-6 + 1e-4 * std::abs(numeric))
+          << model->params()[t].name << " element " << e;
     }
   }
 }
@@ -250,15 +254,17 @@ TEST_F(CnnTest, SgdThroughKernelsLowersTheLossOnFashionMnist) {
   std::vector<float> grad;
   for (int epoch = 0; epoch < 5; ++epoch) {
     for (int64_t start = 0; start < n; start += batch) {
-      auto stats =
-          model->TrainStep(data->images.data() + start * kPixels, data->labels.data() + start, batch, [&](size_t i) {
+      auto stats = model->TrainStep(
+          data->images.data() + start * kPixels, data->labels.data() + start, batch, [&](size_t i) {
             grad.resize(params[i].size());
             ASSERT_TRUE(model->Gradient(i, grad.data()).ok());
-            ASSERT_TRUE(
-                kernels::SgdUpdate(*ctx_, static_cast<int64_t>(grad.size()), sgd, grad.data(), params[i].data()).ok());
+            ASSERT_TRUE(kernels::SgdUpdate(*ctx_, static_cast<int64_t>(grad.size()), sgd,
+                                           grad.data(), params[i].data())
+                            .ok());
           });
       ASSERT_TRUE(stats.ok()) << stats.status();
-      for (size_t i = 0; i < params.size(); ++i) ASSERT_TRUE(model->SetParam(i, params[i].data()).ok());
+      for (size_t i = 0; i < params.size(); ++i)
+        ASSERT_TRUE(model->SetParam(i, params[i].data()).ok());
     }
   }
   auto after = model->Evaluate(data->images.data(), data->labels.data(), n);
@@ -326,13 +332,15 @@ TEST(CnnTest, CudaModelMatchesCpuModel) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::mt19937 rng(9);
   const auto values = InitParams(**cpu, rng, true);
-  for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE((*gpu)->SetParam(i, values[i].data()).ok());
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_TRUE((*gpu)->SetParam(i, values[i].data()).ok());
   const auto images = NormalVector(batch * kPixels, rng, 1.f);
   const auto labels = RandomLabels(batch, kClasses, rng);
 
   std::vector<size_t> order;
   auto cpu_stats = (*cpu)->TrainStep(images.data(), labels.data(), batch);
-  auto gpu_stats = (*gpu)->TrainStep(images.data(), labels.data(), batch, [&](size_t i) { order.push_back(i); });
+  auto gpu_stats =
+      (*gpu)->TrainStep(images.data(), labels.data(), batch, [&](size_t i) { order.push_back(i); });
   ASSERT_TRUE(cpu_stats.ok()) << cpu_stats.status();
   ASSERT_TRUE(gpu_stats.ok()) << gpu_stats.status();
   EXPECT_EQ(order, (std::vector<size_t>{7, 6, 5, 4, 3, 2, 1, 0}));
@@ -347,7 +355,8 @@ TEST(CnnTest, CudaModelMatchesCpuModel) {
     float scale = 0.f;
     for (float g : gc) scale = std::max(scale, std::abs(g));
     for (size_t e = 0; e < gc.size(); ++e) {
-      ASSERT_NEAR(gg[e], gc[e], 1e-4f * scale + 1e-3f * std::abs(gc[e])) << (*cpu)->params()[i].name << " " << e;
+      ASSERT_NEAR(gg[e], gc[e], 1e-4f * scale + 1e-3f * std::abs(gc[e]))
+          << (*cpu)->params()[i].name << " " << e;
     }
   }
   auto cpu_eval = (*cpu)->Evaluate(images.data(), labels.data(), batch);

@@ -67,7 +67,8 @@ Status GzReadError(gzFile file, const std::string& path) {
   int code = Z_OK;
   const char* message = gzerror(file, &code);
   if (code == Z_ERRNO) return IOError(path + ": read failed: " + std::strerror(errno));
-  return InvalidArgument(path + ": corrupt gzip data: " + (message ? message : "unknown zlib error"));
+  return InvalidArgument(path +
+                         ": corrupt gzip data: " + (message ? message : "unknown zlib error"));
 }
 
 // Reads up to `n` bytes into `dst`; returns how many were read (fewer only at end of file).
@@ -82,7 +83,8 @@ Result<uint64_t> ReadUpTo(gzFile file, const std::string& path, uint8_t* dst, ui
       // plain end of file with Z_BUF_ERROR recorded; without this check it would pass.
       int code = Z_OK;
       gzerror(file, &code);
-      if (code == Z_BUF_ERROR) return InvalidArgument(path + ": truncated: the gzip stream ends early");
+      if (code == Z_BUF_ERROR)
+        return InvalidArgument(path + ": truncated: the gzip stream ends early");
       break;
     }
     got += static_cast<uint64_t>(r);
@@ -121,7 +123,8 @@ Result<IdxFile> ReadIdx(const std::string& path, uint32_t magic, int ndims) {
   }
   const uint32_t found_magic = BigEndian32(header.data());
   if (found_magic != magic) {
-    return InvalidArgument(path + ": bad magic number " + Hex32(found_magic) + ", expected " + Hex32(magic) +
+    return InvalidArgument(path + ": bad magic number " + Hex32(found_magic) + ", expected " +
+                           Hex32(magic) +
                            (magic == kImageMagic ? " (IDX3 images)" : " (IDX1 labels)"));
   }
   if (got < header_bytes) {
@@ -135,8 +138,8 @@ Result<IdxFile> ReadIdx(const std::string& path, uint32_t magic, int ndims) {
     const uint32_t dim = BigEndian32(header.data() + 4 + 4 * d);
     if (dim == 0) return InvalidArgument(path + ": dimension " + std::to_string(d) + " is zero");
     if (total > kMaxElements / dim) {
-      return InvalidArgument(path + ": header sizes describe more than " + std::to_string(kMaxElements) +
-                             " elements; the header is corrupt");
+      return InvalidArgument(path + ": header sizes describe more than " +
+                             std::to_string(kMaxElements) + " elements; the header is corrupt");
     }
     total *= dim;
     idx.dims.push_back(dim);
@@ -146,12 +149,15 @@ Result<IdxFile> ReadIdx(const std::string& path, uint32_t magic, int ndims) {
   // hold, so a lying header cannot make us allocate more than the content justifies.
   uint64_t plausible = kUnknownSizeFirstRead;
   if (file_size != 0) {
-    plausible = file_size >= total / kMaxDeflateRatio ? total : file_size * kMaxDeflateRatio + kGzBufferBytes;
+    plausible = file_size >= total / kMaxDeflateRatio
+                    ? total
+                    : file_size * kMaxDeflateRatio + kGzBufferBytes;
   }
   idx.data.resize(static_cast<size_t>(std::min(total, plausible)));
   uint64_t have = 0;
   for (;;) {
-    LEASH_ASSIGN_OR_RETURN(uint64_t n, ReadUpTo(file.get(), path, idx.data.data() + have, idx.data.size() - have));
+    LEASH_ASSIGN_OR_RETURN(
+        uint64_t n, ReadUpTo(file.get(), path, idx.data.data() + have, idx.data.size() - have));
     have += n;
     if (have < idx.data.size() || have == total) break;  // end of file, or all there
     idx.data.resize(static_cast<size_t>(std::min(total, have * 2)));
@@ -175,7 +181,8 @@ std::string ResolveName(const fs::path& dir, const std::string& name, Status* mi
   if (fs::exists(gz, ec)) return gz.string();
   const fs::path plain = dir / name;
   if (fs::exists(plain, ec)) return plain.string();
-  *missing = NotFound("neither " + gz.string() + " nor " + plain.string() + " exists; " + kPackageHint);
+  *missing =
+      NotFound("neither " + gz.string() + " nor " + plain.string() + " exists; " + kPackageHint);
   return {};
 }
 
@@ -208,14 +215,16 @@ void DeterministicShuffle(std::vector<int64_t>& v, uint64_t seed, int64_t epoch)
 Result<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path, float mean,
                         float stddev) {
   if (!std::isfinite(mean) || !std::isfinite(stddev) || !(stddev > 0.0f)) {
-    return InvalidArgument("LoadIdx: normalization needs a finite mean and a positive finite stddev, got mean " +
-                           std::to_string(mean) + ", stddev " + std::to_string(stddev));
+    return InvalidArgument(
+        "LoadIdx: normalization needs a finite mean and a positive finite stddev, got mean " +
+        std::to_string(mean) + ", stddev " + std::to_string(stddev));
   }
   LEASH_ASSIGN_OR_RETURN(IdxFile images, ReadIdx(images_path, kImageMagic, 3));
   LEASH_ASSIGN_OR_RETURN(IdxFile labels, ReadIdx(labels_path, kLabelMagic, 1));
   if (images.dims[0] != labels.dims[0]) {
-    return InvalidArgument(images_path + " holds " + std::to_string(images.dims[0]) + " images but " +
-                           labels_path + " holds " + std::to_string(labels.dims[0]) + " labels");
+    return InvalidArgument(images_path + " holds " + std::to_string(images.dims[0]) +
+                           " images but " + labels_path + " holds " +
+                           std::to_string(labels.dims[0]) + " labels");
   }
 
   Dataset ds;
@@ -228,8 +237,9 @@ Result<Dataset> LoadIdx(const std::string& images_path, const std::string& label
   for (size_t i = 0; i < labels.data.size(); ++i) {
     const int32_t label = labels.data[i];
     if (label >= kNumClasses) {
-      return InvalidArgument(labels_path + ": label " + std::to_string(label) + " of sample " + std::to_string(i) +
-                             " is not below the " + std::to_string(kNumClasses) + " classes");
+      return InvalidArgument(labels_path + ": label " + std::to_string(label) + " of sample " +
+                             std::to_string(i) + " is not below the " +
+                             std::to_string(kNumClasses) + " classes");
     }
     ds.labels[i] = label;
   }
@@ -256,8 +266,8 @@ Result<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
   return LoadIdx(images, labels);
 }
 
-BatchLoader::BatchLoader(const Dataset& data, std::vector<int64_t> indices, const LoaderOptions& options,
-                         int64_t epoch)
+BatchLoader::BatchLoader(const Dataset& data, std::vector<int64_t> indices,
+                         const LoaderOptions& options, int64_t epoch)
     : data_(data), order_(std::move(indices)), options_(options), epoch_(epoch) {
   LEASH_CHECK(options_.batch_size >= 1);
   options_.prefetch = std::max<int64_t>(options_.prefetch, 1);
@@ -265,7 +275,8 @@ BatchLoader::BatchLoader(const Dataset& data, std::vector<int64_t> indices, cons
   if (options_.shuffle) DeterministicShuffle(order_, options_.seed, epoch_);
 
   const auto n = static_cast<int64_t>(order_.size());
-  num_batches_ = options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  num_batches_ = options_.drop_last ? n / options_.batch_size
+                                    : (n + options_.batch_size - 1) / options_.batch_size;
   if (num_batches_ == 0) {
     done_ = true;
     return;
@@ -299,7 +310,9 @@ void BatchLoader::Produce() {
   for (int64_t b = 0; b < num_batches_; ++b) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      space_free_.wait(lock, [this] { return stop_ || static_cast<int64_t>(ready_.size()) < options_.prefetch; });
+      space_free_.wait(lock, [this] {
+        return stop_ || static_cast<int64_t>(ready_.size()) < options_.prefetch;
+      });
       if (stop_) return;
     }
     // Copy outside the lock so the consumer can take earlier batches meanwhile.
@@ -313,7 +326,8 @@ void BatchLoader::Produce() {
     batch.labels.resize(static_cast<size_t>(size));
     for (int64_t r = 0; r < size; ++r) {
       const int64_t sample = order_[static_cast<size_t>(begin + r)];
-      std::copy_n(data_.images.begin() + sample * features, features, batch.images.begin() + r * features);
+      std::copy_n(data_.images.begin() + sample * features, features,
+                  batch.images.begin() + r * features);
       batch.labels[static_cast<size_t>(r)] = data_.labels[static_cast<size_t>(sample)];
     }
     {

@@ -51,11 +51,14 @@ Bytes Images(uint32_t count, uint32_t rows, uint32_t cols, const Bytes& pixels) 
   return Idx(kImageMagic, {count, rows, cols}, pixels);
 }
 
-Bytes Labels(const Bytes& labels) { return Idx(kLabelMagic, {static_cast<uint32_t>(labels.size())}, labels); }
+Bytes Labels(const Bytes& labels) {
+  return Idx(kLabelMagic, {static_cast<uint32_t>(labels.size())}, labels);
+}
 
 void WritePlain(const fs::path& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -63,7 +66,8 @@ void WriteGzip(const fs::path& path, const Bytes& bytes) {
   gzFile file = gzopen(path.c_str(), "wb");
   ASSERT_NE(file, nullptr) << path;
   if (!bytes.empty()) {
-    ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+    ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())),
+              static_cast<int>(bytes.size()));
   }
   ASSERT_EQ(gzclose(file), Z_OK);
 }
@@ -92,7 +96,8 @@ class DatasetTest : public ::testing::Test {
   }
 
   // Writes images and labels (gzip or plain) and returns their paths.
-  std::pair<std::string, std::string> WritePair(const Bytes& images, const Bytes& labels, bool gzip) {
+  std::pair<std::string, std::string> WritePair(const Bytes& images, const Bytes& labels,
+                                                bool gzip) {
     const fs::path ip = dir_ / (gzip ? "images.gz" : "images");
     const fs::path lp = dir_ / (gzip ? "labels.gz" : "labels");
     if (gzip) {
@@ -131,7 +136,8 @@ TEST_F(DatasetTest, LoadIdxParsesAndNormalizesPlainAndGzip) {
     EXPECT_EQ(r->labels, (std::vector<int32_t>{0, 9, 4}));
     ASSERT_EQ(r->images.size(), kPixels.size());
     for (size_t i = 0; i < kPixels.size(); ++i) {
-      EXPECT_FLOAT_EQ(r->images[i], (static_cast<float>(kPixels[i]) / 255.0f - mean) / stddev) << "pixel " << i;
+      EXPECT_FLOAT_EQ(r->images[i], (static_cast<float>(kPixels[i]) / 255.0f - mean) / stddev)
+          << "pixel " << i;
     }
     EXPECT_FLOAT_EQ(r->images[0], -2.0f);  // 0 -> (0 - 0.5) / 0.25
     EXPECT_FLOAT_EQ(r->images[1], 2.0f);   // 255 -> (1 - 0.5) / 0.25
@@ -152,7 +158,8 @@ TEST_F(DatasetTest, LoadIdxMissingFileIsNotFoundWithPackageHint) {
   const std::string missing = (dir_ / "nope-idx3-ubyte.gz").string();
   for (const auto& r : {LoadIdx(missing, lp), LoadIdx(ip, missing)}) {
     ExpectError(r, StatusCode::kNotFound, missing);
-    EXPECT_NE(r.status().message().find("apt-get install dataset-fashion-mnist"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("apt-get install dataset-fashion-mnist"), std::string::npos)
+        << r.status();
   }
 }
 
@@ -226,12 +233,14 @@ TEST_F(DatasetTest, LoadIdxTruncatedPlainFileAtAnyOffsetIsInvalidArgument) {
   const Bytes labels = Labels(kLabels);
   for (size_t cut = 0; cut < images.size(); ++cut) {
     SCOPED_TRACE("images cut at " + std::to_string(cut));
-    auto [ip, lp] = WritePair(Bytes(images.begin(), images.begin() + static_cast<long>(cut)), labels, false);
+    auto [ip, lp] =
+        WritePair(Bytes(images.begin(), images.begin() + static_cast<long>(cut)), labels, false);
     ExpectError(LoadIdx(ip, lp), StatusCode::kInvalidArgument, ip);
   }
   for (size_t cut = 0; cut < labels.size(); ++cut) {
     SCOPED_TRACE("labels cut at " + std::to_string(cut));
-    auto [ip, lp] = WritePair(images, Bytes(labels.begin(), labels.begin() + static_cast<long>(cut)), false);
+    auto [ip, lp] =
+        WritePair(images, Bytes(labels.begin(), labels.begin() + static_cast<long>(cut)), false);
     ExpectError(LoadIdx(ip, lp), StatusCode::kInvalidArgument, lp);
   }
 }
@@ -243,14 +252,16 @@ TEST_F(DatasetTest, LoadIdxTruncatedGzipAtAnyOffsetIsInvalidArgument) {
   const Bytes labels = Labels(kLabels);
   for (size_t cut = 0; cut < images.size(); ++cut) {
     SCOPED_TRACE("content cut at " + std::to_string(cut));
-    auto [ip, lp] = WritePair(Bytes(images.begin(), images.begin() + static_cast<long>(cut)), labels, true);
+    auto [ip, lp] =
+        WritePair(Bytes(images.begin(), images.begin() + static_cast<long>(cut)), labels, true);
     ExpectError(LoadIdx(ip, lp), StatusCode::kInvalidArgument, ip);
   }
   auto [ip, lp] = WritePair(images, labels, true);
   const Bytes compressed = ReadRaw(ip);
   ASSERT_GT(compressed.size(), 18u);
   for (size_t cut = 0; cut < compressed.size(); ++cut) {
-    SCOPED_TRACE("compressed stream cut at " + std::to_string(cut) + " of " + std::to_string(compressed.size()));
+    SCOPED_TRACE("compressed stream cut at " + std::to_string(cut) + " of " +
+                 std::to_string(compressed.size()));
     WritePlain(ip, Bytes(compressed.begin(), compressed.begin() + static_cast<long>(cut)));
     ExpectError(LoadIdx(ip, lp), StatusCode::kInvalidArgument, ip);
   }
@@ -269,7 +280,8 @@ TEST_F(DatasetTest, LoadIdxHeaderClaimingHugeSizesFailsWithoutAllocatingIt) {
   for (bool gzip : {false, true}) {
     SCOPED_TRACE(gzip ? "gzip" : "plain");
     // Overflows any sane element count.
-    auto [ip, lp] = WritePair(Images(0xffffffffu, 0xffffffffu, 0xffffffffu, kPixels), Labels(kLabels), gzip);
+    auto [ip, lp] =
+        WritePair(Images(0xffffffffu, 0xffffffffu, 0xffffffffu, kPixels), Labels(kLabels), gzip);
     ExpectError(LoadIdx(ip, lp), StatusCode::kInvalidArgument, ip);
     // About 10^12 bytes: plausible to the overflow check, but the file holds 18.
     auto [ip2, lp2] = WritePair(Images(1u << 20, 1000, 1000, kPixels), Labels(kLabels), gzip);
@@ -289,7 +301,8 @@ TEST_F(DatasetTest, LoadIdxNeverCrashesOnMutatedFiles) {
     for (int trial = 0; trial < 500; ++trial) {
       Bytes mutated = original;
       const int flips = 1 + static_cast<int>(rng() % 4);
-      for (int f = 0; f < flips; ++f) mutated[rng() % mutated.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      for (int f = 0; f < flips; ++f)
+        mutated[rng() % mutated.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
       if (rng() % 4 == 0) mutated.resize(rng() % mutated.size());
       WritePlain(ip, mutated);
       Result<Dataset> r = LoadIdx(ip, lp);
@@ -340,7 +353,8 @@ TEST_F(DatasetTest, LoadFashionMnistPrefersGzipThenPlainFile) {
 TEST_F(DatasetTest, LoadFashionMnistMissingFilesAreNotFoundWithPackageHint) {
   Result<Dataset> r = LoadFashionMnist((dir_ / "absent").string(), /*train=*/false);
   ExpectError(r, StatusCode::kNotFound, (dir_ / "absent" / "t10k-images-idx3-ubyte.gz").string());
-  EXPECT_NE(r.status().message().find("apt-get install dataset-fashion-mnist"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("apt-get install dataset-fashion-mnist"), std::string::npos)
+      << r.status();
 
   WriteGzip(dir_ / "t10k-images-idx3-ubyte.gz", Images(3, 2, 3, kPixels));
   ExpectError(LoadFashionMnist(dir_.string(), false), StatusCode::kNotFound,
@@ -368,11 +382,13 @@ void ExpectRealFashionMnist(const Dataset& ds, int64_t count) {
 
 TEST(DatasetRealTest, FashionMnistTrainAndTestLoadWithExpectedShapes) {
   if (!fs::exists(kFashionDir)) {
-    GTEST_SKIP() << kFashionDir << " is absent; install it with `apt-get install dataset-fashion-mnist`";
+    GTEST_SKIP() << kFashionDir
+                 << " is absent; install it with `apt-get install dataset-fashion-mnist`";
   }
   const auto start = std::chrono::steady_clock::now();
   Result<Dataset> train = LoadFashionMnist(kFashionDir, /*train=*/true);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(train.ok()) << train.status();
   std::cout << "[ info     ] loaded 60000 Fashion-MNIST training images in " << seconds << " s\n";
   ExpectRealFashionMnist(*train, 60000);
@@ -451,7 +467,8 @@ Epoch Drain(BatchLoader& loader, const Dataset& data, int64_t epoch) {
   return out;
 }
 
-Epoch RunEpoch(const Dataset& data, std::vector<int64_t> indices, const LoaderOptions& options, int64_t epoch) {
+Epoch RunEpoch(const Dataset& data, std::vector<int64_t> indices, const LoaderOptions& options,
+               int64_t epoch) {
   BatchLoader loader(data, std::move(indices), options, epoch);
   return Drain(loader, data, epoch);
 }
@@ -544,7 +561,8 @@ TEST(DatasetBatchLoaderTest, ShuffleOrderIsPinnedAcrossPlatforms) {
   LoaderOptions options;
   options.batch_size = 4;
   options.seed = 1;
-  EXPECT_EQ(RunEpoch(data, Iota(10), options, 0).order, (std::vector<int64_t>{4, 6, 8, 9, 3, 5, 7, 2, 0, 1}));
+  EXPECT_EQ(RunEpoch(data, Iota(10), options, 0).order,
+            (std::vector<int64_t>{4, 6, 8, 9, 3, 5, 7, 2, 0, 1}));
 }
 
 TEST(DatasetBatchLoaderTest, NoShuffleServesIndicesAsGiven) {

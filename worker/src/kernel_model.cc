@@ -61,9 +61,8 @@ Result<StepStats> KernelModel::TrainStep(const float* images_host, const int32_t
                          stager_.Stage("TrainStep", images_host, labels_host, batch));
   LEASH_ASSIGN_OR_RETURN(const float* logits, Forward(in.x, batch));
   StepStats stats;
-  LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx_, batch, num_classes_, logits, in.labels,
-                                                     delta_[0].data(), &stats.loss,
-                                                     &stats.correct));
+  LEASH_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(
+      ctx_, batch, num_classes_, logits, in.labels, delta_[0].data(), &stats.loss, &stats.correct));
   LEASH_RETURN_IF_ERROR(Backward(in.x, batch, &delta_[0], &delta_[1], on_grad));
   return stats;
 }

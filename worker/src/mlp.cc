@@ -48,7 +48,8 @@ class Mlp final : public KernelModel {
       const std::string name = "mlp/fc" + std::to_string(l + 1);
       LEASH_RETURN_IF_ERROR(AddParams(name, layer.in, layer.out, layer.in, layer.out, rng));
       const auto out = static_cast<size_t>(layer.out);
-      LEASH_ASSIGN_OR_RETURN(layer.act, Buffer::Allocate(ctx(), static_cast<size_t>(max_batch()) * out));
+      LEASH_ASSIGN_OR_RETURN(layer.act,
+                             Buffer::Allocate(ctx(), static_cast<size_t>(max_batch()) * out));
       layers_.push_back(std::move(layer));
     }
     // The gradient flowing back is as wide as the widest layer.
@@ -67,11 +68,12 @@ class Mlp final : public KernelModel {
   Result<const float*> Forward(const float* x, int64_t batch) override {
     for (size_t l = 0; l < layers_.size(); ++l) {
       Layer& layer = layers_[l];
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kNo, batch, layer.out, layer.in, 1.f, x,
-                                          Weight(l), 0.f, layer.act.data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kNo, batch, layer.out,
+                                          layer.in, 1.f, x, Weight(l), 0.f, layer.act.data()));
       LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx(), batch, layer.out, Bias(l), layer.act.data()));
       if (l + 1 < layers_.size()) {
-        LEASH_RETURN_IF_ERROR(kernels::Relu(ctx(), batch * layer.out, layer.act.data(), layer.act.data()));
+        LEASH_RETURN_IF_ERROR(
+            kernels::Relu(ctx(), batch * layer.out, layer.act.data(), layer.act.data()));
       }
       x = layer.act.data();
     }
@@ -85,15 +87,17 @@ class Mlp final : public KernelModel {
       Weights& p = weights(l);
       const float* x = l == 0 ? input : layers_[l - 1].act.data();
       // dW = x^T dz (in x out), db = column sums of dz.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, layer.in, layer.out, batch, 1.f, x,
-                                          dz->data(), 0.f, p.dw.data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, layer.in,
+                                          layer.out, batch, 1.f, x, dz->data(), 0.f, p.dw.data()));
       LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, layer.out, dz->data(), p.db.data()));
       GradientsReady(l, on_grad);
       if (l == 0) break;  // nobody needs the gradient of the input
       // dx = dz W^T (batch x in), then through the ReLU that produced x.
-      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, layer.in, layer.out, 1.f,
-                                          dz->data(), Weight(l), 0.f, dnext->data()));
-      LEASH_RETURN_IF_ERROR(kernels::ReluBackward(ctx(), batch * layer.in, x, dnext->data(), dnext->data()));
+      LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kNo, Transpose::kYes, batch, layer.in,
+                                          layer.out, 1.f, dz->data(), Weight(l), 0.f,
+                                          dnext->data()));
+      LEASH_RETURN_IF_ERROR(
+          kernels::ReluBackward(ctx(), batch * layer.in, x, dnext->data(), dnext->data()));
       std::swap(dz, dnext);
     }
     return Status::Ok();
@@ -104,8 +108,9 @@ class Mlp final : public KernelModel {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size, std::vector<int64_t> hidden,
-                                       int64_t num_classes, int64_t max_batch) {
+Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size,
+                                       std::vector<int64_t> hidden, int64_t num_classes,
+                                       int64_t max_batch) {
   if (hidden.empty()) {
     return InvalidArgument("MakeMlp: needs at least one hidden layer size, e.g. {128}");
   }
@@ -114,16 +119,17 @@ Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size
   widths.insert(widths.end(), hidden.begin(), hidden.end());
   widths.push_back(num_classes);
   for (size_t i = 0; i < widths.size(); ++i) {
-    const std::string what = i == 0 ? "input_size" : i + 1 == widths.size() ? "num_classes"
-                                                                              : "hidden[" + std::to_string(i - 1) + "]";
+    const std::string what = i == 0                   ? "input_size"
+                             : i + 1 == widths.size() ? "num_classes"
+                                                      : "hidden[" + std::to_string(i - 1) + "]";
     if (widths[i] <= 0 || widths[i] > kMaxDim) {
-      return InvalidArgument("MakeMlp: " + what + " must be in [1, " + std::to_string(kMaxDim) + "], got " +
-                             std::to_string(widths[i]));
+      return InvalidArgument("MakeMlp: " + what + " must be in [1, " + std::to_string(kMaxDim) +
+                             "], got " + std::to_string(widths[i]));
     }
   }
   if (max_batch <= 0 || max_batch > kMaxDim) {
-    return InvalidArgument("MakeMlp: max_batch must be in [1, " + std::to_string(kMaxDim) + "], got " +
-                           std::to_string(max_batch));
+    return InvalidArgument("MakeMlp: max_batch must be in [1, " + std::to_string(kMaxDim) +
+                           "], got " + std::to_string(max_batch));
   }
   auto mlp = std::make_unique<Mlp>(ctx, input_size, num_classes, max_batch);
   LEASH_RETURN_IF_ERROR(mlp->Init(widths));

@@ -39,8 +39,9 @@ std::vector<std::vector<float>> RandomizeParams(Model& model, std::mt19937& rng)
 }
 
 // The same network in double precision: x W + b, ReLU between layers, mean softmax CE.
-double ReferenceLoss(const std::vector<std::vector<double>>& params, const std::vector<float>& images,
-                     const std::vector<int32_t>& labels, int64_t batch, int64_t input_size) {
+double ReferenceLoss(const std::vector<std::vector<double>>& params,
+                     const std::vector<float>& images, const std::vector<int32_t>& labels,
+                     int64_t batch, int64_t input_size) {
   std::vector<double> a(images.begin(), images.begin() + batch * input_size);
   int64_t width = input_size;
   const size_t layers = params.size() / 2;
@@ -65,7 +66,8 @@ double ReferenceLoss(const std::vector<std::vector<double>>& params, const std::
 // Trains `direct` with plain TrainStep calls and `staged` with PrefetchBatch ahead of each
 // step (also a prefetch that is never used, one discarded by Evaluate, and a short last
 // batch) on the same parameters, and checks both trained the same batches the same way.
-void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t max_batch, double tolerance) {
+void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t max_batch,
+                                          double tolerance) {
   std::mt19937 rng(21);
   const auto values = RandomizeParams(direct, rng);
   for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(staged.SetParam(i, values[i].data()).ok());
@@ -78,7 +80,8 @@ void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t 
   std::vector<B> batches;
   for (int b = 0; b < 7; ++b) {
     const int64_t size = b == 6 ? max_batch / 2 : max_batch;
-    batches.push_back({RandomVector(size * input, rng, -1.f, 1.f), RandomLabels(size, direct.num_classes(), rng), size});
+    batches.push_back({RandomVector(size * input, rng, -1.f, 1.f),
+                       RandomLabels(size, direct.num_classes(), rng), size});
   }
   auto step = [&](const B& b, const char* what) {
     auto d = direct.TrainStep(b.images.data(), b.labels.data(), b.size);
@@ -91,10 +94,13 @@ void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t 
       std::vector<float> gd(values[i].size()), gs(values[i].size());
       ASSERT_TRUE(direct.Gradient(i, gd.data()).ok());
       ASSERT_TRUE(staged.Gradient(i, gs.data()).ok());
-      for (size_t e = 0; e < gd.size(); ++e) ASSERT_NEAR(gs[e], gd[e], tolerance * (1 + std::abs(gd[e]))) << what;
+      for (size_t e = 0; e < gd.size(); ++e)
+        ASSERT_NEAR(gs[e], gd[e], tolerance * (1 + std::abs(gd[e]))) << what;
     }
   };
-  auto prefetch = [&](const B& b) { ASSERT_TRUE(staged.PrefetchBatch(b.images.data(), b.labels.data(), b.size).ok()); };
+  auto prefetch = [&](const B& b) {
+    ASSERT_TRUE(staged.PrefetchBatch(b.images.data(), b.labels.data(), b.size).ok());
+  };
 
   prefetch(batches[0]);
   step(batches[0], "a prefetched batch");
@@ -105,7 +111,8 @@ void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t 
   step(batches[3], "another batch than the one prefetched");
   EXPECT_EQ(staged.staging().used, 2);
   prefetch(batches[4]);
-  ASSERT_TRUE(staged.Evaluate(batches[5].images.data(), batches[5].labels.data(), batches[5].size).ok());
+  ASSERT_TRUE(
+      staged.Evaluate(batches[5].images.data(), batches[5].labels.data(), batches[5].size).ok());
   step(batches[4], "a prefetch discarded by Evaluate");
   prefetch(batches[6]);
   step(batches[6], "a short prefetched batch");
@@ -114,15 +121,19 @@ void ExpectPrefetchedStepsMatchDirectOnes(Model& direct, Model& staged, int64_t 
 
   std::vector<int32_t> bad_labels(batches[0].labels);
   bad_labels[3] = static_cast<int32_t>(direct.num_classes());
-  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), bad_labels.data(), max_batch).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), batches[0].labels.data(), max_batch + 1).code(),
+  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), bad_labels.data(), max_batch).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(staged.PrefetchBatch(nullptr, batches[0].labels.data(), 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged.PrefetchBatch(batches[0].images.data(), batches[0].labels.data(), max_batch + 1)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged.PrefetchBatch(nullptr, batches[0].labels.data(), 1).code(),
+            StatusCode::kInvalidArgument);
 }
 
 class MlpTest : public kernels::CpuContextTest {
  protected:
-  std::unique_ptr<Model> Make(int64_t input, std::vector<int64_t> hidden, int64_t classes, int64_t max_batch) {
+  std::unique_ptr<Model> Make(int64_t input, std::vector<int64_t> hidden, int64_t classes,
+                              int64_t max_batch) {
     auto m = MakeMlp(*ctx_, input, std::move(hidden), classes, max_batch);
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? std::move(m).value() : nullptr;
@@ -251,14 +262,17 @@ TEST_F(MlpTest, SgdThroughKernelsLearnsSyntheticClasses) {
   std::vector<float> grad;
   for (int epoch = 0; epoch < 20; ++epoch) {
     for (int64_t start = 0; start < n; start += batch) {
-      auto stats = model->TrainStep(images.data() + start * input, labels.data() + start, batch, [&](size_t i) {
-        grad.resize(params[i].size());
-        ASSERT_TRUE(model->Gradient(i, grad.data()).ok());
-        ASSERT_TRUE(kernels::SgdUpdate(*ctx_, static_cast<int64_t>(grad.size()), sgd, grad.data(), params[i].data())
-                        .ok());
-      });
+      auto stats = model->TrainStep(
+          images.data() + start * input, labels.data() + start, batch, [&](size_t i) {
+            grad.resize(params[i].size());
+            ASSERT_TRUE(model->Gradient(i, grad.data()).ok());
+            ASSERT_TRUE(kernels::SgdUpdate(*ctx_, static_cast<int64_t>(grad.size()), sgd,
+                                           grad.data(), params[i].data())
+                            .ok());
+          });
       ASSERT_TRUE(stats.ok()) << stats.status();
-      for (size_t i = 0; i < params.size(); ++i) ASSERT_TRUE(model->SetParam(i, params[i].data()).ok());
+      for (size_t i = 0; i < params.size(); ++i)
+        ASSERT_TRUE(model->SetParam(i, params[i].data()).ok());
     }
   }
   auto after = model->Evaluate(images.data(), labels.data(), n);
@@ -292,7 +306,8 @@ TEST_F(MlpTest, BadSizesAndArgumentsAreRejected) {
   EXPECT_EQ(code(5, {4}, 3, 0), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(5, {4}, 3, -1), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(int64_t{1} << 40, {4}, 3, 8), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(5, {}, 3, 8), StatusCode::kInvalidArgument);  // model.h: no hidden layer is "empty"
+  EXPECT_EQ(code(5, {}, 3, 8),
+            StatusCode::kInvalidArgument);  // model.h: no hidden layer is "empty"
 
   auto model = Make(5, {4}, 3, 8);
   ASSERT_NE(model, nullptr);
@@ -324,7 +339,8 @@ TEST_F(MlpTest, CudaModelRefusesBindingAndHasNoHostGradient) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> w(20, 0.1f);
   EXPECT_EQ((*gpu)->BindParam(0, w.data()).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*gpu)->HostGradient(0).status().code(), StatusCode::kFailedPrecondition);  // not trained yet
+  EXPECT_EQ((*gpu)->HostGradient(0).status().code(),
+            StatusCode::kFailedPrecondition);  // not trained yet
   std::vector<float> images(2 * 5, 0.1f);
   std::vector<int32_t> labels(2, 1);
   ASSERT_TRUE((*gpu)->TrainStep(images.data(), labels.data(), 2).ok());
@@ -355,7 +371,8 @@ TEST_F(MlpTest, CudaModelMatchesCpuModel) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::mt19937 rng(9);
   const auto values = RandomizeParams(*cpu, rng);
-  for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE((*gpu)->SetParam(i, values[i].data()).ok());
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_TRUE((*gpu)->SetParam(i, values[i].data()).ok());
   const auto images = RandomVector(batch * input, rng, -1.f, 1.f);
   const auto labels = RandomLabels(batch, classes, rng);
   auto cpu_stats = cpu->TrainStep(images.data(), labels.data(), batch);
@@ -368,7 +385,8 @@ TEST_F(MlpTest, CudaModelMatchesCpuModel) {
     std::vector<float> gc(values[i].size()), gg(values[i].size());
     ASSERT_TRUE(cpu->Gradient(i, gc.data()).ok());
     ASSERT_TRUE((*gpu)->Gradient(i, gg.data()).ok());
-    for (size_t e = 0; e < gc.size(); ++e) ASSERT_NEAR(gg[e], gc[e], 1e-5 + 1e-4 * std::abs(gc[e])) << i << "/" << e;
+    for (size_t e = 0; e < gc.size(); ++e)
+      ASSERT_NEAR(gg[e], gc[e], 1e-5 + 1e-4 * std::abs(gc[e])) << i << "/" << e;
   }
 }
 

@@ -8,7 +8,8 @@ namespace leash::worker {
 
 Status Model::BindParam(size_t index, const float* host) {
   LEASH_RETURN_IF_ERROR(CheckParamIndex("BindParam", index, params().size()));
-  if (host == nullptr) return InvalidArgument("BindParam: host data for " + params()[index].name + " is null");
+  if (host == nullptr)
+    return InvalidArgument("BindParam: host data for " + params()[index].name + " is null");
   return FailedPrecondition("BindParam: this model always copies its parameters; use SetParam");
 }
 

@@ -17,14 +17,17 @@
 
 namespace leash::worker {
 
-inline bool SameBits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+inline bool SameBits(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
 
 // `copied` and `bound` are two models of the same architecture on the CPU. Trains both on
 // the same batch, `copied` with SetParam and `bound` with BindParam of the same values,
 // and expects bit-identical losses, predictions and gradients; then that `bound` reads
 // the bound arrays in place (a change to them is seen by its next step) until SetParam
 // makes it read its own copy again (a change then has no effect).
-inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, int64_t batch, uint32_t seed) {
+inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, int64_t batch,
+                                                 uint32_t seed) {
   std::mt19937 rng(seed);
   const size_t n = copied.params().size();
   std::vector<std::vector<float>> values;
@@ -54,12 +57,15 @@ inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, in
       ASSERT_TRUE(g.ok()) << g.status();
       EXPECT_NE(*g, nullptr);
       if (i >= 2) {
-        EXPECT_EQ(bound.HostGradient(i / 2 * 2 - 2).status().code(), StatusCode::kFailedPrecondition) << i;
+        EXPECT_EQ(bound.HostGradient(i / 2 * 2 - 2).status().code(),
+                  StatusCode::kFailedPrecondition)
+            << i;
       }
     });
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(std::memcmp(&b->loss, &c->loss, sizeof(float)), 0) << what << ": " << b->loss << " vs " << c->loss;
+    EXPECT_EQ(std::memcmp(&b->loss, &c->loss, sizeof(float)), 0)
+        << what << ": " << b->loss << " vs " << c->loss;
     EXPECT_EQ(b->correct, c->correct) << what;
     for (size_t i = 0; i < n; ++i) {
       std::vector<float> gc(values[i].size()), gb(values[i].size());

@@ -24,12 +24,15 @@ class ParamBindings {
   // Model::BindParam: records `host` as where parameter `index` is read from.
   // InvalidArgument for a bad index or null `host`; FailedPrecondition unless `ctx` is
   // the CPU (a GPU kernel cannot read pageable host memory).
-  Status Bind(const kernels::Context& ctx, const std::vector<ParamSpec>& params, size_t index, const float* host) {
+  Status Bind(const kernels::Context& ctx, const std::vector<ParamSpec>& params, size_t index,
+              const float* host) {
     LEASH_RETURN_IF_ERROR(CheckParamIndex("BindParam", index, params.size()));
-    if (host == nullptr) return InvalidArgument("BindParam: host data for " + params[index].name + " is null");
+    if (host == nullptr)
+      return InvalidArgument("BindParam: host data for " + params[index].name + " is null");
     if (ctx.device().type != kernels::DeviceType::kCpu) {
-      return FailedPrecondition("BindParam: the model computes on " + kernels::DeviceName(ctx.device()) +
-                                ", which cannot read " + params[index].name + " from host memory; use SetParam");
+      return FailedPrecondition("BindParam: the model computes on " +
+                                kernels::DeviceName(ctx.device()) + ", which cannot read " +
+                                params[index].name + " from host memory; use SetParam");
     }
     bound_[index] = host;
     return Status::Ok();

@@ -140,7 +140,8 @@ class RemoteParams final : public ParamStore {
   int64_t clock() const override { return client_->clock(); }
 
  private:
-  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock, std::vector<Future>* futs) {
+  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock,
+                  std::vector<Future>* futs) {
     values->resize(tables_.size());
     client_->HoldSends();  // every table's pull in one message per shard
     for (size_t i = 0; i < tables_.size(); ++i) {
@@ -183,7 +184,8 @@ class LocalParams final : public ParamStore {
     for (size_t i = 0; i < params.size(); ++i) {
       TableSpec t = MakeTableSpec(params[i], opt, i);
       uint64_t rows = t.rows;
-      LEASH_ASSIGN_OR_RETURN(ps::Table table, ps::Table::Create(static_cast<uint32_t>(i), std::move(t), {0, rows}));
+      LEASH_ASSIGN_OR_RETURN(ps::Table table,
+                             ps::Table::Create(static_cast<uint32_t>(i), std::move(t), {0, rows}));
       tables_.push_back(std::make_unique<ps::Table>(std::move(table)));
     }
     return Status::Ok();

@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Per-epoch accumulators of what this worker trained.
 struct EpochAcc {
@@ -30,8 +32,8 @@ struct EpochAcc {
 
 class Loop {
  public:
-  Loop(Model& model, ParamStore& params, const Dataset& train, const Dataset* test, const TrainOptions& o,
-       const std::atomic<bool>* stop)
+  Loop(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
+       const TrainOptions& o, const std::atomic<bool>* stop)
       : model_(model), params_(params), train_(train), test_(test), o_(o), stop_(stop) {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
     sums_.resize(grads_.size());
@@ -42,13 +44,14 @@ class Loop {
   Status ReleaseParams() {
     if (!bound_any_) return Status::Ok();
     bound_any_ = false;
-    for (size_t i = 0; i < values_.size(); ++i) LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+    for (size_t i = 0; i < values_.size(); ++i)
+      LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
     return Status::Ok();
   }
 
   Result<TrainResult> Run() {
     DataPlan plan{static_cast<uint64_t>(train_.count), static_cast<uint32_t>(o_.chunk_size),
-                      static_cast<uint32_t>(o_.epochs), o_.seed};
+                  static_cast<uint32_t>(o_.epochs), o_.seed};
     start_ = Clock::now();
     window_start_ = start_;
     std::optional<ChunkDone> done;
@@ -96,7 +99,8 @@ class Loop {
   template <typename Step>
   Status Iterate(Step step) {
     Status st = step();
-    if (st.code() == StatusCode::kNotRegistered || (st.ok() && params_.needs_rejoin())) return Rejoin();
+    if (st.code() == StatusCode::kNotRegistered || (st.ok() && params_.needs_rejoin()))
+      return Rejoin();
     return st;
   }
 
@@ -126,7 +130,9 @@ class Loop {
         while (batch && micro < k) {
           std::optional<Batch> next = loader.Next();
           // The next batch travels to the device while this one computes.
-          if (next) LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(next->images.data(), next->labels.data(), next->size));
+          if (next)
+            LEASH_RETURN_IF_ERROR(
+                model_.PrefetchBatch(next->images.data(), next->labels.data(), next->size));
           bool last = micro + 1 == k || !next;
           auto c0 = Clock::now();
           LEASH_ASSIGN_OR_RETURN(StepStats stats, MicroStep(*batch, micro, last));
@@ -164,7 +170,8 @@ class Loop {
     result_.compute_seconds += compute;
     if (!(o_.step_delay_factor > 1.0)) return;
     auto d0 = Clock::now();
-    std::this_thread::sleep_for(std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
     result_.injected_delay_seconds += Seconds(d0, Clock::now());
   }
 
@@ -188,7 +195,8 @@ class Loop {
   // evaluation's own batches discard that staging, so it is staged again. The time spent
   // here is in no iteration's t0..t1, hence in no train_seconds.
   Status EvaluatePeriodically(const Batch* pending) {
-    if (o_.eval_every <= 0 || test_ == nullptr || test_->count < 1 || steps_ % o_.eval_every != 0 || Stopping()) {
+    if (o_.eval_every <= 0 || test_ == nullptr || test_->count < 1 || steps_ % o_.eval_every != 0 ||
+        Stopping()) {
       return Status::Ok();
     }
     auto e0 = Clock::now();
@@ -204,16 +212,20 @@ class Loop {
       return Status::Ok();
     }));
     if (pending != nullptr) {
-      LEASH_RETURN_IF_ERROR(model_.PrefetchBatch(pending->images.data(), pending->labels.data(), pending->size));
+      LEASH_RETURN_IF_ERROR(
+          model_.PrefetchBatch(pending->images.data(), pending->labels.data(), pending->size));
     }
     p.eval_seconds = Seconds(e0, Clock::now());
     result_.eval_seconds += p.eval_seconds;
     if (!stats) return Status::Ok();  // this worker rejoined the job instead: no point
     p.test_loss = stats->loss;
     p.test_accuracy = static_cast<double>(stats->correct) / static_cast<double>(test_->count);
-    spdlog::info("{} evaluation at step {} ({} samples trained, {:.2f} s): test loss {:.4f}, test accuracy {:.2f}% "
-                 "({:.3f} s)",
-                 o_.label, p.step, p.samples, p.elapsed_seconds, p.test_loss, p.test_accuracy * 100, p.eval_seconds);
+    spdlog::info(
+        "{} evaluation at step {} ({} samples trained, {:.2f} s): test loss {:.4f}, test accuracy "
+        "{:.2f}% "
+        "({:.3f} s)",
+        o_.label, p.step, p.samples, p.elapsed_seconds, p.test_loss, p.test_accuracy * 100,
+        p.eval_seconds);
     result_.evaluations.push_back(p);
     return Status::Ok();
   }
@@ -315,10 +327,12 @@ class Loop {
   void Progress(const ChunkGrant& g) {
     auto now = Clock::now();
     double sps = static_cast<double>(window_samples_) / std::max(1e-9, Seconds(window_start_, now));
-    std::printf("%s epoch %u/%lld chunk %u step %lld clock %lld loss %.4f acc %.3f %.0f samples/s\n", o_.label.c_str(),
-                g.epoch + 1, static_cast<long long>(o_.epochs), g.chunk, static_cast<long long>(steps_),
-                static_cast<long long>(params_.clock()), window_loss_ / static_cast<double>(window_samples_),
-                static_cast<double>(window_correct_) / static_cast<double>(window_samples_), sps);
+    std::printf(
+        "%s epoch %u/%lld chunk %u step %lld clock %lld loss %.4f acc %.3f %.0f samples/s\n",
+        o_.label.c_str(), g.epoch + 1, static_cast<long long>(o_.epochs), g.chunk,
+        static_cast<long long>(steps_), static_cast<long long>(params_.clock()),
+        window_loss_ / static_cast<double>(window_samples_),
+        static_cast<double>(window_correct_) / static_cast<double>(window_samples_), sps);
     std::fflush(stdout);
     window_loss_ = 0;
     window_samples_ = 0;
@@ -353,14 +367,17 @@ class Loop {
       std::string test_part;
       if (r.test_accuracy >= 0) {
         char buf[96];
-        std::snprintf(buf, sizeof buf, ", test loss %.4f, test accuracy %.2f%%", r.test_loss, r.test_accuracy * 100);
+        std::snprintf(buf, sizeof buf, ", test loss %.4f, test accuracy %.2f%%", r.test_loss,
+                      r.test_accuracy * 100);
         test_part = buf;
       }
-      std::printf("%s job epoch %lld/%lld done after %.1f s: this worker trained %lld samples (loss %.4f, acc %.4f, "
-                  "%.0f samples/s)%s\n",
-                  o_.label.c_str(), static_cast<long long>(r.epoch), static_cast<long long>(o_.epochs),
-                  r.elapsed_seconds, static_cast<long long>(r.samples), r.train_loss, r.train_accuracy,
-                  r.samples_per_second, test_part.c_str());
+      std::printf(
+          "%s job epoch %lld/%lld done after %.1f s: this worker trained %lld samples (loss %.4f, "
+          "acc %.4f, "
+          "%.0f samples/s)%s\n",
+          o_.label.c_str(), static_cast<long long>(r.epoch), static_cast<long long>(o_.epochs),
+          r.elapsed_seconds, static_cast<long long>(r.samples), r.train_loss, r.train_accuracy,
+          r.samples_per_second, test_part.c_str());
       std::fflush(stdout);
       result_.epochs.push_back(r);
       ++epochs_reported_;
@@ -376,8 +393,8 @@ class Loop {
   const TrainOptions& o_;
   const std::atomic<bool>* stop_;
   std::vector<std::vector<float>> values_;  // the model may be bound to these: see LoadParams
-  bool bind_ = true;                         // false once the model refused BindParam
-  bool bound_any_ = false;                   // some parameter may be bound to values_
+  bool bind_ = true;                        // false once the model refused BindParam
+  bool bound_any_ = false;                  // some parameter may be bound to values_
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> sums_;  // gradient sums over an iteration's micro-batches
   std::map<uint32_t, EpochAcc> epochs_;
@@ -394,20 +411,25 @@ class Loop {
 
 }  // namespace
 
-Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
-                          const TrainOptions& o, const std::atomic<bool>* stop) {
-  if (o.epochs < 1 || o.batch < 1 || o.chunk_size < 1 || o.chunk_size > UINT32_MAX || o.epochs > UINT32_MAX) {
+Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train,
+                          const Dataset* test, const TrainOptions& o,
+                          const std::atomic<bool>* stop) {
+  if (o.epochs < 1 || o.batch < 1 || o.chunk_size < 1 || o.chunk_size > UINT32_MAX ||
+      o.epochs > UINT32_MAX) {
     return InvalidArgument("need epochs >= 1, batch >= 1 and chunk size >= 1");
   }
   if (o.eval_every < 0) {
-    return InvalidArgument("eval_every must be >= 0 (0: no periodic evaluation), got " + std::to_string(o.eval_every));
+    return InvalidArgument("eval_every must be >= 0 (0: no periodic evaluation), got " +
+                           std::to_string(o.eval_every));
   }
   if (!(o.step_delay_factor >= 1.0) || !std::isfinite(o.step_delay_factor)) {
-    return InvalidArgument("the step delay factor must be finite and >= 1, got " + std::to_string(o.step_delay_factor));
+    return InvalidArgument("the step delay factor must be finite and >= 1, got " +
+                           std::to_string(o.step_delay_factor));
   }
   if (train.count < 1) return InvalidArgument("the training set is empty");
   if (train.features() != model.input_size()) {
-    return InvalidArgument("dataset has " + std::to_string(train.features()) + " features per sample, the model expects " +
+    return InvalidArgument("dataset has " + std::to_string(train.features()) +
+                           " features per sample, the model expects " +
                            std::to_string(model.input_size()));
   }
   Loop loop(model, params, train, test, o, stop);
@@ -418,29 +440,35 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
 }
 
 Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& o,
-                        const TrainResult& result, const std::vector<std::pair<std::string, double>>& extra) {
+                        const TrainResult& result,
+                        const std::vector<std::pair<std::string, double>>& extra) {
   std::ofstream f(path);
   if (!f) return IOError("cannot write results to '" + path + "'");
-  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch << ",\n  \"accumulate\": " << o.accumulate
-    << ",\n  \"chunk_size\": " << o.chunk_size << ",\n  \"chunks_trained\": " << result.chunks_trained
+  f << "{\n  \"mode\": \"" << mode << "\",\n  \"batch\": " << o.batch
+    << ",\n  \"accumulate\": " << o.accumulate << ",\n  \"chunk_size\": " << o.chunk_size
+    << ",\n  \"chunks_trained\": " << result.chunks_trained
     << ",\n  \"iterations\": " << result.iterations << ",\n  \"rejoins\": " << result.rejoins
-    << ",\n  \"eval_every\": " << o.eval_every << ",\n  \"eval_seconds\": " << result.eval_seconds << ",\n";
+    << ",\n  \"eval_every\": " << o.eval_every << ",\n  \"eval_seconds\": " << result.eval_seconds
+    << ",\n";
   for (const auto& [key, value] : extra) f << "  \"" << key << "\": " << value << ",\n";
   f << "  \"epochs\": [\n";
   const std::vector<EpochResult>& results = result.epochs;
   for (size_t i = 0; i < results.size(); ++i) {
     const EpochResult& r = results[i];
-    f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps << ", \"samples\": " << r.samples
-      << ", \"train_loss\": " << r.train_loss << ", \"train_accuracy\": " << r.train_accuracy
-      << ", \"test_loss\": " << r.test_loss << ", \"test_accuracy\": " << r.test_accuracy
-      << ", \"train_seconds\": " << r.train_seconds << ", \"samples_per_second\": " << r.samples_per_second
-      << ", \"elapsed_seconds\": " << r.elapsed_seconds << "}" << (i + 1 < results.size() ? ",\n" : "\n");
+    f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps
+      << ", \"samples\": " << r.samples << ", \"train_loss\": " << r.train_loss
+      << ", \"train_accuracy\": " << r.train_accuracy << ", \"test_loss\": " << r.test_loss
+      << ", \"test_accuracy\": " << r.test_accuracy << ", \"train_seconds\": " << r.train_seconds
+      << ", \"samples_per_second\": " << r.samples_per_second
+      << ", \"elapsed_seconds\": " << r.elapsed_seconds << "}"
+      << (i + 1 < results.size() ? ",\n" : "\n");
   }
   f << "  ],\n  \"evaluations\": [\n";
   const std::vector<EvalPoint>& points = result.evaluations;
   for (size_t i = 0; i < points.size(); ++i) {
     const EvalPoint& p = points[i];
-    f << "    {\"step\": " << p.step << ", \"samples\": " << p.samples << ", \"elapsed_seconds\": " << p.elapsed_seconds
+    f << "    {\"step\": " << p.step << ", \"samples\": " << p.samples
+      << ", \"elapsed_seconds\": " << p.elapsed_seconds
       << ", \"test_accuracy\": " << p.test_accuracy << ", \"test_loss\": " << p.test_loss
       << ", \"eval_seconds\": " << p.eval_seconds << "}" << (i + 1 < points.size() ? ",\n" : "\n");
   }

@@ -33,7 +33,8 @@ Dataset Synthetic(int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     d.labels[static_cast<size_t>(i)] = static_cast<int32_t>(i % 10);
     for (int64_t f = 0; f < d.features(); ++f) {
-      d.images[static_cast<size_t>(i * d.features() + f)] = static_cast<float>((i * 31 + f * 7) % 17) / 17.f - 0.5f;
+      d.images[static_cast<size_t>(i * d.features() + f)] =
+          static_cast<float>((i * 31 + f * 7) % 17) / 17.f - 0.5f;
     }
   }
   return d;
@@ -71,7 +72,8 @@ TimedRun TrainLocal(double factor) {
 // counts them, and tracks which parameters are bound.
 class SpyModel final : public Model {
  public:
-  SpyModel(Model& inner, bool zero_copy) : bound(inner.params().size()), inner_(inner), zero_copy_(zero_copy) {}
+  SpyModel(Model& inner, bool zero_copy)
+      : bound(inner.params().size()), inner_(inner), zero_copy_(zero_copy) {}
   const std::vector<ParamSpec>& params() const override { return inner_.params(); }
   int64_t input_size() const override { return inner_.input_size(); }
   int64_t num_classes() const override { return inner_.num_classes(); }
@@ -92,7 +94,8 @@ class SpyModel final : public Model {
                               const std::function<void(size_t)>& on_grad) override {
     return inner_.TrainStep(images_host, labels_host, batch, on_grad);
   }
-  Status PrefetchBatch(const float* images_host, const int32_t* labels_host, int64_t batch) override {
+  Status PrefetchBatch(const float* images_host, const int32_t* labels_host,
+                       int64_t batch) override {
     return inner_.PrefetchBatch(images_host, labels_host, batch);
   }
   StagingStats staging() const override { return inner_.staging(); }
@@ -106,7 +109,8 @@ class SpyModel final : public Model {
     if (g.ok() && *g != nullptr) ++host_gradients;
     return g;
   }
-  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) override {
+  Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host,
+                             int64_t n) override {
     return inner_.Evaluate(images_host, labels_host, n);
   }
 
@@ -124,7 +128,7 @@ class SpyModel final : public Model {
 struct SpyRun {
   TrainResult result;
   std::vector<std::vector<float>> final_params;  // the tables after training
-  float eval_loss_after = 0;                      // the model evaluated after Train returned
+  float eval_loss_after = 0;                     // the model evaluated after Train returned
   SpyModel* spy = nullptr;
 };
 
@@ -163,7 +167,8 @@ class SwapCountingParams final : public ParamStore {
 // Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
 // LocalParams or (prefetching) RemoteParams under staleness 1 on a one-shard in-memory
 // cluster whose replies take a millisecond, so that prefetches land during steps.
-SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep, bool prefetching = false) {
+SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep,
+                  bool prefetching = false) {
   SpyRun run;
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
   EXPECT_TRUE(ctx.ok()) << ctx.status();
@@ -223,7 +228,8 @@ void ExpectSameTraining(const SpyRun& a, const SpyRun& b) {
   ASSERT_EQ(a.final_params.size(), b.final_params.size());
   for (size_t i = 0; i < a.final_params.size(); ++i) {
     ASSERT_EQ(a.final_params[i].size(), b.final_params[i].size());
-    EXPECT_EQ(std::memcmp(a.final_params[i].data(), b.final_params[i].data(), a.final_params[i].size() * sizeof(float)),
+    EXPECT_EQ(std::memcmp(a.final_params[i].data(), b.final_params[i].data(),
+                          a.final_params[i].size() * sizeof(float)),
               0)
         << "table " << i;
   }
@@ -269,7 +275,8 @@ TEST(TrainerTest, ModelIsBoundToNothingAfterTrain) {
   std::unique_ptr<SpyModel> zero_model;
   SpyRun run = TrainSpied(true, 1, &zero_model);
   ASSERT_GT(run.spy->bind_calls, 0);
-  for (size_t i = 0; i < run.spy->bound.size(); ++i) EXPECT_FALSE(run.spy->bound[i]) << "parameter " << i;
+  for (size_t i = 0; i < run.spy->bound.size(); ++i)
+    EXPECT_FALSE(run.spy->bound[i]) << "parameter " << i;
 }
 
 TEST(TrainerTest, NoStepDelayByDefault) {
@@ -316,7 +323,8 @@ TEST(TrainerTest, RejectsAStepDelayFactorBelowOne) {
   auto r = TrainTiny([](TrainOptions& o) { o.step_delay_factor = 0.5; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("step delay factor"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("step delay factor"), std::string::npos)
+      << r.status().message();
 }
 
 // 512 training samples, batch 32, 2 epochs: 32 iterations; every 5th is followed by an

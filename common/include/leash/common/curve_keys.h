@@ -37,7 +37,7 @@ struct CurveKeys {
   std::string dir;
   std::string own_name;  // "server" or the client's NAME
   CurveKeyPair own;
-  std::string server_public_z85;       // clients only
+  std::string server_public_z85;          // clients only
   std::vector<AuthorizedKey> authorized;  // shards only
 };
 
@@ -65,6 +65,7 @@ Result<CurveKeys> LoadCurveClientKeys(const std::string& dir, const std::string&
 // DIR; with `authorize`, also copies the public key to DIR/authorized/<name>.pub. An
 // existing pair is kept (returns false in *created); AlreadyExists is never returned, so
 // running keygen twice is harmless. `name` may hold letters, digits, '-', '_' and '.'.
-Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, bool authorize, bool* created);
+Status GenerateCurveKeyPair(const std::string& dir, const std::string& name, bool authorize,
+                            bool* created);
 
 }  // namespace leash

@@ -44,10 +44,10 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name);
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float lr = 0.01f;
-  float momentum = 0.9f;       // Momentum
-  float beta1 = 0.9f;          // Adam
-  float beta2 = 0.999f;        // Adam
-  float epsilon = 1e-8f;       // Adam, Adagrad
+  float momentum = 0.9f;  // Momentum
+  float beta1 = 0.9f;     // Adam
+  float beta2 = 0.999f;   // Adam
+  float epsilon = 1e-8f;  // Adam, Adagrad
   float weight_decay = 0.f;
   bool operator==(const OptimizerConfig&) const = default;
 };
@@ -120,9 +120,9 @@ struct ChunkDone {
 
 // The job's progress through its data.
 struct CoverageProgress {
-  uint32_t epochs_done = 0;   // epochs whose every chunk was trained
+  uint32_t epochs_done = 0;  // epochs whose every chunk was trained
   uint32_t epochs = 0;
-  uint32_t chunks_done = 0;   // in the first unfinished epoch
+  uint32_t chunks_done = 0;  // in the first unfinished epoch
   uint32_t num_chunks = 0;
   uint32_t chunks_leased = 0;
   bool operator==(const CoverageProgress&) const = default;
@@ -159,8 +159,8 @@ struct PullRequest {
   uint32_t table_id = 0;
   Rows rows;
   uint64_t worker_id = 0;
-  int64_t clock = 0;       // the iteration the worker is about to compute
-  int64_t staleness = 0;   // served once the minimum clock >= clock - staleness
+  int64_t clock = 0;          // the iteration the worker is about to compute
+  int64_t staleness = 0;      // served once the minimum clock >= clock - staleness
   DType dtype = DType::kF32;  // encoding asked for the reply's values
 };
 struct PushRequest {
@@ -193,8 +193,9 @@ struct ChunkRequest {
   std::optional<ChunkDone> done;  // a chunk trained, reported with this request
 };
 
-using Request = std::variant<RegisterRequest, CreateTableRequest, PullRequest, PushRequest, ClockRequest,
-                             HeartbeatRequest, LeaveRequest, CheckpointRequest, StatsRequest, ChunkRequest>;
+using Request =
+    std::variant<RegisterRequest, CreateTableRequest, PullRequest, PushRequest, ClockRequest,
+                 HeartbeatRequest, LeaveRequest, CheckpointRequest, StatsRequest, ChunkRequest>;
 
 // ---- replies (shard -> peer) --------------------------------------------------------
 
@@ -271,7 +272,7 @@ struct ErrorReply {
   uint64_t boot_id = 0;
 };
 
-using Reply = std::variant<Welcome, TableCreated, PullReply, PushReply, ClockReply, HeartbeatReply, LeaveReply,
-                           CheckpointReply, ShardStats, ChunkGrant, ErrorReply>;
+using Reply = std::variant<Welcome, TableCreated, PullReply, PushReply, ClockReply, HeartbeatReply,
+                           LeaveReply, CheckpointReply, ShardStats, ChunkGrant, ErrorReply>;
 
 }  // namespace leash

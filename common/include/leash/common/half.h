@@ -9,7 +9,8 @@ namespace leash {
 inline uint16_t FloatToBf16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu)) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
+  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu))
+    return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
   uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
@@ -27,10 +28,11 @@ inline uint16_t FloatToHalf(float f) {
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t exp = (x >> 23) & 0xffu;
   uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xffu) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));  // Inf / NaN
+  if (exp == 0xffu)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));  // Inf / NaN
   int32_t e = static_cast<int32_t>(exp) - 127 + 15;
   if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> Inf
-  if (e <= 0) {                                                  // subnormal or zero
+  if (e <= 0) {                                                 // subnormal or zero
     if (e < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000u;
     uint32_t shift = static_cast<uint32_t>(14 - e);

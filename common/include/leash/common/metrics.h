@@ -47,7 +47,7 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  void Serve();        // the HTTP thread: accepts until stop_fd_ is written
+  void Serve();         // the HTTP thread: accepts until stop_fd_ is written
   void Answer(int fd);  // one request on an accepted connection
 
   std::shared_ptr<prometheus::Registry> registry_;

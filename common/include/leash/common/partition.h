@@ -27,7 +27,8 @@ class RangePartitioner {
   // The shard owning `key` in a table of `rows` rows (key < rows).
   int Owner(uint64_t rows, uint64_t key) const;
   // Splits `keys` by owner; positions[s][i] is the index in `keys` of out[s][i].
-  void Split(uint64_t rows, const std::vector<uint64_t>& keys, std::vector<std::vector<uint64_t>>* out,
+  void Split(uint64_t rows, const std::vector<uint64_t>& keys,
+             std::vector<std::vector<uint64_t>>* out,
              std::vector<std::vector<size_t>>* positions) const;
 
  private:

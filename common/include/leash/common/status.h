@@ -60,17 +60,27 @@ class [[nodiscard]] Status {
 
 std::ostream& operator<<(std::ostream& os, const Status& s);
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status VersionMismatch(std::string m) { return {StatusCode::kVersionMismatch, std::move(m)}; }
+inline Status VersionMismatch(std::string m) {
+  return {StatusCode::kVersionMismatch, std::move(m)};
+}
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
-inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 inline Status NotRegistered(std::string m) { return {StatusCode::kNotRegistered, std::move(m)}; }
@@ -79,7 +89,7 @@ inline Status NotRegistered(std::string m) { return {StatusCode::kNotRegistered,
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) {
       v_ = Status(StatusCode::kInternal, "Result constructed from an OK status without a value");
@@ -102,7 +112,8 @@ class [[nodiscard]] Result {
  private:
   T& Get() {
     if (!ok()) {
-      std::fprintf(stderr, "leash: Result::value() on error: %s\n", std::get<Status>(v_).ToString().c_str());
+      std::fprintf(stderr, "leash: Result::value() on error: %s\n",
+                   std::get<Status>(v_).ToString().c_str());
       std::abort();
     }
     return std::get<T>(v_);
@@ -113,18 +124,19 @@ class [[nodiscard]] Result {
 }  // namespace leash
 
 // Aborts with file and line when an internal invariant is broken. Never for bad input.
-#define LEASH_CHECK(cond)                                                                  \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
+#define LEASH_CHECK(cond)                                                                 \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                        \
-    }                                                                                      \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
 #define LEASH_CONCAT_INNER(a, b) a##b
 #define LEASH_CONCAT(a, b) LEASH_CONCAT_INNER(a, b)
 
-#define LEASH_RETURN_IF_ERROR(expr) LEASH_RETURN_IF_ERROR_IMPL(LEASH_CONCAT(_leash_st_, __COUNTER__), expr)
+#define LEASH_RETURN_IF_ERROR(expr) \
+  LEASH_RETURN_IF_ERROR_IMPL(LEASH_CONCAT(_leash_st_, __COUNTER__), expr)
 #define LEASH_RETURN_IF_ERROR_IMPL(tmp, expr) \
   do {                                        \
     ::leash::Status tmp = (expr);             \

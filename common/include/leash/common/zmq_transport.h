@@ -43,7 +43,7 @@ struct ZmqOptions {
   // and everything goes through the socket as without it. Frames that do not fit in a
   // ring at the moment go through the socket too.
   bool shared_memory = false;
-  int64_t shm_ring_bytes = int64_t{16} << 20;   // per direction and connection
+  int64_t shm_ring_bytes = int64_t{16} << 20;  // per direction and connection
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
 };
 
@@ -63,15 +63,15 @@ class ZmqContext {
 // also starts the ZAP handler thread (one CURVE server per ZmqContext): refused client
 // keys are logged (once per key) and counted in counters().
 Result<std::unique_ptr<ServerTransport>> BindZmqServer(ZmqContext& ctx, const std::string& endpoint,
-                                                      const ZmqOptions& options = {});
+                                                       const ZmqOptions& options = {});
 
 // Connects one DEALER to each endpoint; shard i is endpoints[i]. Connecting never
 // blocks: an unreachable shard shows up as requests that are not answered. Handshake
 // failures (a refused CURVE key, CURVE on one side only) are watched through a socket
 // monitor and reported by health(); with options.shared_memory, shared_memory() is set.
 Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
-                                                         const std::vector<std::string>& endpoints,
-                                                         const ZmqOptions& options = {});
+                                                          const std::vector<std::string>& endpoints,
+                                                          const ZmqOptions& options = {});
 
 // True for endpoints only this host can reach: tcp:// on 127.x, localhost, ::1 or the
 // interface lo; ipc:// and inproc://. A shard warns when it listens elsewhere without CURVE.

@@ -194,15 +194,17 @@ Status ReluBackward(Context& ctx, int64_t n, const float* y, const float* dy, fl
 // scratch) with BLAS; CUDA runs cuDNN in full fp32 (no TF32) with workspace the context
 // keeps and algorithms it picks once per shape, so the first call for a larger shape may
 // allocate (ResourceExhausted if it cannot).
-Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                     int64_t pad, const float* x, const float* weight, float* y);
+Status Conv2dForward(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out,
+                     int64_t k, int64_t pad, const float* x, const float* weight, float* y);
 // dx = dL/dx given dy = dL/dy, for Conv2dForward with the same sizes and weight.
-Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                          int64_t pad, const float* dy, const float* weight, float* dx);
+Status Conv2dBackwardData(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w,
+                          int64_t c_out, int64_t k, int64_t pad, const float* dy,
+                          const float* weight, float* dx);
 // dweight = dL/dweight given x and dy = dL/dy, summed over the n examples (n == 0 gives
 // zeros).
-Status Conv2dBackwardWeight(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
-                            int64_t pad, const float* x, const float* dy, float* dweight);
+Status Conv2dBackwardWeight(Context& ctx, int64_t n, int64_t c_in, int64_t h, int64_t w,
+                            int64_t c_out, int64_t k, int64_t pad, const float* x, const float* dy,
+                            float* dweight);
 // y[i, ch, p] += bias[ch] for y of n x c x hw (hw: the pixels of one channel).
 Status BiasAddChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const float* bias, float* y);
 // db[ch] = sum over i and p of dy[i, ch, p]; zeros when n or hw is 0.
@@ -210,12 +212,13 @@ Status BiasGradChannels(Context& ctx, int64_t n, int64_t c, int64_t hw, const fl
 // Max pooling over 2 x 2 windows with stride 2: x is n x c x h x w, y is
 // n x c x (h / 2) x (w / 2) rounded down, so an odd last row or column is left out.
 // Requires h, w >= 2 and x within 2^31 - 1 elements; n, c >= 0. y must not overlap x.
-Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, float* y);
+Status MaxPool2dForward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                        float* y);
 // dx = dy routed to each window's maximum in x (the first in row-major order when several
 // are equal), zero everywhere else, including a left-out row or column. y must be
 // MaxPool2dForward's output for x (cuDNN reads it; the CPU finds the maximum again in x).
-Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x, const float* y,
-                         const float* dy, float* dx);
+Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t w, const float* x,
+                         const float* y, const float* dy, float* dx);
 
 // Mean softmax cross-entropy of `rows` examples over `classes` logits. Labels must be in
 // [0, classes). Writes dlogits = (softmax - onehot) / rows unless dlogits is null, the mean
@@ -224,8 +227,9 @@ Status MaxPool2dBackward(Context& ctx, int64_t n, int64_t c, int64_t h, int64_t 
 // first index of the largest logit. On the CPU labels are checked before any output is
 // written; on CUDA they are checked on the device, and a bad label there is reported as
 // InvalidArgument after the call (its dlogits row is zero, the other outputs undefined).
-Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
-                           float* dlogits, float* loss_host, int64_t* correct_host);
+Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const float* logits,
+                           const int32_t* labels, float* dlogits, float* loss_host,
+                           int64_t* correct_host);
 
 // Optimizer updates of n parameters w with gradient g (SgdParams etc. in types.h). Weight
 // decay adds wd * w to g. Hyper-parameters must be finite (Adam betas in [0, 1), epsilons
@@ -233,13 +237,15 @@ Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const fl
 // w -= lr * g
 Status SgdUpdate(Context& ctx, int64_t n, const SgdParams& p, const float* g, float* w);
 // v = momentum * v + g; w -= lr * v
-Status MomentumUpdate(Context& ctx, int64_t n, const MomentumParams& p, const float* g, float* w, float* v);
+Status MomentumUpdate(Context& ctx, int64_t n, const MomentumParams& p, const float* g, float* w,
+                      float* v);
 // Adam with bias correction; `step` is the 1-based number of this update.
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
-Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
-                  float* v);
+Status AdamUpdate(Context& ctx, int64_t n, const AdamParams& p, int64_t step, const float* g,
+                  float* w, float* m, float* v);
 // acc += g^2; w -= lr * g / (sqrt(acc) + eps)
-Status AdagradUpdate(Context& ctx, int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+Status AdagradUpdate(Context& ctx, int64_t n, const AdagradParams& p, const float* g, float* w,
+                     float* acc);
 
 // y[i] = x[i] as IEEE fp16 (bf16 = false) or bfloat16 (bf16 = true) bit patterns, rounded
 // to nearest even; overflow becomes infinity, NaN stays NaN (quiet). Same bits on CPU and

@@ -19,7 +19,7 @@ struct LiveWorker {
   uint64_t incarnation = 0;
   std::string name;
   int64_t clock = 0;
-  uint64_t last_seq = 0;       // highest push sequence applied from this incarnation
+  uint64_t last_seq = 0;  // highest push sequence applied from this incarnation
   int64_t last_seen_ms = 0;
 };
 
@@ -32,7 +32,8 @@ class ClockTable {
   // clock so it never holds the others back. Registering the same incarnation again
   // keeps its state. Returns the worker's clock. FailedPrecondition for an incarnation
   // older than the one registered.
-  Result<int64_t> Register(uint64_t worker_id, uint64_t incarnation, const std::string& name, int64_t now_ms);
+  Result<int64_t> Register(uint64_t worker_id, uint64_t incarnation, const std::string& name,
+                           int64_t now_ms);
   // Restores a worker from a snapshot as it was.
   void Restore(const LiveWorker& w);
 
@@ -75,7 +76,9 @@ class ClockTable {
 template <typename T>
 class ParkedPulls {
  public:
-  void Park(int64_t needed_min_clock, T pull) { parked_.emplace(needed_min_clock, std::move(pull)); }
+  void Park(int64_t needed_min_clock, T pull) {
+    parked_.emplace(needed_min_clock, std::move(pull));
+  }
   // Removes and returns, oldest need first, every pull that `min_clock` allows.
   std::vector<T> Release(int64_t min_clock) {
     std::vector<T> out;

@@ -26,12 +26,13 @@ inline constexpr uint64_t kMaxChunks = uint64_t{1} << 20;
 
 // Chunks of `plan` (without overflow); valid plans have at most kMaxChunks.
 inline uint64_t PlanChunks(const DataPlan& plan) {
-  return plan.chunk_size == 0 ? 0 : plan.num_samples / plan.chunk_size + (plan.num_samples % plan.chunk_size != 0);
+  return plan.chunk_size == 0
+             ? 0
+             : plan.num_samples / plan.chunk_size + (plan.num_samples % plan.chunk_size != 0);
 }
 inline uint32_t PlanNumChunks(const DataPlan& plan) {
   return static_cast<uint32_t>(std::min<uint64_t>(PlanChunks(plan), kMaxChunks));
 }
-
 
 class DataCoverage {
  public:
@@ -59,9 +60,9 @@ class DataCoverage {
 
  private:
   struct Epoch {
-    std::vector<uint32_t> completed;     // per chunk: times reported trained
-    uint32_t done = 0;                   // chunks with completed > 0
-    std::deque<uint32_t> pending;        // not leased, not done
+    std::vector<uint32_t> completed;      // per chunk: times reported trained
+    uint32_t done = 0;                    // chunks with completed > 0
+    std::deque<uint32_t> pending;         // not leased, not done
     std::map<uint32_t, uint64_t> leased;  // chunk -> worker
   };
   ChunkGrant Lease(uint64_t worker);  // Next without the progress
@@ -69,8 +70,8 @@ class DataCoverage {
   void Advance();
 
   std::optional<DataPlan> plan_;
-  uint32_t current_ = 0;                // first epoch not complete
-  std::map<uint32_t, Epoch> epochs_;    // current_ and possibly current_ + 1
+  uint32_t current_ = 0;              // first epoch not complete
+  std::map<uint32_t, Epoch> epochs_;  // current_ and possibly current_ + 1
 };
 
 }  // namespace leash::ps

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/domain.h"
 #include "leash/common/partition.h"
 #include "leash/common/status.h"
-#include "leash/common/domain.h"
 
 namespace leash::ps {
 
@@ -21,11 +21,10 @@ struct TableSnapshot {
   uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
   uint64_t row_end = 0;
   uint32_t cols = 0;
-  std::vector<float> values;                    // (row_end - row_begin) * cols
-  std::vector<std::vector<float>> slots;        // optimizer state, each the size of values
-  uint64_t optimizer_steps = 0;                 // updates applied (Adam bias correction)
+  std::vector<float> values;              // (row_end - row_begin) * cols
+  std::vector<std::vector<float>> slots;  // optimizer state, each the size of values
+  uint64_t optimizer_steps = 0;           // updates applied (Adam bias correction)
 };
-
 
 // Number of optimizer state slots each optimizer keeps per value.
 int OptimizerSlots(OptimizerKind kind);
@@ -51,7 +50,8 @@ class Table {
   // initialized by its initializer (the same global row gets the same value on any
   // shard). InvalidArgument for an invalid spec; ResourceExhausted if the rows of
   // `range` hold more than `max_values` floats.
-  static Result<Table> Create(uint32_t id, TableSpec spec, RowRange range, uint64_t max_values = UINT64_MAX);
+  static Result<Table> Create(uint32_t id, TableSpec spec, RowRange range,
+                              uint64_t max_values = UINT64_MAX);
   // Rebuilds a table from a snapshot; DataLoss if sizes do not add up.
   static Result<Table> FromSnapshot(const TableSnapshot& snap);
   TableSnapshot ToSnapshot() const;

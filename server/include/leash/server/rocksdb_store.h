@@ -11,10 +11,10 @@
 namespace leash::server {
 
 struct RocksDbStoreOptions {
-  std::string path;          // data directory; created if missing
-  uint32_t shard = 0;        // identity the directory must match (or is stamped with)
+  std::string path;    // data directory; created if missing
+  uint32_t shard = 0;  // identity the directory must match (or is stamped with)
   uint32_t num_shards = 1;
-  bool sync = true;          // fsync each snapshot
+  bool sync = true;  // fsync each snapshot
   // Values and each optimizer slot are stored in pieces of at most this many bytes (a
   // positive multiple of 4), so tables of hundreds of MB never make one huge RocksDB value.
   // Recorded per snapshot: changing it does not affect loading earlier snapshots.

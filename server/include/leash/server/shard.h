@@ -42,13 +42,14 @@ enum class NonFinitePolicy {
 struct ShardOptions {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
-  int64_t lease_ms = 10000;                  // a silent worker is evicted after this long
-  int64_t checkpoint_interval_ms = 60000;    // 0 disables periodic snapshots
+  int64_t lease_ms = 10000;                // a silent worker is evicted after this long
+  int64_t checkpoint_interval_ms = 60000;  // 0 disables periodic snapshots
   size_t max_message_bytes = size_t{512} << 20;
-  uint64_t boot_id = 0;                      // 0: a random id for this process
+  uint64_t boot_id = 0;  // 0: a random id for this process
   NonFinitePolicy nonfinite = NonFinitePolicy::kReject;
-  size_t max_parked_per_peer = 4096;         // pulls one connection may have waiting
-  uint64_t max_table_values = uint64_t{1} << 32;  // floats of one table on this shard (optimizer state comes on top)
+  size_t max_parked_per_peer = 4096;  // pulls one connection may have waiting
+  uint64_t max_table_values =
+      uint64_t{1} << 32;  // floats of one table on this shard (optimizer state comes on top)
   WireLimits limits;
 };
 
@@ -64,9 +65,10 @@ struct ShardCounters {
   uint64_t pulls_parked = 0;
   uint64_t errors = 0;
   uint64_t evictions = 0;
-  uint64_t nonfinite_pushes = 0;      // pushes that held NaN or Inf
+  uint64_t nonfinite_pushes = 0;  // pushes that held NaN or Inf
   uint64_t nonfinite_rows_skipped = 0;
-  uint64_t limit_rejections = 0;      // requests refused for exceeding a limit (the sum of the next three)
+  uint64_t limit_rejections =
+      0;  // requests refused for exceeding a limit (the sum of the next three)
   uint64_t oversize_rejections = 0;   // message or header over --max-message-mb / the header limit
   uint64_t key_limit_rejections = 0;  // more keys than --max-keys
   uint64_t parked_limit_rejections = 0;  // a connection over --max-parked-per-peer parked pulls
@@ -100,7 +102,9 @@ class Shard {
   // Where fp32 pull replies to a peer are written, when the transport can send some
   // memory without copying it (ServerTransport::ReservePayload); unset: ordinary memory.
   using PayloadAllocator = std::function<std::optional<WritableFrame>(const PeerId&, size_t bytes)>;
-  void SetPayloadAllocator(PayloadAllocator allocator) { payload_allocator_ = std::move(allocator); }
+  void SetPayloadAllocator(PayloadAllocator allocator) {
+    payload_allocator_ = std::move(allocator);
+  }
 
   // Evicts workers whose lease expired (releasing pulls they held back) and writes a
   // scheduled snapshot when one is due. Returns the milliseconds until the next deadline.
@@ -112,7 +116,9 @@ class Shard {
   // Called with the wall time of every snapshot written, in seconds (for a metrics
   // histogram; durations are measured on the steady clock and never steer the shard).
   using SnapshotObserver = std::function<void(double seconds)>;
-  void set_snapshot_observer(SnapshotObserver observer) { snapshot_observer_ = std::move(observer); }
+  void set_snapshot_observer(SnapshotObserver observer) {
+    snapshot_observer_ = std::move(observer);
+  }
 
   int64_t min_clock() const { return clocks_.MinClock(); }
   size_t live_workers() const { return clocks_.live(); }
@@ -141,21 +147,28 @@ class Shard {
   // One decoded request to its handler. A handler answers through `out` or returns the
   // error to answer with; pulls and pushes may take their request's rows.
   Status Dispatch(const PeerId& peer, Decoded<Request>& request, std::vector<Outgoing>* out);
-  Status OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m, std::vector<Outgoing>* out);
-  Status OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableRequest& m, std::vector<Outgoing>* out);
+  Status OnRegister(const PeerId& peer, uint64_t rid, const RegisterRequest& m,
+                    std::vector<Outgoing>* out);
+  Status OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableRequest& m,
+                       std::vector<Outgoing>* out);
   Status OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vector<Outgoing>* out);
   Status OnPush(const PeerId& peer, uint64_t rid, PushRequest& m, std::span<const Frame> payloads,
                 std::vector<Outgoing>* out);
-  Status OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m, std::vector<Outgoing>* out);
-  Status OnHeartbeat(const PeerId& peer, uint64_t rid, const HeartbeatRequest& m, std::vector<Outgoing>* out);
-  Status OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m, std::vector<Outgoing>* out);
+  Status OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m,
+                 std::vector<Outgoing>* out);
+  Status OnHeartbeat(const PeerId& peer, uint64_t rid, const HeartbeatRequest& m,
+                     std::vector<Outgoing>* out);
+  Status OnLeave(const PeerId& peer, uint64_t rid, const LeaveRequest& m,
+                 std::vector<Outgoing>* out);
   Status OnCheckpoint(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
   Status OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* out);
-  Status OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m, std::vector<Outgoing>* out);
+  Status OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkRequest& m,
+                        std::vector<Outgoing>* out);
 
   Result<Table*> FindTable(uint32_t table_id);
   // The pull reply for `rows` of `table`, its values read straight into the frame sent.
-  Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows, DType dtype);
+  Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
+                        DType dtype);
   // Answers every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);

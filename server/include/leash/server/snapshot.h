@@ -16,7 +16,6 @@ namespace leash::server {
 
 using ps::TableSnapshot;
 
-
 struct WorkerClock {
   uint64_t worker_id = 0;
   uint64_t incarnation = 0;
@@ -28,9 +27,9 @@ struct WorkerClock {
 struct ShardSnapshot {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
-  int64_t min_clock = 0;         // minimum live clock when the snapshot was taken
-  uint64_t sequence = 0;         // grows by one with every snapshot this shard writes
-  int64_t unix_ms = 0;           // wall time the snapshot was taken
+  int64_t min_clock = 0;  // minimum live clock when the snapshot was taken
+  uint64_t sequence = 0;  // grows by one with every snapshot this shard writes
+  int64_t unix_ms = 0;    // wall time the snapshot was taken
   std::vector<TableSnapshot> tables;
   std::vector<WorkerClock> workers;
   std::vector<uint8_t> coverage;  // data-coverage state of the job (shard 0), serialized

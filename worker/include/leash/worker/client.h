@@ -22,14 +22,14 @@
 namespace leash {
 
 struct ClientOptions {
-  uint64_t worker_id = 0;            // 0: pick a random id
-  std::string name;                  // for logs and status
-  bool register_worker = true;       // false for tools (leashctl) that only read
-  int64_t staleness = 0;             // pulls for iteration c wait until min clock >= c - staleness
-  DType wire_dtype = DType::kF32;     // encoding of pushes and pull replies
+  uint64_t worker_id = 0;          // 0: pick a random id
+  std::string name;                // for logs and status
+  bool register_worker = true;     // false for tools (leashctl) that only read
+  int64_t staleness = 0;           // pulls for iteration c wait until min clock >= c - staleness
+  DType wire_dtype = DType::kF32;  // encoding of pushes and pull replies
   int64_t connect_timeout_ms = 30000;  // Connect() fails if a shard does not answer
-  int64_t shard_silence_ms = 3000;   // a shard silent this long with requests pending is reconnected
-  int64_t heartbeat_ms = 0;          // 0: a quarter of the shortest lease, 10 ms to 1 s
+  int64_t shard_silence_ms = 3000;  // a shard silent this long with requests pending is reconnected
+  int64_t heartbeat_ms = 0;         // 0: a quarter of the shortest lease, 10 ms to 1 s
   // A thread waiting on a future polls for the reply this long before it sleeps: lower
   // latency for a CPU core. Off by default (it hurt on a loaded 2-core machine).
   int64_t reply_spin_us = 0;
@@ -57,8 +57,9 @@ class Future {
   // std::future_status::ready or ::timeout.
   template <typename Rep, typename Period>
   std::future_status wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
-    return WaitMs(std::chrono::ceil<std::chrono::milliseconds>(timeout).count()) ? std::future_status::ready
-                                                                                 : std::future_status::timeout;
+    return WaitMs(std::chrono::ceil<std::chrono::milliseconds>(timeout).count())
+               ? std::future_status::ready
+               : std::future_status::timeout;
   }
 
  private:
@@ -75,16 +76,16 @@ struct TableHandle {
   size_t size() const { return static_cast<size_t>(rows) * cols; }
 };
 
-
 struct ClientCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t requests = 0;
   uint64_t resends = 0;
-  uint64_t pushes = 0;             // Push() calls (one per table, whatever the shards)
-  uint64_t pulls = 0;              // Pull() calls
-  int64_t pulled_min_clock = -1;   // minimum clock the latest pull reply's values reflect
-  int shared_memory_shards = 0;    // shards on this host that large frames reach through shared memory
+  uint64_t pushes = 0;            // Push() calls (one per table, whatever the shards)
+  uint64_t pulls = 0;             // Pull() calls
+  int64_t pulled_min_clock = -1;  // minimum clock the latest pull reply's values reflect
+  int shared_memory_shards =
+      0;  // shards on this host that large frames reach through shared memory
 };
 
 class Client {
@@ -95,7 +96,8 @@ class Client {
   // joining late never drags the others back. Unavailable, naming the shard, if a shard
   // does not answer within options.connect_timeout_ms; VersionMismatch for a shard of
   // another protocol version.
-  static Result<std::unique_ptr<Client>> Connect(std::unique_ptr<ClientTransport> transport, ClientOptions options);
+  static Result<std::unique_ptr<Client>> Connect(std::unique_ptr<ClientTransport> transport,
+                                                 ClientOptions options);
   ~Client();  // stops the I/O thread; does not Leave()
 
   // Creates `table` (its shape, server-side optimizer and initializer) on every shard, or

@@ -18,11 +18,11 @@ namespace leash::worker {
 
 struct Dataset {
   int64_t count = 0;
-  int64_t rows = 0;              // image height
-  int64_t cols = 0;              // image width
+  int64_t rows = 0;  // image height
+  int64_t cols = 0;  // image width
   int64_t features() const { return rows * cols; }
-  std::vector<float> images;     // count x features, scaled to [0, 1] then standardized
-  std::vector<int32_t> labels;   // count, in [0, num_classes)
+  std::vector<float> images;    // count x features, scaled to [0, 1] then standardized
+  std::vector<int32_t> labels;  // count, in [0, num_classes)
   int32_t num_classes = 10;
 
   // Keeps only the first `n` samples (no-op for n == 0 or n >= count).
@@ -40,8 +40,8 @@ struct Dataset {
 // data beyond what the header describes, or labels >= 10; InvalidArgument also for a
 // `stddev` that is not positive and finite; NotFound naming the path (and the Debian
 // package) for missing files; IOError when an existing file cannot be read.
-Result<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path, float mean = 0.2860f,
-                        float stddev = 0.3530f);
+Result<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path,
+                        float mean = 0.2860f, float stddev = 0.3530f);
 
 // Loads `train` or `test` ("t10k") of Fashion-MNIST/MNIST from `dir`
 // (default /usr/share/datasets/fashion-mnist, Debian package dataset-fashion-mnist).
@@ -50,17 +50,17 @@ Result<Dataset> LoadIdx(const std::string& images_path, const std::string& label
 Result<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 
 struct Batch {
-  std::vector<float> images;     // size x features
-  std::vector<int32_t> labels;   // size
+  std::vector<float> images;    // size x features
+  std::vector<int32_t> labels;  // size
   int64_t size = 0;
   int64_t epoch = 0;
-  int64_t index = 0;             // batch number within the epoch
+  int64_t index = 0;  // batch number within the epoch
 };
 
 struct LoaderOptions {
   int64_t batch_size = 64;
-  int64_t prefetch = 4;          // batches prepared ahead
-  uint64_t seed = 1;             // shuffle seed; each epoch reshuffles deterministically
+  int64_t prefetch = 4;  // batches prepared ahead
+  uint64_t seed = 1;     // shuffle seed; each epoch reshuffles deterministically
   bool shuffle = true;
   bool drop_last = false;
 };
@@ -74,7 +74,8 @@ struct LoaderOptions {
 // after at most the batch it is copying.
 class BatchLoader {
  public:
-  BatchLoader(const Dataset& data, std::vector<int64_t> indices, const LoaderOptions& options, int64_t epoch);
+  BatchLoader(const Dataset& data, std::vector<int64_t> indices, const LoaderOptions& options,
+              int64_t epoch);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -92,11 +93,11 @@ class BatchLoader {
   int64_t epoch_;
   int64_t num_batches_ = 0;
   std::mutex mu_;
-  std::condition_variable batch_ready_;   // producer -> consumer: ready_ grew or done_
-  std::condition_variable space_free_;    // consumer -> producer: ready_ shrank or stop_
-  std::deque<Batch> ready_;               // guarded by mu_
-  bool done_ = false;                     // guarded by mu_; producer has pushed every batch
-  bool stop_ = false;                     // guarded by mu_; destructor asks the producer to quit
+  std::condition_variable batch_ready_;  // producer -> consumer: ready_ grew or done_
+  std::condition_variable space_free_;   // consumer -> producer: ready_ shrank or stop_
+  std::deque<Batch> ready_;              // guarded by mu_
+  bool done_ = false;                    // guarded by mu_; producer has pushed every batch
+  bool stop_ = false;                    // guarded by mu_; destructor asks the producer to quit
   std::thread producer_;
 };
 

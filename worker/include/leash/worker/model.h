@@ -20,8 +20,8 @@ namespace leash::worker {
 using InitKind = ::leash::InitKind;
 
 struct ParamSpec {
-  std::string name;     // table name, e.g. "mlp/fc1/w"
-  uint64_t rows = 0;    // fc weight: in_features rows of out_features cols (y = x W + b)
+  std::string name;   // table name, e.g. "mlp/fc1/w"
+  uint64_t rows = 0;  // fc weight: in_features rows of out_features cols (y = x W + b)
   uint32_t cols = 0;
   InitKind init = InitKind::kZeros;
   float init_scale = 0.f;  // Uniform: bound; Normal: stddev; Constant: value
@@ -29,8 +29,8 @@ struct ParamSpec {
 };
 
 struct StepStats {
-  float loss = 0.f;       // mean loss of the batch
-  int64_t correct = 0;    // examples whose prediction was right
+  float loss = 0.f;     // mean loss of the batch
+  int64_t correct = 0;  // examples whose prediction was right
 };
 
 class Model {
@@ -60,7 +60,8 @@ class Model {
   // gradient of parameter `index` is final (backward order, last layer first), so the
   // caller can push it while backward goes on; it may call Gradient(index). Gradients are
   // of the batch's mean loss.
-  virtual Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host, int64_t batch,
+  virtual Result<StepStats> TrainStep(const float* images_host, const int32_t* labels_host,
+                                      int64_t batch,
                                       const std::function<void(size_t)>& on_grad = nullptr) = 0;
   // Starts moving the batch the next TrainStep will train to the model's device (on a GPU:
   // from pinned memory on a copy stream, into the buffer the step in progress is not
@@ -68,7 +69,8 @@ class Model {
   // with the same arrays and batch size trains the copy made here; the arrays must stay
   // unchanged until then. A TrainStep or Evaluate on other arrays discards it. Validates
   // like TrainStep (InvalidArgument).
-  virtual Status PrefetchBatch(const float* images_host, const int32_t* labels_host, int64_t batch) = 0;
+  virtual Status PrefetchBatch(const float* images_host, const int32_t* labels_host,
+                               int64_t batch) = 0;
   // Batches passed to PrefetchBatch, and how many of them a TrainStep took.
   struct StagingStats {
     int64_t prefetched = 0;
@@ -88,14 +90,16 @@ class Model {
   virtual Result<const float*> HostGradient(size_t index);
 
   // Loss and correct predictions over `n` examples (evaluated in chunks).
-  virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) = 0;
+  virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host,
+                                     int64_t n) = 0;
 };
 
 // The multilayer perceptron: input -> hidden[0] -> ... -> classes, ReLU between layers,
 // softmax cross-entropy. Weights He-initialized (normal, stddev sqrt(2 / fan_in)), biases
 // zero. InvalidArgument for empty or non-positive sizes.
-Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size, std::vector<int64_t> hidden,
-                                       int64_t num_classes, int64_t max_batch);
+Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size,
+                                       std::vector<int64_t> hidden, int64_t num_classes,
+                                       int64_t max_batch);
 
 // The convolutional network for 1 x 28 x 28 images (row-major, input_size() 784) and 10
 // classes, as for Fashion-MNIST: conv 3x3 with 32 channels and padding 1, ReLU, 2x2 max

@@ -23,24 +23,24 @@ struct EpochResult;
 
 // One training iteration as the loop saw it, for progress observers (metrics).
 struct StepReport {
-  uint32_t epoch = 0;            // the job epoch of the chunk being trained, 0-based
-  int64_t step = 0;              // iterations this worker trained so far, this one included
-  int64_t clock = 0;             // this worker's clock after the iteration
-  int64_t samples = 0;           // samples of the iteration (all its micro-batches)
-  double loss = 0;               // their mean training loss
-  double seconds = 0;            // wall time of the iteration: pull, compute, push, clock
-  double elapsed_seconds = 0;    // since training started, at the end of the iteration
-  int64_t rejoins = 0;           // times this worker rejoined the job so far
+  uint32_t epoch = 0;          // the job epoch of the chunk being trained, 0-based
+  int64_t step = 0;            // iterations this worker trained so far, this one included
+  int64_t clock = 0;           // this worker's clock after the iteration
+  int64_t samples = 0;         // samples of the iteration (all its micro-batches)
+  double loss = 0;             // their mean training loss
+  double seconds = 0;          // wall time of the iteration: pull, compute, push, clock
+  double elapsed_seconds = 0;  // since training started, at the end of the iteration
+  int64_t rejoins = 0;         // times this worker rejoined the job so far
 };
 
 struct TrainOptions {
-  int64_t epochs = 3;         // of the job, not of this worker
+  int64_t epochs = 3;  // of the job, not of this worker
   int64_t batch = 64;
   int64_t accumulate = 1;     // micro-batches per iteration (one pull, one push, one clock)
   int64_t chunk_size = 1024;  // samples per data-chunk lease
   uint64_t seed = 1;
-  int64_t log_every = 100;    // steps between progress lines (0: none)
-  bool evaluate = true;       // test accuracy after every epoch
+  int64_t log_every = 100;  // steps between progress lines (0: none)
+  bool evaluate = true;     // test accuracy after every epoch
   // Periodic evaluation (for time-to-accuracy curves finer than an epoch): after every
   // eval_every-th iteration of this worker, between iterations, pull the parameters and
   // evaluate them on the test set (TrainResult::evaluations). Independent of `evaluate`;
@@ -50,7 +50,7 @@ struct TrainOptions {
   // (factor - 1) x the time they took, so the worker computes `factor` times slower.
   // 1 (the default) injects nothing.
   double step_delay_factor = 1.0;
-  std::string label;          // prefix of progress lines, e.g. "worker 0"
+  std::string label;  // prefix of progress lines, e.g. "worker 0"
   // Called on the training thread after every iteration and every completed job epoch
   // (leash-worker publishes its metrics there). Optional; must not block for long.
   std::function<void(const StepReport&)> on_step;
@@ -61,13 +61,13 @@ struct TrainOptions {
 // the test accuracy of the model when the job completed the epoch.
 struct EpochResult {
   int64_t epoch = 0;
-  int64_t steps = 0;          // steps this worker trained on the epoch's data
+  int64_t steps = 0;  // steps this worker trained on the epoch's data
   int64_t samples = 0;
   double train_loss = 0;
   double train_accuracy = 0;
   double test_loss = 0;
-  double test_accuracy = -1;   // -1 when not evaluated
-  double train_seconds = 0;    // time in training steps on this epoch's data
+  double test_accuracy = -1;  // -1 when not evaluated
+  double train_seconds = 0;   // time in training steps on this epoch's data
   double samples_per_second = 0;
   double elapsed_seconds = 0;  // since training started, when the job completed the epoch
 };
@@ -75,12 +75,12 @@ struct EpochResult {
 // One evaluation of the current parameters on the test set within the job's epochs
 // (TrainOptions::eval_every).
 struct EvalPoint {
-  int64_t step = 0;             // iterations this worker trained before it
-  int64_t samples = 0;          // samples this worker trained before it, all epochs
-  double elapsed_seconds = 0;   // since training started, when the parameters were pulled
-  double test_accuracy = 0;     // in [0, 1]
+  int64_t step = 0;            // iterations this worker trained before it
+  int64_t samples = 0;         // samples this worker trained before it, all epochs
+  double elapsed_seconds = 0;  // since training started, when the parameters were pulled
+  double test_accuracy = 0;    // in [0, 1]
   double test_loss = 0;
-  double eval_seconds = 0;      // the pull and the evaluation; in no train_seconds
+  double eval_seconds = 0;  // the pull and the evaluation; in no train_seconds
 };
 
 // Trains `model` until the job's data plan is complete. Stops early, after the step in
@@ -91,8 +91,8 @@ struct TrainResult {
   int64_t chunks_trained = 0;       // data chunks this worker trained
   int64_t iterations = 0;           // pulls, pushes and clocks this worker made
   int64_t rejoins = 0;
-  double compute_seconds = 0;         // in forward/backward of training steps
-  double injected_delay_seconds = 0;  // slept because of step_delay_factor
+  double compute_seconds = 0;          // in forward/backward of training steps
+  double injected_delay_seconds = 0;   // slept because of step_delay_factor
   std::vector<EvalPoint> evaluations;  // with eval_every, in order
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
@@ -101,12 +101,14 @@ struct TrainResult {
 // is finished or *stop is set; evaluates on `test` (if any) after each epoch. Where the
 // model can (Model::BindParam), it reads the pulled parameters in place while training;
 // on return it holds the last pulled values in its own buffers and is bound to nothing.
-Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
-                          const TrainOptions& options, const std::atomic<bool>* stop);
+Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train,
+                          const Dataset* test, const TrainOptions& options,
+                          const std::atomic<bool>* stop);
 
 // Writes the result as JSON (one object with an "epochs" array, an "evaluations" array
 // (empty without eval_every), "eval_seconds", plus `extra` numbers) to `path`.
-Status WriteResultsJson(const std::string& path, const std::string& mode, const TrainOptions& options,
-                        const TrainResult& result, const std::vector<std::pair<std::string, double>>& extra = {});
+Status WriteResultsJson(const std::string& path, const std::string& mode,
+                        const TrainOptions& options, const TrainResult& result,
+                        const std::vector<std::pair<std::string, double>>& extra = {});
 
 }  // namespace leash::worker

@@ -65,7 +65,7 @@ class WorkerMetrics {
   int64_t rejoins_published_ = 0;
   double window_start_ = 0;  // elapsed seconds of training when the window began
   int64_t window_samples_ = 0;
-  double window_loss_ = 0;   // sum of loss * samples
+  double window_loss_ = 0;  // sum of loss * samples
 };
 
 }  // namespace leash::worker
