@@ -11,27 +11,22 @@
 #include <string>
 #include <vector>
 
+#include "support/config_args.h"
+
 namespace leash::server {
 namespace {
 
-Result<ServerConfig> Parse(std::vector<std::string> args) {
-  std::vector<const char*> argv = {"leash-server"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  return ParseServerConfig(static_cast<int>(argv.size()), argv.data());
+Result<ServerConfig> Parse(const std::vector<std::string>& args) {
+  return testing::ParseArgs<ServerConfig>("leash-server", ParseServerConfig, args);
 }
 
-std::string Error(std::vector<std::string> args) {
-  auto config = Parse(args);
-  EXPECT_FALSE(config.ok()) << "accepted: " << ::testing::PrintToString(args);
-  return config.ok() ? "" : config.status().message();
+// The message of parsing `args`, which must fail.
+std::string Error(const std::vector<std::string>& args) {
+  return testing::ErrorOf(Parse(args), args);
 }
 
 std::string WriteJobFile(const std::string& text) {
-  static int counter = 0;
-  std::string path = ::testing::TempDir() + "/leash_server_config_test_" +
-                     std::to_string(getpid()) + "_" + std::to_string(counter++) + ".yaml";
-  std::ofstream(path) << text;
-  return path;
+  return testing::WriteJobFile("leash_server_config_test", text);
 }
 
 TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
