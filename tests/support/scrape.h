@@ -3,14 +3,13 @@
 // line. Not thread-safe.
 #pragma once
 
-#include <time.h>
-
 #include <chrono>
 #include <map>
 #include <optional>
 #include <string>
 
 #include "leash/common/status.h"
+#include "support/process.h"
 
 namespace leash::testing {
 
@@ -42,24 +41,24 @@ Result<Scrape> ParsePrometheusText(const std::string& text);
 // stuck run only, never a measure of speed.
 template <typename Pred>
 Result<Scrape> ScrapeWhen(int port, Pred pred, std::chrono::milliseconds deadline) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::optional<Scrape> found;
   std::string last = "no scrape yet";
-  do {
-    auto body = HttpGet(port, "/metrics", 2000);
-    if (!body.ok()) {
-      last = body.status().ToString();
-    } else if (auto scrape = ParsePrometheusText(*body); !scrape.ok()) {
-      last = scrape.status().ToString();
-    } else if (pred(*scrape)) {
-      return *scrape;
-    } else {
-      last = "the awaited condition does not hold in:\n" + *body;
-    }
-    struct timespec ts {
-      0, 20'000'000
-    };
-    nanosleep(&ts, nullptr);
-  } while (std::chrono::steady_clock::now() < end);
+  bool held = WaitFor(
+      [&] {
+        auto body = HttpGet(port, "/metrics", 2000);
+        if (!body.ok()) {
+          last = body.status().ToString();
+        } else if (auto scrape = ParsePrometheusText(*body); !scrape.ok()) {
+          last = scrape.status().ToString();
+        } else if (pred(*scrape)) {
+          found = std::move(*scrape);
+        } else {
+          last = "the awaited condition does not hold in:\n" + *body;
+        }
+        return found.has_value();
+      },
+      deadline);
+  if (held) return std::move(*found);
   return DeadlineExceeded("metrics on port " + std::to_string(port) + " after " +
                           std::to_string(deadline.count()) + " ms: " + last);
 }
