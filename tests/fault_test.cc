@@ -277,9 +277,11 @@ TEST_F(FaultTest, SamePushDeliveredTwiceIsAppliedOnce) {
 
 TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   TempDir dir;
-  Cluster cluster(2, dir.path(), {"--lease-timeout=5s", "--checkpoint-interval=1s"});
-  auto a = cluster.StartWorker("a", Job({"--epochs=4", "--staleness=1"}));
-  auto b = cluster.StartWorker("b", Job({"--epochs=4", "--staleness=1"}));
+  // The job must outlast the first periodic snapshot by a margin: on idle cores the
+  // workers train 4 epochs of the quick job in well under a second.
+  Cluster cluster(2, dir.path(), {"--lease-timeout=5s", "--checkpoint-interval=500ms"});
+  auto a = cluster.StartWorker("a", Job({"--epochs=16", "--staleness=1"}));
+  auto b = cluster.StartWorker("b", Job({"--epochs=16", "--staleness=1"}));
   ASSERT_TRUE(WaitFor([&] { return MinClock(cluster) >= 60; }, 90s)) << a->ReadLog();
   // The sequence number and clock of the last snapshot in a shard's log.
   auto last_snapshot = [](const std::string& log) {
@@ -294,6 +296,8 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   // Kill it once it holds a periodic snapshot taken while the job was training.
   ASSERT_TRUE(WaitFor([&] { return last_snapshot(cluster.shard(1).ReadLog()).second >= 20; }, 30s));
   cluster.shard(1).Kill();
+  ASSERT_FALSE(a->Wait(0ms).has_value() && b->Wait(0ms).has_value())
+      << "the job ended before the shard was killed: nothing to recover during training";
   std::string before = cluster.shard(1).ReadLog();
   auto [last_seq, clock] = last_snapshot(before);
   std::string last_clock = std::to_string(clock);
@@ -325,7 +329,7 @@ TEST_F(FaultTest, KilledShardRecoversItsLastSnapshotAndTheJobFinishes) {
   EXPECT_NE(after.find("at clock " + last_clock + ":"), std::string::npos) << after;
   auto stats = cluster.Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ((*stats)[0].coverage.epochs_done, 4u);
+  EXPECT_EQ((*stats)[0].coverage.epochs_done, 16u);
   EXPECT_NE(a->ReadLog().find("final test accuracy"), std::string::npos);
   // The workers noticed the restart and sent again what the dead shard had lost.
   EXPECT_NE((a->ReadLog() + b->ReadLog()).find("shard 1 restarted; resent"), std::string::npos)
