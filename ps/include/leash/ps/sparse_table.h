@@ -64,8 +64,8 @@ class RowStore {
 // Records in an ordered map: for tests, fuzzing and a worker's local mode.
 class MemoryRowStore final : public RowStore {
  public:
-  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
-              uint8_t* out, std::vector<uint8_t>* found) override;
+  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes, uint8_t* out,
+              std::vector<uint8_t>* found) override;
   Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
                const uint8_t* records, std::span<const uint64_t> deletes) override;
   Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
@@ -121,8 +121,7 @@ class SparseTable {
  public:
   // A new, empty table (TableKind::kSparse, checked by ValidateSpec). `store` must outlive
   // the table; the table's records in it are keyed by `id`.
-  static Result<std::unique_ptr<SparseTable>> Create(uint32_t id, TableSpec spec,
-                                                     RowStore* store,
+  static Result<std::unique_ptr<SparseTable>> Create(uint32_t id, TableSpec spec, RowStore* store,
                                                      SparseTableOptions options);
   ~SparseTable();
 
