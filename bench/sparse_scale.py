@@ -149,6 +149,23 @@ def snapshot(build, server, args):
     return {"seconds": r["seconds"], "bytes_written": proc_write_bytes(server.proc.pid) - before}
 
 
+def start_perf(server, tmp, alpha, seconds):
+    out = os.path.join(tmp, f"perf-{alpha}.data")
+    proc = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-o", out, "-p", str(server.proc.pid), "--",
+                             "sleep", str(max(1, seconds - 1))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, out
+
+
+def finish_perf(prof):
+    """The profile's top entries (self time, by shared object and symbol)."""
+    proc, out = prof
+    proc.wait()
+    rep = subprocess.run(["perf", "report", "-i", out, "--stdio", "--no-children", "--sort", "dso,symbol",
+                          "--percent-limit", "1.5", "-g", "none"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    return [line.strip() for line in rep.stdout.splitlines() if line.strip() and not line.startswith("#")][:25]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -163,6 +180,8 @@ def main():
     p.add_argument("--allowance-mib", type=int, default=384,
                    help="the cgroup limit is the budget plus this (the shard's fixed overhead)")
     p.add_argument("--tmp", help="data directories (on a real disk; default a temporary one under /var/tmp)")
+    p.add_argument("--perf", action="store_true",
+                   help="profile the budgeted shard (perf record) in its first round of each alpha")
     p.add_argument("--quick", action="store_true", help="smoke run: 1M keys, 5 s measurements, 1 round")
     args = p.parse_args()
     if args.quick:
@@ -196,7 +215,12 @@ def main():
                 for name in order:
                     s = servers[name]
                     before = table_stats(args.build, s, args)
+                    prof = None
+                    if args.perf and name == "tiered" and rnd == 0 and shutil.which("perf"):
+                        prof = start_perf(s, tmp, alpha, args.seconds)
                     r = driver(args.build, s, "run", args, alpha=alpha, seconds=args.seconds, seed=rnd + 1)
+                    if prof:
+                        res.setdefault("profile", {})[str(alpha)] = finish_perf(prof)
                     after = table_stats(args.build, s, args)
                     hits = after["tier_hits"] - before["tier_hits"]
                     misses = after["tier_misses"] - before["tier_misses"]
@@ -261,6 +285,8 @@ def summarize(res, out):
         f, o = res["full_snapshot"][k], res["one_percent_snapshot"][k]
         lines.append(f"- Snapshot, {k}: first (every row new) {f['seconds']:.2f} s, {f['bytes_written'] / (1 << 20):,.0f} MiB "
                      f"written; after 1% of the rows changed {o['seconds']:.2f} s, {o['bytes_written'] / (1 << 20):,.1f} MiB.")
+    for a, top in res.get("profile", {}).items():
+        lines += ["", f"Where the budgeted shard's time goes at alpha {a} (perf, self time):", "", "```"] + top + ["```"]
     with open(os.path.join(out, "sparse_scale.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
