@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   std::string servers, phase = "run", table = "sparse_scale", optimizer = "adagrad";
   int64_t keys = 20'000'000, fields = 26, batch = 4096, dim = 16, seed = 1, touch_every = 100;
   double alpha = 1.1, seconds = 20;
-  leash::Flags flags("leash-bench-sparse", "Sparse-table scale workload (see bench/sparse_scale.py)");
+  leash::Flags flags("leash-bench-sparse",
+                     "Sparse-table scale workload (see bench/sparse_scale.py)");
   flags.String("servers", &servers, "comma-separated shard endpoints");
   flags.String("phase", &phase, "populate, run, touch, checkpoint or stats");
   flags.String("table", &table, "sparse table name");
@@ -111,8 +112,9 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 2;
   }
   if (servers.empty() || keys < fields || fields < 1 || batch < 1 || dim < 1 || alpha <= 0) {
-    std::fprintf(stderr, "leash-bench-sparse: need --servers, keys >= fields >= 1, batch, dim, "
-                         "alpha > 0\n");
+    std::fprintf(stderr,
+                 "leash-bench-sparse: need --servers, keys >= fields >= 1, batch, dim, "
+                 "alpha > 0\n");
     return 2;
   }
   leash::ZmqContext ctx;

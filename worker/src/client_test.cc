@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "leash/common/partition.h"
 #include "support/memory_cluster.h"
 
 namespace leash {
@@ -243,6 +244,104 @@ TEST(ClientTest, HeldRequestsGoOutAsOneMessagePerShardWhenFlushed) {
   ASSERT_TRUE(pa.get().ok() && pb.get().ok() && clock.get().ok());
   EXPECT_EQ(large.load(), 2) << "one batch per shard";
   ExpectAll(PullAll(*c, *a), -1.f);
+}
+
+TableSpec SparseTable(const std::string& name, uint32_t dim) {
+  TableSpec t;
+  t.name = name;
+  t.kind = TableKind::kSparse;
+  t.cols = dim;
+  t.optimizer.lr = 1.f;  // SGD: a pushed gradient g moves a value by -g
+  t.init.kind = InitKind::kConstant;
+  t.init.scale = 0.5f;
+  return t;
+}
+
+// Keys spread over three shards, some named twice in one request: a pull returns the same
+// row at every position of its key, a push sums a key's gradients on the worker, and the
+// rows read back are exactly what the pushes made of them.
+TEST(ClientTest, SparsePullsAndPushesRouteByKeyAndMergeRepeatedKeys) {
+  MemoryCluster cluster(3);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(SparseTable("emb", 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->kind, TableKind::kSparse);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 40; ++k) keys.push_back(k * 0x9e3779b97f4a7c15ULL);
+  std::vector<int> per_shard(3, 0);
+  for (uint64_t k : keys) ++per_shard[static_cast<size_t>(SparseOwner(k, 3))];
+  for (int n : per_shard) ASSERT_GT(n, 0) << "the keys must reach every shard";
+
+  std::vector<uint64_t> twice = keys;
+  twice.insert(twice.end(), keys.begin(), keys.begin() + 10);  // the first 10 keys twice
+  std::vector<float> rows(twice.size() * 2, -1.f);
+  ASSERT_TRUE(c->PullSparse(*t, twice, rows.data()).get().ok());
+  ExpectAll(rows, 0.5f);  // created by the initializer
+
+  std::vector<float> grad(twice.size() * 2);
+  for (size_t i = 0; i < twice.size(); ++i) {
+    grad[2 * i] = static_cast<float>(i % 40);  // a key's two rows: i and i + 40
+    grad[2 * i + 1] = 1.f;
+  }
+  Future push = c->PushSparse(*t, twice, grad.data());
+  ASSERT_TRUE(push.get().ok()) << push.get();
+  ASSERT_TRUE(c->Clock().get().ok());
+  ASSERT_TRUE(c->PullSparse(*t, twice, rows.data()).get().ok());
+  for (size_t i = 0; i < twice.size(); ++i) {
+    size_t k = i % 40;
+    float times = k < 10 ? 2.f : 1.f;  // the gradients of a repeated key were summed
+    EXPECT_EQ(rows[2 * i], 0.5f - times * static_cast<float>(k)) << "key position " << i;
+    EXPECT_EQ(rows[2 * i + 1], 0.5f - times) << "key position " << i;
+  }
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  uint64_t rows_held = 0;
+  for (const ShardStats& s : *stats) {
+    for (const auto& ts : s.tables) {
+      if (ts.name == "emb") rows_held += ts.local_rows;
+    }
+  }
+  EXPECT_EQ(rows_held, 40u) << "each key has one row, on one shard";
+}
+
+TEST(ClientTest, DenseAndSparseCallsRefuseTheOtherKindOfTable) {
+  MemoryCluster cluster(2);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto sparse = c->CreateTable(SparseTable("emb", 4));
+  auto dense = c->CreateTable(Table("fc", 4, 4));
+  ASSERT_TRUE(sparse.ok() && dense.ok());
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> buf(16);
+  Status st = c->Pull(*sparse, buf.data()).get();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("PullSparse"), std::string::npos) << st;
+  EXPECT_EQ(c->Push(*sparse, keys, buf.data()).get().code(), StatusCode::kInvalidArgument);
+  st = c->PullSparse(*dense, keys, buf.data()).get();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("dense"), std::string::npos) << st;
+  EXPECT_EQ(c->PushSparse(*dense, keys, buf.data()).get().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ClientTest, DuplicatedMessagesApplyEachSparsePushExactlyOnce) {
+  MemoryCluster cluster(2);
+  cluster.network().AddRule([](const Packet&) { return Verdict{Verdict::kDuplicate}; });
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(SparseTable("emb", 3));
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<uint64_t> keys = {7, 1ull << 40, 99, 12345678901ull};
+  std::vector<float> rows(keys.size() * 3);
+  ASSERT_TRUE(c->PullSparse(*t, keys, rows.data()).get().ok());
+  std::vector<float> grad(rows.size(), 1.f);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c->PushSparse(*t, keys, grad.data()).get().ok());
+    ASSERT_TRUE(c->Clock().get().ok());
+  }
+  ASSERT_TRUE(c->PullSparse(*t, keys, rows.data()).get().ok());
+  ExpectAll(rows, 0.5f - 5.f);
+  EXPECT_GT(cluster.network().stats().duplicated, 0u);
 }
 
 }  // namespace
