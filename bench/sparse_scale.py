@@ -49,13 +49,18 @@ def proc_write_bytes(pid):
 
 
 def du(path):
-    total = 0
+    """Bytes on disk under `path`, each file counted once however many hard links it has
+    (a checkpoint shares its table files with the live store)."""
+    total, seen = 0, set()
     for d, _, files in os.walk(path):
         for name in files:
             try:
                 st = os.lstat(os.path.join(d, name))
             except FileNotFoundError:
                 continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
             total += st.st_blocks * 512
     return total
 
@@ -232,6 +237,9 @@ def main():
                     print(f"sparse_scale: alpha {alpha} round {rnd} {name}: {r['keys_per_s']:.0f} keys/s, "
                           f"hit rate {r['hit_rate']:.3f}", file=sys.stderr)
         for name, s in servers.items():
+            # Everything the runs changed goes into this snapshot, so the next one holds only
+            # the 1% touched.
+            res.setdefault("snapshot_after_runs", {})[name] = snapshot(args.build, s, args)
             driver(args.build, s, "touch", args, touch_every=100)
             res["one_percent_snapshot"][name] = snapshot(args.build, s, args)
             res["stats"][name] = table_stats(args.build, s, args)
