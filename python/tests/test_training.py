@@ -1,0 +1,88 @@
+"""PyTorch training through leash.torch on real shards: two Python workers reach the
+accuracy of the same loop without Leash; a worker killed mid-run is evicted and the other
+finishes the job; a Python worker and a C++ leash-worker train the same tables in one job.
+Workers are subprocesses (examples/torch_fashion_mnist.py and tests/scripts)."""
+import json
+import os
+import re
+import signal
+
+import pytest
+
+import leash
+from conftest import ROOT, wait_for
+
+pytest.importorskip("torch")
+DATA = "/usr/share/datasets/fashion-mnist"
+if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
+    pytest.skip(f"Fashion-MNIST is not in {DATA} (apt-get install dataset-fashion-mnist)",
+                allow_module_level=True)
+EXAMPLE = os.path.join(ROOT, "examples", "torch_fashion_mnist.py")
+MIXED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "kernel_mlp_worker.py")
+MLP = ["--model=mlp", "--optimizer=momentum", "--lr=0.01", "--train-limit=6000",
+       "--test-limit=2000", "--chunk-size=500"]
+
+
+def summary(tmp_path, name):
+    with open(tmp_path / f"{name}.json") as f:
+        return json.load(f)
+
+
+def test_two_python_workers_on_two_shards_reach_the_accuracy_of_the_local_loop(
+        cluster2, workers, tmp_path):
+    flags = MLP + ["--epochs=3", "--staleness=1"]
+    ps = [workers.python(f"w{i}", EXAMPLE, f"--servers={cluster2.servers}", f"--name=w{i}",
+                         f"--metrics-out={tmp_path}/w{i}.json", *flags) for i in range(2)]
+    local = workers.python("local", EXAMPLE, "--local", f"--metrics-out={tmp_path}/local.json",
+                           *flags)
+    for p in ps + [local]:
+        assert p.wait(timeout=120) == 0, workers.log(p)
+    w = [summary(tmp_path, f"w{i}") for i in range(2)]
+    base = summary(tmp_path, "local")["test_accuracy"]
+    # Exact coverage: every sample of every epoch trained once, by one of the two.
+    assert w[0]["samples"] + w[1]["samples"] == 3 * 6000
+    assert min(w[0]["samples"], w[1]["samples"]) > 0
+    assert base > 0.75
+    for s in w:
+        assert s["test_accuracy"] >= base - 0.04, (s, base)
+
+
+def test_a_killed_worker_is_evicted_and_the_other_finishes(cluster_factory, workers, tmp_path):
+    cluster = cluster_factory(2, ["--lease-timeout=1s"])
+    flags = MLP + ["--epochs=4", "--staleness=1", "--step-delay=0.01"]
+    survivor = workers.python("w0", EXAMPLE, f"--servers={cluster.servers}", "--name=w0",
+                              f"--metrics-out={tmp_path}/w0.json", *flags)
+    victim = workers.python("w1", EXAMPLE, f"--servers={cluster.servers}", "--name=w1", *flags)
+    wait_for(lambda: "chunk" in workers.log(victim) or victim.poll() is not None, 60,
+             "the victim to train a chunk")
+    assert victim.poll() is None, workers.log(victim)
+    victim.send_signal(signal.SIGKILL)  # no leave: the shards must evict it
+    victim.wait()
+    assert survivor.wait(timeout=120) == 0, workers.log(survivor)
+    with leash.Client(cluster.servers, register=False) as observer:
+        st = observer.status()
+    assert st["coverage"]["epochs_done"] == 4, st["coverage"]
+    assert st["workers"] == [], st["workers"]  # the survivor left, the victim was evicted
+    assert summary(tmp_path, "w0")["test_accuracy"] > 0.7
+
+
+def test_a_python_worker_and_a_cpp_worker_train_the_same_tables(cluster2, workers, tmp_path):
+    cpp = workers.cpp("cpp", f"--servers={cluster2.servers}", "--name=cpp", "--model=mlp",
+                      "--staleness=1", "--epochs=3", "--train-limit=6000", "--test-limit=2000",
+                      "--chunk-size=500", "--log-every=1000", "--step-delay-factor=30",
+                      f"--metrics-out={tmp_path}/cpp.json")
+    # The C++ worker computes 30x slower, so that the Python one (which takes a second or
+    # two to import torch) joins well before the job ends.
+    py = workers.python("py", MIXED, cluster2.servers, 6000, 500, 3, tmp_path / "py.json")
+    assert cpp.wait(timeout=120) == 0, workers.log(cpp)
+    assert py.wait(timeout=120) == 0, workers.log(py)
+    py_summary = summary(tmp_path, "py")
+    cpp_log = workers.log(cpp)
+    trained = re.findall(r"this worker trained (\d+) samples", cpp_log)
+    assert trained, cpp_log
+    cpp_samples = sum(int(n) for n in trained)
+    assert py_summary["samples"] > 0 and cpp_samples > 0, (py_summary, cpp_log)
+    assert py_summary["samples"] + cpp_samples == 3 * 6000
+    cpp_acc = float(re.search(r"final test accuracy ([\d.]+)%", cpp_log).group(1)) / 100
+    assert cpp_acc > 0.7, cpp_log
+    assert py_summary["test_accuracy"] > 0.7, py_summary
