@@ -264,10 +264,10 @@ class Client;
 class PullBatch {
  public:
   PullBatch(std::vector<Future> futures, std::vector<py::object> arrays,
-            std::vector<std::string> names, std::shared_ptr<Shared> shared)
+            std::vector<py::object> tables, std::shared_ptr<Shared> shared)
       : futures_(std::move(futures)),
         arrays_(std::move(arrays)),
-        names_(std::move(names)),
+        tables_(std::move(tables)),
         shared_(std::move(shared)) {}
   ~PullBatch() {
     if (shared_->closed) return;  // nothing writes into the arrays any more
@@ -291,7 +291,9 @@ class PullBatch {
     Status first;
     for (size_t i = 0; i < futures_.size(); ++i) {
       Status st = WaitInterruptibly(futures_[i], shared_.get(), arrays_[i]);
-      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + names_[i] + "'");
+      if (!st.ok() && first.ok()) {
+        first = st.WithContext("pull '" + tables_[i].cast<const Table&>().handle.name + "'");
+      }
     }
     ThrowIfError(first);
     py::list out;
@@ -302,7 +304,7 @@ class PullBatch {
  private:
   std::vector<Future> futures_;
   std::vector<py::object> arrays_;
-  std::vector<std::string> names_;
+  std::vector<py::object> tables_;
   std::shared_ptr<Shared> shared_;
 };
 
@@ -509,38 +511,49 @@ class Client {
 
   // Starts pulling every table (one message per shard), for iteration `for_clock` (-1:
   // this worker's clock).
-  std::unique_ptr<PullBatch> StartPulls(const std::vector<Table>& tables, py::list outs,
-                                        int64_t for_clock) {
+  std::unique_ptr<PullBatch> StartPulls(py::sequence tables, py::sequence outs, int64_t for_clock) {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
-    if (py::len(outs) != tables.size()) {
-      Raise(StatusCode::kInvalidArgument, "start_pulls: " + std::to_string(tables.size()) +
-                                              " tables but " + std::to_string(py::len(outs)) +
-                                              " output arrays");
+    const size_t n = py::len(tables);
+    if (py::len(outs) != n) {
+      Raise(StatusCode::kInvalidArgument, "start_pulls: " + std::to_string(n) + " tables but " +
+                                              std::to_string(py::len(outs)) + " output arrays");
     }
+    std::vector<py::object> keep_tables;  // the batch names them in errors
+    std::vector<const Table*> ts;
     std::vector<py::object> arrays;
-    std::vector<std::string> names;
-    for (size_t i = 0; i < tables.size(); ++i) {
+    keep_tables.reserve(n);
+    ts.reserve(n);
+    arrays.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      py::object t = tables[i];
+      if (!py::isinstance<Table>(t)) {
+        Raise(StatusCode::kInvalidArgument,
+              "start_pulls: tables must be leash.Table values, got " + TypeName(t));
+      }
+      const Table& table = t.cast<const Table&>();
       py::object o = outs[i];
-      arrays.push_back(o.is_none() ? NewArray(tables[i].shape)
-                                   : CheckedArray(o, tables[i], "out", true, tables[i].size()));
-      names.push_back(tables[i].handle.name);
+      arrays.push_back(o.is_none() ? NewArray(table.shape)
+                                   : CheckedArray(o, table, "out", true, table.size()));
+      ts.push_back(&table);
+      keep_tables.push_back(std::move(t));
     }
     std::vector<Future> futures;
+    futures.reserve(n);
     {
       ScopedTimer c(&shared_->stats.client_ns);
       client_->HoldSends();
-      for (size_t i = 0; i < tables.size(); ++i) {
-        auto a = py::reinterpret_borrow<py::array>(arrays[i]);
-        futures.push_back(
-            client_->Pull(tables[i].handle, static_cast<float*>(a.mutable_data()), for_clock));
-        shared_->stats.values_pulled += tables[i].size();
+      for (size_t i = 0; i < n; ++i) {
+        auto* out =
+            static_cast<float*>(py::reinterpret_borrow<py::array>(arrays[i]).mutable_data());
+        futures.push_back(client_->Pull(ts[i]->handle, out, for_clock));
+        shared_->stats.values_pulled += ts[i]->size();
       }
       client_->FlushSends();
     }
-    shared_->stats.pulls += tables.size();
-    return std::make_unique<PullBatch>(std::move(futures), std::move(arrays), std::move(names),
-                                       shared_);
+    shared_->stats.pulls += n;
+    return std::make_unique<PullBatch>(std::move(futures), std::move(arrays),
+                                       std::move(keep_tables), shared_);
   }
 
   py::array PullRows(const Table& t, py::handle keys, py::object out) {

@@ -183,6 +183,8 @@ def test_every_bad_argument_raises_the_documented_exception(cluster):
         with pytest.raises(leash.InvalidArgumentError):
             c.start_pulls([t], [None, None])
         with pytest.raises(leash.InvalidArgumentError):
+            c.start_pulls(["t"])
+        with pytest.raises(leash.InvalidArgumentError):
             next(iter(c.chunks({"num_samples": 0})))
         with pytest.raises(leash.InvalidArgumentError):
             c.open_table("t", timeout="soon")
