@@ -5,6 +5,7 @@ every wait releases the GIL). Not fork-safe: make the Client in the process that
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import os
 import signal
@@ -21,6 +22,8 @@ import numpy as np
 from . import _leash
 from .errors import (InvalidArgumentError, NotRegisteredError,
                      UnknownTableError, WrongDTypeError)
+
+_log = logging.getLogger("leash")
 
 Table = _leash.Table
 DataPlan = _leash.DataPlan
@@ -222,12 +225,13 @@ class Client:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
+        # Leaving at the end of the block must not turn a finished job (or the exception on
+        # its way out) into another error: a shard that does not acknowledge evicts this
+        # worker when its lease expires anyway.
+        try:
             self.leave()
-            return
-        try:  # an exception is on its way out: leaving must not hide it
-            self.leave()
-        except Exception:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
+            _log.warning("leaving the job failed (%s); the shards will evict this worker", e)
             self._c.close()
 
     def leave(self) -> None:
@@ -416,7 +420,10 @@ class Client:
             if g["kind"] == "finished":
                 return
             if g["kind"] == "wait":
-                (on_idle or self.clock)()
+                try:
+                    (on_idle or self.clock)()
+                except NotRegisteredError:
+                    self.rejoin()
                 time.sleep(idle_sleep)
                 continue
             yield Chunk(epoch=g["epoch"], index=g["chunk"], begin=g["begin"], end=g["end"],

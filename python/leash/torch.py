@@ -156,12 +156,12 @@ class Parameters:
         took = False
         if self._pending is not None:
             usable = self._pending_clock == c.current_clock and self._pending_rejoins == c.rejoins
-            pending, self._pending = self._pending, None
             try:
-                pending.wait()
+                self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
                 took = usable
             except NotRegisteredError:
                 took = False
+            self._pending = None
             if took:
                 self._current ^= 1
         if not took:

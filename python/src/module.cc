@@ -561,9 +561,11 @@ class Client {
     CheckOpen();
     std::vector<uint64_t> k = CheckedKeys(keys, t);
     const size_t n = k.size() * t.handle.cols;
-    py::array a = out.is_none() ? NewArray({static_cast<py::ssize_t>(k.size()),
-                                            static_cast<py::ssize_t>(t.handle.cols)})
-                                : CheckedArray(out, t, "out", true, n);
+    std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(k.size())};
+    if (t.shape.size() > 1) {
+      shape.insert(shape.end(), t.shape.begin() + 1, t.shape.end());  // rows keep their shape
+    }
+    py::array a = out.is_none() ? NewArray(shape) : CheckedArray(out, t, "out", true, n);
     Future f;
     {
       ScopedTimer c(&shared_->stats.client_ns);
