@@ -10,7 +10,12 @@ with the GIL released, the part in the C++ binding with the GIL held (array chec
 client's copies/encoding, taking the GIL back) and the rest (the Python layer). Writes
 one JSON object to --out (default bench/results/python_leash.json):
   {"config", "runs": [...], "models": {model: {"local_sps", "leash_sps", "ratio",
-   "binding_us_per_iter", ...}}}
+   "binding_us_per_iter", ...}}, "pairs": {...}}
+With --pairs MODELS, also two-process runs, interleaved: 2 Python workers
+(examples/torch_fashion_mnist.py) on one shard, staleness 1, against PyTorch DDP x2 and
+Hogwild x2 (bench/torch_train.py); cluster samples/s (train time only for the PyTorch peers,
+each Leash worker's loop from connecting to its last chunk for Leash: connecting and
+creating the tables count against Leash).
 Run under /usr/bin/python3 with the package on the path (PYTHONPATH=build/python).
 """
 import argparse
@@ -106,6 +111,62 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
             "values_per_iteration": (bt["values_pulled"] + bt["values_pushed"]) / steps}
 
 
+def start_shard(build, data_dir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [os.path.join(build, "server", "leash-server"), "--shard=0", "--num-shards=1",
+         f"--bind=tcp://127.0.0.1:{port}", f"--data-dir={data_dir}", "--no-sync",
+         "--checkpoint-interval=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"tcp://127.0.0.1:{port}"
+
+
+def run_pairs(a, model_name):
+    """2 Leash Python workers vs DDP x2 vs Hogwild x2, `a.rounds` interleaved rounds."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(a.build, "python"))
+    example = os.path.join(os.path.dirname(HERE), "examples", "torch_fashion_mnist.py")
+    opt = LEASH_OPT[model_name]
+    common = [f"--model={model_name}", f"--epochs={a.epochs}", f"--train-limit={a.pairs_train_limit}",
+              f"--test-limit={a.test_limit}", f"--batch={a.batch}", "--threads=1"]
+    tmp = f"/tmp/leash-bench-pairs-{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    res = {"leash_x2": [], "ddp_x2": [], "hogwild_x2": []}
+    try:
+        for r in range(a.rounds):
+            shard, servers = start_shard(a.build, f"{tmp}/shard{r}")
+            try:
+                procs = [subprocess.Popen(
+                    ["/usr/bin/python3", example, f"--servers={servers}", f"--name=p{i}",
+                     f"--optimizer={opt['optimizer']}", f"--lr={opt['lr']}",
+                     f"--staleness={a.staleness}", f"--metrics-out={tmp}/p{i}.json"] + common,
+                    env=env, stdout=subprocess.DEVNULL) for i in range(2)]
+                if any(p.wait() != 0 for p in procs):
+                    raise RuntimeError("a Leash Python worker failed")
+            finally:
+                shard.terminate()
+                shard.wait()
+            w = [json.load(open(f"{tmp}/p{i}.json")) for i in range(2)]
+            res["leash_x2"].append({"samples_per_second": sum(x["samples"] for x in w) /
+                                    max(x["train_seconds"] for x in w),
+                                    "test_accuracy": w[0]["test_accuracy"]})
+            for mode in ("ddp", "hogwild"):
+                out = f"{tmp}/{mode}.json"
+                subprocess.run(["/usr/bin/python3", os.path.join(HERE, "torch_train.py"),
+                                f"--mode={mode}", "--procs=2", f"--out={out}"] +
+                               [f for f in common if not f.startswith("--threads")],
+                               check=True, stdout=subprocess.DEVNULL)
+                j = json.load(open(out))
+                res[f"{mode}_x2"].append({"samples_per_second": j["samples_per_second"],
+                                          "test_accuracy": j["epochs"][-1]["test_accuracy"]})
+            print(f"[{model_name} pairs round {r}] " + ", ".join(
+                f"{k} {v[-1]['samples_per_second']:.0f} samples/s" for k, v in res.items()), flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", tmp], check=False)
+    med = {k: statistics.median(x["samples_per_second"] for x in v) for k, v in res.items()}
+    return {"runs": res, "median_samples_per_second": med,
+            "leash_x2_over_ddp_x2": med["leash_x2"] / med["ddp_x2"],
+            "leash_x2_over_hogwild_x2": med["leash_x2"] / med["hogwild_x2"]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
@@ -117,6 +178,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pairs", default="", help="models for the 2-process comparison (e.g. mlp)")
+    ap.add_argument("--pairs-train-limit", type=int, default=30000)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "python_leash.json"))
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(a.build, "python"))
@@ -185,10 +248,13 @@ def main():
               f"{m['per_iteration_us']['binding_gil_held']:.0f} us + Python layer "
               f"{m['per_iteration_us']['python_layer']:.0f} us per iteration of "
               f"{m['leash_step_us']:.0f} us", flush=True)
+    pairs = {}
+    for model_name in filter(None, a.pairs.split(",")):
+        pairs[model_name] = run_pairs(a, model_name)
     out = {"config": vars(a) | {"torch": torch.__version__, "cpus": os.cpu_count(),
                                 "note": "1 shard + 1 worker on loopback, staleness "
                                         f"{a.staleness}; medians over rounds"},
-           "runs": runs, "models": models}
+           "runs": runs, "models": models, "pairs": pairs}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
