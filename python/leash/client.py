@@ -125,7 +125,8 @@ def _normalize_servers(servers: Optional[Servers]) -> List[str]:
     if isinstance(servers, str):
         servers = [s.strip() for s in servers.split(",") if s.strip()]
     if not isinstance(servers, (list, tuple)) or not all(isinstance(s, str) for s in servers):
-        raise _bad(f"servers must be a list of endpoints or a comma-separated string, got {servers!r}")
+        raise _bad("servers must be a list of endpoints or a comma-separated string, "
+                   f"got {servers!r}")
     if not servers:
         raise _bad("servers is empty: give the shards' endpoints in order")
     return list(servers)
@@ -274,7 +275,8 @@ class Client:
             raise _bad("a table needs a non-empty string name")
         dims = _shape_tuple(shape)
         return self._c.create_table(
-            name=name, shape=list(dims), optimizer=_check_choice("optimizer", optimizer, OPTIMIZERS),
+            name=name, shape=list(dims),
+            optimizer=_check_choice("optimizer", optimizer, OPTIMIZERS),
             lr=_check_float("lr", lr), momentum=_check_float("momentum", momentum),
             beta1=_check_float("beta1", beta1), beta2=_check_float("beta2", beta2),
             epsilon=_check_float("epsilon", epsilon),
@@ -491,7 +493,8 @@ class Client:
             buf = torch.empty(tensor.numel(), dtype=torch.float32, pin_memory=True)
             self._staging[table.name] = buf
         if tensor.dtype != torch.float32:
-            raise WrongDTypeError(f"tensor for table '{table.name}' must be float32, got {tensor.dtype}")
+            raise WrongDTypeError(
+                f"tensor for table '{table.name}' must be float32, got {tensor.dtype}")
         return buf
 
     def __repr__(self) -> str:

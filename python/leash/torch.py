@@ -88,7 +88,8 @@ class Parameters:
         self.names: List[str] = []
         self.params: List[torch.nn.Parameter] = []
         self.tables: List[Table] = []
-        for i, (name, p) in enumerate((n, p) for n, p in module.named_parameters() if p.requires_grad):
+        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for i, (name, p) in enumerate(trainable):
             if p.dtype != torch.float32:
                 raise WrongDTypeError(f"parameter '{name}' is {p.dtype}; Leash tables hold float32")
             tname = self._table_name(name, prefix, names)

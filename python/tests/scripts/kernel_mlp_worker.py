@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
