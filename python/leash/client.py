@@ -140,6 +140,8 @@ _sigterm_installed = False
 
 def _leave_all_at_exit() -> None:
     for c in list(_open_clients):
+        if c._pid != os.getpid():
+            continue  # a forked child (a data loader's worker) must not leave for its parent
         try:
             c.leave()
         except Exception:  # noqa: BLE001 (exiting: nothing left to report to)
@@ -204,6 +206,7 @@ class Client:
         if curve_keys is not None and not isinstance(curve_keys, (str, os.PathLike)):
             raise _bad("curve_keys must be a directory path")
         self._rejoins = 0
+        self._pid = os.getpid()
         self._staging: Dict[str, Any] = {}  # pinned host buffers for CUDA tensors, per table
         self._c = _leash.Client(
             servers=endpoints, name=name, staleness=staleness, wire_dtype=wire,
