@@ -171,7 +171,7 @@ def main():
             acc = accuracy(model, tx, ty)
             summary["system"] = "leash"
             summary["name"] = client.name
-            summary["rejoins"] = params.rejoins
+            summary["rejoins"] = client.rejoins
             summary["binding"] = client.binding_times()
     secs = time.perf_counter() - start
     summary.update({"steps": steps, "samples": samples, "seconds": secs,

@@ -92,3 +92,22 @@ def test_a_python_worker_and_a_cpp_worker_train_the_same_tables(cluster2, worker
     cpp_acc = float(re.search(r"final test accuracy ([\d.]+)%", cpp_log).group(1)) / 100
     assert cpp_acc > 0.7, cpp_log
     assert py_summary["test_accuracy"] > 0.7, py_summary
+
+
+def test_a_worker_paused_past_its_lease_rejoins_and_the_job_finishes(cluster_factory, workers,
+                                                                    tmp_path):
+    cluster = cluster_factory(1, ["--lease-timeout=500ms"])
+    flags = MLP + ["--epochs=2", "--staleness=1", "--step-delay=0.005"]
+    w = workers.python("w0", EXAMPLE, f"--servers={cluster.servers}", "--name=w0",
+                       f"--metrics-out={tmp_path}/w0.json", *flags)
+    wait_for(lambda: "chunk" in workers.log(w) or w.poll() is not None, 60, "a trained chunk")
+    assert w.poll() is None, workers.log(w)
+    w.send_signal(signal.SIGSTOP)
+    with leash.Client(cluster.servers, register=False) as observer:
+        wait_for(lambda: observer.status()["workers"] == [], 10, "the eviction")
+        w.send_signal(signal.SIGCONT)
+        assert w.wait(timeout=120) == 0, workers.log(w)
+        assert observer.status()["coverage"]["epochs_done"] == 2
+    s = summary(tmp_path, "w0")
+    assert s["rejoins"] >= 1, s
+    assert s["samples"] >= 2 * 6000  # a chunk cut short by the eviction is trained again
