@@ -13,9 +13,11 @@ the path (scripts/install-python.sh, or PYTHONPATH=build/python). Writes a JSON 
 with --metrics-out. SIGTERM or Ctrl-C: the worker leaves the job and exits.
 """
 import argparse
+import faulthandler
 import gzip
 import json
 import os
+import signal
 import struct
 import sys
 import time
@@ -111,6 +113,7 @@ def main():
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--metrics-out", default="")
     a = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: every thread's stack
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)

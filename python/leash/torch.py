@@ -148,25 +148,41 @@ class Parameters:
         """Puts the values this step may use into the module: the prefetch started during
         the previous step if it was for this clock, else a pull now. Starts the next
         step's prefetch (staleness >= 1). Within an accumulation group only the first
-        micro-batch pulls."""
+        micro-batch pulls. A worker found evicted rejoins and pulls again."""
         if self._micro % self.accumulate != 0:
             return
+        for attempt in range(3):
+            if self.client.needs_rejoin:
+                self._rejoin()
+            try:
+                self._pull_now()
+                return
+            except NotRegisteredError:
+                if attempt == 2:
+                    raise
+                self._rejoin()
+
+    def _pull_now(self) -> None:
         c = self.client
-        if c.needs_rejoin:
-            self._rejoin()
         took = False
         if self._pending is not None:
             usable = self._pending_clock == c.current_clock and self._pending_rejoins == c.rejoins
             try:
                 self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
-                took = usable
             except NotRegisteredError:
-                took = False
+                self._pending = None
+                self._abandon(self._current ^ 1)
+                raise
             self._pending = None
-            if took:
+            if usable:
+                took = True
                 self._current ^= 1
         if not took:
-            c._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+            try:
+                c._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+            except NotRegisteredError:
+                self._abandon(self._current)
+                raise
         self._install(self._current)
         if self.prefetch:
             nxt = self._current ^ 1
@@ -222,9 +238,18 @@ class Parameters:
             try:
                 self._pending.wait()
             except NotRegisteredError:
-                pass
+                self._abandon(self._current ^ 1)
             self._pending = None
-        self.client._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+        for attempt in range(3):
+            if self.client.needs_rejoin:
+                self._rejoin()
+            try:
+                self.client._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+                break
+            except NotRegisteredError:
+                self._abandon(self._current)
+                if attempt == 2:
+                    raise
         self._install(self._current)
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
@@ -244,13 +269,23 @@ class Parameters:
         if self._cuda:
             torch.cuda.synchronize()  # the host buffers are refilled by the next prefetch
 
+    def _abandon(self, which: int) -> None:
+        """Gives buffer set `which` new memory: a pull given up on may still write into
+        the old (kept alive by the binding until its reply comes)."""
+        for i, p in enumerate(self.params):
+            if self._cuda:
+                t = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            else:
+                t = torch.empty(p.shape, dtype=torch.float32)
+            self._buffers[which][i] = t
+            self._views[which][i] = t.numpy()
+
     def _rejoin(self) -> None:
         if self._pending is not None:
-            try:
-                self._pending.wait()
-            except Exception:  # noqa: BLE001 (void after the rejoin anyway)
-                pass
+            # A prefetch sent after the eviction may stay parked for a clock nobody reaches:
+            # not waited for.
             self._pending = None
+            self._abandon(self._current ^ 1)
         for p in self.params:
             p.grad = None
         self._micro = 0

@@ -130,6 +130,7 @@ struct Shared {
   BindingStats stats;
   int waiters = 0;      // threads in a wait (with the GIL released most of the time)
   bool closed = false;  // the leash::Client is gone: its futures must not be waited on
+  const leash::Client* client = nullptr;  // while open
 };
 
 [[noreturn]] void RaiseClosed() {
@@ -139,8 +140,11 @@ struct Shared {
 
 // Waits for `f`, the GIL released, in slices that each end by running Python's signal
 // handlers; a handler's exception (KeyboardInterrupt, SystemExit) propagates, and `keep`
-// (what the reply writes into) goes to the graveyard until the reply comes.
-Status WaitInterruptibly(const Future& f, Shared* shared, py::object keep = py::none()) {
+// (what the reply writes into) goes to the graveyard until the reply comes. A pull
+// (`is_pull`) also gives up with NotRegistered once a shard has evicted this worker: a
+// pull it sent since then may stay parked for a clock that nobody will reach.
+Status WaitInterruptibly(const Future& f, Shared* shared, py::object keep = py::none(),
+                         bool is_pull = false) {
   if (f.ready()) return f.get();
   if (shared->closed) RaiseClosed();
   BindingStats* stats = &shared->stats;
@@ -165,6 +169,11 @@ Status WaitInterruptibly(const Future& f, Shared* shared, py::object keep = py::
     if (PyErr_CheckSignals() != 0) {
       if (!keep.is_none()) shared->graveyard.Add(f, std::move(keep));
       throw py::error_already_set();
+    }
+    if (is_pull && shared->client != nullptr && shared->client->needs_rejoin()) {
+      if (!keep.is_none()) shared->graveyard.Add(f, std::move(keep));
+      return NotRegistered(
+          "this worker was evicted (it was silent past its lease); rejoin() and pull again");
     }
   }
   return f.get();
@@ -290,7 +299,7 @@ class PullBatch {
     ScopedTimer total(&shared_->stats.total_ns);
     Status first;
     for (size_t i = 0; i < futures_.size(); ++i) {
-      Status st = WaitInterruptibly(futures_[i], shared_.get(), arrays_[i]);
+      Status st = WaitInterruptibly(futures_[i], shared_.get(), arrays_[i], /*is_pull=*/true);
       if (!st.ok() && first.ok()) {
         first = st.WithContext("pull '" + tables_[i].cast<const Table&>().handle.name + "'");
       }
@@ -415,6 +424,7 @@ class Client {
       client = leash::Client::Connect(std::move(transport), co);
     }
     client_ = ValueOrThrow(std::move(client), "cannot join the cluster");
+    shared_->client = client_.get();
     staleness_ = o.staleness;
   }
 
@@ -505,7 +515,8 @@ class Client {
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += t.size();
-    ThrowIfError(WaitInterruptibly(f, shared_.get(), a), "pull '" + t.handle.name + "'");
+    ThrowIfError(WaitInterruptibly(f, shared_.get(), a, /*is_pull=*/true),
+                 "pull '" + t.handle.name + "'");
     return a;
   }
 
@@ -574,7 +585,8 @@ class Client {
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += n;
-    ThrowIfError(WaitInterruptibly(f, shared_.get(), a), "pull '" + t.handle.name + "'");
+    ThrowIfError(WaitInterruptibly(f, shared_.get(), a, /*is_pull=*/true),
+                 "pull '" + t.handle.name + "'");
     return a;
   }
 
@@ -857,6 +869,7 @@ class Client {
             "closing a leash.Client while another thread waits on it; stop that thread first");
     }
     shared_->closed = true;
+    shared_->client = nullptr;
     client_.reset();  // stops the I/O thread: no reply writes into an array any more
     shared_->graveyard.entries.clear();
     pending_.clear();

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import time
 
 import pytest
 
@@ -106,7 +108,13 @@ def test_a_worker_paused_past_its_lease_rejoins_and_the_job_finishes(cluster_fac
     with leash.Client(cluster.servers, register=False) as observer:
         wait_for(lambda: observer.status()["workers"] == [], 10, "the eviction")
         w.send_signal(signal.SIGCONT)
-        assert w.wait(timeout=120) == 0, workers.log(w)
+        try:
+            rc = w.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            w.send_signal(signal.SIGUSR1)  # the example dumps its threads' stacks
+            time.sleep(1)
+            raise AssertionError("the resumed worker did not finish: " + workers.log(w))
+        assert rc == 0, workers.log(w)
         assert observer.status()["coverage"]["epochs_done"] == 2
     s = summary(tmp_path, "w0")
     assert s["rejoins"] >= 1, s
