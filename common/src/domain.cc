@@ -46,6 +46,8 @@ const char* OptimizerName(OptimizerKind kind) {
       return "adam";
     case OptimizerKind::kAdagrad:
       return "adagrad";
+    case OptimizerKind::kFtrl:
+      return "ftrl";
   }
   return "unknown";
 }
@@ -55,8 +57,19 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name) {
   if (name == "momentum") return OptimizerKind::kMomentum;
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "adagrad") return OptimizerKind::kAdagrad;
+  if (name == "ftrl") return OptimizerKind::kFtrl;
   return InvalidArgument("unknown optimizer '" + std::string(name) +
-                         "' (expected sgd, momentum, adam or adagrad)");
+                         "' (expected sgd, momentum, adam, adagrad or ftrl)");
+}
+
+const char* TableKindName(TableKind kind) {
+  switch (kind) {
+    case TableKind::kDense:
+      return "dense";
+    case TableKind::kSparse:
+      return "sparse";
+  }
+  return "unknown";
 }
 
 }  // namespace leash

@@ -38,4 +38,16 @@ void RangePartitioner::Split(uint64_t rows, const std::vector<uint64_t>& keys,
   }
 }
 
+int SparseOwner(uint64_t key, int num_shards) {
+  // The finalizer of MurmurHash3 (fmix64): every key bit affects the high bits used below.
+  uint64_t h = key;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  h ^= h >> 33;
+  return static_cast<int>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(num_shards)) >>
+                          64);
+}
+
 }  // namespace leash

@@ -37,5 +37,30 @@ TEST(RangePartitionerTest, SplitGroupsKeysByOwnerAndRemembersPositions) {
   EXPECT_EQ(pos[1], (std::vector<size_t>{0, 2}));
 }
 
+TEST(SparseOwnerTest, SpreadsSequentialAndStridedKeysEvenlyAndIsStable) {
+  for (int shards : {1, 2, 3, 7}) {
+    for (uint64_t stride : {uint64_t{1}, uint64_t{1} << 32, uint64_t{1024}}) {
+      std::vector<int> count(static_cast<size_t>(shards), 0);
+      const int n = 70000;
+      for (int i = 0; i < n; ++i) {
+        int s = SparseOwner(static_cast<uint64_t>(i) * stride, shards);
+        ASSERT_GE(s, 0);
+        ASSERT_LT(s, shards);
+        ++count[static_cast<size_t>(s)];
+      }
+      for (int c : count) {
+        EXPECT_NEAR(c, n / shards, n / shards / 20) << shards << " shards, stride " << stride;
+      }
+    }
+  }
+  // Pinned: clients and shards of different builds must agree on every key's owner.
+  EXPECT_EQ(SparseOwner(0, 2), 0);
+  EXPECT_EQ(SparseOwner(42, 1), 0);
+  EXPECT_EQ((std::vector<int>{SparseOwner(1, 4), SparseOwner(2, 4), SparseOwner(3, 4),
+                              SparseOwner(4, 4), SparseOwner(123456789, 4)}),
+            (std::vector<int>{2, 0, 0, 1, 2}));
+  EXPECT_EQ(SparseOwner(123456789, 3), 1);
+}
+
 }  // namespace
 }  // namespace leash

@@ -285,10 +285,13 @@ flatbuffers::Offset<wire::TableSpec> BuildTableSpec(flatbuffers::FlatBufferBuild
   auto name = fbb.CreateString(t.name);
   const OptimizerConfig& o = t.optimizer;
   auto opt = wire::CreateOptimizerSpec(fbb, static_cast<wire::OptimizerKind>(o.kind), o.lr,
-                                       o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay);
+                                       o.momentum, o.beta1, o.beta2, o.epsilon, o.weight_decay,
+                                       o.l1, o.ftrl_beta, o.clip_value);
   auto init = wire::CreateInitSpec(fbb, static_cast<wire::InitKind>(t.init.kind), t.init.scale,
                                    t.init.seed);
-  return wire::CreateTableSpec(fbb, name, t.rows, t.cols, opt, init);
+  return wire::CreateTableSpec(fbb, name, t.rows, t.cols, opt, init,
+                               static_cast<wire::TableKind>(t.kind), t.sparse.admit_after,
+                               t.sparse.expire_after_clocks);
 }
 
 // A verified TableSpec table as a domain spec. InvalidArgument for an empty name or an
@@ -312,7 +315,16 @@ Result<TableSpec> ReadTableSpec(const wire::TableSpec* s) {
     t.optimizer.beta2 = o->beta2();
     t.optimizer.epsilon = o->epsilon();
     t.optimizer.weight_decay = o->weight_decay();
+    t.optimizer.l1 = o->l1();
+    t.optimizer.ftrl_beta = o->ftrl_beta();
+    t.optimizer.clip_value = o->clip_value();
   }
+  if (static_cast<int>(s->kind()) > static_cast<int>(kMaxTableKind)) {
+    return InvalidArgument("table '" + t.name + "' names an unknown table kind");
+  }
+  t.kind = static_cast<TableKind>(s->kind());
+  t.sparse.admit_after = s->admit_after();
+  t.sparse.expire_after_clocks = s->expire_after_clocks();
   if (const wire::InitSpec* i = s->init()) {
     if (static_cast<int>(i->kind()) > static_cast<int>(kMaxInitKind)) {
       return InvalidArgument("table '" + t.name + "' names an unknown initializer");
@@ -542,8 +554,11 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                 std::vector<flatbuffers::Offset<wire::TableInfo>> tables;
                 tables.reserve(r.tables.size());
                 for (const ShardStats::TableStat& t : r.tables) {
-                  tables.push_back(wire::CreateTableInfo(fbb, t.table_id, fbb.CreateString(t.name),
-                                                         t.rows, t.cols, t.local_rows));
+                  tables.push_back(wire::CreateTableInfo(
+                      fbb, t.table_id, fbb.CreateString(t.name), t.rows, t.cols, t.local_rows,
+                      static_cast<wire::TableKind>(t.kind), t.resident_rows, t.memory_bytes,
+                      t.tier_hits, t.tier_misses, t.evictions, t.admissions, t.unadmitted_reads,
+                      t.dropped_gradients, t.expired_rows));
                 }
                 auto wv = fbb.CreateVector(workers);
                 auto tv = fbb.CreateVector(tables);
@@ -553,7 +568,8 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                                                r.parked_pulls, r.pushes_applied, r.pulls_served,
                                                r.errors, r.last_snapshot_clock, r.recovered_clock,
                                                wv, tv, p.epochs_done, p.epochs, p.chunks_done,
-                                               p.num_chunks, p.chunks_leased, r.snapshot_age_ms)
+                                               p.num_chunks, p.chunks_leased, r.snapshot_age_ms,
+                                               r.memory_budget_bytes, r.memory_used_bytes)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -623,6 +639,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.last_snapshot_clock = r->last_snapshot_clock();
       o.recovered_clock = r->recovered_clock();
       o.snapshot_age_ms = r->snapshot_age_ms();
+      o.memory_budget_bytes = r->memory_budget_bytes();
+      o.memory_used_bytes = r->memory_used_bytes();
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {
@@ -633,8 +651,24 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       }
       if (r->tables()) {
         for (const auto* t : *r->tables()) {
-          o.tables.push_back({t->table_id(), t->name() ? t->name()->str() : "", t->rows(),
-                              t->cols(), t->local_rows()});
+          ShardStats::TableStat ts;
+          ts.table_id = t->table_id();
+          ts.name = t->name() ? t->name()->str() : "";
+          ts.rows = t->rows();
+          ts.cols = t->cols();
+          ts.local_rows = t->local_rows();
+          // An unknown kind from a newer shard shows as sparse rather than failing stats.
+          ts.kind = t->kind() == wire::TableKind::Dense ? TableKind::kDense : TableKind::kSparse;
+          ts.resident_rows = t->resident_rows();
+          ts.memory_bytes = t->memory_bytes();
+          ts.tier_hits = t->tier_hits();
+          ts.tier_misses = t->tier_misses();
+          ts.evictions = t->evictions();
+          ts.admissions = t->admissions();
+          ts.unadmitted_reads = t->unadmitted_reads();
+          ts.dropped_gradients = t->dropped_gradients();
+          ts.expired_rows = t->expired_rows();
+          o.tables.push_back(std::move(ts));
         }
       }
       return Reply(std::move(o));

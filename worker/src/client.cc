@@ -15,6 +15,7 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 
 #include "leash/common/partition.h"
@@ -729,6 +730,7 @@ Result<TableHandle> Client::CreateTable(const TableSpec& t) {
   h.name = t.name;
   h.rows = t.rows;
   h.cols = t.cols;
+  h.kind = t.kind;
   h.shard_ids = *ids;
   return h;
 }
@@ -749,9 +751,141 @@ Result<const PullReply*> CheckPullReply(const Reply& reply, std::span<const Fram
   return r;
 }
 
+Status NotDense(const TableHandle& t, const char* call) {
+  return InvalidArgument("table '" + t.name + "' is sparse: use " + call + "Sparse, not " + call);
+}
+
+// The keys of a sparse request, each named once, grouped by the shard that owns them.
+// unique[s] are shard s's keys; for the u-th of them, first[s][u] is its first position
+// in the request and next[j] the next position of the key at position j (kNone: none).
+struct SparseSplit {
+  static constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<std::vector<uint64_t>> unique;
+  std::vector<std::vector<uint32_t>> first;
+  std::vector<uint32_t> next;
+  std::vector<int> shards;  // the shards with keys
+
+  SparseSplit(std::span<const uint64_t> keys, int num_shards)
+      : unique(static_cast<size_t>(num_shards)),
+        first(static_cast<size_t>(num_shards)),
+        next(keys.size(), kNone) {
+    // key -> (its shard, its index in unique[shard], its last position so far)
+    struct Seen {
+      int shard;
+      uint32_t index;
+      uint32_t last;
+    };
+    std::unordered_map<uint64_t, Seen> seen;
+    seen.reserve(keys.size());
+    for (size_t j = 0; j < keys.size(); ++j) {
+      auto [it, fresh] = seen.try_emplace(keys[j]);
+      if (fresh) {
+        int s = SparseOwner(keys[j], num_shards);
+        auto& u = unique[static_cast<size_t>(s)];
+        it->second = {s, static_cast<uint32_t>(u.size()), static_cast<uint32_t>(j)};
+        u.push_back(keys[j]);
+        first[static_cast<size_t>(s)].push_back(static_cast<uint32_t>(j));
+      } else {
+        next[it->second.last] = static_cast<uint32_t>(j);
+        it->second.last = static_cast<uint32_t>(j);
+      }
+    }
+    for (int s = 0; s < num_shards; ++s) {
+      if (!unique[static_cast<size_t>(s)].empty()) shards.push_back(s);
+    }
+  }
+};
+
+Status CheckSparse(const TableHandle& t, std::span<const uint64_t> keys, const char* call) {
+  if (t.kind != TableKind::kSparse) {
+    return InvalidArgument("table '" + t.name + "' is dense: use " + call + ", not " + call +
+                           "Sparse");
+  }
+  if (keys.size() >= SparseSplit::kNone) {
+    return InvalidArgument(std::string(call) + "Sparse of " + std::to_string(keys.size()) +
+                           " keys: split it into requests of fewer than 2^32 keys");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
+Future Client::PullSparse(const TableHandle& table, std::span<const uint64_t> keys, float* out,
+                          int64_t for_clock) {
+  if (Status st = CheckSparse(table, keys, "Pull"); !st.ok()) return Ready(st);
+  auto split = std::make_shared<SparseSplit>(keys, num_shards_);
+  int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
+  auto dtype = options_.wire_dtype;
+  const uint32_t cols = table.cols;
+  Impl* impl = impl_.get();
+  impl->CountPull();
+  return impl_->Submit(
+      split->shards,
+      [&](int s, uint64_t rid, uint64_t) {
+        return EncodeRequest(
+            rid, PullRequest{table.shard_ids[static_cast<size_t>(s)],
+                             Rows::Keys(split->unique[static_cast<size_t>(s)]), options_.worker_id,
+                             clock, options_.staleness, dtype});
+      },
+      [split, cols, out, impl](int s, const Reply& reply,
+                               std::span<const Frame> payloads) -> Status {
+        const auto& first = split->first[static_cast<size_t>(s)];
+        LEASH_ASSIGN_OR_RETURN(const PullReply* r,
+                               CheckPullReply(reply, payloads, first.size(), cols));
+        impl->NotePulledMinClock(r->min_clock);
+        size_t n = first.size() * cols;
+        std::vector<float> rows(n);
+        LEASH_RETURN_IF_ERROR(DecodeValues(payloads[0], r->dtype, n, rows.data()));
+        for (size_t u = 0; u < first.size(); ++u) {
+          for (uint32_t j = first[u]; j != SparseSplit::kNone; j = split->next[j]) {
+            std::copy_n(rows.data() + u * cols, cols, out + size_t{j} * cols);
+          }
+        }
+        return Status::Ok();
+      });
+}
+
+Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> keys,
+                          const float* grad) {
+  if (Status st = CheckSparse(table, keys, "Push"); !st.ok()) return Ready(st);
+  SparseSplit split(keys, num_shards_);
+  const uint32_t cols = table.cols;
+  std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
+  std::vector<float> sum;
+  for (int s : split.shards) {
+    const auto& first = split.first[static_cast<size_t>(s)];
+    sum.assign(first.size() * cols, 0.f);
+    for (size_t u = 0; u < first.size(); ++u) {
+      float* acc = sum.data() + u * cols;
+      for (uint32_t j = first[u]; j != SparseSplit::kNone; j = split.next[j]) {
+        const float* g = grad + size_t{j} * cols;
+        for (uint32_t c = 0; c < cols; ++c) acc[c] += g[c];
+      }
+    }
+    std::span<const float> values(sum);
+    if (auto w = impl_->ReservePayload(s, values.size() * DTypeSize(options_.wire_dtype))) {
+      EncodeValuesInto(values, options_.wire_dtype, w->data);
+      payloads[static_cast<size_t>(s)] = std::move(w->frame);
+    } else {
+      payloads[static_cast<size_t>(s)] = EncodeValues(values, options_.wire_dtype);
+    }
+  }
+  impl_->CountPush();
+  return impl_->Submit(
+      split.shards,
+      [&](int s, uint64_t rid, uint64_t seq) {
+        return EncodeRequest(
+            rid,
+            PushRequest{table.shard_ids[static_cast<size_t>(s)],
+                        Rows::Keys(split.unique[static_cast<size_t>(s)]), options_.worker_id,
+                        incarnation_, seq, options_.wire_dtype, -1},
+            {payloads[static_cast<size_t>(s)]});
+      },
+      nullptr, /*is_push=*/true);
+}
+
 Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
+  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Pull"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   for (int s = 0; s < num_shards_; ++s) {
@@ -782,6 +916,7 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
 }
 
 Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {
+  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Pull"));
   for (uint64_t k : keys) {
     if (k >= table.rows) {
       return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" +
@@ -826,6 +961,7 @@ Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, fl
 }
 
 Future Client::Push(const TableHandle& table, const float* grad) {
+  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Push"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
@@ -857,6 +993,7 @@ Future Client::Push(const TableHandle& table, const float* grad) {
 }
 
 Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad) {
+  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Push"));
   for (uint64_t k : keys) {
     if (k >= table.rows) {
       return Ready(InvalidArgument("key " + std::to_string(k) + " out of range for table '" +

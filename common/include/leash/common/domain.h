@@ -32,9 +32,12 @@ const char* DTypeName(DType dtype);
 // InvalidArgument naming the accepted values otherwise.
 Result<DType> ParseDType(std::string_view name);
 
-enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2, kAdagrad = 3 };
-inline constexpr OptimizerKind kMaxOptimizerKind = OptimizerKind::kAdagrad;
-// "sgd", "momentum", "adam", "adagrad".
+// Server-side optimizers. On a sparse table each updates only the rows a push touches;
+// Adam there is lazy Adam (bias correction from each row's own step count). FTRL-Proximal
+// (McMahan et al. 2013) is for sparse tables only.
+enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2, kAdagrad = 3, kFtrl = 4 };
+inline constexpr OptimizerKind kMaxOptimizerKind = OptimizerKind::kFtrl;
+// "sgd", "momentum", "adam", "adagrad", "ftrl".
 const char* OptimizerName(OptimizerKind kind);
 // Parses the names above; InvalidArgument naming them otherwise.
 Result<OptimizerKind> ParseOptimizer(std::string_view name);
@@ -44,11 +47,15 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name);
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float lr = 0.01f;
-  float momentum = 0.9f;  // Momentum
-  float beta1 = 0.9f;     // Adam
-  float beta2 = 0.999f;   // Adam
-  float epsilon = 1e-8f;  // Adam, Adagrad
-  float weight_decay = 0.f;
+  float momentum = 0.9f;     // Momentum
+  float beta1 = 0.9f;        // Adam
+  float beta2 = 0.999f;      // Adam
+  float epsilon = 1e-8f;     // Adam, Adagrad
+  float weight_decay = 0.f;  // L2: every optimizer adds weight_decay * value to the gradient
+                             // (FTRL: the l2 of its closed form)
+  float l1 = 0.f;            // FTRL's L1 strength (sparsifies rows)
+  float ftrl_beta = 1.f;     // FTRL's beta (the learning rate schedule's offset)
+  float clip_value = 0.f;    // > 0: every updated value is clipped to [-clip_value, clip_value]
   bool operator==(const OptimizerConfig&) const = default;
 };
 
@@ -63,14 +70,35 @@ struct InitConfig {
   bool operator==(const InitConfig&) const = default;
 };
 
-// A dense table of `rows` x `cols` float32 values, keyed by row, split over the shards
-// by row ranges.
+// Dense: `rows` x `cols`, rows 0..rows-1, split over the shards by row ranges. Sparse: an
+// embedding table of `cols`-wide rows addressed by any 64-bit key (a hashed feature id),
+// a row created on its first pull by the initializer, spread over the shards by a hash of
+// the key and kept in a memory tier with RocksDB behind it (`rows` is 0).
+enum class TableKind : uint8_t { kDense = 0, kSparse = 1 };
+inline constexpr TableKind kMaxTableKind = TableKind::kSparse;
+// "dense", "sparse".
+const char* TableKindName(TableKind kind);
+
+// A sparse table's feature admission and expiry.
+struct SparseConfig {
+  // A key gets a row only once it has been pulled this many times (counted in a
+  // count-min sketch of bounded size); until then it reads as the initializer's value and
+  // its gradients are dropped and counted. 0 or 1: every key gets a row on its first pull.
+  uint32_t admit_after = 0;
+  // > 0: a row not pulled or pushed for this many clocks (of the shard's minimum clock) is
+  // dropped; it reads as new if it comes back. 0: rows never expire.
+  int64_t expire_after_clocks = 0;
+  bool operator==(const SparseConfig&) const = default;
+};
+
 struct TableSpec {
   std::string name;
-  uint64_t rows = 0;
-  uint32_t cols = 0;
+  uint64_t rows = 0;  // dense only; 0 for a sparse table
+  uint32_t cols = 0;  // a sparse table's embedding dimension
   OptimizerConfig optimizer;
   InitConfig init;
+  TableKind kind = TableKind::kDense;
+  SparseConfig sparse;  // sparse tables only
   size_t size() const { return static_cast<size_t>(rows) * cols; }
   bool operator==(const TableSpec&) const = default;
 };
@@ -246,8 +274,10 @@ struct ShardStats {
   uint64_t errors = 0;
   int64_t last_snapshot_clock = -1;
   int64_t recovered_clock = -1;
-  int64_t snapshot_age_ms = -1;  // since the last snapshot; -1 if none
-  CoverageProgress coverage;     // shard 0 only
+  int64_t snapshot_age_ms = -1;      // since the last snapshot; -1 if none
+  CoverageProgress coverage;         // shard 0 only
+  uint64_t memory_budget_bytes = 0;  // --memory-budget (0: unbounded)
+  uint64_t memory_used_bytes = 0;    // sparse tiers and the cold store's caches together
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;
@@ -261,7 +291,18 @@ struct ShardStats {
     std::string name;
     uint64_t rows = 0;
     uint32_t cols = 0;
-    uint64_t local_rows = 0;  // rows held by this shard
+    uint64_t local_rows = 0;  // rows held by this shard (sparse: in both tiers)
+    TableKind kind = TableKind::kDense;
+    // Sparse tables only:
+    uint64_t resident_rows = 0;      // in the memory tier
+    uint64_t memory_bytes = 0;       // the memory tier's bytes (rows, index, sketch)
+    uint64_t tier_hits = 0;          // rows found in the memory tier
+    uint64_t tier_misses = 0;        // rows read from RocksDB or created
+    uint64_t evictions = 0;          // rows moved out of the memory tier
+    uint64_t admissions = 0;         // keys that got a row
+    uint64_t unadmitted_reads = 0;   // pulls of keys not admitted yet (served the initializer)
+    uint64_t dropped_gradients = 0;  // gradient rows of keys not admitted, dropped
+    uint64_t expired_rows = 0;       // rows dropped for going unseen
   };
   std::vector<TableStat> tables;
 };

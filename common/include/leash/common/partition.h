@@ -35,4 +35,10 @@ class RangePartitioner {
   int num_shards_;
 };
 
+// The shard owning key `key` of a sparse table (TableKind::kSparse): a hash of the key
+// mapped onto [0, num_shards), so ids whose low bits are skewed still spread evenly. Every
+// client and shard must agree on it: changing it moves every row. A shard's own hash maps
+// must hash keys differently (the keys one shard holds share this hash's high bits).
+int SparseOwner(uint64_t key, int num_shards);
+
 }  // namespace leash

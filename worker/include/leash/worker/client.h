@@ -70,8 +70,9 @@ class Future {
 // A table as created on every shard: its shape and each shard's id for it.
 struct TableHandle {
   std::string name;
-  uint64_t rows = 0;
+  uint64_t rows = 0;  // 0 for a sparse table
   uint32_t cols = 0;
+  TableKind kind = TableKind::kDense;
   std::vector<uint32_t> shard_ids;
   size_t size() const { return static_cast<size_t>(rows) * cols; }
 };
@@ -116,6 +117,17 @@ class Client {
   // a given push at most once.
   Future Push(const TableHandle& table, const float* grad);
   Future Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
+
+  // Sparse tables (TableKind::kSparse): rows addressed by any 64-bit keys, each on the
+  // shard SparseOwner(key) names. PullSparse reads rows `keys` into `out` (keys.size() x
+  // cols, alive until the future is ready) under the staleness bound, as Pull does; a key
+  // named twice is fetched once. PushSparse sends gradient rows (keys.size() x cols,
+  // copied before returning), summed per key on this worker first, one push per shard.
+  // InvalidArgument for a dense table (or Pull/Push of keys on a sparse one); NotFound
+  // for an unknown table.
+  Future PullSparse(const TableHandle& table, std::span<const uint64_t> keys, float* out,
+                    int64_t for_clock = -1);
+  Future PushSparse(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
 
   // Ends this worker's current iteration on every shard (after the pushes sent before it).
   Future Clock();

@@ -1,0 +1,163 @@
+// A sparse embedding table's rows owned by one shard: 64-bit keys, rows created on first
+// pull by the initializer, a memory tier bounded in bytes with a cold tier (a RowStore:
+// RocksDB on a shard) behind it, server-side sparse optimizers that touch only the rows a
+// push names, feature admission (count-min sketch) and expiry of rows unseen for a number
+// of clocks. No transport and no disk of its own. Not thread-safe: owned by the shard's
+// request loop (a RowStore may use threads inside one call).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "leash/common/domain.h"
+#include "leash/common/status.h"
+#include "leash/ps/table.h"
+
+namespace leash::ps {
+
+// A row as stored, in both tiers: `cols` float values, then OptimizerSlots(kind) x `cols`
+// floats of optimizer state, then uint64 steps (updates applied to this row: lazy Adam's
+// bias correction) and int64 last_clock (the shard's minimum clock when the row was last
+// pulled or pushed: expiry). Native byte order; a record is `bytes()` long.
+struct RowLayout {
+  uint32_t cols = 0;
+  int slots = 0;
+  static RowLayout For(const TableSpec& spec);
+  size_t value_bytes() const { return size_t{cols} * 4; }
+  size_t bytes() const { return size_t{cols} * 4 * (1 + static_cast<size_t>(slots)) + 16; }
+};
+
+// The tier behind the memory tier. Records are opaque bytes of a fixed size per table.
+// RocksDB on a shard (server/rocksdb_row_store.h); MemoryRowStore in tests and in a
+// worker's local mode. One caller thread at a time.
+class RowStore {
+ public:
+  virtual ~RowStore() = default;
+  // Reads the records of `keys` of table `table_id` into `out` (keys.size() x
+  // record_bytes); found[i] says whether key i exists (out's bytes for a missing key are
+  // unspecified). May read the keys in parallel. IOError/DataLoss from the disk.
+  virtual Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+                      uint8_t* out, std::vector<uint8_t>* found) = 0;
+  // Writes the records of `keys` (keys.size() x record_bytes) and deletes `deletes`, as one
+  // atomic batch.
+  virtual Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+                       const uint8_t* records, std::span<const uint64_t> deletes) = 0;
+  // Visits, in key order, up to `limit` records of table `table_id` with keys >= *cursor,
+  // then sets *cursor past the last visited and *wrapped to false; at the end of the table
+  // sets *cursor to 0 and *wrapped to true. For the expiry sweep.
+  virtual Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
+                      const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+                      bool* wrapped) = 0;
+  // Deletes every record of table `table_id`.
+  virtual Status DropTable(uint32_t table_id) = 0;
+  // Estimated records of table `table_id` in the store.
+  virtual uint64_t ApproxRows(uint32_t table_id) const = 0;
+  // Memory the store itself holds (block cache, memtables), counted in the shard's budget.
+  virtual uint64_t MemoryBytes() const = 0;
+};
+
+// Records in an ordered map: for tests, fuzzing and a worker's local mode.
+class MemoryRowStore final : public RowStore {
+ public:
+  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+              uint8_t* out, std::vector<uint8_t>* found) override;
+  Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+               const uint8_t* records, std::span<const uint64_t> deletes) override;
+  Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
+              const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+              bool* wrapped) override;
+  Status DropTable(uint32_t table_id) override;
+  uint64_t ApproxRows(uint32_t table_id) const override;
+  uint64_t MemoryBytes() const override { return 0; }
+  uint64_t writes() const { return writes_; }  // records written, for tests
+
+ private:
+  struct Key {
+    uint32_t table;
+    uint64_t key;
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, std::vector<uint8_t>> rows_;
+  uint64_t writes_ = 0;
+};
+
+// Counters of one sparse table on one shard (ShardStats::TableStat and the metrics).
+struct SparseCounters {
+  uint64_t resident_rows = 0;
+  uint64_t memory_bytes = 0;
+  uint64_t tier_hits = 0;
+  uint64_t tier_misses = 0;
+  uint64_t evictions = 0;
+  uint64_t admissions = 0;
+  uint64_t unadmitted_reads = 0;
+  uint64_t dropped_gradients = 0;
+  uint64_t expired_rows = 0;
+  uint64_t rows_written = 0;  // records written to the store (evictions and flushes)
+  uint64_t store_rows = 0;    // ApproxRows of the store
+};
+
+struct SparseTableOptions {
+  // The memory tier's budget for this table: rows, their index and the admission sketch.
+  // UINT64_MAX: unbounded (no eviction).
+  uint64_t memory_bytes = UINT64_MAX;
+  // Count-min sketch for admission: `sketch_depth` rows of `sketch_width` 8-bit counters.
+  uint32_t sketch_width = 1u << 20;
+  uint32_t sketch_depth = 4;
+};
+
+// Updates one row with its gradient: `values` (cols floats), `slots` (OptimizerSlots x
+// cols floats, slot-major), `*steps` (this row's update count, incremented), `grad`
+// (cols finite floats). L2 (weight_decay) and value clipping as the config says. Exposed
+// for tests against hand-computed values.
+void ApplySparseRow(const OptimizerConfig& opt, uint32_t cols, float* values, float* slots,
+                    uint64_t* steps, const float* grad);
+
+class SparseTable {
+ public:
+  // A new, empty table (TableKind::kSparse, checked by ValidateSpec). `store` must outlive
+  // the table; the table's records in it are keyed by `id`.
+  static Result<std::unique_ptr<SparseTable>> Create(uint32_t id, TableSpec spec,
+                                                     RowStore* store,
+                                                     SparseTableOptions options);
+  ~SparseTable();
+
+  uint32_t id() const;
+  const TableSpec& spec() const;
+  uint32_t cols() const;
+  RowLayout layout() const;
+
+  // Reads rows `keys` (any keys; the shard checks ownership) into `out` (keys.size() x
+  // cols), counting each key for admission. An admitted key without a row gets one from
+  // the initializer; a key not admitted yet reads as the initializer's value (no row made).
+  // `clock` is the shard's minimum clock (a row's last_clock for expiry). Errors from the
+  // store (the table is unchanged then).
+  Status Read(std::span<const uint64_t> keys, int64_t clock, float* out);
+  // Applies gradient rows (keys.size() x cols, finite) with the optimizer; a key named
+  // twice is updated twice, in order. Rows of keys without a row (not admitted, or
+  // expired since their pull) are dropped and counted (dropped_gradients).
+  Status Apply(std::span<const uint64_t> keys, const float* grad, int64_t clock);
+
+  // Writes every row changed since the last flush to the store, in one batch, so the store
+  // alone holds the table as of now. Returns the rows written.
+  Result<uint64_t> FlushDirty();
+  // Drops rows not seen for spec().sparse.expire_after_clocks clocks as of `clock`,
+  // visiting at most `max_rows` rows of each tier (incremental: call it every tick).
+  Status Expire(int64_t clock, size_t max_rows);
+  // Changes the memory tier's budget, evicting rows (written back if changed) to fit.
+  Status SetMemoryBudget(uint64_t bytes);
+
+  SparseCounters counters() const;
+  uint64_t memory_bytes() const;
+
+ private:
+  class Impl;
+  explicit SparseTable(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace leash::ps
