@@ -29,7 +29,7 @@ Table = _leash.Table
 DataPlan = _leash.DataPlan
 PendingPull = _leash.PullBatch
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "ftrl")
 INITIALIZERS = ("zeros", "uniform", "normal", "constant")
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 
@@ -257,26 +257,50 @@ class Client:
 
     # ---- tables ------------------------------------------------------------------------
 
-    def create_table(self, name: str, shape: Shape, optimizer: str = "sgd", lr: float = 0.01, *,
-                     momentum: float = 0.9, beta1: float = 0.9, beta2: float = 0.999,
-                     epsilon: float = 1e-8, weight_decay: float = 0.0, init: str = "zeros",
-                     init_scale: float = 0.0, seed: int = 0) -> Table:
+    def create_table(self, name: str, shape: Optional[Shape] = None, optimizer: str = "sgd",
+                     lr: float = 0.01, *, momentum: float = 0.9, beta1: float = 0.9,
+                     beta2: float = 0.999, epsilon: float = 1e-8, weight_decay: float = 0.0,
+                     init: str = "zeros", init_scale: float = 0.0, seed: int = 0,
+                     sparse: bool = False, dim: Optional[int] = None, l1: float = 0.0,
+                     ftrl_beta: float = 1.0, clip_value: float = 0.0, admit_after: int = 0,
+                     expire_after_clocks: int = 0) -> Table:
         """Creates table `name` on every shard, or finds it if it exists with the same spec.
 
-        A table of `shape` holds shape[0] rows of prod(shape[1:]) float32 values, split
-        over the shards by rows; pulls return arrays of `shape`. The shards apply pushed
-        gradients with `optimizer` ("sgd", "momentum", "adam" or "adagrad") at rate `lr`
-        (momentum for "momentum"; beta1, beta2, epsilon for "adam"; epsilon for
-        "adagrad"; weight_decay for all). Values start as `init`: "zeros", "uniform" in
-        [-init_scale, init_scale], "normal" with stddev init_scale, or "constant"
-        init_scale, seeded by `seed` (the same row gets the same value on any shard).
+        A dense table of `shape` holds shape[0] rows of prod(shape[1:]) float32 values,
+        split over the shards by rows; pulls return arrays of `shape`. A sparse table
+        (sparse=True) holds rows of `dim` values under any 64-bit keys (hashed feature
+        ids), each created on its first pull and kept on the shard a hash of its key names;
+        use pull_sparse / push_sparse. admit_after: a key gets a row only after that many
+        pulls (until then it reads as the initializer); expire_after_clocks: a row unseen
+        for that many clocks is dropped.
+
+        The shards apply pushed gradients with `optimizer` ("sgd", "momentum", "adam",
+        "adagrad", or "ftrl" for sparse tables) at rate `lr` (momentum for "momentum";
+        beta1, beta2, epsilon for "adam"; epsilon for "adagrad"; l1 and ftrl_beta for
+        "ftrl"; weight_decay for all; clip_value > 0 clips every updated value). Values
+        start as `init`: "zeros", "uniform" in [-init_scale, init_scale], "normal" with
+        stddev init_scale, or "constant" init_scale, seeded by `seed` (the same row gets
+        the same value on any shard).
 
         Raises InvalidArgumentError for a bad argument, TableExistsError if the name
         exists with another spec.
         """
         if not isinstance(name, str) or not name:
             raise _bad("a table needs a non-empty string name")
-        dims = _shape_tuple(shape)
+        if sparse:
+            if dim is None and shape is not None:
+                dims = _shape_tuple(shape)
+                if len(dims) != 1:
+                    raise _bad(f"sparse table '{name}' takes dim=, the width of a row; "
+                               f"got shape {dims}")
+                dim = dims[0]
+            dims = (_check_int("dim", dim, 1),)
+        else:
+            if dim is not None:
+                raise _bad("dim= is for sparse tables (sparse=True); a dense table takes shape=")
+            if shape is None:
+                raise _bad(f"dense table '{name}' needs a shape, e.g. (rows, cols)")
+            dims = _shape_tuple(shape)
         return self._c.create_table(
             name=name, shape=list(dims),
             optimizer=_check_choice("optimizer", optimizer, OPTIMIZERS),
@@ -285,7 +309,12 @@ class Client:
             epsilon=_check_float("epsilon", epsilon),
             weight_decay=_check_float("weight_decay", weight_decay),
             init=_check_choice("init", init, INITIALIZERS),
-            init_scale=_check_float("init_scale", init_scale), seed=_check_int("seed", seed, 0))
+            init_scale=_check_float("init_scale", init_scale), seed=_check_int("seed", seed, 0),
+            sparse=bool(sparse), l1=_check_float("l1", l1),
+            ftrl_beta=_check_float("ftrl_beta", ftrl_beta),
+            clip_value=_check_float("clip_value", clip_value),
+            admit_after=_check_int("admit_after", admit_after, 0),
+            expire_after_clocks=_check_int("expire_after_clocks", expire_after_clocks, 0))
 
     def open_table(self, name: str, shape: Optional[Shape] = None, timeout: float = 0.0) -> Table:
         """The table `name` that another worker created, as the shards hold it (shape
@@ -374,6 +403,25 @@ class Client:
     def push_rows(self, table: Table, keys: Any, grads: Any, wait: bool = False) -> None:
         """Gradients of rows `keys` (a (len(keys), cols) float32 array)."""
         self._c.push_rows(table, keys, _cpu_view(grads, "grads"), bool(wait))
+
+    def pull_sparse(self, table: Table, keys: Any, out: Any = None,
+                    for_clock: Optional[int] = None) -> Any:
+        """Rows `keys` of a sparse table (any integers; int64 keys are taken as their 64
+        bits) as a (len(keys), dim) float32 array, or written into `out`; a row is created
+        by the table's initializer on its first pull. Under the staleness bound like
+        pull(); for_clock = current_clock + 1 prefetches the next step's rows."""
+        clock = -1 if for_clock is None else _check_int("for_clock", for_clock, 0)
+        view = _cpu_view(out, "out")
+        got = self._c.pull_sparse(table, _cpu_view(keys, "keys"), view, clock)
+        return out if out is not None else got
+
+    def push_sparse(self, table: Table, keys: Any, grads: Any, wait: bool = False) -> None:
+        """Gradient rows for `keys` of a sparse table ((len(keys), dim) float32; rows of
+        a key named twice are summed). Held and sent like push()."""
+        if _is_tensor(grads) and grads.device.type != "cpu":
+            grads = grads.detach().to("cpu")
+        self._c.push_sparse(table, _cpu_view(keys, "keys"), _cpu_view(grads, "grads"),
+                            bool(wait))
 
     @property
     def current_clock(self) -> int:

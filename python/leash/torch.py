@@ -43,6 +43,53 @@ def table_shape(param: torch.Tensor) -> Tuple[int, int]:
     return (param.shape[0], param[0].numel())
 
 
+class SparseEmbedding(torch.nn.Module):
+    """An embedding lookup backed by a sparse Leash table: forward(ids) pulls the
+    rows of the batch's distinct ids (any 64-bit ids, e.g. hashed features; a row is made
+    by the shards' initializer on its first pull) and returns them gathered to
+    ids.shape + (dim,); push() (called by Parameters.push(), or by hand) sends the
+    gradient rows of what forward pulled since the last push. The table's optimizer runs
+    on the shards ("adagrad", "adam" (lazy), "ftrl", ...). Rows are pulled synchronously in
+    forward, not prefetched. Extra keyword arguments go to Client.create_table."""
+
+    def __init__(self, client: Client, name: str, dim: int, optimizer: str = "adagrad",
+                 lr: float = 0.01, *, init: str = "normal", init_scale: float = 0.01,
+                 seed: int = 0, **table_kw: Any) -> None:
+        super().__init__()
+        if not isinstance(client, Client):
+            raise InvalidArgumentError("client must be a leash.Client")
+        self.client = client
+        self.table = client.create_table(name, sparse=True, dim=dim, optimizer=optimizer, lr=lr,
+                                         init=init, init_scale=init_scale, seed=seed,
+                                         **table_kw)
+        self.dim = self.table.dim
+        self._looked_up: List[Tuple[Any, torch.Tensor]] = []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise WrongDTypeError(f"SparseEmbedding ids must be int64 or int32, got {ids.dtype}")
+        flat = ids.reshape(-1).to("cpu", torch.int64)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        keys = unique.numpy()
+        rows = torch.from_numpy(self.client.pull_sparse(self.table, keys)).to(ids.device)
+        if torch.is_grad_enabled() and self.training:
+            rows.requires_grad_(True)
+            self._looked_up.append((keys, rows))
+        return rows[inverse.to(ids.device)].reshape(*ids.shape, self.dim)
+
+    def push(self, scale: float = 1.0) -> None:
+        """Sends the gradient rows of the ids looked up since the last push (times
+        `scale`); rows of an id seen in several lookups are summed by the client."""
+        for keys, rows in self._looked_up:
+            if rows.grad is None:
+                continue
+            g = rows.grad.detach().to("cpu")
+            if scale != 1.0:
+                g = g * scale
+            self.client.push_sparse(self.table, keys, g.contiguous())
+        self._looked_up.clear()
+
+
 class Parameters:
     """The trainable parameters of `module` as Leash tables.
 
@@ -105,7 +152,8 @@ class Parameters:
             self.names.append(name)
             self.params.append(p)
             self.tables.append(t)
-        if not self.params:
+        self._sparse = [m for m in module.modules() if isinstance(m, SparseEmbedding)]
+        if not self.params and not self._sparse:
             raise InvalidArgumentError("the module has no trainable parameters")
         self._cuda = any(p.device.type != "cpu" for p in self.params)
         # Two host buffers per parameter: the step reads one while the next step's pull
@@ -213,6 +261,8 @@ class Parameters:
                     g = g.contiguous()
                 self.client._c.push(t, g.detach().numpy(), False)
                 p.grad = None
+            for m in self._sparse:
+                m.push(scale)
             self.client.clock()
         except NotRegisteredError:
             self._rejoin()  # this iteration's gradients are void; the data chunk is leased again
@@ -288,6 +338,8 @@ class Parameters:
             self._abandon(self._current ^ 1)
         for p in self.params:
             p.grad = None
+        for m in self._sparse:
+            m._looked_up.clear()
         self._micro = 0
         self.rejoins += 1
         self.client.rejoin()

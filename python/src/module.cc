@@ -72,8 +72,8 @@ T ValueOrThrow(Result<T> r, const std::string& context = {}) {
 // A table as this process knows it: the client's handle plus the shape Python sees.
 struct Table {
   TableHandle handle;
-  std::vector<py::ssize_t> shape;  // product == rows * cols
-  bool sparse = false;
+  std::vector<py::ssize_t> shape;  // dense: product == rows * cols; sparse: (cols,), one row
+  bool sparse() const { return handle.kind == TableKind::kSparse; }
 
   size_t size() const { return handle.size(); }
   std::string ShapeText() const {
@@ -227,7 +227,8 @@ py::array CheckedArray(py::handle obj, const Table& t, const char* what, bool wr
   return a;
 }
 
-// Keys as uint64: any integer array or sequence; negative keys are refused.
+// Keys as uint64: any integer array or sequence. Negative keys are refused for a dense
+// table's rows; a sparse table takes any 64-bit key (an int64 is read as its bits).
 std::vector<uint64_t> CheckedKeys(py::handle keys, const Table& t) {
   py::array a = py::array::ensure(keys);
   if (!a || (a.size() > 0 && a.dtype().kind() != 'i' && a.dtype().kind() != 'u')) {
@@ -246,7 +247,7 @@ std::vector<uint64_t> CheckedKeys(py::handle keys, const Table& t) {
     auto s = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
     const int64_t* p = s.data();
     for (size_t i = 0; i < out.size(); ++i) {
-      if (p[i] < 0) {
+      if (p[i] < 0 && !t.sparse()) {
         Raise(StatusCode::kInvalidArgument,
               "key " + std::to_string(p[i]) + " for table '" + t.handle.name + "' is negative",
               "InvalidArgumentError");
@@ -359,6 +360,8 @@ py::dict StatsDict(const ShardStats& s) {
   d["last_snapshot_clock"] = s.last_snapshot_clock;
   d["recovered_clock"] = s.recovered_clock;
   d["snapshot_age_ms"] = s.snapshot_age_ms;
+  d["memory_budget_bytes"] = s.memory_budget_bytes;
+  d["memory_used_bytes"] = s.memory_used_bytes;
   py::dict cov;
   cov["epochs_done"] = s.coverage.epochs_done;
   cov["epochs"] = s.coverage.epochs;
@@ -385,6 +388,18 @@ py::dict StatsDict(const ShardStats& s) {
     td["rows"] = t.rows;
     td["cols"] = t.cols;
     td["local_rows"] = t.local_rows;
+    td["kind"] = TableKindName(t.kind);
+    if (t.kind == TableKind::kSparse) {
+      td["resident_rows"] = t.resident_rows;
+      td["memory_bytes"] = t.memory_bytes;
+      td["tier_hits"] = t.tier_hits;
+      td["tier_misses"] = t.tier_misses;
+      td["evictions"] = t.evictions;
+      td["admissions"] = t.admissions;
+      td["unadmitted_reads"] = t.unadmitted_reads;
+      td["dropped_gradients"] = t.dropped_gradients;
+      td["expired_rows"] = t.expired_rows;
+    }
     tables.append(td);
   }
   d["tables"] = tables;
@@ -435,7 +450,8 @@ class Client {
   Table CreateTable(const std::string& name, std::vector<py::ssize_t> shape,
                     const std::string& optimizer, float lr, float momentum, float beta1,
                     float beta2, float epsilon, float weight_decay, const std::string& init,
-                    float init_scale, uint64_t seed) {
+                    float init_scale, uint64_t seed, bool sparse, float l1, float ftrl_beta,
+                    float clip_value, uint32_t admit_after, int64_t expire_after_clocks) {
     CheckOpen();
     if (name.empty()) Raise(StatusCode::kInvalidArgument, "a table needs a name");
     auto [rows, cols] = RowsCols(name, shape);
@@ -443,6 +459,23 @@ class Client {
     spec.name = name;
     spec.rows = rows;
     spec.cols = static_cast<uint32_t>(cols);
+    if (sparse) {
+      if (shape.size() != 1) {
+        Raise(StatusCode::kInvalidArgument,
+              "sparse table '" + name + "' is given by its row width (dim), not a shape");
+      }
+      if (shape[0] > UINT32_MAX) {
+        Raise(StatusCode::kInvalidArgument, "sparse table '" + name + "': dim is too large");
+      }
+      spec.kind = TableKind::kSparse;
+      spec.rows = 0;
+      spec.cols = static_cast<uint32_t>(shape[0]);
+      spec.sparse.admit_after = admit_after;
+      spec.sparse.expire_after_clocks = expire_after_clocks;
+    }
+    spec.optimizer.l1 = l1;
+    spec.optimizer.ftrl_beta = ftrl_beta;
+    spec.optimizer.clip_value = clip_value;
     spec.optimizer.kind = ValueOrThrow(ParseOptimizer(optimizer), "optimizer");
     spec.optimizer.lr = lr;
     spec.optimizer.momentum = momentum;
@@ -485,9 +518,18 @@ class Client {
       }
       t.handle.rows = found->rows;
       t.handle.cols = found->cols;
+      t.handle.kind = found->kind;
       t.handle.shard_ids[s] = found->table_id;
     }
-    if (shape) {
+    if (t.sparse()) {
+      if (shape && (shape->size() != 1 || (*shape)[0] != static_cast<py::ssize_t>(t.handle.cols))) {
+        Raise(StatusCode::kInvalidArgument,
+              "table '" + name + "' is sparse with rows of " + std::to_string(t.handle.cols) +
+                  " values; give its dim as the shape, or none",
+              "WrongShapeError");
+      }
+      t.shape = {static_cast<py::ssize_t>(t.handle.cols)};
+    } else if (shape) {
       auto [rows, cols] = RowsCols(name, *shape);
       if (rows * cols != t.handle.size()) {
         t.shape = *shape;
@@ -506,6 +548,7 @@ class Client {
   py::array Pull(const Table& t, py::object out) {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
+    CheckDense(t, "pull");
     py::array a = out.is_none() ? NewArray(t.shape)
                                 : CheckedArray(out, t, "out", /*writable=*/true, t.size());
     Future f;
@@ -543,6 +586,7 @@ class Client {
               "start_pulls: tables must be leash.Table values, got " + TypeName(t));
       }
       const Table& table = t.cast<const Table&>();
+      CheckDense(table, "start_pulls");
       py::object o = outs[i];
       arrays.push_back(o.is_none() ? NewArray(table.shape)
                                    : CheckedArray(o, table, "out", true, table.size()));
@@ -570,6 +614,7 @@ class Client {
   py::array PullRows(const Table& t, py::handle keys, py::object out) {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
+    CheckDense(t, "pull_rows");
     std::vector<uint64_t> k = CheckedKeys(keys, t);
     const size_t n = k.size() * t.handle.cols;
     std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(k.size())};
@@ -593,6 +638,7 @@ class Client {
   void Push(const Table& t, py::handle grad, bool wait) {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
+    CheckDense(t, "push");
     py::array a = CheckedArray(grad, t, "grad", false, t.size());
     Submit(t.size(), [&] { return client_->Push(t.handle, static_cast<const float*>(a.data())); });
     if (wait) WaitPending();
@@ -601,12 +647,55 @@ class Client {
   void PushRows(const Table& t, py::handle keys, py::handle grads, bool wait) {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
+    CheckDense(t, "push_rows");
     std::vector<uint64_t> k = CheckedKeys(keys, t);
     const size_t n = k.size() * t.handle.cols;
     py::array a = CheckedArray(grads, t, "grads", false, n);
     Submit(n, [&] {
       return client_->Push(t.handle, std::span<const uint64_t>(k),
                            static_cast<const float*>(a.data()));
+    });
+    if (wait) WaitPending();
+  }
+
+  // Rows `keys` of a sparse table (any 64-bit keys; a row is created on its first pull),
+  // as a (len(keys), dim) array, for this worker's clock or iteration `for_clock`.
+  py::array PullSparse(const Table& t, py::handle keys, py::object out, int64_t for_clock) {
+    ScopedTimer total(&shared_->stats.total_ns);
+    CheckOpen();
+    CheckSparse(t, "pull_sparse");
+    std::vector<uint64_t> k = CheckedKeys(keys, t);
+    const size_t n = k.size() * t.handle.cols;
+    py::array a = out.is_none() ? NewArray({static_cast<py::ssize_t>(k.size()),
+                                            static_cast<py::ssize_t>(t.handle.cols)})
+                                : CheckedArray(out, t, "out", true, n);
+    if (k.empty()) return a;
+    Future f;
+    {
+      ScopedTimer c(&shared_->stats.client_ns);
+      f = client_->PullSparse(t.handle, std::span<const uint64_t>(k),
+                              static_cast<float*>(a.mutable_data()), for_clock);
+    }
+    ++shared_->stats.pulls;
+    shared_->stats.values_pulled += n;
+    ThrowIfError(WaitInterruptibly(f, shared_.get(), a, /*is_pull=*/true),
+                 "pull_sparse '" + t.handle.name + "'");
+    return a;
+  }
+
+  // Gradient rows of `keys` of a sparse table ((len(keys), dim) float32; a key named
+  // twice has its rows summed).
+  void PushSparse(const Table& t, py::handle keys, py::handle grads, bool wait) {
+    ScopedTimer total(&shared_->stats.total_ns);
+    CheckOpen();
+    CheckSparse(t, "push_sparse");
+    std::vector<uint64_t> k = CheckedKeys(keys, t);
+    const size_t n = k.size() * t.handle.cols;
+    py::array a = CheckedArray(grads, t, "grads", false, n);
+    if (k.empty()) return;
+    Submit(n, [&] {
+      return client_->PushSparse(t.handle, std::span<const uint64_t>(k),
+                                 static_cast<const float*>(a.data()));
     });
     if (wait) WaitPending();
   }
@@ -816,6 +905,20 @@ class Client {
   void CheckOpen() const {
     if (client_ == nullptr) RaiseClosed();
   }
+  static void CheckDense(const Table& t, const char* call) {
+    if (t.sparse()) {
+      Raise(StatusCode::kInvalidArgument,
+            std::string(call) + ": table '" + t.handle.name +
+                "' is sparse; use pull_sparse / push_sparse with its keys");
+    }
+  }
+  static void CheckSparse(const Table& t, const char* call) {
+    if (!t.sparse()) {
+      Raise(StatusCode::kInvalidArgument,
+            std::string(call) + ": table '" + t.handle.name +
+                "' is dense; use pull / push (or pull_rows / push_rows for some of its rows)");
+    }
+  }
 
   std::vector<ShardStats> StatsOrThrow() {
     Result<std::vector<ShardStats>> r = Unavailable("no stats");
@@ -958,8 +1061,13 @@ PYBIND11_MODULE(_leash, m) {
       .def_property_readonly("rows", [](const Table& t) { return t.handle.rows; })
       .def_property_readonly("cols", [](const Table& t) { return t.handle.cols; })
       .def_property_readonly("size", &Table::size)
-      .def_property_readonly("sparse", [](const Table& t) { return t.sparse; })
+      .def_property_readonly("sparse", &Table::sparse)
+      .def_property_readonly("dim", [](const Table& t) { return t.handle.cols; })
       .def("__repr__", [](const Table& t) {
+        if (t.sparse()) {
+          return "<leash.Table '" + t.handle.name + "' sparse, dim " +
+                 std::to_string(t.handle.cols) + ">";
+        }
         return "<leash.Table '" + t.handle.name + "' shape " + t.ShapeText() + ">";
       });
 
@@ -996,7 +1104,9 @@ PYBIND11_MODULE(_leash, m) {
       .def("create_table", &python::Client::CreateTable, py::arg("name"), py::arg("shape"),
            py::arg("optimizer"), py::arg("lr"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("init"),
-           py::arg("init_scale"), py::arg("seed"))
+           py::arg("init_scale"), py::arg("seed"), py::arg("sparse"), py::arg("l1"),
+           py::arg("ftrl_beta"), py::arg("clip_value"), py::arg("admit_after"),
+           py::arg("expire_after_clocks"))
       .def("open_table", &python::Client::OpenTable, py::arg("name"), py::arg("shape"))
       .def("pull", &python::Client::Pull, py::arg("table"), py::arg("out"))
       .def("start_pulls", &python::Client::StartPulls, py::arg("tables"), py::arg("outs"),
@@ -1005,6 +1115,10 @@ PYBIND11_MODULE(_leash, m) {
            py::arg("out"))
       .def("push", &python::Client::Push, py::arg("table"), py::arg("grad"), py::arg("wait"))
       .def("push_rows", &python::Client::PushRows, py::arg("table"), py::arg("keys"),
+           py::arg("grads"), py::arg("wait"))
+      .def("pull_sparse", &python::Client::PullSparse, py::arg("table"), py::arg("keys"),
+           py::arg("out"), py::arg("for_clock"))
+      .def("push_sparse", &python::Client::PushSparse, py::arg("table"), py::arg("keys"),
            py::arg("grads"), py::arg("wait"))
       .def("clock", &python::Client::Clock)
       .def("wait", &python::Client::WaitPending)
