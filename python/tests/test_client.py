@@ -229,4 +229,6 @@ def test_binding_times_count_calls(cluster):
         bt = c.binding_times()
         assert bt["pulls"] == 3 and bt["pushes"] == 3 and bt["clocks"] == 3
         assert bt["values_pulled"] == 192 and bt["values_pushed"] == 192
-        assert bt["total_ns"] >= bt["wait_ns"] + bt["gil_ns"] > 0
+        # A reply may be there before the binding looks (then nothing is waited for).
+        assert bt["total_ns"] > 0 and bt["total_ns"] >= bt["wait_ns"] + bt["gil_ns"]
+        assert bt["waits"] <= 9
