@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Leash's container image on a machine without an image registry.
 #
-#   scripts/docker-build.sh [--pull] [--rebuild-base] [extra `docker build` arguments]
+#   scripts/docker-build.sh [--pull] [--rebuild-base] [--python] [extra `docker build` arguments]
 #
 # 1. Makes sure a Docker engine answers: installs docker.io, docker-compose and debootstrap
 #    with apt-get when they are missing and starts `dockerd` in the background when no
@@ -14,6 +14,8 @@
 #    from a registry instead (where one is reachable); --rebuild-base makes them again.
 # 3. Builds $LEASH_IMAGE (default leash:latest) from docker/Dockerfile (CPU only); its
 #    build stage is kept as leash:build-stage (the compiler cache of the next build).
+#    With --python, also the Python worker image ($LEASH_PYTHON_IMAGE, default leash:python;
+#    the Dockerfile's `python` target: python3, numpy, torch and the leash package).
 #
 # Environment: LEASH_IMAGE (leash:latest), LEASH_DOCKERFILE (docker/Dockerfile),
 #   LEASH_DEBIAN_MIRROR (default: the Debian mirror this machine's apt uses), LEASH_DOCKERD_LOG,
@@ -46,12 +48,14 @@ DOCKERD_LOG=${LEASH_DOCKERD_LOG:-/var/log/leash-dockerd.log}
 SUITE=bookworm
 PULL=0
 REBUILD_BASE=0
+PYTHON_IMAGE=0
 BUILD_ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --pull) PULL=1 ;;
     --rebuild-base) REBUILD_BASE=1 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --python) PYTHON_IMAGE=1 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) BUILD_ARGS+=("$arg") ;;
   esac
 done
@@ -255,7 +259,12 @@ build --target build -t "$STAGE_TAG" || { log "docker build of $STAGE_TAG failed
 log "build stage built in $(took "$t")"
 t=$(now)
 log "building $IMAGE"
-build -t "$IMAGE" || { log "docker build of $IMAGE failed" >&2; exit 1; }
+build --target runtime -t "$IMAGE" || { log "docker build of $IMAGE failed" >&2; exit 1; }
+if ((PYTHON_IMAGE)); then
+  PY_IMAGE=${LEASH_PYTHON_IMAGE:-$REPO:python}
+  log "building $PY_IMAGE (target python)"
+  build --target python -t "$PY_IMAGE" || { log "docker build of $PY_IMAGE failed" >&2; exit 1; }
+fi
 docker image prune -f --filter label=org.leash.stage=build >/dev/null || true
 docker image prune -f --filter label=org.leash.stage=runtime >/dev/null || true
 log "$IMAGE built in $(took "$t"): $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1 / 1e6}')"

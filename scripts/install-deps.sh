@@ -9,13 +9,15 @@ PACKAGES=(
   librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev prometheus-cpp-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist
+  # the Python package (python/) and its tests, under Debian's /usr/bin/python3
+  python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch python3-venv
 )
 # `scripts/install-deps.sh fuzz` also installs clang and its runtimes (libFuzzer, the
 # sanitizers) for scripts/fuzz.sh.
 if [[ "${1:-}" == fuzz ]]; then PACKAGES+=(clang libclang-rt-14-dev); fi
-# `scripts/install-deps.sh bench` also installs the benchmark suite's Python peers and
-# plots under /usr/bin/python3 (Debian's PyTorch, on OpenBLAS; numpy; matplotlib).
-if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-torch python3-numpy python3-matplotlib); fi
+# `scripts/install-deps.sh bench` also installs the benchmark suite's plots (matplotlib; its
+# Python peers use the Debian PyTorch and numpy above, on OpenBLAS).
+if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-matplotlib); fi
 # `scripts/install-deps.sh format` also installs clang-format for scripts/format.sh.
 if [[ "${1:-}" == format ]]; then PACKAGES+=(clang-format); fi
 

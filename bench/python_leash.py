@@ -1,0 +1,265 @@
+#!/usr/bin/python3
+"""A PyTorch worker through Leash against the same loop with no server, and the time the
+Python binding takes per iteration. The bench/common MLP and CNN (the optimizers the Leash
+docs use: momentum SGD for the MLP, Adam for the CNN; batch 64; 1 torch thread) train
+(a) alone with torch.optim and (b) through leash.torch against one leash-server shard,
+one worker, staleness 1 (the optimizer on the shard); runs are interleaved, a, b, a, b,
+in this one process, so both see the same machine. Per run: samples/s and test accuracy;
+for Leash also, per iteration: the time inside pull() and push(), the part of it waiting
+with the GIL released, the part in the C++ binding with the GIL held (array checks, the
+client's copies/encoding, taking the GIL back) and the rest (the Python layer). Writes
+one JSON object to --out (default bench/results/python_leash.json):
+  {"config", "runs": [...], "models": {model: {"local_sps", "leash_sps", "ratio",
+   "binding_us_per_iter", ...}}, "pairs": {...}}
+With --pairs MODELS, also two-process runs, interleaved: 2 Python workers
+(examples/torch_fashion_mnist.py) on one shard, staleness 1, against PyTorch DDP x2 and
+Hogwild x2 (bench/torch_train.py); cluster samples/s (train time only for the PyTorch peers,
+each Leash worker's loop from connecting to its last chunk for Leash: connecting and
+creating the tables count against Leash).
+Run under /usr/bin/python3 with the package on the path (PYTHONPATH=build/python).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from common import fmnist  # noqa: E402
+from common.torch_models import accuracy, make_model, make_optimizer  # noqa: E402
+from common.util import free_port  # noqa: E402
+
+LEASH_OPT = {"mlp": dict(optimizer="momentum", lr=0.01, momentum=0.9),
+             "cnn": dict(optimizer="adam", lr=1e-3)}
+
+
+def batches(n, batch, seed):
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
+    return [order[i:i + batch] for i in range(0, n, batch)]
+
+
+def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
+    torch.manual_seed(seed)
+    model = make_model(model_name)
+    opt = make_optimizer(model_name, model.parameters())
+    steps = 0
+    t0 = time.perf_counter()
+    for e in range(epochs):
+        for idx in batches(x.shape[0], batch, seed * 1000 + e):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            steps += 1
+    secs = time.perf_counter() - t0
+    return {"system": "local", "model": model_name, "steps": steps, "seconds": secs,
+            "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": accuracy(model, tx, ty)}
+
+
+def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed, staleness):
+    import leash.torch
+    torch.manual_seed(seed)
+    model = make_model(model_name)
+    with leash.Client(servers, name=f"bench-{tag}", staleness=staleness) as client:
+        params = leash.torch.Parameters(client, model, prefix=f"{tag}/", seed=seed,
+                                        **LEASH_OPT[model_name])
+        params.pull()  # the first pull (tables just created) is not timed
+        client.reset_binding_times()
+        pull_s = push_s = 0.0
+        steps = 0
+        t0 = time.perf_counter()
+        for e in range(epochs):
+            for idx in batches(x.shape[0], batch, seed * 1000 + e):
+                a = time.perf_counter()
+                if steps:
+                    params.pull()
+                b = time.perf_counter()
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                c = time.perf_counter()
+                params.push()
+                d = time.perf_counter()
+                pull_s += b - a
+                push_s += d - c
+                steps += 1
+        secs = time.perf_counter() - t0
+        bt = client.binding_times()
+        params.sync()
+        acc = accuracy(model, tx, ty)
+    calls_us = (pull_s + push_s) / steps * 1e6
+    wait_us = bt["wait_ns"] / steps / 1e3
+    gil_us = bt["gil_ns"] / steps / 1e3
+    binding_us = (bt["total_ns"] - bt["wait_ns"]) / steps / 1e3  # GIL held, in C++
+    return {"system": "leash", "model": model_name, "steps": steps, "seconds": secs,
+            "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": acc,
+            "per_iteration_us": {
+                "pull_and_push_calls": calls_us,
+                "pull_call": pull_s / steps * 1e6,
+                "push_call": push_s / steps * 1e6,
+                "waiting_gil_released": wait_us,
+                "binding_gil_held": binding_us,
+                "of_which_client_copies_encoding": bt["client_ns"] / steps / 1e3,
+                "of_which_taking_gil_back": gil_us,
+                "python_layer": calls_us - wait_us - binding_us,
+            },
+            "values_per_iteration": (bt["values_pulled"] + bt["values_pushed"]) / steps}
+
+
+def start_shard(build, data_dir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [os.path.join(build, "server", "leash-server"), "--shard=0", "--num-shards=1",
+         f"--bind=tcp://127.0.0.1:{port}", f"--data-dir={data_dir}", "--no-sync",
+         "--checkpoint-interval=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"tcp://127.0.0.1:{port}"
+
+
+def run_pairs(a, model_name):
+    """2 Leash Python workers vs DDP x2 vs Hogwild x2, `a.rounds` interleaved rounds."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(a.build, "python"))
+    example = os.path.join(os.path.dirname(HERE), "examples", "torch_fashion_mnist.py")
+    opt = LEASH_OPT[model_name]
+    common = [f"--model={model_name}", f"--epochs={a.epochs}", f"--train-limit={a.pairs_train_limit}",
+              f"--test-limit={a.test_limit}", f"--batch={a.batch}", "--threads=1"]
+    tmp = f"/tmp/leash-bench-pairs-{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    res = {"leash_x2": [], "ddp_x2": [], "hogwild_x2": []}
+    try:
+        for r in range(a.rounds):
+            shard, servers = start_shard(a.build, f"{tmp}/shard{r}")
+            try:
+                procs = [subprocess.Popen(
+                    ["/usr/bin/python3", example, f"--servers={servers}", f"--name=p{i}",
+                     f"--optimizer={opt['optimizer']}", f"--lr={opt['lr']}",
+                     f"--staleness={a.staleness}", f"--metrics-out={tmp}/p{i}.json"] + common,
+                    env=env, stdout=subprocess.DEVNULL) for i in range(2)]
+                if any(p.wait() != 0 for p in procs):
+                    raise RuntimeError("a Leash Python worker failed")
+            finally:
+                shard.terminate()
+                shard.wait()
+            w = [json.load(open(f"{tmp}/p{i}.json")) for i in range(2)]
+            res["leash_x2"].append({"samples_per_second": sum(x["samples"] for x in w) /
+                                    max(x["train_seconds"] for x in w),
+                                    "test_accuracy": w[0]["test_accuracy"]})
+            for mode in ("ddp", "hogwild"):
+                out = f"{tmp}/{mode}.json"
+                subprocess.run(["/usr/bin/python3", os.path.join(HERE, "torch_train.py"),
+                                f"--mode={mode}", "--procs=2", f"--out={out}"] +
+                               [f for f in common if not f.startswith("--threads")],
+                               check=True, stdout=subprocess.DEVNULL)
+                j = json.load(open(out))
+                res[f"{mode}_x2"].append({"samples_per_second": j["samples_per_second"],
+                                          "test_accuracy": j["epochs"][-1]["test_accuracy"]})
+            print(f"[{model_name} pairs round {r}] " + ", ".join(
+                f"{k} {v[-1]['samples_per_second']:.0f} samples/s" for k, v in res.items()), flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", tmp], check=False)
+    med = {k: statistics.median(x["samples_per_second"] for x in v) for k, v in res.items()}
+    return {"runs": res, "median_samples_per_second": med,
+            "leash_x2_over_ddp_x2": med["leash_x2"] / med["ddp_x2"],
+            "leash_x2_over_hogwild_x2": med["leash_x2"] / med["hogwild_x2"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--train-limit", type=int, default=6000)
+    ap.add_argument("--test-limit", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved local/leash pairs per model")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--staleness", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pairs", default="", help="models for the 2-process comparison (e.g. mlp)")
+    ap.add_argument("--pairs-train-limit", type=int, default=30000)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "python_leash.json"))
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(a.build, "python"))
+    import leash
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    x, y = fmnist.load(True, limit=a.train_limit)
+    tx, ty = fmnist.load(False, limit=a.test_limit)
+    x, y, tx, ty = map(torch.from_numpy, (x, y, tx, ty))
+
+    port = free_port()
+    data_dir = f"/tmp/leash-bench-python-{os.getpid()}"
+    server = subprocess.Popen(
+        [os.path.join(a.build, "server", "leash-server"), "--shard=0", "--num-shards=1",
+         f"--bind=tcp://127.0.0.1:{port}", f"--data-dir={data_dir}", "--no-sync",
+         "--checkpoint-interval=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers = f"tcp://127.0.0.1:{port}"
+    runs = []
+    try:
+        for model_name in a.models.split(","):
+            for r in range(a.rounds):
+                for system in ("local", "leash"):
+                    if system == "local":
+                        res = run_local(model_name, x, y, tx, ty, a.epochs, a.batch, a.seed)
+                    else:
+                        res = run_leash(leash, model_name, servers, f"{model_name}{r}", x, y, tx,
+                                        ty, a.epochs, a.batch, a.seed, a.staleness)
+                    res["round"] = r
+                    runs.append(res)
+                    extra = ""
+                    if system == "leash":
+                        pi = res["per_iteration_us"]
+                        extra = (f", binding {pi['binding_gil_held']:.0f} us/iter GIL held + "
+                                 f"{pi['python_layer']:.0f} us Python layer, "
+                                 f"{pi['waiting_gil_released']:.0f} us waiting")
+                    print(f"[{model_name} {system} round {r}] {res['samples_per_second']:.0f} samples/s, "
+                          f"test accuracy {res['test_accuracy']:.4f}{extra}", flush=True)
+    finally:
+        server.terminate()
+        server.wait()
+        subprocess.run(["rm", "-rf", data_dir], check=False)
+
+    models = {}
+    for model_name in a.models.split(","):
+        loc = [r for r in runs if r["model"] == model_name and r["system"] == "local"]
+        lea = [r for r in runs if r["model"] == model_name and r["system"] == "leash"]
+        local_sps = statistics.median(r["samples_per_second"] for r in loc)
+        leash_sps = statistics.median(r["samples_per_second"] for r in lea)
+        keys = lea[0]["per_iteration_us"].keys()
+        models[model_name] = {
+            "local_samples_per_second": local_sps,
+            "leash_samples_per_second": leash_sps,
+            "ratio_leash_over_local": leash_sps / local_sps,
+            "local_step_us": 1e6 * a.batch / local_sps,
+            "leash_step_us": 1e6 * a.batch / leash_sps,
+            "per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in lea)
+                                 for k in keys},
+            "values_per_iteration": lea[0]["values_per_iteration"],
+            "local_test_accuracy": [r["test_accuracy"] for r in loc],
+            "leash_test_accuracy": [r["test_accuracy"] for r in lea],
+        }
+        m = models[model_name]
+        print(f"{model_name}: Leash/local = {m['ratio_leash_over_local']:.3f} "
+              f"({leash_sps:.0f} vs {local_sps:.0f} samples/s); binding "
+              f"{m['per_iteration_us']['binding_gil_held']:.0f} us + Python layer "
+              f"{m['per_iteration_us']['python_layer']:.0f} us per iteration of "
+              f"{m['leash_step_us']:.0f} us", flush=True)
+    pairs = {}
+    for model_name in filter(None, a.pairs.split(",")):
+        pairs[model_name] = run_pairs(a, model_name)
+    out = {"config": vars(a) | {"torch": torch.__version__, "cpus": os.cpu_count(),
+                                "note": "1 shard + 1 worker on loopback, staleness "
+                                        f"{a.staleness}; medians over rounds"},
+           "runs": runs, "models": models, "pairs": pairs}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""leash.torch: a torch.nn.Module's parameters trained on a Leash cluster. Parameters
+registers every trainable parameter as a table (the optimizer runs on the shards), pulls
+the values into the module before a step and pushes the gradients after backward(); under
+a staleness bound >= 1 the next step's pull is in flight while this step computes, as in
+leash-worker. One training thread per Parameters; not thread-safe.
+
+    model = Net()                                        # on its device already
+    with leash.Client(servers, staleness=1) as client:
+        params = leash.torch.Parameters(client, model, optimizer="adam", lr=1e-3)
+        for chunk in params.chunks(plan):                # this worker's share of the data
+            for x, y in batches(chunk):
+                params.pull()                            # values into model (prefetched)
+                F.cross_entropy(model(x), y).backward()
+                params.push()                            # gradients out, clock
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from .client import Chunk, Client, DataPlan, Table
+from .errors import InvalidArgumentError, NotRegisteredError, WrongDTypeError
+
+InitFn = Callable[[str, torch.nn.Parameter], Tuple[str, float]]
+
+
+def he_init(name: str, param: torch.nn.Parameter) -> Tuple[str, float]:
+    """The default server-side initializer: He-normal (stddev sqrt(2 / fan_in)) for
+    weights (2 or more dimensions), zeros for biases and other vectors."""
+    if param.dim() >= 2:
+        fan_in = param[0].numel()
+        return "normal", math.sqrt(2.0 / fan_in)
+    return "zeros", 0.0
+
+
+def table_shape(param: torch.Tensor) -> Tuple[int, int]:
+    """How a parameter is stored: its first dimension as rows (split over the shards) and
+    the rest as columns; a vector is one row, so a bias lives on one shard."""
+    if param.dim() <= 1:
+        return (1, max(1, param.numel()))
+    return (param.shape[0], param[0].numel())
+
+
+class SparseEmbedding(torch.nn.Module):
+    """An embedding lookup backed by a sparse Leash table: forward(ids) pulls the
+    rows of the batch's distinct ids (any 64-bit ids, e.g. hashed features; a row is made
+    by the shards' initializer on its first pull) and returns them gathered to
+    ids.shape + (dim,); push() (called by Parameters.push(), or by hand) sends the
+    gradient rows of what forward pulled since the last push. The table's optimizer runs
+    on the shards ("adagrad", "adam" (lazy), "ftrl", ...). Rows are pulled synchronously in
+    forward, not prefetched. Extra keyword arguments go to Client.create_table."""
+
+    def __init__(self, client: Client, name: str, dim: int, optimizer: str = "adagrad",
+                 lr: float = 0.01, *, init: str = "normal", init_scale: float = 0.01,
+                 seed: int = 0, **table_kw: Any) -> None:
+        super().__init__()
+        if not isinstance(client, Client):
+            raise InvalidArgumentError("client must be a leash.Client")
+        self.client = client
+        self.table = client.create_table(name, sparse=True, dim=dim, optimizer=optimizer, lr=lr,
+                                         init=init, init_scale=init_scale, seed=seed,
+                                         **table_kw)
+        self.dim = self.table.dim
+        self._looked_up: List[Tuple[Any, torch.Tensor]] = []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise WrongDTypeError(f"SparseEmbedding ids must be int64 or int32, got {ids.dtype}")
+        flat = ids.reshape(-1).to("cpu", torch.int64)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        keys = unique.numpy()
+        rows = torch.from_numpy(self.client.pull_sparse(self.table, keys)).to(ids.device)
+        if torch.is_grad_enabled() and self.training:
+            rows.requires_grad_(True)
+            self._looked_up.append((keys, rows))
+        return rows[inverse.to(ids.device)].reshape(*ids.shape, self.dim)
+
+    def push(self, scale: float = 1.0) -> None:
+        """Sends the gradient rows of the ids looked up since the last push (times
+        `scale`); rows of an id seen in several lookups are summed by the client."""
+        for keys, rows in self._looked_up:
+            if rows.grad is None:
+                continue
+            g = rows.grad.detach().to("cpu")
+            if scale != 1.0:
+                g = g * scale
+            self.client.push_sparse(self.table, keys, g.contiguous())
+        self._looked_up.clear()
+
+
+class Parameters:
+    """The trainable parameters of `module` as Leash tables.
+
+    Args:
+        client: a registered leash.Client; its staleness bound decides prefetching.
+        module: the model, already on its device (CPU, or CUDA through pinned buffers).
+        optimizer, lr, momentum, beta1, beta2, epsilon, weight_decay: the server-side
+            optimizer of every table (see Client.create_table).
+        accumulate: micro-batches per iteration: pull() fetches on the first of them,
+            push() sends the averaged gradients and clocks on the last.
+        prefix: prepended to each parameter's name to name its table; or `names`, a
+            mapping or function from parameter name to table name.
+        init: (name, param) -> (initializer, scale) for the shards' first values
+            (default he_init); `seed` seeds them (table i gets seed * 1000003 + i, as
+            leash-worker does).
+        create: False opens tables another worker created (waiting up to open_timeout s).
+        prefetch: overlap the next pull with the step (default: when staleness >= 1).
+
+    Raises InvalidArgumentError for bad arguments, WrongDTypeError for a parameter that is
+    not float32, TableExistsError if a table exists with another spec.
+    """
+
+    def __init__(self, client: Client, module: torch.nn.Module, optimizer: str = "sgd",
+                 lr: float = 0.01, *, momentum: float = 0.9, beta1: float = 0.9,
+                 beta2: float = 0.999, epsilon: float = 1e-8, weight_decay: float = 0.0,
+                 accumulate: int = 1, prefix: str = "",
+                 names: Union[None, Mapping[str, str], Callable[[str], str]] = None,
+                 init: Optional[InitFn] = None, seed: int = 1, create: bool = True,
+                 open_timeout: float = 30.0, prefetch: Optional[bool] = None) -> None:
+        if not isinstance(client, Client):
+            raise InvalidArgumentError("client must be a leash.Client")
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidArgumentError("module must be a torch.nn.Module")
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise InvalidArgumentError(f"accumulate must be an integer >= 1, got {accumulate!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidArgumentError(f"seed must be an integer >= 0, got {seed!r}")
+        self.client = client
+        self.module = module
+        self.accumulate = accumulate
+        self.prefetch = client.staleness >= 1 if prefetch is None else bool(prefetch)
+        init = init or he_init
+        self.names: List[str] = []
+        self.params: List[torch.nn.Parameter] = []
+        self.tables: List[Table] = []
+        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for i, (name, p) in enumerate(trainable):
+            if p.dtype != torch.float32:
+                raise WrongDTypeError(f"parameter '{name}' is {p.dtype}; Leash tables hold float32")
+            tname = self._table_name(name, prefix, names)
+            shape = table_shape(p)
+            if create:
+                kind, scale = init(name, p)
+                t = client.create_table(tname, shape, optimizer, lr, momentum=momentum,
+                                        beta1=beta1, beta2=beta2, epsilon=epsilon,
+                                        weight_decay=weight_decay, init=kind,
+                                        init_scale=float(scale), seed=seed * 1000003 + i)
+            else:
+                t = client.open_table(tname, shape, timeout=open_timeout)
+            self.names.append(name)
+            self.params.append(p)
+            self.tables.append(t)
+        self._sparse = [m for m in module.modules() if isinstance(m, SparseEmbedding)]
+        if not self.params and not self._sparse:
+            raise InvalidArgumentError("the module has no trainable parameters")
+        self._cuda = any(p.device.type != "cpu" for p in self.params)
+        # Two host buffers per parameter: the step reads one while the next step's pull
+        # fills the other. On the CPU the module's parameters are these buffers (p.data is
+        # pointed at the one just pulled: no copy); on CUDA they are pinned and copied in.
+        self._buffers: List[List[torch.Tensor]] = [[], []]
+        for p in self.params:
+            if self._cuda:
+                a = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+                b = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            else:
+                a = p.data if p.data.is_contiguous() else p.data.contiguous()
+                b = torch.empty_like(a)
+            self._buffers[0].append(a)
+            self._buffers[1].append(b)
+        self._views = [[t.numpy() for t in bufs] for bufs in self._buffers]
+        self._grad_staging = ([torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+                               for p in self.params] if self._cuda else None)
+        self._current = 0  # the buffer set the module reads now
+        self._pending: Optional[Any] = None  # a prefetch into the other set
+        self._pending_clock = -1
+        self._pending_rejoins = 0
+        self._micro = 0
+        self.steps = 0
+        self.rejoins = 0
+
+    @staticmethod
+    def _table_name(name: str, prefix: str, names: Any) -> str:
+        if names is None:
+            return prefix + name
+        if callable(names):
+            return names(name)
+        if isinstance(names, Mapping):
+            return names.get(name, prefix + name)
+        raise InvalidArgumentError("names must be a mapping or a function of the parameter name")
+
+    # ---- the training loop -------------------------------------------------------------
+
+    def pull(self) -> None:
+        """Puts the values this step may use into the module: the prefetch started during
+        the previous step if it was for this clock, else a pull now. Starts the next
+        step's prefetch (staleness >= 1). Within an accumulation group only the first
+        micro-batch pulls. A worker found evicted rejoins and pulls again."""
+        if self._micro % self.accumulate != 0:
+            return
+        for attempt in range(3):
+            if self.client.needs_rejoin:
+                self._rejoin()
+            try:
+                self._pull_now()
+                return
+            except NotRegisteredError:
+                if attempt == 2:
+                    raise
+                self._rejoin()
+
+    def _pull_now(self) -> None:
+        c = self.client
+        took = False
+        if self._pending is not None:
+            usable = self._pending_clock == c.current_clock and self._pending_rejoins == c.rejoins
+            try:
+                self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
+            except NotRegisteredError:
+                self._pending = None
+                self._abandon(self._current ^ 1)
+                raise
+            self._pending = None
+            if usable:
+                took = True
+                self._current ^= 1
+        if not took:
+            try:
+                c._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+            except NotRegisteredError:
+                self._abandon(self._current)
+                raise
+        self._install(self._current)
+        if self.prefetch:
+            nxt = self._current ^ 1
+            self._pending_clock = c.current_clock + 1
+            self._pending_rejoins = c.rejoins
+            self._pending = c._c.start_pulls(self.tables, self._views[nxt], self._pending_clock)
+
+    def push(self) -> bool:
+        """After backward(): on the last micro-batch of an iteration, sends every
+        parameter's gradient (averaged over the micro-batches), clears the gradients and
+        ends the iteration (clock). True when it did; False while accumulating."""
+        self._micro += 1
+        if self._micro % self.accumulate != 0:
+            return False
+        scale = 1.0 / self.accumulate
+        try:
+            for i, (t, p) in enumerate(zip(self.tables, self.params)):
+                g = p.grad
+                if g is None:
+                    continue  # not used by this step: nothing to apply
+                if self.accumulate > 1:
+                    g.mul_(scale)
+                if self._grad_staging is not None:
+                    host = self._grad_staging[i]
+                    host.copy_(g)
+                    g = host
+                elif not g.is_contiguous():
+                    g = g.contiguous()
+                self.client._c.push(t, g.detach().numpy(), False)
+                p.grad = None
+            for m in self._sparse:
+                m.push(scale)
+            self.client.clock()
+        except NotRegisteredError:
+            self._rejoin()  # this iteration's gradients are void; the data chunk is leased again
+        self.steps += 1
+        return True
+
+    def idle(self) -> None:
+        """An iteration without data (others hold the epoch's last chunks): clocks, so a
+        tight staleness bound never makes the others wait for this worker."""
+        try:
+            self.client.clock()
+        except NotRegisteredError:
+            self._rejoin()
+
+    def chunks(self, plan: Union[DataPlan, Mapping[str, int]]) -> Iterator[Chunk]:
+        """client.chunks(plan) with idle() between chunks."""
+        return self.client.chunks(plan, on_idle=self.idle)
+
+    def sync(self) -> None:
+        """Pulls the latest values into the module now (e.g. before evaluating), waiting
+        for a prefetch in flight first."""
+        if self._pending is not None:
+            try:
+                self._pending.wait()
+            except NotRegisteredError:
+                self._abandon(self._current ^ 1)
+            self._pending = None
+        for attempt in range(3):
+            if self.client.needs_rejoin:
+                self._rejoin()
+            try:
+                self.client._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+                break
+            except NotRegisteredError:
+                self._abandon(self._current)
+                if attempt == 2:
+                    raise
+        self._install(self._current)
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """The parameters' current values by parameter name (copies)."""
+        return {n: p.detach().clone() for n, p in zip(self.names, self.params)}
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _install(self, which: int) -> None:
+        bufs = self._buffers[which]
+        with torch.no_grad():
+            for p, b in zip(self.params, bufs):
+                if self._cuda:
+                    p.data.copy_(b, non_blocking=True)
+                else:
+                    p.data = b
+        if self._cuda:
+            torch.cuda.synchronize()  # the host buffers are refilled by the next prefetch
+
+    def _abandon(self, which: int) -> None:
+        """Gives buffer set `which` new memory: a pull given up on may still write into
+        the old (kept alive by the binding until its reply comes)."""
+        for i, p in enumerate(self.params):
+            if self._cuda:
+                t = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            else:
+                t = torch.empty(p.shape, dtype=torch.float32)
+            self._buffers[which][i] = t
+            self._views[which][i] = t.numpy()
+
+    def _rejoin(self) -> None:
+        if self._pending is not None:
+            # A prefetch sent after the eviction may stay parked for a clock nobody reaches:
+            # not waited for.
+            self._pending = None
+            self._abandon(self._current ^ 1)
+        for p in self.params:
+            p.grad = None
+        for m in self._sparse:
+            m._looked_up.clear()
+        self._micro = 0
+        self.rejoins += 1
+        self.client.rejoin()

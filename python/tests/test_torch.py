@@ -1,0 +1,172 @@
+"""leash.torch.Parameters against a real shard, exactly: plain SGD at learning rate 1 and
+zero initial values, so after a push of g every value is exactly -g. Covers the tables it
+makes, pull before / push after a step, the prefetch under staleness 1 (a step sees the
+values from before the previous step's push), gradient accumulation (the mean is pushed
+once per k micro-batches), a 16-bit wire, opening another worker's tables, and its
+argument errors."""
+import numpy as np
+import pytest
+
+import leash
+
+torch = pytest.importorskip("torch")
+import leash.torch  # noqa: E402
+
+
+def zeros(name, p):
+    return "zeros", 0.0
+
+
+def linear():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2)
+
+
+def step(model, x):
+    model(x).sum().backward()
+
+
+def expected_grads(x):
+    """d(sum(W x + b))/dW = sum over the batch of x, per output row; d/db = batch size."""
+    gw = np.tile(x.sum(0).numpy(), (2, 1))
+    gb = np.full(2, float(x.shape[0]), np.float32)
+    return gw, gb
+
+
+X1 = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.25, -1.0]])
+X2 = torch.tensor([[2.0, 0.0, -4.0]])
+
+
+def test_tables_follow_the_parameters_and_a_step_is_exact(cluster2):
+    with leash.Client(cluster2.servers, staleness=0) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros, prefix="m/")
+        assert [t.name for t in ps.tables] == ["m/weight", "m/bias"]
+        assert [(t.rows, t.cols) for t in ps.tables] == [(2, 3), (1, 2)]
+        assert not ps.prefetch
+        ps.pull()
+        assert torch.count_nonzero(model.weight) == 0 and torch.count_nonzero(model.bias) == 0
+        step(model, X1)
+        assert ps.push() is True
+        assert model.weight.grad is None  # cleared for the next step
+        assert c.current_clock == 1
+        ps.pull()
+        gw, gb = expected_grads(X1)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -gw)
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -gb)
+
+
+def test_under_staleness_one_the_next_pull_is_prefetched_during_the_step(cluster):
+    with leash.Client(cluster.servers, staleness=1) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        assert ps.prefetch
+        ps.pull()  # clock 0: values now, and the pull for clock 1 goes out at once
+        buffers = {model.weight.data_ptr()}
+        step(model, X1)
+        ps.push()
+        ps.pull()  # clock 1: the prefetch, sent before step 0's push: still zeros
+        assert torch.count_nonzero(model.weight) == 0
+        buffers.add(model.weight.data_ptr())
+        step(model, X2)
+        ps.push()
+        ps.pull()  # clock 2: prefetched during step 1, after step 0's push
+        gw1, gb1 = expected_grads(X1)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -gw1)
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -gb1)
+        buffers.add(model.weight.data_ptr())
+        assert len(buffers) == 2  # two buffers per parameter, swapped: no copies
+        ps.sync()  # everything pushed so far
+        gw2, gb2 = expected_grads(X2)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -(gw1 + gw2))
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -(gb1 + gb2))
+
+
+def test_gradient_accumulation_pushes_the_mean_once_per_group(cluster):
+    with leash.Client(cluster.servers, staleness=0) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros, accumulate=2)
+        ps.pull()
+        step(model, X1)
+        assert ps.push() is False  # the first micro-batch: nothing sent
+        assert c.current_clock == 0
+        ps.pull()  # within the group: no pull
+        step(model, X2)
+        assert ps.push() is True
+        assert c.current_clock == 1
+        ps.pull()
+        gw1, gb1 = expected_grads(X1)
+        gw2, gb2 = expected_grads(X2)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -(gw1 + gw2) / 2)
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -(gb1 + gb2) / 2)
+
+
+def test_sixteen_bit_wire_trains_exactly_on_representable_values(cluster):
+    with leash.Client(cluster.servers, staleness=0, wire_dtype="fp16") as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        ps.pull()
+        step(model, X1)  # every gradient is a multiple of 1/4: exact in fp16
+        ps.push()
+        ps.pull()
+        gw, gb = expected_grads(X1)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -gw)
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -gb)
+
+
+def test_a_second_worker_opens_the_tables_by_name(cluster):
+    with leash.Client(cluster.servers, name="a") as a, leash.Client(cluster.servers, name="b") as b:
+        ma, mb = linear(), linear()
+        pa = leash.torch.Parameters(a, ma, optimizer="sgd", lr=1.0, init=zeros, prefix="net/")
+        pb = leash.torch.Parameters(b, mb, create=False,
+                                    names={"weight": "net/weight", "bias": "net/bias"})
+        assert [t.name for t in pb.tables] == ["net/weight", "net/bias"]
+        pa.pull()
+        step(ma, X1)
+        pa.push()
+        a.wait()  # a's push is applied
+        pb.pull()
+        gw, _ = expected_grads(X1)
+        np.testing.assert_array_equal(mb.weight.detach().numpy(), -gw)
+        with pytest.raises(leash.UnknownTableError):
+            leash.torch.Parameters(b, linear(), create=False, prefix="nope/", open_timeout=0.2)
+
+
+def test_bad_arguments_raise_the_documented_exceptions(cluster):
+    with leash.Client(cluster.servers) as c:
+        with pytest.raises(leash.InvalidArgumentError):
+            leash.torch.Parameters(c, linear(), accumulate=0)
+        with pytest.raises(leash.InvalidArgumentError):
+            leash.torch.Parameters(c, "not a module")
+        with pytest.raises(leash.InvalidArgumentError):
+            leash.torch.Parameters("not a client", linear())
+        with pytest.raises(leash.InvalidArgumentError):
+            leash.torch.Parameters(c, torch.nn.ReLU())  # no parameters
+        with pytest.raises(leash.WrongDTypeError):
+            leash.torch.Parameters(c, linear().double())
+        with pytest.raises(leash.InvalidArgumentError):
+            leash.torch.Parameters(c, linear(), optimizer="lamb")
+        leash.torch.Parameters(c, linear(), prefix="a/")
+        with pytest.raises(leash.TableExistsError):  # same names, another optimizer
+            leash.torch.Parameters(c, linear(), prefix="a/", optimizer="adam")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
+def test_a_cuda_module_goes_through_pinned_buffers(cluster):
+    with leash.Client(cluster.servers, staleness=1) as c:
+        model = linear().cuda()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        for _ in range(2):
+            ps.pull()
+            step(model, X1.cuda())
+            ps.push()
+        ps.sync()
+        gw, gb = expected_grads(X1)
+        np.testing.assert_array_equal(model.weight.detach().cpu().numpy(), -2 * gw)
+        np.testing.assert_array_equal(model.bias.detach().cpu().numpy(), -2 * gb)
+        t = c.create_table("raw", (2, 3), optimizer="sgd", lr=1.0)
+        c.push(t, torch.ones(2, 3, device="cuda"))
+        c.clock()
+        out = torch.empty(2, 3, device="cuda")
+        c.pull(t, out=out)
+        assert torch.equal(out.cpu(), -torch.ones(2, 3))
