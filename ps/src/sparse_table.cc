@@ -14,7 +14,7 @@
 // holds the sketch (the sketch is sized at Create to at most a quarter of a bounded
 // budget). Not counted (the stated fixed overhead): the Impl object and chunk pointers
 // (a few hundred bytes plus 8 per 4096 rows), and per-call scratch proportional to the
-// keys of one Read/Apply (their missed records) or, during FlushDirty, the dirty records.
+// keys of one Read/Apply (their missed records) or, during FlushDirty, one 8 MiB batch.
 // Growing the arena allocates one more chunk (no copy of the others); growing the index
 // rehashes it, briefly holding the old and the new bucket arrays.
 #include "leash/ps/sparse_table.h"
@@ -167,7 +167,8 @@ inline uint64_t SketchHash(uint64_t x) {
 }
 
 constexpr uint32_t kNoSlot = UINT32_MAX;
-constexpr size_t kHeader = 12;  // key (8), GCLOCK counter, dirty, pinned, pad
+constexpr size_t kHeader = 12;
+constexpr size_t kFlushBatchBytes = size_t{8} << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
 constexpr size_t kChunkRows = 4096;
 // GCLOCK's saturating counter: a new row starts at 1, each access adds 1 up to kMaxRef. A
 // row the hand passes loses 1 and is evicted at 0, so a row touched k times survives k
@@ -641,20 +642,30 @@ class SparseTable::Impl {
     return Status::Ok();
   }
 
+  // Writes the dirty rows in batches of at most kFlushBatchBytes, so a flush never holds a
+  // second copy of the memory tier (the snapshot that follows needs only the sum of the
+  // batches; a failed batch leaves its rows and the later ones dirty for the next flush).
   Result<uint64_t> FlushDirty() {
-    wkeys_.clear();
-    wrecs_.clear();
-    for (uint32_t s = 0; s < used_; ++s) {
-      uint8_t* p = Slot(s);
-      if (!Dirty(p)) continue;
-      wkeys_.push_back(SlotKey(p));
-      wrecs_.insert(wrecs_.end(), Record(p), Record(p) + rb_);
+    const size_t per_batch = std::max<size_t>(1, kFlushBatchBytes / rb_);
+    uint64_t n = 0;
+    std::vector<uint32_t> slots;
+    for (uint32_t s = 0; s < used_;) {
+      wkeys_.clear();
+      wrecs_.clear();
+      slots.clear();
+      for (; s < used_ && wkeys_.size() < per_batch; ++s) {
+        uint8_t* p = Slot(s);
+        if (!Dirty(p)) continue;
+        slots.push_back(s);
+        wkeys_.push_back(SlotKey(p));
+        wrecs_.insert(wrecs_.end(), Record(p), Record(p) + rb_);
+      }
+      if (wkeys_.empty()) continue;
+      LEASH_RETURN_IF_ERROR(store_->Write(id_, wkeys_, rb_, wrecs_.data(), {}));
+      for (uint32_t d : slots) Dirty(Slot(d)) = 0;
+      c_.rows_written += wkeys_.size();
+      n += wkeys_.size();
     }
-    if (wkeys_.empty()) return uint64_t{0};
-    LEASH_RETURN_IF_ERROR(store_->Write(id_, wkeys_, rb_, wrecs_.data(), {}));
-    for (uint32_t s = 0; s < used_; ++s) Dirty(Slot(s)) = 0;
-    c_.rows_written += wkeys_.size();
-    uint64_t n = wkeys_.size();
     wkeys_ = {};
     wrecs_ = {};
     return n;
