@@ -115,7 +115,8 @@ TEST(SparseFaultTest, KilledShardHoldingFourTimesItsBudgetRecoversItsLastSnapsho
   const std::vector<float> minus_one(keys.size() * 32, -1.f);
   ASSERT_EQ(PullAll(*client, *table, keys).size(), minus_one.size());
   constexpr int kSnapshotRound = 3;
-  for (int r = 0; r < kSnapshotRound; ++r) ASSERT_TRUE(PushAll(*client, *table, keys, minus_one).ok());
+  for (int r = 0; r < kSnapshotRound; ++r)
+    ASSERT_TRUE(PushAll(*client, *table, keys, minus_one).ok());
   auto snap = client->Checkpoint();
   ASSERT_TRUE(snap.ok()) << snap.status();
   // More rounds, not waited for, then the kill in the middle of them.
