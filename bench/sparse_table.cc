@@ -35,7 +35,8 @@ class Zipf {
  public:
   Zipf(uint64_t n, double alpha) : cdf_(n) {
     double sum = 0;
-    for (uint64_t i = 0; i < n; ++i) cdf_[i] = (sum += std::pow(static_cast<double>(i + 1), -alpha));
+    for (uint64_t i = 0; i < n; ++i)
+      cdf_[i] = (sum += std::pow(static_cast<double>(i + 1), -alpha));
     for (auto& c : cdf_) c /= sum;
   }
   uint64_t operator()(std::mt19937_64& rng) {
@@ -134,8 +135,12 @@ Result Run(const Args& a, uint64_t budget) {
   leash::ps::SparseCounters c = (*t)->counters();
   double hits = static_cast<double>(c.tier_hits - before.tier_hits);
   double misses = static_cast<double>(c.tier_misses - before.tier_misses);
-  return {static_cast<double>(total) / secs, hits / (hits + misses), c.memory_bytes,
-          c.resident_rows, c.store_rows, store.secs / secs};
+  return {static_cast<double>(total) / secs,
+          hits / (hits + misses),
+          c.memory_bytes,
+          c.resident_rows,
+          c.store_rows,
+          store.secs / secs};
 }
 
 }  // namespace
@@ -145,12 +150,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     const char* v = argv[i + 1];
-    if (f == "--keys") a.keys = std::strtoull(v, nullptr, 10);
-    else if (f == "--cols") a.cols = static_cast<uint32_t>(std::atoi(v));
-    else if (f == "--alpha") a.alpha = std::atof(v);
-    else if (f == "--batch") a.batch = std::strtoull(v, nullptr, 10);
-    else if (f == "--iters") a.iters = std::atoi(v);
-    else if (f == "--fraction") a.fraction = std::atof(v);
+    if (f == "--keys")
+      a.keys = std::strtoull(v, nullptr, 10);
+    else if (f == "--cols")
+      a.cols = static_cast<uint32_t>(std::atoi(v));
+    else if (f == "--alpha")
+      a.alpha = std::atof(v);
+    else if (f == "--batch")
+      a.batch = std::strtoull(v, nullptr, 10);
+    else if (f == "--iters")
+      a.iters = std::atoi(v);
+    else if (f == "--fraction")
+      a.fraction = std::atof(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
@@ -161,16 +172,18 @@ int main(int argc, char** argv) {
   Result part = Run(a, budget);
   std::printf("keys=%llu cols=%u alpha=%.2f batch=%zu (unique per batch varies) iters=%d\n",
               static_cast<unsigned long long>(a.keys), a.cols, a.alpha, a.batch, a.iters);
-  std::printf("all in memory : %10.0f keys/s  hit rate %.4f  memory %llu B  resident %llu  "
-              "store time %.0f%%\n",
-              full.keys_per_s, full.hit_rate, static_cast<unsigned long long>(full.memory_bytes),
-              static_cast<unsigned long long>(full.resident), 100 * full.store_share);
-  std::printf("budget %.2f   : %10.0f keys/s  hit rate %.4f  memory %llu B (budget %llu)  "
-              "resident %llu  store rows %llu  store time %.0f%%\n",
-              a.fraction, part.keys_per_s, part.hit_rate,
-              static_cast<unsigned long long>(part.memory_bytes),
-              static_cast<unsigned long long>(budget), static_cast<unsigned long long>(part.resident),
-              static_cast<unsigned long long>(part.store_rows), 100 * part.store_share);
+  std::printf(
+      "all in memory : %10.0f keys/s  hit rate %.4f  memory %llu B  resident %llu  "
+      "store time %.0f%%\n",
+      full.keys_per_s, full.hit_rate, static_cast<unsigned long long>(full.memory_bytes),
+      static_cast<unsigned long long>(full.resident), 100 * full.store_share);
+  std::printf(
+      "budget %.2f   : %10.0f keys/s  hit rate %.4f  memory %llu B (budget %llu)  "
+      "resident %llu  store rows %llu  store time %.0f%%\n",
+      a.fraction, part.keys_per_s, part.hit_rate,
+      static_cast<unsigned long long>(part.memory_bytes), static_cast<unsigned long long>(budget),
+      static_cast<unsigned long long>(part.resident),
+      static_cast<unsigned long long>(part.store_rows), 100 * part.store_share);
   std::printf("ratio         : %.2f\n", part.keys_per_s / full.keys_per_s);
   return 0;
 }

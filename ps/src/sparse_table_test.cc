@@ -253,6 +253,27 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, TierTest,
                          ::testing::Values(OptimizerKind::kAdam, OptimizerKind::kFtrl,
                                            OptimizerKind::kAdagrad));
 
+TEST(SparseTableTest, ABurstOfOnceSeenKeysDoesNotEvictTheHotRows) {
+  MemoryRowStore store;
+  SparseTableOptions opt;
+  opt.memory_bytes = 20000;  // 140 rows
+  auto t = SparseTable::Create(1, SparseSpec(8, OptimizerKind::kAdam), &store, opt);
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> hot(20);
+  for (size_t i = 0; i < hot.size(); ++i) hot[i] = 1000 + i;
+  std::vector<float> out(20 * 8);
+  for (int round = 0; round < 10; ++round) ASSERT_TRUE((*t)->Read(hot, 0, out.data()).ok());
+  // 300 new keys, each pulled once, in batches of 10: more than twice the tier. Under LRU
+  // the hot rows, untouched meanwhile, would be the oldest and go first.
+  for (uint64_t b = 0; b < 30; ++b) {
+    std::vector<uint64_t> cold(10);
+    for (uint64_t i = 0; i < 10; ++i) cold[i] = 1000000 + b * 10 + i;
+    ASSERT_TRUE((*t)->Read(cold, 0, out.data()).ok());
+  }
+  EXPECT_GT((*t)->counters().evictions, 100u);
+  for (uint64_t k : hot) EXPECT_TRUE((*t)->Resident(k)) << k;
+}
+
 TEST(SparseTableTest, MemoryStaysWithinTheBudgetUnderTenTimesMoreRows) {
   TableSpec spec = SparseSpec(16, OptimizerKind::kAdam);
   spec.sparse.admit_after = 2;
