@@ -71,8 +71,7 @@ void ApplySparseRow(const OptimizerConfig& o, uint32_t cols, float* w, float* sl
           w[i] = 0.f;
         } else {
           const float sign = zi < 0 ? -1.f : 1.f;
-          w[i] = -(zi - sign * o.l1) / ((o.ftrl_beta + std::sqrt(n_new)) * inv_lr +
-                                        o.weight_decay);
+          w[i] = -(zi - sign * o.l1) / ((o.ftrl_beta + std::sqrt(n_new)) * inv_lr + o.weight_decay);
         }
       }
       break;
@@ -86,8 +85,8 @@ void ApplySparseRow(const OptimizerConfig& o, uint32_t cols, float* w, float* sl
 // ---------------------------------------------------------------------------------------
 // MemoryRowStore
 
-Status MemoryRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys,
-                            size_t record_bytes, uint8_t* out, std::vector<uint8_t>* found) {
+Status MemoryRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+                            uint8_t* out, std::vector<uint8_t>* found) {
   found->assign(keys.size(), 0);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = rows_.find(Key{table_id, keys[i]});
@@ -103,9 +102,8 @@ Status MemoryRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys,
   return Status::Ok();
 }
 
-Status MemoryRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys,
-                             size_t record_bytes, const uint8_t* records,
-                             std::span<const uint64_t> deletes) {
+Status MemoryRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+                             const uint8_t* records, std::span<const uint64_t> deletes) {
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint8_t* r = records + i * record_bytes;
     rows_[Key{table_id, keys[i]}].assign(r, r + record_bytes);
@@ -115,8 +113,7 @@ Status MemoryRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys,
   return Status::Ok();
 }
 
-Status MemoryRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit,
-                            size_t record_bytes,
+Status MemoryRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
                             const std::function<void(uint64_t, const uint8_t*)>& visit,
                             bool* wrapped) {
   auto it = rows_.lower_bound(Key{table_id, *cursor});
@@ -124,9 +121,8 @@ Status MemoryRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit,
   for (size_t visited = 0; it != end && visited < limit; ++it, ++visited) {
     if (it->second.size() != record_bytes) {
       return DataLoss("table " + std::to_string(table_id) + ": record of key " +
-                      std::to_string(it->first.key) + " has " +
-                      std::to_string(it->second.size()) + " bytes, expected " +
-                      std::to_string(record_bytes));
+                      std::to_string(it->first.key) + " has " + std::to_string(it->second.size()) +
+                      " bytes, expected " + std::to_string(record_bytes));
     }
     visit(it->first.key, it->second.data());
   }
@@ -173,10 +169,16 @@ inline uint64_t SketchHash(uint64_t x) {
 constexpr uint32_t kNoSlot = UINT32_MAX;
 constexpr size_t kHeader = 12;  // key (8), GCLOCK counter, dirty, pinned, pad
 constexpr size_t kChunkRows = 4096;
-// GCLOCK's saturating counter: a new row starts at 1, each access adds 1 up to kMaxRef. A
-// row the hand passes loses 1 and is evicted at 0, so a row touched k times survives k
-// sweeps of the hand, and the head of a power-law key distribution stays resident however
-// many once-seen tail keys pass through.
+// Eviction is GCLOCK (generalized CLOCK): each slot has a small saturating counter; a new
+// row starts at 1 and each access adds 1 up to kMaxRef; the hand sweeps the slots in order,
+// taking 1 from each counter it passes and evicting the first row at 0. Why not LRU: the
+// keys of embedding tables follow a power law, and each batch brings a burst of tail keys
+// seen once. Under LRU every such key goes to the front and a burst pushes out the hot head,
+// which must then be read back from disk. Under GCLOCK a once-seen key holds 1 and goes at
+// the hand's next pass, while a head key touched k times survives k passes. A hit costs a
+// byte write in the slot it reads anyway (no list splicing, no pointers per row), and the
+// counters live in the arena's slot headers.
+
 constexpr uint8_t kMaxRef = 7;
 // Locations of a call's keys: a slot, or kMissBit | index into the call's unique misses.
 constexpr uint32_t kMissBit = 0x80000000u;
@@ -219,7 +221,9 @@ class SparseTable::Impl {
   uint64_t Cost(uint64_t capacity) const {
     return ArenaBytes(capacity) + 4 * IndexBuckets(capacity) + sketch_.size();
   }
-  uint64_t MemoryBytes() const { return ArenaBytes(capacity_) + 4 * index_.size() + sketch_.size(); }
+  uint64_t MemoryBytes() const {
+    return ArenaBytes(capacity_) + 4 * index_.size() + sketch_.size();
+  }
 
   // The largest capacity whose Cost fits `budget`.
   void SetMaxRows(uint64_t budget) {
@@ -242,7 +246,9 @@ class SparseTable::Impl {
   }
 
   // --- slots ---------------------------------------------------------------------------
-  uint8_t* Slot(uint32_t s) const { return chunks_[s / kChunkRows].get() + (s % kChunkRows) * stride_; }
+  uint8_t* Slot(uint32_t s) const {
+    return chunks_[s / kChunkRows].get() + (s % kChunkRows) * stride_;
+  }
   static uint64_t SlotKey(const uint8_t* p) {
     uint64_t k;
     std::memcpy(&k, p, 8);
@@ -412,8 +418,8 @@ class SparseTable::Impl {
   // Write) and only then changes the memory tier. On a store error nothing but GCLOCK
   // counters has changed.
   template <typename TransientFn, typename CommitFn>
-  Status Run(std::span<const uint64_t> keys, int64_t clock, bool is_read,
-             TransientFn before_write, CommitFn commit) {
+  Status Run(std::span<const uint64_t> keys, int64_t clock, bool is_read, TransientFn before_write,
+             CommitFn commit) {
     const size_t n = keys.size();
     loc_.resize(n);
     misses_.clear();
@@ -616,8 +622,7 @@ class SparseTable::Impl {
     auto update = [&](size_t i) {
       uint8_t* rec = RecordAt(i);
       uint64_t steps = Steps(rec);
-      ApplySparseRow(spec_.optimizer, cols_, Values(rec), SlotsOf(rec), &steps,
-                     grad + i * cols_);
+      ApplySparseRow(spec_.optimizer, cols_, Values(rec), SlotsOf(rec), &steps, grad + i * cols_);
       SetSteps(rec, steps);
       if (clock > LastClock(rec)) SetLastClock(rec, clock);
       *DirtyFlagAt(i) = 1;
