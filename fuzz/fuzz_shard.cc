@@ -198,7 +198,8 @@ class Harness {
     options_.max_table_values = 1 << 16;
     options_.limits.max_keys = 64;
     now_ = 1000000;
-    shard_ = std::make_unique<Shard>(options_, &store_, [this] { return now_; });
+    shard_ = std::make_unique<Shard>(
+        options_, &store_, [this] { return now_; }, &sparse_store_);
     last_min_ = shard_->min_clock();
   }
 
@@ -329,6 +330,12 @@ class Harness {
         }
         t.init.kind = static_cast<InitKind>(in.U8() % 5);
         t.init.seed = in.U8();
+        if (mode & 4) {  // a sparse table: keys instead of rows, admission and expiry
+          t.kind = TableKind::kSparse;
+          t.rows = (mode & 8) ? in.U8() : 0;  // nonzero rows: refused
+          t.sparse.admit_after = in.U8() % 3;
+          t.sparse.expire_after_clocks = in.U8() % 4;
+        }
         if (trace_) {
           std::fprintf(stderr,
                        "  create %s %llu x %u opt %d lr %g mom %g b1 %g b2 %g eps %g wd %g init %d "
@@ -571,7 +578,8 @@ class Harness {
   void Restart() {
     bool had_snapshot = store_.saves() > 0;
     int64_t snap_clock = had_snapshot ? (*store_.Load())->min_clock : -1;
-    shard_ = std::make_unique<Shard>(options_, &store_, [this] { return now_; });
+    shard_ = std::make_unique<Shard>(
+        options_, &store_, [this] { return now_; }, &sparse_store_);
     auto r = shard_->Recover();
     CHECK(r.ok(), "a shard recovers the snapshot its predecessor wrote");
     CHECK(*r == snap_clock, "recovery resumes at the snapshot's clock");
@@ -582,6 +590,7 @@ class Harness {
 
   ShardOptions options_;
   MemorySnapshotStore store_;
+  MemorySparseStore sparse_store_;  // outlives restarts, like a data directory
   int64_t now_ = 0;
   std::unique_ptr<Shard> shard_;
   std::multimap<std::pair<PeerId, uint64_t>, Pending> pending_;
@@ -622,6 +631,27 @@ class Script {
         .U8(1)
         .U8(2)
         .U8(7);
+  }
+  // A sparse table t<name> of `cols`-wide rows (mode 4), then admit_after and expiry clocks.
+  Script& CreateSparse(int peer, int name, int cols, int opt, int admit, int expire) {
+    return Op(kCreateTable)
+        .U8(peer)
+        .U8(name)
+        .U8(4)
+        .U8(0)
+        .U8(cols)
+        .U8(opt)
+        .U8(2)
+        .U8(2)
+        .U8(2)
+        .U8(3)
+        .U8(2)
+        .U8(1)
+        .U8(1)
+        .U8(2)
+        .U8(7)
+        .U8(admit)
+        .U8(expire);
   }
   Script& Range(int b, int e) { return U8(0).U8(b).U8(e); }
   Script& Keys(std::initializer_list<int> keys) {
@@ -721,6 +751,21 @@ std::vector<std::pair<std::string, Script>> Seeds() {
   two.Op(kRaw).U8(1).U8(0).U8(8).U8(0);
   for (char c : std::string("LSH1xxxx")) two.U8(static_cast<uint8_t>(c));
   s.emplace_back("two_shards_malformed", two);
+  // Sparse tables beside a dense one: pulls make rows, pushes by key (one duplicated, one
+  // as a range: refused), admission after 2 pulls, expiry after 2 clocks, a snapshot and a
+  // restart that restores the cold tier's checkpoint.
+  Script sparse(1);
+  sparse.Register(0, 1, 1).Create(3, 0, 4, 2, 0).CreateSparse(3, 1, 3, 3, 0, 0);
+  sparse.CreateSparse(3, 2, 2, 2, 2, 2);
+  sparse.Pull(0, 1, 1).Keys({7, 200, 7}).PullTail(0, 0, 0);
+  sparse.Push(0, 1, 1, 1).Keys({7, 200}).PushTail(1, 0, -1, {1, 2, 3, 4, 5, 6});
+  sparse.Push(0, 1, 1, 1).Keys({7, 200}).PushTail(1, 0, -1, {1, 2, 3, 4, 5, 6});
+  sparse.Push(0, 1, 1, 1).Range(0, 2).PushTail(2, 0, -1, {1, 2, 3, 4, 5, 6});
+  sparse.Pull(0, 1, 2).Keys({9}).PullTail(0, 0, 1).Pull(0, 1, 2).Keys({9}).PullTail(0, 0, 2);
+  sparse.Push(0, 1, 1, 2).Keys({9, 10}).PushTail(3, 1, 2, {1, 2, 3, 4});
+  sparse.Op(kCheckpoint).U8(3).Clock(0, 1, 3).Op(kTick).Advance(200).Op(kTick);
+  sparse.Op(kRestart).Pull(0, 1, 1).Keys({7, 200}).PullTail(0, 0, 0).Op(kStats).U8(3);
+  s.emplace_back("sparse_tables", sparse);
   return s;
 }
 

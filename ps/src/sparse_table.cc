@@ -170,10 +170,16 @@ constexpr uint32_t kNoSlot = UINT32_MAX;
 constexpr size_t kHeader = 12;
 constexpr size_t kFlushBatchBytes = size_t{8} << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
 constexpr size_t kChunkRows = 4096;
-// GCLOCK's saturating counter: a new row starts at 1, each access adds 1 up to kMaxRef. A
-// row the hand passes loses 1 and is evicted at 0, so a row touched k times survives k
-// sweeps of the hand, and the head of a power-law key distribution stays resident however
-// many once-seen tail keys pass through.
+// Eviction is GCLOCK (generalized CLOCK): each slot has a small saturating counter; a new
+// row starts at 1 and each access adds 1 up to kMaxRef; the hand sweeps the slots in order,
+// taking 1 from each counter it passes and evicting the first row at 0. Why not LRU: the
+// keys of embedding tables follow a power law, and each batch brings a burst of tail keys
+// seen once. Under LRU every such key goes to the front and a burst pushes out the hot head,
+// which must then be read back from disk. Under GCLOCK a once-seen key holds 1 and goes at
+// the hand's next pass, while a head key touched k times survives k passes. A hit costs a
+// byte write in the slot it reads anyway (no list splicing, no pointers per row), and the
+// counters live in the arena's slot headers.
+
 constexpr uint8_t kMaxRef = 7;
 // Locations of a call's keys: a slot, or kMissBit | index into the call's unique misses.
 constexpr uint32_t kMissBit = 0x80000000u;

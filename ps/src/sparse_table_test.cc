@@ -213,15 +213,15 @@ TEST_P(TierTest, EvictionThenPromotionKeepsValuesStateAndStepsBitExact) {
   MemoryRowStore big_store, small_store;
   auto big = SparseTable::Create(1, spec, &big_store, {});
   SparseTableOptions opt;
-  opt.memory_bytes = 20000;  // about 90 rows of 8 x 3 floats
+  opt.memory_bytes = 20000;  // 140 rows of 8 x 3 floats (128 B slots + index)
   auto small = SparseTable::Create(1, spec, &small_store, opt);
   ASSERT_TRUE(big.ok() && small.ok());
   std::mt19937_64 rng(1);
   std::vector<uint64_t> all;
   std::vector<float> out_big, out_small, grad;
   for (int it = 0; it < 300; ++it) {
-    // Batches of up to 150 keys, some repeated, some more than the tier holds.
-    auto keys = Batch(rng, 1 + rng() % 150, 2000);
+    // Batches of up to 200 keys, some repeated, some more than the tier holds.
+    auto keys = Batch(rng, 1 + rng() % 200, 2000);
     out_big.resize(keys.size() * 8);
     out_small.resize(keys.size() * 8);
     ASSERT_TRUE((*big)->Read(keys, it, out_big.data()).ok());
@@ -252,6 +252,27 @@ TEST_P(TierTest, EvictionThenPromotionKeepsValuesStateAndStepsBitExact) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, TierTest,
                          ::testing::Values(OptimizerKind::kAdam, OptimizerKind::kFtrl,
                                            OptimizerKind::kAdagrad));
+
+TEST(SparseTableTest, ABurstOfOnceSeenKeysDoesNotEvictTheHotRows) {
+  MemoryRowStore store;
+  SparseTableOptions opt;
+  opt.memory_bytes = 20000;  // 140 rows
+  auto t = SparseTable::Create(1, SparseSpec(8, OptimizerKind::kAdam), &store, opt);
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> hot(20);
+  for (size_t i = 0; i < hot.size(); ++i) hot[i] = 1000 + i;
+  std::vector<float> out(20 * 8);
+  for (int round = 0; round < 10; ++round) ASSERT_TRUE((*t)->Read(hot, 0, out.data()).ok());
+  // 300 new keys, each pulled once, in batches of 10: more than twice the tier. Under LRU
+  // the hot rows, untouched meanwhile, would be the oldest and go first.
+  for (uint64_t b = 0; b < 30; ++b) {
+    std::vector<uint64_t> cold(10);
+    for (uint64_t i = 0; i < 10; ++i) cold[i] = 1000000 + b * 10 + i;
+    ASSERT_TRUE((*t)->Read(cold, 0, out.data()).ok());
+  }
+  EXPECT_GT((*t)->counters().evictions, 100u);
+  for (uint64_t k : hot) EXPECT_TRUE((*t)->Resident(k)) << k;
+}
 
 TEST(SparseTableTest, MemoryStaysWithinTheBudgetUnderTenTimesMoreRows) {
   TableSpec spec = SparseSpec(16, OptimizerKind::kAdam);

@@ -23,7 +23,8 @@ namespace leash::ps {
 // A row as stored, in both tiers: `cols` float values, then OptimizerSlots(kind) x `cols`
 // floats of optimizer state, then uint64 steps (updates applied to this row: lazy Adam's
 // bias correction) and int64 last_clock (the shard's minimum clock when the row was last
-// pulled or pushed: expiry). Native byte order; a record is `bytes()` long.
+// pulled or pushed: expiry; a pull sets it only in a table that expires rows, so that
+// elsewhere reads never dirty a row). Native byte order; a record is `bytes()` long.
 struct RowLayout {
   uint32_t cols = 0;
   int slots = 0;
@@ -105,7 +106,10 @@ struct SparseTableOptions {
   // The memory tier's budget for this table: rows, their index and the admission sketch.
   // UINT64_MAX: unbounded (no eviction).
   uint64_t memory_bytes = UINT64_MAX;
-  // Count-min sketch for admission: `sketch_depth` rows of `sketch_width` 8-bit counters.
+  // Count-min sketch for admission (only when admit_after > 1): `sketch_depth` rows of
+  // `sketch_width` 8-bit counters, the width rounded down to a power of two and halved
+  // until the sketch takes at most a quarter of a bounded budget. A key counts once per
+  // Read that misses the memory tier and finds no row in the store.
   uint32_t sketch_width = 1u << 20;
   uint32_t sketch_depth = 4;
 };
