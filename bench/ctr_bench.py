@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""MovieLens-100k click-through benchmark: leash-worker --model ctr in --local mode, with
+1 shard + 1 worker and with 2 shards + 2 workers, against bench/torch_ctr.py (the same
+model, split, initialization and Adagrad, one process, 1 thread) in the same run. Reports
+test AUC and log loss per epoch and samples/s, against the targets: AUC within 0.005 of
+PyTorch, samples/s at least PyTorch's. Writes --out (JSON) and prints a Markdown table.
+Run under /usr/bin/python3 after building leash-server and leash-worker."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import leash as L  # noqa: E402
+
+
+def torch_run(epochs, tmp, timeout):
+    out = os.path.join(tmp, "torch.json")
+    with open(os.path.join(tmp, "torch.log"), "w") as lf:
+        rc = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "torch_ctr.py"), "--epochs", str(epochs),
+                             "--out", out], stdout=lf, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    if rc != 0:
+        raise L.RunError(f"torch_ctr.py exited {rc} (log {tmp}/torch.log)")
+    with open(out) as f:
+        r = json.load(f)
+    n = sum(e["samples_per_second"] * e["train_seconds"] for e in r["epochs"])
+    return {"samples_per_second": n / sum(e["train_seconds"] for e in r["epochs"]),
+            "epochs": [{k: e[k] for k in ("epoch", "test_auc", "test_loss", "test_accuracy")} for e in r["epochs"]]}
+
+
+def leash_epochs(metrics):
+    return [{"epoch": e["epoch"], "test_auc": e["test_auc"], "test_loss": e["test_loss"],
+             "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--staleness", type=int, default=1)
+    p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--out", default="ctr_bench.json")
+    a = p.parse_args()
+    res = {}
+    with tempfile.TemporaryDirectory(prefix="leash-ctr-") as tmp:
+        res["pytorch"] = torch_run(a.epochs, tmp, a.timeout)
+        r = L.run_local(a.build, tmp, "ctr", a.epochs, "local", timeout=a.timeout)
+        res["leash local"] = {"samples_per_second": r["samples_per_second"], "epochs": leash_epochs(r["metrics"])}
+        for shards in (1, 2):
+            tag = f"leash {shards}+{shards}"
+            r = L.run_cluster(a.build, tmp, "ctr", a.epochs, f"c{shards}", shards=shards, workers=shards,
+                              staleness=a.staleness, timeout=a.timeout)
+            res[tag] = {"samples_per_second": r["samples_per_second"], "epochs": leash_epochs(r["metrics"][0])}
+    base = res["pytorch"]
+    for name, r in res.items():
+        r["auc_gap"] = r["epochs"][-1]["test_auc"] - base["epochs"][-1]["test_auc"]
+        r["speed_ratio"] = r["samples_per_second"] / base["samples_per_second"]
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"| system | " + " | ".join(f"AUC e{e + 1}" for e in range(a.epochs)) +
+          " | log loss | samples/s | AUC - torch | speed / torch |")
+    print("|---" * (a.epochs + 5) + "|")
+    for name, r in res.items():
+        print(f"| {name} | " + " | ".join(f"{e['test_auc']:.4f}" for e in r["epochs"]) +
+              f" | {r['epochs'][-1]['test_loss']:.4f} | {r['samples_per_second']:.0f} | {r['auc_gap']:+.4f} |"
+              f" {r['speed_ratio']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
