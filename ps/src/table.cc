@@ -1,12 +1,15 @@
 // Dense table storage, deterministic initialization and optimizer application.
 #include "leash/ps/table.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "leash/kernels/cpu.h"
+#include "leash/ps/sparse_table.h"
 
 namespace leash::ps {
 namespace {
@@ -68,15 +71,37 @@ int OptimizerSlots(OptimizerKind kind) {
       return 2;
     case OptimizerKind::kAdagrad:
       return 1;
+    case OptimizerKind::kFtrl:
+      return 2;  // z and n
   }
   return 0;
+}
+
+void InitSparseRow(const InitConfig& init, uint64_t key, uint32_t cols, float* out) {
+  // A 64-bit index per (key, column): the dense formula over it, so a row's values depend on
+  // the key and the seed only (the same on any shard and in local mode). SplitMix64 of the
+  // key first, so neighbouring keys do not share indexes.
+  uint64_t base = SplitMix64(key ^ 0x5bd1e9955bd1e995ULL);
+  for (uint32_t c = 0; c < cols; ++c) out[c] = InitValue(init, base + c);
 }
 
 Status ValidateSpec(const TableSpec& spec) {
   if (spec.name.empty()) return InvalidArgument("table spec needs a non-empty name");
   const std::string& name = spec.name;
   if (name.size() > 256) return InvalidArgument("table name longer than 256 bytes");
-  if (spec.rows == 0 || spec.cols == 0) {
+  if (static_cast<int>(spec.kind) > static_cast<int>(kMaxTableKind)) {
+    return InvalidArgument("table '" + name + "' names an unknown table kind");
+  }
+  const bool sparse = spec.kind == TableKind::kSparse;
+  if (sparse) {
+    if (spec.rows != 0) {
+      return InvalidArgument("sparse table '" + name + "' must have rows = 0 (its rows are " +
+                             "addressed by any 64-bit key), got " + std::to_string(spec.rows));
+    }
+    if (spec.cols == 0) {
+      return InvalidArgument("sparse table '" + name + "' needs cols (its dimension) > 0");
+    }
+  } else if (spec.rows == 0 || spec.cols == 0) {
     return InvalidArgument("table '" + name + "' needs rows > 0 and cols > 0, got " +
                            std::to_string(spec.rows) + " x " + std::to_string(spec.cols));
   }
@@ -93,6 +118,37 @@ Status ValidateSpec(const TableSpec& spec) {
       return InvalidArgument("table '" + name +
                              "' has a negative or non-finite optimizer hyper-parameter");
     }
+  }
+  const std::pair<const char*, float> extra[] = {
+      {"l1", o.l1}, {"ftrl_beta", o.ftrl_beta}, {"clip_value", o.clip_value}};
+  for (const auto& [field, x] : extra) {
+    if (!std::isfinite(x) || x < 0) {
+      return InvalidArgument("table '" + name + "': optimizer " + field +
+                             " must be finite and >= 0, got " + std::to_string(x));
+    }
+  }
+  if (!sparse) {
+    auto sparse_only = [&](const std::string& what) {
+      return InvalidArgument("table '" + name + "' is dense, but " + what +
+                             " is for sparse tables only");
+    };
+    if (o.kind == OptimizerKind::kFtrl) return sparse_only("the ftrl optimizer");
+    if (o.clip_value != 0) return sparse_only("clip_value");
+    if (spec.sparse.admit_after > 1) return sparse_only("admit_after");
+    if (spec.sparse.expire_after_clocks != 0) return sparse_only("expire_after_clocks");
+  }
+  if (spec.sparse.expire_after_clocks < 0) {
+    return InvalidArgument("table '" + name + "': expire_after_clocks must be >= 0 (0: never), " +
+                           "got " + std::to_string(spec.sparse.expire_after_clocks));
+  }
+  if (spec.sparse.admit_after > 255) {
+    return InvalidArgument("table '" + name + "': admit_after must be at most 255 (the " +
+                           "admission sketch's counters saturate there), got " +
+                           std::to_string(spec.sparse.admit_after));
+  }
+  // FTRL divides by the learning rate.
+  if (o.kind == OptimizerKind::kFtrl && !(o.lr > 0)) {
+    return InvalidArgument("table '" + name + "': ftrl needs lr > 0");
   }
   if (o.beta1 >= 1 || o.beta2 >= 1)
     return InvalidArgument("table '" + name + "': Adam betas must be < 1");
@@ -115,10 +171,20 @@ Status ValidateSpec(const TableSpec& spec) {
 
 bool SameTableSpec(const TableSpec& x, const TableSpec& y) {
   if (x == y) return true;
-  if (x.name != y.name || x.rows != y.rows || x.cols != y.cols) return false;
+  if (x.name != y.name || x.rows != y.rows || x.cols != y.cols || x.kind != y.kind) return false;
+  if (x.kind == TableKind::kSparse) {
+    // admit_after 0 and 1 both admit every key at once.
+    if (std::max(x.sparse.admit_after, 1u) != std::max(y.sparse.admit_after, 1u) ||
+        x.sparse.expire_after_clocks != y.sparse.expire_after_clocks) {
+      return false;
+    }
+  }
   const OptimizerConfig& p = x.optimizer;
   const OptimizerConfig& q = y.optimizer;
-  if (p.kind != q.kind || p.lr != q.lr || p.weight_decay != q.weight_decay) return false;
+  if (p.kind != q.kind || p.lr != q.lr || p.weight_decay != q.weight_decay ||
+      p.clip_value != q.clip_value) {
+    return false;
+  }
   switch (p.kind) {
     case OptimizerKind::kSgd:
       break;
@@ -130,6 +196,9 @@ bool SameTableSpec(const TableSpec& x, const TableSpec& y) {
       break;
     case OptimizerKind::kAdagrad:
       if (p.epsilon != q.epsilon) return false;
+      break;
+    case OptimizerKind::kFtrl:
+      if (p.l1 != q.l1 || p.ftrl_beta != q.ftrl_beta) return false;
       break;
   }
   InitKind ik = x.init.kind;
@@ -145,7 +214,9 @@ std::string DescribeSpec(const TableSpec& s) {
     return std::string(buf);
   };
   const OptimizerConfig& o = s.optimizer;
-  std::string out = std::to_string(s.rows) + " x " + std::to_string(s.cols) + " float32, ";
+  const bool sparse = s.kind == TableKind::kSparse;
+  std::string out = sparse ? "sparse, keys x " + std::to_string(s.cols) + " float32, "
+                           : std::to_string(s.rows) + " x " + std::to_string(s.cols) + " float32, ";
   std::string extra;
   switch (o.kind) {
     case OptimizerKind::kSgd:
@@ -159,7 +230,11 @@ std::string DescribeSpec(const TableSpec& s) {
     case OptimizerKind::kAdagrad:
       extra = ", epsilon=" + num(o.epsilon);
       break;
+    case OptimizerKind::kFtrl:
+      extra = ", l1=" + num(o.l1) + ", beta=" + num(o.ftrl_beta);
+      break;
   }
+  if (o.clip_value > 0) extra += ", clip_value=" + num(o.clip_value);
   out += std::string(OptimizerName(o.kind)) + "(lr=" + num(o.lr) + extra +
          ", weight_decay=" + num(o.weight_decay) + "), init ";
   InitKind ik = s.init.kind;
@@ -168,11 +243,20 @@ std::string DescribeSpec(const TableSpec& s) {
   if (ik == InitKind::kUniform || ik == InitKind::kNormal) {
     out += "(scale=" + num(s.init.scale) + ", seed=" + std::to_string(s.init.seed) + ")";
   }
+  if (sparse) {
+    out += ", admit after " + std::to_string(std::max(s.sparse.admit_after, 1u)) + " pull(s)";
+    if (s.sparse.expire_after_clocks > 0) {
+      out += ", expire after " + std::to_string(s.sparse.expire_after_clocks) + " clocks";
+    }
+  }
   return out;
 }
 
 Result<Table> Table::Create(uint32_t id, TableSpec spec, RowRange range, uint64_t max_values) {
   LEASH_RETURN_IF_ERROR(ValidateSpec(spec));
+  if (spec.kind != TableKind::kDense) {
+    return InvalidArgument("table '" + spec.name + "' is sparse; it is held by a SparseTable");
+  }
   if (range.size() > max_values / spec.cols) {  // cols > 0 in a valid spec
     return ResourceExhausted(
         "table '" + spec.name + "' of " + std::to_string(spec.rows) + " x " +
@@ -198,6 +282,10 @@ Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
   if (Status st = ValidateSpec(snap.spec); !st.ok()) {
     return DataLoss("table " + std::to_string(snap.table_id) +
                     " has an invalid spec: " + st.message());
+  }
+  if (snap.spec.kind != TableKind::kDense) {
+    return DataLoss("table " + std::to_string(snap.table_id) +
+                    " is sparse, but its snapshot is a dense table's");
   }
   Table t;
   t.id_ = snap.table_id;
@@ -301,6 +389,9 @@ void Table::ApplyRow(size_t offset, size_t n, const float* g) {
     case OptimizerKind::kAdagrad:
       kernels::cpu::AdagradUpdate(len, {opt_.lr, opt_.epsilon, opt_.weight_decay}, g, w,
                                   slots_[0].data() + offset);
+      break;
+    case OptimizerKind::kFtrl:
+      LEASH_CHECK(false);  // ValidateSpec refuses FTRL on a dense table
       break;
   }
 }

@@ -64,8 +64,8 @@ class RowStore {
 // Records in an ordered map: for tests, fuzzing and a worker's local mode.
 class MemoryRowStore final : public RowStore {
  public:
-  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
-              uint8_t* out, std::vector<uint8_t>* found) override;
+  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes, uint8_t* out,
+              std::vector<uint8_t>* found) override;
   Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
                const uint8_t* records, std::span<const uint64_t> deletes) override;
   Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
@@ -113,16 +113,32 @@ struct SparseTableOptions {
 // Updates one row with its gradient: `values` (cols floats), `slots` (OptimizerSlots x
 // cols floats, slot-major), `*steps` (this row's update count, incremented), `grad`
 // (cols finite floats). L2 (weight_decay) and value clipping as the config says. Exposed
-// for tests against hand-computed values.
+// for tests against hand-computed values. Per value w with gradient g, t = *steps + 1:
+//   every optimizer but FTRL first adds L2: g += weight_decay * w.
+//   SGD:      w -= lr * g
+//   Momentum: v = momentum * v + g; w -= lr * v                         (slot 0: v)
+//   Adagrad:  a += g^2; w -= lr * g / (sqrt(a) + epsilon)               (slot 0: a)
+//   Adam:     m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;               (slots: m, v)
+//             w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + epsilon)
+//             lazy Adam: t counts this row's own updates, not the table's.
+//   FTRL-Proximal (McMahan et al. 2013), per coordinate, l2 = weight_decay: (slots: z, n)
+//             sigma = (sqrt(n + g^2) - sqrt(n)) / lr; z += g - sigma * w; n += g^2;
+//             w = |z| <= l1 ? 0 : -(z - sign(z) * l1) / ((ftrl_beta + sqrt(n)) / lr + l2)
+//   then, if clip_value > 0: w = clamp(w, -clip_value, clip_value).
 void ApplySparseRow(const OptimizerConfig& opt, uint32_t cols, float* values, float* slots,
                     uint64_t* steps, const float* grad);
+
+// The initial values of key `key`'s row (cols floats): value c is the dense initializer's
+// formula (table.h) over a 64-bit index derived from (key, c), so a row's values depend on
+// the key and the spec's initializer only: the same on any shard and in a worker's local
+// mode. Optimizer state starts at zero, steps at 0.
+void InitSparseRow(const InitConfig& init, uint64_t key, uint32_t cols, float* out);
 
 class SparseTable {
  public:
   // A new, empty table (TableKind::kSparse, checked by ValidateSpec). `store` must outlive
   // the table; the table's records in it are keyed by `id`.
-  static Result<std::unique_ptr<SparseTable>> Create(uint32_t id, TableSpec spec,
-                                                     RowStore* store,
+  static Result<std::unique_ptr<SparseTable>> Create(uint32_t id, TableSpec spec, RowStore* store,
                                                      SparseTableOptions options);
   ~SparseTable();
 
@@ -151,7 +167,17 @@ class SparseTable {
   // Changes the memory tier's budget, evicting rows (written back if changed) to fit.
   Status SetMemoryBudget(uint64_t bytes);
 
+  // Copies key's record (layout().bytes(): values, optimizer state, steps, last_clock) from
+  // whichever tier holds it into `record`, changing nothing (no counting, no promotion);
+  // false if the key has no row. For tests, tools and recovery checks.
+  Result<bool> ReadRecord(uint64_t key, uint8_t* record) const;
+  // Whether key's row is in the memory tier now.
+  bool Resident(uint64_t key) const;
+
   SparseCounters counters() const;
+  // The memory tier's bytes: arena + index + admission sketch (see sparse_table.cc for the
+  // formula); at most SparseTableOptions::memory_bytes (or the budget last set) whenever
+  // the budget holds at least the sketch.
   uint64_t memory_bytes() const;
 
  private:

@@ -30,14 +30,17 @@ struct TableSnapshot {
 int OptimizerSlots(OptimizerKind kind);
 
 // Validates a table spec (name, positive sizes, known optimizer and initializer, sane
-// hyper-parameters); InvalidArgument saying what is wrong otherwise.
+// hyper-parameters); InvalidArgument saying what is wrong otherwise. A sparse table has
+// rows == 0 and cols > 0; FTRL, clip_value, admit_after > 1 and expire_after_clocks are
+// for sparse tables only.
 Status ValidateSpec(const TableSpec& spec);
 
 // Whether two valid specs describe the same table: same name, rows and cols (values are
 // always float32 on a shard; the wire dtype is chosen per request, not per table), the same
 // optimizer kind and the hyper-parameters that kind uses (lr and weight decay always;
 // momentum for Momentum; beta1, beta2 and epsilon for Adam; epsilon for Adagrad), and the
-// same initializer (kind; scale unless Zeros; seed for Uniform and Normal). Fields the
+// same initializer (kind; scale unless Zeros; seed for Uniform and Normal); the same kind,
+// clip_value, FTRL's l1 and beta, and a sparse table's admission and expiry. Fields the
 // optimizer or initializer ignores do not count, so specs that behave alike match.
 bool SameTableSpec(const TableSpec& a, const TableSpec& b);
 
