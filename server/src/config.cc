@@ -1,6 +1,8 @@
 // leash-server's flags and their validation into a ServerConfig. Not thread-safe.
 #include "config.h"
 
+#include <cctype>
+
 #include "leash/common/flags.h"
 #include "leash/common/metrics.h"
 
@@ -16,6 +18,41 @@ std::string DurationText(int64_t ms) {
 constexpr int64_t kMaxMb = int64_t{1} << 20;
 
 }  // namespace
+
+Result<uint64_t> ParseByteSize(const std::string& text) {
+  auto bad = [&] {
+    return InvalidArgument("\"" + text +
+                           "\" is not a byte size; use a whole number of bytes with an optional "
+                           "K, M, G or T suffix (binary), e.g. 512M or 4G");
+  };
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+    const uint64_t d = static_cast<uint64_t>(text[i] - '0');
+    if (v > (UINT64_MAX - d) / 10) return bad();
+    v = v * 10 + d;
+    ++i;
+  }
+  if (i == 0) return bad();
+  std::string suffix = text.substr(i);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (suffix.empty() || suffix == "B") {
+    shift = 0;
+  } else if (suffix == "K" || suffix == "KB" || suffix == "KIB") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "MB" || suffix == "MIB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "GB" || suffix == "GIB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "TB" || suffix == "TIB") {
+    shift = 40;
+  } else {
+    return bad();
+  }
+  if (shift > 0 && v > (UINT64_MAX >> shift)) return bad();
+  return v << shift;
+}
 
 ServerCommandLine::ServerCommandLine()
     : cli_("leash-server", "Runs one Leash parameter-server shard.", "server",
@@ -37,6 +74,9 @@ ServerCommandLine::ServerCommandLine()
   v.max_queued_reply_mb = d.max_queued_reply_mb;
   v.curve_keys = d.curve_keys;
   v.no_shm = !d.shared_memory;
+  v.memory_budget = std::to_string(d.memory_budget_bytes);
+  v.sparse_readers = d.sparse_readers;
+  v.sparse_direct_reads = d.sparse_direct_reads;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -64,6 +104,15 @@ ServerCommandLine::ServerCommandLine()
            "whose key is in DIR/authorized/");
   f.Bool("no-shm", &v.no_shm,
          "refuse shared memory with workers on this host (everything through the socket)");
+  f.String("memory-budget", &v.memory_budget,
+           "memory for sparse tables in bytes (suffixes K, M, G, T: 512M, 4G), their memory "
+           "tiers and the RocksDB cold tier's cache and write buffer together; rows beyond it "
+           "live on disk under DATA_DIR/sparse. 0: unbounded");
+  f.Int("sparse-readers", &v.sparse_readers,
+        "threads reading sparse rows missing from memory from RocksDB in parallel");
+  f.Bool("sparse-direct-reads", &v.sparse_direct_reads,
+         "read the sparse cold tier with O_DIRECT, so the page cache does not hold it (false: "
+         "buffered reads)");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -123,6 +172,20 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   c.max_queued_reply_mb = v.max_queued_reply_mb;
   c.curve_keys = v.curve_keys;
   c.shared_memory = !v.no_shm;
+  auto budget = ParseByteSize(v.memory_budget);
+  if (!budget.ok()) {
+    return cli_.BadValue("memory-budget", v.memory_budget,
+                         "need a byte size such as 536870912, 512M or 4G; 0: unbounded");
+  }
+  if (*budget != 0 && *budget < (uint64_t{1} << 20)) {
+    return cli_.BadValue("memory-budget", v.memory_budget, "need at least 1M, or 0 (unbounded)");
+  }
+  c.memory_budget_bytes = *budget;
+  if (v.sparse_readers < 1 || v.sparse_readers > 256) {
+    return bad_int("sparse-readers", v.sparse_readers, "need an integer in [1, 256]");
+  }
+  c.sparse_readers = v.sparse_readers;
+  c.sparse_direct_reads = v.sparse_direct_reads;
   c.log_level = cli_.log_level();
   return c;
 }

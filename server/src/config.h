@@ -30,7 +30,14 @@ struct ServerConfig {
   std::string curve_keys;     // empty: no CURVE
   bool shared_memory = true;  // with workers on this host
   std::string log_level = "info";
+  uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
+  int64_t sparse_readers = 8;        // threads reading cold sparse rows in parallel
+  bool sparse_direct_reads = true;   // O_DIRECT for the cold tier (no page cache)
 };
+
+// Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
+// KB/KiB...; 512M is 512 MiB). InvalidArgument otherwise.
+Result<uint64_t> ParseByteSize(const std::string& text);
 
 // leash-server's command line: its flags registered on a CommandLine (defaults from
 // ServerConfig{}), and the validation of what Parse() read into a ServerConfig.
@@ -50,8 +57,10 @@ class ServerCommandLine {
   // The flags as read, before validation.
   struct Values {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
+    std::string memory_budget;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
-    bool no_sync, no_shm;
+    int64_t sparse_readers;
+    bool no_sync, no_shm, sparse_direct_reads;
   };
   Values values_;
   CommandLine cli_;

@@ -16,6 +16,7 @@
 #include "leash/common/curve_keys.h"
 #include "leash/common/metrics.h"
 #include "leash/common/zmq_transport.h"
+#include "leash/server/rocksdb_row_store.h"
 #include "leash/server/rocksdb_store.h"
 #include "leash/server/shard.h"
 #include "leash/server/shard_metrics.h"
@@ -41,6 +42,7 @@ struct Server {
   std::unique_ptr<leash::MetricsServer> metrics_server;
   std::optional<leash::CurveKeys> curve;
   std::unique_ptr<leash::server::SnapshotStore> store;
+  std::unique_ptr<leash::server::SparseStore> sparse;
   std::unique_ptr<leash::server::Shard> shard;
   int64_t recovered_clock = -1;
   leash::ZmqContext zmq;
@@ -80,6 +82,23 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   }
   s.store = std::move(*store);
 
+  // The sparse tables' cold tier, beside the snapshots (after them: the snapshot store
+  // wants its directory empty or its own when it first opens).
+  const leash::server::MemoryBudgetSplit split =
+      leash::server::SplitMemoryBudget(c.memory_budget_bytes);
+  leash::server::RocksDbRowStoreOptions ro;
+  ro.path = c.data_dir + "/sparse";
+  ro.block_cache_bytes = split.block_cache;
+  ro.write_buffer_bytes = split.write_buffer;
+  ro.readers = static_cast<int>(c.sparse_readers);
+  ro.direct_reads = c.sparse_direct_reads;
+  auto sparse = leash::server::OpenRocksDbRowStore(ro);
+  if (!sparse.ok()) {
+    spdlog::error("cannot open the sparse store: {}", sparse.status().ToString());
+    return 1;
+  }
+  s.sparse = std::move(*sparse);
+
   leash::server::ShardOptions opts;
   opts.shard = so.shard;
   opts.num_shards = so.num_shards;
@@ -91,7 +110,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       std::max<size_t>(opts.limits.max_header_bytes, static_cast<size_t>(c.max_keys) * 8 + 4096);
   opts.max_parked_per_peer = static_cast<size_t>(c.max_parked_per_peer);
   opts.nonfinite = c.nonfinite;
-  s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs);
+  opts.memory_budget_bytes = c.memory_budget_bytes;
+  s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs, s.sparse.get());
   auto recovered = s.shard->Recover();
   if (!recovered.ok()) {
     spdlog::error("cannot recover from {}: {}", c.data_dir, recovered.status().ToString());

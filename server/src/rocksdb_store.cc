@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "leash/common/wire.h"
+#include "rocksdb_common.h"
 
 namespace leash::server {
 namespace {
@@ -70,8 +71,6 @@ constexpr std::string_view kWorkersKey = "snap/workers";
 constexpr uint64_t kMinFlushBytes = 4u << 20;
 
 // What a person can do about a damaged snapshot.
-constexpr std::string_view kDamagedHint =
-    "; restore the data directory from a backup, or move it aside to start this shard empty";
 
 // ---------------------------------------------------------------------------------------------
 // CRC32C (Castagnoli), slice-by-8. RocksDB's own crc32c is not part of its public API.
@@ -261,37 +260,6 @@ std::string ArrayName(uint32_t table_id, uint32_t array) {
 
 std::string IdentityString(uint32_t shard, uint32_t num_shards) {
   return "shard " + std::to_string(shard) + " of " + std::to_string(num_shards);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The one translation from rocksdb::Status. `doing` says what was attempted ("opening").
-
-bool IsLockError(const rocksdb::Status& s) {
-  if (!s.IsIOError()) return false;
-  const std::string m = s.ToString();
-  return m.find("lock hold by current process") != std::string::npos ||
-         m.find("While lock file") != std::string::npos || m.find("/LOCK:") != std::string::npos;
-}
-
-Status FromRocksDb(const rocksdb::Status& s, const std::string& path, std::string_view doing) {
-  if (s.ok()) return Status::Ok();
-  const std::string what = std::string(doing) + " RocksDB store " + path + ": " + s.ToString();
-  if (IsLockError(s)) {
-    return IOError(
-        "cannot lock data directory " + path +
-        ": another leash-server may be using this data directory; stop it or point --data-dir "
-        "elsewhere (" +
-        s.ToString() + ")");
-  }
-  if (s.IsNoSpace()) return ResourceExhausted(what + "; free disk space and retry");
-  if (s.IsIOError()) return IOError(what);
-  if (s.IsCorruption()) return DataLoss(what + std::string(kDamagedHint));
-  if (s.IsNotFound()) return NotFound(what);
-  // RocksDB reports unusable directory state (missing DB, features it lacks) as these.
-  if (s.IsInvalidArgument() || s.IsNotSupported()) return FailedPrecondition(what);
-  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return Unavailable(what);
-  if (s.IsShutdownInProgress() || s.IsAborted()) return Aborted(what);
-  return Internal(what);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -846,26 +814,6 @@ Status CheckOrStampIdentity(rocksdb::DB* db, const RocksDbStoreOptions& o) {
   }
   return Status::Ok();
 }
-
-// RocksDB's own info log goes to spdlog (warnings and errors only) instead of LOG files in the
-// data directory, so that refusing a directory leaves every file in it as it was.
-class SpdlogRocksDbLogger final : public rocksdb::Logger {
- public:
-  SpdlogRocksDbLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
-  void Logv(const char* format, va_list ap) override {
-    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
-  }
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    if (level < GetInfoLogLevel()) return;
-    char buf[1024];
-    std::vsnprintf(buf, sizeof buf, format, ap);
-    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
-      spdlog::error("rocksdb: {}", buf);
-    } else {
-      spdlog::warn("rocksdb: {}", buf);
-    }
-  }
-};
 
 rocksdb::Options BaseOptions() {
   rocksdb::Options ro;

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -63,10 +64,32 @@ uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) 
   return dropped;
 }
 
+// Rows the expiry sweep visits per sparse table and tier on each turn, and how often.
+constexpr size_t kExpireRowsPerSweep = 4096;
+constexpr int64_t kExpireEveryMs = 100;
+
 }  // namespace
 
-Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms)
-    : options_(options), store_(store), now_ms_(std::move(now_ms)) {
+MemoryBudgetSplit SplitMemoryBudget(uint64_t budget) {
+  MemoryBudgetSplit s;
+  if (budget == 0) {
+    s.block_cache = uint64_t{64} << 20;
+    s.write_buffer = uint64_t{32} << 20;
+    s.tables = UINT64_MAX;
+    return s;
+  }
+  s.block_cache = budget / 4;
+  s.write_buffer = std::min<uint64_t>(budget / 8, uint64_t{64} << 20);
+  s.tables = budget - s.block_cache - s.write_buffer;
+  return s;
+}
+
+Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms, SparseStore* sparse)
+    : options_(options), store_(store), now_ms_(std::move(now_ms)), sparse_store_(sparse) {
+  if (sparse_store_ == nullptr) {
+    own_sparse_store_ = std::make_unique<MemorySparseStore>();
+    sparse_store_ = own_sparse_store_.get();
+  }
   LEASH_CHECK(options_.num_shards > 0 && options_.shard < options_.num_shards);
   if (options_.boot_id == 0) {
     std::random_device rd;
@@ -80,6 +103,8 @@ Shard::~Shard() = default;
 Result<int64_t> Shard::Recover() {
   LEASH_ASSIGN_OR_RETURN(std::optional<ShardSnapshot> snap, store_->Load());
   if (!snap) {
+    // Rows a previous run evicted without ever taking a snapshot belong to no snapshot.
+    LEASH_RETURN_IF_ERROR(sparse_store_->Restore(std::nullopt));
     spdlog::info("shard {}/{}: {} holds no snapshot, starting empty", options_.shard,
                  options_.num_shards, store_->Describe());
     return int64_t{-1};
@@ -91,13 +116,35 @@ Result<int64_t> Shard::Recover() {
                               std::to_string(options_.num_shards));
   }
   tables_.clear();
+  sparse_.clear();
   table_by_name_.clear();
+  // Both tiers go back to the instant of the snapshot: the cold store to the checkpoint
+  // taken just before it was saved (rows evicted since are discarded).
+  const bool has_sparse =
+      std::any_of(snap->tables.begin(), snap->tables.end(),
+                  [](const TableSnapshot& t) { return t.spec.kind == TableKind::kSparse; });
+  if (Status st = sparse_store_->Restore(has_sparse ? std::optional<uint64_t>(snap->sequence)
+                                                    : std::nullopt);
+      !st.ok()) {
+    if (st.code() == StatusCode::kNotFound) return DataLoss(st.message());
+    return st;
+  }
   for (const TableSnapshot& ts : snap->tables) {
+    if (ts.table_id != tables_.size()) return DataLoss("snapshot tables are not numbered 0..n-1");
+    if (ts.spec.kind == TableKind::kSparse) {
+      LEASH_ASSIGN_OR_RETURN(auto t, ps::SparseTable::Create(ts.table_id, ts.spec, sparse_store_,
+                                                             ps::SparseTableOptions{}));
+      table_by_name_[ts.spec.name] = ts.table_id;
+      tables_.push_back(nullptr);
+      sparse_.push_back(std::move(t));
+      continue;
+    }
     LEASH_ASSIGN_OR_RETURN(Table t, Table::FromSnapshot(ts));
-    if (t.id() != tables_.size()) return DataLoss("snapshot tables are not numbered 0..n-1");
     table_by_name_[t.name()] = t.id();
     tables_.push_back(std::make_unique<Table>(std::move(t)));
+    sparse_.push_back(nullptr);
   }
+  RebalanceSparse();
   LEASH_ASSIGN_OR_RETURN(coverage_, DataCoverage::Deserialize(snap->coverage));
   clocks_ = ClockTable(snap->min_clock);
   int64_t now = now_ms_();
@@ -267,12 +314,30 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableR
     id = it->second;
     // The existing table may have been recovered from a snapshot: its spec is the one it was
     // created with, so a job restarted with another shape or optimizer is refused here too.
-    if (!ps::SameTableSpec(tables_[id]->spec(), spec)) {
+    if (!ps::SameTableSpec(SpecOf(id), spec)) {
       return AlreadyExists(
           "table '" + name + "' already exists on shard " + std::to_string(options_.shard) +
-          " as " + ps::DescribeSpec(tables_[id]->spec()) + "; this request asks for " +
+          " as " + ps::DescribeSpec(SpecOf(id)) + "; this request asks for " +
           ps::DescribeSpec(spec) +
           ". Use another table name, the same spec, or a fresh --data-dir for a new job");
+    }
+  } else if (spec.kind == TableKind::kSparse) {
+    id = static_cast<uint32_t>(tables_.size());
+    // A crash may have left rows of this id in the cold store after the last snapshot
+    // (which did not know the table): they are not this table's.
+    LEASH_RETURN_IF_ERROR(sparse_store_->DropTable(id));
+    LEASH_ASSIGN_OR_RETURN(
+        auto t, ps::SparseTable::Create(id, spec, sparse_store_, ps::SparseTableOptions{}));
+    spdlog::info("shard {}: created sparse table {} '{}' of {}-wide rows in {}", options_.shard, id,
+                 name, spec.cols, sparse_store_->Describe());
+    tables_.push_back(nullptr);
+    sparse_.push_back(std::move(t));
+    table_by_name_[name] = id;
+    created = true;
+    RebalanceSparse();
+    if (auto r = Checkpoint(); !r.ok()) {
+      spdlog::error("shard {}: snapshot after creating '{}' failed: {}", options_.shard, name,
+                    r.status().ToString());
     }
   } else {
     id = static_cast<uint32_t>(tables_.size());
@@ -282,6 +347,7 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableR
     spdlog::info("shard {}: created table {} '{}' {} x {}, holding rows [{}, {})", options_.shard,
                  id, name, t.rows(), t.cols(), range.begin, range.end);
     tables_.push_back(std::make_unique<Table>(std::move(t)));
+    sparse_.push_back(nullptr);
     table_by_name_[name] = id;
     created = true;
     // Persist the new table at once, so a shard that crashes before its next scheduled
@@ -301,6 +367,89 @@ Result<Table*> Shard::FindTable(uint32_t table_id) {
                     std::to_string(tables_.size()) + " tables); create it first");
   }
   return tables_[table_id].get();
+}
+
+const TableSpec& Shard::SpecOf(uint32_t table_id) const {
+  return tables_[table_id] ? tables_[table_id]->spec() : sparse_[table_id]->spec();
+}
+
+Status Shard::CheckSparseRows(const ps::SparseTable& table, const Rows& rows) const {
+  if (!rows.explicit_keys) {
+    return InvalidArgument("table '" + table.spec().name +
+                           "' is sparse: name its rows by key (PullSparse/PushSparse), not by a "
+                           "row range");
+  }
+  if (options_.num_shards == 1) return Status::Ok();
+  const int n = static_cast<int>(options_.num_shards);
+  for (uint64_t key : rows.keys) {
+    if (const int owner = SparseOwner(key, n); owner != static_cast<int>(options_.shard)) {
+      return InvalidArgument("key " + std::to_string(key) + " of sparse table '" +
+                             table.spec().name + "' belongs to shard " + std::to_string(owner) +
+                             " of " + std::to_string(n) + ", not to shard " +
+                             std::to_string(options_.shard) +
+                             "; send each key to SparseOwner(key, num_shards)");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Message> Shard::MakeSparsePullReply(const PeerId& peer, uint64_t rid, ps::SparseTable& table,
+                                           const Rows& rows, DType dtype) {
+  const size_t n = rows.size() * table.cols();
+  const int64_t clock = clocks_.MinClock();
+  auto read = [&](float* out) -> Status {
+    Status st = table.Read(rows.keys, clock, out);
+    if (!st.ok()) {
+      ++counters_.sparse_store_errors;
+      return st.WithContext("pull from sparse table '" + table.spec().name + "'");
+    }
+    return st;
+  };
+  Frame payload;
+  std::optional<WritableFrame> reserved;
+  if (dtype == DType::kF32 && payload_allocator_)
+    reserved = payload_allocator_(peer, n * sizeof(float));
+  if (reserved) {
+    LEASH_RETURN_IF_ERROR(read(reinterpret_cast<float*>(reserved->data)));
+    payload = std::move(reserved->frame);
+  } else if (dtype == DType::kF32) {
+    std::shared_ptr<float[]> values(new float[n]);
+    float* data = values.get();
+    LEASH_RETURN_IF_ERROR(read(data));
+    payload = Frame::Wrap(data, n * sizeof(float), std::move(values));
+  } else {
+    std::vector<float> values(n);
+    LEASH_RETURN_IF_ERROR(read(values.data()));
+    payload = EncodeValues(values, dtype);
+  }
+  ++counters_.pulls_served;
+  std::vector<Frame> payloads;
+  payloads.push_back(std::move(payload));
+  return EncodeReply(rid, PullReply{table.id(), rows.size(), table.cols(), dtype, clock},
+                     std::move(payloads));
+}
+
+void Shard::RebalanceSparse() {
+  const size_t n = static_cast<size_t>(
+      std::count_if(sparse_.begin(), sparse_.end(), [](const auto& t) { return t != nullptr; }));
+  if (n == 0) return;
+  const uint64_t all = SplitMemoryBudget(options_.memory_budget_bytes).tables;
+  const uint64_t each = all == UINT64_MAX ? UINT64_MAX : all / n;
+  for (auto& t : sparse_) {
+    if (!t) continue;
+    if (Status st = t->SetMemoryBudget(each); !st.ok()) {
+      ++counters_.sparse_store_errors;
+      spdlog::error("shard {}: cannot set the memory budget of sparse table '{}': {}",
+                    options_.shard, t->spec().name, st.ToString());
+    }
+  }
+}
+
+uint64_t Shard::memory_used_bytes() const {
+  uint64_t used = sparse_store_->MemoryBytes();
+  for (const auto& t : sparse_)
+    if (t) used += t->memory_bytes();
+  return used;
 }
 
 Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
@@ -335,12 +484,24 @@ Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& tabl
 }
 
 Status Shard::OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vector<Outgoing>* out) {
-  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m.table_id));
-  LEASH_RETURN_IF_ERROR(table->CheckInTable(m.rows));
-  LEASH_RETURN_IF_ERROR(table->CheckOwned(m.rows));
+  ps::SparseTable* sparse = FindSparse(m.table_id);
+  Table* table = nullptr;
+  if (sparse != nullptr) {
+    LEASH_RETURN_IF_ERROR(CheckSparseRows(*sparse, m.rows));
+  } else {
+    LEASH_ASSIGN_OR_RETURN(table, FindTable(m.table_id));
+    LEASH_RETURN_IF_ERROR(table->CheckInTable(m.rows));
+    LEASH_RETURN_IF_ERROR(table->CheckOwned(m.rows));
+  }
   if (m.staleness < 0) return InvalidArgument("staleness must be >= 0");
   if (LiveWorker* w = clocks_.FindAny(m.worker_id)) w->last_seen_ms = now_ms_();
   if (clocks_.Allows(m.clock, m.staleness)) {
+    if (sparse != nullptr) {
+      LEASH_ASSIGN_OR_RETURN(Message reply,
+                             MakeSparsePullReply(peer, rid, *sparse, m.rows, m.dtype));
+      out->push_back({peer, std::move(reply)});
+      return Status::Ok();
+    }
     out->push_back({peer, MakePullReply(peer, rid, *table, m.rows, m.dtype)});
     return Status::Ok();
   }
@@ -361,15 +522,23 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
                      std::span<const Frame> payloads, std::vector<Outgoing>* out) {
   LEASH_ASSIGN_OR_RETURN(LiveWorker * w, clocks_.Find(m.worker_id, m.incarnation));
   w->last_seen_ms = now_ms_();
-  LEASH_ASSIGN_OR_RETURN(Table * table, FindTable(m.table_id));
   Rows& rows = m.rows;
-  LEASH_RETURN_IF_ERROR(table->CheckInTable(rows));
-  LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
+  ps::SparseTable* sparse = FindSparse(m.table_id);
+  Table* table = nullptr;
+  if (sparse != nullptr) {
+    LEASH_RETURN_IF_ERROR(CheckSparseRows(*sparse, rows));
+  } else {
+    LEASH_ASSIGN_OR_RETURN(table, FindTable(m.table_id));
+    LEASH_RETURN_IF_ERROR(table->CheckInTable(rows));
+    LEASH_RETURN_IF_ERROR(table->CheckOwned(rows));
+  }
+  const uint32_t cols = sparse != nullptr ? sparse->cols() : table->cols();
+  const std::string& name = sparse != nullptr ? sparse->spec().name : table->name();
   if (payloads.size() != 1) {
     return InvalidArgument("a push carries exactly one gradient frame after the header, got " +
                            std::to_string(payloads.size()));
   }
-  size_t n = rows.size() * table->cols();
+  size_t n = rows.size() * cols;
   bool applied = false;
   uint64_t skipped = 0;
   if (m.seq <= w->last_seq) {
@@ -386,22 +555,31 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
     } else {
       grad.resize(n);
       LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data())
-                                .WithContext("push to table '" + table->name() + "'"));
+                                .WithContext("push to table '" + name + "'"));
       g = grad.data();
     }
     if (!AllFinite(g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
-        return InvalidArgument("push to table '" + table->name() +
+        return InvalidArgument("push to table '" + name +
                                "' contains NaN or Inf gradients; it was not applied (check the "
                                "learning rate and data)");
       }
       if (grad.empty()) grad.assign(g, g + n);
-      skipped = DropNonFiniteRows(table->cols(), &rows, &grad);
-      counters_.nonfinite_rows_skipped += skipped;
+      skipped = DropNonFiniteRows(cols, &rows, &grad);
       g = grad.data();
     }
-    if (rows.size() > 0) table->Apply(rows, g);
+    if (sparse != nullptr) {
+      // The cold store may fail (disk): nothing is applied then, and the push is not
+      // marked seen, so the client's retry applies it once.
+      if (Status st = sparse->Apply(rows.keys, g, clocks_.MinClock()); !st.ok()) {
+        ++counters_.sparse_store_errors;
+        return st.WithContext("push to sparse table '" + name + "'");
+      }
+    } else if (rows.size() > 0) {
+      table->Apply(rows, g);
+    }
+    counters_.nonfinite_rows_skipped += skipped;
     w->last_seq = m.seq;
     ++counters_.pushes_applied;
     applied = true;
@@ -472,8 +650,32 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
     st.workers.push_back({id, w.incarnation, w.name, w.clock,
                           static_cast<uint64_t>(std::max<int64_t>(0, now - w.last_seen_ms))});
   }
-  for (const auto& t : tables_)
-    st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
+  st.memory_budget_bytes = options_.memory_budget_bytes;
+  st.memory_used_bytes = memory_used_bytes();
+  for (size_t id = 0; id < tables_.size(); ++id) {
+    if (const Table* t = tables_[id].get()) {
+      st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
+      continue;
+    }
+    const ps::SparseTable& t = *sparse_[id];
+    const ps::SparseCounters c = t.counters();
+    ShardStats::TableStat ts;
+    ts.table_id = t.id();
+    ts.name = t.spec().name;
+    ts.cols = t.cols();
+    ts.local_rows = std::max(c.store_rows, c.resident_rows);
+    ts.kind = TableKind::kSparse;
+    ts.resident_rows = c.resident_rows;
+    ts.memory_bytes = c.memory_bytes;
+    ts.tier_hits = c.tier_hits;
+    ts.tier_misses = c.tier_misses;
+    ts.evictions = c.evictions;
+    ts.admissions = c.admissions;
+    ts.unadmitted_reads = c.unadmitted_reads;
+    ts.dropped_gradients = c.dropped_gradients;
+    ts.expired_rows = c.expired_rows;
+    st.tables.push_back(std::move(ts));
+  }
   out->push_back({peer, EncodeReply(rid, std::move(st))});
   return Status::Ok();
 }
@@ -506,6 +708,16 @@ void Shard::ReleasePulls(std::vector<Outgoing>* out) {
       parked_per_peer_.erase(it);
     }
     // The table and rows were validated when the pull was parked and tables never shrink.
+    if (ps::SparseTable* sparse = FindSparse(p.table_id)) {
+      auto reply = MakeSparsePullReply(p.peer, p.request_id, *sparse, p.rows, p.dtype);
+      if (!reply.ok()) {
+        ++counters_.errors;
+        out->push_back({p.peer, MakeError(p.request_id, reply.status(), options_.boot_id)});
+        continue;
+      }
+      out->push_back({p.peer, std::move(*reply)});
+      continue;
+    }
     out->push_back(
         {p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
   }
@@ -531,6 +743,18 @@ int64_t Shard::Tick(std::vector<Outgoing>* out) {
   for (uint64_t id : clocks_.Expired(now, options_.lease_ms))
     Evict(id, "lease expired (no heartbeat)", out);
   CountSent(*out, first_reply);
+  if (!sparse_.empty() && now >= next_expire_ms_) {
+    // Expiry sweeps a bounded number of rows per turn, so a big table never stalls the loop.
+    next_expire_ms_ = now + kExpireEveryMs;
+    for (auto& t : sparse_) {
+      if (!t || t->spec().sparse.expire_after_clocks <= 0) continue;
+      if (Status st = t->Expire(clocks_.MinClock(), kExpireRowsPerSweep); !st.ok()) {
+        ++counters_.sparse_store_errors;
+        spdlog::warn("shard {}: expiry sweep of sparse table '{}' failed: {}", options_.shard,
+                     t->spec().name, st.ToString());
+      }
+    }
+  }
   if (options_.checkpoint_interval_ms > 0 && now >= next_snapshot_ms_) {
     auto r = Checkpoint();
     if (!r.ok())
@@ -552,7 +776,18 @@ ShardSnapshot Shard::MakeSnapshot() const {
   s.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
-  for (const auto& t : tables_) s.tables.push_back(t->ToSnapshot());
+  for (size_t id = 0; id < tables_.size(); ++id) {
+    if (tables_[id]) {
+      s.tables.push_back(tables_[id]->ToSnapshot());
+      continue;
+    }
+    // A sparse table's rows are in the cold store's checkpoint of the same sequence.
+    TableSnapshot t;
+    t.table_id = static_cast<uint32_t>(id);
+    t.spec = sparse_[id]->spec();
+    t.cols = sparse_[id]->cols();
+    s.tables.push_back(std::move(t));
+  }
   for (const auto& [id, w] : clocks_.workers())
     s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
   s.coverage = coverage_.Serialize();
@@ -562,9 +797,38 @@ ShardSnapshot Shard::MakeSnapshot() const {
 Result<int64_t> Shard::Checkpoint() {
   auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = MakeSnapshot();
+  // Sparse rows: the changed rows to the cold store, then its checkpoint under the snapshot's
+  // sequence, then the snapshot. A crash before the save leaves the previous pair.
+  const bool has_sparse =
+      std::any_of(sparse_.begin(), sparse_.end(), [](const auto& t) { return t != nullptr; });
+  uint64_t flushed = 0;
+  if (has_sparse) {
+    Status st;
+    for (auto& t : sparse_) {
+      if (!t) continue;
+      auto r = t->FlushDirty();
+      if (!r.ok()) {
+        st = r.status().WithContext("flushing sparse table '" + t->spec().name + "'");
+        break;
+      }
+      flushed += *r;
+    }
+    if (st.ok()) st = sparse_store_->Checkpoint(snap.sequence);
+    if (!st.ok()) {
+      ++counters_.snapshot_failures;
+      return st.WithContext("snapshot #" + std::to_string(snap.sequence) + " of sparse rows to " +
+                            sparse_store_->Describe());
+    }
+  }
   if (Status st = store_->Save(snap); !st.ok()) {
     ++counters_.snapshot_failures;
     return st.WithContext("snapshot to " + store_->Describe());
+  }
+  if (has_sparse) {
+    if (Status st = sparse_store_->Prune(snap.sequence); !st.ok()) {
+      spdlog::warn("shard {}: old sparse checkpoints not deleted: {}", options_.shard,
+                   st.ToString());
+    }
   }
   snapshot_sequence_ = snap.sequence;
   last_snapshot_clock_ = snap.min_clock;
@@ -573,8 +837,9 @@ Result<int64_t> Shard::Checkpoint() {
   auto ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (snapshot_observer_) snapshot_observer_(ms / 1e3);
-  spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms", options_.shard,
-               snap.sequence, snap.min_clock, store_->Describe(), ms);
+  spdlog::info("shard {}: snapshot #{} at clock {} written to {} in {:.1f} ms{}", options_.shard,
+               snap.sequence, snap.min_clock, store_->Describe(), ms,
+               has_sparse ? " (" + std::to_string(flushed) + " changed sparse rows)" : "");
   return snap.min_clock;
 }
 

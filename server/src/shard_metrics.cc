@@ -20,6 +20,7 @@ prometheus::Gauge* AddGauge(prometheus::Registry& r, const prometheus::Labels& l
 
 ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   const prometheus::Labels l{{"shard", std::to_string(shard.options().shard)}};
+  labels_ = l;
   auto mirror = [&](uint64_t ShardCounters::*field, const std::string& name,
                     const std::string& help) {
     counters_.push_back({field, AddCounter(r, l, name, help), 0});
@@ -48,6 +49,44 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   mirror(&ShardCounters::snapshots, "leash_shard_snapshots_total", "Snapshots written.");
   mirror(&ShardCounters::snapshot_failures, "leash_shard_snapshot_failures_total",
          "Snapshots that could not be written.");
+  mirror(&ShardCounters::sparse_store_errors, "leash_shard_sparse_store_errors_total",
+         "Sparse pulls, pushes and sweeps failed by the RocksDB cold tier.");
+
+  memory_used_ = AddGauge(r, l, "leash_shard_memory_used_bytes",
+                          "Memory of the sparse tables' memory tiers and the cold tier's block "
+                          "cache and memtables.");
+  memory_budget_ =
+      AddGauge(r, l, "leash_shard_memory_budget_bytes", "--memory-budget (0: unbounded).");
+  memory_budget_->Set(static_cast<double>(shard.options().memory_budget_bytes));
+  sparse_resident_ = &prometheus::BuildGauge()
+                          .Name("leash_sparse_resident_rows")
+                          .Help("Rows of a sparse table in its memory tier.")
+                          .Register(r);
+  sparse_memory_ = &prometheus::BuildGauge()
+                        .Name("leash_sparse_memory_bytes")
+                        .Help("Bytes of a sparse table's memory tier (rows, index, sketch).")
+                        .Register(r);
+  auto sparse_counter = [&](uint64_t ps::SparseCounters::*field, const std::string& name,
+                            const std::string& help) {
+    sparse_counter_families_.emplace_back(
+        field, &prometheus::BuildCounter().Name(name).Help(help).Register(r));
+  };
+  sparse_counter(&ps::SparseCounters::tier_hits, "leash_sparse_tier_hits_total",
+                 "Sparse rows found in the memory tier.");
+  sparse_counter(&ps::SparseCounters::tier_misses, "leash_sparse_tier_misses_total",
+                 "Sparse rows read from RocksDB or created.");
+  sparse_counter(&ps::SparseCounters::evictions, "leash_sparse_evictions_total",
+                 "Sparse rows moved out of the memory tier.");
+  sparse_counter(&ps::SparseCounters::admissions, "leash_sparse_admissions_total",
+                 "Keys that got a row (admitted).");
+  sparse_counter(&ps::SparseCounters::unadmitted_reads, "leash_sparse_unadmitted_reads_total",
+                 "Pulls of keys not admitted yet (served the initializer's value).");
+  sparse_counter(&ps::SparseCounters::dropped_gradients, "leash_sparse_dropped_gradients_total",
+                 "Gradient rows of keys without a row (not admitted or expired), dropped.");
+  sparse_counter(&ps::SparseCounters::expired_rows, "leash_sparse_expired_rows_total",
+                 "Sparse rows dropped for going unseen too many clocks.");
+  sparse_counter(&ps::SparseCounters::rows_written, "leash_sparse_rows_written_total",
+                 "Sparse rows written to RocksDB (evictions and snapshot flushes).");
 
   parked_pulls_ =
       AddGauge(r, l, "leash_shard_parked_pulls", "Pulls waiting now for the minimum clock.");
@@ -78,7 +117,38 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   Publish(shard);
 }
 
+void ShardMetrics::AddSparseSeries(const ps::SparseTable& table) {
+  prometheus::Labels l = labels_;
+  l["table"] = table.spec().name;
+  SparseSeries s;
+  s.table_id = table.id();
+  s.resident_rows = &sparse_resident_->Add(l);
+  s.memory_bytes = &sparse_memory_->Add(l);
+  for (const auto& [field, family] : sparse_counter_families_)
+    s.counters.emplace_back(field, &family->Add(l));
+  sparse_.push_back(std::move(s));
+}
+
 void ShardMetrics::Publish(const Shard& shard) {
+  for (; tables_seen_ < shard.num_tables(); ++tables_seen_) {
+    if (const ps::SparseTable* t = shard.sparse_table(static_cast<uint32_t>(tables_seen_)))
+      AddSparseSeries(*t);
+  }
+  if (!sparse_.empty()) {
+    memory_used_->Set(static_cast<double>(shard.memory_used_bytes()));
+    for (SparseSeries& s : sparse_) {
+      const ps::SparseTable* t = shard.sparse_table(s.table_id);
+      if (t == nullptr) continue;
+      const ps::SparseCounters c = t->counters();
+      s.resident_rows->Set(static_cast<double>(c.resident_rows));
+      s.memory_bytes->Set(static_cast<double>(c.memory_bytes));
+      for (auto& [field, counter] : s.counters) {
+        if (c.*field > s.published.*field)
+          counter->Increment(static_cast<double>(c.*field - s.published.*field));
+      }
+      s.published = c;
+    }
+  }
   const ShardCounters& c = shard.counters();
   for (Mirrored& m : counters_) {
     uint64_t now = c.*m.field;

@@ -19,7 +19,8 @@ class ShardTest : public ::testing::Test {
 
   void Reset(ShardOptions o = {}) {
     options_ = o;
-    shard_ = std::make_unique<Shard>(options_, &store_, [this] { return now_; });
+    shard_ = std::make_unique<Shard>(
+        options_, &store_, [this] { return now_; }, &sparse_store_);
   }
 
   // Sends `m` from `peer` and returns every reply produced.
@@ -115,8 +116,20 @@ class ShardTest : public ::testing::Test {
     return Status::Ok();
   }
 
+  static TableSpec SparseSpec(const std::string& name, uint32_t cols, float lr = 1.f) {
+    TableSpec t;
+    t.name = name;
+    t.kind = TableKind::kSparse;
+    t.cols = cols;
+    t.optimizer.lr = lr;
+    return t;
+  }
+
+  static Rows Keys(std::vector<uint64_t> k) { return Rows::Keys(std::move(k)); }
+
   ShardOptions options_;
   MemorySnapshotStore store_;
+  MemorySparseStore sparse_store_;  // outlives Reset(), like a data directory
   int64_t now_ = 1000;
   std::unique_ptr<Shard> shard_;
   std::vector<Outgoing> last_;
@@ -685,6 +698,209 @@ TEST_F(ShardTest, InitScaleThatCouldOverflowIsRejected) {
   t.init.scale = 1e30f;
   uint32_t id = Create(t);
   for (float v : Pull(id, Range(0, 4))) EXPECT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace leash::server
+
+namespace leash::server {
+namespace {
+
+// ---- sparse tables -------------------------------------------------------------------
+
+TEST_F(ShardTest, SparseTablePullsInitialRowsAndAppliesPushesByKey) {
+  uint32_t dense = Create(Spec("d", 2, 1));
+  uint32_t id = Create(SparseSpec("emb", 2));
+  EXPECT_EQ(id, dense + 1) << "sparse and dense tables share one numbering";
+  Register(1);
+  const uint64_t big = 0xFEDCBA9876543210ull;
+  EXPECT_EQ(Pull(id, Keys({big, 3})), (std::vector<float>{0, 0, 0, 0}));
+  ASSERT_TRUE(Push(id, Keys({big, 3}), {1, 2, 3, 4}, 1, 1).ok());
+  ASSERT_TRUE(Push(id, Keys({3}), {10, 20}, 1, 2).ok());
+  EXPECT_EQ(Pull(id, Keys({3, big, 3})), (std::vector<float>{-13, -24, -1, -2, -13, -24}));
+  EXPECT_EQ(Pull(dense, Range(0, 2)), (std::vector<float>{0, 0}));
+  EXPECT_EQ(Create(SparseSpec("emb", 2)), id) << "the same spec again is the same table";
+  EXPECT_EQ(ErrorOf("admin", MakeCreateTable(1, SparseSpec("emb", 3))).code(),
+            StatusCode::kAlreadyExists);
+}
+
+TEST_F(ShardTest, SparseKeysOfAnotherShardAreInvalidArgumentNamingTheKey) {
+  ShardOptions o;
+  o.shard = 1;
+  o.num_shards = 3;
+  Reset(o);
+  uint32_t id = Create(SparseSpec("emb", 1));
+  Register(1);
+  uint64_t mine = 0, other = 0;
+  for (uint64_t k = 1; mine == 0 || other == 0; ++k) {
+    if (SparseOwner(k, 3) == 1 && mine == 0) mine = k;
+    if (SparseOwner(k, 3) != 1 && other == 0) other = k;
+  }
+  EXPECT_EQ(Pull(id, Keys({mine})).size(), 1u);
+  Status st = ErrorOf("r", MakePull(1, id, Keys({mine, other}), 0, 0, 0));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("key " + std::to_string(other)), std::string::npos) << st;
+  st = Push(id, Keys({other}), {1}, 1, 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  // A range names no keys of a sparse table.
+  st = ErrorOf("r", MakePull(2, id, Range(0, 2), 0, 0, 0));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
+}
+
+TEST_F(ShardTest, SparseUnknownTableAndWrongDimensionsAreRefused) {
+  Register(1);
+  EXPECT_EQ(ErrorOf("r", MakePull(1, 3, Keys({1}), 0, 0, 0)).code(), StatusCode::kNotFound);
+  uint32_t id = Create(SparseSpec("emb", 4));
+  Status st = Push(id, Keys({1, 2}), {1, 2, 3}, 1, 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pull(id, Keys({1, 2})), std::vector<float>(8, 0.f)) << "nothing was applied";
+}
+
+TEST_F(ShardTest, SparseDuplicatePushIsAppliedOnce) {
+  uint32_t id = Create(SparseSpec("emb", 2));
+  Register(1);
+  ASSERT_TRUE(Push(id, Keys({5}), {1, 1}, 1, 1).ok());
+  ASSERT_TRUE(Push(id, Keys({5}), {1, 1}, 1, 1).ok());
+  EXPECT_FALSE(std::get<PushReply>(Decode(last_[0].message).value).applied);
+  EXPECT_EQ(Pull(id, Keys({5})), (std::vector<float>{-1, -1}));
+  EXPECT_EQ(shard_->counters().pushes_duplicate, 1u);
+}
+
+TEST_F(ShardTest, ParkedSparsePullIsReleasedByTheClock) {
+  uint32_t id = Create(SparseSpec("emb", 1));
+  Register(1);
+  Register(2);
+  ASSERT_TRUE(Push(id, Keys({9}), {2}, 2, 1).ok());
+  ASSERT_EQ(Send("w1", MakeClock(5, 1, 1)).size(), 1u);
+  EXPECT_TRUE(Send("w1", MakePull(6, id, Keys({9, 8}), 1, 1, 0)).empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+  auto out = Send("w2", MakeClock(7, 2, 1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].peer, "w1");
+  EXPECT_EQ(Decode(out[0].message).request_id, 6u);
+  EXPECT_EQ(ReadReply(out[0]), (std::vector<float>{-2, 0}));
+}
+
+TEST_F(ShardTest, SparseNonFiniteRowsFollowThePolicy) {
+  uint32_t id = Create(SparseSpec("emb", 2));
+  Register(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(Push(id, Keys({1, 2}), {1, 1, nan, 1}, 1, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pull(id, Keys({1, 2})), (std::vector<float>{0, 0, 0, 0}));
+  ShardOptions o;
+  o.nonfinite = NonFinitePolicy::kSkipRows;
+  Reset(o);
+  id = Create(SparseSpec("emb2", 2));
+  Register(1);
+  ASSERT_TRUE(Push(id, Keys({1, 2}), {1, 1, nan, 1}, 1, 1).ok());
+  EXPECT_EQ(std::get<PushReply>(Decode(last_[0].message).value).skipped_rows, 1u);
+  EXPECT_EQ(Pull(id, Keys({1, 2})), (std::vector<float>{-1, -1, 0, 0}));
+}
+
+TEST_F(ShardTest, SparseStatsReportTierFiguresAndMemory) {
+  ShardOptions o;
+  o.memory_budget_bytes = 8u << 20;
+  Reset(o);
+  uint32_t id = Create(SparseSpec("emb", 4));
+  Register(1);
+  Pull(id, Keys({1, 2, 3}));
+  Pull(id, Keys({1}));
+  const Decoded<Reply>* e = One("ctl", MakeStats(9));
+  ASSERT_NE(e, nullptr);
+  const auto* r = std::get_if<ShardStats>(&e->value);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->tables.size(), 1u);
+  const auto& t = r->tables[0];
+  EXPECT_EQ(t.kind, TableKind::kSparse);
+  EXPECT_EQ(t.name, "emb");
+  EXPECT_EQ(t.cols, 4u);
+  EXPECT_EQ(t.resident_rows, 3u);
+  EXPECT_EQ(t.tier_hits + t.tier_misses, 4u);
+  EXPECT_EQ(t.admissions, 3u);
+  EXPECT_GT(t.memory_bytes, 0u);
+  EXPECT_EQ(r->memory_budget_bytes, 8u << 20);
+  EXPECT_GE(r->memory_used_bytes, t.memory_bytes);
+}
+
+TEST_F(ShardTest, SparseSnapshotRecoversRowsAndDiscardsLaterEvictions) {
+  ShardOptions o;
+  o.checkpoint_interval_ms = 0;
+  Reset(o);
+  auto spec = SparseSpec("emb", 2, 0.5f);
+  spec.optimizer.kind = OptimizerKind::kAdagrad;
+  spec.optimizer.epsilon = 1e-6f;
+  uint32_t id = Create(spec);
+  Register(1);
+  std::vector<uint64_t> keys;
+  std::vector<float> g;
+  for (uint64_t k = 0; k < 64; ++k) {
+    keys.push_back(k * 7919);
+    g.push_back(static_cast<float>(k));
+    g.push_back(1.f);
+  }
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 1).ok());
+  Send("w1", MakeClock(1, 1, 3));
+  ASSERT_EQ(*shard_->Checkpoint(), 3);
+  const auto at_snapshot = Pull(id, Keys(keys));
+  // Continue on the original shard: its state moves on, and SetMemoryBudget-driven
+  // evictions write later rows to the cold store.
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 2).ok());
+  const auto expected = Pull(id, Keys(keys));
+  ASSERT_NE(expected, at_snapshot);
+  ASSERT_TRUE(shard_->Checkpoint().ok());  // snapshot 3 (not recovered below)
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 3).ok());
+  Reset(o);
+  ASSERT_EQ(*shard_->Recover(), 3);
+  EXPECT_EQ(Pull(id, Keys(keys)), expected);
+  // The optimizer state came back too: the same push gives the same result.
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 3).ok());
+  Reset(o);
+  ASSERT_TRUE(shard_->Recover().ok());
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 3).ok());
+  const auto once = Pull(id, Keys(keys));
+  ASSERT_TRUE(Push(id, Keys(keys), g, 1, 3).ok());  // a duplicate after recovery
+  EXPECT_EQ(Pull(id, Keys(keys)), once);
+  EXPECT_EQ(sparse_store_.checkpoints(), 1u) << "older checkpoints are deleted";
+}
+
+TEST_F(ShardTest, SparseRowsBeyondTheBudgetReadBackExactly) {
+  ShardOptions o;
+  o.memory_budget_bytes = 1u << 20;  // the tables' share: 640 KiB, far below 64k rows x 64 B
+  o.checkpoint_interval_ms = 0;
+  Reset(o);
+  uint32_t id = Create(SparseSpec("emb", 16));
+  Register(1);
+  uint64_t seq = 0;
+  for (uint64_t b = 0; b < 32; ++b) {
+    std::vector<uint64_t> keys;
+    std::vector<float> g;
+    for (uint64_t k = b * 2048; k < (b + 1) * 2048; ++k) {
+      keys.push_back(k);
+      for (int c = 0; c < 16; ++c) g.push_back(static_cast<float>(k % 1000) + 0.5f * c);
+    }
+    ASSERT_TRUE(Push(id, Keys(keys), g, 1, ++seq).ok());
+  }
+  const auto* t = shard_->sparse_table(id);
+  ASSERT_NE(t, nullptr);
+  EXPECT_GT(t->counters().evictions, 0u);
+  EXPECT_LE(t->memory_bytes(), SplitMemoryBudget(o.memory_budget_bytes).tables);
+  for (uint64_t k : {uint64_t{0}, uint64_t{777}, uint64_t{40000}, uint64_t{65535}}) {
+    auto v = Pull(id, Keys({k}));
+    ASSERT_EQ(v.size(), 16u);
+    for (int c = 0; c < 16; ++c)
+      EXPECT_EQ(v[static_cast<size_t>(c)], -(static_cast<float>(k % 1000) + 0.5f * c)) << k;
+  }
+}
+
+TEST(MemoryBudgetSplitTest, SplitsTheBudgetIntoCacheWriteBufferAndTables) {
+  const auto s = SplitMemoryBudget(uint64_t{1} << 30);
+  EXPECT_EQ(s.block_cache, uint64_t{256} << 20);
+  EXPECT_EQ(s.write_buffer, uint64_t{64} << 20);
+  EXPECT_EQ(s.block_cache + s.write_buffer + s.tables, uint64_t{1} << 30);
+  const auto small = SplitMemoryBudget(uint64_t{8} << 20);
+  EXPECT_EQ(small.write_buffer, uint64_t{1} << 20);
+  EXPECT_EQ(SplitMemoryBudget(0).tables, UINT64_MAX);
 }
 
 }  // namespace

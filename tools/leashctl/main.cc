@@ -45,6 +45,31 @@ int Status(leash::Client& client, bool json) {
             static_cast<long long>(wk.clock),
             static_cast<unsigned long long>(wk.ms_since_heartbeat));
       }
+      std::printf(
+          "], \"memory_budget_bytes\": %llu, \"memory_used_bytes\": %llu, \"sparse_tables\": [",
+          static_cast<unsigned long long>(s.memory_budget_bytes),
+          static_cast<unsigned long long>(s.memory_used_bytes));
+      bool first = true;
+      for (const auto& t : s.tables) {
+        if (t.kind != leash::TableKind::kSparse) continue;
+        std::printf(
+            "%s{\"name\": \"%s\", \"cols\": %u, \"rows\": %llu, \"resident_rows\": %llu, "
+            "\"memory_bytes\": %llu, \"tier_hits\": %llu, \"tier_misses\": %llu, "
+            "\"evictions\": %llu, \"admissions\": %llu, \"unadmitted_reads\": %llu, "
+            "\"dropped_gradients\": %llu, \"expired_rows\": %llu}",
+            first ? "" : ", ", t.name.c_str(), t.cols,
+            static_cast<unsigned long long>(t.local_rows),
+            static_cast<unsigned long long>(t.resident_rows),
+            static_cast<unsigned long long>(t.memory_bytes),
+            static_cast<unsigned long long>(t.tier_hits),
+            static_cast<unsigned long long>(t.tier_misses),
+            static_cast<unsigned long long>(t.evictions),
+            static_cast<unsigned long long>(t.admissions),
+            static_cast<unsigned long long>(t.unadmitted_reads),
+            static_cast<unsigned long long>(t.dropped_gradients),
+            static_cast<unsigned long long>(t.expired_rows));
+        first = false;
+      }
       std::printf("]}");
     }
     std::printf("]}\n");
@@ -79,7 +104,31 @@ int Status(leash::Client& client, bool json) {
                   static_cast<unsigned long long>(w.id), static_cast<long long>(w.clock),
                   static_cast<unsigned long long>(w.ms_since_heartbeat));
     }
+    if (s.memory_budget_bytes > 0 || s.memory_used_bytes > 0) {
+      std::printf("  memory %.1f MiB used of %s\n",
+                  static_cast<double>(s.memory_used_bytes) / (1 << 20),
+                  s.memory_budget_bytes == 0
+                      ? "no budget"
+                      : (std::to_string(s.memory_budget_bytes >> 20) + " MiB budget").c_str());
+    }
     for (const auto& t : s.tables) {
+      if (t.kind == leash::TableKind::kSparse) {
+        const uint64_t looked = t.tier_hits + t.tier_misses;
+        std::printf(
+            "  table %-20s sparse x %u, ~%llu rows here, %llu in memory (%.1f MiB), hit rate "
+            "%.1f%%, %llu evicted, %llu admitted, %llu unadmitted reads, %llu dropped gradients, "
+            "%llu expired\n",
+            t.name.c_str(), t.cols, static_cast<unsigned long long>(t.local_rows),
+            static_cast<unsigned long long>(t.resident_rows),
+            static_cast<double>(t.memory_bytes) / (1 << 20),
+            looked == 0 ? 0.0 : 100.0 * static_cast<double>(t.tier_hits) / looked,
+            static_cast<unsigned long long>(t.evictions),
+            static_cast<unsigned long long>(t.admissions),
+            static_cast<unsigned long long>(t.unadmitted_reads),
+            static_cast<unsigned long long>(t.dropped_gradients),
+            static_cast<unsigned long long>(t.expired_rows));
+        continue;
+      }
       std::printf("  table %-20s %llu x %u, %llu rows here\n", t.name.c_str(),
                   static_cast<unsigned long long>(t.rows), t.cols,
                   static_cast<unsigned long long>(t.local_rows));

@@ -22,7 +22,9 @@
 #include "leash/common/wire.h"
 #include "leash/ps/clock_table.h"
 #include "leash/ps/coverage.h"
+#include "leash/ps/sparse_table.h"
 #include "leash/server/snapshot.h"
+#include "leash/server/sparse_store.h"
 
 namespace leash::server {
 
@@ -51,7 +53,21 @@ struct ShardOptions {
   uint64_t max_table_values =
       uint64_t{1} << 32;  // floats of one table on this shard (optimizer state comes on top)
   WireLimits limits;
+  // Memory for the sparse tables' tiers together with the cold store's block cache and
+  // write buffer (SplitMemoryBudget); 0: unbounded.
+  uint64_t memory_budget_bytes = 0;
 };
+
+// How a shard's memory budget is spent: the cold store's block cache (a quarter), its write
+// buffer (an eighth, at most 64 MiB), and the rest shared evenly by the sparse tables' memory
+// tiers (rebalanced whenever one is created). Budget 0 (unbounded): a 64 MiB cache, a 32 MiB
+// write buffer and memory tiers without a bound.
+struct MemoryBudgetSplit {
+  uint64_t block_cache = 0;
+  uint64_t write_buffer = 0;
+  uint64_t tables = 0;  // for all sparse tables together; UINT64_MAX: unbounded
+};
+MemoryBudgetSplit SplitMemoryBudget(uint64_t budget_bytes);
 
 struct Outgoing {
   PeerId peer;
@@ -74,6 +90,7 @@ struct ShardCounters {
   uint64_t parked_limit_rejections = 0;  // a connection over --max-parked-per-peer parked pulls
   uint64_t snapshots = 0;
   uint64_t snapshot_failures = 0;
+  uint64_t sparse_store_errors = 0;  // sparse pulls/pushes failed by the cold store
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
 };
@@ -81,13 +98,16 @@ struct ShardCounters {
 class Shard {
  public:
   using NowMs = std::function<int64_t()>;
-  // `store` must outlive the shard. `now_ms` is a monotonic millisecond clock.
-  Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms);
+  // `store` must outlive the shard. `now_ms` is a monotonic millisecond clock. `sparse`, the
+  // sparse tables' cold tier (outliving the shard), checkpointed with every snapshot; null: a
+  // MemorySparseStore of the shard's own.
+  Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms, SparseStore* sparse = nullptr);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // Loads the store's last snapshot (tables, optimizer state, clocks). Returns the
+  // Loads the store's last snapshot (tables, optimizer state, clocks) and puts the sparse
+  // store back to the checkpoint that snapshot names (or empties it). Returns the
   // recovered minimum clock, or -1 for an empty store. Restored workers get a fresh
   // lease to come back. DataLoss/FailedPrecondition from the store are returned as is.
   Result<int64_t> Recover();
@@ -130,6 +150,13 @@ class Shard {
   const ShardCounters& counters() const { return counters_; }
   const ShardOptions& options() const { return options_; }
   const DataCoverage& coverage() const { return coverage_; }
+  // Table `id` if it is sparse, else null.
+  const ps::SparseTable* sparse_table(uint32_t id) const {
+    return id < sparse_.size() ? sparse_[id].get() : nullptr;
+  }
+  size_t num_tables() const { return tables_.size(); }
+  // The sparse tiers and the cold store's caches (counted against memory_budget_bytes).
+  uint64_t memory_used_bytes() const;
 
  private:
   // A pull waiting for the staleness bound: what its reply needs.
@@ -166,6 +193,17 @@ class Shard {
                         std::vector<Outgoing>* out);
 
   Result<Table*> FindTable(uint32_t table_id);
+  ps::SparseTable* FindSparse(uint32_t table_id) {
+    return table_id < sparse_.size() ? sparse_[table_id].get() : nullptr;
+  }
+  const TableSpec& SpecOf(uint32_t table_id) const;
+  // InvalidArgument unless `rows` names explicit keys, each owned by this shard.
+  Status CheckSparseRows(const ps::SparseTable& table, const Rows& rows) const;
+  // The pull reply for `rows` of sparse `table`; the cold store's error if a read fails.
+  Result<Message> MakeSparsePullReply(const PeerId& peer, uint64_t rid, ps::SparseTable& table,
+                                      const Rows& rows, DType dtype);
+  // Gives each sparse table its share of the budget (SplitMemoryBudget).
+  void RebalanceSparse();
   // The pull reply for `rows` of `table`, its values read straight into the frame sent.
   Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
                         DType dtype);
@@ -182,7 +220,11 @@ class Shard {
   ClockTable clocks_;
   DataCoverage coverage_;  // used on shard 0 only
   ParkedPulls<ParkedPull> parked_;
-  std::vector<std::unique_ptr<Table>> tables_;
+  std::vector<std::unique_ptr<Table>> tables_;            // null where the table is sparse
+  std::vector<std::unique_ptr<ps::SparseTable>> sparse_;  // null where the table is dense
+  std::unique_ptr<SparseStore> own_sparse_store_;
+  SparseStore* sparse_store_;
+  int64_t next_expire_ms_ = 0;
   std::map<std::string, uint32_t> table_by_name_;
   std::map<PeerId, size_t> parked_per_peer_;
   ShardCounters counters_;

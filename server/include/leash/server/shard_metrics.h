@@ -11,6 +11,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <utility>
 #include <vector>
 
 #include "leash/server/shard.h"
@@ -37,6 +38,25 @@ class ShardMetrics {
     uint64_t published = 0;
   };
 
+  // One sparse table's series (label table="name"), added when Publish first sees it.
+  struct SparseSeries {
+    uint32_t table_id = 0;
+    prometheus::Gauge* resident_rows;
+    prometheus::Gauge* memory_bytes;
+    std::vector<std::pair<uint64_t ps::SparseCounters::*, prometheus::Counter*>> counters;
+    ps::SparseCounters published;
+  };
+  void AddSparseSeries(const ps::SparseTable& table);
+
+  prometheus::Labels labels_;
+  prometheus::Family<prometheus::Gauge>* sparse_resident_;
+  prometheus::Family<prometheus::Gauge>* sparse_memory_;
+  std::vector<std::pair<uint64_t ps::SparseCounters::*, prometheus::Family<prometheus::Counter>*>>
+      sparse_counter_families_;
+  std::vector<SparseSeries> sparse_;
+  size_t tables_seen_ = 0;
+  prometheus::Gauge* memory_used_;
+  prometheus::Gauge* memory_budget_;
   std::vector<Mirrored> counters_;
   prometheus::Gauge* parked_pulls_;
   prometheus::Gauge* min_clock_;
