@@ -49,8 +49,8 @@ TEST(CtrTrainingTest, TwoShardsAndTwoWorkersTrainTheClickThroughModelAndTestAucR
   for (int i = 0; i < 2; ++i) {
     const std::string name = "shard" + std::to_string(i);
     shards.push_back(std::make_unique<Process>(
-        std::vector<std::string>{LEASH_SERVER_BIN, "--shard=" + std::to_string(i),
-                                 "--num-shards=2", "--bind=" + Endpoint(ports[i]),
+        std::vector<std::string>{LEASH_SERVER_BIN, "--shard=" + std::to_string(i), "--num-shards=2",
+                                 "--bind=" + Endpoint(ports[i]),
                                  "--data-dir=" + dir.path() + "/" + name, "--no-sync",
                                  "--lease-timeout=5s"},
         dir.path() + "/" + name + ".log"));
@@ -62,8 +62,8 @@ TEST(CtrTrainingTest, TwoShardsAndTwoWorkersTrainTheClickThroughModelAndTestAucR
         std::vector<std::string>{LEASH_WORKER_BIN, "--servers=" + servers,
                                  "--name=w" + std::to_string(i), "--model=ctr", "--device=cpu",
                                  "--hidden=64,32", "--optimizer=adagrad", "--lr=0.05",
-                                 "--batch=256", "--chunk-size=4096", "--epochs=2",
-                                 "--staleness=1", "--log-every=100", "--metrics-out=" + w + ".json"},
+                                 "--batch=256", "--chunk-size=4096", "--epochs=2", "--staleness=1",
+                                 "--log-every=100", "--metrics-out=" + w + ".json"},
         w + ".log"));
   }
   for (int i = 0; i < 2; ++i) {

@@ -89,8 +89,7 @@ WorkerCommandLine::WorkerCommandLine()
     : cli_("leash-worker",
            "Trains a model on Fashion-MNIST (or a click-through model on MovieLens-100k) with a "
            "Leash cluster (or --local, alone).",
-           "worker",
-           WorkerConfig{}.log_level) {
+           "worker", WorkerConfig{}.log_level) {
   Values& v = values_;
   v = ValuesOf(WorkerConfig{});
 

@@ -278,9 +278,11 @@ class Ctr final : public Model {
       Layer& layer = layers_[l];
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx_, Transpose::kNo, Transpose::kNo, n, layer.out,
                                           layer.in, 1.f, in, read_[2 * l], 0.f, layer.act.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasAdd(ctx_, n, layer.out, read_[2 * l + 1], layer.act.data()));
+      LEASH_RETURN_IF_ERROR(
+          kernels::BiasAdd(ctx_, n, layer.out, read_[2 * l + 1], layer.act.data()));
       if (l + 1 < layers_.size())
-        LEASH_RETURN_IF_ERROR(kernels::Relu(ctx_, n * layer.out, layer.act.data(), layer.act.data()));
+        LEASH_RETURN_IF_ERROR(
+            kernels::Relu(ctx_, n * layer.out, layer.act.data(), layer.act.data()));
       in = layer.act.data();
     }
     return in;
@@ -350,7 +352,7 @@ class Ctr final : public Model {
   std::vector<std::vector<float>> own_;    // parameter values when not bound
   std::vector<const float*> read_;         // where each parameter is read: own_ or bound
   std::vector<std::vector<float>> grads_;  // dense gradients of the last TrainStep
-  std::vector<bool> ready_;  // gradients final during the current TrainStep
+  std::vector<bool> ready_;                // gradients final during the current TrainStep
   bool trained_ = false;
   std::vector<Layer> layers_;
   std::vector<float> x_;         // the concatenated embeddings, max_batch x fields x dim

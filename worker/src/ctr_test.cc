@@ -28,12 +28,14 @@ class CtrTest : public testing::Test {
       values_.emplace_back(p.size());
       for (float& v : values_.back()) v = normal(rng);
     }
-    for (size_t i = 0; i < values_.size(); ++i) ASSERT_TRUE(model_->SetParam(i, values_[i].data()).ok());
+    for (size_t i = 0; i < values_.size(); ++i)
+      ASSERT_TRUE(model_->SetParam(i, values_[i].data()).ok());
   }
 
   // The mean loss of the examples with the current rows_ and values_.
   double Loss() {
-    for (size_t i = 0; i < values_.size(); ++i) EXPECT_TRUE(model_->SetParam(i, values_[i].data()).ok());
+    for (size_t i = 0; i < values_.size(); ++i)
+      EXPECT_TRUE(model_->SetParam(i, values_[i].data()).ok());
     auto keys = model_->SparseKeys(keys_.data(), kExamples, 3);
     EXPECT_TRUE(keys.ok());
     EXPECT_TRUE(model_->SetSparseRows(rows_.data()).ok());
@@ -99,8 +101,8 @@ TEST_F(CtrTest, GradientsMatchFiniteDifferencesOfTheLoss) {
     for (size_t j = 0; j < values_[i].size(); ++j)
       check(&values_[i][j], grads[i][j], model_->params()[i].name + "[" + std::to_string(j) + "]");
   for (size_t j = 0; j < rows_.size(); ++j)
-    check(&rows_[j], sparse_grad[j], "row " + std::to_string(j / kDim) + "[" +
-                                         std::to_string(j % kDim) + "]");
+    check(&rows_[j], sparse_grad[j],
+          "row " + std::to_string(j / kDim) + "[" + std::to_string(j % kDim) + "]");
 }
 
 TEST(CtrModelTest, RejectsBadSizesAndCudaContexts) {

@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "config.h"
-#include "movielens.h"
 #include "leash/common/cli.h"
 #include "leash/common/curve_keys.h"
 #include "leash/common/metrics.h"
@@ -27,6 +26,7 @@
 #include "leash/worker/params.h"
 #include "leash/worker/trainer.h"
 #include "leash/worker/worker_metrics.h"
+#include "movielens.h"
 
 namespace {
 
@@ -147,12 +147,10 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
   w.train->Truncate(c.train_limit);
   w.test->Truncate(c.test_limit);
   auto model =
-      c.model == leash::worker::ModelKind::kCnn
-          ? leash::worker::MakeCnn(*w.device, c.batch)
+      c.model == leash::worker::ModelKind::kCnn ? leash::worker::MakeCnn(*w.device, c.batch)
       : c.model == leash::worker::ModelKind::kCtr
-          ? leash::worker::MakeCtr(*w.device, leash::worker::MovieLensSlotFields(),
-                                   c.embedding_dim, c.hidden, c.batch,
-                                   static_cast<float>(c.embedding_scale))
+          ? leash::worker::MakeCtr(*w.device, leash::worker::MovieLensSlotFields(), c.embedding_dim,
+                                   c.hidden, c.batch, static_cast<float>(c.embedding_scale))
           : leash::worker::MakeMlp(*w.device, w.train->features(), c.hidden, 10, c.batch);
   if (!model.ok()) return Fail("model", model.status());
   w.model = std::move(*model);
@@ -236,11 +234,11 @@ int Train(const WorkerConfig& c, Worker& w) {
   spdlog::info(
       "training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} "
       "on the wire",
-      c.model == leash::worker::ModelKind::kCnn   ? std::string("CNN")
-      : c.model == leash::worker::ModelKind::kCtr ? "click-through model, embeddings " +
-                                                        std::to_string(c.embedding_dim) +
-                                                        ", hidden " + hidden
-                                                  : "MLP " + hidden,
+      c.model == leash::worker::ModelKind::kCnn ? std::string("CNN")
+      : c.model == leash::worker::ModelKind::kCtr
+          ? "click-through model, embeddings " + std::to_string(c.embedding_dim) + ", hidden " +
+                hidden
+          : "MLP " + hidden,
       w.train->count, c.chunk_size, c.batch, c.staleness, leash::OptimizerName(c.optimizer), c.lr,
       leash::DTypeName(c.wire_dtype));
   const leash::worker::TrainOptions& to = w.train_options;

@@ -85,8 +85,8 @@ Result<T> Number(const Table& t, size_t i, std::string_view what, std::string_vi
   T v{};
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size()) {
-    return InvalidArgument(t.path + ":" + std::to_string(i + 2) + ": " + std::string(what) +
-                           " '" + std::string(s) + "' is not a number");
+    return InvalidArgument(t.path + ":" + std::to_string(i + 2) + ": " + std::string(what) + " '" +
+                           std::string(s) + "' is not a number");
   }
   return v;
 }
@@ -152,10 +152,10 @@ Result<MovieLensData> LoadMovieLens(const std::string& dir_in) {
     LEASH_RETURN_IF_ERROR(Columns(users, i, &c));
     LEASH_ASSIGN_OR_RETURN(int age, Number<int>(users, i, "age", c[1]));
     std::string zip(c[4].substr(0, 2));
-    user_keys[std::string(c[0])] = {
-        FeatureKey(kUserField, c[0]), FeatureKey(kAgeField, AgeBucket(age)),
-        FeatureKey(kGenderField, c[2]), FeatureKey(kOccupationField, c[3]),
-        FeatureKey(kZipField, zip)};
+    user_keys[std::string(c[0])] = {FeatureKey(kUserField, c[0]),
+                                    FeatureKey(kAgeField, AgeBucket(age)),
+                                    FeatureKey(kGenderField, c[2]),
+                                    FeatureKey(kOccupationField, c[3]), FeatureKey(kZipField, zip)};
   }
   for (size_t i = 0; i < items.lines.size(); ++i) {
     if (items.lines[i].empty()) continue;
@@ -196,10 +196,10 @@ Result<MovieLensData> LoadMovieLens(const std::string& dir_in) {
     auto u = user_keys.find(std::string(c[0]));
     auto it = item_keys.find(std::string(c[1]));
     if (u == user_keys.end() || it == item_keys.end()) {
-      return InvalidArgument(inter.path + ":" + std::to_string(i + 2) + ": rating of unknown " +
-                             (u == user_keys.end() ? "user '" + std::string(c[0])
-                                                   : "item '" + std::string(c[1])) +
-                             "' (not in ml-100k.user / ml-100k.item)");
+      return InvalidArgument(
+          inter.path + ":" + std::to_string(i + 2) + ": rating of unknown " +
+          (u == user_keys.end() ? "user '" + std::string(c[0]) : "item '" + std::string(c[1])) +
+          "' (not in ml-100k.user / ml-100k.item)");
     }
     LEASH_ASSIGN_OR_RETURN(double rating, Number<double>(inter, i, "rating", c[2]));
     LEASH_ASSIGN_OR_RETURN(double ts, Number<double>(inter, i, "timestamp", c[3]));

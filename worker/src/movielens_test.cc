@@ -91,7 +91,8 @@ TEST(MovieLensTest, MalformedLinesAreRejectedWithFileAndLineNumber) {
   std::vector<Case> cases = {
       {"short", header + "1\t10\t4\t5\n1\t10\n", "ml-100k.inter:3: expected at least"},
       {"rating", header + "1\t10\tfour\t5\n", "ml-100k.inter:2: rating 'four' is not a number"},
-      {"user", header + "1\t10\t4\t5\n7\t10\t4\t5\n", "ml-100k.inter:3: rating of unknown user '7'"},
+      {"user", header + "1\t10\t4\t5\n7\t10\t4\t5\n",
+       "ml-100k.inter:3: rating of unknown user '7'"},
       {"header", "user_id:token\titem_id:token\trating:float\n1\t10\t4\n",
        "ml-100k.inter:1: the header has no column 'timestamp:float'"},
   };

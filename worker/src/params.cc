@@ -72,8 +72,9 @@ class RemoteParams final : public ParamStore {
       // The dense values may come from the prefetch; the rows go alone then.
       LEASH_RETURN_IF_ERROR(PullAll(values));
       if (keys.empty()) return Status::Ok();
-      return client_->PullSparse(sparse_, keys, rows->data()).get().WithContext(
-          "pull '" + sparse_.name + "'");
+      return client_->PullSparse(sparse_, keys, rows->data())
+          .get()
+          .WithContext("pull '" + sparse_.name + "'");
     }
     StartPulls(values, -1, &futures_, keys, rows->data());
     return Wait(&futures_);
@@ -272,7 +273,8 @@ class LocalParams final : public ParamStore {
   void PushSparse(std::span<const uint64_t> keys, const float* grad) override {
     if (sparse_ == nullptr || keys.empty()) return;
     Status st = sparse_->Apply(keys, grad, clock_);
-    if (!st.ok() && push_status_.ok()) push_status_ = st.WithContext("push '" + sparse_->spec().name + "'");
+    if (!st.ok() && push_status_.ok())
+      push_status_ = st.WithContext("push '" + sparse_->spec().name + "'");
   }
 
   Status EndIteration() override {

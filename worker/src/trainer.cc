@@ -459,8 +459,9 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
     if (train.key_slots < 1 || (test != nullptr && test->key_slots != train.key_slots))
       return InvalidArgument("the model reads categorical keys; the dataset has none");
     if (o.accumulate != 1)
-      return InvalidArgument("a model with embeddings trains one micro-batch per iteration; use "
-                             "--accumulate 1");
+      return InvalidArgument(
+          "a model with embeddings trains one micro-batch per iteration; use "
+          "--accumulate 1");
   }
   if (train.features() != model.input_size()) {
     return InvalidArgument("dataset has " + std::to_string(train.features()) +
@@ -493,8 +494,8 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
     f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps
       << ", \"samples\": " << r.samples << ", \"train_loss\": " << r.train_loss
       << ", \"train_accuracy\": " << r.train_accuracy << ", \"test_loss\": " << r.test_loss
-      << ", \"test_auc\": " << r.test_auc
-      << ", \"test_accuracy\": " << r.test_accuracy << ", \"train_seconds\": " << r.train_seconds
+      << ", \"test_auc\": " << r.test_auc << ", \"test_accuracy\": " << r.test_accuracy
+      << ", \"train_seconds\": " << r.train_seconds
       << ", \"samples_per_second\": " << r.samples_per_second
       << ", \"elapsed_seconds\": " << r.elapsed_seconds << "}"
       << (i + 1 < results.size() ? ",\n" : "\n");
@@ -506,8 +507,8 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
     f << "    {\"step\": " << p.step << ", \"samples\": " << p.samples
       << ", \"elapsed_seconds\": " << p.elapsed_seconds
       << ", \"test_accuracy\": " << p.test_accuracy << ", \"test_loss\": " << p.test_loss
-      << ", \"test_auc\": " << p.test_auc
-      << ", \"eval_seconds\": " << p.eval_seconds << "}" << (i + 1 < points.size() ? ",\n" : "\n");
+      << ", \"test_auc\": " << p.test_auc << ", \"eval_seconds\": " << p.eval_seconds << "}"
+      << (i + 1 < points.size() ? ",\n" : "\n");
   }
   f << "  ]\n}\n";
   if (!f) return IOError("error writing '" + path + "'");

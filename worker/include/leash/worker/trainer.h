@@ -81,7 +81,7 @@ struct EvalPoint {
   double elapsed_seconds = 0;  // since training started, when the parameters were pulled
   double test_accuracy = 0;    // in [0, 1]
   double test_loss = 0;
-  double test_auc = -1;  // binary models only
+  double test_auc = -1;     // binary models only
   double eval_seconds = 0;  // the pull and the evaluation; in no train_seconds
 };
 
