@@ -5,8 +5,8 @@ MovieLens-100k split, fields and initialization (docs/models.md), for bench/ctr_
 Data: ml-100k.{inter,user,item} (scripts/fetch-movielens.sh). Label rating >= 4; per
 user, the latest 20% of the ratings (by timestamp, ties in file order) are the test set.
 Fields: user, item, age bucket, gender, occupation, zip prefix (2 chars), release decade,
-genres (a bag, mean of its embeddings). Model: one sparse nn.EmbeddingBag (mode mean)
-over every field's values, concatenated, Linear + ReLU layers (--hidden) to one logit,
+genres (a bag, mean of its embeddings). Model: one sparse nn.EmbeddingBag (mode mean,
+bags padded to 6 with a padding row) over every field's values, concatenated, Linear + ReLU layers (--hidden) to one logit,
 BCE-with-logits; embeddings uniform in +-scale, weights normal(0, sqrt(2 / fan_in)),
 biases 0; Adagrad (sparse rows and dense, --lr / --sparse-lr). 1 thread.
 Prints one JSON object per epoch, then a summary:
@@ -86,51 +86,44 @@ def load(data_dir):
     return train, test
 
 
+BAG = 6  # the longest bag (genres); shorter bags are padded with the padding row
+
+
 def encode(samples, vocab):
-    """Flat key indices, per-(example, field) offsets and labels."""
-    flat, offsets, labels = [], [], []
-    for bags, label in samples:
-        for bag in bags:
-            offsets.append(len(flat))
-            for key in bag:
-                flat.append(vocab.setdefault(key, len(vocab)))
-        labels.append(label)
-    return (torch.tensor(flat), torch.tensor(offsets), torch.tensor(labels, dtype=torch.float32))
+    """Key indices (n x 8 fields x BAG, padded with -1 until the vocabulary is complete)
+    and labels."""
+    keys = torch.full((len(samples), 8, BAG), -1, dtype=torch.int64)
+    for n, (bags, _) in enumerate(samples):
+        for f, bag in enumerate(bags):
+            for j, key in enumerate(bag):
+                keys[n, f, j] = vocab.setdefault(key, len(vocab))
+    return keys, torch.tensor([label for _, label in samples], dtype=torch.float32)
 
 
 class Ctr(nn.Module):
+    """Row `keys` of the embedding bag is the padding row (excluded from the means)."""
+
     def __init__(self, keys, dim, hidden, scale, fields=8):
         super().__init__()
         self.fields, self.dim = fields, dim
-        self.emb = nn.EmbeddingBag(keys, dim, mode="mean", sparse=True)
-        nn.init.uniform_(self.emb.weight, -scale, scale)
+        self.emb = nn.EmbeddingBag(keys + 1, dim, mode="mean", sparse=True, padding_idx=keys)
+        with torch.no_grad():
+            nn.init.uniform_(self.emb.weight, -scale, scale)
+            self.emb.weight[keys].zero_()
         widths = [fields * dim] + hidden + [1]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
         for layer in self.layers:
             nn.init.normal_(layer.weight, 0.0, (2.0 / layer.in_features) ** 0.5)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, flat, offsets, n):
-        x = self.emb(flat, offsets).view(n, self.fields * self.dim)
+    def forward(self, keys):
+        n = keys.shape[0]
+        x = self.emb(keys.view(n * self.fields, BAG)).view(n, self.fields * self.dim)
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i + 1 < len(self.layers):
                 x = F.relu(x)
         return x.view(n)
-
-
-def batch_of(data, idx, fields=8):
-    """The flat keys and offsets of examples `idx` (a sorted or unsorted index tensor)."""
-    flat, offsets, _ = data
-    bag_starts = (idx.unsqueeze(1) * fields + torch.arange(fields)).view(-1)
-    starts = offsets[bag_starts]
-    ends = torch.where(bag_starts + 1 < len(offsets), offsets[(bag_starts + 1).clamp(max=len(offsets) - 1)],
-                       torch.tensor(len(flat)))
-    lengths = ends - starts
-    new_offsets = torch.zeros_like(lengths)
-    new_offsets[1:] = torch.cumsum(lengths, 0)[:-1]
-    gather = torch.repeat_interleave(starts - new_offsets, lengths) + torch.arange(int(lengths.sum()))
-    return flat[gather], new_offsets
 
 
 def auc(scores, labels):
@@ -167,13 +160,14 @@ def main():
     train_s, test_s = load(a.data)
     vocab = {}
     train, test = encode(train_s, vocab), encode(test_s, vocab)
+    for keys, _ in (train, test):
+        keys[keys < 0] = len(vocab)  # the padding row
     hidden = [int(h) for h in a.hidden.split(",") if h]
     model = Ctr(len(vocab), a.dim, hidden, a.scale)
     opt = torch.optim.Adagrad([
         {"params": [model.emb.weight], "lr": a.sparse_lr or a.lr},
         {"params": list(model.layers.parameters()), "lr": a.lr}], lr=a.lr, eps=1e-8)
-    n = len(train[2])
-    test_flat, test_off = batch_of(test, torch.arange(len(test[2])))
+    n = len(train[1])
     rng = np.random.default_rng(a.seed)
     epochs = []
     for epoch in range(1, a.epochs + 1):
@@ -183,24 +177,23 @@ def main():
         model.train()
         for i in range(0, n, a.batch):
             idx = order[i:i + a.batch]
-            flat, off = batch_of(train, idx)
             opt.zero_grad(set_to_none=True)
-            loss = F.binary_cross_entropy_with_logits(model(flat, off, len(idx)), train[2][idx])
+            loss = F.binary_cross_entropy_with_logits(model(train[0][idx]), train[1][idx])
             loss.backward()
             opt.step()
             loss_sum += loss.item() * len(idx)
         secs = time.perf_counter() - t0
         with torch.no_grad():
-            z = model(test_flat, test_off, len(test[2]))
-            test_loss = F.binary_cross_entropy_with_logits(z, test[2]).item()
-            acc = ((z >= 0).float() == test[2]).float().mean().item()
-            test_auc = auc(z.numpy(), test[2].numpy().astype(np.int64))
+            z = model(test[0])
+            test_loss = F.binary_cross_entropy_with_logits(z, test[1]).item()
+            acc = ((z >= 0).float() == test[1]).float().mean().item()
+            test_auc = auc(z.numpy(), test[1].numpy().astype(np.int64))
         r = {"epoch": epoch, "test_auc": test_auc, "test_loss": test_loss, "test_accuracy": acc,
              "train_loss": loss_sum / n, "train_seconds": secs, "samples_per_second": n / secs}
         epochs.append(r)
         print(json.dumps(r), flush=True)
     result = {"system": "pytorch", "model": "ctr", "train_samples": n,
-              "test_samples": len(test[2]), "keys": len(vocab), "epochs": epochs,
+              "test_samples": len(test[1]), "keys": len(vocab), "epochs": epochs,
               "samples_per_second": sum(e["samples_per_second"] for e in epochs) / len(epochs)}
     print(json.dumps(result), flush=True)
     if a.out:
