@@ -37,6 +37,36 @@ def leash_epochs(metrics):
              "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]]
 
 
+def run(build, epochs, staleness, tmp, timeout):
+    """Every system in turn; returns {system: {"samples_per_second", "epochs": [...],
+    "auc_gap" (last epoch's AUC minus PyTorch's), "speed_ratio" (over PyTorch's)}}."""
+    res = {"pytorch": torch_run(epochs, tmp, timeout)}
+    r = L.run_local(build, tmp, "ctr", epochs, "ctr-local", timeout=timeout)
+    res["leash local"] = {"samples_per_second": r["samples_per_second"], "epochs": leash_epochs(r["metrics"])}
+    for shards in (1, 2):
+        r = L.run_cluster(build, tmp, "ctr", epochs, f"ctr-{shards}x{shards}", shards=shards, workers=shards,
+                          staleness=staleness, timeout=timeout)
+        res[f"leash {shards}+{shards}"] = {"samples_per_second": r["samples_per_second"],
+                                            "epochs": leash_epochs(r["metrics"][0])}
+    base = res["pytorch"]
+    for r in res.values():
+        r["auc_gap"] = r["epochs"][-1]["test_auc"] - base["epochs"][-1]["test_auc"]
+        r["speed_ratio"] = r["samples_per_second"] / base["samples_per_second"]
+    return res
+
+
+def table(res):
+    """The results as Markdown table lines."""
+    epochs = len(res["pytorch"]["epochs"])
+    lines = ["| system | " + " | ".join(f"AUC e{e + 1}" for e in range(epochs)) +
+             " | log loss | samples/s | AUC - PyTorch | samples/s / PyTorch |", "|---" * (epochs + 5) + "|"]
+    for name, r in res.items():
+        lines.append(f"| {name} | " + " | ".join(f"{e['test_auc']:.4f}" for e in r["epochs"]) +
+                     f" | {r['epochs'][-1]['test_loss']:.4f} | {r['samples_per_second']:.0f} | {r['auc_gap']:+.4f} |"
+                     f" {r['speed_ratio']:.2f} |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -45,29 +75,11 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--out", default="ctr_bench.json")
     a = p.parse_args()
-    res = {}
     with tempfile.TemporaryDirectory(prefix="leash-ctr-") as tmp:
-        res["pytorch"] = torch_run(a.epochs, tmp, a.timeout)
-        r = L.run_local(a.build, tmp, "ctr", a.epochs, "local", timeout=a.timeout)
-        res["leash local"] = {"samples_per_second": r["samples_per_second"], "epochs": leash_epochs(r["metrics"])}
-        for shards in (1, 2):
-            tag = f"leash {shards}+{shards}"
-            r = L.run_cluster(a.build, tmp, "ctr", a.epochs, f"c{shards}", shards=shards, workers=shards,
-                              staleness=a.staleness, timeout=a.timeout)
-            res[tag] = {"samples_per_second": r["samples_per_second"], "epochs": leash_epochs(r["metrics"][0])}
-    base = res["pytorch"]
-    for name, r in res.items():
-        r["auc_gap"] = r["epochs"][-1]["test_auc"] - base["epochs"][-1]["test_auc"]
-        r["speed_ratio"] = r["samples_per_second"] / base["samples_per_second"]
+        res = run(a.build, a.epochs, a.staleness, tmp, a.timeout)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"| system | " + " | ".join(f"AUC e{e + 1}" for e in range(a.epochs)) +
-          " | log loss | samples/s | AUC - torch | speed / torch |")
-    print("|---" * (a.epochs + 5) + "|")
-    for name, r in res.items():
-        print(f"| {name} | " + " | ".join(f"{e['test_auc']:.4f}" for e in r["epochs"]) +
-              f" | {r['epochs'][-1]['test_loss']:.4f} | {r['samples_per_second']:.0f} | {r['auc_gap']:+.4f} |"
-              f" {r['speed_ratio']:.2f} |")
+    print("\n".join(table(res)))
 
 
 if __name__ == "__main__":
