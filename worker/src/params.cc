@@ -1,6 +1,7 @@
 // Remote (cluster) and local (in-process) parameter stores.
 #include "leash/worker/params.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "leash/ps/coverage.h"
@@ -67,15 +68,26 @@ class RemoteParams final : public ParamStore {
 
   Status PullAllSparse(std::vector<std::vector<float>>* values, std::span<const uint64_t> keys,
                        std::vector<float>* rows) override {
-    rows->resize(keys.size() * sparse_.cols);
     if (!next_futures_.empty()) {
-      // The dense values may come from the prefetch; the rows go alone then.
-      LEASH_RETURN_IF_ERROR(PullAll(values));
-      if (keys.empty()) return Status::Ok();
-      return client_->PullSparse(sparse_, keys, rows->data())
-          .get()
-          .WithContext("pull '" + sparse_.name + "'");
+      const bool same_keys = !next_keys_.empty() && std::ranges::equal(keys, next_keys_);
+      const bool usable = next_clock_ == client_->clock();
+      Status st = Wait(&next_futures_);
+      if (usable && st.ok()) {
+        values->swap(next_);
+        if (same_keys) {
+          rows->swap(next_rows_);
+          return Status::Ok();
+        }
+        // Other keys than prefetched (an evaluation): the rows go alone.
+        rows->resize(keys.size() * sparse_.cols);
+        if (keys.empty()) return Status::Ok();
+        return client_->PullSparse(sparse_, keys, rows->data())
+            .get()
+            .WithContext("pull '" + sparse_.name + "'");
+      }
+      // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
     }
+    rows->resize(keys.size() * sparse_.cols);
     StartPulls(values, -1, &futures_, keys, rows->data());
     return Wait(&futures_);
   }
@@ -91,10 +103,14 @@ class RemoteParams final : public ParamStore {
     held_bytes_ += keys.size() * sparse_.cols * sizeof(float);
   }
 
-  void Prefetch() override {
+  void Prefetch() override { PrefetchSparse({}); }
+
+  void PrefetchSparse(std::span<const uint64_t> keys) override {
     if (!prefetch_ || !next_futures_.empty()) return;
     next_clock_ = client_->clock() + 1;
-    StartPulls(&next_, next_clock_, &next_futures_);
+    next_keys_.assign(keys.begin(), keys.end());
+    next_rows_.resize(next_keys_.size() * sparse_.cols);
+    StartPulls(&next_, next_clock_, &next_futures_, next_keys_, next_rows_.data());
   }
 
   // An iteration's pushes are held and go out with its clock, one message per shard,
@@ -210,7 +226,9 @@ class RemoteParams final : public ParamStore {
   Client* client_;
   bool prefetch_;
   std::vector<TableHandle> tables_;
-  TableHandle sparse_;  // the sparse table, with SetupSparse
+  TableHandle sparse_;               // the sparse table, with SetupSparse
+  std::vector<uint64_t> next_keys_;  // the keys of the prefetched rows
+  std::vector<float> next_rows_;     // their rows (prefetched with next_)
   std::vector<Future> futures_;
   std::vector<std::vector<float>> next_;  // the prefetched values of iteration next_clock_
   std::vector<Future> next_futures_;

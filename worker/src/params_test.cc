@@ -222,5 +222,32 @@ TEST_F(RemoteParamsTest, SparseRowsArePulledWithTheDenseTablesAndUpdatedAsLocall
   EXPECT_EQ(results[0], results[1]);
 }
 
+// Under staleness 1 the next iteration's rows are prefetched with its dense values: the
+// pull of the same keys takes them without a request; other keys (an evaluation) are
+// pulled afresh and see the earlier iteration's push.
+TEST_F(RemoteParamsTest, PrefetchedRowsAreTakenByThePullOfTheSameKeys) {
+  MemoryCluster cluster(2);
+  Open(cluster, 1, {Param("a", 8, 2)});
+  ASSERT_TRUE(store_->SetupSparse(Param("emb", 0, 2), Sgd()).ok());
+  const std::vector<uint64_t> now = {3, 4}, next = {4, 5};
+  std::vector<std::vector<float>> values;
+  std::vector<float> rows;
+  ASSERT_TRUE(store_->PullAllSparse(&values, now, &rows).ok());
+  store_->PrefetchSparse(next);
+  const std::vector<float> grad = {1, 1, 2, 2};
+  store_->PushSparse(now, grad.data());
+  ASSERT_TRUE(store_->EndIteration().ok());
+  uint64_t pulls = client_->counters().pulls;
+  ASSERT_TRUE(store_->PullAllSparse(&values, next, &rows).ok());
+  EXPECT_EQ(client_->counters().pulls, pulls) << "the prefetch was taken";
+  // Read for clock 1 under staleness 1, before the held push went out: it may miss it.
+  EXPECT_EQ(rows, (std::vector<float>{0, 0, 0, 0}));
+  store_->PrefetchSparse(now);
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->PullAllSparse(&values, next, &rows).ok());  // not the prefetched keys
+  EXPECT_GT(client_->counters().pulls, pulls);
+  EXPECT_EQ(rows, (std::vector<float>{-2, -2, 0, 0}));
+}
+
 }  // namespace
 }  // namespace leash::worker

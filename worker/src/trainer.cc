@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 
 namespace leash::worker {
 namespace {
@@ -124,6 +125,8 @@ class Loop {
     EpochAcc& acc = epochs_[g.epoch];
     const int64_t k = std::max<int64_t>(1, o_.accumulate);
     std::optional<Batch> batch = loader.Next();
+    // A model with embeddings takes the next batch before the pull, to prefetch its rows.
+    std::optional<Batch> ahead;
     while (batch) {
       if (Stopping()) return false;
       auto t0 = Clock::now();
@@ -131,10 +134,12 @@ class Loop {
       StepReport report;
       report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
-        LEASH_RETURN_IF_ERROR(BeginIteration(&*batch));
+        if (sparse_ && !ahead) ahead = loader.Next();
+        LEASH_RETURN_IF_ERROR(BeginIteration(&*batch, ahead ? &*ahead : nullptr));
         double compute = 0;
         while (batch && micro < k) {
-          std::optional<Batch> next = loader.Next();
+          std::optional<Batch> next = ahead ? std::move(ahead) : loader.Next();
+          ahead.reset();
           // The next batch travels to the device while this one computes.
           if (next)
             LEASH_RETURN_IF_ERROR(
@@ -237,13 +242,24 @@ class Loop {
     return Status::Ok();
   }
 
-  Status BeginIteration(const Batch* batch) {
+  // `ahead`: a sparse model's next batch, if known, whose rows are prefetched.
+  Status BeginIteration(const Batch* batch, const Batch* ahead = nullptr) {
     LEASH_RETURN_IF_ERROR(Pull(batch->keys.data(), batch->size));
     LEASH_RETURN_IF_ERROR(LoadParams());
     // The next iteration's pull overlaps this one's compute. Only after LoadParams: the
     // prefetch writes into the arrays PullAll just swapped out of values_, which the model
-    // read until LoadParams bound it to values_ (see there).
-    params_.Prefetch();
+    // read until LoadParams bound it to values_ (see there); the same holds for a sparse
+    // model's rows (Pull rebound the model to rows_ first).
+    if (ahead == nullptr) {
+      params_.Prefetch();
+      return Status::Ok();
+    }
+    // The keys the model's SparseKeys will return for that batch: first seen first.
+    ahead_keys_.clear();
+    ahead_seen_.clear();
+    for (uint64_t key : ahead->keys)
+      if (key != 0 && ahead_seen_.insert(key).second) ahead_keys_.push_back(key);
+    params_.PrefetchSparse(ahead_keys_);
     return Status::Ok();
   }
 
@@ -417,9 +433,11 @@ class Loop {
   const Dataset* test_;
   const TrainOptions& o_;
   const std::atomic<bool>* stop_;
-  const bool sparse_;                       // the model has embeddings in a sparse table
-  std::span<const uint64_t> sparse_keys_;   // the distinct keys of the current step
-  std::vector<float> rows_;                 // their rows, read by the model in place
+  const bool sparse_;                      // the model has embeddings in a sparse table
+  std::span<const uint64_t> sparse_keys_;  // the distinct keys of the current step
+  std::vector<float> rows_;                // their rows, read by the model in place
+  std::vector<uint64_t> ahead_keys_;       // the next batch's distinct keys (prefetch)
+  std::unordered_set<uint64_t> ahead_seen_;
   std::vector<std::vector<float>> values_;  // the model may be bound to these: see LoadParams
   bool bind_ = true;                        // false once the model refused BindParam
   bool bound_any_ = false;                  // some parameter may be bound to values_

@@ -101,8 +101,10 @@ class Model {
   // for a dense model, which needs none of the three calls below.
   virtual const ParamSpec* sparse_param() const { return nullptr; }
   // Before each TrainStep or Evaluate of `n` examples: their keys (n x key_slots, 0 for an
-  // empty slot). Returns the distinct keys whose rows the step reads, valid until the next
-  // call. InvalidArgument for bad sizes; FailedPrecondition for a dense model.
+  // empty slot). Returns the distinct keys whose rows the step reads, in first-seen order
+  // (example by example, slot by slot; 0 skipped), so a caller can compute the same list
+  // ahead of time; valid until the next call. InvalidArgument for bad sizes;
+  // FailedPrecondition for a dense model.
   virtual Result<std::span<const uint64_t>> SparseKeys(const uint64_t* keys, int64_t n,
                                                        int64_t key_slots);
   // The rows of SparseKeys' keys, in that order (keys x cols floats), read in place by the

@@ -64,6 +64,10 @@ class ParamStore {
                                std::span<const uint64_t> /*keys*/, std::vector<float>* /*rows*/) {
     return FailedPrecondition("this parameter store has no sparse tables");
   }
+  // Prefetch(), and the sparse table's rows of `keys` (the next iteration's, copied) in
+  // the same message per shard; a PullAllSparse of the same keys then takes them. The
+  // default is Prefetch().
+  virtual void PrefetchSparse(std::span<const uint64_t> /*keys*/) { Prefetch(); }
   // Sends the sparse table's gradient rows of `keys` (keys x cols, copied before
   // returning) with this iteration's dense pushes.
   virtual void PushSparse(std::span<const uint64_t> /*keys*/, const float* /*grad*/) {}
