@@ -112,12 +112,17 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
     if (!m.ok()) return Fail("metrics", m.status());
     w.metrics_server = std::move(*m);
   }
-  auto dev = leash::kernels::ParseDevice(c.device);
+  // The click-through model computes on the CPU: --device auto means the CPU for it.
+  const bool ctr_auto = c.model == leash::worker::ModelKind::kCtr && c.device == "auto";
+  auto dev = leash::kernels::ParseDevice(ctr_auto ? "cpu" : c.device);
   if (!dev.ok()) return Fail("--device", dev.status());
   auto ctx = leash::kernels::Context::Create(*dev, static_cast<int>(c.threads));
   if (!ctx.ok()) return Fail("cannot set up device " + c.device, ctx.status());
   w.device = std::move(*ctx);
-  if (c.device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
+  if (ctr_auto) {
+    spdlog::info("--device auto: the click-through model computes on the CPU, {} BLAS thread(s)",
+                 c.threads);
+  } else if (c.device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
     spdlog::info(
         "--device auto: {}; computing on the CPU with {} BLAS thread(s)",
         leash::kernels::CudaBuilt() ? "no usable GPU found" : "this build has no CUDA support",

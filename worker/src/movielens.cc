@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kInstallHint =
     "install MovieLens-100k with scripts/fetch-movielens.sh (scripts/install-deps.sh runs it) "
-    "or pass --data-dir";
+    "or point leash-worker's --data at the directory";
 
 std::vector<std::string_view> SplitTabs(std::string_view line) {
   std::vector<std::string_view> out;
