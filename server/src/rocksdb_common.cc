@@ -43,8 +43,7 @@ void SpdlogRocksDbLogger::Logv(const char* format, va_list ap) {
   Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
 }
 
-void SpdlogRocksDbLogger::Logv(const rocksdb::InfoLogLevel level, const char* format,
-                               va_list ap) {
+void SpdlogRocksDbLogger::Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) {
   if (level < GetInfoLogLevel()) return;
   char buf[1024];
   std::vsnprintf(buf, sizeof buf, format, ap);

@@ -176,8 +176,8 @@ class RocksDbRowStore final : public SparseStore {
 
   Status Open();
 
-  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
-              uint8_t* out, std::vector<uint8_t>* found) override;
+  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes, uint8_t* out,
+              std::vector<uint8_t>* found) override;
   Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
                const uint8_t* records, std::span<const uint64_t> deletes) override;
   Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
@@ -241,8 +241,8 @@ rocksdb::Options RocksDbRowStore::MakeOptions(bool direct_reads) const {
 Status RocksDbRowStore::Open() {
   const std::string path = root_.string();
   if (!cache_) {
-    cache_ = rocksdb::NewLRUCache(std::max<size_t>(size_t{1} << 20, options_.block_cache_bytes),
-                                  -1, false, /*high_pri_pool_ratio=*/0.5);
+    cache_ = rocksdb::NewLRUCache(std::max<size_t>(size_t{1} << 20, options_.block_cache_bytes), -1,
+                                  false, /*high_pri_pool_ratio=*/0.5);
   }
   std::error_code ec;
   fs::create_directories(live_, ec);
@@ -267,8 +267,8 @@ Status RocksDbRowStore::Open() {
   return Status::Ok();
 }
 
-Status RocksDbRowStore::ReadSlice(uint32_t table_id, std::span<const uint64_t> keys,
-                                  size_t begin, size_t end, size_t record_bytes, uint8_t* out,
+Status RocksDbRowStore::ReadSlice(uint32_t table_id, std::span<const uint64_t> keys, size_t begin,
+                                  size_t end, size_t record_bytes, uint8_t* out,
                                   std::vector<uint8_t>* found) {
   const size_t n = end - begin;
   std::vector<char> key_bytes(n * kKeyBytes);
@@ -290,9 +290,9 @@ Status RocksDbRowStore::ReadSlice(uint32_t table_id, std::span<const uint64_t> k
     }
     LEASH_RETURN_IF_ERROR(FromRocksDb(statuses[i], live_.string(), "reading sparse rows from"));
     if (values[i].size() != record_bytes) {
-      return DataLoss("sparse store " + live_.string() + ": row " +
-                      std::to_string(keys[at]) + " of table " + std::to_string(table_id) +
-                      " has " + std::to_string(values[i].size()) + " bytes, expected " +
+      return DataLoss("sparse store " + live_.string() + ": row " + std::to_string(keys[at]) +
+                      " of table " + std::to_string(table_id) + " has " +
+                      std::to_string(values[i].size()) + " bytes, expected " +
                       std::to_string(record_bytes) + std::string(kDamagedHint));
     }
     std::memcpy(out + at * record_bytes, values[i].data(), record_bytes);
@@ -301,8 +301,8 @@ Status RocksDbRowStore::ReadSlice(uint32_t table_id, std::span<const uint64_t> k
   return Status::Ok();
 }
 
-Status RocksDbRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys,
-                             size_t record_bytes, uint8_t* out, std::vector<uint8_t>* found) {
+Status RocksDbRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
+                             uint8_t* out, std::vector<uint8_t>* found) {
   found->assign(keys.size(), 0);
   if (keys.empty()) return Status::Ok();
   const int slices = static_cast<int>(
@@ -313,7 +313,8 @@ Status RocksDbRowStore::Read(uint32_t table_id, std::span<const uint64_t> keys,
   pool_.Run(slices, [&](int i) {
     const size_t b = std::min(keys.size(), static_cast<size_t>(i) * per);
     const size_t e = std::min(keys.size(), b + per);
-    if (b < e) results[static_cast<size_t>(i)] = ReadSlice(table_id, keys, b, e, record_bytes, out, found);
+    if (b < e)
+      results[static_cast<size_t>(i)] = ReadSlice(table_id, keys, b, e, record_bytes, out, found);
   });
   for (Status& st : results) LEASH_RETURN_IF_ERROR(st);
   return Status::Ok();
@@ -326,9 +327,10 @@ Status RocksDbRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys,
   char k[kKeyBytes];
   for (size_t i = 0; i < keys.size(); ++i) {
     EncodeKey(table_id, keys[i], k);
-    batch.Put(rocksdb::Slice(k, kKeyBytes),
-              rocksdb::Slice(reinterpret_cast<const char*>(records) + i * record_bytes,
-                             record_bytes))
+    batch
+        .Put(
+            rocksdb::Slice(k, kKeyBytes),
+            rocksdb::Slice(reinterpret_cast<const char*>(records) + i * record_bytes, record_bytes))
         .PermitUncheckedError();
   }
   for (uint64_t key : deletes) {
@@ -340,8 +342,7 @@ Status RocksDbRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys,
   return FromRocksDb(db_->Write(wo, &batch), live_.string(), "writing sparse rows to");
 }
 
-Status RocksDbRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit,
-                             size_t record_bytes,
+Status RocksDbRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
                              const std::function<void(uint64_t key, const uint8_t* record)>& visit,
                              bool* wrapped) {
   const std::string end = TableEnd(table_id);
@@ -377,9 +378,9 @@ Status RocksDbRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit,
 Status RocksDbRowStore::DropTable(uint32_t table_id) {
   rocksdb::WriteOptions wo;
   wo.disableWAL = true;
-  return FromRocksDb(db_->DeleteRange(wo, db_->DefaultColumnFamily(), Key(table_id, 0),
-                                      TableEnd(table_id)),
-                     live_.string(), "dropping a sparse table from");
+  return FromRocksDb(
+      db_->DeleteRange(wo, db_->DefaultColumnFamily(), Key(table_id, 0), TableEnd(table_id)),
+      live_.string(), "dropping a sparse table from");
 }
 
 uint64_t RocksDbRowStore::ApproxRows(uint32_t table_id) const {
@@ -420,12 +421,12 @@ Status RocksDbRowStore::Checkpoint(uint64_t sequence) {
   if (!ec) fs::remove_all(tmp, ec);
   if (ec) return FsError("cannot clear checkpoint " + dir.string(), ec);
   rocksdb::Checkpoint* raw = nullptr;
-  LEASH_RETURN_IF_ERROR(FromRocksDb(rocksdb::Checkpoint::Create(db_.get(), &raw),
-                                    live_.string(), "checkpointing sparse"));
+  LEASH_RETURN_IF_ERROR(FromRocksDb(rocksdb::Checkpoint::Create(db_.get(), &raw), live_.string(),
+                                    "checkpointing sparse"));
   std::unique_ptr<rocksdb::Checkpoint> cp(raw);
   // log_size_for_flush 0: the memtables are flushed first (there is no WAL to copy).
-  LEASH_RETURN_IF_ERROR(FromRocksDb(cp->CreateCheckpoint(tmp.string(), 0), live_.string(),
-                                    "checkpointing sparse"));
+  LEASH_RETURN_IF_ERROR(
+      FromRocksDb(cp->CreateCheckpoint(tmp.string(), 0), live_.string(), "checkpointing sparse"));
   fs::rename(tmp, dir, ec);
   if (ec) return FsError("cannot name checkpoint " + dir.string(), ec);
   return SyncDirectory(checkpoints_);
@@ -436,8 +437,8 @@ Status RocksDbRowStore::Restore(std::optional<uint64_t> sequence) {
   std::error_code ec;
   if (sequence && !fs::is_directory(from, ec)) {
     return NotFound("sparse store " + root_.string() + " has no checkpoint #" +
-                    std::to_string(*sequence) +
-                    " of its rows, which the recovered snapshot names" + std::string(kDamagedHint));
+                    std::to_string(*sequence) + " of its rows, which the recovered snapshot names" +
+                    std::string(kDamagedHint));
   }
   Close();
   const fs::path staging = root_ / "live.restoring";

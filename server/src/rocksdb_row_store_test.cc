@@ -74,8 +74,8 @@ class RocksDbRowStoreTest : public ::testing::Test {
     std::map<uint64_t, std::vector<uint8_t>> m;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (found[i])
-        m[keys[i]] = std::vector<uint8_t>(out.begin() + i * kRecord,
-                                          out.begin() + (i + 1) * kRecord);
+        m[keys[i]] =
+            std::vector<uint8_t>(out.begin() + i * kRecord, out.begin() + (i + 1) * kRecord);
     }
     return m;
   }
@@ -115,12 +115,13 @@ TEST_F(RocksDbRowStoreTest, ScanVisitsOneTableInKeyOrderFromTheCursor) {
   bool wrapped = false;
   int calls = 0;
   while (!wrapped && calls++ < 10) {
-    ASSERT_TRUE(s->Scan(7, &cursor, 3, kRecord,
-                        [&](uint64_t k, const uint8_t* rec) {
-                          EXPECT_EQ(std::memcmp(rec, RecordOf(k, 1).data(), kRecord), 0);
-                          seen.push_back(k);
-                        },
-                        &wrapped)
+    ASSERT_TRUE(s->Scan(
+                     7, &cursor, 3, kRecord,
+                     [&](uint64_t k, const uint8_t* rec) {
+                       EXPECT_EQ(std::memcmp(rec, RecordOf(k, 1).data(), kRecord), 0);
+                       seen.push_back(k);
+                     },
+                     &wrapped)
                     .ok());
     if (!wrapped) {
       EXPECT_EQ(cursor, seen.back() + 1);
@@ -133,8 +134,8 @@ TEST_F(RocksDbRowStoreTest, ScanVisitsOneTableInKeyOrderFromTheCursor) {
   seen.clear();
   cursor = 257;
   ASSERT_TRUE(
-      s->Scan(7, &cursor, 2, kRecord, [&](uint64_t k, const uint8_t*) { seen.push_back(k); },
-              &wrapped)
+      s->Scan(
+           7, &cursor, 2, kRecord, [&](uint64_t k, const uint8_t*) { seen.push_back(k); }, &wrapped)
           .ok());
   EXPECT_EQ(seen, (std::vector<uint64_t>{65536, 1ull << 40}));
   EXPECT_FALSE(wrapped);

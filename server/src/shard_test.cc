@@ -760,6 +760,7 @@ TEST_F(ShardTest, SparseUnknownTableAndWrongDimensionsAreRefused) {
 TEST_F(ShardTest, SparseDuplicatePushIsAppliedOnce) {
   uint32_t id = Create(SparseSpec("emb", 2));
   Register(1);
+  Pull(id, Keys({5}));  // a row is made by its first pull
   ASSERT_TRUE(Push(id, Keys({5}), {1, 1}, 1, 1).ok());
   ASSERT_TRUE(Push(id, Keys({5}), {1, 1}, 1, 1).ok());
   EXPECT_FALSE(std::get<PushReply>(Decode(last_[0].message).value).applied);
@@ -771,6 +772,7 @@ TEST_F(ShardTest, ParkedSparsePullIsReleasedByTheClock) {
   uint32_t id = Create(SparseSpec("emb", 1));
   Register(1);
   Register(2);
+  Pull(id, Keys({9}));
   ASSERT_TRUE(Push(id, Keys({9}), {2}, 2, 1).ok());
   ASSERT_EQ(Send("w1", MakeClock(5, 1, 1)).size(), 1u);
   EXPECT_TRUE(Send("w1", MakePull(6, id, Keys({9, 8}), 1, 1, 0)).empty());
@@ -793,6 +795,7 @@ TEST_F(ShardTest, SparseNonFiniteRowsFollowThePolicy) {
   Reset(o);
   id = Create(SparseSpec("emb2", 2));
   Register(1);
+  Pull(id, Keys({1, 2}));
   ASSERT_TRUE(Push(id, Keys({1, 2}), {1, 1, nan, 1}, 1, 1).ok());
   EXPECT_EQ(std::get<PushReply>(Decode(last_[0].message).value).skipped_rows, 1u);
   EXPECT_EQ(Pull(id, Keys({1, 2})), (std::vector<float>{-1, -1, 0, 0}));
@@ -839,6 +842,7 @@ TEST_F(ShardTest, SparseSnapshotRecoversRowsAndDiscardsLaterEvictions) {
     g.push_back(static_cast<float>(k));
     g.push_back(1.f);
   }
+  Pull(id, Keys(keys));
   ASSERT_TRUE(Push(id, Keys(keys), g, 1, 1).ok());
   Send("w1", MakeClock(1, 1, 3));
   ASSERT_EQ(*shard_->Checkpoint(), 3);
@@ -879,6 +883,7 @@ TEST_F(ShardTest, SparseRowsBeyondTheBudgetReadBackExactly) {
       keys.push_back(k);
       for (int c = 0; c < 16; ++c) g.push_back(static_cast<float>(k % 1000) + 0.5f * c);
     }
+    ASSERT_EQ(Pull(id, Keys(keys)).size(), keys.size() * 16);
     ASSERT_TRUE(Push(id, Keys(keys), g, 1, ++seq).ok());
   }
   const auto* t = shard_->sparse_table(id);

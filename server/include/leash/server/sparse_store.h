@@ -33,8 +33,8 @@ class SparseStore : public ps::RowStore {
 // Rows in ordered maps; a checkpoint is a copy of the map. For tests and fuzzing.
 class MemorySparseStore final : public SparseStore {
  public:
-  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
-              uint8_t* out, std::vector<uint8_t>* found) override;
+  Status Read(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes, uint8_t* out,
+              std::vector<uint8_t>* found) override;
   Status Write(uint32_t table_id, std::span<const uint64_t> keys, size_t record_bytes,
                const uint8_t* records, std::span<const uint64_t> deletes) override;
   Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
