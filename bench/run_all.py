@@ -15,6 +15,8 @@ Parts (--parts picks some):
               staleness 0, 1, 3, 10: cluster samples/s and time to 85% (MLP; from w0's
               evaluations every 80 of its iterations, leash-worker --eval-every)
   durability  Leash 1 + 1 samples/s with snapshots every 1 s, every 10 s and off
+  ctr         the click-through model on MovieLens-100k (bench/ctr_bench.py): Leash
+              local, 1 + 1 and 2 + 2 against bench/torch_ctr.py: test AUC per epoch, samples/s
 
 Peers are interleaved (each repeat runs every system, in a rotated order) so machine
 noise hits all alike; medians and ratios of medians are reported. Writes JSON per part,
@@ -40,11 +42,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import ctr_bench  # noqa: E402
 from common import leash as L  # noqa: E402
 from common.util import median, now, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
-ALL_PARTS = ("pushpull", "training", "stragglers", "durability")
+ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr")
 
 
 def log(msg):
@@ -62,7 +65,7 @@ def config(quick):
                 # job is ~35 iterations per worker) on the test limit's samples (0: all)
                 "straggler_eval_every": 10, "straggler_eval_test_limit": 0,
                 "durability_epochs": 2, "durability_train_limit": 12800, "durability_intervals": ["1s", "10s", "0"],
-                "timeout": 600}
+                "ctr_epochs": 2, "timeout": 600}
     return {"repeats": 2, "pushpull_repeats": 3, "pushpull_seconds": 1.0, "pushpull_sizes": "1024,65536,1048576",
             "mlp_epochs": 3, "cnn_epochs": 1, "cnn_repeats": 1, "train_limit": 0, "cnn_train_limit": 30000, "test_limit": 0,
             "straggler_epochs": 3, "straggler_train_limit": 0, "stalenesses": [0, 1, 3, 10],
@@ -72,7 +75,7 @@ def config(quick):
             # of the interval)
             "straggler_eval_every": 80, "straggler_eval_test_limit": 2000,
             "durability_epochs": 4, "durability_train_limit": 0, "durability_intervals": ["1s", "10s", "0"],
-            "timeout": 1800}
+            "ctr_epochs": 5, "timeout": 1800}
 
 
 # ---------------------------------------------------------------- part 1: push/pull
@@ -382,6 +385,11 @@ def t85_median(entry, key="time_to_85_seconds"):
     return median(reached) if reached and 2 * len(reached) >= len(ts) else None
 
 
+def part_ctr(a, c, tmp):
+    """The click-through model on MovieLens-100k against its PyTorch twin (bench/ctr_bench.py)."""
+    return ctr_bench.run(a.build, c["ctr_epochs"], 1, tmp, c["timeout"])
+
+
 def targets(res):
     rows = []
     pp = res.get("pushpull")
@@ -435,6 +443,16 @@ def targets(res):
         r = du["summary"].get("10s", {}).get("over_off")
         cost = "—" if r is None else f"{(1 - r) * 100:.1f}% cost" if r <= 1 else f"no cost measured ({r:.2f}x of off)"
         rows.append(("snapshots every 10 s cost <= 5% throughput", cost, *verdict(r, 0.95, True)))
+    ct = res.get("ctr")
+    if ct:
+        for n in ("leash 1+1", "leash 2+2"):
+            if n not in ct:
+                continue
+            gap, ratio = ct[n]["auc_gap"], ct[n]["speed_ratio"]
+            rows.append((f"MovieLens CTR: {n} test AUC within 0.005 of PyTorch's", f"{gap:+.4f}",
+                         "PASS" if abs(gap) <= 0.005 else "MISS", f"{abs(gap) / 0.005:.2f}x the allowance"))
+            rows.append((f"MovieLens CTR: {n} samples/s >= PyTorch single-process", f"{ratio:.2f}x",
+                         *verdict(ratio, 1.0, True)))
     return rows
 
 
@@ -577,6 +595,13 @@ def write_summary(a, c, res, plots, durations):
                       f"{fmt(v['over_off'], '.3f')} | {', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
                       f"{fmt(v['median_job_seconds'], '.1f')} |")
         md.append("")
+    if res.get("ctr"):
+        md += ["## 5. Click-through model on MovieLens-100k", "",
+               "`leash-worker --model ctr` (embeddings in a sparse table, MLP 128-64-32-1, Adagrad, batch 256, "
+               "staleness 1 in the clusters) against `bench/torch_ctr.py`, the same model, split and "
+               "initialization in PyTorch (sparse EmbeddingBag, Adagrad, 1 thread); test AUC per epoch (a "
+               "cluster's: worker 0's evaluation), log loss after the last. See docs/models.md.", ""]
+        md += ctr_bench.table(res["ctr"]) + [""]
     if plots:
         md += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     if res.get("errors"):
@@ -745,7 +770,7 @@ def main():
         log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
     fns = {"pushpull": part_pushpull, "training": part_training, "stragglers": part_stragglers,
-           "durability": part_durability}
+           "durability": part_durability, "ctr": part_ctr}
     try:
         for part in parts:
             if part not in fns:

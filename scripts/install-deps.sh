@@ -21,7 +21,10 @@ if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-matplotlib); fi
 # `scripts/install-deps.sh format` also installs clang-format for scripts/format.sh.
 if [[ "${1:-}" == format ]]; then PACKAGES+=(clang-format); fi
 
-if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then exit 0; fi
+# MovieLens-100k (leash-worker --model ctr) is fetched by its own script, after the packages.
+fetch_movielens() { bash "$(dirname "$0")/fetch-movielens.sh"; }
+
+if [[ "${LEASH_SKIP_APT:-0}" == 1 ]]; then fetch_movielens; exit 0; fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -29,6 +32,7 @@ for p in "${PACKAGES[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "leash: all build packages are installed"
+  fetch_movielens
   exit 0
 fi
 
@@ -41,3 +45,4 @@ echo "leash: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fetch_movielens

@@ -13,6 +13,9 @@ MODEL_FLAGS = {
     # the optimizers the Leash docs use for each model
     "mlp": ["--model", "mlp", "--optimizer", "momentum", "--momentum", "0.9", "--lr", "0.01"],
     "cnn": ["--model", "cnn", "--optimizer", "adam", "--lr", "0.001"],
+    # the click-through model on MovieLens-100k (docs/models.md); bench/torch_ctr.py's twin
+    "ctr": ["--model", "ctr", "--optimizer", "adagrad", "--lr", "0.05", "--sparse-optimizer", "adagrad",
+            "--hidden", "64,32", "--embedding-dim", "16", "--batch", "256", "--chunk-size", "4096"],
 }
 
 

@@ -1,6 +1,7 @@
 // leash-worker's flags and their validation into a WorkerConfig. Not thread-safe.
 #include "config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 #include <string_view>
@@ -31,7 +32,17 @@ bool IsDeviceSpec(std::string_view spec) {
 
 }  // namespace
 
-const char* ModelName(ModelKind kind) { return kind == ModelKind::kCnn ? "cnn" : "mlp"; }
+const char* ModelName(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kCnn:
+      return "cnn";
+    case ModelKind::kCtr:
+      return "ctr";
+    case ModelKind::kMlp:
+      break;
+  }
+  return "mlp";
+}
 
 WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   Values v;
@@ -47,6 +58,10 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.hidden = JoinSizes(d.hidden);
   v.optimizer = OptimizerName(d.optimizer);
   v.lr = d.lr;
+  v.embedding_dim = d.embedding_dim;
+  v.sparse_optimizer = OptimizerName(d.sparse_optimizer);
+  v.sparse_lr = d.sparse_lr;
+  v.embedding_scale = d.embedding_scale;
   v.momentum = d.momentum;
   v.weight_decay = d.weight_decay;
   v.staleness = d.staleness;
@@ -72,8 +87,9 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
 
 WorkerCommandLine::WorkerCommandLine()
     : cli_("leash-worker",
-           "Trains a model on Fashion-MNIST with a Leash cluster (or --local, alone).", "worker",
-           WorkerConfig{}.log_level) {
+           "Trains a model on Fashion-MNIST (or a click-through model on MovieLens-100k) with a "
+           "Leash cluster (or --local, alone).",
+           "worker", WorkerConfig{}.log_level) {
   Values& v = values_;
   v = ValuesOf(WorkerConfig{});
 
@@ -93,7 +109,9 @@ WorkerCommandLine::WorkerCommandLine()
   f.Int("epochs", &v.epochs,
         "epochs of the job: passes over the training set by all workers together");
   f.String("data", &v.data,
-           "directory holding the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
+           "directory holding the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist); with "
+           "--model ctr, MovieLens-100k's ml-100k.{inter,user,item} (left at its default: "
+           "/usr/local/share/leash/datasets/ml-100k, from scripts/fetch-movielens.sh)");
   f.Int("seed", &v.seed, "seed of parameter initialization and shuffling");
   f.Int("threads", &v.threads, "BLAS threads");
   f.Int("chunk-size", &v.chunk_size, "samples per data chunk leased from shard 0");
@@ -101,8 +119,15 @@ WorkerCommandLine::WorkerCommandLine()
         "micro-batches of --batch examples whose gradients are averaged into one push");
   f.String("name", &v.name, "worker name in logs and status (default: host:pid)");
   f.String("model", &v.model,
-           "mlp (784-hidden-10) or cnn (conv32-pool-conv64-pool-dense128-dense10)");
-  f.List("hidden", &v.hidden, "hidden layer sizes of the MLP");
+           "mlp (784-hidden-10), cnn (conv32-pool-conv64-pool-dense128-dense10) or ctr (the "
+           "click-through model on MovieLens-100k: embeddings in a sparse table, hidden-1)");
+  f.List("hidden", &v.hidden, "hidden layer sizes of the MLP (and of the ctr model)");
+  f.Int("embedding-dim", &v.embedding_dim, "ctr: embedding dimension of every field");
+  f.String("sparse-optimizer", &v.sparse_optimizer,
+           "ctr: server-side optimizer of the embeddings: sgd, adam (lazy), adagrad or ftrl");
+  f.Double("sparse-lr", &v.sparse_lr, "ctr: learning rate of the embeddings (0: --lr)");
+  f.Double("embedding-scale", &v.embedding_scale,
+           "ctr: embeddings start uniform in [-scale, scale]");
   f.String("wire-dtype", &v.wire_dtype,
            "encoding of pushes and pulls on the wire: fp32, fp16 or bf16");
   f.String("device", &v.device, "cpu, cuda:N or auto");
@@ -183,9 +208,24 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
     c.model = ModelKind::kMlp;
   } else if (v.model == "cnn") {
     c.model = ModelKind::kCnn;
+  } else if (v.model == "ctr") {
+    c.model = ModelKind::kCtr;
   } else {
-    return bad("model", v.model, "use mlp or cnn");
+    return bad("model", v.model, "use mlp, cnn or ctr");
   }
+  if (v.embedding_dim < 1 || v.embedding_dim > 4096)
+    return bad_int("embedding-dim", v.embedding_dim, "need an integer in [1, 4096]");
+  c.embedding_dim = v.embedding_dim;
+  auto sparse_optimizer = ParseOptimizer(v.sparse_optimizer);
+  if (!sparse_optimizer.ok() || *sparse_optimizer == OptimizerKind::kMomentum)
+    return bad("sparse-optimizer", v.sparse_optimizer, "use sgd, adam, adagrad or ftrl");
+  c.sparse_optimizer = *sparse_optimizer;
+  if (!(v.sparse_lr >= 0) || !std::isfinite(v.sparse_lr))
+    return bad_double("sparse-lr", v.sparse_lr, "need a number >= 0 (0: --lr)");
+  c.sparse_lr = v.sparse_lr;
+  if (!(v.embedding_scale >= 0) || !std::isfinite(v.embedding_scale))
+    return bad_double("embedding-scale", v.embedding_scale, "need a number >= 0");
+  c.embedding_scale = v.embedding_scale;
   c.hidden.clear();
   for (const auto& h : SplitList(v.hidden)) {
     char* end = nullptr;

@@ -14,7 +14,7 @@
 
 namespace leash::worker {
 
-enum class ModelKind { kMlp, kCnn };
+enum class ModelKind { kMlp, kCnn, kCtr };
 
 // What leash-worker runs with. The defaults here are the flags' defaults.
 struct WorkerConfig {
@@ -30,7 +30,13 @@ struct WorkerConfig {
 
   // The job.
   ModelKind model = ModelKind::kMlp;
-  std::vector<int64_t> hidden = {256, 128};  // MLP hidden layer sizes
+  std::vector<int64_t> hidden = {256, 128};  // MLP (and click-through model) hidden layer sizes
+  // The click-through model's embeddings (a sparse table): dimension, optimizer and
+  // learning rate (sparse_lr 0: --lr), initial values uniform in +-embedding_scale.
+  int64_t embedding_dim = 16;
+  OptimizerKind sparse_optimizer = OptimizerKind::kAdagrad;
+  double sparse_lr = 0;
+  double embedding_scale = 0.05;
   OptimizerKind optimizer = OptimizerKind::kMomentum;
   double lr = 0.01;
   double momentum = 0.9;
@@ -58,7 +64,7 @@ struct WorkerConfig {
   std::string log_level = "info";
 };
 
-// "mlp" or "cnn".
+// "mlp", "cnn" or "ctr".
 const char* ModelName(ModelKind kind);
 
 // leash-worker's command line: its flags registered on a CommandLine (defaults from
@@ -79,10 +85,11 @@ class WorkerCommandLine {
   // The flags as read, before validation.
   struct Values {
     std::string servers, optimizer, wire_dtype, name, hidden, model, metrics_out, metrics_bind;
-    std::string device, curve_keys, curve_client, data;
+    std::string device, curve_keys, curve_client, data, sparse_optimizer;
     int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
-    double lr, momentum, weight_decay, step_delay_factor;
+    int64_t embedding_dim;
+    double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
     bool local, no_eval, no_shm;
   };
   // The flags' defaults: `defaults` as the flags write it.

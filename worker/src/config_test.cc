@@ -70,6 +70,21 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->log_level, "debug");
 }
 
+TEST(WorkerConfigTest, ClickThroughModelFlagsAreParsed) {
+  auto c = Parse({"--local", "--model=ctr", "--embedding-dim=8", "--sparse-optimizer=ftrl",
+                  "--sparse-lr=0.1", "--embedding-scale=0.01"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model, ModelKind::kCtr);
+  EXPECT_EQ(c->embedding_dim, 8);
+  EXPECT_EQ(c->sparse_optimizer, OptimizerKind::kFtrl);
+  EXPECT_DOUBLE_EQ(c->sparse_lr, 0.1);
+  EXPECT_DOUBLE_EQ(c->embedding_scale, 0.01);
+  auto d = Parse({"--local"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->embedding_dim, 16);
+  EXPECT_EQ(d->sparse_optimizer, OptimizerKind::kAdagrad);
+}
+
 TEST(WorkerConfigTest, NoServersWithoutLocalIsAnError) {
   EXPECT_NE(Error({}).find("no shards given: set --servers"), std::string::npos);
 }
@@ -91,7 +106,7 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--threads=0", "bad value for --threads: '0' (need an integer >= 1)"},
       {"--chunk-size=0", "bad value for --chunk-size: '0' (need an integer >= 1)"},
       {"--accumulate=0", "bad value for --accumulate: '0' (need an integer >= 1)"},
-      {"--model=rnn", "bad value for --model: 'rnn' (use mlp or cnn)"},
+      {"--model=rnn", "bad value for --model: 'rnn' (use mlp, cnn or ctr)"},
       {"--hidden=256,x",
        "bad value for --hidden: '256,x' (need a comma-separated list of positive layer sizes)"},
       {"--hidden=0", "bad value for --hidden: '0'"},
@@ -109,6 +124,11 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--batch=many", "bad value for --batch: 'many' is not an integer"},
       {"--lr=fast", "bad value for --lr: 'fast' is not a finite number"},
       {"--local=maybe", "bad value for --local: 'maybe' is not a boolean"},
+      {"--embedding-dim=0", "bad value for --embedding-dim: '0' (need an integer in [1, 4096])"},
+      {"--sparse-optimizer=momentum",
+       "bad value for --sparse-optimizer: 'momentum' (use sgd, adam, adagrad or ftrl)"},
+      {"--sparse-lr=-1", "bad value for --sparse-lr: '-1' (need a number >= 0 (0: --lr))"},
+      {"--embedding-scale=-0.5", "bad value for --embedding-scale: '-0.5' (need a number >= 0)"},
       {"--no-such-flag=1", "unknown flag --no-such-flag"},
   };
   for (const auto& c : cases) {

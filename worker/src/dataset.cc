@@ -324,11 +324,15 @@ void BatchLoader::Produce() {
     batch.index = b;
     batch.images.resize(static_cast<size_t>(size * features));
     batch.labels.resize(static_cast<size_t>(size));
+    const int64_t slots = data_.key_slots;
+    batch.keys.resize(static_cast<size_t>(size * slots));
     for (int64_t r = 0; r < size; ++r) {
       const int64_t sample = order_[static_cast<size_t>(begin + r)];
       std::copy_n(data_.images.begin() + sample * features, features,
                   batch.images.begin() + r * features);
       batch.labels[static_cast<size_t>(r)] = data_.labels[static_cast<size_t>(sample)];
+      if (slots > 0)
+        std::copy_n(data_.keys.begin() + sample * slots, slots, batch.keys.begin() + r * slots);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

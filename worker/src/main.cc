@@ -26,6 +26,7 @@
 #include "leash/worker/params.h"
 #include "leash/worker/trainer.h"
 #include "leash/worker/worker_metrics.h"
+#include "movielens.h"
 
 namespace {
 
@@ -111,12 +112,17 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
     if (!m.ok()) return Fail("metrics", m.status());
     w.metrics_server = std::move(*m);
   }
-  auto dev = leash::kernels::ParseDevice(c.device);
+  // The click-through model computes on the CPU: --device auto means the CPU for it.
+  const bool ctr_auto = c.model == leash::worker::ModelKind::kCtr && c.device == "auto";
+  auto dev = leash::kernels::ParseDevice(ctr_auto ? "cpu" : c.device);
   if (!dev.ok()) return Fail("--device", dev.status());
   auto ctx = leash::kernels::Context::Create(*dev, static_cast<int>(c.threads));
   if (!ctx.ok()) return Fail("cannot set up device " + c.device, ctx.status());
   w.device = std::move(*ctx);
-  if (c.device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
+  if (ctr_auto) {
+    spdlog::info("--device auto: the click-through model computes on the CPU, {} BLAS thread(s)",
+                 c.threads);
+  } else if (c.device == "auto" && dev->type == leash::kernels::DeviceType::kCpu) {
     spdlog::info(
         "--device auto: {}; computing on the CPU with {} BLAS thread(s)",
         leash::kernels::CudaBuilt() ? "no usable GPU found" : "this build has no CUDA support",
@@ -125,18 +131,32 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
     spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
   }
 
-  spdlog::info("loading Fashion-MNIST from {}", c.data);
-  auto train = leash::worker::LoadFashionMnist(c.data, true);
-  if (!train.ok()) return Fail("training set", train.status());
-  auto test = leash::worker::LoadFashionMnist(c.data, false);
-  if (!test.ok()) return Fail("test set", test.status());
-  w.train = std::move(*train);
-  w.test = std::move(*test);
+  if (c.model == leash::worker::ModelKind::kCtr) {
+    // --data left at its (Fashion-MNIST) default means MovieLens' own default.
+    const std::string dir = c.data == WorkerConfig{}.data ? "" : c.data;
+    spdlog::info("loading MovieLens-100k from {}",
+                 dir.empty() ? leash::worker::kMovieLensDefaultDir : dir);
+    auto data = leash::worker::LoadMovieLens(dir);
+    if (!data.ok()) return Fail("MovieLens-100k", data.status());
+    w.train = std::move(data->train);
+    w.test = std::move(data->test);
+  } else {
+    spdlog::info("loading Fashion-MNIST from {}", c.data);
+    auto train = leash::worker::LoadFashionMnist(c.data, true);
+    if (!train.ok()) return Fail("training set", train.status());
+    auto test = leash::worker::LoadFashionMnist(c.data, false);
+    if (!test.ok()) return Fail("test set", test.status());
+    w.train = std::move(*train);
+    w.test = std::move(*test);
+  }
   w.train->Truncate(c.train_limit);
   w.test->Truncate(c.test_limit);
-  auto model = c.model == leash::worker::ModelKind::kCnn
-                   ? leash::worker::MakeCnn(*w.device, c.batch)
-                   : leash::worker::MakeMlp(*w.device, w.train->features(), c.hidden, 10, c.batch);
+  auto model =
+      c.model == leash::worker::ModelKind::kCnn ? leash::worker::MakeCnn(*w.device, c.batch)
+      : c.model == leash::worker::ModelKind::kCtr
+          ? leash::worker::MakeCtr(*w.device, leash::worker::MovieLensSlotFields(), c.embedding_dim,
+                                   c.hidden, c.batch, static_cast<float>(c.embedding_scale))
+          : leash::worker::MakeMlp(*w.device, w.train->features(), c.hidden, 10, c.batch);
   if (!model.ok()) return Fail("model", model.status());
   w.model = std::move(*model);
   return std::nullopt;
@@ -177,6 +197,14 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   if (auto st = w.params->Setup(w.model->params(), opt); !st.ok()) {
     return Fail("creating tables", st);
   }
+  if (const leash::worker::ParamSpec* sparse = w.model->sparse_param()) {
+    leash::worker::OptimizerOptions sopt = opt;
+    sopt.kind = c.sparse_optimizer;
+    if (c.sparse_lr > 0) sopt.learning_rate = static_cast<float>(c.sparse_lr);
+    if (auto st = w.params->SetupSparse(*sparse, sopt); !st.ok()) {
+      return Fail("creating the sparse table", st);
+    }
+  }
 
   leash::worker::TrainOptions& to = w.train_options;
   to.epochs = c.epochs;
@@ -211,7 +239,11 @@ int Train(const WorkerConfig& c, Worker& w) {
   spdlog::info(
       "training {} on {} samples in chunks of {}, batch {}, staleness {}, {} lr {}, {} "
       "on the wire",
-      c.model == leash::worker::ModelKind::kCnn ? std::string("CNN") : "MLP " + hidden,
+      c.model == leash::worker::ModelKind::kCnn ? std::string("CNN")
+      : c.model == leash::worker::ModelKind::kCtr
+          ? "click-through model, embeddings " + std::to_string(c.embedding_dim) + ", hidden " +
+                hidden
+          : "MLP " + hidden,
       w.train->count, c.chunk_size, c.batch, c.staleness, leash::OptimizerName(c.optimizer), c.lr,
       leash::DTypeName(c.wire_dtype));
   const leash::worker::TrainOptions& to = w.train_options;

@@ -18,4 +18,16 @@ Result<const float*> Model::HostGradient(size_t index) {
   return static_cast<const float*>(nullptr);
 }
 
+Result<std::span<const uint64_t>> Model::SparseKeys(const uint64_t*, int64_t, int64_t) {
+  return FailedPrecondition("SparseKeys: this model has no embeddings (no sparse table)");
+}
+
+Status Model::SetSparseRows(const float*) {
+  return FailedPrecondition("SetSparseRows: this model has no embeddings (no sparse table)");
+}
+
+Result<const float*> Model::SparseGradient() {
+  return FailedPrecondition("SparseGradient: this model has no embeddings (no sparse table)");
+}
+
 }  // namespace leash::worker

@@ -1,9 +1,11 @@
 // Remote (cluster) and local (in-process) parameter stores.
 #include "leash/worker/params.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "leash/ps/coverage.h"
+#include "leash/ps/sparse_table.h"
 #include "leash/ps/table.h"
 
 namespace leash::worker {
@@ -20,6 +22,14 @@ TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t 
   t.init.kind = p.init;
   t.init.scale = p.init_scale;
   t.init.seed = opt.seed * 1000003ULL + index;
+  return t;
+}
+
+TableSpec MakeSparseTableSpec(const ParamSpec& p, const OptimizerOptions& opt) {
+  TableSpec t = MakeTableSpec(p, opt, 0);
+  t.kind = TableKind::kSparse;
+  t.rows = 0;
+  t.init.seed = opt.seed * 1000003ULL + 999983ULL;
   return t;
 }
 
@@ -51,10 +61,56 @@ class RemoteParams final : public ParamStore {
     return Wait(&futures_);
   }
 
-  void Prefetch() override {
+  Status SetupSparse(const ParamSpec& p, const OptimizerOptions& opt) override {
+    LEASH_ASSIGN_OR_RETURN(sparse_, client_->CreateTable(MakeSparseTableSpec(p, opt)));
+    return Status::Ok();
+  }
+
+  Status PullAllSparse(std::vector<std::vector<float>>* values, std::span<const uint64_t> keys,
+                       std::vector<float>* rows) override {
+    if (!next_futures_.empty()) {
+      const bool same_keys = !next_keys_.empty() && std::ranges::equal(keys, next_keys_);
+      const bool usable = next_clock_ == client_->clock();
+      Status st = Wait(&next_futures_);
+      if (usable && st.ok()) {
+        values->swap(next_);
+        if (same_keys) {
+          rows->swap(next_rows_);
+          return Status::Ok();
+        }
+        // Other keys than prefetched (an evaluation): the rows go alone.
+        rows->resize(keys.size() * sparse_.cols);
+        if (keys.empty()) return Status::Ok();
+        return client_->PullSparse(sparse_, keys, rows->data())
+            .get()
+            .WithContext("pull '" + sparse_.name + "'");
+      }
+      // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
+    }
+    rows->resize(keys.size() * sparse_.cols);
+    StartPulls(values, -1, &futures_, keys, rows->data());
+    return Wait(&futures_);
+  }
+
+  void PushSparse(std::span<const uint64_t> keys, const float* grad) override {
+    if (keys.empty()) return;
+    if (!holding_) {
+      client_->HoldSends();
+      holding_ = true;
+      held_bytes_ = 0;
+    }
+    pending_.push_back(client_->PushSparse(sparse_, keys, grad));
+    held_bytes_ += keys.size() * sparse_.cols * sizeof(float);
+  }
+
+  void Prefetch() override { PrefetchSparse({}); }
+
+  void PrefetchSparse(std::span<const uint64_t> keys) override {
     if (!prefetch_ || !next_futures_.empty()) return;
     next_clock_ = client_->clock() + 1;
-    StartPulls(&next_, next_clock_, &next_futures_);
+    next_keys_.assign(keys.begin(), keys.end());
+    next_rows_.resize(next_keys_.size() * sparse_.cols);
+    StartPulls(&next_, next_clock_, &next_futures_, next_keys_, next_rows_.data());
   }
 
   // An iteration's pushes are held and go out with its clock, one message per shard,
@@ -140,14 +196,18 @@ class RemoteParams final : public ParamStore {
   int64_t clock() const override { return client_->clock(); }
 
  private:
+  // Pulls every table, and the sparse table's rows of `keys` into `rows` when there are
+  // keys, in one message per shard.
   void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock,
-                  std::vector<Future>* futs) {
+                  std::vector<Future>* futs, std::span<const uint64_t> keys = {},
+                  float* rows = nullptr) {
     values->resize(tables_.size());
-    client_->HoldSends();  // every table's pull in one message per shard
+    client_->HoldSends();
     for (size_t i = 0; i < tables_.size(); ++i) {
       (*values)[i].resize(tables_[i].size());
       futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock));
     }
+    if (!keys.empty()) futs->push_back(client_->PullSparse(sparse_, keys, rows, for_clock));
     client_->FlushSends();
   }
 
@@ -156,7 +216,8 @@ class RemoteParams final : public ParamStore {
     Status first;
     for (size_t i = 0; i < futs->size(); ++i) {
       Status st = (*futs)[i].get();
-      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + tables_[i].name + "'");
+      const std::string& name = i < tables_.size() ? tables_[i].name : sparse_.name;
+      if (!st.ok() && first.ok()) first = st.WithContext("pull '" + name + "'");
     }
     futs->clear();
     return first;
@@ -165,6 +226,9 @@ class RemoteParams final : public ParamStore {
   Client* client_;
   bool prefetch_;
   std::vector<TableHandle> tables_;
+  TableHandle sparse_;               // the sparse table, with SetupSparse
+  std::vector<uint64_t> next_keys_;  // the keys of the prefetched rows
+  std::vector<float> next_rows_;     // their rows (prefetched with next_)
   std::vector<Future> futures_;
   std::vector<std::vector<float>> next_;  // the prefetched values of iteration next_clock_
   std::vector<Future> next_futures_;
@@ -209,9 +273,33 @@ class LocalParams final : public ParamStore {
     tables_[i]->Apply(all, grad);
   }
 
+  Status SetupSparse(const ParamSpec& p, const OptimizerOptions& opt) override {
+    LEASH_ASSIGN_OR_RETURN(sparse_, ps::SparseTable::Create(static_cast<uint32_t>(tables_.size()),
+                                                            MakeSparseTableSpec(p, opt), &store_,
+                                                            ps::SparseTableOptions{}));
+    return Status::Ok();
+  }
+
+  Status PullAllSparse(std::vector<std::vector<float>>* values, std::span<const uint64_t> keys,
+                       std::vector<float>* rows) override {
+    LEASH_RETURN_IF_ERROR(PullAll(values));
+    if (sparse_ == nullptr) return FailedPrecondition("PullAllSparse before SetupSparse");
+    rows->resize(keys.size() * sparse_->cols());
+    return sparse_->Read(keys, clock_, rows->data());
+  }
+
+  void PushSparse(std::span<const uint64_t> keys, const float* grad) override {
+    if (sparse_ == nullptr || keys.empty()) return;
+    Status st = sparse_->Apply(keys, grad, clock_);
+    if (!st.ok() && push_status_.ok())
+      push_status_ = st.WithContext("push '" + sparse_->spec().name + "'");
+  }
+
   Status EndIteration() override {
     ++clock_;
-    return Status::Ok();
+    Status st = push_status_;
+    push_status_ = Status::Ok();
+    return st;
   }
   Status Idle() override { return Status::Ok(); }
 
@@ -226,6 +314,9 @@ class LocalParams final : public ParamStore {
 
  private:
   std::vector<std::unique_ptr<ps::Table>> tables_;
+  ps::MemoryRowStore store_;  // the sparse table's cold tier (unused: its budget is unbounded)
+  std::unique_ptr<ps::SparseTable> sparse_;
+  Status push_status_;  // the first error of this iteration's sparse pushes
   ps::DataCoverage coverage_;
   int64_t clock_ = 0;
 };

@@ -188,5 +188,66 @@ TEST_F(RemoteParamsTest, RejoiningDropsThePrefetchAndPullsForTheNewClock) {
   EXPECT_EQ(values[0].front(), -1.f);
 }
 
+// The same iteration of dense and sparse pulls and pushes through 2 shards and through
+// LocalParams gives the same values: rows start at the initializer (zeros), a key pushed
+// twice in a batch is summed, a key never pushed stays, and the dense table is unchanged
+// by the sparse push.
+TEST_F(RemoteParamsTest, SparseRowsArePulledWithTheDenseTablesAndUpdatedAsLocally) {
+  MemoryCluster cluster(2);
+  Open(cluster, 0, {Param("a", 8, 2)});
+  std::unique_ptr<ParamStore> local = MakeLocalParams();
+  ASSERT_TRUE(local->Setup({Param("a", 8, 2)}, Sgd()).ok());
+  ParamSpec emb = Param("emb", 0, 3);
+  ASSERT_TRUE(store_->SetupSparse(emb, Sgd()).ok());
+  ASSERT_TRUE(local->SetupSparse(emb, Sgd()).ok());
+  const std::vector<uint64_t> keys = {5, 1ULL << 60, 77, 5};
+  const std::vector<float> grad = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 30};
+  std::vector<std::vector<float>> results;
+  for (ParamStore* s : {store_.get(), local.get()}) {
+    std::vector<std::vector<float>> values;
+    std::vector<float> rows;
+    ASSERT_TRUE(s->PullAllSparse(&values, keys, &rows).ok());
+    ASSERT_EQ(rows, std::vector<float>(12, 0.f));
+    ASSERT_EQ(values.size(), 1u);
+    s->PushSparse(std::span<const uint64_t>(keys).first(3),
+                  grad.data());                                               // key 5 once here...
+    s->PushSparse(std::span<const uint64_t>(keys).last(1), grad.data() + 9);  // ...and again
+    ASSERT_TRUE(s->EndIteration().ok());
+    const std::vector<uint64_t> again = {5, 1ULL << 60, 77, 999};
+    ASSERT_TRUE(s->PullAllSparse(&values, again, &rows).ok());
+    EXPECT_EQ(values[0], std::vector<float>(16, 0.f));
+    results.push_back(rows);
+  }
+  EXPECT_EQ(results[0], (std::vector<float>{-11, -22, -33, -4, -5, -6, -7, -8, -9, 0, 0, 0}));
+  EXPECT_EQ(results[0], results[1]);
+}
+
+// Under staleness 1 the next iteration's rows are prefetched with its dense values: the
+// pull of the same keys takes them without a request; other keys (an evaluation) are
+// pulled afresh and see the earlier iteration's push.
+TEST_F(RemoteParamsTest, PrefetchedRowsAreTakenByThePullOfTheSameKeys) {
+  MemoryCluster cluster(2);
+  Open(cluster, 1, {Param("a", 8, 2)});
+  ASSERT_TRUE(store_->SetupSparse(Param("emb", 0, 2), Sgd()).ok());
+  const std::vector<uint64_t> now = {3, 4}, next = {4, 5};
+  std::vector<std::vector<float>> values;
+  std::vector<float> rows;
+  ASSERT_TRUE(store_->PullAllSparse(&values, now, &rows).ok());
+  store_->PrefetchSparse(next);
+  const std::vector<float> grad = {1, 1, 2, 2};
+  store_->PushSparse(now, grad.data());
+  ASSERT_TRUE(store_->EndIteration().ok());
+  uint64_t pulls = client_->counters().pulls;
+  ASSERT_TRUE(store_->PullAllSparse(&values, next, &rows).ok());
+  EXPECT_EQ(client_->counters().pulls, pulls) << "the prefetch was taken";
+  // Read for clock 1 under staleness 1, before the held push went out: it may miss it.
+  EXPECT_EQ(rows, (std::vector<float>{0, 0, 0, 0}));
+  store_->PrefetchSparse(now);
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->PullAllSparse(&values, next, &rows).ok());  // not the prefetched keys
+  EXPECT_GT(client_->counters().pulls, pulls);
+  EXPECT_EQ(rows, (std::vector<float>{-2, -2, 0, 0}));
+}
+
 }  // namespace
 }  // namespace leash::worker

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 
 namespace leash::worker {
 namespace {
@@ -34,7 +35,13 @@ class Loop {
  public:
   Loop(Model& model, ParamStore& params, const Dataset& train, const Dataset* test,
        const TrainOptions& o, const std::atomic<bool>* stop)
-      : model_(model), params_(params), train_(train), test_(test), o_(o), stop_(stop) {
+      : model_(model),
+        params_(params),
+        train_(train),
+        test_(test),
+        o_(o),
+        stop_(stop),
+        sparse_(model.sparse_param() != nullptr) {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
     sums_.resize(grads_.size());
   }
@@ -118,6 +125,8 @@ class Loop {
     EpochAcc& acc = epochs_[g.epoch];
     const int64_t k = std::max<int64_t>(1, o_.accumulate);
     std::optional<Batch> batch = loader.Next();
+    // A model with embeddings takes the next batch before the pull, to prefetch its rows.
+    std::optional<Batch> ahead;
     while (batch) {
       if (Stopping()) return false;
       auto t0 = Clock::now();
@@ -125,10 +134,12 @@ class Loop {
       StepReport report;
       report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
-        LEASH_RETURN_IF_ERROR(BeginIteration());
+        if (sparse_ && !ahead) ahead = loader.Next();
+        LEASH_RETURN_IF_ERROR(BeginIteration(&*batch, ahead ? &*ahead : nullptr));
         double compute = 0;
         while (batch && micro < k) {
-          std::optional<Batch> next = loader.Next();
+          std::optional<Batch> next = ahead ? std::move(ahead) : loader.Next();
+          ahead.reset();
           // The next batch travels to the device while this one computes.
           if (next)
             LEASH_RETURN_IF_ERROR(
@@ -219,6 +230,7 @@ class Loop {
     result_.eval_seconds += p.eval_seconds;
     if (!stats) return Status::Ok();  // this worker rejoined the job instead: no point
     p.test_loss = stats->loss;
+    p.test_auc = stats->auc;
     p.test_accuracy = static_cast<double>(stats->correct) / static_cast<double>(test_->count);
     spdlog::info(
         "{} evaluation at step {} ({} samples trained, {:.2f} s): test loss {:.4f}, test accuracy "
@@ -230,13 +242,24 @@ class Loop {
     return Status::Ok();
   }
 
-  Status BeginIteration() {
-    LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
+  // `ahead`: a sparse model's next batch, if known, whose rows are prefetched.
+  Status BeginIteration(const Batch* batch, const Batch* ahead = nullptr) {
+    LEASH_RETURN_IF_ERROR(Pull(batch->keys.data(), batch->size));
     LEASH_RETURN_IF_ERROR(LoadParams());
     // The next iteration's pull overlaps this one's compute. Only after LoadParams: the
     // prefetch writes into the arrays PullAll just swapped out of values_, which the model
-    // read until LoadParams bound it to values_ (see there).
-    params_.Prefetch();
+    // read until LoadParams bound it to values_ (see there); the same holds for a sparse
+    // model's rows (Pull rebound the model to rows_ first).
+    if (ahead == nullptr) {
+      params_.Prefetch();
+      return Status::Ok();
+    }
+    // The keys the model's SparseKeys will return for that batch: first seen first.
+    ahead_keys_.clear();
+    ahead_seen_.clear();
+    for (uint64_t key : ahead->keys)
+      if (key != 0 && ahead_seen_.insert(key).second) ahead_keys_.push_back(key);
+    params_.PrefetchSparse(ahead_keys_);
     return Status::Ok();
   }
 
@@ -277,8 +300,17 @@ class Loop {
     return Status::Ok();
   }
 
+  // Pulls the dense parameters into values_ and, for a model with embeddings, the rows of
+  // the `n` examples' keys (n x key_slots at `keys`) into rows_, in the same messages.
+  Status Pull(const uint64_t* keys, int64_t n) {
+    if (!sparse_) return params_.PullAll(&values_);
+    LEASH_ASSIGN_OR_RETURN(sparse_keys_, model_.SparseKeys(keys, n, train_.key_slots));
+    LEASH_RETURN_IF_ERROR(params_.PullAllSparse(&values_, sparse_keys_, &rows_));
+    return model_.SetSparseRows(rows_.data());
+  }
+
   Result<StepStats> EvaluateAll(const Dataset& test) {
-    LEASH_RETURN_IF_ERROR(params_.PullAll(&values_));
+    LEASH_RETURN_IF_ERROR(Pull(test.keys.data(), test.count));
     LEASH_RETURN_IF_ERROR(LoadParams());
     return model_.Evaluate(test.images.data(), test.labels.data(), test.count);
   }
@@ -321,6 +353,10 @@ class Loop {
       params_.Push(i, g.data());
     });
     LEASH_RETURN_IF_ERROR(grad_status);
+    if (st.ok() && sparse_) {
+      LEASH_ASSIGN_OR_RETURN(const float* rows_grad, model_.SparseGradient());
+      params_.PushSparse(sparse_keys_, rows_grad);
+    }
     return st;
   }
 
@@ -361,6 +397,7 @@ class Loop {
         result_.eval_seconds += Seconds(e0, Clock::now());
         if (!ev.ok()) return ev.status();
         r.test_loss = ev->loss;
+        r.test_auc = ev->auc;
         r.test_accuracy = static_cast<double>(ev->correct) / static_cast<double>(test_->count);
       }
       r.elapsed_seconds = Seconds(start_, Clock::now());
@@ -370,6 +407,10 @@ class Loop {
         std::snprintf(buf, sizeof buf, ", test loss %.4f, test accuracy %.2f%%", r.test_loss,
                       r.test_accuracy * 100);
         test_part = buf;
+        if (r.test_auc >= 0) {
+          std::snprintf(buf, sizeof buf, ", test AUC %.4f", r.test_auc);
+          test_part += buf;
+        }
       }
       std::printf(
           "%s job epoch %lld/%lld done after %.1f s: this worker trained %lld samples (loss %.4f, "
@@ -392,6 +433,11 @@ class Loop {
   const Dataset* test_;
   const TrainOptions& o_;
   const std::atomic<bool>* stop_;
+  const bool sparse_;                      // the model has embeddings in a sparse table
+  std::span<const uint64_t> sparse_keys_;  // the distinct keys of the current step
+  std::vector<float> rows_;                // their rows, read by the model in place
+  std::vector<uint64_t> ahead_keys_;       // the next batch's distinct keys (prefetch)
+  std::unordered_set<uint64_t> ahead_seen_;
   std::vector<std::vector<float>> values_;  // the model may be bound to these: see LoadParams
   bool bind_ = true;                        // false once the model refused BindParam
   bool bound_any_ = false;                  // some parameter may be bound to values_
@@ -427,6 +473,14 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
                            std::to_string(o.step_delay_factor));
   }
   if (train.count < 1) return InvalidArgument("the training set is empty");
+  if (model.sparse_param() != nullptr) {
+    if (train.key_slots < 1 || (test != nullptr && test->key_slots != train.key_slots))
+      return InvalidArgument("the model reads categorical keys; the dataset has none");
+    if (o.accumulate != 1)
+      return InvalidArgument(
+          "a model with embeddings trains one micro-batch per iteration; use "
+          "--accumulate 1");
+  }
   if (train.features() != model.input_size()) {
     return InvalidArgument("dataset has " + std::to_string(train.features()) +
                            " features per sample, the model expects " +
@@ -458,7 +512,8 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
     f << "    {\"epoch\": " << r.epoch << ", \"steps\": " << r.steps
       << ", \"samples\": " << r.samples << ", \"train_loss\": " << r.train_loss
       << ", \"train_accuracy\": " << r.train_accuracy << ", \"test_loss\": " << r.test_loss
-      << ", \"test_accuracy\": " << r.test_accuracy << ", \"train_seconds\": " << r.train_seconds
+      << ", \"test_auc\": " << r.test_auc << ", \"test_accuracy\": " << r.test_accuracy
+      << ", \"train_seconds\": " << r.train_seconds
       << ", \"samples_per_second\": " << r.samples_per_second
       << ", \"elapsed_seconds\": " << r.elapsed_seconds << "}"
       << (i + 1 < results.size() ? ",\n" : "\n");
@@ -470,7 +525,8 @@ Status WriteResultsJson(const std::string& path, const std::string& mode, const 
     f << "    {\"step\": " << p.step << ", \"samples\": " << p.samples
       << ", \"elapsed_seconds\": " << p.elapsed_seconds
       << ", \"test_accuracy\": " << p.test_accuracy << ", \"test_loss\": " << p.test_loss
-      << ", \"eval_seconds\": " << p.eval_seconds << "}" << (i + 1 < points.size() ? ",\n" : "\n");
+      << ", \"test_auc\": " << p.test_auc << ", \"eval_seconds\": " << p.eval_seconds << "}"
+      << (i + 1 < points.size() ? ",\n" : "\n");
   }
   f << "  ]\n}\n";
   if (!f) return IOError("error writing '" + path + "'");

@@ -47,6 +47,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& worker,
       r, l, "leash_worker_test_accuracy",
       "Test accuracy (0..1) when the job last completed an epoch (-1: not evaluated yet).");
   test_accuracy_->Set(-1);
+  test_auc_ = AddGauge(r, l, "leash_worker_test_auc",
+                       "Test AUC of a binary (click-through) model when the job last completed an "
+                       "epoch (-1: not evaluated, or not a binary model).");
+  test_auc_->Set(-1);
   iteration_seconds_ =
       &prometheus::BuildHistogram()
            .Name("leash_worker_iteration_duration_seconds")
@@ -120,6 +124,7 @@ void WorkerMetrics::OnStep(const StepReport& step) {
 void WorkerMetrics::OnEpoch(const EpochResult& epoch) {
   epochs_done_->Set(static_cast<double>(epoch.epoch));
   if (epoch.test_accuracy >= 0) test_accuracy_->Set(epoch.test_accuracy);
+  if (epoch.test_auc >= 0) test_auc_->Set(epoch.test_auc);
 }
 
 }  // namespace leash::worker

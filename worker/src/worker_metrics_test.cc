@@ -68,9 +68,11 @@ TEST(WorkerMetricsTest, RecordsEpochsAndRejoins) {
   EXPECT_EQ(Value(r, "leash_worker_test_accuracy"), -1);
   e.epoch = 2;
   e.test_accuracy = 0.85;
+  e.test_auc = 0.79;
   m.OnEpoch(e);
   EXPECT_EQ(Value(r, "leash_worker_epochs_done"), 2);
   EXPECT_DOUBLE_EQ(Value(r, "leash_worker_test_accuracy"), 0.85);
+  EXPECT_DOUBLE_EQ(Value(r, "leash_worker_test_auc"), 0.79);
 }
 
 }  // namespace

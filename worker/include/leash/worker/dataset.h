@@ -24,6 +24,10 @@ struct Dataset {
   std::vector<float> images;    // count x features, scaled to [0, 1] then standardized
   std::vector<int32_t> labels;  // count, in [0, num_classes)
   int32_t num_classes = 10;
+  // Categorical inputs (models with embeddings, e.g. the click-through model): count x
+  // key_slots 64-bit feature keys, 0 for an empty slot. Empty (key_slots 0) for images.
+  int64_t key_slots = 0;
+  std::vector<uint64_t> keys;
 
   // Keeps only the first `n` samples (no-op for n == 0 or n >= count).
   void Truncate(int64_t n) {
@@ -31,6 +35,7 @@ struct Dataset {
     count = n;
     images.resize(static_cast<size_t>(n * features()));
     labels.resize(static_cast<size_t>(n));
+    keys.resize(static_cast<size_t>(n * key_slots));
   }
 };
 
@@ -52,6 +57,7 @@ Result<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 struct Batch {
   std::vector<float> images;    // size x features
   std::vector<int32_t> labels;  // size
+  std::vector<uint64_t> keys;   // size x key_slots (Dataset::keys), empty for images
   int64_t size = 0;
   int64_t epoch = 0;
   int64_t index = 0;  // batch number within the epoch

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct ParamSpec {
 struct StepStats {
   float loss = 0.f;     // mean loss of the batch
   int64_t correct = 0;  // examples whose prediction was right
+  double auc = -1;      // Evaluate of a binary model: area under the ROC curve; else -1
 };
 
 class Model {
@@ -92,6 +94,25 @@ class Model {
   // Loss and correct predictions over `n` examples (evaluated in chunks).
   virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host,
                                      int64_t n) = 0;
+
+  // Models with embeddings in a sparse table (the click-through model) read categorical
+  // keys (Dataset::keys) instead of images (input_size() is 0; images_host may be null).
+  // sparse_param() is the embedding table (rows 0, cols the embedding dimension); nullptr
+  // for a dense model, which needs none of the three calls below.
+  virtual const ParamSpec* sparse_param() const { return nullptr; }
+  // Before each TrainStep or Evaluate of `n` examples: their keys (n x key_slots, 0 for an
+  // empty slot). Returns the distinct keys whose rows the step reads, in first-seen order
+  // (example by example, slot by slot; 0 skipped), so a caller can compute the same list
+  // ahead of time; valid until the next call. InvalidArgument for bad sizes;
+  // FailedPrecondition for a dense model.
+  virtual Result<std::span<const uint64_t>> SparseKeys(const uint64_t* keys, int64_t n,
+                                                       int64_t key_slots);
+  // The rows of SparseKeys' keys, in that order (keys x cols floats), read in place by the
+  // next TrainStep or Evaluate: the caller keeps them alive and unchanged until then.
+  virtual Status SetSparseRows(const float* rows);
+  // After a TrainStep: the gradient of the batch's mean loss by each row of SparseKeys'
+  // keys (keys x cols floats, host memory), valid until the next step.
+  virtual Result<const float*> SparseGradient();
 };
 
 // The multilayer perceptron: input -> hidden[0] -> ... -> classes, ReLU between layers,
@@ -113,5 +134,18 @@ Result<std::unique_ptr<Model>> MakeMlp(kernels::Context& ctx, int64_t input_size
 // InvalidArgument for max_batch outside [1, 85598] (conv1's output must stay within the
 // kernels' 2^31 - 1 elements per tensor); ResourceExhausted when the buffers do not fit.
 Result<std::unique_ptr<Model>> MakeCnn(kernels::Context& ctx, int64_t max_batch);
+
+// The click-through model (embeddings + MLP, docs/models.md): each example's key slots
+// belong to fields (`slot_fields[s]`, 0-based and non-decreasing, e.g.
+// MovieLensSlotFields()); a field's embedding is the mean of the rows of its non-empty
+// slots (an embedding bag), the fields' embeddings are concatenated (fields x dim) and go
+// through dense layers `hidden` with ReLU to one logit, trained with the logistic loss.
+// Parameters: "ctr/fc<i>/w" (in x out), "ctr/fc<i>/b", the last layer's out being 1; the
+// embedding table "ctr/embedding" (sparse_param(), uniform in +-embedding_scale). Weights
+// He-initialized, biases zero. Runs on the CPU (its own BLAS calls; `ctx` must be a CPU
+// context). InvalidArgument for empty or non-positive sizes or a CUDA context.
+Result<std::unique_ptr<Model>> MakeCtr(kernels::Context& ctx, std::vector<int> slot_fields,
+                                       int64_t embedding_dim, std::vector<int64_t> hidden,
+                                       int64_t max_batch, float embedding_scale = 0.05f);
 
 }  // namespace leash::worker

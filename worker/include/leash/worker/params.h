@@ -6,6 +6,7 @@
 
 #include <future>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "leash/common/status.h"
@@ -25,6 +26,9 @@ struct OptimizerOptions {
 // The table spec for parameter `p` (the `index`-th of the model) trained with `opt`
 // (initializer from the model's spec, seeded from opt.seed and index).
 TableSpec MakeTableSpec(const ParamSpec& p, const OptimizerOptions& opt, size_t index);
+// The spec of a model's sparse embedding table `p` (Model::sparse_param) trained with
+// `opt`: kind kSparse, rows 0, cols the embedding dimension, Adagrad's epsilon 1e-8.
+TableSpec MakeSparseTableSpec(const ParamSpec& p, const OptimizerOptions& opt);
 
 class ParamStore {
  public:
@@ -47,6 +51,26 @@ class ParamStore {
   // Sends the gradient of parameter i (read or copied before returning, so `grad` may
   // change right after).
   virtual void Push(size_t i, const float* grad) = 0;
+
+  // Models with embeddings (Model::sparse_param): creates (or finds) the sparse table,
+  // after Setup. Unimplemented in a store without sparse tables.
+  virtual Status SetupSparse(const ParamSpec& /*table*/, const OptimizerOptions& /*opt*/) {
+    return FailedPrecondition("this parameter store has no sparse tables");
+  }
+  // PullAll, and the sparse table's rows of `keys` into *rows (resized to keys x cols), in
+  // the same message per shard as the dense pulls (or alone when the dense values come
+  // from a prefetch).
+  virtual Status PullAllSparse(std::vector<std::vector<float>>* /*values*/,
+                               std::span<const uint64_t> /*keys*/, std::vector<float>* /*rows*/) {
+    return FailedPrecondition("this parameter store has no sparse tables");
+  }
+  // Prefetch(), and the sparse table's rows of `keys` (the next iteration's, copied) in
+  // the same message per shard; a PullAllSparse of the same keys then takes them. The
+  // default is Prefetch().
+  virtual void PrefetchSparse(std::span<const uint64_t> /*keys*/) { Prefetch(); }
+  // Sends the sparse table's gradient rows of `keys` (keys x cols, copied before
+  // returning) with this iteration's dense pushes.
+  virtual void PushSparse(std::span<const uint64_t> /*keys*/, const float* /*grad*/) {}
   // Ends the iteration: every push of it is sent, then the clock advances. Returns the
   // first error of an earlier push.
   virtual Status EndIteration() = 0;

@@ -67,6 +67,7 @@ struct EpochResult {
   double train_accuracy = 0;
   double test_loss = 0;
   double test_accuracy = -1;  // -1 when not evaluated
+  double test_auc = -1;       // binary models (click-through): area under the ROC curve
   double train_seconds = 0;   // time in training steps on this epoch's data
   double samples_per_second = 0;
   double elapsed_seconds = 0;  // since training started, when the job completed the epoch
@@ -80,6 +81,7 @@ struct EvalPoint {
   double elapsed_seconds = 0;  // since training started, when the parameters were pulled
   double test_accuracy = 0;    // in [0, 1]
   double test_loss = 0;
+  double test_auc = -1;     // binary models only
   double eval_seconds = 0;  // the pull and the evaluation; in no train_seconds
 };
 

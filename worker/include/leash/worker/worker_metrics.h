@@ -58,6 +58,7 @@ class WorkerMetrics {
   prometheus::Gauge* epoch_;
   prometheus::Gauge* epochs_done_;
   prometheus::Gauge* test_accuracy_;
+  prometheus::Gauge* test_auc_;
   prometheus::Histogram* iteration_seconds_;
 
   bool started_ = false;
