@@ -114,11 +114,16 @@ Result Run(const Args& a, uint64_t budget) {
     out.resize(keys.size() * a.cols);
     if (!(*t)->Read(keys, 0, out.data()).ok()) std::exit(1);
   }
-  leash::ps::SparseCounters before = (*t)->counters();
+  double hits = 0, misses = 0;  // of the pulls (a push finds its rows resident)
   uint64_t total = 0;
   double secs = 0;
-  store.secs = 0;
-  for (int it = 0; it < a.iters; ++it) {
+  // The first `iters` batches fill the memory tier with the stream's hot keys (the pass
+  // above left it holding the coldest); the next `iters` are timed.
+  for (int it = 0; it < 2 * a.iters; ++it) {
+    if (it == a.iters) {
+      hits = misses = secs = store.secs = 0;
+      total = 0;
+    }
     keys.resize(a.batch);
     for (auto& k : keys) k = zipf(rng);
     std::sort(keys.begin(), keys.end());  // the client deduplicates a batch's keys
@@ -126,15 +131,21 @@ Result Run(const Args& a, uint64_t budget) {
     std::shuffle(keys.begin(), keys.end(), rng);
     out.resize(keys.size() * a.cols);
     grad.assign(keys.size() * a.cols, 0.001f);
+    // Counters outside the timed parts: counters() asks the store for its size.
+    leash::ps::SparseCounters before = (*t)->counters();
     auto t0 = std::chrono::steady_clock::now();
     if (!(*t)->Read(keys, it, out.data()).ok()) std::exit(1);
+    auto t1 = std::chrono::steady_clock::now();
+    leash::ps::SparseCounters after = (*t)->counters();
+    hits += static_cast<double>(after.tier_hits - before.tier_hits);
+    misses += static_cast<double>(after.tier_misses - before.tier_misses);
+    auto t2 = std::chrono::steady_clock::now();
     if (!(*t)->Apply(keys, grad.data(), it).ok()) std::exit(1);
-    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto t3 = std::chrono::steady_clock::now();
+    secs += std::chrono::duration<double>(t1 - t0 + (t3 - t2)).count();
     total += keys.size();
   }
   leash::ps::SparseCounters c = (*t)->counters();
-  double hits = static_cast<double>(c.tier_hits - before.tier_hits);
-  double misses = static_cast<double>(c.tier_misses - before.tier_misses);
   return {static_cast<double>(total) / secs,
           hits / (hits + misses),
           c.memory_bytes,
