@@ -614,11 +614,11 @@ class Script {
     return Op(kRegister).U8(peer).U8(worker).U8(inc);
   }
   // rows x cols table named t<name> with optimizer `opt`, lr 0.1, eps 1e-3, init Normal 0.01.
-  Script& Create(int peer, int name, int rows, int cols, int opt) {
+  Script& Create(int peer, int name, int rows, int cols, int opt, int mode = 0) {
     return Op(kCreateTable)
         .U8(peer)
         .U8(name)
-        .U8(0)
+        .U8(mode)
         .U8(rows)
         .U8(cols)
         .U8(opt)
@@ -634,24 +634,7 @@ class Script {
   }
   // A sparse table t<name> of `cols`-wide rows (mode 4), then admit_after and expiry clocks.
   Script& CreateSparse(int peer, int name, int cols, int opt, int admit, int expire) {
-    return Op(kCreateTable)
-        .U8(peer)
-        .U8(name)
-        .U8(4)
-        .U8(0)
-        .U8(cols)
-        .U8(opt)
-        .U8(2)
-        .U8(2)
-        .U8(2)
-        .U8(3)
-        .U8(2)
-        .U8(1)
-        .U8(1)
-        .U8(2)
-        .U8(7)
-        .U8(admit)
-        .U8(expire);
+    return Create(peer, name, 0, cols, opt, /*mode=*/4).U8(admit).U8(expire);
   }
   Script& Range(int b, int e) { return U8(0).U8(b).U8(e); }
   Script& Keys(std::initializer_list<int> keys) {

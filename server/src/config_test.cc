@@ -178,3 +178,30 @@ TEST(ServerConfigTest, HelpKeepsEveryFlagWithItsDefault) {
 
 }  // namespace
 }  // namespace leash::server
+
+namespace leash::server {
+namespace {
+
+TEST(ServerConfigTest, SparseFlagsTakeByteSizesReadersAndDirectReads) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->memory_budget_bytes, 0u);
+  EXPECT_EQ(c->sparse_readers, 8);
+  EXPECT_TRUE(c->sparse_direct_reads);
+  c = Parse({"--memory-budget=512M", "--sparse-readers=2", "--sparse-direct-reads=false"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->memory_budget_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(c->sparse_readers, 2);
+  EXPECT_FALSE(c->sparse_direct_reads);
+  EXPECT_EQ(*ParseByteSize("4G"), uint64_t{4} << 30);
+  EXPECT_EQ(*ParseByteSize("1048576"), uint64_t{1} << 20);
+  EXPECT_EQ(*ParseByteSize("64KiB"), uint64_t{64} << 10);
+  EXPECT_FALSE(ParseByteSize("4X").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999T").ok());
+  EXPECT_NE(Error({"--memory-budget=lots"}).find("--memory-budget"), std::string::npos);
+  EXPECT_NE(Error({"--memory-budget=1K"}).find("at least 1M"), std::string::npos);
+  EXPECT_NE(Error({"--sparse-readers=0"}).find("[1, 256]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace leash::server
