@@ -1,7 +1,8 @@
 // Benchmark (not a test) of one sparse table's Read + Apply keys/s over a MemoryRowStore:
 // the table all in memory against a memory tier of a fraction of its size, with
 // power-law keys. Single-threaded. Usage:
-//   leash-bench-sparse-table [--keys N] [--cols C] [--alpha A] [--batch B] [--iters I] [--fraction F]
+//   leash-bench-sparse-table [--keys N] [--cols C] [--alpha A] [--batch B] [--iters I] [--fraction
+//   F]
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -168,7 +168,9 @@ inline uint64_t SketchHash(uint64_t x) {
 
 constexpr uint32_t kNoSlot = UINT32_MAX;
 constexpr size_t kHeader = 12;
-constexpr size_t kFlushBatchBytes = size_t{8} << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
+constexpr size_t kFlushBatchBytes =
+    size_t{8}
+    << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
 constexpr size_t kChunkRows = 4096;
 // Eviction is GCLOCK (generalized CLOCK): each slot has a small saturating counter; a new
 // row starts at 1 and each access adds 1 up to kMaxRef; the hand sweeps the slots in order,

@@ -2,11 +2,13 @@
 // persisted in RocksDB under --data-dir, and (with --metrics-bind) its Prometheus metrics
 // on HTTP. SIGTERM/SIGINT: final snapshot, then exit 0. Configuration in config.h; this
 // file only wires the parts.
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,6 +83,14 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     return 1;
   }
   s.store = std::move(*store);
+
+  // With a memory budget, two malloc arenas instead of glibc's eight per core: each reader
+  // and RocksDB thread otherwise keeps an arena of its own whose freed blocks stay resident
+  // (measured at a 180 MB budget, 5M rows: 465 MB RSS with the default arenas, 370 MB with
+  // two). MALLOC_ARENA_MAX in the environment still wins.
+  if (c.memory_budget_bytes > 0 && std::getenv("MALLOC_ARENA_MAX") == nullptr) {
+    mallopt(M_ARENA_MAX, 2);
+  }
 
   // The sparse tables' cold tier, beside the snapshots (after them: the snapshot store
   // wants its directory empty or its own when it first opens).
