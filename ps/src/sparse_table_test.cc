@@ -562,6 +562,11 @@ TEST(SparseSpecTest, ValidateSpecChecksSparseOnlyFieldsAndSizes) {
   s.cols = 0;
   bad(s, "cols");
   s = ok;
+  s.cols = kMaxSparseCols;
+  EXPECT_TRUE(ValidateSpec(s).ok());
+  s.cols = kMaxSparseCols + 1;  // the fuzzer found a wide row's arena chunk allocating 8.5 GB
+  bad(s, "at most 4096");
+  s = ok;
   s.optimizer.l1 = -1;
   bad(s, "l1");
   s = ok;

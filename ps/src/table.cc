@@ -101,6 +101,12 @@ Status ValidateSpec(const TableSpec& spec) {
     if (spec.cols == 0) {
       return InvalidArgument("sparse table '" + name + "' needs cols (its dimension) > 0");
     }
+    if (spec.cols > kMaxSparseCols) {
+      return InvalidArgument("sparse table '" + name + "' has rows of " +
+                             std::to_string(spec.cols) + " values; at most " +
+                             std::to_string(kMaxSparseCols) +
+                             " (an embedding row; split wider rows over several tables)");
+    }
   } else if (spec.rows == 0 || spec.cols == 0) {
     return InvalidArgument("table '" + name + "' needs rows > 0 and cols > 0, got " +
                            std::to_string(spec.rows) + " x " + std::to_string(spec.cols));

@@ -396,6 +396,13 @@ Status Shard::CheckSparseRows(const ps::SparseTable& table, const Rows& rows) co
 Result<Message> Shard::MakeSparsePullReply(const PeerId& peer, uint64_t rid, ps::SparseTable& table,
                                            const Rows& rows, DType dtype) {
   const size_t n = rows.size() * table.cols();
+  if (n * sizeof(float) > options_.max_message_bytes) {
+    return ResourceExhausted("a pull of " + std::to_string(rows.size()) +
+                             " rows of sparse table '" + table.spec().name + "' makes a reply of " +
+                             std::to_string(n * sizeof(float)) + " bytes, over this shard's " +
+                             std::to_string(options_.max_message_bytes) +
+                             "-byte message limit; pull fewer keys at a time");
+  }
   const int64_t clock = clocks_.MinClock();
   auto read = [&](float* out) -> Status {
     Status st = table.Read(rows.keys, clock, out);

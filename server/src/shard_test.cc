@@ -757,6 +757,22 @@ TEST_F(ShardTest, SparseUnknownTableAndWrongDimensionsAreRefused) {
   EXPECT_EQ(Pull(id, Keys({1, 2})), std::vector<float>(8, 0.f)) << "nothing was applied";
 }
 
+// A small request may ask for a huge reply: 200 keys of 4096-wide rows are 3.2 MB of
+// values, over a 1 MB message limit. Refused before anything is allocated or created.
+TEST_F(ShardTest, SparsePullWhoseReplyExceedsTheMessageLimitIsResourceExhausted) {
+  ShardOptions o;
+  o.max_message_bytes = 1 << 20;
+  Reset(o);
+  Register(1);
+  uint32_t id = Create(SparseSpec("wide", 4096));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 200; ++k) keys.push_back(k);
+  Status st = ErrorOf("r", MakePull(1, id, Keys(keys), 1, 0, 0));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("pull fewer keys"), std::string::npos) << st;
+  EXPECT_EQ(Pull(id, Keys({1, 2})).size(), 2u * 4096) << "a pull within the limit is served";
+}
+
 TEST_F(ShardTest, SparseDuplicatePushIsAppliedOnce) {
   uint32_t id = Create(SparseSpec("emb", 2));
   Register(1);

@@ -29,6 +29,10 @@ struct TableSnapshot {
 // Number of optimizer state slots each optimizer keeps per value.
 int OptimizerSlots(OptimizerKind kind);
 
+// The widest row of a sparse table: its record (values and optimizer state) is allocated
+// and moved whole, a chunk of rows at a time.
+inline constexpr uint32_t kMaxSparseCols = 4096;
+
 // Validates a table spec (name, positive sizes, known optimizer and initializer, sane
 // hyper-parameters); InvalidArgument saying what is wrong otherwise. A sparse table has
 // rows == 0 and cols > 0; FTRL, clip_value, admit_after > 1 and expire_after_clocks are
