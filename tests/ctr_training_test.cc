@@ -4,10 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
 
+#include "support/files.h"
 #include "support/process.h"
 
 namespace leash {
@@ -15,23 +13,11 @@ namespace {
 
 using testing::Endpoint;
 using testing::FreePort;
+using testing::JsonNumbers;
 using testing::Process;
 using testing::TempDir;
 
 constexpr const char* kData = "/usr/local/share/leash/datasets/ml-100k";
-
-// Values of `"key": number` in order of appearance in a worker's metrics JSON.
-std::vector<double> Field(const std::string& json_path, const std::string& key) {
-  std::ifstream f(json_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
-  std::vector<double> out;
-  std::regex re("\"" + key + "\": ([0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
-    out.push_back(std::stod((*it)[1]));
-  return out;
-}
 
 TEST(CtrTrainingTest, TwoShardsAndTwoWorkersTrainTheClickThroughModelAndTestAucRises) {
   if (!std::filesystem::exists(std::string(kData) + "/ml-100k.inter")) {
@@ -74,14 +60,14 @@ TEST(CtrTrainingTest, TwoShardsAndTwoWorkersTrainTheClickThroughModelAndTestAucR
   double samples = 0;
   for (int i = 0; i < 2; ++i) {
     const std::string path = dir.path() + "/w" + std::to_string(i) + ".json";
-    auto auc = Field(path, "test_auc");
-    auto loss = Field(path, "test_loss");
+    auto auc = JsonNumbers(path, "test_auc");
+    auto loss = JsonNumbers(path, "test_loss");
     ASSERT_EQ(auc.size(), 2u) << "worker " << i;
     // Chance is 0.5; PyTorch's twin (bench/torch_ctr.py) reaches about 0.79 in one epoch.
     EXPECT_GT(auc.back(), 0.70) << "worker " << i;
     EXPECT_GT(loss.back(), 0.0);
     EXPECT_LT(loss.back(), 0.69) << "worker " << i;  // below a constant 0.5 prediction's
-    samples += Field(path, "samples").at(0);
+    samples += JsonNumbers(path, "samples").at(0);
   }
   EXPECT_EQ(samples, 80367);  // every training example once in the first epoch
   EXPECT_NE(workers[0]->ReadLog().find("test AUC"), std::string::npos);

@@ -4,11 +4,9 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <numeric>
-#include <regex>
-#include <sstream>
 
+#include "support/files.h"
 #include "support/process.h"
 
 namespace leash {
@@ -16,24 +14,11 @@ namespace {
 
 using testing::Endpoint;
 using testing::FreePort;
+using testing::JsonNumbers;
 using testing::Process;
 using testing::TempDir;
 
 constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
-
-// Values of `"key": number` in order of appearance in a worker's metrics JSON.
-std::vector<double> Field(const std::string& json_path, const std::string& key) {
-  std::ifstream f(json_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
-  std::vector<double> out;
-  std::regex re("\"" + key + "\": ([0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
-    out.push_back(std::stod((*it)[1]));
-  }
-  return out;
-}
 
 class TrainingTest : public ::testing::Test {
  protected:
@@ -90,9 +75,9 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   std::vector<double> samples(2, 0), loss_sum(2, 0);
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
-    auto acc = Field(path, "test_accuracy");
-    auto loss = Field(path, "train_loss");
-    auto n = Field(path, "samples");
+    auto acc = JsonNumbers(path, "test_accuracy");
+    auto loss = JsonNumbers(path, "train_loss");
+    auto n = JsonNumbers(path, "samples");
     ASSERT_EQ(acc.size(), 2u) << "worker " << i;
     // 10 classes: chance is 0.10. Two epochs of 6000 samples end near 0.75 with a spread of
     // about 0.03 between runs (the two workers interleave differently every time).
@@ -105,8 +90,8 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_EQ(samples[0], 6000);
   EXPECT_EQ(samples[1], 6000);
   EXPECT_LT(loss_sum[1] / samples[1], loss_sum[0] / samples[0]);  // the job's training loss fell
-  EXPECT_EQ(Field(dir_.path() + "/w0.json", "shared_memory_shards"), std::vector<double>{2});
-  EXPECT_EQ(Field(dir_.path() + "/w1.json", "shared_memory_shards"), std::vector<double>{0});
+  EXPECT_EQ(JsonNumbers(dir_.path() + "/w0.json", "shared_memory_shards"), std::vector<double>{2});
+  EXPECT_EQ(JsonNumbers(dir_.path() + "/w1.json", "shared_memory_shards"), std::vector<double>{0});
   std::string log = w0->ReadLog();
   EXPECT_NE(log.find("samples/s"), std::string::npos);
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);
@@ -121,9 +106,9 @@ TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
   ASSERT_EQ(w1->Wait(std::chrono::minutes(4)), 0) << w1->ReadLog();
   std::string p0 = dir_.path() + "/w0.json", p1 = dir_.path() + "/w1.json";
-  double iterations = Field(p0, "iterations").at(0);
-  auto steps = Field(p0, "step");         // the evaluations' (the epochs' key is "steps")
-  auto acc = Field(p0, "test_accuracy");  // the epochs' are -1 (--no-eval), then the points'
+  double iterations = JsonNumbers(p0, "iterations").at(0);
+  auto steps = JsonNumbers(p0, "step");         // the evaluations' (the epochs' key is "steps")
+  auto acc = JsonNumbers(p0, "test_accuracy");  // the epochs' are -1 (--no-eval), then the points'
   ASSERT_EQ(acc.size(), 2 + steps.size());
   EXPECT_EQ(steps.size(), static_cast<size_t>(iterations / 10));
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -133,9 +118,9 @@ TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   }
   ASSERT_GE(steps.size(), 2u);
   EXPECT_GT(acc.back(), 0.6);  // 10 classes: chance is 0.10
-  EXPECT_TRUE(Field(p1, "step").empty());
+  EXPECT_TRUE(JsonNumbers(p1, "step").empty());
   // The epochs' samples (the points' "samples" come after them in w0's file).
-  double first_epoch = Field(p0, "samples").at(0) + Field(p1, "samples").at(0);
+  double first_epoch = JsonNumbers(p0, "samples").at(0) + JsonNumbers(p1, "samples").at(0);
   EXPECT_EQ(first_epoch, 6000);
   EXPECT_NE(w0->ReadLog().find("evaluation at step 10"), std::string::npos) << w0->ReadLog();
 }
@@ -150,8 +135,8 @@ TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
   std::vector<double> samples(3, 0), loss_sum(3, 0);
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
-    auto loss = Field(path, "train_loss");
-    auto n = Field(path, "samples");
+    auto loss = JsonNumbers(path, "train_loss");
+    auto n = JsonNumbers(path, "samples");
     ASSERT_EQ(loss.size(), 3u);
     for (size_t e = 0; e < 3; ++e) {
       samples[e] += n[e];
@@ -174,12 +159,12 @@ TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
   int checked = 0;
   for (int i = 0; i < 2; ++i) {
     std::string path = dir_.path() + "/w" + std::to_string(i) + ".json";
-    auto per_epoch = Field(path, "steps");
+    auto per_epoch = JsonNumbers(path, "steps");
     double micro =
         std::accumulate(per_epoch.begin(), per_epoch.end(), 0.0);  // micro-batches, whole job
-    double iterations = Field(path, "iterations").at(0);
-    double chunks = Field(path, "chunks_trained").at(0);
-    samples += Field(path, "samples").at(0);
+    double iterations = JsonNumbers(path, "iterations").at(0);
+    double chunks = JsonNumbers(path, "chunks_trained").at(0);
+    samples += JsonNumbers(path, "samples").at(0);
     // A worker that started late may find every chunk of this short job taken.
     if (iterations < 10) continue;
     ++checked;
@@ -187,7 +172,7 @@ TEST_F(TrainingTest, AccumulatedMicroBatchesMakeOnePushPerIteration) {
     EXPECT_LE(micro, 4 * iterations) << "worker " << i;
     EXPECT_GT(micro, 4 * (iterations - chunks)) << "worker " << i;
     // One push of the whole model per iteration, whatever k is: about 0.94 MB in fp32.
-    double per_iteration = Field(path, "bytes_sent_per_iteration").at(0);
+    double per_iteration = JsonNumbers(path, "bytes_sent_per_iteration").at(0);
     EXPECT_NEAR(per_iteration, i == 0 ? 943e3 : 472e3, 30e3) << "worker " << i;
   }
   EXPECT_GE(checked, 1);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +36,21 @@ inline std::vector<std::filesystem::path> FilesNamed(const std::filesystem::path
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name.ends_with(part) || name.starts_with(part)) out.push_back(e.path());
+  }
+  return out;
+}
+
+// Values of `"key": number` in order of appearance in the JSON file at `json_path` (a
+// worker's --metrics-out), read with a pattern, not a parser: enough for flat numbers.
+inline std::vector<double> JsonNumbers(const std::string& json_path, const std::string& key) {
+  std::ifstream f(json_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  std::vector<double> out;
+  std::regex re("\"" + key + "\": ([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) {
+    out.push_back(std::stod((*it)[1]));
   }
   return out;
 }
