@@ -31,7 +31,7 @@ struct ServerConfig {
   bool shared_memory = true;  // with workers on this host
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
-  int64_t sparse_readers = 8;        // threads reading cold sparse rows in parallel
+  int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
   bool sparse_direct_reads = true;   // O_DIRECT for the cold tier (no page cache)
 };
 

@@ -186,7 +186,7 @@ TEST(ServerConfigTest, SparseFlagsTakeByteSizesReadersAndDirectReads) {
   auto c = Parse({});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->memory_budget_bytes, 0u);
-  EXPECT_EQ(c->sparse_readers, 8);
+  EXPECT_EQ(c->sparse_readers, 32);
   EXPECT_TRUE(c->sparse_direct_reads);
   c = Parse({"--memory-budget=512M", "--sparse-readers=2", "--sparse-direct-reads=false"});
   ASSERT_TRUE(c.ok()) << c.status();

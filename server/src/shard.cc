@@ -78,8 +78,8 @@ MemoryBudgetSplit SplitMemoryBudget(uint64_t budget) {
     s.tables = UINT64_MAX;
     return s;
   }
-  s.block_cache = budget / 4;
-  s.write_buffer = std::min<uint64_t>(budget / 8, uint64_t{64} << 20);
+  s.block_cache = budget / 8;
+  s.write_buffer = std::min<uint64_t>(budget / 16, uint64_t{64} << 20);
   s.tables = budget - s.block_cache - s.write_buffer;
   return s;
 }

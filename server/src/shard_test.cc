@@ -916,11 +916,11 @@ TEST_F(ShardTest, SparseRowsBeyondTheBudgetReadBackExactly) {
 
 TEST(MemoryBudgetSplitTest, SplitsTheBudgetIntoCacheWriteBufferAndTables) {
   const auto s = SplitMemoryBudget(uint64_t{1} << 30);
-  EXPECT_EQ(s.block_cache, uint64_t{256} << 20);
+  EXPECT_EQ(s.block_cache, uint64_t{128} << 20);
   EXPECT_EQ(s.write_buffer, uint64_t{64} << 20);
   EXPECT_EQ(s.block_cache + s.write_buffer + s.tables, uint64_t{1} << 30);
   const auto small = SplitMemoryBudget(uint64_t{8} << 20);
-  EXPECT_EQ(small.write_buffer, uint64_t{1} << 20);
+  EXPECT_EQ(small.write_buffer, uint64_t{512} << 10);
   EXPECT_EQ(SplitMemoryBudget(0).tables, UINT64_MAX);
 }
 
