@@ -154,6 +154,27 @@ def snapshot(build, server, args):
     return {"seconds": r["seconds"], "bytes_written": proc_write_bytes(server.proc.pid) - before}
 
 
+def disk_iops(tmp, depths=(1, 8, 32), seconds=8):
+    """4 KiB random direct reads of a 2 GiB file under `tmp` with fio, at each queue depth:
+    the disk's limits measured in this run, next to the cold tier's reads/s. None without
+    fio."""
+    if not shutil.which("fio"):
+        print("sparse_scale: no fio, so no disk limits in the report (apt-get install fio)", file=sys.stderr)
+        return None
+    out = {}
+    path = os.path.join(tmp, "fio.dat")
+    for qd in depths:
+        r = subprocess.run(["fio", "--name=randread", f"--filename={path}", "--size=2G", "--rw=randread", "--bs=4k",
+                            "--direct=1", "--ioengine=libaio", f"--iodepth={qd}", f"--runtime={seconds}",
+                            "--time_based", "--output-format=json"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        if r.returncode != 0:
+            return None
+        out[str(qd)] = json.loads(r.stdout)["jobs"][0]["read"]["iops"]
+    os.remove(path)
+    return out
+
+
 def start_perf(server, tmp, alpha, seconds):
     out = os.path.join(tmp, f"perf-{alpha}.data")
     proc = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-o", out, "-p", str(server.proc.pid), "--",
@@ -168,7 +189,13 @@ def finish_perf(prof):
     rep = subprocess.run(["perf", "report", "-i", out, "--stdio", "--no-children", "--sort", "dso,symbol",
                           "--percent-limit", "1.5", "-g", "none"], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
-    return [line.strip() for line in rep.stdout.splitlines() if line.strip() and not line.startswith("#")][:25]
+    rows = []
+    for line in rep.stdout.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split()
+        rows.append(" ".join(parts[:2]) + "  " + " ".join(p for p in parts[2:] if p != "-"))
+    return rows[:25]
 
 
 def main():
@@ -208,7 +235,7 @@ def main():
            "cgroup_limit_bytes": cg.limit if cg.path else None, "direct_reads": True,
            "populate": {}, "full_snapshot": {}, "runs": [], "stats": {}, "one_percent_snapshot": {}}
     try:
-        time.sleep(1)
+        res["disk_iops_before"] = disk_iops(tmp)
         for name, s in servers.items():
             print(f"sparse_scale: populating {name} ({args.keys} keys)", file=sys.stderr)
             res["populate"][name] = driver(args.build, s, "populate", args)
@@ -230,6 +257,8 @@ def main():
                     hits = after["tier_hits"] - before["tier_hits"]
                     misses = after["tier_misses"] - before["tier_misses"]
                     r.update({"mode": name, "round": rnd, "hit_rate": hits / max(1, hits + misses),
+                              "cold_reads_per_s": misses / r["seconds"],
+                              "misses_per_batch": misses / max(1, r["batches"]),
                               "rss_bytes": after["rss_bytes"], "peak_rss_bytes": after["peak_rss_bytes"],
                               "memory_used_bytes": after["memory_used_bytes"],
                               "cgroup_peak_bytes": after.get("cgroup_peak_bytes")})
@@ -247,6 +276,7 @@ def main():
             res.setdefault("disk_bytes", {})[name] = du(s.data)
             rows = res["stats"][name]["local_rows"]
             res.setdefault("disk_bytes_per_row", {})[name] = du(s.data) / max(1, rows)
+        res["disk_iops_after"] = disk_iops(tmp)
     finally:
         for s in servers.values():
             s.close()
@@ -264,9 +294,21 @@ def summarize(res, out):
             v = sorted(r[key] for r in res["runs"] if r["alpha"] == a and r["mode"] == mode)
             return v[len(v) // 2] if v else None
         m, t = med("memory", "keys_per_s"), med("tiered", "keys_per_s")
-        res["summary"].append({"alpha": a, "memory_keys_per_s": m, "tiered_keys_per_s": t,
-                               "ratio": t / m if m and t else None, "tiered_hit_rate": med("tiered", "hit_rate"),
-                               "unique_fraction": med("tiered", "unique_fraction")})
+        row = {"alpha": a, "memory_keys_per_s": m, "tiered_keys_per_s": t,
+               "ratio": t / m if m and t else None, "tiered_hit_rate": med("tiered", "hit_rate"),
+               "unique_fraction": med("tiered", "unique_fraction"),
+               "cold_reads_per_s": med("tiered", "cold_reads_per_s"),
+               "misses_per_batch": med("tiered", "misses_per_batch")}
+        # The best ratio the disk allows: a batch takes its in-memory time plus its misses
+        # read at the disk's 4 KiB random-read rate at queue depth 32 (fio, this run).
+        iops = [d["32"] for d in (res.get("disk_iops_before"), res.get("disk_iops_after")) if d]
+        if iops and m:
+            keys_per_batch = res["fields"] * res["batch"]
+            t_mem = keys_per_batch / m
+            row["disk_iops_qd32"] = max(iops)
+            row["disk_bound_ratio"] = t_mem / (t_mem + row["misses_per_batch"] / max(iops))
+            row["reads_needed_for_half"] = row["misses_per_batch"] / t_mem
+        res["summary"].append(row)
     write_json(os.path.join(out, "sparse_scale.json"), res)
     gib = 1 << 30
     lines = [f"# Sparse table at scale ({res['when']})", "",
@@ -275,11 +317,19 @@ def summarize(res, out):
              f"(1/{res['ratio']:g}); cgroup: {res['cgroup'] or 'none (not root)'}"
              f"{', limit %.2f GiB' % (res['cgroup_limit_bytes'] / gib) if res['cgroup_limit_bytes'] else ''}; "
              "RocksDB reads with O_DIRECT.", "",
-             "| alpha | all in memory keys/s | 4x budget keys/s | ratio | tier hit rate | unique keys per batch |",
-             "|---|---|---|---|---|---|"]
+             "| alpha | all in memory keys/s | 4x budget keys/s | ratio | tier hit rate | unique keys per batch "
+             "| misses per batch | cold reads/s | best ratio the disk allows | reads/s 0.5x needs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in res["summary"]:
         lines.append(f"| {s['alpha']} | {s['memory_keys_per_s']:,.0f} | {s['tiered_keys_per_s']:,.0f} | "
-                     f"{s['ratio']:.2f} | {s['tiered_hit_rate']:.3f} | {s['unique_fraction']:.2f} |")
+                     f"{s['ratio']:.2f} | {s['tiered_hit_rate']:.3f} | {s['unique_fraction']:.2f} | "
+                     f"{s['misses_per_batch']:,.0f} | {s['cold_reads_per_s']:,.0f} | "
+                     f"{s.get('disk_bound_ratio', float('nan')):.2f} | {s.get('reads_needed_for_half', float('nan')):,.0f} |")
+    for when in ("before", "after"):
+        d = res.get(f"disk_iops_{when}")
+        if d:
+            lines.append(f"\nDisk {when} the runs (fio, 4 KiB random direct reads): " +
+                         ", ".join(f"{int(v):,} IOPS at queue depth {q}" for q, v in d.items()) + ".")
     st = res["stats"].get("tiered", {})
     lines += ["", f"- Budgeted shard: VmRSS {st.get('rss_bytes', 0) / gib:.2f} GiB, peak VmHWM "
               f"{st.get('peak_rss_bytes', 0) / gib:.2f} GiB, cgroup peak (page cache included) "
