@@ -215,6 +215,9 @@ def main():
     p.add_argument("--perf", action="store_true",
                    help="profile the budgeted shard (perf record) in its first round of each alpha")
     p.add_argument("--quick", action="store_true", help="smoke run: 1M keys, 5 s measurements, 1 round")
+    p.add_argument("--torch-python", default="/usr/bin/python3",
+                   help="the Python with torch that runs the PyTorch peer (bench/torch_sparse_scale.py); "
+                        "'' leaves the peer out")
     args = p.parse_args()
     if args.quick:
         args.keys, args.seconds, args.rounds = 1_000_000, 5, 1
@@ -241,10 +244,28 @@ def main():
             res["populate"][name] = driver(args.build, s, "populate", args)
             res["full_snapshot"][name] = snapshot(args.build, s, args)
             res["stats"][name + "_after_populate"] = table_stats(args.build, s, args)
+        peer = args.torch_python and os.path.exists(args.torch_python) and subprocess.run(
+            [args.torch_python, "-c", "import torch"], stderr=subprocess.DEVNULL).returncode == 0
+        if not peer:
+            print("sparse_scale: no torch under --torch-python, so no PyTorch peer", file=sys.stderr)
         for alpha in [float(a) for a in args.alphas.split(",")]:
             for rnd in range(args.rounds):
-                order = ["memory", "tiered"] if rnd % 2 == 0 else ["tiered", "memory"]
+                order = ["memory", "tiered"] + (["pytorch"] if peer else [])
+                if rnd % 2 == 1:
+                    order.reverse()
                 for name in order:
+                    if name == "pytorch":
+                        out = subprocess.run(
+                            [args.torch_python, os.path.join(ROOT, "bench", "torch_sparse_scale.py"), "--keys",
+                             str(args.keys), "--batch", str(args.batch), "--dim", str(args.dim), "--alpha",
+                             str(alpha), "--seconds", str(args.seconds), "--seed", str(rnd + 1)],
+                            stdout=subprocess.PIPE, text=True, check=True)
+                        r = json.loads(out.stdout.strip().splitlines()[-1])
+                        r["round"] = rnd
+                        res["runs"].append(r)
+                        print(f"sparse_scale: alpha {alpha} round {rnd} pytorch: {r['keys_per_s']:.0f} keys/s",
+                              file=sys.stderr)
+                        continue
                     s = servers[name]
                     before = table_stats(args.build, s, args)
                     prof = None
@@ -298,7 +319,8 @@ def summarize(res, out):
                "ratio": t / m if m and t else None, "tiered_hit_rate": med("tiered", "hit_rate"),
                "unique_fraction": med("tiered", "unique_fraction"),
                "cold_reads_per_s": med("tiered", "cold_reads_per_s"),
-               "misses_per_batch": med("tiered", "misses_per_batch")}
+               "misses_per_batch": med("tiered", "misses_per_batch"),
+               "pytorch_keys_per_s": med("pytorch", "keys_per_s")}
         # The best ratio the disk allows: a batch takes its in-memory time plus its misses
         # read at the disk's 4 KiB random-read rate at queue depth 32 (fio, this run).
         iops = [d["32"] for d in (res.get("disk_iops_before"), res.get("disk_iops_after")) if d]
@@ -325,6 +347,14 @@ def summarize(res, out):
                      f"{s['ratio']:.2f} | {s['tiered_hit_rate']:.3f} | {s['unique_fraction']:.2f} | "
                      f"{s['misses_per_batch']:,.0f} | {s['cold_reads_per_s']:,.0f} | "
                      f"{s.get('disk_bound_ratio', float('nan')):.2f} | {s.get('reads_needed_for_half', float('nan')):,.0f} |")
+    if any(s.get("pytorch_keys_per_s") for s in res["summary"]):
+        lines += ["", "The PyTorch peer (bench/torch_sparse_scale.py: nn.Embedding with sparse gradients, sparse "
+                  "Adagrad, all in memory, 1 thread, the same keys; key sampling not timed):", ""]
+        for s in res["summary"]:
+            if s.get("pytorch_keys_per_s"):
+                lines.append(f"- alpha {s['alpha']}: {s['pytorch_keys_per_s']:,.0f} keys/s; the Leash shard all in "
+                             f"memory {s['memory_keys_per_s'] / s['pytorch_keys_per_s']:.2f}x it, at 4x the budget "
+                             f"{s['tiered_keys_per_s'] / s['pytorch_keys_per_s']:.2f}x.")
     for when in ("before", "after"):
         d = res.get(f"disk_iops_{when}")
         if d:
@@ -357,8 +387,13 @@ def summarize(res, out):
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(res["summary"]))
-    ax.bar([x - 0.2 for x in xs], [s["memory_keys_per_s"] for s in res["summary"]], 0.4, label="all in memory")
-    ax.bar([x + 0.2 for x in xs], [s["tiered_keys_per_s"] for s in res["summary"]], 0.4, label="table 4x the budget")
+    peer = all(s.get("pytorch_keys_per_s") for s in res["summary"])
+    w = 0.27 if peer else 0.4
+    ax.bar([x - w for x in xs], [s["memory_keys_per_s"] for s in res["summary"]], w, label="Leash, all in memory")
+    ax.bar(list(xs), [s["tiered_keys_per_s"] for s in res["summary"]], w, label="Leash, table 4x the budget")
+    if peer:
+        ax.bar([x + w for x in xs], [s["pytorch_keys_per_s"] for s in res["summary"]], w,
+               label="PyTorch sparse, in memory")
     ax.set_xticks(list(xs), [f"alpha {s['alpha']}" for s in res["summary"]])
     ax.set_ylabel("pull + push keys/s (one shard)")
     ax.legend()
