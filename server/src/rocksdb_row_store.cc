@@ -104,6 +104,16 @@ Status FsError(const std::string& what, const std::error_code& ec) {
   return IOError(what + ": " + ec.message());
 }
 
+// Whether files in `dir` can be opened with O_DIRECT (tmpfs and some others refuse it).
+bool SupportsDirectIo(const fs::path& dir) {
+  const fs::path probe = dir / ".direct-io-probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600);
+  if (fd >= 0) ::close(fd);
+  std::error_code ec;
+  fs::remove(probe, ec);
+  return fd >= 0;
+}
+
 // Runs a function on a fixed set of threads, slice i on thread i (slice 0 on the caller).
 class ReaderPool {
  public:
@@ -263,17 +273,15 @@ Status RocksDbRowStore::Open() {
   if (ec) return FsError("cannot create checkpoint directory " + checkpoints_.string(), ec);
   fs::remove_all(root_ / "live.restoring", ec);  // a restore cut short by a crash
 
-  bool direct = options_.direct_reads;
+  bool direct = options_.direct_reads && SupportsDirectIo(live_);
+  if (options_.direct_reads && !direct) {
+    spdlog::warn(
+        "sparse store {}: the file system refuses O_DIRECT (tmpfs?); using buffered reads, so "
+        "the page cache may hold the cold tier",
+        path);
+  }
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(MakeOptions(direct), live_.string(), &raw);
-  if (!s.ok() && direct && (s.IsInvalidArgument() || s.IsNotSupported() || s.IsIOError())) {
-    spdlog::warn(
-        "sparse store {}: direct reads refused by the file system ({}); using buffered reads, "
-        "so the page cache may hold the cold tier",
-        path, s.ToString());
-    direct = false;
-    s = rocksdb::DB::Open(MakeOptions(false), live_.string(), &raw);
-  }
   LEASH_RETURN_IF_ERROR(FromRocksDb(s, live_.string(), "opening sparse"));
   db_.reset(raw);
   return Status::Ok();

@@ -43,9 +43,10 @@ class RocksDbRowStoreTest : public ::testing::Test {
     fs::remove_all(root_, ec);
   }
 
-  std::unique_ptr<SparseStore> Open(int readers = 4) {
+  std::unique_ptr<SparseStore> Open(int readers = 4, bool direct_reads = true) {
     RocksDbRowStoreOptions o;
     o.path = (root_ / "sparse").string();
+    o.direct_reads = direct_reads;
     o.block_cache_bytes = 1 << 20;
     o.write_buffer_bytes = 1 << 20;
     o.readers = readers;
@@ -240,6 +241,31 @@ TEST_F(RocksDbRowStoreTest, CrashBetweenCheckpointAndSnapshotSaveRecoversThePrev
   EXPECT_EQ(got[2], RecordOf(2, 5));
   EXPECT_EQ(got.count(3), 0u);
   EXPECT_FALSE(fs::exists(root_ / "sparse" / "checkpoints" / "1"));
+}
+
+TEST_F(RocksDbRowStoreTest, DirectReadsFallBackToBufferedWhereTheFileSystemRefusesThem) {
+  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm (tmpfs) here";
+  TearDown();
+  std::string tmpl = "/dev/shm/leash_row_store_test_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  root_ = tmpl;
+  auto s = Open(/*readers=*/2, /*direct_reads=*/true);
+  ASSERT_NE(s, nullptr);
+  Put(*s, 1, {5, 6}, 3);
+  auto got = Get(*s, 1, {5, 6});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[6], RecordOf(6, 3));
+}
+
+TEST_F(RocksDbRowStoreTest, ASecondStoreOnTheSameDirectoryIsRefusedAsLocked) {
+  auto first = Open();
+  ASSERT_NE(first, nullptr);
+  RocksDbRowStoreOptions o;
+  o.path = (root_ / "sparse").string();
+  auto second = OpenRocksDbRowStore(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("another leash-server"), std::string::npos)
+      << second.status().ToString();
 }
 
 TEST_F(RocksDbRowStoreTest, RefusesBadOptions) {

@@ -21,8 +21,9 @@ struct RocksDbRowStoreOptions {
   // Memtables, at most this many bytes (two buffers of half of it), counted in the budget.
   uint64_t write_buffer_bytes = uint64_t{32} << 20;
   // Threads that read a Read's keys in parallel (Debian's RocksDB has no io_uring, so one
-  // MultiGet reads its keys one after another). 1: the calling thread alone.
-  int readers = 8;
+  // MultiGet reads its keys one after another): the disk's queue depth. 1: the calling
+  // thread alone.
+  int readers = 32;
   // O_DIRECT reads, so the kernel's page cache does not hold the files and the block cache
   // is the only cache (a cold tier that really reads the disk). A file system without
   // O_DIRECT (tmpfs) falls back to buffered reads with a warning.

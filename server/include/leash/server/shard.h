@@ -63,8 +63,8 @@ struct ShardOptions {
 // memory tiers (rebalanced whenever one is created). The cache mostly holds the index and
 // filter partitions (about 2 bytes per stored row); cold data blocks in it are rarely hit
 // again, so memory given to the memory tiers saves more reads (a quarter for the cache
-// measured 14% more misses per batch at 4x the budget). Budget 0 (unbounded): a 64 MiB cache, a 32 MiB
-// write buffer and memory tiers without a bound.
+// measured 14% more misses per batch at 4x the budget). Budget 0 (unbounded): a 64 MiB cache, a 32
+// MiB write buffer and memory tiers without a bound.
 struct MemoryBudgetSplit {
   uint64_t block_cache = 0;
   uint64_t write_buffer = 0;
