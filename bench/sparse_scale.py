@@ -48,6 +48,24 @@ def proc_write_bytes(pid):
     return None
 
 
+def thread_cpu(pid):
+    """CPU seconds by thread name (comm) of process `pid`: leash-server (the request loop),
+    leash-sparse-rd (the cold tier's readers), rocksdb:low/high (compaction, flushes),
+    ZMQbg/* (sockets)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def du(path):
     """Bytes on disk under `path`, each file counted once however many hard links it has
     (a checkpoint shares its table files with the live store)."""
@@ -268,17 +286,21 @@ def main():
                         continue
                     s = servers[name]
                     before = table_stats(args.build, s, args)
+                    cpu0 = thread_cpu(s.proc.pid)
                     prof = None
                     if args.perf and name == "tiered" and rnd == 0 and shutil.which("perf"):
                         prof = start_perf(s, tmp, alpha, args.seconds)
                     r = driver(args.build, s, "run", args, alpha=alpha, seconds=args.seconds, seed=rnd + 1)
                     if prof:
                         res.setdefault("profile", {})[str(alpha)] = finish_perf(prof)
+                    cpu1 = thread_cpu(s.proc.pid)
                     after = table_stats(args.build, s, args)
                     hits = after["tier_hits"] - before["tier_hits"]
                     misses = after["tier_misses"] - before["tier_misses"]
                     r.update({"mode": name, "round": rnd, "hit_rate": hits / max(1, hits + misses),
                               "cold_reads_per_s": misses / r["seconds"],
+                              "cpu_cores": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / r["seconds"], 3)
+                                            for k in cpu1 if cpu1[k] - cpu0.get(k, 0.0) > 0},
                               "misses_per_batch": misses / max(1, r["batches"]),
                               "rss_bytes": after["rss_bytes"], "peak_rss_bytes": after["peak_rss_bytes"],
                               "memory_used_bytes": after["memory_used_bytes"],
@@ -373,6 +395,20 @@ def summarize(res, out):
         f, o = res["full_snapshot"][k], res["one_percent_snapshot"][k]
         lines.append(f"- Snapshot, {k}: first (every row new) {f['seconds']:.2f} s, {f['bytes_written'] / (1 << 20):,.0f} MiB "
                      f"written; after 1% of the rows changed {o['seconds']:.2f} s, {o['bytes_written'] / (1 << 20):,.1f} MiB.")
+    lines += ["", "CPU of the shard's threads during the runs (cores, median over rounds; the machine has "
+              f"{os.cpu_count()}; the driver and the other shard share them):", ""]
+    for a in alphas:
+        for mode in ("memory", "tiered"):
+            runs = [r for r in res["runs"] if r["alpha"] == a and r["mode"] == mode and r.get("cpu_cores")]
+            if not runs:
+                continue
+            names = sorted({k for r in runs for k in r["cpu_cores"]})
+            med = {}
+            for k in names:
+                v = sorted(r["cpu_cores"].get(k, 0.0) for r in runs)
+                med[k] = v[len(v) // 2]
+            lines.append(f"- alpha {a}, {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                              sorted(med.items(), key=lambda kv: -kv[1]) if v >= 0.01))
     for a, top in res.get("profile", {}).items():
         lines += ["", f"Where the budgeted shard's time goes at alpha {a} (perf, self time):", "", "```"] + top + ["```"]
     with open(os.path.join(out, "sparse_scale.md"), "w") as f:
