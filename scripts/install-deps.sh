@@ -9,6 +9,8 @@ PACKAGES=(
   librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev prometheus-cpp-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist
+  # the multi-host test's network namespaces, bridge and private /dev/shm mounts
+  iproute2 util-linux
   # the Python package (python/) and its tests, under Debian's /usr/bin/python3
   python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch python3-venv
 )

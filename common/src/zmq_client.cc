@@ -8,8 +8,10 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <zmq.hpp>
 
 #include "leash/common/zmq_transport.h"
@@ -54,6 +56,9 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   int num_shards() const override { return static_cast<int>(endpoints_.size()); }
 
   Status Send(int shard, Message message) override {
+    if (options_.send_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.send_delay_ms));
+    }
     auto idx = static_cast<size_t>(shard);
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);

@@ -52,6 +52,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.connect_timeout_s = d.connect_timeout_s;
   v.leave_timeout_s = d.leave_timeout_s;
   v.no_shm = !d.shared_memory;
+  v.send_delay_ms = d.send_delay_ms;
   v.curve_keys = d.curve_keys;
   v.curve_client = d.curve_client;
   v.model = ModelName(d.model);
@@ -145,6 +146,9 @@ WorkerCommandLine::WorkerCommandLine()
   f.Bool("no-shm", &v.no_shm,
          "send pushes and pulls through the socket even to a shard on this host (by default "
          "large ones go through shared memory there)");
+  f.Int("inject-send-delay-ms", &v.send_delay_ms,
+        "fault injection: hold every message to a shard this long before sending it (a slow "
+        "link, where the kernel has no netem; 0: none)");
   f.Int("eval-every", &v.eval_every,
         "also evaluate on the test set (--test-limit) every N of this worker's iterations, "
         "between them, for a finer accuracy curve in --metrics-out's \"evaluations\"; not "
@@ -253,6 +257,10 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.step_delay_factor = v.step_delay_factor;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
+  if (v.send_delay_ms < 0 || v.send_delay_ms > 10000) {
+    return bad_int("inject-send-delay-ms", v.send_delay_ms, "need milliseconds in [0, 10000]");
+  }
+  c.send_delay_ms = v.send_delay_ms;
   if (v.eval_every < 0) {
     return bad_int("eval-every", v.eval_every,
                    "need an integer >= 0; 0: no evaluation within epochs");

@@ -118,6 +118,8 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--step-delay-factor=0.5",
        "bad value for --step-delay-factor: '0.5' (need a number in [1, 1e6))"},
       {"--eval-every=-1", "bad value for --eval-every: '-1' (need an integer >= 0"},
+      {"--inject-send-delay-ms=-3",
+       "bad value for --inject-send-delay-ms: '-3' (need milliseconds in [0, 10000])"},
       {"--metrics-bind=tcp://0.0.0.0:9100",
        "bad value for --metrics-bind: --metrics-bind 'tcp://0.0.0.0:9100'"},
       {"--log-level=chatty", "bad value for --log-level: 'chatty'"},

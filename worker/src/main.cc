@@ -170,6 +170,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   } else {
     leash::ZmqOptions zopts;
     zopts.shared_memory = c.shared_memory;
+    zopts.send_delay_ms = static_cast<int>(c.send_delay_ms);
     if (!c.curve_keys.empty()) {
       auto keys = leash::LoadCurveClientKeys(c.curve_keys, c.curve_client);
       if (!keys.ok()) return Failure{2, "--curve-keys: " + keys.status().message()};

@@ -45,6 +45,9 @@ struct ZmqOptions {
   bool shared_memory = false;
   int64_t shm_ring_bytes = int64_t{16} << 20;  // per direction and connection
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
+  // Fault injection (a client): every Send first waits this long, a slow link made in the
+  // application where the kernel offers no netem. 0: none.
+  int send_delay_ms = 0;
 };
 
 // Shared ZeroMQ context. Thread-safe.
