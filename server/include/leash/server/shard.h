@@ -56,6 +56,9 @@ struct ShardOptions {
   // Memory for the sparse tables' tiers together with the cold store's block cache and
   // write buffer (SplitMemoryBudget); 0: unbounded.
   uint64_t memory_budget_bytes = 0;
+  // The process's resident memory (VmRSS) for ShardStats, next to the budget; unset: 0.
+  // leash-server reads /proc/self/statm.
+  std::function<uint64_t()> resident_bytes;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (a quarter), its write
