@@ -15,7 +15,7 @@
 // budget; SetMemoryBudget resizes it likewise). Not counted (the stated fixed overhead):
 // the Impl object and chunk pointers (a few hundred bytes plus 8 per 4096 rows), and
 // per-call scratch proportional to the keys of one Read/Apply (their missed records) or,
-// during FlushDirty, one 8 MiB batch.
+// during FlushDirty, one 2 MiB batch (kFlushBatchBytes).
 // Growing the arena allocates one more chunk (no copy of the others); growing the index
 // rehashes it, briefly holding the old and the new bucket arrays.
 #include "leash/ps/sparse_table.h"
@@ -168,10 +168,10 @@ inline uint64_t SketchHash(uint64_t x) {
 }
 
 constexpr uint32_t kNoSlot = UINT32_MAX;
-constexpr size_t kHeader = 12;
-constexpr size_t kFlushBatchBytes =
-    size_t{8}
-    << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
+constexpr size_t kHeader = 12;  // key (8), GCLOCK counter, dirty, pinned, pad
+// Records per store write of a flush: 2 MiB (the batch, its WriteBatch copy and the
+// memtable it lands in are each held at once beyond the budget).
+constexpr size_t kFlushBatchBytes = size_t{2} << 20;
 constexpr size_t kChunkRows = 4096;
 // Eviction is GCLOCK (generalized CLOCK): each slot has a small saturating counter; a new
 // row starts at 1 and each access adds 1 up to kMaxRef; the hand sweeps the slots in order,
