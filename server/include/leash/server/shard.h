@@ -63,8 +63,9 @@ struct ShardOptions {
 
 // How a shard's memory budget is spent: the cold store's block cache (a quarter), its write
 // buffer (an eighth, at most 64 MiB), and the rest shared evenly by the sparse tables' memory
-// tiers (rebalanced whenever one is created). Budget 0 (unbounded): a 64 MiB cache, a 32 MiB
-// write buffer and memory tiers without a bound.
+// tiers (rebalanced whenever one is created). The store makes the first two one cache, the
+// memtables charged to it. Budget 0 (unbounded): a 64 MiB cache, a 32 MiB write buffer and
+// memory tiers without a bound. The one place these fractions are set.
 struct MemoryBudgetSplit {
   uint64_t block_cache = 0;
   uint64_t write_buffer = 0;
