@@ -6,7 +6,7 @@ in the same run, measurement rounds interleaved.
 
 "Larger than memory" is made real twice over: the budgeted shard runs in a memory cgroup
 (v1 memory.limit_in_bytes, or v2 memory.max: both count page cache) whose limit is the
-budget plus a fixed allowance, and its RocksDB tier reads with O_DIRECT
+budget plus the overhead docs/sparse.md states, and its RocksDB tier reads with O_DIRECT
 (--sparse-direct-reads), so the kernel's page cache cannot hold the table for it.
 
 Reports per alpha: pull + push keys/s of both shards and their ratio, the memory tier's hit
@@ -228,8 +228,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per alpha (the first warms the tier and is left out of medians)")
     p.add_argument("--ratio", type=float, default=4, help="table size / memory budget")
-    p.add_argument("--allowance-mib", type=int, default=384,
-                   help="the cgroup limit is the budget plus this (the shard's fixed overhead)")
+    p.add_argument("--allowance-mib", type=int,
+                   help="the cgroup limit is the budget plus this; default: the overhead docs/sparse.md "
+                        "states (64 MiB + 3R+128 bytes per key of the largest request, 26 x batch)")
     p.add_argument("--tmp", help="data directories (on a real disk; default a temporary one under /var/tmp)")
     p.add_argument("--perf", action="store_true",
                    help="profile the budgeted shard (perf record) in its first round of each alpha")
@@ -248,7 +249,11 @@ def main():
     table_bytes = args.keys * row_bytes
     budget = int(table_bytes / args.ratio)
     tmp = tempfile.mkdtemp(prefix="leash-sparse-", dir=args.tmp or "/var/tmp")
-    cg = Cgroup(f"leash-sparse-bench-{os.getpid()}", budget + args.allowance_mib * MiB)
+    # The stated bound (server/include/leash/server/shard.h: kMemoryOverheadBytes and
+    # SparseRequestBytesPerKey), so that the cgroup checks it.
+    allowance = (args.allowance_mib * MiB if args.allowance_mib is not None
+                 else 64 * MiB + 26 * args.batch * (3 * row_bytes + 128))
+    cg = Cgroup(f"leash-sparse-bench-{os.getpid()}", budget + allowance)
     servers = {"memory": Server(args.build, tmp, "memory", 0),
                "tiered": Server(args.build, tmp, "tiered", budget, cg)}
     res = {"when": now(), "keys": args.keys, "dim": args.dim, "fields": 26, "batch": args.batch,

@@ -564,12 +564,12 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                 auto tv = fbb.CreateVector(tables);
                 const CoverageProgress& p = r.coverage;
                 return {wire::Body::StatsReply,
-                        wire::CreateStatsReply(fbb, r.shard, r.num_shards, r.min_clock,
-                                               r.parked_pulls, r.pushes_applied, r.pulls_served,
-                                               r.errors, r.last_snapshot_clock, r.recovered_clock,
-                                               wv, tv, p.epochs_done, p.epochs, p.chunks_done,
-                                               p.num_chunks, p.chunks_leased, r.snapshot_age_ms,
-                                               r.memory_budget_bytes, r.memory_used_bytes)
+                        wire::CreateStatsReply(
+                            fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls,
+                            r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
+                            r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
+                            p.num_chunks, p.chunks_leased, r.snapshot_age_ms, r.memory_budget_bytes,
+                            r.memory_used_bytes, r.resident_bytes)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -641,6 +641,7 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.snapshot_age_ms = r->snapshot_age_ms();
       o.memory_budget_bytes = r->memory_budget_bytes();
       o.memory_used_bytes = r->memory_used_bytes();
+      o.resident_bytes = r->resident_bytes();
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {

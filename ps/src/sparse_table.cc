@@ -12,9 +12,10 @@
 // record 208 B, stride 224 B, about 232-240 B per row. The capacity is the largest one
 // whose total fits the budget, so memory_bytes() <= budget always holds once the budget
 // holds the sketch (the sketch is sized at Create to at most a quarter of a bounded
-// budget). Not counted (the stated fixed overhead): the Impl object and chunk pointers
-// (a few hundred bytes plus 8 per 4096 rows), and per-call scratch proportional to the
-// keys of one Read/Apply (their missed records) or, during FlushDirty, one 8 MiB batch.
+// budget; SetMemoryBudget resizes it likewise). Not counted (the stated fixed overhead):
+// the Impl object and chunk pointers (a few hundred bytes plus 8 per 4096 rows), and
+// per-call scratch proportional to the keys of one Read/Apply (their missed records) or,
+// during FlushDirty, one 2 MiB batch (kFlushBatchBytes).
 // Growing the arena allocates one more chunk (no copy of the others); growing the index
 // rehashes it, briefly holding the old and the new bucket arrays.
 #include "leash/ps/sparse_table.h"
@@ -167,10 +168,10 @@ inline uint64_t SketchHash(uint64_t x) {
 }
 
 constexpr uint32_t kNoSlot = UINT32_MAX;
-constexpr size_t kHeader = 12;
-constexpr size_t kFlushBatchBytes =
-    size_t{8}
-    << 20;  // records per store write of a flush  // key (8), GCLOCK counter, dirty, pinned, pad
+constexpr size_t kHeader = 12;  // key (8), GCLOCK counter, dirty, pinned, pad
+// Records per store write of a flush: 2 MiB (the batch, its WriteBatch copy and the
+// memtable it lands in are each held at once beyond the budget).
+constexpr size_t kFlushBatchBytes = size_t{2} << 20;
 constexpr size_t kChunkRows = 4096;
 // Eviction is GCLOCK (generalized CLOCK): each slot has a small saturating counter; a new
 // row starts at 1 and each access adds 1 up to kMaxRef; the hand sweeps the slots in order,
@@ -208,11 +209,8 @@ class SparseTable::Impl {
     admit_after_ = spec_.sparse.admit_after;
     expire_ = spec_.sparse.expire_after_clocks;
     if (admit_after_ > 1) {
-      uint32_t width = std::bit_floor(std::max(options_.sketch_width, 1u));
       depth_ = std::max(options_.sketch_depth, 1u);
-      if (options_.memory_bytes != UINT64_MAX) {
-        while (width > 1 && uint64_t{width} * depth_ > options_.memory_bytes / 4) width /= 2;
-      }
+      const uint32_t width = SketchWidthFor(options_.memory_bytes);
       sketch_mask_ = width - 1;
       sketch_.assign(size_t{width} * depth_, 0);
     }
@@ -407,6 +405,36 @@ class SparseTable::Impl {
       uint8_t* c = SketchCell(h, d);
       if (*c == m) *c = static_cast<uint8_t>(m + 1);
     }
+  }
+  // The sketch's width for a budget: the option's width (a power of two), halved until
+  // the sketch takes at most a quarter of a bounded budget.
+  uint32_t SketchWidthFor(uint64_t budget) const {
+    uint32_t width = std::bit_floor(std::max(options_.sketch_width, 1u));
+    if (budget != UINT64_MAX) {
+      while (width > 1 && uint64_t{width} * depth_ > budget / 4) width /= 2;
+    }
+    return width;
+  }
+  // Changes the sketch's width keeping every estimate or raising it: a key's cell in row d
+  // is (h1 + d * h2) & mask, so halving the width folds cell j + width/2 onto cell j (the
+  // larger count kept: a key may only read as seen more often), and doubling it copies
+  // cell j to j and j + width (estimates unchanged).
+  void ResizeSketch(uint32_t width) {
+    const uint64_t old_width = sketch_mask_ + 1;
+    if (sketch_.empty() || width == old_width) return;
+    std::vector<uint8_t> fresh(size_t{width} * depth_, 0);
+    for (uint32_t d = 0; d < depth_; ++d) {
+      const uint8_t* from = sketch_.data() + d * old_width;
+      uint8_t* to = fresh.data() + size_t{d} * width;
+      if (width < old_width) {
+        for (uint64_t j = 0; j < old_width; ++j)
+          to[j & (width - 1)] = std::max(to[j & (width - 1)], from[j]);
+      } else {
+        for (uint64_t j = 0; j < width; ++j) to[j] = from[j & (old_width - 1)];
+      }
+    }
+    sketch_.swap(fresh);
+    sketch_mask_ = width - 1;
   }
   // Whether one more pull admits the key (without counting it).
   bool AdmitsNext(uint64_t key) {
@@ -712,6 +740,7 @@ class SparseTable::Impl {
 
   Status SetMemoryBudget(uint64_t bytes) {
     uint64_t old_budget = budget_, old_max = max_rows_;
+    if (!sketch_.empty()) ResizeSketch(SketchWidthFor(bytes));
     SetMaxRows(bytes);
     if (used_ <= max_rows_) {
       ShrinkTo(std::max<uint64_t>(used_, std::min<uint64_t>(capacity_, max_rows_)));

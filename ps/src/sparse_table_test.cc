@@ -372,6 +372,39 @@ TEST(SparseTableTest, AdmissionServesTheInitializerAndDropsGradientsUntilNPulls)
   EXPECT_EQ(c.resident_rows, 1u);
 }
 
+TEST(SparseTableTest, AdmissionSketchFollowsTheBudgetAndKeepsEveryKeysCount) {
+  TableSpec spec = SparseSpec(2, OptimizerKind::kSgd);
+  spec.sparse.admit_after = 3;
+  MemoryRowStore store;
+  SparseTableOptions opt;
+  opt.sketch_width = 1 << 16;  // 4 x 64 KiB unbounded
+  auto t = SparseTable::Create(1, spec, &store, opt);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->memory_bytes(), 4u << 16);
+  std::vector<uint64_t> a(1000), b(1000);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+    b[i] = (i + 1) * 0xC2B2AE3D27D4EB4Full;
+  }
+  std::vector<float> out(2 * a.size());
+  for (int pull = 0; pull < 2; ++pull) {  // seen twice: not admitted yet
+    ASSERT_TRUE((*t)->Read(a, 0, out.data()).ok());
+    ASSERT_TRUE((*t)->Read(b, 0, out.data()).ok());
+  }
+  EXPECT_EQ((*t)->counters().admissions, 0u);
+  // A 64 KiB budget: the sketch shrinks to a quarter of it (folded, not cleared).
+  ASSERT_TRUE((*t)->SetMemoryBudget(64 << 10).ok());
+  EXPECT_LE((*t)->memory_bytes(), 64u << 10);
+  ASSERT_TRUE((*t)->Read(a, 0, out.data()).ok());  // the third pull admits every key
+  EXPECT_EQ((*t)->counters().admissions, a.size());
+  EXPECT_LE((*t)->memory_bytes(), 64u << 10);
+  // Unbounded again: the sketch grows back to its width, the counts kept.
+  ASSERT_TRUE((*t)->SetMemoryBudget(UINT64_MAX).ok());
+  EXPECT_GE((*t)->memory_bytes(), 4u << 16);
+  ASSERT_TRUE((*t)->Read(b, 0, out.data()).ok());
+  EXPECT_EQ((*t)->counters().admissions, a.size() + b.size());
+}
+
 TEST(SparseTableTest, ExpiryDropsRowsUnseenForEClocksFromBothTiers) {
   TableSpec spec = SparseSpec(4, OptimizerKind::kSgd);
   spec.sparse.expire_after_clocks = 5;

@@ -68,6 +68,16 @@ uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) 
 constexpr size_t kExpireRowsPerSweep = 4096;
 constexpr int64_t kExpireEveryMs = 100;
 
+// Options of a sparse table that is one of `tables` on a shard with `budget`: its share of
+// the tiers' part (RebalanceSparse), so that its admission sketch is sized for it from the
+// start.
+ps::SparseTableOptions SparseTableShare(uint64_t budget, size_t tables) {
+  ps::SparseTableOptions o;
+  const uint64_t all = SplitMemoryBudget(budget).tables;
+  o.memory_bytes = all == UINT64_MAX ? UINT64_MAX : all / std::max<size_t>(1, tables);
+  return o;
+}
+
 }  // namespace
 
 MemoryBudgetSplit SplitMemoryBudget(uint64_t budget) {
@@ -132,8 +142,12 @@ Result<int64_t> Shard::Recover() {
   for (const TableSnapshot& ts : snap->tables) {
     if (ts.table_id != tables_.size()) return DataLoss("snapshot tables are not numbered 0..n-1");
     if (ts.spec.kind == TableKind::kSparse) {
-      LEASH_ASSIGN_OR_RETURN(auto t, ps::SparseTable::Create(ts.table_id, ts.spec, sparse_store_,
-                                                             ps::SparseTableOptions{}));
+      const size_t n = static_cast<size_t>(
+          std::count_if(snap->tables.begin(), snap->tables.end(),
+                        [](const TableSnapshot& x) { return x.spec.kind == TableKind::kSparse; }));
+      LEASH_ASSIGN_OR_RETURN(
+          auto t, ps::SparseTable::Create(ts.table_id, ts.spec, sparse_store_,
+                                          SparseTableShare(options_.memory_budget_bytes, n)));
       table_by_name_[ts.spec.name] = ts.table_id;
       tables_.push_back(nullptr);
       sparse_.push_back(std::move(t));
@@ -326,8 +340,12 @@ Status Shard::OnCreateTable(const PeerId& peer, uint64_t rid, const CreateTableR
     // A crash may have left rows of this id in the cold store after the last snapshot
     // (which did not know the table): they are not this table's.
     LEASH_RETURN_IF_ERROR(sparse_store_->DropTable(id));
+    const size_t n =
+        1 + static_cast<size_t>(std::count_if(sparse_.begin(), sparse_.end(),
+                                              [](const auto& x) { return x != nullptr; }));
     LEASH_ASSIGN_OR_RETURN(
-        auto t, ps::SparseTable::Create(id, spec, sparse_store_, ps::SparseTableOptions{}));
+        auto t, ps::SparseTable::Create(id, spec, sparse_store_,
+                                        SparseTableShare(options_.memory_budget_bytes, n)));
     spdlog::info("shard {}: created sparse table {} '{}' of {}-wide rows in {}", options_.shard, id,
                  name, spec.cols, sparse_store_->Describe());
     tables_.push_back(nullptr);
@@ -440,8 +458,7 @@ void Shard::RebalanceSparse() {
   const size_t n = static_cast<size_t>(
       std::count_if(sparse_.begin(), sparse_.end(), [](const auto& t) { return t != nullptr; }));
   if (n == 0) return;
-  const uint64_t all = SplitMemoryBudget(options_.memory_budget_bytes).tables;
-  const uint64_t each = all == UINT64_MAX ? UINT64_MAX : all / n;
+  const uint64_t each = SparseTableShare(options_.memory_budget_bytes, n).memory_bytes;
   for (auto& t : sparse_) {
     if (!t) continue;
     if (Status st = t->SetMemoryBudget(each); !st.ok()) {
@@ -659,6 +676,7 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
   }
   st.memory_budget_bytes = options_.memory_budget_bytes;
   st.memory_used_bytes = memory_used_bytes();
+  st.resident_bytes = options_.resident_bytes ? options_.resident_bytes() : 0;
   for (size_t id = 0; id < tables_.size(); ++id) {
     if (const Table* t = tables_[id].get()) {
       st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});

@@ -58,6 +58,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   memory_budget_ =
       AddGauge(r, l, "leash_shard_memory_budget_bytes", "--memory-budget (0: unbounded).");
   memory_budget_->Set(static_cast<double>(shard.options().memory_budget_bytes));
+  resident_ = AddGauge(r, l, "leash_shard_resident_bytes",
+                       "Resident memory of the shard's process (VmRSS): the budget plus the "
+                       "fixed overhead docs/sparse.md states.");
   sparse_resident_ = &prometheus::BuildGauge()
                           .Name("leash_sparse_resident_rows")
                           .Help("Rows of a sparse table in its memory tier.")
@@ -128,6 +131,8 @@ void ShardMetrics::AddSparseSeries(const ps::SparseTable& table) {
     s.counters.emplace_back(field, &family->Add(l));
   sparse_.push_back(std::move(s));
 }
+
+void ShardMetrics::SetResidentBytes(uint64_t bytes) { resident_->Set(static_cast<double>(bytes)); }
 
 void ShardMetrics::Publish(const Shard& shard) {
   for (; tables_seen_ < shard.num_tables(); ++tables_seen_) {

@@ -46,9 +46,11 @@ int Status(leash::Client& client, bool json) {
             static_cast<unsigned long long>(wk.ms_since_heartbeat));
       }
       std::printf(
-          "], \"memory_budget_bytes\": %llu, \"memory_used_bytes\": %llu, \"sparse_tables\": [",
+          "], \"memory_budget_bytes\": %llu, \"memory_used_bytes\": %llu, "
+          "\"resident_bytes\": %llu, \"sparse_tables\": [",
           static_cast<unsigned long long>(s.memory_budget_bytes),
-          static_cast<unsigned long long>(s.memory_used_bytes));
+          static_cast<unsigned long long>(s.memory_used_bytes),
+          static_cast<unsigned long long>(s.resident_bytes));
       bool first = true;
       for (const auto& t : s.tables) {
         if (t.kind != leash::TableKind::kSparse) continue;
@@ -105,11 +107,12 @@ int Status(leash::Client& client, bool json) {
                   static_cast<unsigned long long>(w.ms_since_heartbeat));
     }
     if (s.memory_budget_bytes > 0 || s.memory_used_bytes > 0) {
-      std::printf("  memory %.1f MiB used of %s\n",
+      std::printf("  memory %.1f MiB used of %s; process resident %.1f MiB\n",
                   static_cast<double>(s.memory_used_bytes) / (1 << 20),
                   s.memory_budget_bytes == 0
                       ? "no budget"
-                      : (std::to_string(s.memory_budget_bytes >> 20) + " MiB budget").c_str());
+                      : (std::to_string(s.memory_budget_bytes >> 20) + " MiB budget").c_str(),
+                  static_cast<double>(s.resident_bytes) / (1 << 20));
     }
     for (const auto& t : s.tables) {
       if (t.kind == leash::TableKind::kSparse) {

@@ -278,6 +278,7 @@ struct ShardStats {
   CoverageProgress coverage;         // shard 0 only
   uint64_t memory_budget_bytes = 0;  // --memory-budget (0: unbounded)
   uint64_t memory_used_bytes = 0;    // sparse tiers and the cold store's caches together
+  uint64_t resident_bytes = 0;       // the shard process's resident memory (VmRSS); 0: unknown
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;

@@ -106,10 +106,11 @@ struct SparseTableOptions {
   // The memory tier's budget for this table: rows, their index and the admission sketch.
   // UINT64_MAX: unbounded (no eviction).
   uint64_t memory_bytes = UINT64_MAX;
-  // Count-min sketch for admission (only when admit_after > 1): `sketch_depth` rows of
-  // `sketch_width` 8-bit counters, the width rounded down to a power of two and halved
-  // until the sketch takes at most a quarter of a bounded budget. A key counts once per
-  // Read that misses the memory tier and finds no row in the store.
+  // Count-min sketch for admission (only when admit_after > 1): `sketch_depth` rows of at
+  // most `sketch_width` 8-bit counters, the width rounded down to a power of two and halved
+  // until the sketch takes at most a quarter of a bounded budget, here and whenever
+  // SetMemoryBudget changes the budget (a resize keeps every key's count or raises it). A
+  // key counts once per Read that misses the memory tier and finds no row in the store.
   uint32_t sketch_width = 1u << 20;
   uint32_t sketch_depth = 4;
 };
@@ -168,7 +169,8 @@ class SparseTable {
   // Drops rows not seen for spec().sparse.expire_after_clocks clocks as of `clock`,
   // visiting at most `max_rows` rows of each tier (incremental: call it every tick).
   Status Expire(int64_t clock, size_t max_rows);
-  // Changes the memory tier's budget, evicting rows (written back if changed) to fit.
+  // Changes the memory tier's budget, evicting rows (written back if changed) to fit, and
+  // resizes the admission sketch to the new budget (SparseTableOptions).
   Status SetMemoryBudget(uint64_t bytes);
 
   // Copies key's record (layout().bytes(): values, optimizer state, steps, last_clock) from

@@ -56,21 +56,40 @@ struct ShardOptions {
   // Memory for the sparse tables' tiers together with the cold store's block cache and
   // write buffer (SplitMemoryBudget); 0: unbounded.
   uint64_t memory_budget_bytes = 0;
+  // The process's resident memory (VmRSS) for ShardStats, next to the budget; unset: 0.
+  // leash-server reads /proc/self/statm.
+  std::function<uint64_t()> resident_bytes;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
 // buffer (a sixteenth, at most 64 MiB), and the rest shared evenly by the sparse tables'
-// memory tiers (rebalanced whenever one is created). The cache mostly holds the index and
-// filter partitions (about 2 bytes per stored row); cold data blocks in it are rarely hit
-// again, so memory given to the memory tiers saves more reads (a quarter for the cache
-// measured 14% more misses per batch at 4x the budget). Budget 0 (unbounded): a 64 MiB cache, a 32
-// MiB write buffer and memory tiers without a bound.
+// memory tiers (rebalanced whenever one is created). The store makes the first two one
+// cache, the memtables charged to it. The cache mostly holds the index and filter
+// partitions (about 2 bytes per stored row); cold data blocks in it are rarely hit again,
+// so memory given to the memory tiers saves more reads (a quarter for the cache measured
+// 14% more misses per batch at 4x the budget). Budget 0 (unbounded): a 64 MiB cache, a 32
+// MiB write buffer and memory tiers without a bound. The one place these fractions are set.
 struct MemoryBudgetSplit {
   uint64_t block_cache = 0;
   uint64_t write_buffer = 0;
   uint64_t tables = 0;  // for all sparse tables together; UINT64_MAX: unbounded
 };
 MemoryBudgetSplit SplitMemoryBudget(uint64_t budget_bytes);
+
+// What leash-server with a memory budget holds beyond it (docs/sparse.md, "Memory beyond
+// the budget"): its resident memory (VmRSS) stays within
+//   budget + kMemoryOverheadBytes + K x SparseRequestBytesPerKey(R),
+// K the keys of the largest sparse pull or push it serves, R its table's record bytes
+// (ps::RowLayout::bytes(): values, optimizer state and 16). kMemoryOverheadBytes holds the
+// program and its libraries (19 MiB of mapped code), the threads' stacks, RocksDB's memory
+// outside its cache (flush and compaction buffers, up to 256 blocks pinned per reader
+// thread while a read copies them out) and the allocator's slack, with up to 16 reader
+// threads. The per-key part is a request's scratch: its missed records and those written
+// back, the WriteBatch and memtable they pass through, the request and reply frames.
+inline constexpr uint64_t kMemoryOverheadBytes = uint64_t{64} << 20;
+constexpr uint64_t SparseRequestBytesPerKey(uint64_t record_bytes) {
+  return 3 * record_bytes + 128;
+}
 
 struct Outgoing {
   PeerId peer;

@@ -29,6 +29,9 @@ class ShardMetrics {
 
   // Copies the shard's current counters and gauges into the registry.
   void Publish(const Shard& shard);
+  // Sets leash_shard_resident_bytes (leash-server calls it a few times a second: reading
+  // the process's memory is a system call, kept off every turn of the loop).
+  void SetResidentBytes(uint64_t bytes);
 
  private:
   // A shard counter mirrored by a Prometheus counter: Publish() adds what it grew by.
@@ -57,6 +60,7 @@ class ShardMetrics {
   size_t tables_seen_ = 0;
   prometheus::Gauge* memory_used_;
   prometheus::Gauge* memory_budget_;
+  prometheus::Gauge* resident_;
   std::vector<Mirrored> counters_;
   prometheus::Gauge* parked_pulls_;
   prometheus::Gauge* min_clock_;
