@@ -64,6 +64,8 @@ int64_t NowNs() {
 
 void ThrowIfError(const Status& st, const std::string& context = {}) {
   if (st.ok()) return;
+  // A call given up on by the interrupt hook (a signal handler raised): that exception.
+  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
   Raise(st.code(), context.empty() ? st.message() : context + ": " + st.message());
 }
 
@@ -655,6 +657,12 @@ class Client {
     co.register_worker = o.register_worker;
     co.worker_id = o.worker_id;
     co.heartbeat_ms = o.heartbeat_ms;
+    // The client's own waits (connecting, creating tables, chunk leases, stats) run
+    // Python's signal handlers every 100 ms, the GIL taken for it: Ctrl-C ends them.
+    co.interrupted = [] {
+      py::gil_scoped_acquire gil;
+      return PyErr_CheckSignals() != 0;
+    };
     if (o.staleness < 0) Raise(StatusCode::kInvalidArgument, "staleness must be >= 0");
     if (o.connect_timeout_ms <= 0) {
       Raise(StatusCode::kInvalidArgument, "connect_timeout must be > 0");
