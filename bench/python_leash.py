@@ -53,6 +53,7 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
     steps = 0
     fb_s = step_s = 0.0
     t0 = time.perf_counter()
+    cpu0 = time.thread_time()
     for e in range(epochs):
         for idx in batches(x.shape[0], batch, seed * 1000 + e):
             opt.zero_grad(set_to_none=True)
@@ -64,7 +65,9 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
             fb_s += b - a
             steps += 1
     secs = time.perf_counter() - t0
+    cpu = time.thread_time() - cpu0
     return {"system": "local", "model": model_name, "steps": steps, "seconds": secs,
+            "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
             "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": accuracy(model, tx, ty),
             "per_iteration_us": {"forward_backward": fb_s / steps * 1e6,
                                  "optimizer_step": step_s / steps * 1e6}}
@@ -82,6 +85,7 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
         pull_s = push_s = fb_s = 0.0
         steps = 0
         t0 = time.perf_counter()
+        cpu0 = time.thread_time()
         for e in range(epochs):
             for idx in batches(x.shape[0], batch, seed * 1000 + e):
                 a = time.perf_counter()
@@ -97,6 +101,7 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                 push_s += d - c
                 steps += 1
         secs = time.perf_counter() - t0
+        cpu = time.thread_time() - cpu0
         bt = client.binding_times()
         params.sync()
         acc = accuracy(model, tx, ty)
@@ -106,6 +111,7 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
     binding_us = (bt["total_ns"] - bt["wait_ns"]) / steps / 1e3  # GIL held, in C++
     hooks_us = bt["tensor_ns"] / steps / 1e3  # of which in push_tensor, inside backward()
     return {"system": "leash", "model": model_name, "steps": steps, "seconds": secs,
+            "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
             "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": acc,
             "per_iteration_us": {
                 "forward_backward": fb_s / steps * 1e6,
@@ -231,7 +237,7 @@ def main():
                                  f"{pi['waiting_gil_released']:.0f} us waiting, sender "
                                  f"{pi['sender_thread_busy']:.0f} us")
                     extra += f", fwd+bwd {res['per_iteration_us']['forward_backward']:.0f} us"
-
+                    extra += f", thread CPU {res['training_thread_cpu_us_per_iteration']:.0f} us/iter"
                     print(f"[{model_name} {system} round {r}] {res['samples_per_second']:.0f} samples/s, "
                           f"test accuracy {res['test_accuracy']:.4f}{extra}", flush=True)
     finally:
@@ -257,6 +263,11 @@ def main():
             "median_ratio_per_round": statistics.median(ratios),
             "local_per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in loc)
                                        for k in loc[0]["per_iteration_us"]},
+            # CPU time of the training thread per iteration: what the step costs the core it
+            # runs on, without the time it waits for a core on a loaded machine.
+            "training_thread_cpu_us": {
+                "local": statistics.median(r["training_thread_cpu_us_per_iteration"] for r in loc),
+                "leash": statistics.median(r["training_thread_cpu_us_per_iteration"] for r in lea)},
             "local_step_us": 1e6 * a.batch / local_sps,
             "leash_step_us": 1e6 * a.batch / leash_sps,
             "per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in lea)
@@ -271,7 +282,9 @@ def main():
               f"{' '.join(f'{r:.2f}' for r in ratios)}; binding "
               f"{m['per_iteration_us']['binding_gil_held']:.0f} us + Python in pull/push "
               f"{m['per_iteration_us']['python_layer_of_pull_push']:.0f} us per iteration of "
-              f"{m['leash_step_us']:.0f} us", flush=True)
+              f"{m['leash_step_us']:.0f} us; training thread CPU per iteration "
+              f"{m['training_thread_cpu_us']['leash']:.0f} us against "
+              f"{m['training_thread_cpu_us']['local']:.0f} us", flush=True)
     pairs = {}
     for model_name in filter(None, a.pairs.split(",")):
         pairs[model_name] = run_pairs(a, model_name)
