@@ -3,6 +3,8 @@
 // pull; every error becomes a leash.errors exception carrying Leash's status code. Python
 // threads call in under the GIL (which guards this file's own state); the leash::Client
 // underneath is thread-safe and writes pulled values from whichever thread reads the reply.
+// Each client has a sender thread (Sender) that copies and sends the gradients handed to
+// it during backward and the clocks behind them; it never touches Python objects.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -989,13 +991,8 @@ class Client {
       ReapOwned();
       shared_->graveyard.Reap();
       ThrowIfError(sender_->TakeError());
-      while (sender_->queued_clocks() > 2) {
-        bool done = false;
-        {
-          py::gil_scoped_release release;
-          done = sender_->WaitClocksBelow(3, kWaitSliceMs);
-        }
-        if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (sender_->queued_clocks() > 2) {
+        WaitForSender([&] { return sender_->WaitClocksBelow(3, kWaitSliceMs); });
       }
       return clock_;
     }
@@ -1283,13 +1280,28 @@ class Client {
   // Waits, the GIL released and Ctrl-C honoured, until the sender has run every job
   // queued so far.
   void Drain() {
-    while (!sender_->idle()) {
+    if (sender_->idle()) return;
+    WaitForSender([&] { return sender_->WaitIdle(kWaitSliceMs); });
+  }
+
+  // Calls `wait_slice` (a wait of at most kWaitSliceMs on the sender, true when done)
+  // with the GIL released until it returns true, running the signal handlers between
+  // slices. Counts as a waiter: the client is not closed under it.
+  template <typename F>
+  void WaitForSender(const F& wait_slice) {
+    ++shared_->waiters;
+    struct Leave {
+      Shared* s;
+      ~Leave() { --s->waiters; }
+    } leave{shared_.get()};
+    while (true) {
       bool done = false;
       {
         py::gil_scoped_release release;
-        done = sender_->WaitIdle(kWaitSliceMs);
+        done = wait_slice();
       }
-      if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (done) return;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
   }
 
