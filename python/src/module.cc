@@ -443,6 +443,10 @@ class Sender {
     thread_.join();
   }
 
+  // From now on the queued clocks do not wait for acknowledgements (the client is leaving:
+  // a shard that is gone must not hold up the exit).
+  void SkipAcks() { skip_acks_.store(true); }
+
   int64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
   void reset_busy_ns() { busy_ns_.store(0); }
 
@@ -528,7 +532,7 @@ class Sender {
   // f's status, or Ok once Stop() was called (the jobs are being dropped).
   Status Await(const Future& f) {
     while (f.wait_for(std::chrono::milliseconds(kWaitSliceMs)) != std::future_status::ready) {
-      if (stopping()) return Status::Ok();
+      if (stopping() || skip_acks_.load()) return Status::Ok();
     }
     return f.get();
   }
@@ -550,6 +554,7 @@ class Sender {
   bool stop_ = false;
   std::atomic<uint64_t> done_seq_{0};
   std::atomic<int64_t> busy_ns_{0};
+  std::atomic<bool> skip_acks_{false};
   std::mutex err_mu_;
   std::atomic<bool> has_error_{false};
   Status error_;
@@ -1119,6 +1124,7 @@ class Client {
       Raise(StatusCode::kFailedPrecondition,
             "leave() while another thread waits on this client; stop it first");
     }
+    sender_->SkipAcks();  // what it holds is sent, without waiting for acknowledgements
     Drain();
     {
       std::lock_guard<std::mutex> exec(sender_->exec_mu);
