@@ -242,7 +242,7 @@ class Parameters:
         if self._micro % self.accumulate != 0:
             return
         for attempt in range(3):
-            if self.client.needs_rejoin:
+            if self.client._c.needs_rejoin:
                 self._rejoin()
             try:
                 self._pull_now()
@@ -255,9 +255,10 @@ class Parameters:
 
     def _pull_now(self) -> None:
         c = self.client
+        cc = c._c  # the extension's client: no Python property in between
         took = False
         if self._pending is not None:
-            usable = self._pending_clock == c.current_clock and self._pending_rejoins == c.rejoins
+            usable = self._pending_clock == cc.current_clock and self._pending_rejoins == c._rejoins
             try:
                 self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
             except NotRegisteredError:
@@ -270,16 +271,16 @@ class Parameters:
                 self._current ^= 1
         if not took:
             try:
-                c._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+                cc.start_pulls(self.tables, self._views[self._current], -1).wait()
             except NotRegisteredError:
                 self._abandon(self._current)
                 raise
         self._install(self._current)
         if self.prefetch:
             nxt = self._current ^ 1
-            self._pending_clock = c.current_clock + 1
-            self._pending_rejoins = c.rejoins
-            self._pending = c._c.start_pulls(self.tables, self._views[nxt], self._pending_clock)
+            self._pending_clock = cc.current_clock + 1
+            self._pending_rejoins = c._rejoins
+            self._pending = cc.start_pulls(self.tables, self._views[nxt], self._pending_clock)
 
     def push(self) -> bool:
         """After backward(): on the last micro-batch of an iteration, sends every
@@ -312,7 +313,7 @@ class Parameters:
                 p.grad = None
             for m in self._sparse:
                 m.push(scale)
-            self.client.clock()
+            self.client._c.clock()
         except NotRegisteredError:
             self._rejoin()  # this iteration's gradients are void; the data chunk is leased again
         self.steps += 1
