@@ -51,16 +51,26 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
     model = make_model(model_name)
     opt = make_optimizer(model_name, model.parameters())
     steps = 0
+    fb_s = step_s = 0.0
     t0 = time.perf_counter()
+    cpu0 = time.thread_time()
     for e in range(epochs):
         for idx in batches(x.shape[0], batch, seed * 1000 + e):
             opt.zero_grad(set_to_none=True)
+            a = time.perf_counter()
             F.cross_entropy(model(x[idx]), y[idx]).backward()
+            b = time.perf_counter()
             opt.step()
+            step_s += time.perf_counter() - b
+            fb_s += b - a
             steps += 1
     secs = time.perf_counter() - t0
+    cpu = time.thread_time() - cpu0
     return {"system": "local", "model": model_name, "steps": steps, "seconds": secs,
-            "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": accuracy(model, tx, ty)}
+            "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
+            "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": accuracy(model, tx, ty),
+            "per_iteration_us": {"forward_backward": fb_s / steps * 1e6,
+                                 "optimizer_step": step_s / steps * 1e6}}
 
 
 def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed, staleness):
@@ -72,9 +82,10 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                                         **LEASH_OPT[model_name])
         params.pull()  # the first pull (tables just created) is not timed
         client.reset_binding_times()
-        pull_s = push_s = 0.0
+        pull_s = push_s = fb_s = 0.0
         steps = 0
         t0 = time.perf_counter()
+        cpu0 = time.thread_time()
         for e in range(epochs):
             for idx in batches(x.shape[0], batch, seed * 1000 + e):
                 a = time.perf_counter()
@@ -86,9 +97,11 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                 params.push()
                 d = time.perf_counter()
                 pull_s += b - a
+                fb_s += c - b
                 push_s += d - c
                 steps += 1
         secs = time.perf_counter() - t0
+        cpu = time.thread_time() - cpu0
         bt = client.binding_times()
         params.sync()
         acc = accuracy(model, tx, ty)
@@ -96,17 +109,22 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
     wait_us = bt["wait_ns"] / steps / 1e3
     gil_us = bt["gil_ns"] / steps / 1e3
     binding_us = (bt["total_ns"] - bt["wait_ns"]) / steps / 1e3  # GIL held, in C++
+    hooks_us = bt["tensor_ns"] / steps / 1e3  # of which in push_tensor, inside backward()
     return {"system": "leash", "model": model_name, "steps": steps, "seconds": secs,
+            "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
             "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": acc,
             "per_iteration_us": {
+                "forward_backward": fb_s / steps * 1e6,
                 "pull_and_push_calls": calls_us,
                 "pull_call": pull_s / steps * 1e6,
                 "push_call": push_s / steps * 1e6,
                 "waiting_gil_released": wait_us,
                 "binding_gil_held": binding_us,
+                "of_which_in_gradient_hooks": hooks_us,
                 "of_which_client_copies_encoding": bt["client_ns"] / steps / 1e3,
                 "of_which_taking_gil_back": gil_us,
-                "python_layer": calls_us - wait_us - binding_us,
+                "python_layer_of_pull_push": calls_us - wait_us - (binding_us - hooks_us),
+                "sender_thread_busy": bt["sender_ns"] / steps / 1e3,
             },
             "values_per_iteration": (bt["values_pulled"] + bt["values_pushed"]) / steps}
 
@@ -213,9 +231,13 @@ def main():
                     extra = ""
                     if system == "leash":
                         pi = res["per_iteration_us"]
-                        extra = (f", binding {pi['binding_gil_held']:.0f} us/iter GIL held + "
-                                 f"{pi['python_layer']:.0f} us Python layer, "
-                                 f"{pi['waiting_gil_released']:.0f} us waiting")
+                        extra = (f", binding {pi['binding_gil_held']:.0f} us/iter GIL held "
+                                 f"({pi['of_which_in_gradient_hooks']:.0f} in hooks) + "
+                                 f"{pi['python_layer_of_pull_push']:.0f} us Python in pull/push, "
+                                 f"{pi['waiting_gil_released']:.0f} us waiting, sender "
+                                 f"{pi['sender_thread_busy']:.0f} us")
+                    extra += f", fwd+bwd {res['per_iteration_us']['forward_backward']:.0f} us"
+                    extra += f", thread CPU {res['training_thread_cpu_us_per_iteration']:.0f} us/iter"
                     print(f"[{model_name} {system} round {r}] {res['samples_per_second']:.0f} samples/s, "
                           f"test accuracy {res['test_accuracy']:.4f}{extra}", flush=True)
     finally:
@@ -230,10 +252,22 @@ def main():
         local_sps = statistics.median(r["samples_per_second"] for r in loc)
         leash_sps = statistics.median(r["samples_per_second"] for r in lea)
         keys = lea[0]["per_iteration_us"].keys()
+        # Each round's Leash run against the local run just before it (the machine is shared:
+        # its load drifts between rounds, less within one).
+        ratios = [b["samples_per_second"] / a["samples_per_second"] for a, b in zip(loc, lea)]
         models[model_name] = {
             "local_samples_per_second": local_sps,
             "leash_samples_per_second": leash_sps,
             "ratio_leash_over_local": leash_sps / local_sps,
+            "ratio_per_round": ratios,
+            "median_ratio_per_round": statistics.median(ratios),
+            "local_per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in loc)
+                                       for k in loc[0]["per_iteration_us"]},
+            # CPU time of the training thread per iteration: what the step costs the core it
+            # runs on, without the time it waits for a core on a loaded machine.
+            "training_thread_cpu_us": {
+                "local": statistics.median(r["training_thread_cpu_us_per_iteration"] for r in loc),
+                "leash": statistics.median(r["training_thread_cpu_us_per_iteration"] for r in lea)},
             "local_step_us": 1e6 * a.batch / local_sps,
             "leash_step_us": 1e6 * a.batch / leash_sps,
             "per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in lea)
@@ -244,10 +278,13 @@ def main():
         }
         m = models[model_name]
         print(f"{model_name}: Leash/local = {m['ratio_leash_over_local']:.3f} "
-              f"({leash_sps:.0f} vs {local_sps:.0f} samples/s); binding "
-              f"{m['per_iteration_us']['binding_gil_held']:.0f} us + Python layer "
-              f"{m['per_iteration_us']['python_layer']:.0f} us per iteration of "
-              f"{m['leash_step_us']:.0f} us", flush=True)
+              f"({leash_sps:.0f} vs {local_sps:.0f} samples/s), per round "
+              f"{' '.join(f'{r:.2f}' for r in ratios)}; binding "
+              f"{m['per_iteration_us']['binding_gil_held']:.0f} us + Python in pull/push "
+              f"{m['per_iteration_us']['python_layer_of_pull_push']:.0f} us per iteration of "
+              f"{m['leash_step_us']:.0f} us; training thread CPU per iteration "
+              f"{m['training_thread_cpu_us']['leash']:.0f} us against "
+              f"{m['training_thread_cpu_us']['local']:.0f} us", flush=True)
     pairs = {}
     for model_name in filter(None, a.pairs.split(",")):
         pairs[model_name] = run_pairs(a, model_name)

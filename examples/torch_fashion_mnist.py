@@ -109,6 +109,8 @@ def main():
     ap.add_argument("--test-limit", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-push-in-backward", action="store_true",
+                    help="push the gradients after backward() (leash.torch push_in_backward)")
     ap.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--metrics-out", default="")
@@ -158,7 +160,8 @@ def main():
             # before the step, a push after backward(); the data comes in leased chunks.
             params = leash.torch.Parameters(client, model, optimizer=a.optimizer, lr=a.lr,
                                             accumulate=a.accumulate, prefix=a.model + "/",
-                                            seed=a.seed)
+                                            seed=a.seed,
+                                            push_in_backward=False if a.no_push_in_backward else None)
             for chunk in params.chunks(plan):
                 for idx in batches(chunk.begin, chunk.end, a.batch,
                                    a.seed * 7919 + chunk.index + 1000 * chunk.epoch):

@@ -64,6 +64,10 @@ class Client:
     def pull_rows(self, table: Table, keys: Any,
                   out: Optional[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]: ...
     def push(self, table: Table, grad: npt.NDArray[np.float32], wait: bool) -> None: ...
+    def push_tensor(self, table: Table, tensor: Any) -> None:
+        """Hands a CPU float32 contiguous torch.Tensor of the table's size to the sender
+        thread, which copies and sends it; it must not be written any more. Errors come
+        with a later clock() or wait()."""
     def push_rows(self, table: Table, keys: Any, grads: npt.NDArray[np.float32],
                   wait: bool) -> None: ...
     def pull_sparse(self, table: Table, keys: Any, out: Optional[npt.NDArray[np.float32]],

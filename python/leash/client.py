@@ -529,7 +529,9 @@ class Client:
 
     def binding_times(self) -> Dict[str, int]:
         """Time spent in the binding (ns): total, waiting with the GIL released, taking
-        the GIL back, inside the C++ client's calls; and call counts."""
+        the GIL back, inside the C++ client's calls, inside push_tensor (leash.torch's
+        gradient hooks), and the sender thread's time copying and sending handed-over
+        gradients (off the calling thread); and call counts."""
         return self._c.binding_times()
 
     def reset_binding_times(self) -> None:

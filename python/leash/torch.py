@@ -107,6 +107,12 @@ class Parameters:
             leash-worker does).
         create: False opens tables another worker created (waiting up to open_timeout s).
         prefetch: overlap the next pull with the step (default: when staleness >= 1).
+        push_in_backward: send each parameter's gradient as soon as backward() has made it
+            (a hook per parameter), copied and sent by the client's sender thread while
+            backward goes on; push() then only ends the iteration. Default: True for a CPU
+            module. The gradients are read as backward() leaves them: a loop that changes
+            .grad between backward() and push() (gradient clipping, a second backward()
+            per micro-batch) needs push_in_backward=False.
 
     Raises InvalidArgumentError for bad arguments, WrongDTypeError for a parameter that is
     not float32, TableExistsError if a table exists with another spec.
@@ -118,7 +124,8 @@ class Parameters:
                  accumulate: int = 1, prefix: str = "",
                  names: Union[None, Mapping[str, str], Callable[[str], str]] = None,
                  init: Optional[InitFn] = None, seed: int = 1, create: bool = True,
-                 open_timeout: float = 30.0, prefetch: Optional[bool] = None) -> None:
+                 open_timeout: float = 30.0, prefetch: Optional[bool] = None,
+                 push_in_backward: Optional[bool] = None) -> None:
         if not isinstance(client, Client):
             raise InvalidArgumentError("client must be a leash.Client")
         if not isinstance(module, torch.nn.Module):
@@ -179,6 +186,22 @@ class Parameters:
         self._micro = 0
         self.steps = 0
         self.rejoins = 0
+        # Gradients pushed from a hook on each parameter's gradient accumulator, which runs
+        # once backward() has stored p.grad (the accumulators are kept: a parameter holds
+        # its own only weakly).
+        self.push_in_backward = (not self._cuda if push_in_backward is None
+                                 else bool(push_in_backward))
+        if self.push_in_backward and self._cuda:
+            raise InvalidArgumentError("push_in_backward is for CPU modules")
+        self._armed = False  # between pull() and push(): hooks push
+        self._sent = [False] * len(self.params)
+        self._accumulators = []
+        if self.push_in_backward:
+            with torch.enable_grad():
+                for i, p in enumerate(self.params):
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(self._grad_hook(i))
+                    self._accumulators.append(acc)
 
     @staticmethod
     def _table_name(name: str, prefix: str, names: Any) -> str:
@@ -190,6 +213,25 @@ class Parameters:
             return names.get(name, prefix + name)
         raise InvalidArgumentError("names must be a mapping or a function of the parameter name")
 
+    def _grad_hook(self, i: int) -> Callable[..., None]:
+        p, table, sent = self.params[i], self.tables[i], self._sent
+        push_tensor = self.client._c.push_tensor
+
+        def hook(*_: Any) -> None:
+            # The last micro-batch of an iteration, after pull(): p.grad is final.
+            if not self._armed or sent[i] or (self._micro + 1) % self.accumulate != 0:
+                return
+            g = p.grad
+            if g is None:
+                return
+            if self.accumulate > 1:
+                g.mul_(1.0 / self.accumulate)
+            if not g.is_contiguous():
+                return  # push() sends a contiguous copy
+            push_tensor(table, g)
+            sent[i] = True
+        return hook
+
     # ---- the training loop -------------------------------------------------------------
 
     def pull(self) -> None:
@@ -200,10 +242,11 @@ class Parameters:
         if self._micro % self.accumulate != 0:
             return
         for attempt in range(3):
-            if self.client.needs_rejoin:
+            if self.client._c.needs_rejoin:
                 self._rejoin()
             try:
                 self._pull_now()
+                self._armed = self.push_in_backward
                 return
             except NotRegisteredError:
                 if attempt == 2:
@@ -212,9 +255,10 @@ class Parameters:
 
     def _pull_now(self) -> None:
         c = self.client
+        cc = c._c  # the extension's client: no Python property in between
         took = False
         if self._pending is not None:
-            usable = self._pending_clock == c.current_clock and self._pending_rejoins == c.rejoins
+            usable = self._pending_clock == cc.current_clock and self._pending_rejoins == c._rejoins
             try:
                 self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
             except NotRegisteredError:
@@ -227,16 +271,16 @@ class Parameters:
                 self._current ^= 1
         if not took:
             try:
-                c._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+                cc.start_pulls(self.tables, self._views[self._current], -1).wait()
             except NotRegisteredError:
                 self._abandon(self._current)
                 raise
         self._install(self._current)
         if self.prefetch:
             nxt = self._current ^ 1
-            self._pending_clock = c.current_clock + 1
-            self._pending_rejoins = c.rejoins
-            self._pending = c._c.start_pulls(self.tables, self._views[nxt], self._pending_clock)
+            self._pending_clock = cc.current_clock + 1
+            self._pending_rejoins = c._rejoins
+            self._pending = cc.start_pulls(self.tables, self._views[nxt], self._pending_clock)
 
     def push(self) -> bool:
         """After backward(): on the last micro-batch of an iteration, sends every
@@ -246,8 +290,14 @@ class Parameters:
         if self._micro % self.accumulate != 0:
             return False
         scale = 1.0 / self.accumulate
+        self._armed = False
+        sent = self._sent
         try:
             for i, (t, p) in enumerate(zip(self.tables, self.params)):
+                if sent[i]:  # sent by its hook during backward()
+                    sent[i] = False
+                    p.grad = None
+                    continue
                 g = p.grad
                 if g is None:
                     continue  # not used by this step: nothing to apply
@@ -263,7 +313,7 @@ class Parameters:
                 p.grad = None
             for m in self._sparse:
                 m.push(scale)
-            self.client.clock()
+            self.client._c.clock()
         except NotRegisteredError:
             self._rejoin()  # this iteration's gradients are void; the data chunk is leased again
         self.steps += 1
@@ -338,6 +388,8 @@ class Parameters:
             self._abandon(self._current ^ 1)
         for p in self.params:
             p.grad = None
+        self._sent[:] = [False] * len(self.params)  # in place: the hooks hold this list
+        self._armed = False
         for m in self._sparse:
             m._looked_up.clear()
         self._micro = 0

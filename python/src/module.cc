@@ -3,18 +3,24 @@
 // pull; every error becomes a leash.errors exception carrying Leash's status code. Python
 // threads call in under the GIL (which guards this file's own state); the leash::Client
 // underneath is thread-safe and writes pulled values from whichever thread reads the reply.
+// Each client has a sender thread (Sender) that copies and sends the gradients handed to
+// it during backward and the clocks behind them; it never touches Python objects.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -36,6 +42,8 @@ constexpr int64_t kWaitSliceMs = 50;  // how often a wait comes back to check fo
 constexpr size_t kPushBucketBytes = size_t{1} << 20;
 // Pushes kept in flight without a clock before the oldest is waited on.
 constexpr size_t kMaxPendingPushes = 4096;
+// Pushes handed to the sender wake it once they add up to this (or a clock comes).
+constexpr size_t kWakeBytes = size_t{256} << 10;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -58,6 +66,8 @@ int64_t NowNs() {
 
 void ThrowIfError(const Status& st, const std::string& context = {}) {
   if (st.ok()) return;
+  // A call given up on by the interrupt hook (a signal handler raised): that exception.
+  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
   Raise(st.code(), context.empty() ? st.message() : context + ": " + st.message());
 }
 
@@ -98,6 +108,7 @@ struct BindingStats {
   int64_t wait_ns = 0;
   int64_t gil_ns = 0;
   int64_t client_ns = 0;
+  int64_t tensor_ns = 0;  // inside push_tensor (called from gradient hooks during backward)
   uint64_t values_pulled = 0;
   uint64_t values_pushed = 0;
 };
@@ -318,6 +329,237 @@ class PullBatch {
   std::shared_ptr<Shared> shared_;
 };
 
+// ---- the sender ----------------------------------------------------------------------
+
+// What a client's pushes and clocks share: the futures of pushes and clocks not known to be
+// done and the open bucket of held pushes. Guarded by Sender::exec_mu.
+struct PushState {
+  std::deque<Future> pending;  // pushes not known to be done, oldest first
+  std::deque<Future> clocks;
+  size_t previous = 0;  // pushes at the front of `pending` from before the last clock
+  bool holding = false;
+  size_t held_bytes = 0;
+  Status deferred;  // an error of a push waited on before its clock, raised by the next one
+};
+
+// Runs a client's handed-over pushes (push_tensor: a gradient nobody writes any more) and
+// the clocks queued behind them on its own thread, in order: the copy and encoding of a
+// gradient and the wait for the previous iteration's acknowledgements happen there, off
+// the training thread, while backward() goes on. Every other push or clock runs on the
+// caller's thread once the queue is empty (Drain), under exec_mu like the jobs, so the
+// order of pushes and clocks is the order of the calls. Never touches Python objects:
+// the arrays it reads are kept alive by the caller until done_seq() passes their job.
+class Sender {
+ public:
+  struct Job {
+    bool clock = false;  // a clock, else a push of `values` floats at `data`
+    const TableHandle* table = nullptr;
+    const float* data = nullptr;
+    size_t values = 0;
+  };
+
+  explicit Sender(leash::Client* client) : client_(client) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Sender() { Stop(); }
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+
+  // Queues `job`; returns its sequence number (done once done_seq() >= it). A sleeping
+  // sender is woken by a clock or once kWakeBytes of pushes wait (a wake-up can cost the
+  // training thread its core on a busy machine: the small gradients of the last layers go
+  // with the next large one).
+  uint64_t Enqueue(const Job& job) {
+    bool wake = false;
+    uint64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      queue_.push_back(job);
+      seq = ++enqueued_;
+      if (job.clock) ++queued_clocks_;
+      if (sleeping_) {
+        unwoken_bytes_ += job.values * sizeof(float) + 1;  // never 0 with a job waiting
+        wake = job.clock || unwoken_bytes_ >= kWakeBytes;
+        if (wake) unwoken_bytes_ = 0;
+      }
+    }
+    if (wake) q_cv_.notify_one();
+    return seq;
+  }
+
+  // Wakes the sender for what is queued.
+  void Kick() {
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      if (!sleeping_ || queue_.empty()) return;
+      unwoken_bytes_ = 0;
+    }
+    q_cv_.notify_one();
+  }
+
+  bool idle() const {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    return enqueued_ == done_seq_.load(std::memory_order_acquire);
+  }
+  int queued_clocks() const {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    return queued_clocks_;
+  }
+  uint64_t done_seq() const { return done_seq_.load(std::memory_order_acquire); }
+
+  // Waits (up to timeout_ms) until every job queued so far is done. The caller releases
+  // the GIL around it.
+  bool WaitIdle(int64_t timeout_ms) {
+    Kick();
+    std::unique_lock<std::mutex> lock(q_mu_);
+    return idle_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+      return enqueued_ == done_seq_.load(std::memory_order_acquire);
+    });
+  }
+  // Waits until fewer than `n` clocks are queued.
+  bool WaitClocksBelow(int n, int64_t timeout_ms) {
+    Kick();
+    std::unique_lock<std::mutex> lock(q_mu_);
+    return idle_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                             [&] { return queued_clocks_ < n; });
+  }
+
+  // The first error of a queued job since the last call (Ok if none).
+  Status TakeError() {
+    if (!has_error_.load(std::memory_order_acquire)) return Status::Ok();
+    std::lock_guard<std::mutex> lock(err_mu_);
+    has_error_.store(false);
+    return std::exchange(error_, Status::Ok());
+  }
+
+  // Stops the thread; the jobs still queued are dropped.
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      stop_ = true;
+    }
+    q_cv_.notify_one();
+    thread_.join();
+  }
+
+  // From now on the queued clocks do not wait for acknowledgements (the client is leaving:
+  // a shard that is gone must not hold up the exit).
+  void SkipAcks() { skip_acks_.store(true); }
+
+  int64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
+  void reset_busy_ns() { busy_ns_.store(0); }
+
+  std::mutex exec_mu;  // held by whoever runs pushes and clocks; guards `state`
+  PushState state;
+
+ private:
+  void Loop() {
+    while (true) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(q_mu_);
+        sleeping_ = true;
+        q_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && unwoken_bytes_ == 0); });
+        sleeping_ = false;
+        if (stop_) return;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      const int64_t t0 = NowNs();
+      Status st;
+      {
+        std::lock_guard<std::mutex> exec(exec_mu);
+        st = job.clock ? RunClock() : RunPush(job);
+      }
+      busy_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(err_mu_);
+        if (error_.ok()) error_ = st;
+        has_error_.store(true, std::memory_order_release);
+      }
+      {
+        std::lock_guard<std::mutex> lock(q_mu_);
+        if (job.clock) --queued_clocks_;
+        done_seq_.fetch_add(1, std::memory_order_release);
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  Status RunPush(const Job& job) {
+    PushState& s = state;
+    if (!s.holding) {
+      client_->HoldSends();
+      s.holding = true;
+      s.held_bytes = 0;
+    }
+    s.pending.push_back(client_->Push(*job.table, job.data));
+    s.held_bytes += job.values * sizeof(float);
+    if (s.held_bytes >= kPushBucketBytes) {
+      client_->FlushSends();
+      client_->HoldSends();
+      s.held_bytes = 0;
+    }
+    return Status::Ok();
+  }
+
+  // As Client::Clock, with the waits here: they bound what is in flight to two iterations
+  // without holding up the training thread.
+  Status RunClock() {
+    PushState& s = state;
+    s.clocks.push_back(client_->Clock());
+    s.holding = false;
+    client_->FlushSends();
+    Status first = std::exchange(s.deferred, Status::Ok());
+    while (s.previous > 0) {
+      Status st = Await(s.pending.front());
+      if (stopping()) return Status::Ok();
+      s.pending.pop_front();
+      --s.previous;
+      if (!st.ok() && first.ok()) first = st.WithContext("push");
+    }
+    s.previous = s.pending.size();
+    while (s.clocks.size() > 2) {
+      Status st = Await(s.clocks.front());
+      if (stopping()) return Status::Ok();
+      s.clocks.pop_front();
+      if (!st.ok() && first.ok()) first = st.WithContext("clock");
+    }
+    return first;
+  }
+
+  // f's status, or Ok once Stop() was called (the jobs are being dropped).
+  Status Await(const Future& f) {
+    while (f.wait_for(std::chrono::milliseconds(kWaitSliceMs)) != std::future_status::ready) {
+      if (stopping() || skip_acks_.load()) return Status::Ok();
+    }
+    return f.get();
+  }
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    return stop_;
+  }
+
+  leash::Client* client_;
+  std::thread thread_;
+  mutable std::mutex q_mu_;
+  std::condition_variable q_cv_;     // the sender sleeps here
+  std::condition_variable idle_cv_;  // Drain and the clock bound wait here
+  std::deque<Job> queue_;
+  uint64_t enqueued_ = 0;
+  int queued_clocks_ = 0;
+  size_t unwoken_bytes_ = 0;  // of pushes queued while the sender sleeps, not woken for
+  bool sleeping_ = false;
+  bool stop_ = false;
+  std::atomic<uint64_t> done_seq_{0};
+  std::atomic<int64_t> busy_ns_{0};
+  std::atomic<bool> skip_acks_{false};
+  std::mutex err_mu_;
+  std::atomic<bool> has_error_{false};
+  Status error_;
+};
+
 // ---- the client -----------------------------------------------------------------------
 
 struct ConnectOptions {
@@ -422,6 +664,12 @@ class Client {
     co.register_worker = o.register_worker;
     co.worker_id = o.worker_id;
     co.heartbeat_ms = o.heartbeat_ms;
+    // The client's own waits (connecting, creating tables, chunk leases, stats) run
+    // Python's signal handlers every 100 ms, the GIL taken for it: Ctrl-C ends them.
+    co.interrupted = [] {
+      py::gil_scoped_acquire gil;
+      return PyErr_CheckSignals() != 0;
+    };
     if (o.staleness < 0) Raise(StatusCode::kInvalidArgument, "staleness must be >= 0");
     if (o.connect_timeout_ms <= 0) {
       Raise(StatusCode::kInvalidArgument, "connect_timeout must be > 0");
@@ -441,6 +689,8 @@ class Client {
     client_ = ValueOrThrow(std::move(client), "cannot join the cluster");
     shared_->client = client_.get();
     staleness_ = o.staleness;
+    clock_ = client_->clock();
+    sender_ = std::make_unique<Sender>(client_.get());
   }
 
   ~Client() {
@@ -554,7 +804,7 @@ class Client {
     Future f;
     {
       ScopedTimer c(&shared_->stats.client_ns);
-      f = client_->Pull(t.handle, static_cast<float*>(a.mutable_data()));
+      f = client_->Pull(t.handle, static_cast<float*>(a.mutable_data()), clock_);
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += t.size();
@@ -601,7 +851,7 @@ class Client {
       for (size_t i = 0; i < n; ++i) {
         auto* out =
             static_cast<float*>(py::reinterpret_borrow<py::array>(arrays[i]).mutable_data());
-        futures.push_back(client_->Pull(ts[i]->handle, out, for_clock));
+        futures.push_back(client_->Pull(ts[i]->handle, out, for_clock >= 0 ? for_clock : clock_));
         shared_->stats.values_pulled += ts[i]->size();
       }
       client_->FlushSends();
@@ -615,6 +865,7 @@ class Client {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
     CheckDense(t, "pull_rows");
+    Drain();  // the pull is for the client's clock: the queued clocks first
     std::vector<uint64_t> k = CheckedKeys(keys, t);
     const size_t n = k.size() * t.handle.cols;
     std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(k.size())};
@@ -642,6 +893,31 @@ class Client {
     py::array a = CheckedArray(grad, t, "grad", false, t.size());
     Submit(t.size(), [&] { return client_->Push(t.handle, static_cast<const float*>(a.data())); });
     if (wait) WaitPending();
+  }
+
+  // Hands a CPU float32 torch tensor of the table's size over to the sender thread, which
+  // copies and sends it: the caller must not write it any more (a gradient that backward()
+  // just made). Returns at once; errors come with a later clock() or wait().
+  void PushTensor(py::object table, py::object tensor) {
+    ScopedTimer total(&shared_->stats.total_ns);
+    ScopedTimer in_hooks(&shared_->stats.tensor_ns);
+    CheckOpen();
+    if (!py::isinstance<Table>(table)) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_tensor: table must be a leash.Table, got " + TypeName(table));
+    }
+    const Table& t = table.cast<const Table&>();
+    CheckDense(t, "push_tensor");
+    const float* data = TensorData(tensor, t);
+    Sender::Job job;
+    job.table = &t.handle;
+    job.data = data;
+    job.values = t.size();
+    uint64_t seq = sender_->Enqueue(job);
+    owned_.push_back({seq, std::move(table), std::move(tensor)});
+    ++shared_->stats.pushes;
+    shared_->stats.values_pushed += t.size();
+    ReapOwned();
   }
 
   void PushRows(const Table& t, py::handle keys, py::handle grads, bool wait) {
@@ -674,7 +950,8 @@ class Client {
     {
       ScopedTimer c(&shared_->stats.client_ns);
       f = client_->PullSparse(t.handle, std::span<const uint64_t>(k),
-                              static_cast<float*>(a.mutable_data()), for_clock);
+                              static_cast<float*>(a.mutable_data()),
+                              for_clock >= 0 ? for_clock : clock_);
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += n;
@@ -703,51 +980,78 @@ class Client {
   // Ends this worker's iteration (after its pushes, in the same message per shard). The
   // previous iteration's pushes must be done before this returns, which bounds what is in
   // flight to two iterations (as leash-worker does); raises the first error among them.
+  //
+  // Behind pushes handed to the sender (push_tensor) the clock is queued after them and
+  // this returns at once: its waits happen on the sender, and their errors come with a
+  // later clock() or wait(). At most two clocks wait in the queue.
   int64_t Clock() {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
+    ++shared_->stats.clocks;
+    if (!sender_->idle()) {
+      Sender::Job job;
+      job.clock = true;
+      sender_->Enqueue(job);
+      ++clock_;
+      ReapOwned();
+      shared_->graveyard.Reap();
+      ThrowIfError(sender_->TakeError());
+      if (sender_->queued_clocks() > 2) {
+        WaitForSender([&] { return sender_->WaitClocksBelow(3, kWaitSliceMs); });
+      }
+      return clock_;
+    }
+    std::lock_guard<std::mutex> exec(sender_->exec_mu);
+    PushState& s = sender_->state;
     {
       ScopedTimer c(&shared_->stats.client_ns);
-      clocks_.push_back(client_->Clock());
-      holding_ = false;
+      s.clocks.push_back(client_->Clock());
+      s.holding = false;
       client_->FlushSends();
     }
-    ++shared_->stats.clocks;
-    Status first = TakeDeferred();
-    while (previous_ > 0) {
-      Status st = WaitInterruptibly(pending_.front(), shared_.get());
-      pending_.pop_front();
-      --previous_;
+    ++clock_;
+    Status first = std::exchange(s.deferred, Status::Ok());
+    if (first.ok()) first = sender_->TakeError();
+    while (s.previous > 0) {
+      Status st = WaitInterruptibly(s.pending.front(), shared_.get());
+      s.pending.pop_front();
+      --s.previous;
       if (!st.ok() && first.ok()) first = st.WithContext("push");
     }
-    previous_ = pending_.size();
-    while (clocks_.size() > 2) {
-      Status st = WaitInterruptibly(clocks_.front(), shared_.get());
-      clocks_.pop_front();
+    s.previous = s.pending.size();
+    while (s.clocks.size() > 2) {
+      Status st = WaitInterruptibly(s.clocks.front(), shared_.get());
+      s.clocks.pop_front();
       if (!st.ok() && first.ok()) first = st.WithContext("clock");
     }
+    ReapOwned();
     shared_->graveyard.Reap();
     ThrowIfError(first);
-    return client_->clock();
+    return clock_;
   }
 
   // Sends what is held and waits for every push and clock sent so far.
   void WaitPending() {
     CheckOpen();
-    holding_ = false;
+    Drain();
+    std::lock_guard<std::mutex> exec(sender_->exec_mu);
+    PushState& s = sender_->state;
+    s.holding = false;
     client_->FlushSends();
-    Status first = TakeDeferred();
-    while (!pending_.empty()) {
-      Status st = WaitInterruptibly(pending_.front(), shared_.get());
-      pending_.pop_front();
+    Status first = std::exchange(s.deferred, Status::Ok());
+    if (first.ok()) first = sender_->TakeError();
+    while (!s.pending.empty()) {
+      Status st = WaitInterruptibly(s.pending.front(), shared_.get());
+      s.pending.pop_front();
       if (!st.ok() && first.ok()) first = st.WithContext("push");
     }
-    previous_ = 0;
-    while (!clocks_.empty()) {
-      Status st = WaitInterruptibly(clocks_.front(), shared_.get());
-      clocks_.pop_front();
+    s.previous = 0;
+    while (!s.clocks.empty()) {
+      Status st = WaitInterruptibly(s.clocks.front(), shared_.get());
+      s.clocks.pop_front();
       if (!st.ok() && first.ok()) first = st.WithContext("clock");
     }
+    ReapOwned();
     ThrowIfError(first);
   }
 
@@ -770,22 +1074,28 @@ class Client {
   // Drops this incarnation's pushes, clocks and pulls in flight and registers again.
   void Rejoin() {
     CheckOpen();
-    holding_ = false;
+    Drain();
+    std::lock_guard<std::mutex> exec(sender_->exec_mu);
+    PushState& s = sender_->state;
+    s.holding = false;
     client_->FlushSends();
     {
       py::gil_scoped_release release;
-      for (auto& f : pending_) f.wait();
-      for (auto& f : clocks_) f.wait();
+      for (auto& f : s.pending) f.wait();
+      for (auto& f : s.clocks) f.wait();
     }
-    pending_.clear();
-    clocks_.clear();
-    previous_ = 0;
-    deferred_ = Status::Ok();
+    s.pending.clear();
+    s.clocks.clear();
+    s.previous = 0;
+    s.deferred = Status::Ok();
+    (void)sender_->TakeError();
+    ReapOwned();
     Status st;
     {
       py::gil_scoped_release release;
       st = client_->Rejoin();
     }
+    clock_ = client_->clock();
     ThrowIfError(st, "rejoin");
   }
 
@@ -814,8 +1124,13 @@ class Client {
       Raise(StatusCode::kFailedPrecondition,
             "leave() while another thread waits on this client; stop it first");
     }
-    holding_ = false;
-    client_->FlushSends();
+    sender_->SkipAcks();  // what it holds is sent, without waiting for acknowledgements
+    Drain();
+    {
+      std::lock_guard<std::mutex> exec(sender_->exec_mu);
+      sender_->state.holding = false;
+      client_->FlushSends();
+    }
     Status st;
     if (client_->worker_id() != 0 && registered_) {
       py::gil_scoped_release release;
@@ -830,7 +1145,7 @@ class Client {
   void Close() { Destroy(); }
 
   bool closed() const { return client_ == nullptr; }
-  int64_t clock() const { return client_ ? client_->clock() : -1; }
+  int64_t clock() const { return client_ ? clock_ : -1; }
   int64_t staleness() const { return staleness_; }
   uint64_t worker_id() const { return client_ ? client_->worker_id() : 0; }
   int num_shards() const { return client_ ? client_->num_shards() : 0; }
@@ -862,11 +1177,16 @@ class Client {
     d["wait_ns"] = s.wait_ns;
     d["gil_ns"] = s.gil_ns;
     d["client_ns"] = s.client_ns;
+    d["tensor_ns"] = s.tensor_ns;
+    d["sender_ns"] = sender_ ? sender_->busy_ns() : 0;
     d["values_pulled"] = s.values_pulled;
     d["values_pushed"] = s.values_pushed;
     return d;
   }
-  void ResetBindingTimes() { shared_->stats = BindingStats{}; }
+  void ResetBindingTimes() {
+    shared_->stats = BindingStats{};
+    if (sender_) sender_->reset_busy_ns();
+  }
 
   void set_registered(bool r) { registered_ = r; }
 
@@ -930,39 +1250,109 @@ class Client {
   }
 
   // Sends a push (held with this iteration's others until a bucket's worth or the clock).
+  // Runs on this thread after what the sender holds (the push copies its array now).
   template <typename F>
   void Submit(size_t values, const F& push) {
+    Drain();
+    std::lock_guard<std::mutex> exec(sender_->exec_mu);
+    PushState& s = sender_->state;
     {
       ScopedTimer c(&shared_->stats.client_ns);
-      if (!holding_) {
+      if (!s.holding) {
         client_->HoldSends();
-        holding_ = true;
-        held_bytes_ = 0;
+        s.holding = true;
+        s.held_bytes = 0;
       }
-      pending_.push_back(push());
-      held_bytes_ += values * sizeof(float);
-      if (held_bytes_ >= kPushBucketBytes) {
+      s.pending.push_back(push());
+      s.held_bytes += values * sizeof(float);
+      if (s.held_bytes >= kPushBucketBytes) {
         client_->FlushSends();
         client_->HoldSends();
-        held_bytes_ = 0;
+        s.held_bytes = 0;
       }
     }
     ++shared_->stats.pushes;
     shared_->stats.values_pushed += values;
     // Pushes with no clock between them are bounded too; their errors wait for the next
     // clock() or wait().
-    while (pending_.size() > kMaxPendingPushes) {
-      Status st = WaitInterruptibly(pending_.front(), shared_.get());
-      pending_.pop_front();
-      if (previous_ > 0) --previous_;
-      if (!st.ok() && deferred_.ok()) deferred_ = st.WithContext("push");
+    while (s.pending.size() > kMaxPendingPushes) {
+      Status st = WaitInterruptibly(s.pending.front(), shared_.get());
+      s.pending.pop_front();
+      if (s.previous > 0) --s.previous;
+      if (!st.ok() && s.deferred.ok()) s.deferred = st.WithContext("push");
     }
   }
 
-  Status TakeDeferred() {
-    Status st = std::move(deferred_);
-    deferred_ = Status::Ok();
-    return st;
+  // Waits, the GIL released and Ctrl-C honoured, until the sender has run every job
+  // queued so far.
+  void Drain() {
+    if (sender_->idle()) return;
+    WaitForSender([&] { return sender_->WaitIdle(kWaitSliceMs); });
+  }
+
+  // Calls `wait_slice` (a wait of at most kWaitSliceMs on the sender, true when done)
+  // with the GIL released until it returns true, running the signal handlers between
+  // slices. Counts as a waiter: the client is not closed under it.
+  template <typename F>
+  void WaitForSender(const F& wait_slice) {
+    ++shared_->waiters;
+    struct Leave {
+      Shared* s;
+      ~Leave() { --s->waiters; }
+    } leave{shared_.get()};
+    while (true) {
+      bool done = false;
+      {
+        py::gil_scoped_release release;
+        done = wait_slice();
+      }
+      if (done) return;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  // Drops the arrays of handed-over pushes the sender has copied.
+  void ReapOwned() {
+    const uint64_t done = sender_->done_seq();
+    while (!owned_.empty() && owned_.front().seq <= done) owned_.pop_front();
+  }
+
+  // The data of `tensor`, a CPU, C-contiguous float32 torch.Tensor of t.size() values.
+  static const float* TensorData(py::handle tensor, const Table& t) {
+    // Kept for the life of the process (never destroyed after the interpreter).
+    static py::object* torch_tensor = nullptr;
+    static py::object* float32 = nullptr;
+    if (torch_tensor == nullptr) {
+      py::module_ torch = py::module_::import("torch");
+      torch_tensor = new py::object(torch.attr("Tensor"));
+      float32 = new py::object(torch.attr("float32"));
+    }
+    if (!py::isinstance(tensor, *torch_tensor)) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_tensor for table '" + t.handle.name + "' needs a torch.Tensor, got " +
+                TypeName(tensor),
+            "WrongDTypeError");
+    }
+    py::object dtype = tensor.attr("dtype");
+    if (!dtype.is(*float32)) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_tensor for table '" + t.handle.name + "' needs float32, not " +
+                std::string(py::str(dtype)),
+            "WrongDTypeError");
+    }
+    if (py::str(tensor.attr("device").attr("type")).cast<std::string>() != "cpu") {
+      Raise(StatusCode::kInvalidArgument,
+            "push_tensor for table '" + t.handle.name + "' needs a CPU tensor; use push()",
+            "InvalidArgumentError");
+    }
+    if (tensor.attr("numel")().cast<size_t>() != t.size() ||
+        !tensor.attr("is_contiguous")().cast<bool>()) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_tensor for table '" + t.handle.name + "' needs a contiguous tensor of " +
+                std::to_string(t.size()) + " values",
+            "WrongShapeError");
+    }
+    return reinterpret_cast<const float*>(tensor.attr("data_ptr")().cast<uintptr_t>());
   }
 
   void Destroy() {
@@ -973,10 +1363,10 @@ class Client {
     }
     shared_->closed = true;
     shared_->client = nullptr;
+    sender_.reset();  // stops its thread (the jobs still queued are dropped)
+    owned_.clear();
     client_.reset();  // stops the I/O thread: no reply writes into an array any more
     shared_->graveyard.entries.clear();
-    pending_.clear();
-    clocks_.clear();
     ctx_.reset();
   }
 
@@ -985,12 +1375,15 @@ class Client {
   int64_t staleness_ = 0;
   bool registered_ = true;
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
-  std::deque<Future> pending_;  // pushes not known to be done, oldest first
-  std::deque<Future> clocks_;
-  size_t previous_ = 0;  // pushes at the front of pending_ from before the last clock
-  bool holding_ = false;
-  size_t held_bytes_ = 0;
-  Status deferred_;  // an error of a push waited on by Submit, raised by the next clock
+  std::unique_ptr<Sender> sender_;  // while open; destroyed before client_
+  int64_t clock_ = 0;  // this worker's clock, counting the clocks the sender still holds
+  // Handed-over pushes' tables and arrays, kept until the sender has copied them.
+  struct Owned {
+    uint64_t seq;
+    py::object table;
+    py::object array;
+  };
+  std::deque<Owned> owned_;
 };
 
 }  // namespace
@@ -1114,6 +1507,7 @@ PYBIND11_MODULE(_leash, m) {
       .def("pull_rows", &python::Client::PullRows, py::arg("table"), py::arg("keys"),
            py::arg("out"))
       .def("push", &python::Client::Push, py::arg("table"), py::arg("grad"), py::arg("wait"))
+      .def("push_tensor", &python::Client::PushTensor, py::arg("table"), py::arg("tensor"))
       .def("push_rows", &python::Client::PushRows, py::arg("table"), py::arg("keys"),
            py::arg("grads"), py::arg("wait"))
       .def("pull_sparse", &python::Client::PullSparse, py::arg("table"), py::arg("keys"),

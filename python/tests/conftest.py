@@ -100,19 +100,19 @@ class Workers:
         self.dir = str(tmp)
         self.procs = []
 
-    def python(self, name, script, *args, env=None):
+    def python(self, name, script, *args, env=None, stdin=None):
         e = dict(os.environ)
         e.setdefault("PYTHONPATH", PYTHON_DIR)
         e["PYTHONDONTWRITEBYTECODE"] = "1"
         e.update(env or {})
-        return self._start(name, [sys.executable, script, *map(str, args)], e)
+        return self._start(name, [sys.executable, script, *map(str, args)], e, stdin)
 
     def cpp(self, name, *flags):
         return self._start(name, [WORKER_BIN, *flags], dict(os.environ))
 
-    def _start(self, name, argv, env):
+    def _start(self, name, argv, env, stdin=None):
         log = open(os.path.join(self.dir, f"{name}.log"), "wb")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=stdin)
         log.close()
         p.log_path = os.path.join(self.dir, f"{name}.log")
         self.procs.append(p)

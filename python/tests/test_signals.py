@@ -1,14 +1,21 @@
 """Signals reach a Python worker parked in a pull: Ctrl-C (SIGINT) raises
 KeyboardInterrupt out of the pull and SIGTERM ends the process; either way the worker
-leaves the job on its way out (the shards drop it at once, not after its lease)."""
+leaves the job on its way out (the shards drop it at once, not after its lease). Ctrl-C
+also ends the waits inside the C++ client: connecting to a shard that does not answer,
+and creating a table or leasing a data chunk while the shard is stopped (SIGSTOP)."""
 import os
 import signal
 import subprocess
+import time
+
+import pytest
 
 import leash
-from conftest import wait_for
+from conftest import free_port, wait_for
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "parked_pull.py")
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+SCRIPT = os.path.join(SCRIPTS, "parked_pull.py")
+CALL = os.path.join(SCRIPTS, "interrupted_call.py")
 
 
 def park(cluster, workers):
@@ -57,3 +64,39 @@ def test_sigterm_ends_a_parked_worker_which_leaves(cluster, workers):
     assert names(observer) == ["holder"]
     holder.leave()
     observer.close()
+
+
+def interrupt_when_waiting(workers, p):
+    """SIGINT once the script has been in its call a while; its exit status and log."""
+    wait_for(lambda: "calling" in workers.log(p) or p.poll() is not None, 30, "the call")
+    time.sleep(1.0)  # inside the client's wait by now (it would last minutes)
+    assert p.poll() is None, workers.log(p)
+    p.send_signal(signal.SIGINT)
+    try:
+        rc = p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("SIGINT did not end the call: " + workers.log(p))
+    return rc, workers.log(p)
+
+
+def test_ctrl_c_interrupts_connecting_to_a_shard_that_does_not_answer(workers):
+    p = workers.python("caller", CALL, f"tcp://127.0.0.1:{free_port()}", "connect")
+    rc, log = interrupt_when_waiting(workers, p)
+    assert rc == 3 and "interrupted" in log and "returned" not in log, log
+
+
+@pytest.mark.parametrize("call", ["create_table", "chunk"])
+def test_ctrl_c_interrupts_a_call_to_a_stopped_shard(cluster, workers, call):
+    p = workers.python("caller", CALL, cluster.servers, call, stdin=subprocess.PIPE)
+    shard = cluster.procs[0]
+    try:
+        wait_for(lambda: "connected" in workers.log(p) or p.poll() is not None, 30,
+                 "the client to connect")
+        assert p.poll() is None, workers.log(p)
+        shard.send_signal(signal.SIGSTOP)
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        rc, log = interrupt_when_waiting(workers, p)
+        assert rc == 3 and "interrupted" in log and "returned" not in log, log
+    finally:
+        shard.send_signal(signal.SIGCONT)

@@ -82,6 +82,58 @@ def test_under_staleness_one_the_next_pull_is_prefetched_during_the_step(cluster
         np.testing.assert_array_equal(model.bias.detach().numpy(), -(gb1 + gb2))
 
 
+def test_gradients_are_pushed_during_backward_before_push_is_called(cluster):
+    with leash.Client(cluster.servers, staleness=0) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        assert ps.push_in_backward
+        ps.pull()
+        step(model, X1)  # the hooks hand both gradients to the sender
+        c.wait()  # sent and applied, with no push() yet
+        gw, gb = expected_grads(X1)
+        np.testing.assert_array_equal(c.pull(ps.tables[0]), -gw)
+        np.testing.assert_array_equal(c.pull(ps.tables[1]), -gb.reshape(1, 2))
+        assert c.current_clock == 0
+        ps.push()  # only the clock: nothing is sent twice
+        assert c.current_clock == 1
+        ps.pull()
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -gw)
+
+
+def test_without_push_in_backward_push_sends_the_gradients_as_changed(cluster):
+    with leash.Client(cluster.servers, staleness=0) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros,
+                                    push_in_backward=False)
+        ps.pull()
+        step(model, X1)
+        c.wait()
+        assert torch.count_nonzero(torch.from_numpy(c.pull(ps.tables[0]))) == 0  # not yet sent
+        model.weight.grad.mul_(0.5)  # e.g. clipping, between backward() and push()
+        ps.push()
+        ps.pull()
+        gw, gb = expected_grads(X1)
+        np.testing.assert_array_equal(model.weight.detach().numpy(), -gw / 2)
+        np.testing.assert_array_equal(model.bias.detach().numpy(), -gb)
+
+
+def test_push_tensor_refuses_what_it_cannot_send(cluster):
+    with leash.Client(cluster.servers, staleness=0) as c:
+        t = c.create_table("t", (2, 3), optimizer="sgd", lr=1.0)
+        with pytest.raises(leash.WrongDTypeError):
+            c._c.push_tensor(t, np.ones((2, 3), np.float32))  # not a tensor
+        with pytest.raises(leash.WrongDTypeError):
+            c._c.push_tensor(t, torch.ones(2, 3, dtype=torch.float64))
+        with pytest.raises(leash.WrongShapeError):
+            c._c.push_tensor(t, torch.ones(3, 3))
+        with pytest.raises(leash.WrongShapeError):
+            c._c.push_tensor(t, torch.ones(3, 2).t())  # not contiguous
+        c._c.push_tensor(t, torch.ones(2, 3))
+        c.clock()
+        c.wait()
+        np.testing.assert_array_equal(c.pull(t), -np.ones((2, 3), np.float32))
+
+
 def test_gradient_accumulation_pushes_the_mean_once_per_group(cluster):
     with leash.Client(cluster.servers, staleness=0) as c:
         model = linear()

@@ -49,10 +49,11 @@ def test_two_python_workers_on_two_shards_reach_the_accuracy_of_the_local_loop(
     assert base > 0.8
     # The two workers make as many updates as the local loop, each from values up to an
     # iteration (and the other worker's step) old: a few points below it after 288 updates
-    # (0.03-0.05 measured), never far.
+    # (0.03-0.05 measured on idle cores; 0.02-0.075 on 2 cores at a load average of 20,
+    # whether the gradients go during backward or after it), never far.
     for s in w:
-        assert s["test_accuracy"] >= base - 0.07, (s, base)
-        assert s["test_accuracy"] > 0.78, s
+        assert s["test_accuracy"] >= base - 0.09, (s, base)
+        assert s["test_accuracy"] > 0.76, s
 
 
 def test_a_killed_worker_is_evicted_and_the_other_finishes(cluster_factory, workers, tmp_path):

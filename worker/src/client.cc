@@ -615,6 +615,9 @@ Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (options_.interrupted && options_.interrupted()) {
+      return Cancelled("interrupted while waiting for the shards to answer");
+    }
     for (int s = 0; s < num_shards_; ++s) {
       const ConnectionHealth* h = impl_->health();
       Status health = h != nullptr ? h->ShardHealth(s) : Status::Ok();
@@ -629,6 +632,14 @@ Status Client::WaitForShards(Future& fut, const std::vector<bool>& answered) {
         "shard(s) " + missing + " did not answer within " +
         std::to_string(options_.connect_timeout_ms) +
         " ms; check that leash-server is running and --servers / LEASH_SERVERS is right");
+  }
+  return fut.get();
+}
+
+Status Client::Await(const Future& fut) const {
+  if (!options_.interrupted) return fut.get();
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (options_.interrupted()) return Cancelled("interrupted while waiting for a reply");
   }
   return fut.get();
 }
@@ -670,7 +681,7 @@ Status Client::Register() {
   impl_->EnableHeartbeats(options_.worker_id, incarnation, hb);
   if (*std::min_element(starts->begin(), starts->end()) != start) {
     clock_.store(start - 1);
-    LEASH_RETURN_IF_ERROR(Clock().get());  // bring every shard to the same start clock
+    LEASH_RETURN_IF_ERROR(Await(Clock()));  // bring every shard to the same start clock
   }
   spdlog::info(
       "worker {:016x} '{}' (incarnation {}) registered with {} shard(s), starting at clock {}",
@@ -706,7 +717,7 @@ Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done
         *grant = *g;
         return Status::Ok();
       });
-  LEASH_RETURN_IF_ERROR(fut.get().WithContext("data chunk lease"));
+  LEASH_RETURN_IF_ERROR(Await(fut).WithContext("data chunk lease"));
   if (grant->kind == ChunkGrant::Kind::kChunk &&
       (grant->end <= grant->begin || grant->end > plan.num_samples)) {
     return Internal("shard 0 leased an empty or out-of-range chunk");
@@ -725,7 +736,7 @@ Result<TableHandle> Client::CreateTable(const TableSpec& t) {
         (*ids)[static_cast<size_t>(shard)] = tc->table_id;
         return Status::Ok();
       });
-  LEASH_RETURN_IF_ERROR(fut.get().WithContext("create table '" + t.name + "'"));
+  LEASH_RETURN_IF_ERROR(Await(fut).WithContext("create table '" + t.name + "'"));
   TableHandle h;
   h.name = t.name;
   h.rows = t.rows;
@@ -1064,7 +1075,7 @@ Result<std::vector<ShardStats>> Client::Stats() {
         (*stats)[static_cast<size_t>(s)] = *r;
         return Status::Ok();
       });
-  LEASH_RETURN_IF_ERROR(fut.get());
+  LEASH_RETURN_IF_ERROR(Await(fut));
   return *stats;
 }
 
@@ -1079,7 +1090,7 @@ Result<std::vector<int64_t>> Client::Checkpoint() {
         (*clocks)[static_cast<size_t>(s)] = r->clock;
         return Status::Ok();
       });
-  LEASH_RETURN_IF_ERROR(fut.get());
+  LEASH_RETURN_IF_ERROR(Await(fut));
   return *clocks;
 }
 

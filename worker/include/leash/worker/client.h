@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <span>
@@ -33,6 +34,11 @@ struct ClientOptions {
   // A thread waiting on a future polls for the reply this long before it sleeps: lower
   // latency for a CPU core. Off by default (it hurt on a loaded 2-core machine).
   int64_t reply_spin_us = 0;
+  // Polled about every 100 ms by the calls that wait inside the client (Connect, Rejoin,
+  // CreateTable, NextChunk, Stats, Checkpoint): once it returns true the call gives up
+  // with Cancelled (a request already sent may still be answered; the answer is dropped).
+  // Lets a binding honour Ctrl-C. Called on the waiting thread.
+  std::function<bool()> interrupted;
 };
 
 namespace detail {
@@ -173,6 +179,8 @@ class Client {
   int num_shards_;
   Status Register();
   Status WaitForShards(Future& fut, const std::vector<bool>& answered);
+  // fut's status, or Cancelled once options_.interrupted says so.
+  Status Await(const Future& fut) const;
 
   std::atomic<uint64_t> incarnation_{0};
   std::atomic<int64_t> clock_{0};
