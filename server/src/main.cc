@@ -158,7 +158,7 @@ void LogStart(const ServerConfig& c, const Server& s) {
         s.curve->authorized.size(), c.curve_keys);
   } else if (!loopback) {
     spdlog::warn(
-        "listening on {} WITHOUT CURVE keys: traffic is unauthenticated and "
+        "listening on {} WITHOUT CURVE keys (--insecure): traffic is unauthenticated and "
         "unencrypted, anyone who can reach this port can read and change the model; "
         "use --curve-keys DIR (leashctl keygen DIR)",
         c.bind);

@@ -27,6 +27,7 @@ struct WorkerConfig {
   bool shared_memory = true;  // large pushes and pulls to a shard on this host
   std::string curve_keys;     // empty: no CURVE
   std::string curve_client = kDefaultCurveClient;
+  bool insecure = false;  // allow non-loopback --servers without --curve-keys
 
   // The job.
   ModelKind model = ModelKind::kMlp;
@@ -90,7 +91,7 @@ class WorkerCommandLine {
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
-    bool local, no_eval, no_shm;
+    bool local, no_eval, no_shm, insecure;
   };
   // The flags' defaults: `defaults` as the flags write it.
   static Values ValuesOf(const WorkerConfig& defaults);
