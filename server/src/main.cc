@@ -194,10 +194,11 @@ int Run(const ServerConfig& config) {
   spdlog::info(
       "shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
       "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
-      "{} failed handshakes, {} replies dropped (unread queue)",
+      "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
+      "rejection lines not logged, {} error replies not sent over the per-peer limits)",
       config.shard, s.shard->min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
-      tc.replies_dropped);
+      tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed);
   return 0;
 }
 
