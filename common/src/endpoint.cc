@@ -13,8 +13,8 @@ bool IsLoopbackEndpoint(const std::string& endpoint) {
 }
 
 Status CheckSecureEndpoints(const std::vector<std::string>& endpoints,
-                            const std::string& curve_keys, bool insecure,
-                            const std::string& source, const std::string& verb) {
+                            const std::string& curve_keys, bool insecure, const std::string& source,
+                            const std::string& verb) {
   if (!curve_keys.empty() || insecure) return Status::Ok();
   for (const std::string& e : endpoints) {
     if (IsLoopbackEndpoint(e)) continue;

@@ -20,12 +20,12 @@ TEST(CheckSecureEndpointsTest, ReachableEndpointWithoutKeysIsRefusedNamingBothFi
 }
 
 TEST(CheckSecureEndpointsTest, KeysInsecureOrLoopbackAreAccepted) {
-  EXPECT_TRUE(CheckSecureEndpoints({"tcp://0.0.0.0:7000"}, "/keys", false, "--bind", "listen on")
-                  .ok());
+  EXPECT_TRUE(
+      CheckSecureEndpoints({"tcp://0.0.0.0:7000"}, "/keys", false, "--bind", "listen on").ok());
   EXPECT_TRUE(CheckSecureEndpoints({"tcp://0.0.0.0:7000"}, "", true, "--bind", "listen on").ok());
-  EXPECT_TRUE(CheckSecureEndpoints({"tcp://127.0.0.1:7000", "tcp://localhost:1", "ipc:///tmp/s",
-                                    "tcp://[::1]:7000"},
-                                   "", false, "--servers", "connect to")
+  EXPECT_TRUE(CheckSecureEndpoints(
+                  {"tcp://127.0.0.1:7000", "tcp://localhost:1", "ipc:///tmp/s", "tcp://[::1]:7000"},
+                  "", false, "--servers", "connect to")
                   .ok());
   EXPECT_TRUE(CheckSecureEndpoints({}, "", false, "--servers", "connect to").ok());
 }

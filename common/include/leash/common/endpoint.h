@@ -21,7 +21,7 @@ bool IsLoopbackEndpoint(const std::string& endpoint);
 // e.g. "--bind"), and the two flags that fix it: --curve-keys and --insecure. `verb` says
 // what the program was about to do with it ("listen on", "connect to").
 Status CheckSecureEndpoints(const std::vector<std::string>& endpoints,
-                            const std::string& curve_keys, bool insecure,
-                            const std::string& source, const std::string& verb);
+                            const std::string& curve_keys, bool insecure, const std::string& source,
+                            const std::string& verb);
 
 }  // namespace leash

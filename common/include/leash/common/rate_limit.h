@@ -14,10 +14,10 @@ namespace leash {
 class KeyedRateLimit {
  public:
   struct Options {
-    uint64_t per_key = 5;        // events allowed per key and window
-    uint64_t total = 50;         // events allowed per window, all keys together
-    int64_t window_ms = 60000;   // a key's window starts with its first event
-    size_t max_keys = 1024;      // keys tracked at once; the rest share the key "*"
+    uint64_t per_key = 5;       // events allowed per key and window
+    uint64_t total = 50;        // events allowed per window, all keys together
+    int64_t window_ms = 60000;  // a key's window starts with its first event
+    size_t max_keys = 1024;     // keys tracked at once; the rest share the key "*"
   };
 
   // What Admit() decided for one event.
