@@ -95,6 +95,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", default=os.environ.get("LEASH_SERVERS", ""))
     ap.add_argument("--name", default=None)
+    ap.add_argument("--curve-keys", default=os.environ.get("LEASH_CURVE_KEYS") or None,
+                    help="CURVE keys directory (leashctl keygen), as leash-worker's")
+    ap.add_argument("--curve-client", default=os.environ.get("LEASH_CURVE_CLIENT", "client"),
+                    help="the key pair in --curve-keys to use (DIR/NAME.key)")
     ap.add_argument("--local", action="store_true", help="no server: torch.optim, the baseline")
     ap.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
     ap.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adagrad"], default="adam")
@@ -155,7 +159,8 @@ def main():
         if not a.servers:
             sys.exit("--servers (or LEASH_SERVERS) is needed, or --local")
         with leash.Client(a.servers, name=a.name, staleness=a.staleness,
-                          wire_dtype=a.wire_dtype) as client:
+                          wire_dtype=a.wire_dtype, curve_keys=a.curve_keys,
+                          curve_client=a.curve_client) as client:
             # The lines Leash adds to a PyTorch loop: tables for the parameters, a pull
             # before the step, a push after backward(); the data comes in leased chunks.
             params = leash.torch.Parameters(client, model, optimizer=a.optimizer, lr=a.lr,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Docker test of Leash: builds the images (scripts/docker-build.sh), starts the compose
 # cluster of docker/docker-compose.yml under a project name of its own (2 shards,
-# 2 workers) and, while the job trains:
+# 2 workers, CURVE keys from its keygen service) and, while the job trains:
 #   1. scales the workers to 4, then to 1, then back to 2,
 #   2. kills one worker container with SIGKILL (it must not be restarted; its lease
 #      expires and the shards evict it),

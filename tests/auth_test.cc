@@ -1,7 +1,8 @@
 // Integration tests of CURVE security with real leash-server / leash-worker / leashctl
 // processes on loopback: refused keys fail Connect with a clear error while the shard goes
 // on serving authorized clients, a worker trains and leashctl reports with keys, a plain
-// ZeroMQ peer gets nothing from a CURVE shard, and bad key directories exit 2.
+// ZeroMQ peer gets nothing from a CURVE shard, bad key directories exit 2, and a shard or
+// worker reachable from other hosts without keys refuses to start unless --insecure.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -221,6 +222,50 @@ TEST_F(AuthTest, BadKeyDirectoriesExitTwoNamingTheFile) {
       dir_.path() + "/w7.log");
   EXPECT_EQ(worker.Wait(60s), std::optional<int>(2));
   EXPECT_NE(worker.ReadLog().find(keys_ + "/w7.key"), std::string::npos) << worker.ReadLog();
+}
+
+// Secure by default: a shard bound where other hosts can reach it, or a worker connecting
+// to such an address, without keys exits 2 before touching anything, naming both fixes;
+// with --insecure both run (0.0.0.0 reaches this host's own shard).
+TEST_F(AuthTest, ReachableWithoutKeysRefusesToStartUnlessInsecure) {
+  const int port = FreePort();
+  const std::string any = "tcp://0.0.0.0:" + std::to_string(port);
+  const std::string data = dir_.path() + "/open";
+  Process refused({LEASH_SERVER_BIN, "--bind=" + any, "--data-dir=" + data},
+                  dir_.path() + "/refused.log");
+  EXPECT_EQ(refused.Wait(30s), std::optional<int>(2)) << refused.ReadLog();
+  EXPECT_NE(refused.ReadLog().find("refusing to listen on " + any + " (--bind) without CURVE keys"),
+            std::string::npos)
+      << refused.ReadLog();
+  EXPECT_NE(refused.ReadLog().find("--curve-keys DIR"), std::string::npos) << refused.ReadLog();
+  EXPECT_NE(refused.ReadLog().find("--insecure"), std::string::npos) << refused.ReadLog();
+  EXPECT_FALSE(std::filesystem::exists(data)) << "a refused shard created its data directory";
+
+  Process worker_refused({LEASH_WORKER_BIN, "--servers=" + any, "--connect-timeout=5"},
+                         dir_.path() + "/worker_refused.log");
+  EXPECT_EQ(worker_refused.Wait(30s), std::optional<int>(2)) << worker_refused.ReadLog();
+  EXPECT_NE(worker_refused.ReadLog().find("refusing to connect to " + any +
+                                          " (--servers) without CURVE keys"),
+            std::string::npos)
+      << worker_refused.ReadLog();
+
+  Process open({LEASH_SERVER_BIN, "--bind=" + any, "--data-dir=" + data, "--insecure",
+                "--checkpoint-interval=0", "--no-sync"},
+               dir_.path() + "/open.log");
+  auto [code, out] =
+      Leashctl(dir_.path(), {"--servers=" + Endpoint(port), "--timeout=30", "status"});
+  EXPECT_EQ(code, 0) << out << open.ReadLog();
+  EXPECT_NE(open.ReadLog().find("WITHOUT CURVE keys (--insecure)"), std::string::npos)
+      << open.ReadLog();
+  if (std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+    Process worker({LEASH_WORKER_BIN, "--servers=" + any, "--insecure", "--epochs=1",
+                    "--train-limit=1000", "--test-limit=200", "--chunk-size=500", "--no-eval"},
+                   dir_.path() + "/open_worker.log");
+    EXPECT_EQ(worker.Wait(180s), std::optional<int>(0)) << worker.ReadLog();
+    EXPECT_NE(worker.ReadLog().find("WITHOUT CURVE keys (--insecure)"), std::string::npos)
+        << worker.ReadLog();
+  }
+  StopShard(open);
 }
 
 }  // namespace

@@ -2,7 +2,11 @@
 // slice of Fashion-MNIST over loopback; leashctl reports on the running cluster.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 
@@ -17,6 +21,27 @@ using testing::FreePort;
 using testing::JsonNumbers;
 using testing::Process;
 using testing::TempDir;
+
+// How many shards a worker can reach through shared memory on this host: each takes a
+// segment of two 16 MiB rings (and a page of header) in /dev/shm, which a container gives
+// only 64 MB by default. Says so when it is fewer than `shards`.
+int ShardsShmAllows(int shards) {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) {
+    std::printf("note: /dev/shm cannot be examined here: expecting no shared memory\n");
+    return 0;
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  const uint64_t segment = (uint64_t{32} << 20) + (uint64_t{1} << 20);
+  const int fit = static_cast<int>(std::min<uint64_t>(shards, free_bytes / segment));
+  if (fit < shards) {
+    std::printf(
+        "note: /dev/shm has %llu MiB free, room for the shared memory of %d of %d shards; the "
+        "others go through the socket\n",
+        static_cast<unsigned long long>(free_bytes >> 20), fit, shards);
+  }
+  return fit;
+}
 
 constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
 
@@ -63,7 +88,9 @@ class TrainingTest : public ::testing::Test {
 };
 
 TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
-  // w0 reaches both shards (on this host) through shared memory, w1 through the socket.
+  // w0 reaches both shards (on this host) through shared memory where /dev/shm has room for
+  // both, w1 through the socket.
+  const int shm_shards = ShardsShmAllows(2);
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1"});
   auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--no-shm"});
   auto c0 = w0->Wait(std::chrono::minutes(4));
@@ -90,7 +117,18 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_EQ(samples[0], 6000);
   EXPECT_EQ(samples[1], 6000);
   EXPECT_LT(loss_sum[1] / samples[1], loss_sum[0] / samples[0]);  // the job's training loss fell
-  EXPECT_EQ(JsonNumbers(dir_.path() + "/w0.json", "shared_memory_shards"), std::vector<double>{2});
+  // Other processes may take /dev/shm meanwhile: at most what it allowed at the start, and
+  // all of it where there was room to spare.
+  const std::vector<double> w0_shm = JsonNumbers(dir_.path() + "/w0.json", "shared_memory_shards");
+  ASSERT_EQ(w0_shm.size(), 1u);
+  if (shm_shards == 2) {
+    EXPECT_EQ(w0_shm[0], 2);
+  } else {
+    EXPECT_LE(w0_shm[0], 2);
+    if (w0_shm[0] < 2) {
+      EXPECT_NE(w0->ReadLog().find("shared memory with"), std::string::npos) << w0->ReadLog();
+    }
+  }
   EXPECT_EQ(JsonNumbers(dir_.path() + "/w1.json", "shared_memory_shards"), std::vector<double>{0});
   std::string log = w0->ReadLog();
   EXPECT_NE(log.find("samples/s"), std::string::npos);

@@ -250,7 +250,7 @@ ServerLinks::Link* ServerLinks::Map(const std::string& name, uint64_t token, Sta
   auto it = links_.find(name);
   if (it != links_.end() && it->second.segment->token() == token) return &it->second;
   if (!enabled_) {
-    *why = FailedPrecondition("shared memory is off on this shard (--shm off)");
+    *why = FailedPrecondition("shared memory is off on this shard (--no-shm)");
     return nullptr;
   }
   auto seg = ShmSegment::Open(name, token);

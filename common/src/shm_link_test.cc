@@ -135,7 +135,7 @@ TEST(ShmLinkTest, ATrailerTheShardCannotReadIsRefusedAndTurnsTheClientOff) {
   ServerLinks accepting(true, kMin);
   Connect(client, accepting, "peer");
   ASSERT_TRUE(client.on());
-  ServerLinks refusing(/*enabled=*/false, kMin);  // restarted with --shm off
+  ServerLinks refusing(/*enabled=*/false, kMin);  // restarted with --no-shm
   Message request = {Pattern(64, 1), Pattern(150'000, 2)};
   Wire up = Carry(request, client.Place(request), 0);
   ASSERT_TRUE(up.trailer);

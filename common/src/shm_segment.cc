@@ -185,7 +185,8 @@ Status ShmSegment::Allocate() {
   if (rc != 0) {
     return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " +
                    name_ + ": " + std::strerror(rc) +
-                   " (is /dev/shm too small? --shm off sends everything through the socket)");
+                   " (is /dev/shm too small? leash-worker --no-shm, or shared_memory=False in "
+                   "Python, sends everything through the socket)");
   }
   reinterpret_cast<Header*>(base_)->ready.store(1, std::memory_order_release);
   return Status::Ok();

@@ -3,6 +3,7 @@
 
 #include <cctype>
 
+#include "leash/common/endpoint.h"
 #include "leash/common/flags.h"
 #include "leash/common/metrics.h"
 
@@ -73,6 +74,7 @@ ServerCommandLine::ServerCommandLine()
   v.metrics_bind = d.metrics_bind;
   v.max_queued_reply_mb = d.max_queued_reply_mb;
   v.curve_keys = d.curve_keys;
+  v.insecure = d.insecure;
   v.no_shm = !d.shared_memory;
   v.memory_budget = std::to_string(d.memory_budget_bytes);
   v.sparse_readers = d.sparse_readers;
@@ -102,6 +104,10 @@ ServerCommandLine::ServerCommandLine()
   f.String("curve-keys", &v.curve_keys,
            "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients "
            "whose key is in DIR/authorized/");
+  f.Bool("insecure", &v.insecure,
+         "allow a --bind other hosts can reach without --curve-keys: traffic unauthenticated "
+         "and unencrypted (without it such a shard refuses to start; loopback and ipc:// need "
+         "no keys)");
   f.Bool("no-shm", &v.no_shm,
          "refuse shared memory with workers on this host (everything through the socket)");
   f.String("memory-budget", &v.memory_budget,
@@ -130,6 +136,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.shard = v.shard;
   c.bind = v.bind;
+  c.curve_keys = v.curve_keys;
+  c.insecure = v.insecure;
+  LEASH_RETURN_IF_ERROR(
+      CheckSecureEndpoints({c.bind}, c.curve_keys, c.insecure, cli_.Source("bind"), "listen on"));
   c.data_dir = v.data_dir;
   auto lease = ParseDurationMs(v.lease);
   if (!lease.ok() || *lease < 10) {
@@ -171,7 +181,6 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return bad_int("max-queued-reply-mb", v.max_queued_reply_mb, "need an integer in [1, 1048576]");
   }
   c.max_queued_reply_mb = v.max_queued_reply_mb;
-  c.curve_keys = v.curve_keys;
   c.shared_memory = !v.no_shm;
   auto budget = ParseByteSize(v.memory_budget);
   if (!budget.ok()) {

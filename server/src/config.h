@@ -28,6 +28,7 @@ struct ServerConfig {
   std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
   int64_t max_queued_reply_mb = 1024;
   std::string curve_keys;     // empty: no CURVE
+  bool insecure = false;      // allow a non-loopback --bind without --curve-keys
   bool shared_memory = true;  // with workers on this host
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
@@ -60,7 +61,7 @@ class ServerCommandLine {
     std::string memory_budget;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers;
-    bool no_sync, no_shm, sparse_direct_reads;
+    bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;
   CommandLine cli_;

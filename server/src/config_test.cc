@@ -45,6 +45,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->max_parked_per_peer, 4096);
   EXPECT_EQ(c->max_queued_reply_mb, 1024);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_FALSE(c->insecure);
   EXPECT_EQ(c->log_level, "info");
 }
 
@@ -60,6 +61,38 @@ TEST(ServerConfigTest, FlagsAreParsed) {
   EXPECT_FALSE(c->sync);
   EXPECT_FALSE(c->shared_memory);
   EXPECT_EQ(c->max_keys, 100);
+}
+
+// Secure by default: a --bind other hosts can reach needs CURVE keys or --insecure;
+// loopback and ipc:// need neither.
+TEST(ServerConfigTest, ReachableBindWithoutKeysNeedsInsecure) {
+  for (const char* bind : {"tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://10.1.2.3:7000",
+                           "tcp://eth0:7000", "tcp://[::]:7000"}) {
+    std::string message = Error({std::string("--bind=") + bind});
+    EXPECT_NE(
+        message.find(std::string("refusing to listen on ") + bind + " (--bind) without CURVE keys"),
+        std::string::npos)
+        << message;
+    EXPECT_NE(message.find("Add --curve-keys DIR"), std::string::npos) << message;
+    EXPECT_NE(message.find("--insecure (LEASH_INSECURE=1)"), std::string::npos) << message;
+  }
+  setenv("LEASH_BIND", "tcp://0.0.0.0:7000", 1);
+  std::string message = Error({});
+  EXPECT_NE(message.find("tcp://0.0.0.0:7000 (LEASH_BIND)"), std::string::npos) << message;
+  auto c = Parse({"--insecure"});
+  unsetenv("LEASH_BIND");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->insecure);
+
+  for (const std::vector<std::string>& ok :
+       {std::vector<std::string>{"--bind=tcp://127.0.0.1:7000"},
+        {"--bind=tcp://localhost:7000"},
+        {"--bind=ipc:///tmp/leash-shard0"},
+        {"--bind=tcp://0.0.0.0:7000", "--curve-keys=/etc/leash/keys"},
+        {"--bind=tcp://0.0.0.0:7000", "--insecure"}}) {
+    auto parsed = Parse(ok);
+    EXPECT_TRUE(parsed.ok()) << ok[0] << ": " << parsed.status();
+  }
 }
 
 TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {

@@ -213,7 +213,7 @@ void LogStart(const ServerConfig& c, const Server& s) {
         s.curve->authorized.size(), c.curve_keys);
   } else if (!loopback) {
     spdlog::warn(
-        "listening on {} WITHOUT CURVE keys: traffic is unauthenticated and "
+        "listening on {} WITHOUT CURVE keys (--insecure): traffic is unauthenticated and "
         "unencrypted, anyone who can reach this port can read and change the model; "
         "use --curve-keys DIR (leashctl keygen DIR)",
         c.bind);
@@ -254,10 +254,11 @@ int Run(const ServerConfig& config) {
   spdlog::info(
       "shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
       "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
-      "{} failed handshakes, {} replies dropped (unread queue)",
+      "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
+      "rejection lines not logged, {} error replies not sent over the per-peer limits)",
       config.shard, s.shard->min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
-      tc.replies_dropped);
+      tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed);
   return 0;
 }
 

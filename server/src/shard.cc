@@ -95,7 +95,12 @@ MemoryBudgetSplit SplitMemoryBudget(uint64_t budget) {
 }
 
 Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms, SparseStore* sparse)
-    : options_(options), store_(store), now_ms_(std::move(now_ms)), sparse_store_(sparse) {
+    : options_(options),
+      store_(store),
+      now_ms_(std::move(now_ms)),
+      sparse_store_(sparse),
+      rejection_log_(options.rejection_log),
+      error_replies_(options.error_replies) {
   if (sparse_store_ == nullptr) {
     own_sparse_store_ = std::make_unique<MemorySparseStore>();
     sparse_store_ = own_sparse_store_.get();
@@ -227,27 +232,53 @@ void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgo
         ++counters_.key_limit_rejections;  // the only other limit a pull or push can exceed
       }
     }
-    spdlog::warn("shard {}: rejected request {}: {}", options_.shard, rid, st.ToString());
-    out->push_back({peer, MakeError(rid, st, options_.boot_id)});
+    Reject(peer, rid, st, out);
   }
   CountSent(*out, first_reply);
+}
+
+void Shard::Reject(const PeerId& peer, uint64_t rid, const Status& st, std::vector<Outgoing>* out) {
+  const int64_t now = now_ms_();
+  std::string key = peer;
+  key.push_back('/');
+  key += std::to_string(static_cast<int>(st.code()));
+  const KeyedRateLimit::Decision line = rejection_log_.Admit(key, now);
+  if (line.allowed) {
+    std::string who;
+    for (size_t i = 0; i < std::min<size_t>(peer.size(), 8); ++i) {
+      who += fmt::format("{:02x}", static_cast<uint8_t>(peer[i]));
+    }
+    spdlog::warn("shard {}: rejected request {} from peer {}: {}{}", options_.shard, rid, who,
+                 st.ToString(),
+                 line.suppressed_before == 0
+                     ? std::string()
+                     : fmt::format(" ({} more like it from this peer not logged; at most {} a "
+                                   "minute per peer and reason, all counted)",
+                                   line.suppressed_before, options_.rejection_log.per_key));
+  } else {
+    ++counters_.rejection_lines_suppressed;
+  }
+  if (error_replies_.Admit(peer, now).allowed) {
+    out->push_back({peer, MakeError(rid, st, options_.boot_id)});
+  } else {
+    ++counters_.error_replies_suppressed;
+  }
 }
 
 void Shard::HandleBatch(const PeerId& peer, const Message& batch, std::vector<Outgoing>* out) {
   auto messages = UnpackBatch(batch);
   if (!messages.ok()) {
     ++counters_.errors;
-    spdlog::warn("shard {}: rejected a batch: {}", options_.shard, messages.status().ToString());
-    out->push_back({peer, MakeError(0, messages.status(), options_.boot_id)});
-    CountSent(*out, out->size() - 1);
+    const size_t first_reply = out->size();
+    Reject(peer, 0, messages.status(), out);
+    CountSent(*out, first_reply);
     return;
   }
   const size_t first = out->size();
   for (const Message& m : *messages) {
     if (IsBatch(m)) {  // no batches inside batches
       ++counters_.errors;
-      out->push_back(
-          {peer, MakeError(0, InvalidArgument("a batch inside a batch"), options_.boot_id)});
+      Reject(peer, 0, InvalidArgument("a batch inside a batch"), out);
       continue;
     }
     Handle(peer, m, out);
@@ -879,6 +910,9 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
   std::vector<Outgoing> out;
   int64_t wait_ms = shard.Tick(&out);
   Status result;
+  // Replies the transport refused: a few lines a minute, with the count of the others.
+  KeyedRateLimit dropped_log({.per_key = 5, .total = 5, .window_ms = 60000, .max_keys = 1});
+  const auto start = std::chrono::steady_clock::now();
   shard.SetPayloadAllocator([&transport](const PeerId& peer, size_t bytes) {
     return transport.ReservePayload(peer, bytes);
   });
@@ -892,8 +926,16 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
     wait_ms = shard.Tick(&out);
     for (Outgoing& o : out) {
       Status st = transport.Send(o.peer, std::move(o.message));
-      if (!st.ok())
-        spdlog::warn("shard {}: reply dropped: {}", shard.options().shard, st.ToString());
+      if (st.ok()) continue;
+      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+      if (auto d = dropped_log.Admit("", now); d.allowed) {
+        spdlog::warn("shard {}: reply dropped: {}{}", shard.options().shard, st.ToString(),
+                     d.suppressed_before == 0
+                         ? std::string()
+                         : fmt::format(" ({} more since the last line)", d.suppressed_before));
+      }
     }
     out.clear();
     if (after_tick) after_tick(shard);

@@ -36,7 +36,12 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   mirror(&ShardCounters::bytes_in, "leash_shard_received_bytes_total",
          "Bytes of requests received.");
   mirror(&ShardCounters::bytes_out, "leash_shard_sent_bytes_total", "Bytes of replies sent.");
-  mirror(&ShardCounters::errors, "leash_shard_errors_total", "Requests answered with an error.");
+  mirror(&ShardCounters::errors, "leash_shard_errors_total",
+         "Requests rejected (answered with an error, within the error-reply limit).");
+  mirror(&ShardCounters::rejection_lines_suppressed, "leash_shard_rejection_log_suppressed_total",
+         "Warning lines of rejected requests not logged (over 5 a minute per peer and reason).");
+  mirror(&ShardCounters::error_replies_suppressed, "leash_shard_error_replies_suppressed_total",
+         "Error replies not sent to a peer over its limit (256 a second).");
   mirror(
       &ShardCounters::limit_rejections, "leash_shard_limit_rejections_total",
       "Requests refused for exceeding a limit (message size, keys, parked pulls per connection).");

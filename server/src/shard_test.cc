@@ -429,6 +429,28 @@ TEST_F(ShardTest, MalformedMessagesGetErrorRepliesAndTheShardKeepsServing) {
   EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0}));
 }
 
+// A peer sending garbage: every message is counted, its error replies stop at the per-peer
+// limit until the next window, its warning lines at theirs, and another peer is answered.
+TEST_F(ShardTest, GarbageFloodIsCountedButItsRepliesAndLogLinesAreBounded) {
+  ShardOptions o;
+  o.error_replies = {.per_key = 10, .total = 1000, .window_ms = 1000};
+  o.rejection_log = {.per_key = 3, .total = 50, .window_ms = 60000};
+  Reset(o);
+  const Message garbage{Frame::Copy("garbage!garbage!garbage!")};
+  size_t replies = 0;
+  for (int i = 0; i < 100; ++i) replies += Send("flood", garbage).size();
+  EXPECT_EQ(replies, 10u);
+  EXPECT_EQ(shard_->counters().errors, 100u);
+  EXPECT_EQ(shard_->counters().error_replies_suppressed, 90u);
+  EXPECT_EQ(shard_->counters().rejection_lines_suppressed, 97u);
+  // Another peer has its own budget; the flooding one gets replies again a second later.
+  EXPECT_EQ(ErrorOf("other", garbage).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Send("flood", garbage).empty());
+  now_ += 1000;
+  EXPECT_EQ(ErrorOf("flood", garbage).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard_->counters().errors, 103u);
+}
+
 TEST_F(ShardTest, OtherProtocolVersionIsVersionMismatch) {
   // A raw message on purpose: the codec only writes its own protocol version.
   flatbuffers::FlatBufferBuilder fbb;

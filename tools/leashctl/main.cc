@@ -1,6 +1,7 @@
 // leashctl: operator tool for a running Leash cluster. `status` prints shards, live
-// workers and clocks; `checkpoint` makes every shard write a snapshot now; `keygen`
-// writes CURVE key pairs for --curve-keys.
+// workers and clocks; `checkpoint` makes every shard write a snapshot now; `health` asks
+// each shard whether it serves (for probes: exit 0 or 1 with the reason); `keygen` writes
+// CURVE key pairs for --curve-keys. Single-threaded (the client has its own I/O thread).
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -140,6 +141,56 @@ int Status(leash::Client& client, bool json) {
   return 0;
 }
 
+// leashctl health: each shard in --servers on a connection of its own, so that every one
+// gets its own verdict. A shard is healthy when it answers a Stats request within the
+// timeout: it is listening, has recovered its snapshot (a shard binds only after that)
+// and its request loop runs. 0 when all are; 1, naming each that is not and why.
+int Health(const std::vector<std::string>& servers, const leash::ZmqOptions& zo,
+           int64_t timeout_s) {
+  leash::ZmqContext ctx;
+  int unhealthy = 0;
+  for (const std::string& endpoint : servers) {
+    auto fail = [&](const std::string& why) {
+      std::fprintf(stderr, "leashctl health: %s: NOT SERVING: %s\n", endpoint.c_str(), why.c_str());
+      ++unhealthy;
+    };
+    auto transport = leash::ConnectZmqClient(ctx, {endpoint}, zo);
+    if (!transport.ok()) {
+      fail(transport.status().ToString());
+      continue;
+    }
+    leash::ClientOptions co;
+    co.register_worker = false;
+    co.connect_timeout_ms = timeout_s * 1000;
+    co.name = "leashctl-health";
+    auto client = leash::Client::Connect(std::move(*transport), co);
+    if (!client.ok()) {
+      if (client.status().code() == leash::StatusCode::kUnavailable &&
+          client.status().message().find("did not answer") != std::string::npos) {
+        fail("unreachable: no answer within " + std::to_string(timeout_s) +
+             " s; the shard is not running, is still recovering its snapshot (it listens only "
+             "once recovered), or the address is wrong");
+      } else {
+        fail(client.status().ToString());
+      }
+      continue;
+    }
+    auto stats = (*client)->Stats();
+    if (!stats.ok() || stats->size() != 1) {
+      fail(stats.ok() ? "no status in the reply" : stats.status().ToString());
+      continue;
+    }
+    const leash::ShardStats& st = stats->front();
+    std::printf("%s: serving: shard %u of %u, min clock %lld, %zu live workers, %s\n",
+                endpoint.c_str(), st.shard, st.num_shards, static_cast<long long>(st.min_clock),
+                st.workers.size(),
+                st.recovered_clock >= 0
+                    ? ("recovered at clock " + std::to_string(st.recovered_clock)).c_str()
+                    : "fresh start");
+  }
+  return unhealthy == 0 ? 0 : 1;
+}
+
 // leashctl keygen DIR [--server] [--client NAME,...]: the server pair and client pairs,
 // each client authorized; with neither flag, the server pair and the shared "client".
 int Keygen(const std::string& dir, bool server, const std::string& clients) {
@@ -184,7 +235,9 @@ int Run(int argc, char** argv) {
   leash::CommandLine cli(
       "leashctl",
       "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked "
-      "pulls, snapshots\n  checkpoint  make every shard write a snapshot now\n  keygen DIR  "
+      "pulls, snapshots\n  checkpoint  make every shard write a snapshot now\n  health      "
+      "exit 0 if every shard answers within --timeout (serving), else 1 naming each that does "
+      "not and why: for readiness and liveness probes\n  keygen DIR  "
       "write CURVE key pairs into DIR (--server: the shards' pair; --client a,b: client pairs, "
       "authorized; neither: server and the shared 'client'); existing keys are kept",
       /*job_section=*/"", /*default_log_level=*/"warn");
@@ -204,11 +257,15 @@ int Run(int argc, char** argv) {
     bool keygen = !pos.empty() && pos[0] == "keygen";
     if (pos.size() != (keygen ? 2u : 1u)) {
       return leash::InvalidArgument(
-          "expected one command: status, checkpoint or keygen DIR; see leashctl --help");
+          "expected one command: status, checkpoint, health or keygen DIR; see leashctl --help");
     }
-    if (!keygen && pos[0] != "status" && pos[0] != "checkpoint") {
+    if (!keygen && pos[0] != "status" && pos[0] != "checkpoint" && pos[0] != "health") {
       return leash::InvalidArgument("unknown command '" + pos[0] +
-                                    "' (use status, checkpoint or keygen)");
+                                    "' (use status, checkpoint, health or keygen)");
+    }
+    if (timeout_s < 1) {
+      return leash::InvalidArgument("bad value for --timeout: " + std::to_string(timeout_s) +
+                                    " (need a whole number of seconds >= 1)");
     }
     return leash::Status::Ok();
   };
@@ -224,6 +281,7 @@ int Run(int argc, char** argv) {
     }
     zo.curve = std::move(*keys);
   }
+  if (cmd == "health") return Health(leash::SplitList(servers), zo, timeout_s);
   leash::ZmqContext ctx;
   auto transport = leash::ConnectZmqClient(ctx, leash::SplitList(servers), zo);
   if (!transport.ok()) {

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "leash/common/endpoint.h"
 #include "leash/common/flags.h"
 #include "leash/common/metrics.h"
 
@@ -55,6 +56,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.send_delay_ms = d.send_delay_ms;
   v.curve_keys = d.curve_keys;
   v.curve_client = d.curve_client;
+  v.insecure = d.insecure;
   v.model = ModelName(d.model);
   v.hidden = JoinSizes(d.hidden);
   v.optimizer = OptimizerName(d.optimizer);
@@ -162,6 +164,10 @@ WorkerCommandLine::WorkerCommandLine()
            "with this client's key pair and DIR/server.pub");
   f.String("curve-client", &v.curve_client,
            "name of this worker's key pair in --curve-keys (DIR/NAME.key)");
+  f.Bool("insecure", &v.insecure,
+         "allow --servers on other hosts without --curve-keys: traffic unauthenticated and "
+         "unencrypted (without it such a worker refuses to start; loopback and ipc:// need no "
+         "keys)");
 }
 
 Result<WorkerConfig> WorkerCommandLine::Config() const {
@@ -276,6 +282,11 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.metrics_bind = v.metrics_bind;
   c.curve_keys = v.curve_keys;
   c.curve_client = v.curve_client;
+  c.insecure = v.insecure;
+  if (!c.local) {
+    LEASH_RETURN_IF_ERROR(CheckSecureEndpoints(c.servers, c.curve_keys, c.insecure,
+                                               cli_.Source("servers"), "connect to"));
+  }
   c.log_level = cli_.log_level();
   return c;
 }

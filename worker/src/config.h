@@ -28,6 +28,7 @@ struct WorkerConfig {
   int64_t send_delay_ms = 0;  // fault injection: each message to a shard waits this long first
   std::string curve_keys;     // empty: no CURVE
   std::string curve_client = kDefaultCurveClient;
+  bool insecure = false;  // allow non-loopback --servers without --curve-keys
 
   // The job.
   ModelKind model = ModelKind::kMlp;
@@ -91,7 +92,7 @@ class WorkerCommandLine {
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim, send_delay_ms;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
-    bool local, no_eval, no_shm;
+    bool local, no_eval, no_shm, insecure;
   };
   // The flags' defaults: `defaults` as the flags write it.
   static Values ValuesOf(const WorkerConfig& defaults);

@@ -55,7 +55,7 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
 TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
                   "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
-                  "--staleness=2", "--eval-every=5", "--log-level=debug"});
+                  "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -68,6 +68,38 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->staleness, 2);
   EXPECT_EQ(c->eval_every, 5);
   EXPECT_EQ(c->log_level, "debug");
+  EXPECT_TRUE(c->insecure);
+}
+
+// Secure by default: shards another host could be on need CURVE keys or --insecure;
+// loopback and ipc:// need neither, and --local connects nowhere.
+TEST(WorkerConfigTest, RemoteServersWithoutKeysNeedInsecure) {
+  std::string message = Error({"--servers=tcp://127.0.0.1:7000,tcp://10.0.0.2:7000"});
+  EXPECT_NE(message.find("refusing to connect to tcp://10.0.0.2:7000 (--servers) without CURVE "
+                         "keys"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--curve-keys DIR"), std::string::npos) << message;
+  EXPECT_NE(message.find("--insecure"), std::string::npos) << message;
+  setenv("LEASH_SERVERS", "tcp://shard-0.leash:7000", 1);
+  message = Error({});
+  unsetenv("LEASH_SERVERS");
+  EXPECT_NE(message.find("tcp://shard-0.leash:7000 (LEASH_SERVERS)"), std::string::npos) << message;
+
+  for (const std::vector<std::string>& ok :
+       {std::vector<std::string>{"--servers=tcp://127.0.0.1:7000,tcp://localhost:7001"},
+        {"--servers=ipc:///tmp/leash-shard0"},
+        {"--servers=tcp://10.0.0.2:7000", "--curve-keys=/etc/leash/keys"},
+        {"--servers=tcp://10.0.0.2:7000", "--insecure"},
+        {"--servers=tcp://10.0.0.2:7000", "--local"}}) {
+    auto c = Parse(ok);
+    EXPECT_TRUE(c.ok()) << ok[0] << ": " << c.status();
+  }
+  setenv("LEASH_INSECURE", "1", 1);
+  auto c = Parse({"--servers=tcp://10.0.0.2:7000"});
+  unsetenv("LEASH_INSECURE");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->insecure);
 }
 
 TEST(WorkerConfigTest, ClickThroughModelFlagsAreParsed) {
@@ -143,6 +175,7 @@ TEST(WorkerConfigTest, JobFileSetsTheJob) {
   std::string path = WriteJobFile(R"(# a job
 worker:
   servers: [tcp://10.0.0.1:7000, tcp://10.0.0.2:7000]
+  curve-keys: /etc/leash/keys
   model: mlp
   hidden: [512, 256, 128]
   optimizer: adam
@@ -162,6 +195,7 @@ server:
   std::remove(path.c_str());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000"}));
+  EXPECT_EQ(c->curve_keys, "/etc/leash/keys");
   EXPECT_EQ(c->hidden, (std::vector<int64_t>{512, 256, 128}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
   EXPECT_DOUBLE_EQ(c->lr, 0.001);

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -176,6 +177,10 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
       if (!keys.ok()) return Failure{2, "--curve-keys: " + keys.status().message()};
       zopts.curve = std::move(*keys);
       spdlog::info("CURVE security on: key pair '{}' from {}", c.curve_client, c.curve_keys);
+    } else if (!std::all_of(c.servers.begin(), c.servers.end(), leash::IsLoopbackEndpoint)) {
+      spdlog::warn(
+          "connecting to shards on other hosts WITHOUT CURVE keys (--insecure): traffic is "
+          "unauthenticated and unencrypted; use --curve-keys DIR (leashctl keygen DIR)");
     }
     auto transport = leash::ConnectZmqClient(w.zmq, c.servers, zopts);
     if (!transport.ok()) return Fail("--servers", transport.status());

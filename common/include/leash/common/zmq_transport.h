@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "leash/common/curve_keys.h"
+#include "leash/common/endpoint.h"
 #include "leash/common/transport.h"
 
 namespace zmq {
@@ -75,9 +76,5 @@ Result<std::unique_ptr<ServerTransport>> BindZmqServer(ZmqContext& ctx, const st
 Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
                                                           const std::vector<std::string>& endpoints,
                                                           const ZmqOptions& options = {});
-
-// True for endpoints only this host can reach: tcp:// on 127.x, localhost, ::1 or the
-// interface lo; ipc:// and inproc://. A shard warns when it listens elsewhere without CURVE.
-bool IsLoopbackEndpoint(const std::string& endpoint);
 
 }  // namespace leash

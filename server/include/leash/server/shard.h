@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "leash/common/message.h"
+#include "leash/common/rate_limit.h"
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
 #include "leash/common/wire.h"
@@ -59,6 +60,11 @@ struct ShardOptions {
   // The process's resident memory (VmRSS) for ShardStats, next to the budget; unset: 0.
   // leash-server reads /proc/self/statm.
   std::function<uint64_t()> resident_bytes;
+  // What a misbehaving peer (garbage, requests over a limit) costs: the warning lines of
+  // rejected requests, per peer and reason and in all, per minute; the error replies one
+  // peer gets per second. The counters count every rejection all the same.
+  KeyedRateLimit::Options rejection_log = {.per_key = 5, .total = 50, .window_ms = 60000};
+  KeyedRateLimit::Options error_replies = {.per_key = 256, .total = 4096, .window_ms = 1000};
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
@@ -115,6 +121,8 @@ struct ShardCounters {
   uint64_t sparse_store_errors = 0;  // sparse pulls/pushes failed by the cold store
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
+  uint64_t error_replies_suppressed = 0;    // error replies not sent (options.error_replies)
 };
 
 class Shard {
@@ -235,6 +243,9 @@ class Shard {
   ShardSnapshot MakeSnapshot() const;
   // Adds the bytes of the replies out[from..] to counters_.bytes_out.
   void CountSent(const std::vector<Outgoing>& out, size_t from);
+  // A rejected request (`rid`, 0 if unknown) of `peer`: its warning line and its error reply,
+  // each within its rate limit (options_.rejection_log, options_.error_replies).
+  void Reject(const PeerId& peer, uint64_t rid, const Status& st, std::vector<Outgoing>* out);
 
   ShardOptions options_;
   SnapshotStore* store_;
@@ -250,6 +261,8 @@ class Shard {
   std::map<std::string, uint32_t> table_by_name_;
   std::map<PeerId, size_t> parked_per_peer_;
   ShardCounters counters_;
+  KeyedRateLimit rejection_log_;
+  KeyedRateLimit error_replies_;
   PayloadAllocator payload_allocator_;
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
