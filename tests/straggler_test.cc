@@ -36,9 +36,8 @@ class StragglerTest : public ::testing::Test {
   bool RunJob(Cluster& cluster, double factor, const std::vector<std::string>& flags) {
     std::vector<std::unique_ptr<Process>> workers;
     for (int i = 0; i < 3; ++i) {
-      std::vector<std::string> f = {"--epochs=1",        "--chunk-size=500",
-                                    "--train-limit=24000", "--test-limit=500",
-                                    "--no-eval",          "--log-every=0"};
+      std::vector<std::string> f = {"--epochs=1",       "--chunk-size=500", "--train-limit=24000",
+                                    "--test-limit=500", "--no-eval",        "--log-every=0"};
       if (i == 2) f.push_back("--step-delay-factor=" + std::to_string(factor));
       f.insert(f.end(), flags.begin(), flags.end());
       workers.push_back(cluster.StartWorker("w" + std::to_string(i), f));

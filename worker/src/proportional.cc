@@ -12,8 +12,7 @@ void StepRate::Add(int64_t samples, double seconds) {
   rate_ = rate_ == 0 ? r : weight_ * r + (1 - weight_) * rate_;
 }
 
-int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate,
-                          int64_t fallback) {
+int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback) {
   const int64_t most = std::max<int64_t>(1, global_batch);
   if (!(rate > 0) || !(total_rate >= rate) || !std::isfinite(total_rate)) {
     return std::clamp<int64_t>(fallback, 1, most);

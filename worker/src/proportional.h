@@ -28,7 +28,6 @@ class StepRate {
 // rounded to the nearest sample, at least 1 and at most `global_batch`. `fallback` (also
 // clamped so) while either speed is unknown (not positive) or the total is below this
 // worker's own (a sum that does not hold it yet: it just joined).
-int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate,
-                          int64_t fallback);
+int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback);
 
 }  // namespace leash::worker

@@ -29,9 +29,9 @@ TEST(ProportionalBatchTest, RebalancesWhenAWorkerJoinsOrLeaves) {
 }
 
 TEST(ProportionalBatchTest, UnknownSpeedsFallBackAndEveryBatchIsAtLeastOneSample) {
-  EXPECT_EQ(ProportionalBatch(256, 0, 1000, 64), 64);   // not measured yet
-  EXPECT_EQ(ProportionalBatch(256, 400, 0, 64), 64);    // no clock reply yet
-  EXPECT_EQ(ProportionalBatch(256, 400, 300, 64), 64);  // a sum without this worker
+  EXPECT_EQ(ProportionalBatch(256, 0, 1000, 64), 64);    // not measured yet
+  EXPECT_EQ(ProportionalBatch(256, 400, 0, 64), 64);     // no clock reply yet
+  EXPECT_EQ(ProportionalBatch(256, 400, 300, 64), 64);   // a sum without this worker
   EXPECT_EQ(ProportionalBatch(256, 400, 0, 1000), 256);  // the fallback is clamped too
   EXPECT_EQ(ProportionalBatch(256, 1, 1e9, 64), 1);      // a very slow worker trains one
 }
@@ -49,8 +49,7 @@ TEST(StepRateTest, FollowsAChangeOfSpeedWithinAFewIterations) {
   for (int i = 0; i < 5; ++i) r.Add(64, 0.4);
   EXPECT_NEAR(r.samples_per_second(), 160, 16);
   // Its batch follows: its share of 192 beside two workers of 640 samples/s each.
-  EXPECT_EQ(ProportionalBatch(192, r.samples_per_second(), r.samples_per_second() + 1280, 64),
-            23);
+  EXPECT_EQ(ProportionalBatch(192, r.samples_per_second(), r.samples_per_second() + 1280, 64), 23);
 }
 
 }  // namespace
