@@ -86,7 +86,7 @@ std::vector<uint64_t> ClockTable::Expired(int64_t now_ms, int64_t lease_ms) cons
 double ClockTable::TotalSamplesPerSecond() const {
   double total = 0;
   for (const auto& [id, w] : workers_) {
-    if (!(w.samples_per_second > 0)) return 0;
+    if (!w.speed_reported) return 0;
     total += w.samples_per_second;
   }
   return total;

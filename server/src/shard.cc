@@ -650,10 +650,11 @@ Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m,
   w->last_seen_ms = now_ms_();
   if (clocks_.Advance(w, m.clock)) ReleasePulls(out);
   ClockReply reply{clocks_.MinClock()};
-  if (m.samples_per_second > 0 && std::isfinite(m.samples_per_second)) {
+  if (m.samples_per_second != 0 && std::isfinite(m.samples_per_second)) {
     // Work in proportion to speed: each worker's share of the global batch is its speed
-    // over the sum of the live workers' speeds.
-    w->samples_per_second = m.samples_per_second;
+    // over the sum of the live workers' speeds. A negative speed: idle, it counts 0.
+    w->samples_per_second = std::max(0.f, m.samples_per_second);
+    w->speed_reported = true;
     reply.cluster_samples_per_second = clocks_.TotalSamplesPerSecond();
   }
   out->push_back({peer, EncodeReply(rid, reply)});

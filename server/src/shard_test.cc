@@ -658,6 +658,9 @@ TEST_F(ShardTest, ClockRepliesSumTheSpeedsOfTheLiveWorkers) {
   EXPECT_DOUBLE_EQ(rate(2, 1, 300), 0);
   EXPECT_DOUBLE_EQ(rate(3, 1, 100), 700);
   EXPECT_DOUBLE_EQ(rate(3, 2, 50), 650);  // a change of speed replaces the old one
+  // A worker with no data to train (it waits for the job's last chunks) counts 0.
+  EXPECT_DOUBLE_EQ(rate(2, 2, -1), 350);
+  EXPECT_DOUBLE_EQ(rate(2, 3, 300), 650);
   // A worker that leaves is out of the sum at the next clock.
   One("w2", MakeLeave(10, 2, 1));
   EXPECT_DOUBLE_EQ(rate(1, 2, 300), 350);

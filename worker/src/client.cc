@@ -1048,7 +1048,7 @@ Future Client::Clock(float samples_per_second) {
   auto make = [&](int, uint64_t rid, uint64_t) {
     return MakeClock(rid, options_.worker_id, next, samples_per_second);
   };
-  if (!(samples_per_second > 0)) return impl_->Submit(all, make, nullptr);
+  if (samples_per_second == 0) return impl_->Submit(all, make, nullptr);
   Impl* impl = impl_.get();
   return impl_->Submit(all, make,
                        [impl](int shard, const Reply& reply, std::span<const Frame>) -> Status {

@@ -145,7 +145,9 @@ class RemoteParams final : public ParamStore {
 
   Status EndIteration() override {
     // After this iteration's pushes, in the same batch.
-    clocks_.push_back(client_->Clock(static_cast<float>(rate_)));
+    // With a measured speed, an idle iteration reports -1: no data to train, so the
+    // workers still training share the global batch among them.
+    clocks_.push_back(client_->Clock(idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_)));
     holding_ = false;
     client_->FlushSends();
     // The previous iteration's pushes must be done before this one's go on: it bounds
@@ -184,7 +186,12 @@ class RemoteParams final : public ParamStore {
     return first.ok() ? leave : first;
   }
 
-  Status Idle() override { return EndIteration(); }
+  Status Idle() override {
+    idle_ = true;
+    Status st = EndIteration();
+    idle_ = false;
+    return st;
+  }
 
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     return client_->NextChunk(plan, done);
@@ -272,6 +279,7 @@ class RemoteParams final : public ParamStore {
   std::atomic<int64_t> next_read_{kNoClock};  // the same of the prefetch
   PushWeight weight_;    // of this iteration's pushes (work in proportion to speed)
   double rate_ = 0;      // this worker's speed, reported with its clocks; 0: not measured
+  bool idle_ = false;    // the iteration being ended trained nothing (Idle)
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };
 

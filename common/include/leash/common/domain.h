@@ -212,7 +212,7 @@ struct PushWeight {
 struct ClockRequest {
   uint64_t worker_id = 0;
   int64_t clock = 0;
-  float samples_per_second = 0;  // > 0: the worker's measured speed
+  float samples_per_second = 0;  // > 0: the worker's measured speed; < 0: idle (no data)
 };
 struct HeartbeatRequest {
   uint64_t worker_id = 0;

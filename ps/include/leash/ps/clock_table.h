@@ -22,8 +22,12 @@ struct LiveWorker {
   int64_t clock = 0;
   uint64_t last_seq = 0;  // highest push sequence applied from this incarnation
   int64_t last_seen_ms = 0;
-  int64_t staleness = -1;         // the bound of this worker's latest pull; -1: none seen yet
-  double samples_per_second = 0;  // the speed it last reported (work in proportion); 0: none
+  int64_t staleness = -1;  // the bound of this worker's latest pull; -1: none seen yet
+  // Work in proportion to speed: the speed it last reported, 0 while it has no data to
+  // train (it waits for others to finish the job's last chunks); speed_reported: it has
+  // reported one of the two.
+  double samples_per_second = 0;
+  bool speed_reported = false;
 };
 
 class ClockTable {
@@ -74,7 +78,7 @@ class ClockTable {
   size_t live() const { return workers_.size(); }
   // The speeds the live workers reported, summed (work in proportion to speed); 0 while
   // one of them has reported none (it just joined: a sum without it would give each of the
-  // others too large a share of the global batch).
+  // others too large a share of the global batch). An idle worker counts 0.
   double TotalSamplesPerSecond() const;
   const std::map<uint64_t, LiveWorker>& workers() const { return workers_; }
 

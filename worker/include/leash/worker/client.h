@@ -137,7 +137,8 @@ class Client {
 
   // Ends this worker's current iteration on every shard (after the pushes sent before it).
   // `samples_per_second` > 0 reports this worker's measured speed (work in proportion to
-  // speed); shard 0's reply then gives the live workers' speeds summed.
+  // speed), < 0 that it is idle (no data to train: it counts 0); shard 0's reply then gives
+  // the live workers' speeds summed.
   Future Clock(float samples_per_second = 0);
   // The summed speeds of the latest clock reply that had them; 0 before any.
   double cluster_samples_per_second() const;
