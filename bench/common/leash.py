@@ -78,7 +78,7 @@ def run_local(build, tmp, model, epochs, tag, train_limit=0, test_limit=0, timeo
 
 def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0, delay_factors=None,
                 checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600, worker_args=(),
-                w0_args=()):
+                w0_args=(), server_args=()):
     """`shards` leash-server processes and `workers` leash-worker processes training one
     job. delay_factors[i] is worker i's --step-delay-factor. Returns the cluster's
     samples/s (all workers' samples over the job's wall time, and for one worker its
@@ -86,7 +86,8 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
     epoch), with w0_args' --eval-every worker 0's points ("fine_curve") and the time it
     spent evaluating ("w0_eval_seconds", epoch ends included), and every worker's
     metrics. worker_args: more leash-worker flags for every worker; w0_args: for worker 0
-    only (after worker_args, so they win), e.g. ["--eval-every", "64"]."""
+    only (after worker_args, so they win), e.g. ["--eval-every", "64"]; server_args: more
+    leash-server flags for every shard, e.g. ["--backup-workers", "1"]."""
     delay_factors = delay_factors or [1.0] * workers
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(shards)]
     procs, logs = [], []
@@ -97,7 +98,7 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
             procs.append(subprocess.Popen(
                 [_bin(build, "server", "leash-server"), "--shard", str(i), "--num-shards", str(shards), "--bind", ep,
                  "--data-dir", os.path.join(tmp, f"{tag}-shard{i}"), "--checkpoint-interval", checkpoint_interval,
-                 "--log-level", "warn"], stdout=lf, stderr=subprocess.STDOUT))
+                 "--log-level", "warn"] + list(server_args), stdout=lf, stderr=subprocess.STDOUT))
         workers_p, metrics = [], []
         for w in range(workers):
             metrics.append(os.path.join(tmp, f"{tag}-w{w}.json"))

@@ -409,11 +409,13 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
       r.seq = m->seq();
       LEASH_ASSIGN_OR_RETURN(r.dtype, ReadDType(m->dtype(), "gradient dtype"));
       r.clock_after = m->clock_after();
+      r.samples = m->samples();
+      r.global_batch = m->global_batch();
       return Request(std::move(r));
     }
     case wire::Body::ClockUpdate: {
       const wire::ClockUpdate* m = env->body_as_ClockUpdate();
-      return Request(ClockRequest{m->worker_id(), m->clock()});
+      return Request(ClockRequest{m->worker_id(), m->clock(), m->samples_per_second()});
     }
     case wire::Body::Heartbeat: {
       const wire::Heartbeat* m = env->body_as_Heartbeat();
@@ -476,11 +478,12 @@ Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> p
                 auto rs = BuildRows(fbb, r.rows);
                 return {wire::Body::Push,
                         wire::CreatePush(fbb, r.table_id, rs, r.worker_id, r.incarnation, r.seq,
-                                         ToWire(r.dtype), r.clock_after)
+                                         ToWire(r.dtype), r.clock_after, r.samples, r.global_batch)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ClockRequest>) {
                 return {wire::Body::ClockUpdate,
-                        wire::CreateClockUpdate(fbb, r.worker_id, r.clock).Union()};
+                        wire::CreateClockUpdate(fbb, r.worker_id, r.clock, r.samples_per_second)
+                            .Union()};
               } else if constexpr (std::is_same_v<T, HeartbeatRequest>) {
                 return {wire::Body::Heartbeat,
                         wire::CreateHeartbeat(fbb, r.worker_id, r.incarnation).Union()};
@@ -534,7 +537,9 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                 return {wire::Body::PushReply,
                         wire::CreatePushReply(fbb, r.applied, r.skipped_rows).Union()};
               } else if constexpr (std::is_same_v<T, ClockReply>) {
-                return {wire::Body::ClockReply, wire::CreateClockReply(fbb, r.min_clock).Union()};
+                return {
+                    wire::Body::ClockReply,
+                    wire::CreateClockReply(fbb, r.min_clock, r.cluster_samples_per_second).Union()};
               } else if constexpr (std::is_same_v<T, HeartbeatReply>) {
                 return {wire::Body::HeartbeatReply,
                         wire::CreateHeartbeatReply(fbb, r.min_clock, r.boot_id).Union()};
@@ -569,7 +574,8 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                             r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
                             r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
                             p.num_chunks, p.chunks_leased, r.snapshot_age_ms, r.memory_budget_bytes,
-                            r.memory_used_bytes, r.resident_bytes)
+                            r.memory_used_bytes, r.resident_bytes, r.backup_workers,
+                            r.stale_pushes_dropped)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -617,7 +623,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       return Reply(PushReply{p->applied(), p->skipped_rows()});
     }
     case wire::Body::ClockReply:
-      return Reply(ClockReply{env->body_as_ClockReply()->min_clock()});
+      return Reply(ClockReply{env->body_as_ClockReply()->min_clock(),
+                              env->body_as_ClockReply()->cluster_samples_per_second()});
     case wire::Body::HeartbeatReply: {
       const wire::HeartbeatReply* h = env->body_as_HeartbeatReply();
       return Reply(HeartbeatReply{h->min_clock(), h->boot_id()});
@@ -642,6 +649,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.memory_budget_bytes = r->memory_budget_bytes();
       o.memory_used_bytes = r->memory_used_bytes();
       o.resident_bytes = r->resident_bytes();
+      o.backup_workers = r->backup_workers();
+      o.stale_pushes_dropped = r->stale_pushes_dropped();
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {
@@ -722,15 +731,18 @@ Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t wor
 }
 
 Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
-                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload) {
+                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload,
+                 PushWeight weight) {
   std::vector<Frame> payloads;
   payloads.push_back(std::move(payload));
-  return EncodeRequest(rid, PushRequest{table_id, rows, worker_id, incarnation, seq, dtype, -1},
+  return EncodeRequest(rid,
+                       PushRequest{table_id, rows, worker_id, incarnation, seq, dtype, -1,
+                                   weight.samples, weight.global_batch},
                        std::move(payloads));
 }
 
-Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock) {
-  return EncodeRequest(rid, ClockRequest{worker_id, clock});
+Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock, float samples_per_second) {
+  return EncodeRequest(rid, ClockRequest{worker_id, clock, samples_per_second});
 }
 
 Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation) {

@@ -83,10 +83,29 @@ std::vector<uint64_t> ClockTable::Expired(int64_t now_ms, int64_t lease_ms) cons
   return out;
 }
 
+double ClockTable::TotalSamplesPerSecond() const {
+  double total = 0;
+  for (const auto& [id, w] : workers_) {
+    if (!w.speed_reported) return 0;
+    total += w.samples_per_second;
+  }
+  return total;
+}
+
 bool ClockTable::Recompute() {
   if (workers_.empty()) return false;  // keep the last minimum as the floor
   int64_t m = std::numeric_limits<int64_t>::max();
-  for (const auto& [id, w] : workers_) m = std::min(m, w.clock);
+  if (backup_ == 0) {
+    for (const auto& [id, w] : workers_) m = std::min(m, w.clock);
+  } else {
+    // The (b+1)-th smallest clock: the b slowest are left out, but never every worker.
+    const size_t skip = std::min<size_t>(backup_, workers_.size() - 1);
+    scratch_.clear();
+    for (const auto& [id, w] : workers_) scratch_.push_back(w.clock);
+    std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(skip),
+                     scratch_.end());
+    m = scratch_[skip];
+  }
   // A worker restored from an older snapshot may lag; the minimum never goes back.
   m = std::max(m, floor_);
   if (m == min_clock_) return false;

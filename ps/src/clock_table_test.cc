@@ -16,6 +16,60 @@ TEST(ClockTableTest, MinimumIsTheSlowestLiveWorker) {
   EXPECT_EQ(t.MinClock(), 2);
 }
 
+TEST(ClockTableTest, BackupWorkersLeaveTheSlowestOutOfTheMinimum) {
+  ClockTable t(0, /*backup_workers=*/1);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(t.Register(id, 1, "w", 0).ok());
+  // Worker 3 is the straggler: the minimum is the second smallest clock.
+  t.Advance(*t.Find(1, 1), 5);
+  EXPECT_TRUE(t.Advance(*t.Find(2, 1), 4));
+  EXPECT_EQ(t.MinClock(), 4);
+  EXPECT_TRUE(t.Advance(*t.Find(2, 1), 6));
+  EXPECT_EQ(t.MinClock(), 5);
+  // Whoever is slowest is left out: the straggler overtaking worker 1 makes worker 1 the
+  // one ignored.
+  EXPECT_TRUE(t.Advance(*t.Find(3, 1), 7));
+  EXPECT_EQ(t.MinClock(), 6);
+}
+
+TEST(ClockTableTest, BackupWorkersNeverLeaveEveryWorkerOut) {
+  ClockTable t(0, /*backup_workers=*/2);
+  ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());
+  t.Advance(*t.Find(1, 1), 3);
+  EXPECT_EQ(t.MinClock(), 3);  // one live worker: it counts
+  ASSERT_TRUE(t.Register(2, 1, "b", 0).ok());
+  t.Advance(*t.Find(1, 1), 8);
+  EXPECT_EQ(t.MinClock(), 8);  // two live, two backups: the fastest still counts
+  // The minimum never goes back when the fastest leaves.
+  EXPECT_TRUE(t.Remove(1));
+  EXPECT_EQ(t.MinClock(), 8);
+}
+
+TEST(ClockTableTest, OnlyAPushLaggingTheMinimumBeyondItsBoundIsTooStale) {
+  ClockTable t(0, /*backup_workers=*/1);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(t.Register(id, 1, "w", 0).ok());
+  t.Advance(*t.Find(1, 1), 10);
+  t.Advance(*t.Find(2, 1), 10);
+  LiveWorker* slow = *t.Find(3, 1);
+  t.Advance(slow, 7);
+  ASSERT_EQ(t.MinClock(), 10);
+  EXPECT_FALSE(t.TooStale(*slow));  // no pull seen: its bound is unknown
+  slow->staleness = 3;
+  EXPECT_FALSE(t.TooStale(*slow));  // 10 - 7 = 3 clocks behind: within the bound
+  slow->staleness = 2;
+  EXPECT_TRUE(t.TooStale(*slow));
+  LiveWorker* fast = *t.Find(1, 1);
+  fast->staleness = 0;
+  EXPECT_FALSE(t.TooStale(*fast));
+  // Without backup workers nothing is ever too stale.
+  ClockTable plain;
+  ASSERT_TRUE(plain.Register(1, 1, "a", 0).ok());
+  ASSERT_TRUE(plain.Register(2, 1, "b", 0).ok());
+  plain.Advance(*plain.Find(1, 1), 9);
+  LiveWorker* b = *plain.Find(2, 1);
+  b->staleness = 0;
+  EXPECT_FALSE(plain.TooStale(*b));
+}
+
 TEST(ClockTableTest, JoiningWorkerStartsAtTheMinimum) {
   ClockTable t;
   ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());

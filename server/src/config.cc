@@ -79,6 +79,7 @@ ServerCommandLine::ServerCommandLine()
   v.memory_budget = std::to_string(d.memory_budget_bytes);
   v.sparse_readers = d.sparse_readers;
   v.sparse_direct_reads = d.sparse_direct_reads;
+  v.backup_workers = d.backup_workers;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -120,6 +121,11 @@ ServerCommandLine::ServerCommandLine()
   f.Bool("sparse-direct-reads", &v.sparse_direct_reads,
          "read the sparse cold tier with O_DIRECT, so the page cache does not hold it (false: "
          "buffered reads)");
+  f.Int("backup-workers", &v.backup_workers,
+        "the minimum clock ignores the b slowest live workers (backup workers, Chen et al. "
+        "2016): the others never wait for them; their pushes lagging the minimum by more than "
+        "their staleness bound are dropped and counted. A job setting: give every shard the "
+        "same value. 0: every worker counts");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -196,6 +202,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.sparse_readers = v.sparse_readers;
   c.sparse_direct_reads = v.sparse_direct_reads;
+  if (v.backup_workers < 0 || v.backup_workers > 1000000) {
+    return bad_int("backup-workers", v.backup_workers, "need an integer in [0, 1000000]");
+  }
+  c.backup_workers = v.backup_workers;
   c.log_level = cli_.log_level();
   return c;
 }

@@ -34,6 +34,7 @@ struct ServerConfig {
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
   int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
   bool sparse_direct_reads = true;   // O_DIRECT for the cold tier (no page cache)
+  int64_t backup_workers = 0;        // the minimum clock ignores this many slowest workers
 };
 
 // Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
@@ -60,7 +61,7 @@ class ServerCommandLine {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
     std::string memory_budget;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
-    int64_t sparse_readers;
+    int64_t sparse_readers, backup_workers;
     bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;

@@ -51,7 +51,8 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
 
 TEST(ServerConfigTest, FlagsAreParsed) {
   auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
-                  "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100"});
+                  "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100",
+                  "--backup-workers=2"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, 1);
   EXPECT_EQ(c->num_shards, 3);
@@ -61,6 +62,7 @@ TEST(ServerConfigTest, FlagsAreParsed) {
   EXPECT_FALSE(c->sync);
   EXPECT_FALSE(c->shared_memory);
   EXPECT_EQ(c->max_keys, 100);
+  EXPECT_EQ(c->backup_workers, 2);
 }
 
 // Secure by default: a --bind other hosts can reach needs CURVE keys or --insecure;
@@ -123,6 +125,8 @@ TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {
       {{"--log-level=chatty"}, "bad value for --log-level: 'chatty'"},
       {{"--no-sync=perhaps"}, "bad value for --no-sync: 'perhaps' is not a boolean"},
       {{"--shard=one"}, "bad value for --shard: 'one' is not an integer"},
+      {{"--backup-workers=-1"},
+       "bad value for --backup-workers: '-1' (need an integer in [0, 1000000])"},
   };
   for (const auto& c : cases) {
     std::string message = Error(c.args);

@@ -176,6 +176,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   opts.nonfinite = c.nonfinite;
   opts.memory_budget_bytes = c.memory_budget_bytes;
   opts.resident_bytes = ResidentBytes;
+  opts.backup_workers = static_cast<uint32_t>(c.backup_workers);
   s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs, s.sparse.get());
   auto recovered = s.shard->Recover();
   if (!recovered.ok()) {

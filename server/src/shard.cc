@@ -67,6 +67,8 @@ uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) 
 // Rows the expiry sweep visits per sparse table and tier on each turn, and how often.
 constexpr size_t kExpireRowsPerSweep = 4096;
 constexpr int64_t kExpireEveryMs = 100;
+// At most one log line about dropped stale pushes per this many milliseconds.
+constexpr int64_t kDroppedLogEveryMs = 10000;
 
 // Options of a sparse table that is one of `tables` on a shard with `budget`: its share of
 // the tiers' part (RebalanceSparse), so that its admission sketch is sized for it from the
@@ -98,6 +100,7 @@ Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms, SparseSto
     : options_(options),
       store_(store),
       now_ms_(std::move(now_ms)),
+      clocks_(0, options.backup_workers),
       sparse_store_(sparse),
       rejection_log_(options.rejection_log),
       error_replies_(options.error_replies) {
@@ -165,7 +168,7 @@ Result<int64_t> Shard::Recover() {
   }
   RebalanceSparse();
   LEASH_ASSIGN_OR_RETURN(coverage_, DataCoverage::Deserialize(snap->coverage));
-  clocks_ = ClockTable(snap->min_clock);
+  clocks_ = ClockTable(snap->min_clock, options_.backup_workers);
   int64_t now = now_ms_();
   for (const WorkerClock& wc : snap->workers) {
     LiveWorker w;
@@ -549,7 +552,10 @@ Status Shard::OnPull(const PeerId& peer, uint64_t rid, PullRequest& m, std::vect
     LEASH_RETURN_IF_ERROR(table->CheckOwned(m.rows));
   }
   if (m.staleness < 0) return InvalidArgument("staleness must be >= 0");
-  if (LiveWorker* w = clocks_.FindAny(m.worker_id)) w->last_seen_ms = now_ms_();
+  if (LiveWorker* w = clocks_.FindAny(m.worker_id)) {
+    w->last_seen_ms = now_ms_();
+    w->staleness = m.staleness;  // the bound its pushes are held to (ClockTable::TooStale)
+  }
   if (clocks_.Allows(m.clock, m.staleness)) {
     if (sparse != nullptr) {
       LEASH_ASSIGN_OR_RETURN(Message reply,
@@ -598,6 +604,11 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
   uint64_t skipped = 0;
   if (m.seq <= w->last_seq) {
     ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
+  } else if (clocks_.TooStale(*w)) {
+    // A backup worker's push for an iteration the minimum left more than its bound behind.
+    // Consumed (a resend is a duplicate), counted and logged, never applied.
+    w->last_seq = m.seq;
+    NoteStalePushDropped(*w);
   } else {
     // fp32 gradients are applied where the transport put them (its frames are 8-byte
     // aligned); a copy is made only to widen 16-bit values or to drop non-finite rows.
@@ -611,6 +622,20 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
       grad.resize(n);
       LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data())
                                 .WithContext("push to table '" + name + "'"));
+      g = grad.data();
+    }
+    if (m.samples > 0 || m.global_batch > 0) {
+      // Work in proportion to speed: the gradient is the mean over `samples`; weighted by
+      // samples / global_batch, the pushes of one clock add up to the global batch's mean.
+      if (m.samples == 0 || m.samples > m.global_batch) {
+        return InvalidArgument("push to table '" + name + "' weighted by " +
+                               std::to_string(m.samples) + " samples of a global batch of " +
+                               std::to_string(m.global_batch) +
+                               "; need 0 < samples <= global batch");
+      }
+      if (grad.empty()) grad.assign(g, g + n);  // the received frame is not written
+      const float scale = static_cast<float>(m.samples) / static_cast<float>(m.global_batch);
+      for (float& v : grad) v *= scale;
       g = grad.data();
     }
     if (!AllFinite(g, n)) {
@@ -644,6 +669,21 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
   return Status::Ok();
 }
 
+void Shard::NoteStalePushDropped(const LiveWorker& w) {
+  ++counters_.pushes_dropped_stale;
+  const int64_t now = now_ms_();
+  if (dropped_logged_ms_ >= 0 && now - dropped_logged_ms_ < kDroppedLogEveryMs) return;
+  spdlog::warn(
+      "shard {}: dropped {} stale push(es) of backup workers since the last report ({} in all); "
+      "the latest from worker {} '{}' at clock {}, more than its staleness bound {} behind the "
+      "minimum clock {} (--backup-workers {})",
+      options_.shard, counters_.pushes_dropped_stale - dropped_logged_,
+      counters_.pushes_dropped_stale, w.worker_id, w.name, w.clock, w.staleness, clocks_.MinClock(),
+      options_.backup_workers);
+  dropped_logged_ms_ = now;
+  dropped_logged_ = counters_.pushes_dropped_stale;
+}
+
 Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m,
                       std::vector<Outgoing>* out) {
   LiveWorker* w = clocks_.FindAny(m.worker_id);
@@ -654,7 +694,15 @@ Status Shard::OnClock(const PeerId& peer, uint64_t rid, const ClockRequest& m,
   }
   w->last_seen_ms = now_ms_();
   if (clocks_.Advance(w, m.clock)) ReleasePulls(out);
-  out->push_back({peer, EncodeReply(rid, ClockReply{clocks_.MinClock()})});
+  ClockReply reply{clocks_.MinClock()};
+  if (m.samples_per_second != 0 && std::isfinite(m.samples_per_second)) {
+    // Work in proportion to speed: each worker's share of the global batch is its speed
+    // over the sum of the live workers' speeds. A negative speed: idle, it counts 0.
+    w->samples_per_second = std::max(0.f, m.samples_per_second);
+    w->speed_reported = true;
+    reply.cluster_samples_per_second = clocks_.TotalSamplesPerSecond();
+  }
+  out->push_back({peer, EncodeReply(rid, reply)});
   return Status::Ok();
 }
 
@@ -708,6 +756,8 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
   st.memory_budget_bytes = options_.memory_budget_bytes;
   st.memory_used_bytes = memory_used_bytes();
   st.resident_bytes = options_.resident_bytes ? options_.resident_bytes() : 0;
+  st.backup_workers = options_.backup_workers;
+  st.stale_pushes_dropped = counters_.pushes_dropped_stale;
   for (size_t id = 0; id < tables_.size(); ++id) {
     if (const Table* t = tables_[id].get()) {
       st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});

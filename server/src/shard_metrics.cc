@@ -29,6 +29,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
          "Pushes applied (each at most once).");
   mirror(&ShardCounters::pushes_duplicate, "leash_shard_duplicate_pushes_total",
          "Resent pushes that had been applied already: acknowledged, not applied again.");
+  mirror(&ShardCounters::pushes_dropped_stale, "leash_shard_stale_pushes_dropped_total",
+         "Pushes of backup workers (--backup-workers) dropped for lagging the minimum clock by "
+         "more than their staleness bound.");
   mirror(&ShardCounters::pulls_served, "leash_shard_pulls_total",
          "Pulls answered (at once or after being parked).");
   mirror(&ShardCounters::pulls_parked, "leash_shard_parked_pulls_total",

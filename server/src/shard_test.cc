@@ -569,6 +569,126 @@ TEST_F(ShardTest, StalePullIsAnsweredExactlyWhenMinimumReachesClockMinusStalenes
   EXPECT_EQ(Send("w1", MakePull(24, id, Range(0, 1), 1, 5, 2)).size(), 1u);
 }
 
+TEST_F(ShardTest, WithABackupWorkerTheFastWorkersNeverWaitForTheSlowest) {
+  ShardOptions o;
+  o.backup_workers = 1;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  for (uint64_t w = 1; w <= 3; ++w) Register(w);
+  // Workers 1 and 2 run ahead under s = 0; worker 3 stays at clock 0.
+  for (int c = 1; c <= 4; ++c) {
+    Send("w1", MakeClock(10 + c, 1, c));
+    Send("w2", MakeClock(20 + c, 2, c));
+    EXPECT_EQ(Send("w1", MakePull(30 + c, id, Range(0, 1), 1, c, 0)).size(), 1u) << c;
+  }
+  EXPECT_EQ(shard_->min_clock(), 4);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+  // Worker 1 waits for worker 2 as ever: the second slowest counts.
+  Send("w1", MakeClock(15, 1, 5));
+  EXPECT_TRUE(Send("w1", MakePull(35, id, Range(0, 1), 1, 5, 0)).empty());
+  auto out = Send("w2", MakeClock(25, 2, 5));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Decode(out[0].message).request_id, 35u);
+  const Decoded<Reply>* e = One("ctl", MakeStats(9));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(std::get<ShardStats>(e->value).backup_workers, 1u);
+}
+
+TEST_F(ShardTest, BackupWorkersPushBeyondTheStalenessBoundIsDroppedAndCounted) {
+  ShardOptions o;
+  o.backup_workers = 1;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  for (uint64_t w = 1; w <= 3; ++w) Register(w);
+  for (int c = 1; c <= 3; ++c) {
+    Send("w1", MakeClock(10 + c, 1, c));
+    Send("w2", MakeClock(20 + c, 2, c));
+  }
+  ASSERT_EQ(shard_->min_clock(), 3);
+  // Worker 3 pulls for iteration 1 under s = 2 (at once: it lags) and pushes at clock 1:
+  // 3 - 1 = 2 clocks behind the minimum, within its bound: applied.
+  Send("w3", MakeClock(31, 3, 1));
+  EXPECT_EQ(Send("w3", MakePull(32, id, Range(0, 1), 3, 1, 2)).size(), 1u);
+  ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 1).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
+  // The fast workers move on; worker 3, still at clock 1, is now 3 behind: its push is
+  // acknowledged, not applied, and counted.
+  Send("w1", MakeClock(14, 1, 4));
+  Send("w2", MakeClock(24, 2, 4));
+  ASSERT_EQ(shard_->min_clock(), 4);
+  const Decoded<Reply>* e = One("w3", MakePush(4, id, Range(0, 1), 3, 1, 2, DType::kF32,
+                                               EncodeValues(std::vector<float>{1.f}, DType::kF32)));
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
+  EXPECT_FALSE(std::get<PushReply>(e->value).applied);
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
+  EXPECT_EQ(shard_->counters().pushes_dropped_stale, 1u);
+  // A resend of the dropped push stays dropped (a duplicate), never applied later.
+  ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 2).ok());
+  EXPECT_EQ(shard_->counters().pushes_duplicate, 1u);
+  // Caught up to the minimum, its next push is applied again.
+  Send("w3", MakeClock(33, 3, 4));
+  ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 3).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -2.f);
+  e = One("ctl", MakeStats(9));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(std::get<ShardStats>(e->value).stale_pushes_dropped, 1u);
+  // The fast workers' pushes are never dropped.
+  EXPECT_EQ(Send("w1", MakePull(40, id, Range(0, 1), 1, 4, 0)).size(), 1u);
+  ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 1, 1).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);
+}
+
+TEST_F(ShardTest, PushesAreWeightedByTheirSamplesToOneLargeBatchsUpdate) {
+  uint32_t id = Create(Spec("w", 1, 2));
+  Register(1);
+  Register(2);
+  // One clock of a global batch of 64: 48 samples with mean gradient 1, 16 with mean 3.
+  // One batch of 64 has mean (48 * 1 + 16 * 3) / 64 = 1.5; SGD at rate 1 moves by -1.5.
+  auto push = [&](uint64_t worker, float g, uint32_t samples) {
+    const Decoded<Reply>* e =
+        One("w" + std::to_string(worker),
+            MakePush(4, id, Range(0, 1), worker, 1, 1, DType::kF32,
+                     EncodeValues(std::vector<float>{g, -g}, DType::kF32), {samples, 64}));
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
+  };
+  push(1, 1.f, 48);
+  push(2, 3.f, 16);
+  std::vector<float> v = Pull(id, Range(0, 1));
+  EXPECT_FLOAT_EQ(v[0], -1.5f);
+  EXPECT_FLOAT_EQ(v[1], 1.5f);
+  // A weight of more samples than the global batch is refused and not applied.
+  Status st =
+      ErrorOf("w1", MakePush(5, id, Range(0, 1), 1, 1, 2, DType::kF32,
+                             EncodeValues(std::vector<float>{1.f, 1.f}, DType::kF32), {65, 64}));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.5f);
+}
+
+TEST_F(ShardTest, ClockRepliesSumTheSpeedsOfTheLiveWorkers) {
+  Register(1);
+  Register(2);
+  Register(3);
+  auto rate = [&](uint64_t worker, int64_t clock, float speed) {
+    const Decoded<Reply>* e = One("w" + std::to_string(worker), MakeClock(9, worker, clock, speed));
+    EXPECT_NE(e, nullptr);
+    if (e == nullptr || !std::holds_alternative<ClockReply>(e->value)) return -1.0;
+    return std::get<ClockReply>(e->value).cluster_samples_per_second;
+  };
+  EXPECT_DOUBLE_EQ(rate(1, 1, 300), 0);  // no sum until every live worker reported
+  EXPECT_DOUBLE_EQ(rate(2, 1, 300), 0);
+  EXPECT_DOUBLE_EQ(rate(3, 1, 100), 700);
+  EXPECT_DOUBLE_EQ(rate(3, 2, 50), 650);  // a change of speed replaces the old one
+  // A worker with no data to train (it waits for the job's last chunks) counts 0.
+  EXPECT_DOUBLE_EQ(rate(2, 2, -1), 350);
+  EXPECT_DOUBLE_EQ(rate(2, 3, 300), 650);
+  // A worker that leaves is out of the sum at the next clock.
+  One("w2", MakeLeave(10, 2, 1));
+  EXPECT_DOUBLE_EQ(rate(1, 2, 300), 350);
+  EXPECT_DOUBLE_EQ(rate(1, 3, 0), 0);  // a clock without a speed gets no sum
+}
+
 TEST_F(ShardTest, ExpiredLeaseEvictsAndReleasesParkedPulls) {
   ShardOptions o;
   o.lease_ms = 100;

@@ -47,8 +47,9 @@ int Status(leash::Client& client, bool json) {
             static_cast<unsigned long long>(wk.ms_since_heartbeat));
       }
       std::printf(
-          "], \"memory_budget_bytes\": %llu, \"memory_used_bytes\": %llu, "
-          "\"resident_bytes\": %llu, \"sparse_tables\": [",
+          "], \"backup_workers\": %u, \"stale_pushes_dropped\": %llu, \"memory_budget_bytes\": "
+          "%llu, \"memory_used_bytes\": %llu, \"resident_bytes\": %llu, \"sparse_tables\": [",
+          s.backup_workers, static_cast<unsigned long long>(s.stale_pushes_dropped),
           static_cast<unsigned long long>(s.memory_budget_bytes),
           static_cast<unsigned long long>(s.memory_used_bytes),
           static_cast<unsigned long long>(s.resident_bytes));
@@ -102,6 +103,10 @@ int Status(leash::Client& client, bool json) {
         s.recovered_clock >= 0
             ? (", recovered at clock " + std::to_string(s.recovered_clock)).c_str()
             : "");
+    if (s.backup_workers > 0) {
+      std::printf("  backup workers %u: %llu stale pushes dropped\n", s.backup_workers,
+                  static_cast<unsigned long long>(s.stale_pushes_dropped));
+    }
     for (const auto& w : s.workers) {
       std::printf("  worker %-28s id %016llx clock %lld, heard from %llu ms ago\n", w.name.c_str(),
                   static_cast<unsigned long long>(w.id), static_cast<long long>(w.clock),

@@ -305,6 +305,9 @@ class Client::Impl final : public detail::OpWaiter {
   void CountPull() { ++pulls_; }
   // Called on the I/O thread with the minimum clock a pull reply's values reflect.
   void NotePulledMinClock(int64_t min_clock) { pulled_min_clock_.store(min_clock); }
+  // With a clock reply: the speeds the shard's live workers reported, summed.
+  void NoteClusterRate(double samples_per_second) { cluster_rate_.store(samples_per_second); }
+  double cluster_rate() const { return cluster_rate_.load(); }
 
   int num_shards() const { return n_; }
   bool needs_rejoin() const { return needs_rejoin_.load(); }
@@ -559,6 +562,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> pulls_{0};
   std::atomic<int64_t> pulled_min_clock_{-1};
+  std::atomic<double> cluster_rate_{0};
   std::atomic<bool> needs_rejoin_{false};
   std::map<int, uint64_t> boot_ids_;  // under io_mu_
   std::atomic<int64_t> last_clock_{0};
@@ -857,7 +861,7 @@ Future Client::PullSparse(const TableHandle& table, std::span<const uint64_t> ke
 }
 
 Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> keys,
-                          const float* grad) {
+                          const float* grad, PushWeight weight) {
   if (Status st = CheckSparse(table, keys, "Push"); !st.ok()) return Ready(st);
   SparseSplit split(keys, num_shards_);
   const uint32_t cols = table.cols;
@@ -885,17 +889,18 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
   return impl_->Submit(
       split.shards,
       [&](int s, uint64_t rid, uint64_t seq) {
-        return EncodeRequest(
-            rid,
-            PushRequest{table.shard_ids[static_cast<size_t>(s)],
-                        Rows::Keys(split.unique[static_cast<size_t>(s)]), options_.worker_id,
-                        incarnation_, seq, options_.wire_dtype, -1},
-            {payloads[static_cast<size_t>(s)]});
+        return EncodeRequest(rid,
+                             PushRequest{table.shard_ids[static_cast<size_t>(s)],
+                                         Rows::Keys(split.unique[static_cast<size_t>(s)]),
+                                         options_.worker_id, incarnation_, seq, options_.wire_dtype,
+                                         -1, weight.samples, weight.global_batch},
+                             {payloads[static_cast<size_t>(s)]});
       },
       nullptr, /*is_push=*/true);
 }
 
-Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
+Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock,
+                    std::atomic<int64_t>* read_clock) {
   if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Pull"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
@@ -917,11 +922,17 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock) {
         return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock,
                         options_.staleness, dtype);
       },
-      [t, out, part, impl](int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
+      [t, out, part, impl, read_clock](int s, const Reply& reply,
+                                       std::span<const Frame> payloads) -> Status {
         RowRange rr = part.Range(t.rows, s);
         LEASH_ASSIGN_OR_RETURN(const PullReply* r,
                                CheckPullReply(reply, payloads, rr.size(), t.cols));
         impl->NotePulledMinClock(r->min_clock);
+        if (read_clock != nullptr) {
+          int64_t seen = read_clock->load();
+          while (r->min_clock < seen && !read_clock->compare_exchange_weak(seen, r->min_clock)) {
+          }
+        }
         return DecodeValues(payloads[0], r->dtype, rr.size() * t.cols, out + rr.begin * t.cols);
       });
 }
@@ -971,7 +982,7 @@ Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, fl
       });
 }
 
-Future Client::Push(const TableHandle& table, const float* grad) {
+Future Client::Push(const TableHandle& table, const float* grad, PushWeight weight) {
   if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Push"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
@@ -998,7 +1009,8 @@ Future Client::Push(const TableHandle& table, const float* grad) {
         rows.begin = rr.begin;
         rows.end = rr.end;
         return MakePush(rid, table.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id,
-                        incarnation_, seq, options_.wire_dtype, payloads[static_cast<size_t>(s)]);
+                        incarnation_, seq, options_.wire_dtype, payloads[static_cast<size_t>(s)],
+                        weight);
       },
       nullptr, /*is_push=*/true);
 }
@@ -1040,12 +1052,33 @@ Future Client::Push(const TableHandle& table, std::span<const uint64_t> keys, co
       nullptr, /*is_push=*/true);
 }
 
-Future Client::Clock() {
+Future Client::Clock(float samples_per_second) {
   int64_t next = clock_.fetch_add(1) + 1;
   impl_->NoteClock(next);
   std::vector<int> all = AllShards(num_shards_);
+  auto make = [&](int, uint64_t rid, uint64_t) {
+    return MakeClock(rid, options_.worker_id, next, samples_per_second);
+  };
+  if (samples_per_second == 0) return impl_->Submit(all, make, nullptr);
+  Impl* impl = impl_.get();
+  return impl_->Submit(all, make,
+                       [impl](int shard, const Reply& reply, std::span<const Frame>) -> Status {
+                         const auto* r = std::get_if<ClockReply>(&reply);
+                         if (shard == 0 && r != nullptr && r->cluster_samples_per_second > 0)
+                           impl->NoteClusterRate(r->cluster_samples_per_second);
+                         return Status::Ok();
+                       });
+}
+
+double Client::cluster_samples_per_second() const { return impl_->cluster_rate(); }
+
+Future Client::CatchUp(int64_t clock) {
+  if (clock <= clock_.load()) return Ready(Status::Ok());
+  clock_.store(clock);
+  impl_->NoteClock(clock);
+  std::vector<int> all = AllShards(num_shards_);
   return impl_->Submit(
-      all, [&](int, uint64_t rid, uint64_t) { return MakeClock(rid, options_.worker_id, next); },
+      all, [&](int, uint64_t rid, uint64_t) { return MakeClock(rid, options_.worker_id, clock); },
       nullptr);
 }
 

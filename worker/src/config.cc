@@ -83,6 +83,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.no_eval = !d.evaluate;
   v.eval_every = d.eval_every;
   v.step_delay_factor = d.step_delay_factor;
+  v.global_batch = d.global_batch;
   v.metrics_out = d.metrics_out;
   v.metrics_bind = d.metrics_bind;
   return v;
@@ -144,6 +145,12 @@ WorkerCommandLine::WorkerCommandLine()
   f.Double("step-delay-factor", &v.step_delay_factor,
            "straggler injection for benchmarks: sleep (factor-1) x each step's compute time "
            "(1: none)");
+  f.Int("global-batch", &v.global_batch,
+        "work in proportion to speed: the job's samples per clock over all workers; each worker "
+        "trains its share (its measured speed over the live workers' summed speeds) and the "
+        "shards weight its pushes by it, so every clock is one update of this batch. --batch "
+        "is the batch until the speeds are known. A job setting: give every worker the same "
+        "value. 0: off (every worker trains --batch)");
   f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
   f.Bool("no-shm", &v.no_shm,
          "send pushes and pulls through the socket even to a shard on this host (by default "
@@ -261,6 +268,15 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
     return bad_double("step-delay-factor", v.step_delay_factor, "need a number in [1, 1e6)");
   }
   c.step_delay_factor = v.step_delay_factor;
+  if (v.global_batch < 0 || v.global_batch >= (int64_t{1} << 31)) {
+    return bad_int("global-batch", v.global_batch, "need an integer in [0, 2^31) (0: off)");
+  }
+  if (v.global_batch > 0 && c.accumulate != 1) {
+    return bad_int("global-batch", v.global_batch,
+                   "work in proportion to speed trains one batch per iteration: use it with "
+                   "--accumulate 1");
+  }
+  c.global_batch = v.global_batch;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
   if (v.send_delay_ms < 0 || v.send_delay_ms > 10000) {

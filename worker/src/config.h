@@ -61,6 +61,7 @@ struct WorkerConfig {
   bool evaluate = true;
   int64_t eval_every = 0;
   double step_delay_factor = 1;
+  int64_t global_batch = 0;  // > 0: work in proportion to speed, this many samples per clock
   std::string metrics_out;
   std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
   std::string log_level = "info";
@@ -90,7 +91,7 @@ class WorkerCommandLine {
     std::string device, curve_keys, curve_client, data, sparse_optimizer;
     int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
-    int64_t embedding_dim, send_delay_ms;
+    int64_t embedding_dim, send_delay_ms, global_batch;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
     bool local, no_eval, no_shm, insecure;
   };

@@ -55,7 +55,8 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
 TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
                   "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
-                  "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure"});
+                  "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
+                  "--global-batch=192"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -68,6 +69,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->staleness, 2);
   EXPECT_EQ(c->eval_every, 5);
   EXPECT_EQ(c->log_level, "debug");
+  EXPECT_EQ(c->global_batch, 192);
   EXPECT_TRUE(c->insecure);
 }
 
@@ -164,11 +166,16 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--sparse-lr=-1", "bad value for --sparse-lr: '-1' (need a number >= 0 (0: --lr))"},
       {"--embedding-scale=-0.5", "bad value for --embedding-scale: '-0.5' (need a number >= 0)"},
       {"--no-such-flag=1", "unknown flag --no-such-flag"},
+      {"--global-batch=-1",
+       "bad value for --global-batch: '-1' (need an integer in [0, 2^31) (0: off))"},
   };
   for (const auto& c : cases) {
     std::string message = Error({"--local", c.arg});
     EXPECT_EQ(message.rfind(c.message, 0), 0u) << c.arg << " gave: " << message;
   }
+  // Work in proportion to speed trains one batch per iteration.
+  std::string message = Error({"--local", "--global-batch=192", "--accumulate=2"});
+  EXPECT_NE(message.find("--accumulate 1"), std::string::npos) << message;
 }
 
 TEST(WorkerConfigTest, JobFileSetsTheJob) {

@@ -152,12 +152,14 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
   }
   w.train->Truncate(c.train_limit);
   w.test->Truncate(c.test_limit);
+  // Working in proportion to speed, a worker's batch may be up to the whole global batch.
+  const int64_t max_batch = std::max(c.batch, c.global_batch);
   auto model =
-      c.model == leash::worker::ModelKind::kCnn ? leash::worker::MakeCnn(*w.device, c.batch)
+      c.model == leash::worker::ModelKind::kCnn ? leash::worker::MakeCnn(*w.device, max_batch)
       : c.model == leash::worker::ModelKind::kCtr
           ? leash::worker::MakeCtr(*w.device, leash::worker::MovieLensSlotFields(), c.embedding_dim,
-                                   c.hidden, c.batch, static_cast<float>(c.embedding_scale))
-          : leash::worker::MakeMlp(*w.device, w.train->features(), c.hidden, 10, c.batch);
+                                   c.hidden, max_batch, static_cast<float>(c.embedding_scale))
+          : leash::worker::MakeMlp(*w.device, w.train->features(), c.hidden, 10, max_batch);
   if (!model.ok()) return Fail("model", model.status());
   w.model = std::move(*model);
   return std::nullopt;
@@ -222,6 +224,13 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   to.evaluate = c.evaluate;
   to.eval_every = c.eval_every;
   to.step_delay_factor = c.step_delay_factor;
+  to.global_batch = c.global_batch;
+  if (c.global_batch > 0) {
+    spdlog::info(
+        "work in proportion to speed: the job trains {} samples per clock, this worker its "
+        "share ({} until the speeds are known)",
+        c.global_batch, c.batch);
+  }
   if (c.step_delay_factor > 1) {
     spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower",
                  c.step_delay_factor, c.step_delay_factor);
@@ -263,7 +272,8 @@ int Train(const WorkerConfig& c, Worker& w) {
   std::vector<std::pair<std::string, double>> extra = {
       {"compute_seconds", results->compute_seconds},
       {"injected_delay_seconds", results->injected_delay_seconds},
-      {"step_delay_factor", c.step_delay_factor}};
+      {"step_delay_factor", c.step_delay_factor},
+      {"final_clock", static_cast<double>(w.params->clock())}};
   if (w.client) {
     auto n = w.client->counters();
     double iters = static_cast<double>(std::max<int64_t>(1, results->iterations));

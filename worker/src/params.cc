@@ -2,6 +2,8 @@
 #include "leash/worker/params.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <deque>
 
 #include "leash/ps/coverage.h"
@@ -53,12 +55,16 @@ class RemoteParams final : public ParamStore {
       Status st = Wait(&next_futures_);
       if (usable && st.ok()) {
         values->swap(next_);
+        CatchUp(next_read_.load());
         return Status::Ok();
       }
       // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
     }
-    StartPulls(values, -1, &futures_);
-    return Wait(&futures_);
+    read_.store(kNoClock);
+    StartPulls(values, -1, &futures_, {}, nullptr, &read_);
+    LEASH_RETURN_IF_ERROR(Wait(&futures_));
+    CatchUp(read_.load());
+    return Status::Ok();
   }
 
   Status SetupSparse(const ParamSpec& p, const OptimizerOptions& opt) override {
@@ -74,6 +80,7 @@ class RemoteParams final : public ParamStore {
       Status st = Wait(&next_futures_);
       if (usable && st.ok()) {
         values->swap(next_);
+        CatchUp(next_read_.load());
         if (same_keys) {
           rows->swap(next_rows_);
           return Status::Ok();
@@ -88,8 +95,11 @@ class RemoteParams final : public ParamStore {
       // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
     }
     rows->resize(keys.size() * sparse_.cols);
-    StartPulls(values, -1, &futures_, keys, rows->data());
-    return Wait(&futures_);
+    read_.store(kNoClock);
+    StartPulls(values, -1, &futures_, keys, rows->data(), &read_);
+    LEASH_RETURN_IF_ERROR(Wait(&futures_));
+    CatchUp(read_.load());
+    return Status::Ok();
   }
 
   void PushSparse(std::span<const uint64_t> keys, const float* grad) override {
@@ -99,7 +109,7 @@ class RemoteParams final : public ParamStore {
       holding_ = true;
       held_bytes_ = 0;
     }
-    pending_.push_back(client_->PushSparse(sparse_, keys, grad));
+    pending_.push_back(client_->PushSparse(sparse_, keys, grad, weight_));
     held_bytes_ += keys.size() * sparse_.cols * sizeof(float);
   }
 
@@ -110,7 +120,8 @@ class RemoteParams final : public ParamStore {
     next_clock_ = client_->clock() + 1;
     next_keys_.assign(keys.begin(), keys.end());
     next_rows_.resize(next_keys_.size() * sparse_.cols);
-    StartPulls(&next_, next_clock_, &next_futures_, next_keys_, next_rows_.data());
+    next_read_.store(kNoClock);
+    StartPulls(&next_, next_clock_, &next_futures_, next_keys_, next_rows_.data(), &next_read_);
   }
 
   // An iteration's pushes are held and go out with its clock, one message per shard,
@@ -123,7 +134,7 @@ class RemoteParams final : public ParamStore {
       holding_ = true;
       held_bytes_ = 0;
     }
-    pending_.push_back(client_->Push(tables_[i], grad));
+    pending_.push_back(client_->Push(tables_[i], grad, weight_));
     held_bytes_ += tables_[i].size() * sizeof(float);
     if (held_bytes_ >= kPushBucketBytes) {
       client_->FlushSends();
@@ -133,7 +144,10 @@ class RemoteParams final : public ParamStore {
   }
 
   Status EndIteration() override {
-    clocks_.push_back(client_->Clock());  // after this iteration's pushes, in the same batch
+    // After this iteration's pushes, in the same batch.
+    // With a measured speed, an idle iteration reports -1: no data to train, so the
+    // workers still training share the global batch among them.
+    clocks_.push_back(client_->Clock(idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_)));
     holding_ = false;
     client_->FlushSends();
     // The previous iteration's pushes must be done before this one's go on: it bounds
@@ -172,7 +186,12 @@ class RemoteParams final : public ParamStore {
     return first.ok() ? leave : first;
   }
 
-  Status Idle() override { return EndIteration(); }
+  Status Idle() override {
+    idle_ = true;
+    Status st = EndIteration();
+    idle_ = false;
+    return st;
+  }
 
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     return client_->NextChunk(plan, done);
@@ -195,20 +214,37 @@ class RemoteParams final : public ParamStore {
 
   int64_t clock() const override { return client_->clock(); }
 
+  void SetPushWeight(PushWeight weight) override { weight_ = weight; }
+  void SetSamplesPerSecond(double rate) override { rate_ = rate; }
+  double cluster_samples_per_second() const override {
+    return client_->cluster_samples_per_second();
+  }
+
  private:
   // Pulls every table, and the sparse table's rows of `keys` into `rows` when there are
   // keys, in one message per shard.
+  // `read` is lowered to the smallest minimum clock the dense replies reflect.
   void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock,
-                  std::vector<Future>* futs, std::span<const uint64_t> keys = {},
-                  float* rows = nullptr) {
+                  std::vector<Future>* futs, std::span<const uint64_t> keys, float* rows,
+                  std::atomic<int64_t>* read) {
     values->resize(tables_.size());
     client_->HoldSends();
     for (size_t i = 0; i < tables_.size(); ++i) {
       (*values)[i].resize(tables_[i].size());
-      futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock));
+      futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock, read));
     }
     if (!keys.empty()) futs->push_back(client_->PullSparse(sparse_, keys, rows, for_clock));
     client_->FlushSends();
+  }
+
+  // Values read at minimum clock `read`, ahead of this worker's clock: the shards'
+  // --backup-workers let the others run ahead of this one. Its clock moves up to `read`
+  // (no-op otherwise, and never without backup workers, where the minimum never passes a
+  // live worker), so its next pushes count as the fresh gradients they are instead of
+  // being dropped as ever more stale.
+  void CatchUp(int64_t read) {
+    if (read == kNoClock || read <= client_->clock()) return;
+    clocks_.push_back(client_->CatchUp(read));
   }
 
   // Waits for every future (clearing the list); the first error names its table.
@@ -238,6 +274,12 @@ class RemoteParams final : public ParamStore {
   size_t held_bytes_ = 0;
   static constexpr size_t kPushBucketBytes = size_t{1} << 20;
   std::deque<Future> clocks_;
+  static constexpr int64_t kNoClock = INT64_MAX;
+  std::atomic<int64_t> read_{kNoClock};       // the minimum clock the last pull reflects
+  std::atomic<int64_t> next_read_{kNoClock};  // the same of the prefetch
+  PushWeight weight_;    // of this iteration's pushes (work in proportion to speed)
+  double rate_ = 0;      // this worker's speed, reported with its clocks; 0: not measured
+  bool idle_ = false;    // the iteration being ended trained nothing (Idle)
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };
 

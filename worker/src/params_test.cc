@@ -89,6 +89,52 @@ TEST_F(RemoteParamsTest, SmallPushesAreHeldUntilEndIterationAndGoWithTheClock) {
   EXPECT_EQ(store_->clock(), 1);
 }
 
+TEST_F(RemoteParamsTest, AWorkerThePeersLeftBehindCatchesUpSoItsPushIsNotDropped) {
+  server::ShardOptions so;
+  so.backup_workers = 1;
+  MemoryCluster cluster(1, so);
+  Open(cluster, 0, {Param("a", 1, 1)});
+  // Two peers register and run 5 clocks ahead; with one backup worker the minimum is the
+  // second smallest clock, theirs.
+  std::vector<std::unique_ptr<Client>> peers;
+  for (uint64_t id = 2; id <= 3; ++id) {
+    ClientOptions o;
+    o.worker_id = id;
+    auto c = cluster.Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE((*c)->Clock().get().ok());
+    peers.push_back(std::move(*c));
+  }
+  ASSERT_EQ(store_->clock(), 0);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  EXPECT_EQ(store_->clock(), 5);  // moved up to the minimum its values reflect
+  const float g = 1.f;
+  store_->Push(0, &g);
+  ASSERT_TRUE(store_->EndIteration().ok());
+  EXPECT_EQ(store_->clock(), 6);
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  EXPECT_EQ(values[0][0], -1.f) << "applied: it was for the minimum's iteration, not 0";
+  EXPECT_EQ(cluster.view(0).counters.pushes_dropped_stale, 0u);
+}
+
+TEST_F(RemoteParamsTest, WeightedPushesAndReportedSpeedsReachTheShards) {
+  MemoryCluster cluster(1);
+  Open(cluster, 0, {Param("a", 1, 1)});
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  store_->SetPushWeight({16, 64});
+  store_->SetSamplesPerSecond(250);
+  const float g = 2.f;
+  store_->Push(0, &g);
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  EXPECT_EQ(values[0][0], -0.5f);  // 2 x 16 / 64
+  ASSERT_TRUE(store_->EndIteration().ok());
+  ASSERT_TRUE(store_->Finish().ok());  // waits for the clocks' replies
+  EXPECT_EQ(store_->cluster_samples_per_second(), 250);
+}
+
 TEST_F(RemoteParamsTest, PushesThatAddUpToAMebibyteGoBeforeEndIteration) {
   MemoryCluster cluster(1);
   // Three 512 KiB tables: the second push fills a 1 MiB bucket.

@@ -13,6 +13,8 @@
 #include <thread>
 #include <unordered_set>
 
+#include "proportional.h"
+
 namespace leash::worker {
 namespace {
 
@@ -121,24 +123,35 @@ class Loop {
     LoaderOptions lo;
     lo.batch_size = o_.batch;
     lo.seed = o_.seed * 7919 + g.chunk;
+    if (proportional()) {
+      // Grains of the loader make up each iteration's batch of this worker's share.
+      lo.batch_size = kGrain;
+      lo.prefetch = std::max<int64_t>(4, 2 * o_.global_batch / kGrain);
+    }
     BatchLoader loader(train_, std::move(indices), lo, g.epoch);
+    held_.reset();
     EpochAcc& acc = epochs_[g.epoch];
     const int64_t k = std::max<int64_t>(1, o_.accumulate);
-    std::optional<Batch> batch = loader.Next();
+    std::optional<Batch> batch = Take(loader);
     // A model with embeddings takes the next batch before the pull, to prefetch its rows.
     std::optional<Batch> ahead;
     while (batch) {
       if (Stopping()) return false;
       auto t0 = Clock::now();
       int64_t micro = 0;
+      double work = 0;  // compute and injected delay: this worker's own time on the batch
       StepReport report;
       report.epoch = g.epoch;
       LEASH_RETURN_IF_ERROR(Iterate([&]() -> Status {
-        if (sparse_ && !ahead) ahead = loader.Next();
+        if (sparse_ && !ahead) ahead = Take(loader);
         LEASH_RETURN_IF_ERROR(BeginIteration(&*batch, ahead ? &*ahead : nullptr));
+        if (proportional()) {
+          params_.SetPushWeight(
+              {static_cast<uint32_t>(batch->size), static_cast<uint32_t>(o_.global_batch)});
+        }
         double compute = 0;
         while (batch && micro < k) {
-          std::optional<Batch> next = ahead ? std::move(ahead) : loader.Next();
+          std::optional<Batch> next = ahead ? std::move(ahead) : Take(loader);
           ahead.reset();
           // The next batch travels to the device while this one computes.
           if (next)
@@ -154,10 +167,11 @@ class Loop {
           batch = std::move(next);
           ++micro;
         }
-        InjectDelay(compute);
+        work = compute + InjectDelay(compute);
         return params_.EndIteration();
       }));
       auto t1 = Clock::now();
+      if (proportional()) Rebalance(report.samples, work);
       acc.seconds += Seconds(t0, t1);
       ++steps_;
       if (o_.on_step) {
@@ -177,13 +191,53 @@ class Loop {
 
   // Counts the iteration's compute time and, with step_delay_factor > 1, sleeps
   // (factor - 1) x as long before the iteration's clock, as a slower machine would.
-  void InjectDelay(double compute) {
+  // Returns the seconds slept.
+  double InjectDelay(double compute) {
     result_.compute_seconds += compute;
-    if (!(o_.step_delay_factor > 1.0)) return;
+    if (!(o_.step_delay_factor > 1.0)) return 0;
     auto d0 = Clock::now();
     std::this_thread::sleep_for(
         std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
-    result_.injected_delay_seconds += Seconds(d0, Clock::now());
+    const double slept = Seconds(d0, Clock::now());
+    result_.injected_delay_seconds += slept;
+    return slept;
+  }
+
+  bool proportional() const { return o_.global_batch > 0; }
+
+  // The next batch: the loader's, or with work in proportion to speed, grains of it up to
+  // this worker's current share of the global batch (never more than the global batch; a
+  // grain that would pass it waits for the next iteration).
+  std::optional<Batch> Take(BatchLoader& loader) {
+    if (!proportional()) return loader.Next();
+    std::optional<Batch> b = std::move(held_);
+    held_.reset();
+    if (!b) b = loader.Next();
+    if (!b) return b;
+    while (b->size < share_) {
+      std::optional<Batch> more = loader.Next();
+      if (!more) break;
+      if (b->size + more->size > o_.global_batch) {
+        held_ = std::move(more);
+        break;
+      }
+      b->images.insert(b->images.end(), more->images.begin(), more->images.end());
+      b->labels.insert(b->labels.end(), more->labels.begin(), more->labels.end());
+      b->keys.insert(b->keys.end(), more->keys.begin(), more->keys.end());
+      b->size += more->size;
+    }
+    return b;
+  }
+
+  // After an iteration of `samples` that took this worker `seconds` of its own: its speed,
+  // reported with its next clock, and its share of the global batch from the speeds the
+  // shards last summed. A worker that joins, leaves or changes speed moves the sum, and
+  // every worker's share follows at its next iteration.
+  void Rebalance(int64_t samples, double seconds) {
+    rate_.Add(samples, seconds);
+    params_.SetSamplesPerSecond(rate_.samples_per_second());
+    share_ = ProportionalBatch(o_.global_batch, rate_.samples_per_second(),
+                               params_.cluster_samples_per_second(), o_.batch);
   }
 
   void Account(const Batch& batch, const StepStats& stats, EpochAcc* acc) {
@@ -446,6 +500,11 @@ class Loop {
   std::map<uint32_t, EpochAcc> epochs_;
   uint32_t epochs_reported_ = 0;
   TrainResult result_;
+  // Work in proportion to speed: the loader's batches are grains of kGrain samples.
+  static constexpr int64_t kGrain = 4;
+  std::optional<Batch> held_;  // a grain taken from the loader for the next batch
+  StepRate rate_;
+  int64_t share_ = o_.batch;  // this worker's batch for the next iteration
   Clock::time_point start_;
   Clock::time_point window_start_;
   int64_t steps_ = 0;
@@ -471,6 +530,15 @@ Result<TrainResult> Train(Model& model, ParamStore& params, const Dataset& train
   if (!(o.step_delay_factor >= 1.0) || !std::isfinite(o.step_delay_factor)) {
     return InvalidArgument("the step delay factor must be finite and >= 1, got " +
                            std::to_string(o.step_delay_factor));
+  }
+  if (o.global_batch < 0 || o.global_batch > INT32_MAX) {
+    return InvalidArgument("the global batch must be in [0, 2^31) (0: off), got " +
+                           std::to_string(o.global_batch));
+  }
+  if (o.global_batch > 0 && o.accumulate != 1) {
+    return InvalidArgument(
+        "work in proportion to speed (a global batch) trains one batch per iteration; use "
+        "--accumulate 1");
   }
   if (train.count < 1) return InvalidArgument("the training set is empty");
   if (model.sparse_param() != nullptr) {

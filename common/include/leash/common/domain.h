@@ -199,10 +199,20 @@ struct PushRequest {
   uint64_t seq = 0;           // per (worker, incarnation), strictly increasing
   DType dtype = DType::kF32;  // encoding of the gradient payload
   int64_t clock_after = -1;   // >= 0: also advances the worker's clock to this
+  // Work in proportion to speed: the samples behind the gradient and the job's global
+  // batch per clock; the shard applies it weighted by samples / global_batch. 0: unweighted.
+  uint32_t samples = 0;
+  uint32_t global_batch = 0;
+};
+// The weight of a push under work in proportion to speed (PushRequest).
+struct PushWeight {
+  uint32_t samples = 0;
+  uint32_t global_batch = 0;
 };
 struct ClockRequest {
   uint64_t worker_id = 0;
   int64_t clock = 0;
+  float samples_per_second = 0;  // > 0: the worker's measured speed; < 0: idle (no data)
 };
 struct HeartbeatRequest {
   uint64_t worker_id = 0;
@@ -253,6 +263,7 @@ struct PushReply {
 };
 struct ClockReply {
   int64_t min_clock = 0;
+  double cluster_samples_per_second = 0;  // the speeds the live workers reported, summed
 };
 struct HeartbeatReply {
   int64_t min_clock = 0;
@@ -279,6 +290,8 @@ struct ShardStats {
   uint64_t memory_budget_bytes = 0;  // --memory-budget (0: unbounded)
   uint64_t memory_used_bytes = 0;    // sparse tiers and the cold store's caches together
   uint64_t resident_bytes = 0;       // the shard process's resident memory (VmRSS); 0: unknown
+  uint32_t backup_workers = 0;        // --backup-workers
+  uint64_t stale_pushes_dropped = 0;  // backup workers' pushes dropped as too stale
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;

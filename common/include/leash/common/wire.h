@@ -88,10 +88,13 @@ Message MakeRegister(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
                      const std::string& name);
 Message MakePull(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
                  int64_t clock, int64_t staleness, DType dtype = DType::kF32);
-// `payload` holds the gradient encoded in `dtype` (see EncodeValues).
+// `payload` holds the gradient encoded in `dtype` (see EncodeValues); `weight` its samples
+// and the job's global batch (work in proportion to speed; zeros: unweighted).
 Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t worker_id,
-                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload);
-Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock);
+                 uint64_t incarnation, uint64_t seq, DType dtype, Frame payload,
+                 PushWeight weight = {});
+// `samples_per_second` > 0: the worker's measured speed (work in proportion to speed).
+Message MakeClock(uint64_t rid, uint64_t worker_id, int64_t clock, float samples_per_second = 0);
 Message MakeHeartbeat(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeLeave(uint64_t rid, uint64_t worker_id, uint64_t incarnation);
 Message MakeStats(uint64_t rid);

@@ -1,5 +1,6 @@
 // The staleness controller: per-worker clocks and leases of live workers, the minimum
-// live clock, and pulls parked until the staleness bound lets them through. Pure state,
+// live clock (optionally ignoring the b slowest: backup workers), and pulls parked until
+// the staleness bound lets them through. Pure state,
 // no I/O and no time source of its own (times are passed in), so it is unit-testable.
 // Not thread-safe: one shard's request loop owns it.
 #pragma once
@@ -21,12 +22,21 @@ struct LiveWorker {
   int64_t clock = 0;
   uint64_t last_seq = 0;  // highest push sequence applied from this incarnation
   int64_t last_seen_ms = 0;
+  int64_t staleness = -1;  // the bound of this worker's latest pull; -1: none seen yet
+  // Work in proportion to speed: the speed it last reported, 0 while it has no data to
+  // train (it waits for others to finish the job's last chunks); speed_reported: it has
+  // reported one of the two.
+  double samples_per_second = 0;
+  bool speed_reported = false;
 };
 
 class ClockTable {
  public:
   // `floor` is the minimum clock to start from (a recovered snapshot's, or 0).
-  explicit ClockTable(int64_t floor = 0) : floor_(floor) {}
+  // `backup_workers` b: the minimum ignores the b slowest live workers (at most all but
+  // one), so it is the (b+1)-th smallest live clock (Chen et al. 2016's backup workers).
+  explicit ClockTable(int64_t floor = 0, uint32_t backup_workers = 0)
+      : floor_(floor), backup_(backup_workers) {}
 
   // Adds (or re-adds with a new incarnation) a worker, starting at the current minimum
   // clock so it never holds the others back. Registering the same incarnation again
@@ -52,10 +62,24 @@ class ClockTable {
   // Workers whose last sign of life is older than `lease_ms`.
   std::vector<uint64_t> Expired(int64_t now_ms, int64_t lease_ms) const;
 
-  // The minimum clock over live workers; with none live, the last minimum (the floor).
-  // Never decreases.
+  // The minimum clock over live workers, the b slowest left out; with none live, the last
+  // minimum (the floor). Never decreases.
   int64_t MinClock() const { return min_clock_; }
+  uint32_t backup_workers() const { return backup_; }
+
+  // With backup workers: true when a push from `w` now, for iteration w.clock, lags the
+  // minimum by more than w's staleness bound (MinClock() - w.clock > w.staleness), so it
+  // is to be dropped. Only a worker the minimum ignores can lag so. Always false without
+  // backup workers (the bound then holds for every worker by construction) and for a
+  // worker whose bound is not known yet.
+  bool TooStale(const LiveWorker& w) const {
+    return backup_ > 0 && w.staleness >= 0 && w.clock < min_clock_ - w.staleness;
+  }
   size_t live() const { return workers_.size(); }
+  // The speeds the live workers reported, summed (work in proportion to speed); 0 while
+  // one of them has reported none (it just joined: a sum without it would give each of the
+  // others too large a share of the global batch). An idle worker counts 0.
+  double TotalSamplesPerSecond() const;
   const std::map<uint64_t, LiveWorker>& workers() const { return workers_; }
 
   // A pull for iteration `clock` under bound `staleness` may be served once
@@ -69,6 +93,8 @@ class ClockTable {
   std::map<uint64_t, LiveWorker> workers_;
   int64_t floor_;
   int64_t min_clock_ = floor_;
+  uint32_t backup_;
+  std::vector<int64_t> scratch_;  // the live clocks, to select the (b+1)-th smallest
 };
 
 // Pulls waiting for the minimum clock, ordered by the minimum each one needs. `T` is the

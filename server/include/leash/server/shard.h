@@ -65,6 +65,9 @@ struct ShardOptions {
   // peer gets per second. The counters count every rejection all the same.
   KeyedRateLimit::Options rejection_log = {.per_key = 5, .total = 50, .window_ms = 60000};
   KeyedRateLimit::Options error_replies = {.per_key = 256, .total = 4096, .window_ms = 1000};
+  // The minimum clock ignores the b slowest live workers (ClockTable); their pushes that
+  // lag it by more than their staleness bound are dropped (counted in pushes_dropped_stale).
+  uint32_t backup_workers = 0;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
@@ -118,7 +121,8 @@ struct ShardCounters {
   uint64_t parked_limit_rejections = 0;  // a connection over --max-parked-per-peer parked pulls
   uint64_t snapshots = 0;
   uint64_t snapshot_failures = 0;
-  uint64_t sparse_store_errors = 0;  // sparse pulls/pushes failed by the cold store
+  uint64_t sparse_store_errors = 0;   // sparse pulls/pushes failed by the cold store
+  uint64_t pushes_dropped_stale = 0;  // backup workers' pushes beyond the staleness bound
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
@@ -240,6 +244,9 @@ class Shard {
   // Answers every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);
+  // Counts a push of `w` dropped as too stale (ClockTable::TooStale), with a log line at
+  // most every kDroppedLogEveryMs.
+  void NoteStalePushDropped(const LiveWorker& w);
   ShardSnapshot MakeSnapshot() const;
   // Adds the bytes of the replies out[from..] to counters_.bytes_out.
   void CountSent(const std::vector<Outgoing>& out, size_t from);
@@ -270,6 +277,10 @@ class Shard {
   int64_t next_snapshot_ms_ = 0;
   int64_t last_snapshot_ms_ = -1;
   SnapshotObserver snapshot_observer_;
+  // The rate-limited log line of stale pushes dropped: when it was last written and the
+  // count it reported.
+  int64_t dropped_logged_ms_ = -1;
+  uint64_t dropped_logged_ = 0;
 };
 
 // Runs `shard` on `transport` until `stop` becomes true: receives, handles, sends replies

@@ -116,12 +116,17 @@ class Client {
   // ready) once the staleness bound allows reading for this worker's current clock.
   // The future fails with NotFound for an unknown table. `for_clock` >= 0 pulls for that
   // iteration instead (to prefetch the next iteration's values under a bound s >= 1).
-  Future Pull(const TableHandle& table, float* out, int64_t for_clock = -1);
+  // `read_clock`, if not null, is lowered to the minimum clock each shard's reply reflects
+  // (it must outlive the future).
+  Future Pull(const TableHandle& table, float* out, int64_t for_clock = -1,
+              std::atomic<int64_t>* read_clock = nullptr);
   // Reads rows `keys` (row-major into out, keys.size() * cols floats).
   Future Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out);
   // Sends the gradient of the whole table (copied before returning). Each shard applies
   // a given push at most once.
-  Future Push(const TableHandle& table, const float* grad);
+  // `weight` (work in proportion to speed): the samples behind the gradient and the job's
+  // global batch; the shards weight it by their ratio. Default: unweighted.
+  Future Push(const TableHandle& table, const float* grad, PushWeight weight = {});
   Future Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
 
   // Sparse tables (TableKind::kSparse): rows addressed by any 64-bit keys, each on the
@@ -133,10 +138,21 @@ class Client {
   // for an unknown table.
   Future PullSparse(const TableHandle& table, std::span<const uint64_t> keys, float* out,
                     int64_t for_clock = -1);
-  Future PushSparse(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
+  Future PushSparse(const TableHandle& table, std::span<const uint64_t> keys, const float* grad,
+                    PushWeight weight = {});
 
   // Ends this worker's current iteration on every shard (after the pushes sent before it).
-  Future Clock();
+  // `samples_per_second` > 0 reports this worker's measured speed (work in proportion to
+  // speed), < 0 that it is idle (no data to train: it counts 0); shard 0's reply then gives
+  // the live workers' speeds summed.
+  Future Clock(float samples_per_second = 0);
+  // The summed speeds of the latest clock reply that had them; 0 before any.
+  double cluster_samples_per_second() const;
+  // Moves this worker's clock up to `clock` on every shard (a worker that fell behind the
+  // minimum clock, which the shards' --backup-workers let run ahead of it: its next
+  // pushes are for the iteration of the values it read). Ready at once if `clock` is not
+  // ahead of this worker's clock.
+  Future CatchUp(int64_t clock);
 
   // Batching: the Pull, Push and Clock requests made after HoldSends(), from any thread,
   // are kept until FlushSends() and then go out as one message per shard (wire.h

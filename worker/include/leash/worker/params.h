@@ -81,6 +81,12 @@ class ParamStore {
   // Reports `done` as trained and leases the next chunk of the job's data (from shard 0,
   // or from an in-process queue in local mode).
   virtual Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) = 0;
+  // Work in proportion to speed: the weight (samples, global batch) the pushes carry from
+  // now on, and this worker's speed, which the clocks from now on report. The summed
+  // speeds of the live workers as the shards last answered (0: unknown, or local).
+  virtual void SetPushWeight(PushWeight /*weight*/) {}
+  virtual void SetSamplesPerSecond(double /*rate*/) {}
+  virtual double cluster_samples_per_second() const { return 0; }
   // True when a shard no longer knows this worker; Rejoin() registers it again.
   virtual bool needs_rejoin() const { return false; }
   virtual Status Rejoin() { return Status::Ok(); }

@@ -50,6 +50,12 @@ struct TrainOptions {
   // (factor - 1) x the time they took, so the worker computes `factor` times slower.
   // 1 (the default) injects nothing.
   double step_delay_factor = 1.0;
+  // Work in proportion to speed: > 0 is the job's global batch per clock. The worker
+  // measures its own speed (StepRate), reports it with its clocks, and trains its share
+  // of this many samples per iteration (speed over the live workers' summed speeds); its
+  // pushes carry their sample count so the shards weight them to the global batch's mean.
+  // `batch` is the batch until the speeds are known. Needs accumulate 1. 0: off.
+  int64_t global_batch = 0;
   std::string label;  // prefix of progress lines, e.g. "worker 0"
   // Called on the training thread after every iteration and every completed job epoch
   // (leash-worker publishes its metrics there). Optional; must not block for long.

@@ -1,0 +1,118 @@
+// End-to-end: a persistent straggler (--step-delay-factor) among three real leash-worker
+// processes and one leash-server shard, with backup workers (--backup-workers) and with
+// work in proportion to speed (--global-batch). Asserts clocks, iterations, samples and
+// coverage, never timings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "support/cluster.h"
+#include "support/files.h"
+
+namespace leash {
+namespace {
+
+using testing::Cluster;
+using testing::JsonNumbers;
+using testing::Process;
+using testing::TempDir;
+
+constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
+constexpr int kTrainSamples = 24000;
+
+class StragglerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST not found at " << kData;
+    }
+  }
+
+  // Runs w0 and w1 at full speed and w2 `factor` times slower, each with `flags`, to the
+  // end of one epoch; returns false (with a failed expectation) if one did not finish.
+  bool RunJob(Cluster& cluster, double factor, const std::vector<std::string>& flags) {
+    std::vector<std::unique_ptr<Process>> workers;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> f = {"--epochs=1",       "--chunk-size=500", "--train-limit=24000",
+                                    "--test-limit=500", "--no-eval",        "--log-every=0"};
+      if (i == 2) f.push_back("--step-delay-factor=" + std::to_string(factor));
+      f.insert(f.end(), flags.begin(), flags.end());
+      workers.push_back(cluster.StartWorker("w" + std::to_string(i), f));
+    }
+    bool ok = true;
+    for (auto& w : workers) {
+      auto code = w->Wait(std::chrono::minutes(5));
+      EXPECT_TRUE(code.has_value() && *code == 0) << w->ReadLog();
+      ok = ok && code.has_value() && *code == 0;
+    }
+    return ok;
+  }
+
+  // One number of worker `i`'s metrics file (the first if several).
+  double Metric(const Cluster& cluster, int i, const std::string& key) {
+    auto v = JsonNumbers(cluster.WorkerMetrics("w" + std::to_string(i)), key);
+    EXPECT_FALSE(v.empty()) << key << " of w" << i;
+    return v.empty() ? -1 : v[0];
+  }
+
+  // The samples the three workers trained in the job's one epoch, together.
+  double EpochSamples(const Cluster& cluster) {
+    double n = 0;
+    for (int i = 0; i < 3; ++i) n += Metric(cluster, i, "samples");
+    return n;
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(StragglerTest, WithABackupWorkerTheFastWorkersAdvanceAtTheirOwnRate) {
+  Cluster cluster(1, dir_.path(), {"--backup-workers=1"});
+  ASSERT_TRUE(RunJob(cluster, 30, {"--staleness=1"}));
+  const double fast0 = Metric(cluster, 0, "iterations");
+  const double fast1 = Metric(cluster, 1, "iterations");
+  const double slow = Metric(cluster, 2, "iterations");
+  std::printf("iterations: w0 %.0f, w1 %.0f, w2 (30x slower) %.0f; w2's final clock %.0f\n", fast0,
+              fast1, slow, Metric(cluster, 2, "final_clock"));
+  // Under SSP the fast workers would advance at the straggler's iteration rate, within the
+  // bound of its clock; with it left out of the minimum each trains at least twice as many
+  // iterations as the 30x slower one.
+  EXPECT_GE(fast0, 2 * slow) << "w0 " << fast0 << ", w2 " << slow;
+  EXPECT_GE(fast1, 2 * slow) << "w1 " << fast1 << ", w2 " << slow;
+  // The straggler caught up with the minimum rather than trailing it by its own count.
+  EXPECT_GT(Metric(cluster, 2, "final_clock"), slow);
+  // Coverage is exact: every sample trained once, by one worker or another.
+  EXPECT_EQ(EpochSamples(cluster), kTrainSamples);
+  // Its pushes, computed on values the fast workers had moved more than one clock past
+  // by the time they arrived, were dropped and counted.
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->at(0).backup_workers, 1u);
+  EXPECT_GT(stats->at(0).stale_pushes_dropped, 0u);
+}
+
+TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStragglerTrainsLess) {
+  Cluster cluster(1, dir_.path());
+  ASSERT_TRUE(RunJob(cluster, 4, {"--staleness=1", "--global-batch=192", "--batch=64"}));
+  double clock[3], samples[3];
+  for (int i = 0; i < 3; ++i) {
+    clock[i] = Metric(cluster, i, "final_clock");
+    samples[i] = Metric(cluster, i, "samples");
+  }
+  std::printf("final clocks %.0f %.0f %.0f; samples %.0f %.0f %.0f (w2 4x slower)\n", clock[0],
+              clock[1], clock[2], samples[0], samples[1], samples[2]);
+  // The clocks stay together (the bound holds them within s = 1 of the minimum while all
+  // three train) ...
+  for (int i = 1; i < 3; ++i) EXPECT_LE(std::abs(clock[i] - clock[0]), 3) << "w" << i;
+  // ... while the 4x slower worker trains a smaller share of the samples: with equal
+  // batches it would train as many as each fast one.
+  EXPECT_LT(samples[2], 0.6 * samples[0]) << samples[2] << " vs " << samples[0];
+  EXPECT_LT(samples[2], 0.6 * samples[1]) << samples[2] << " vs " << samples[1];
+  // Coverage is exact.
+  EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
+}
+
+}  // namespace
+}  // namespace leash

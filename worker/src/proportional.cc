@@ -1,0 +1,24 @@
+// Work in proportion to speed: the arithmetic. Not thread-safe (value types).
+#include "proportional.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace leash::worker {
+
+void StepRate::Add(int64_t samples, double seconds) {
+  if (samples <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
+  const double r = static_cast<double>(samples) / seconds;
+  rate_ = rate_ == 0 ? r : weight_ * r + (1 - weight_) * rate_;
+}
+
+int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback) {
+  const int64_t most = std::max<int64_t>(1, global_batch);
+  if (!(rate > 0) || !(total_rate >= rate) || !std::isfinite(total_rate)) {
+    return std::clamp<int64_t>(fallback, 1, most);
+  }
+  const double share = rate / total_rate * static_cast<double>(global_batch);
+  return std::clamp<int64_t>(std::llround(share), 1, most);
+}
+
+}  // namespace leash::worker
