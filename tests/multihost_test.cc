@@ -119,7 +119,7 @@ class Hosts {
   // Host i's link on the switch side: down cuts it off, up restores it.
   void Link(int i, bool up) {
     auto [code, out] = RunCmd(dir_, {"ip", "-n", prefix_ + "sw", "link", "set",
-                                  "p" + std::to_string(i), up ? "up" : "down"});
+                                     "p" + std::to_string(i), up ? "up" : "down"});
     ASSERT_EQ(code, 0) << out;
   }
 
@@ -164,8 +164,8 @@ class MultiHostTest : public ::testing::Test {
       GTEST_SKIP() << "cannot build network namespaces here: " << why;
     }
     keys_ = dir_.path() + "/keys";
-    auto [code, out] = RunCmd(dir_.path(), {LEASHCTL_BIN, "keygen", keys_, "--server", "--client",
-                                         "client,w0,w1"});
+    auto [code, out] = RunCmd(
+        dir_.path(), {LEASHCTL_BIN, "keygen", keys_, "--server", "--client", "client,w0,w1"});
     ASSERT_EQ(code, 0) << out;
     servers_ = Endpoint(0) + "," + Endpoint(1);
   }
@@ -185,11 +185,11 @@ class MultiHostTest : public ::testing::Test {
   // Shard i on host i.
   void StartShard(int i) {
     shards_.push_back(std::make_unique<Process>(
-        hosts_->On(i, {LEASH_SERVER_BIN, "--shard=" + std::to_string(i), "--num-shards=2",
-                       "--bind=" + Endpoint(i),
-                       "--data-dir=" + dir_.path() + "/shard" + std::to_string(i), "--no-sync",
-                       "--lease-timeout=" + std::to_string(kLeaseS) + "s",
-                       "--curve-keys=" + keys_}),
+        hosts_->On(
+            i, {LEASH_SERVER_BIN, "--shard=" + std::to_string(i), "--num-shards=2",
+                "--bind=" + Endpoint(i), "--data-dir=" + dir_.path() + "/shard" + std::to_string(i),
+                "--no-sync", "--lease-timeout=" + std::to_string(kLeaseS) + "s",
+                "--curve-keys=" + keys_}),
         dir_.path() + "/shard" + std::to_string(i) + ".log"));
   }
 
@@ -207,8 +207,8 @@ class MultiHostTest : public ::testing::Test {
                                      "--log-every=20",
                                      "--metrics-out=" + Metrics(i)};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    workers_.push_back(std::make_unique<Process>(
-        hosts_->On(2 + i, argv), dir_.path() + "/w" + std::to_string(i) + ".log"));
+    workers_.push_back(std::make_unique<Process>(hosts_->On(2 + i, argv),
+                                                 dir_.path() + "/w" + std::to_string(i) + ".log"));
     return *workers_.back();
   }
   std::string Metrics(int i) const { return dir_.path() + "/w" + std::to_string(i) + ".json"; }
@@ -259,9 +259,8 @@ TEST_F(MultiHostTest, TrainsAcrossHostsThroughLinkFailuresAndASlowLink) {
       30s))
       << shards_[0]->ReadLog();
   hosts_->Link(3, true);
-  ASSERT_TRUE(WaitFor([&] { return w1.ReadLog().find("rejoining as incarnation") !=
-                                   std::string::npos; },
-                      60s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return w1.ReadLog().find("rejoining as incarnation") != std::string::npos; }, 60s))
       << w1.ReadLog();
   ASSERT_TRUE(WaitFor(
       [&] {

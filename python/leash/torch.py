@@ -195,6 +195,10 @@ class Parameters:
             raise InvalidArgumentError("push_in_backward is for CPU modules")
         self._armed = False  # between pull() and push(): hooks push
         self._sent = [False] * len(self.params)
+        # What each hook sent: the gradient tensor and its version, so that push() can tell
+        # a gradient changed after its hook (clipping, scaling: those need
+        # push_in_backward=False) from one left alone.
+        self._sent_grad: List[Any] = [None] * len(self.params)
         self._accumulators = []
         if self.push_in_backward:
             with torch.enable_grad():
@@ -230,6 +234,7 @@ class Parameters:
                 return  # push() sends a contiguous copy
             push_tensor(table, g)
             sent[i] = True
+            self._sent_grad[i] = (g, g._version)
         return hook
 
     # ---- the training loop -------------------------------------------------------------
@@ -296,6 +301,14 @@ class Parameters:
             for i, (t, p) in enumerate(zip(self.tables, self.params)):
                 if sent[i]:  # sent by its hook during backward()
                     sent[i] = False
+                    g, version = self._sent_grad[i]
+                    self._sent_grad[i] = None
+                    if p.grad is not g or g._version != version:
+                        raise InvalidArgumentError(
+                            f"the gradient of '{self.names[i]}' changed after backward() had pushed it "
+                            "(clipped or scaled in place?): the shard got it unchanged. Pass "
+                            "push_in_backward=False to leash.torch.Parameters to push "
+                            "gradients as they are at push()")
                     p.grad = None
                     continue
                 g = p.grad

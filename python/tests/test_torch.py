@@ -117,6 +117,17 @@ def test_without_push_in_backward_push_sends_the_gradients_as_changed(cluster):
         np.testing.assert_array_equal(model.bias.detach().numpy(), -gb)
 
 
+def test_a_gradient_changed_after_its_hook_pushed_it_is_an_error_not_a_silent_push(cluster):
+    with leash.Client(cluster.servers, staleness=0) as c:
+        model = linear()
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        ps.pull()
+        step(model, X1)
+        model.weight.grad.mul_(0.5)  # clipping after backward(), with pushes during backward
+        with pytest.raises(leash.InvalidArgumentError, match="push_in_backward=False"):
+            ps.push()
+
+
 def test_push_tensor_refuses_what_it_cannot_send(cluster):
     with leash.Client(cluster.servers, staleness=0) as c:
         t = c.create_table("t", (2, 3), optimizer="sgd", lr=1.0)

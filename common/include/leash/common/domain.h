@@ -285,11 +285,11 @@ struct ShardStats {
   uint64_t errors = 0;
   int64_t last_snapshot_clock = -1;
   int64_t recovered_clock = -1;
-  int64_t snapshot_age_ms = -1;      // since the last snapshot; -1 if none
-  CoverageProgress coverage;         // shard 0 only
-  uint64_t memory_budget_bytes = 0;  // --memory-budget (0: unbounded)
-  uint64_t memory_used_bytes = 0;    // sparse tiers and the cold store's caches together
-  uint64_t resident_bytes = 0;       // the shard process's resident memory (VmRSS); 0: unknown
+  int64_t snapshot_age_ms = -1;       // since the last snapshot; -1 if none
+  CoverageProgress coverage;          // shard 0 only
+  uint64_t memory_budget_bytes = 0;   // --memory-budget (0: unbounded)
+  uint64_t memory_used_bytes = 0;     // sparse tiers and the cold store's caches together
+  uint64_t resident_bytes = 0;        // the shard process's resident memory (VmRSS); 0: unknown
   uint32_t backup_workers = 0;        // --backup-workers
   uint64_t stale_pushes_dropped = 0;  // backup workers' pushes dropped as too stale
   struct Worker {
