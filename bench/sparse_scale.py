@@ -149,12 +149,25 @@ def driver(build, server, phase, args, **extra):
            "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
     for k, v in extra.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=7200)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode} (server log {server.log.name})")
-    if server.proc.poll() is not None:
-        raise RuntimeError(f"{server.tag}: leash-server exited {server.proc.returncode} (log {server.log.name})")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # The driver would wait for a dead shard (its client reconnects and resends): watch the
+    # shard while it runs, and stop the driver if the shard exits (e.g. OOM-killed in its
+    # cgroup).
+    with tempfile.TemporaryFile("w+") as out:
+        drv = subprocess.Popen(cmd, stdout=out, stderr=sys.stderr, text=True)
+        t0 = time.time()
+        while drv.poll() is None:
+            if server.proc.poll() is not None or time.time() - t0 > 7200:
+                stop(drv)
+                cgroup = server.cgroup
+                why = (" (its memory cgroup's peak was %.0f MiB of %.0f)" % (cgroup.peak() / MiB, cgroup.limit / MiB)
+                       if cgroup and cgroup.path and cgroup.peak() else "")
+                raise RuntimeError(f"{server.tag}: leash-server exited {server.proc.returncode} during "
+                                   f"{phase}{why} (log {server.log.name})")
+            time.sleep(0.2)
+        if drv.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {drv.returncode} (server log {server.log.name})")
+        out.seek(0)
+        return json.loads(out.read().strip().splitlines()[-1])
 
 
 def table_stats(build, server, args):

@@ -171,6 +171,11 @@ uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
 // (VmHWM) of a real leash-server: 400k distinct rows of 144 B (58 MB, 3.4x the 16 MiB
 // budget) made, updated, read back and snapshotted through requests of 16384 keys.
 TEST(SparseMemoryTest, ShardResidentMemoryStaysWithinItsBudgetPlusTheStatedOverhead) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The shard this test starts is built with the sanitizers too: its RSS holds ASan's shadow
+  // memory and quarantine (857 MiB measured), which the bound is not about.
+  GTEST_SKIP() << "AddressSanitizer build: the shard's resident memory includes ASan's own";
+#endif
   TempDir dir;
   constexpr uint64_t kBudget = uint64_t{16} << 20;
   Cluster cluster(1, dir.path(), {"--memory-budget=16M"});

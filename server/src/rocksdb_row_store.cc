@@ -74,8 +74,9 @@ constexpr size_t kMinKeysPerReader = 16;
 // Keys per MultiGet. Its values pin the data blocks they were found in until they are
 // copied out, so one MultiGet of n keys holds up to n blocks (4 KiB each) besides the cache:
 // measured 98 MiB at an 80 MiB budget with 13k keys per reader. RocksDB batches a MultiGet
-// by 32 keys inside anyway, so slices of 256 cost nothing measurable.
-constexpr size_t kMaxKeysPerMultiGet = 256;
+// by 32 keys inside anyway, so slices of 64 cost nothing measurable, and 32 readers pin at
+// most 2048 blocks (8 MiB).
+constexpr size_t kMaxKeysPerMultiGet = 64;
 // Open table files (each holds a table reader, charged to the block cache). A 64 MiB file
 // per table: 512 files are 32 GiB of rows before any is closed and reopened.
 constexpr int kMaxOpenFiles = 512;
@@ -250,6 +251,11 @@ rocksdb::Options RocksDbRowStore::MakeOptions(bool direct_reads) const {
   o.memtable_whole_key_filtering = true;
   o.memtable_prefix_bloom_size_ratio = 0.02;
   o.use_direct_reads = direct_reads;
+  // Flushes and compactions bypass the page cache too: a memory cgroup (a container's
+  // limit) counts page cache, and dirty pages of compaction output cannot be reclaimed at
+  // once (a 20M-row shard at a 0.72 GB budget was OOM-killed in a cgroup of its stated
+  // bound by them while its own memory stayed within it).
+  o.use_direct_io_for_flush_and_compaction = direct_reads;
   o.avoid_unnecessary_blocking_io = true;
   // Memory outside the block cache, bounded (see "Memory" at the top of this file):
   // memtables are charged to the cache by the write buffer manager (writes stall, rather

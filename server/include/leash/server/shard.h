@@ -91,9 +91,9 @@ MemoryBudgetSplit SplitMemoryBudget(uint64_t budget_bytes);
 // K the keys of the largest sparse pull or push it serves, R its table's record bytes
 // (ps::RowLayout::bytes(): values, optimizer state and 16). kMemoryOverheadBytes holds the
 // program and its libraries (19 MiB of mapped code), the threads' stacks, RocksDB's memory
-// outside its cache (flush and compaction buffers, up to 256 blocks pinned per reader
-// thread while a read copies them out) and the allocator's slack, with up to 16 reader
-// threads. The per-key part is a request's scratch: its missed records and those written
+// outside its cache (flush and compaction buffers, up to 64 blocks pinned per reader
+// thread while a read copies them out) and the allocator's slack, with the default 32
+// reader threads. The per-key part is a request's scratch: its missed records and those written
 // back, the WriteBatch and memtable they pass through, the request and reply frames.
 inline constexpr uint64_t kMemoryOverheadBytes = uint64_t{64} << 20;
 constexpr uint64_t SparseRequestBytesPerKey(uint64_t record_bytes) {
