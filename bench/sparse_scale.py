@@ -243,7 +243,7 @@ def main():
     p.add_argument("--ratio", type=float, default=4, help="table size / memory budget")
     p.add_argument("--allowance-mib", type=int,
                    help="the cgroup limit is the budget plus this; default: the overhead docs/sparse.md "
-                        "states (64 MiB + 3R+128 bytes per key of the largest request, 26 x batch)")
+                        "states (96 MiB + 3R+128 bytes per key of the largest request, 26 x batch)")
     p.add_argument("--tmp", help="data directories (on a real disk; default a temporary one under /var/tmp)")
     p.add_argument("--perf", action="store_true",
                    help="profile the budgeted shard (perf record) in its first round of each alpha")
@@ -265,7 +265,7 @@ def main():
     # The stated bound (server/include/leash/server/shard.h: kMemoryOverheadBytes and
     # SparseRequestBytesPerKey), so that the cgroup checks it.
     allowance = (args.allowance_mib * MiB if args.allowance_mib is not None
-                 else 64 * MiB + 26 * args.batch * (3 * row_bytes + 128))
+                 else 96 * MiB + 26 * args.batch * (3 * row_bytes + 128))
     cg = Cgroup(f"leash-sparse-bench-{os.getpid()}", budget + allowance)
     servers = {"memory": Server(args.build, tmp, "memory", 0),
                "tiered": Server(args.build, tmp, "tiered", budget, cg)}
