@@ -73,13 +73,16 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
                                  "optimizer_step": step_s / steps * 1e6}}
 
 
+PUSH_IN_BACKWARD = None  # leash.torch's default; --no-push-in-backward: False
+
+
 def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed, staleness):
     import leash.torch
     torch.manual_seed(seed)
     model = make_model(model_name)
     with leash.Client(servers, name=f"bench-{tag}", staleness=staleness) as client:
         params = leash.torch.Parameters(client, model, prefix=f"{tag}/", seed=seed,
-                                        **LEASH_OPT[model_name])
+                                        push_in_backward=PUSH_IN_BACKWARD, **LEASH_OPT[model_name])
         params.pull()  # the first pull (tables just created) is not timed
         client.reset_binding_times()
         pull_s = push_s = fb_s = 0.0
@@ -196,10 +199,15 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-push-in-backward", action="store_true",
+                    help="push the gradients after backward (leash.torch push_in_backward=False)")
     ap.add_argument("--pairs", default="", help="models for the 2-process comparison (e.g. mlp)")
     ap.add_argument("--pairs-train-limit", type=int, default=30000)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "python_leash.json"))
     a = ap.parse_args()
+    global PUSH_IN_BACKWARD
+    if a.no_push_in_backward:
+        PUSH_IN_BACKWARD = False
     sys.path.insert(0, os.path.join(a.build, "python"))
     import leash
 
