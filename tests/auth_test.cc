@@ -31,10 +31,7 @@ constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
 // Runs leashctl to completion; returns its exit code and output.
 std::pair<int, std::string> Leashctl(const std::string& dir, std::vector<std::string> args) {
   args.insert(args.begin(), LEASHCTL_BIN);
-  static int n = 0;
-  Process p(args, dir + "/leashctl" + std::to_string(n++) + ".log");
-  auto code = p.Wait(60s);
-  return {code.value_or(-1), p.ReadLog()};
+  return testing::RunToCompletion(std::move(args), dir, 60s);
 }
 
 class AuthTest : public ::testing::Test {

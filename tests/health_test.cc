@@ -25,9 +25,7 @@ class HealthTest : public ::testing::Test {
   // Runs leashctl to completion; returns its exit code and output (stdout and stderr).
   std::pair<int, std::string> Leashctl(std::vector<std::string> args) {
     args.insert(args.begin(), LEASHCTL_BIN);
-    Process p(args, dir_.path() + "/leashctl" + std::to_string(runs_++) + ".log");
-    auto code = p.Wait(60s);
-    return {code.value_or(-1), p.ReadLog()};
+    return testing::RunToCompletion(std::move(args), dir_.path(), 60s);
   }
 
   std::unique_ptr<Process> StartShard(const std::string& endpoint,
@@ -40,7 +38,6 @@ class HealthTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  int runs_ = 0;
 };
 
 TEST_F(HealthTest, ServingShardIsHealthyAndUnreachableOrStoppedOnesAreNot) {

@@ -22,6 +22,20 @@ using testing::Cluster;
 using testing::Sgd1;
 using testing::TempDir;
 
+// Every client leaves (and is closed), then the shard is stopped with SIGTERM and must exit
+// cleanly; returns its log, whose final lines hold the counters.
+template <typename... Clients>
+std::string LeaveAndStopShard(Cluster& cluster, Clients&... clients) {
+  auto leave = [](auto& client) {
+    EXPECT_TRUE(client->Leave().ok());
+    client.reset();
+  };
+  (leave(clients), ...);
+  cluster.shard(0).Signal(SIGTERM);
+  EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
+  return cluster.shard(0).ReadLog();
+}
+
 // A hand-made DEALER: sends raw frames, reads one reply or gives up after `wait`.
 class RawPeer {
  public:
@@ -131,13 +145,7 @@ TEST(LimitsTest, EachExceededLimitGetsAnErrorReplyAndACount) {
   // The shard survived all of it and still serves.
   auto stats = a->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_TRUE(a->Leave().ok());
-  EXPECT_TRUE(b->Leave().ok());
-  a.reset();
-  b.reset();
-  cluster.shard(0).Signal(SIGTERM);
-  EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
-  std::string log = cluster.shard(0).ReadLog();
+  std::string log = LeaveAndStopShard(cluster, a, b);
   EXPECT_EQ(testing::CountInFinalLog(log, "limit rejections"), 3) << log;
   EXPECT_EQ(testing::CountInFinalLog(log, "oversize"), 1) << log;
   EXPECT_EQ(testing::CountInFinalLog(log, "too many keys"), 1) << log;
@@ -185,11 +193,7 @@ TEST(LimitsTest, GarbageFloodIsCountedInFullWhileLogAndErrorRepliesStayBounded) 
   ASSERT_TRUE(t.ok()) << t.status();
   std::vector<float> v(t->size());
   EXPECT_TRUE(a->Pull(*t, v.data()).get().ok());
-  EXPECT_TRUE(a->Leave().ok());
-  a.reset();
-  cluster.shard(0).Signal(SIGTERM);
-  EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
-  std::string log = cluster.shard(0).ReadLog();
+  std::string log = LeaveAndStopShard(cluster, a);
   // Lines, not timing: 5 a minute from this peer for this reason (10 if the test ran into a
   // second minute), against one per message before.
   size_t lines = 0;
@@ -249,11 +253,7 @@ TEST(LimitsTest, RepliesToAPeerThatDoesNotReadAreDroppedNotBuffered) {
   // The well-behaved client is still served.
   std::vector<float> v(t->size());
   EXPECT_TRUE(a->Pull(*t, v.data()).get().ok());
-  EXPECT_TRUE(a->Leave().ok());
-  a.reset();
-  cluster.shard(0).Signal(SIGTERM);
-  EXPECT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
-  std::string log = cluster.shard(0).ReadLog();
+  std::string log = LeaveAndStopShard(cluster, a);
   int64_t dropped = testing::CountInFinalLog(log, "replies dropped");
   EXPECT_GE(dropped, kPulls / 2)
       << log;  // most of them: only a few MiB fit the queue and the socket buffers

@@ -44,11 +44,8 @@ std::string Tool(const std::string& name) {
 // Runs argv to completion (no shell); its exit code (-1 on timeout) and output.
 std::pair<int, std::string> RunCmd(const std::string& dir, std::vector<std::string> argv,
                                    std::chrono::seconds timeout = 30s) {
-  static int n = 0;
   if (argv[0].find('/') == std::string::npos) argv[0] = Tool(argv[0]);
-  Process p(std::move(argv), dir + "/cmd" + std::to_string(n++) + ".log");
-  auto code = p.Wait(timeout);
-  return {code.value_or(-1), p.ReadLog()};
+  return testing::RunToCompletion(std::move(argv), dir, timeout);
 }
 
 // The namespaces: hosts <prefix>h<i> with address 10.231.0.<i+1>/24 on eth0, each wired

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -104,6 +105,16 @@ bool CanBind(int port) {
 // connection of any process, so between this check and the child's bind another test's
 // connection could take it. Random ports in a range nobody is handed implicitly make that
 // race (seen with several suites running at once) practically disappear.
+std::pair<int, std::string> RunToCompletion(std::vector<std::string> argv,
+                                            const std::string& log_dir,
+                                            std::chrono::milliseconds timeout) {
+  static std::atomic<int> runs{0};
+  std::string name = std::filesystem::path(argv.at(0)).filename().string();
+  Process p(std::move(argv), log_dir + "/" + name + "-" + std::to_string(runs++) + ".log");
+  auto code = p.Wait(timeout);
+  return {code.value_or(-1), p.ReadLog()};
+}
+
 int FreePort() {
   static std::mt19937 rng(
       static_cast<unsigned>(std::random_device{}() ^ static_cast<unsigned>(getpid())));

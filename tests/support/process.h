@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace leash::testing {
@@ -37,6 +38,13 @@ class Process {
   std::optional<int> exit_code_;
   std::string log_path_;
 };
+
+// Runs `argv` (no shell) to completion, its output (stdout and stderr) in a fresh log file
+// under `log_dir`. Returns its exit code (-1 if it ran past `timeout`: then it is killed)
+// and its output.
+std::pair<int, std::string> RunToCompletion(std::vector<std::string> argv,
+                                            const std::string& log_dir,
+                                            std::chrono::milliseconds timeout);
 
 // A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range.
 int FreePort();
