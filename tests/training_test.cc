@@ -256,6 +256,34 @@ TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
   EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();
 }
 
+// A worker of a Kubernetes Deployment (--wait-when-done): once the job is trained it stays
+// up, idle, until SIGTERM, instead of exiting to be restarted; so does a worker started
+// after the job ended (a restarted pod). SIGTERM then ends it at once with exit 0.
+TEST_F(TrainingTest, AWorkerThatWaitsWhenDoneStaysUpUntilSigterm) {
+  const std::vector<std::string> job = {"--epochs=1", "--train-limit=1000", "--test-limit=200",
+                                        "--no-eval", "--wait-when-done"};
+  const std::string waiting = "the job is trained; waiting for SIGTERM";
+  auto w0 = Worker(0, job);
+  ASSERT_TRUE(testing::WaitFor([&] { return w0->ReadLog().find(waiting) != std::string::npos; },
+                               std::chrono::minutes(2)))
+      << w0->ReadLog();
+  EXPECT_NE(w0->ReadLog().find("[w0] trained 2 chunks"), std::string::npos) << w0->ReadLog();
+  EXPECT_EQ(JsonNumbers(dir_.path() + "/w0.json", "samples"), std::vector<double>{1000})
+      << "--metrics-out is written before waiting";
+  // A pod restarted after the job: nothing left to train, it waits too.
+  auto w1 = Worker(1, job);
+  ASSERT_TRUE(testing::WaitFor([&] { return w1->ReadLog().find(waiting) != std::string::npos; },
+                               std::chrono::minutes(1)))
+      << w1->ReadLog();
+  EXPECT_NE(w1->ReadLog().find("[w1] trained 0 chunks"), std::string::npos) << w1->ReadLog();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(w0->running());
+  for (auto* w : {w0.get(), w1.get()}) {
+    w->Signal(SIGTERM);
+    EXPECT_EQ(w->Wait(std::chrono::seconds(10)), 0) << w->ReadLog();
+  }
+}
+
 // The job from a --config file, a flag over it; a typo in the file stops the worker.
 TEST_F(TrainingTest, WorkerTakesTheJobFromAConfigFileAndFlagsOverrideIt) {
   std::string job = dir_.path() + "/job.yaml";
