@@ -19,6 +19,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/flags.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
@@ -45,6 +46,10 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
+
+// --curve-keys: the Leash shards and clients use CURVE with these keys (leashctl keygen DIR
+// --server --client bench). Empty: plain ZMTP.
+std::string g_curve_keys;
 
 int FreePort() {
   zmq::context_t ctx;
@@ -74,6 +79,7 @@ class Shards {
                                          "--checkpoint-interval=0",
                                          "--no-sync",
                                          "--log-level=warn"};
+        if (!g_curve_keys.empty()) args.push_back("--curve-keys=" + g_curve_keys);
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -130,8 +136,10 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     o.staleness =
         int64_t{1} << 40;  // pulls never wait for clocks: this measures transport and update cost
     o.reply_spin_us = spin_us;
+    leash::ZmqOptions zo;
+    if (!g_curve_keys.empty()) zo.curve = leash::LoadCurveClientKeys(g_curve_keys, "bench").value();
     auto c = leash::Client::Connect(
-        std::move(leash::ConnectZmqClient(ctx, shards.endpoints()).value()), o);
+        std::move(leash::ConnectZmqClient(ctx, shards.endpoints(), zo).value()), o);
     if (!c.ok()) {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       std::exit(1);
@@ -336,6 +344,9 @@ int main(int argc, char** argv) {
   flags.String("out", &out, "directory for pushpull.json and pushpull.md");
   flags.Int("reply-spin-us", &spin_us,
             "ClientOptions::reply_spin_us of the Leash clients (0: sleep at once)");
+  flags.String("curve-keys", &g_curve_keys,
+               "CURVE keys of the Leash shards and clients (leashctl keygen DIR --server --client "
+               "bench); empty: plain ZMTP. The raw ZeroMQ rows stay plain");
   if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
     std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
     return st.ok() ? 0 : 2;
@@ -384,10 +395,12 @@ int main(int argc, char** argv) {
   md << "# Push/pull microbenchmark\n\nReal leash-server shards on loopback (momentum update on "
         "every push), "
      << "leash::Client workers; raw ZeroMQ measured in the same run. " << seconds << " s per cell, "
-     << std::thread::hardware_concurrency() << " cores, client reply spin " << spin_us << " us.\n\n"
+     << std::thread::hardware_concurrency() << " cores, client reply spin " << spin_us << " us"
+     << (g_curve_keys.empty() ? "" : ", Leash rows with CURVE") << ".\n\n"
      << "| system | op | floats | shards x workers | in flight | ops/s | MB/s | p50 us | p99 us "
         "|\n|---|---|---|---|---|---|---|---|---|\n";
-  js << "{\n  \"benchmark\": \"pushpull\",\n  \"seconds\": " << seconds << ",\n  \"samples\": [\n";
+  js << "{\n  \"benchmark\": \"pushpull\",\n  \"seconds\": " << seconds
+     << ",\n  \"curve\": " << (g_curve_keys.empty() ? "false" : "true") << ",\n  \"samples\": [\n";
   for (size_t i = 0; i < samples.size(); ++i) {
     const Sample& s = samples[i];
     char row[256];

@@ -6,8 +6,9 @@
 # oldest and newest versions we support, validates the Secret make-keys.sh makes, and
 # checks what the schemas cannot: the shard count agrees across the StatefulSet and the
 # ConfigMap, every container requests resources, the shards have probes backed by
-# `leashctl health`, scrape annotations and a volume claim template, and the GPU overlay
-# asks for nvidia.com/gpu.
+# `leashctl health`, scrape annotations and a volume claim template, the workers wait when
+# the job is trained (a Deployment restarts containers that exit), and the GPU overlay asks
+# for nvidia.com/gpu.
 #
 #   bash scripts/check-kubernetes.sh             check (exit 77, a skip, without the tools)
 #   bash scripts/check-kubernetes.sh --install   first install kubernetes-validate into the
@@ -94,6 +95,10 @@ if not errors:
              f"{kind}: terminationGracePeriodSeconds covers a worker's leave / a final snapshot")
         for c in spec.get("initContainers", []) + spec["containers"]:
             need(c.get("resources", {}).get("requests"), f"{kind}/{c['name']}: resource requests")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    need(env.get("LEASH_WAIT_WHEN_DONE") == "1",
+         "workers wait when the job is trained (LEASH_WAIT_WHEN_DONE=1: a Deployment restarts "
+         "containers that exit)")
     shard = sts["spec"]["template"]["spec"]["containers"][0]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         cmd = shard.get(probe, {}).get("exec", {}).get("command", [])

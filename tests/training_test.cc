@@ -2,13 +2,16 @@
 // slice of Fashion-MNIST over loopback; leashctl reports on the running cluster.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "support/files.h"
 #include "support/process.h"
@@ -23,8 +26,9 @@ using testing::Process;
 using testing::TempDir;
 
 // How many shards a worker can reach through shared memory on this host: each takes a
-// segment of two 16 MiB rings (and a page of header) in /dev/shm, which a container gives
-// only 64 MB by default. Says so when it is fewer than `shards`.
+// segment in /dev/shm, which a container gives only 64 MB by default, and its rings grow
+// to what the frames in flight need (for this MLP under 4 MiB). Says so when it is fewer
+// than `shards`.
 int ShardsShmAllows(int shards) {
   struct statvfs fs {};
   if (::statvfs("/dev/shm", &fs) != 0) {
@@ -32,7 +36,7 @@ int ShardsShmAllows(int shards) {
     return 0;
   }
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-  const uint64_t segment = (uint64_t{32} << 20) + (uint64_t{1} << 20);
+  const uint64_t segment = uint64_t{4} << 20;
   const int fit = static_cast<int>(std::min<uint64_t>(shards, free_bytes / segment));
   if (fit < shards) {
     std::printf(
@@ -252,6 +256,34 @@ TEST_F(TrainingTest, BadFlagsAndUnreachableServersFailClearly) {
   EXPECT_NE(lost.ReadLog().find("did not answer"), std::string::npos) << lost.ReadLog();
 }
 
+// A worker of a Kubernetes Deployment (--wait-when-done): once the job is trained it stays
+// up, idle, until SIGTERM, instead of exiting to be restarted; so does a worker started
+// after the job ended (a restarted pod). SIGTERM then ends it at once with exit 0.
+TEST_F(TrainingTest, AWorkerThatWaitsWhenDoneStaysUpUntilSigterm) {
+  const std::vector<std::string> job = {"--epochs=1", "--train-limit=1000", "--test-limit=200",
+                                        "--no-eval", "--wait-when-done"};
+  const std::string waiting = "the job is trained; waiting for SIGTERM";
+  auto w0 = Worker(0, job);
+  ASSERT_TRUE(testing::WaitFor([&] { return w0->ReadLog().find(waiting) != std::string::npos; },
+                               std::chrono::minutes(2)))
+      << w0->ReadLog();
+  EXPECT_NE(w0->ReadLog().find("[w0] trained 2 chunks"), std::string::npos) << w0->ReadLog();
+  EXPECT_EQ(JsonNumbers(dir_.path() + "/w0.json", "samples"), std::vector<double>{1000})
+      << "--metrics-out is written before waiting";
+  // A pod restarted after the job: nothing left to train, it waits too.
+  auto w1 = Worker(1, job);
+  ASSERT_TRUE(testing::WaitFor([&] { return w1->ReadLog().find(waiting) != std::string::npos; },
+                               std::chrono::minutes(1)))
+      << w1->ReadLog();
+  EXPECT_NE(w1->ReadLog().find("[w1] trained 0 chunks"), std::string::npos) << w1->ReadLog();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(w0->running());
+  for (auto* w : {w0.get(), w1.get()}) {
+    w->Signal(SIGTERM);
+    EXPECT_EQ(w->Wait(std::chrono::seconds(10)), 0) << w->ReadLog();
+  }
+}
+
 // The job from a --config file, a flag over it; a typo in the file stops the worker.
 TEST_F(TrainingTest, WorkerTakesTheJobFromAConfigFileAndFlagsOverrideIt) {
   std::string job = dir_.path() + "/job.yaml";
@@ -271,6 +303,114 @@ TEST_F(TrainingTest, WorkerTakesTheJobFromAConfigFileAndFlagsOverrideIt) {
   EXPECT_EQ(typo.Wait(std::chrono::seconds(20)), 2);
   EXPECT_NE(typo.ReadLog().find("unknown key worker.epoch at " + job + ":3:3"), std::string::npos)
       << typo.ReadLog();
+}
+
+// The path of a system tool (Process execs without searching PATH); the name if not found.
+std::string Tool(const std::string& name) {
+  for (const char* d : {"/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"}) {
+    if (::access((d + name).c_str(), X_OK) == 0) return d + name;
+  }
+  return name;
+}
+
+// Shared-memory segments of this run in a /dev/shm seen through `root` (a process's
+// /proc/<pid>/root), with the bytes each holds (reserved pages, not its size).
+std::vector<std::pair<std::string, uint64_t>> Segments(const std::string& root) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    struct stat st {};
+    if (name.starts_with("leash-shm-") && ::stat(e.path().c_str(), &st) == 0) {
+      out.emplace_back(name, static_cast<uint64_t>(st.st_blocks) * 512);
+    }
+  }
+  return out;
+}
+
+// A worker of four shards on one host whose /dev/shm is a container's default 64 MB (a
+// mount namespace of its own, as Docker and Kubernetes give): every shard is reached
+// through shared memory, each ring holding only what its frames need, and the job trains.
+// Before rings were sized by their frames, each shard took 32 MiB and the second one
+// already went through the socket. Needs root (a mount namespace); skips otherwise.
+TEST(SmallDevShmTest, AWorkerReachesFourShardsThroughSharedMemoryInA64MbDevShm) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a 64 MB /dev/shm of its own";
+  if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST not found at " << kData;
+  }
+  TempDir dir;
+  // The host: a process holding a mount namespace with a private 64 MB /dev/shm; every
+  // shard and the worker enter it (nsenter execs the program, which keeps its pid).
+  Process host({Tool("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c",
+                "mount -t tmpfs -o size=64m leash-shm /dev/shm && exec sleep 600"},
+               dir.path() + "/host.log");
+  const std::string root = "/proc/" + std::to_string(host.pid()) + "/root";
+  if (!testing::WaitFor(
+          [&] {
+            std::error_code ec;
+            return std::filesystem::read_symlink("/proc/" + std::to_string(host.pid()) + "/exe", ec)
+                       .filename() == "sleep";
+          },
+          std::chrono::seconds(10))) {
+    GTEST_SKIP() << "cannot mount a /dev/shm of its own here: " << host.ReadLog();
+  }
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs((root + "/dev/shm").c_str(), &fs), 0);
+  ASSERT_EQ(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize, uint64_t{64} << 20);
+  auto on_host = [&](std::vector<std::string> argv) {
+    std::vector<std::string> w = {Tool("nsenter"), "--target", std::to_string(host.pid()),
+                                  "--mount", "--"};
+    w.insert(w.end(), argv.begin(), argv.end());
+    return w;
+  };
+
+  constexpr int kShards = 4;
+  std::string servers;
+  std::vector<std::unique_ptr<Process>> shards;
+  for (int i = 0; i < kShards; ++i) {
+    const std::string endpoint = Endpoint(FreePort());
+    servers += (i ? "," : "") + endpoint;
+    shards.push_back(std::make_unique<Process>(
+        on_host({LEASH_SERVER_BIN, "--shard=" + std::to_string(i),
+                 "--num-shards=" + std::to_string(kShards), "--bind=" + endpoint,
+                 "--data-dir=" + dir.path() + "/shard" + std::to_string(i), "--no-sync"}),
+        dir.path() + "/shard" + std::to_string(i) + ".log"));
+  }
+  const std::string metrics = dir.path() + "/w0.json";
+  Process worker(on_host({LEASH_WORKER_BIN, "--servers=" + servers, "--name=w0", "--epochs=2",
+                          "--staleness=1", "--chunk-size=500", "--train-limit=6000",
+                          "--test-limit=2000", "--log-every=20", "--metrics-out=" + metrics}),
+                 dir.path() + "/w0.log");
+  // While it trains: a segment per shard, each holding more than its header (frames went
+  // through its rings), all together far below what fixed rings took (4 x 32 MiB).
+  uint64_t most = 0;
+  size_t most_segments = 0;
+  bool all_used = false;
+  while (worker.running()) {
+    auto segs = Segments(root);
+    uint64_t total = 0, used = 0;
+    for (const auto& [name, bytes] : segs) {
+      total += bytes;
+      used += bytes > (uint64_t{64} << 10) ? 1 : 0;
+    }
+    most = std::max(most, total);
+    most_segments = std::max(most_segments, segs.size());
+    all_used = all_used || (segs.size() == kShards && used == kShards);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(worker.Wait(std::chrono::seconds(1)), 0) << worker.ReadLog();
+  std::printf("note: the worker's %zu segments held at most %.1f MiB of /dev/shm together\n",
+              most_segments, static_cast<double>(most) / (1 << 20));
+  EXPECT_EQ(most_segments, static_cast<size_t>(kShards));
+  EXPECT_TRUE(all_used) << "a shard's rings never held a frame";
+  EXPECT_LT(most, uint64_t{32} << 20) << "the rings hold more than their frames need";
+  EXPECT_EQ(JsonNumbers(metrics, "shared_memory_shards"), std::vector<double>{kShards});
+  const std::string log = worker.ReadLog();
+  EXPECT_EQ(log.find("shared memory with"), std::string::npos) << "a shard fell back:\n" << log;
+  auto acc = JsonNumbers(metrics, "test_accuracy");
+  ASSERT_EQ(acc.size(), 2u);
+  EXPECT_GT(acc.back(), 0.65);
+  EXPECT_TRUE(Segments(root).empty()) << "the worker removes its segments when it leaves";
 }
 
 }  // namespace

@@ -175,7 +175,7 @@ void ClientLink::OnAnswer(const void* data, size_t size) {
     std::string name;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      st = segment_->Allocate();
+      st = segment_->Activate();
       name = segment_->name();
     }
     if (!st.ok()) {
@@ -211,14 +211,35 @@ std::optional<WritableFrame> ClientLink::Reserve(size_t bytes) {
   if (!on() || bytes < min_frame_bytes_) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   if (!writer_) return std::nullopt;
-  return ToWritable(writer_->Reserve(bytes));
+  std::optional<Frame> f = writer_->Reserve(bytes);
+  if (!f) NoteGrowthError();
+  return ToWritable(std::move(f));
 }
 
 std::optional<Placement> ClientLink::Place(const Message& message) {
   if (!on()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   if (!writer_) return std::nullopt;
-  return PlaceFrames(message, min_frame_bytes_, *writer_, *segment_);
+  std::optional<Placement> p = PlaceFrames(message, min_frame_bytes_, *writer_, *segment_);
+  NoteGrowthError();
+  return p;
+}
+
+size_t ClientLink::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return writer_ ? writer_->reserved_bytes() : 0;
+}
+
+void ClientLink::NoteGrowthError() {
+  std::optional<Status> e = writer_->TakeGrowthError();
+  if (!e) return;
+  int64_t now = NowMs();
+  if (now - last_warn_ms_ < 60000) return;
+  last_warn_ms_ = now;
+  spdlog::warn(
+      "shared memory with {}: {}; frames that do not fit in the {} MiB reserved go through the "
+      "socket (logged at most once a minute)",
+      who_, e->message(), writer_->reserved_bytes() >> 20);
 }
 
 Status ClientLink::Fill(const Trailer& t, Message* message) const {
@@ -323,7 +344,9 @@ std::optional<WritableFrame> ServerLinks::Reserve(const PeerId& peer, size_t byt
   if (bytes < min_frame_bytes_) return std::nullopt;
   Link* link = LinkOf(peer);
   if (link == nullptr) return std::nullopt;
-  return ToWritable(link->writer->Reserve(bytes));
+  std::optional<Frame> f = link->writer->Reserve(bytes);
+  if (!f) NoteGrowthError(*link);
+  return ToWritable(std::move(f));
 }
 
 std::optional<Placement> ServerLinks::Place(const PeerId& peer, const Message& message) {
@@ -332,7 +355,21 @@ std::optional<Placement> ServerLinks::Place(const PeerId& peer, const Message& m
   std::optional<Placement> p =
       PlaceFrames(message, min_frame_bytes_, *link->writer, *link->segment);
   if (p) frames_sent_ += p->frames.size();
+  NoteGrowthError(*link);
   return p;
+}
+
+void ServerLinks::NoteGrowthError(Link& link) {
+  if (std::optional<Status> e = link.writer->TakeGrowthError()) {
+    Warn("replies to a client on this host: " + e->message() + "; those that do not fit in the " +
+         std::to_string(link.writer->reserved_bytes() >> 20) +
+         " MiB reserved go through the socket");
+  }
+}
+
+size_t ServerLinks::reserved_bytes(const PeerId& peer) {
+  Link* link = LinkOf(peer);
+  return link == nullptr ? 0 : link->writer->reserved_bytes();
 }
 
 void ServerLinks::Warn(const std::string& what) {

@@ -61,8 +61,9 @@ class ClientLink {
  public:
   enum State { kOff = 0, kOffered = 1, kOn = 2 };
 
-  // Creates the segment (rings of `ring_bytes`); if that fails the link stays off (and
-  // says so in the log). `who` names the shard in logs.
+  // Creates the segment (rings of at most `ring_bytes`, reserved in /dev/shm as frames
+  // need them); if that fails the link stays off (and says so in the log). `who` names
+  // the shard in logs.
   ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who);
   // A link that is off for good (shared memory not wanted).
   ClientLink() = default;
@@ -71,8 +72,8 @@ class ClientLink {
   bool on() const { return state() == kOn; }
   // The offer to send (again, after a reconnect) while the shard has not answered it.
   std::optional<std::string> Offer() const;
-  // The shard's answer: accepted, the rings are reserved and the link is on; refused (or
-  // a shard that no longer reads the segment), the link is off for good.
+  // The shard's answer: accepted, the link is on; refused (or a shard that no longer reads
+  // the segment), the link is off for good.
   void OnAnswer(const void* data, size_t size);
   // Room for `bytes` in ring 0, for a payload sent (and resent) on this link only.
   std::optional<WritableFrame> Reserve(size_t bytes);
@@ -82,10 +83,14 @@ class ClientLink {
   // Fills the frames of a reply that `t` names (borrowed in place). Frames that cannot
   // be read stay empty, and the error says why.
   Status Fill(const Trailer& t, Message* message) const;
+  // Bytes of ring 0 (client -> shard) reserved in /dev/shm so far.
+  size_t reserved_bytes() const;
 
  private:
   // Frames still in flight keep the segment mapped; its name goes with the last one.
   void TurnOff();
+  // Logs (at most once a minute) why ring 0 could not grow, if it just failed to. Under mu_.
+  void NoteGrowthError();
 
   // Granules a shard has not given back after this long are taken back: it died (or
   // restarted) before reading the frame, or will find it gone and fail that request.
@@ -97,6 +102,7 @@ class ClientLink {
   mutable std::mutex mu_;  // guards segment_ and writer_ (sends and reservations may race)
   std::shared_ptr<ShmSegment> segment_;
   std::unique_ptr<ShmWriter> writer_;
+  int64_t last_warn_ms_ = -60000;  // under mu_
 };
 
 // A shard's side: the segments of its clients on this host, mapped on their offers (or
@@ -122,6 +128,8 @@ class ServerLinks {
 
   uint64_t frames_received() const { return frames_received_.load(); }
   uint64_t frames_sent() const { return frames_sent_.load(); }
+  // Bytes of `peer`'s ring 1 (shard -> client) this shard reserved in /dev/shm so far.
+  size_t reserved_bytes(const PeerId& peer);
 
  private:
   struct Link {
@@ -138,6 +146,8 @@ class ServerLinks {
   Link* LinkOf(const PeerId& peer);
   // Maps (or finds) the segment `name` holding `token`; nullptr and the reason if not.
   Link* Map(const std::string& name, uint64_t token, Status* why);
+  // Warns if `link`'s ring 1 just failed to grow.
+  void NoteGrowthError(Link& link);
   void Warn(const std::string& what);
 
   bool enabled_;

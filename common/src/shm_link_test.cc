@@ -83,6 +83,32 @@ TEST(ShmLinkTest, AnAcceptedOfferCarriesLargeFramesBothWaysAndSmallOnesInline) {
   EXPECT_FALSE(client.Place({Pattern(100, 1), Pattern(1000, 2)})) << "nothing large enough";
 }
 
+TEST(ShmLinkTest, EachRingGrowsWithTheFramesItsWriterSends) {
+  ClientLink client(16 << 20, kMin, "shard 0");
+  ServerLinks server(true, kMin);
+  Connect(client, server, "peer");
+  ASSERT_TRUE(client.on());
+  EXPECT_EQ(client.reserved_bytes(), 0u) << "nothing reserved before a frame needs it";
+  EXPECT_EQ(server.reserved_bytes("peer"), 0u);
+
+  Message request = {Pattern(64, 1), Pattern(200'000, 2)};
+  Wire up = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(up.trailer);
+  EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+  EXPECT_TRUE(Same(up.message[1], request[1]));
+  EXPECT_EQ(client.reserved_bytes(), size_t{1} << 20);
+  EXPECT_EQ(server.reserved_bytes("peer"), 0u) << "the shard has sent nothing large yet";
+
+  // The shard reserves its own ring for its replies (a pull of 3 MB).
+  Message reply = {Pattern(64, 3), Pattern(3'000'000, 4)};
+  Wire down = Carry(reply, server.Place("peer", reply), 1);
+  ASSERT_TRUE(down.trailer);
+  ASSERT_TRUE(client.Fill(*down.trailer, &down.message).ok());
+  EXPECT_TRUE(Same(down.message[1], reply[1]));
+  EXPECT_EQ(server.reserved_bytes("peer"), size_t{3} << 20);
+  EXPECT_EQ(client.reserved_bytes(), size_t{1} << 20);
+}
+
 TEST(ShmLinkTest, AReservedPayloadIsSentInPlaceAndReadAgainWhenResent) {
   ClientLink client(kRing, kMin, "shard 0");
   ServerLinks server(true, kMin);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,7 +32,8 @@ struct Header {
   uint32_t granule_bytes;
   uint64_t token;
   uint32_t granules;
-  std::atomic<uint32_t> ready;  // 1 once the creator reserved the rings' memory
+  std::atomic<uint32_t> ready;        // 1 once the creator activated it (the shard accepted)
+  std::atomic<uint32_t> reserved[2];  // granules of each ring reserved by its writer
 };
 static_assert(sizeof(Header) <= kPage);
 
@@ -41,8 +43,18 @@ size_t StatesBytes(uint32_t granules) {
   return RoundUp(2 * static_cast<size_t>(granules) * sizeof(uint32_t), kPage);
 }
 
+// The header and the state words: reserved when the segment is created.
+size_t ControlBytes(uint32_t granules) { return kPage + StatesBytes(granules); }
+
 size_t SegmentBytes(uint32_t granules) {
-  return kPage + StatesBytes(granules) + 2 * static_cast<size_t>(granules) * kGranuleBytes;
+  return ControlBytes(granules) + 2 * static_cast<size_t>(granules) * kGranuleBytes;
+}
+
+std::string TooSmall(size_t bytes, const std::string& name, int err) {
+  return "cannot reserve " + std::to_string((bytes + (1 << 20) - 1) >> 20) +
+         " MiB of shared memory for " + name + ": " + std::strerror(err) +
+         " (is /dev/shm too small? leash-worker --no-shm, or shared_memory=False in Python, "
+         "sends everything through the socket)";
 }
 
 Status Errno(const std::string& what) { return IOError(what + ": " + std::strerror(errno)); }
@@ -90,14 +102,18 @@ Status ShmSegment::Map(int fd, size_t size, bool create) {
     h->token = token_;
     h->granules = granules_;
     new (&h->ready) std::atomic<uint32_t>(0);
+    for (auto& r : h->reserved) new (&r) std::atomic<uint32_t>(0);
   }
   for (uint32_t r = 0; r < 2; ++r) {
     states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage) +
                  static_cast<size_t>(r) * granules_;
-    rings_[r] =
-        base_ + kPage + StatesBytes(granules_) + static_cast<size_t>(r) * granules_ * kGranuleBytes;
+    rings_[r] = base_ + RingOffset(r);
   }
   return Status::Ok();
+}
+
+size_t ShmSegment::RingOffset(uint32_t ring) const {
+  return ControlBytes(granules_) + static_cast<size_t>(ring) * granules_ * kGranuleBytes;
 }
 
 Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
@@ -116,12 +132,21 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Create(size_t ring_bytes) {
   std::snprintf(suffix, sizeof suffix, "%016llx",
                 static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
   s->name_ = std::string(kPrefix) + std::to_string(::getpid()) + "-" + suffix;
-  s->fd_ = ::shm_open(s->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (s->fd_ < 0) return Errno("shm_open(" + s->name_ + ")");
-  s->creator_ = true;
-  size_t size = SegmentBytes(s->granules_);
-  if (::ftruncate(s->fd_, static_cast<off_t>(size)) != 0) return Errno("ftruncate of " + s->name_);
-  LEASH_RETURN_IF_ERROR(s->Map(s->fd_, size, /*create=*/true));
+  int fd = ::shm_open(s->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("shm_open(" + s->name_ + ")");
+  s->creator_ = true;  // from here on the destructor unlinks the name
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const size_t size = SegmentBytes(s->granules_);
+  // The rings stay holes until their writers reserve them; the header and state words are
+  // reserved now, so that writing them can never fault for lack of space.
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return Errno("ftruncate of " + s->name_);
+  const size_t control = ControlBytes(s->granules_);
+  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(control)); rc != 0)
+    return IOError(TooSmall(control, s->name_, rc));
+  LEASH_RETURN_IF_ERROR(s->Map(fd, size, /*create=*/true));
   return s;
 }
 
@@ -132,20 +157,25 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, ui
   std::shared_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;
   s->token_ = token;
-  s->fd_ = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (s->fd_ < 0) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
     if (errno == ENOENT) return NotFound("no shared-memory segment " + name + " on this host");
     return Errno("shm_open(" + name + ")");
   }
+  // The mapping stays valid without it; a shard mapping many workers keeps no descriptor.
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::fstat(s->fd_, &st) != 0) return Errno("fstat of " + name);
+  if (::fstat(fd, &st) != 0) return Errno("fstat of " + name);
   if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
     return InvalidArgument("shared-memory segment " + name + " is not a file of this user");
   }
   if (static_cast<size_t>(st.st_size) < kPage)
     return InvalidArgument("shared-memory segment " + name + " is too small");
   Header h;
-  if (::pread(s->fd_, &h, offsetof(Header, ready), 0) !=
+  if (::pread(fd, &h, offsetof(Header, ready), 0) !=
       static_cast<ssize_t>(offsetof(Header, ready))) {
     return Errno("reading the header of " + name);
   }
@@ -162,38 +192,53 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, ui
                            " bytes, its header says " + std::to_string(SegmentBytes(h.granules)));
   }
   s->granules_ = h.granules;
-  LEASH_RETURN_IF_ERROR(s->Map(s->fd_, SegmentBytes(h.granules), /*create=*/false));
-  // The mapping stays valid without it; a shard mapping many workers keeps no descriptor.
-  ::close(s->fd_);
-  s->fd_ = -1;
+  LEASH_RETURN_IF_ERROR(s->Map(fd, SegmentBytes(h.granules), /*create=*/false));
   return s;
 }
 
 ShmSegment::~ShmSegment() {
   if (base_ != nullptr) ::munmap(base_, size_);
-  if (fd_ >= 0) ::close(fd_);
   if (creator_) Unlink();
 }
 
-Status ShmSegment::Allocate() {
-  if (fd_ < 0)
+Status ShmSegment::Activate() {
+  if (!creator_ || activated_)
     return FailedPrecondition("shared-memory segment " + name_ +
-                              " was allocated already, or not created here");
-  int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
-  ::close(fd_);  // needed for nothing else
-  fd_ = -1;
-  if (rc != 0) {
-    return IOError("cannot reserve " + std::to_string(size_ >> 20) + " MiB of shared memory for " +
-                   name_ + ": " + std::strerror(rc) +
-                   " (is /dev/shm too small? leash-worker --no-shm, or shared_memory=False in "
-                   "Python, sends everything through the socket)");
-  }
+                              " was activated already, or not created here");
+  activated_ = true;
   reinterpret_cast<Header*>(base_)->ready.store(1, std::memory_order_release);
   return Status::Ok();
 }
 
 bool ShmSegment::ready() const {
   return reinterpret_cast<const Header*>(base_)->ready.load(std::memory_order_acquire) == 1;
+}
+
+uint32_t ShmSegment::reserved(uint32_t ring) const {
+  return reinterpret_cast<const Header*>(base_)->reserved[ring].load(std::memory_order_acquire);
+}
+
+Status ShmSegment::Grow(uint32_t ring, uint32_t granules) {
+  LEASH_CHECK(ring <= 1 && granules <= granules_);
+  const int fd = ::shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return Errno("shm_open(" + name_ + ") to grow a ring");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Errno("fstat of " + name_);
+  if (st.st_uid != ::geteuid() || static_cast<size_t>(st.st_size) != size_) {
+    return FailedPrecondition("shared-memory segment " + name_ + " was replaced");
+  }
+  const size_t bytes = static_cast<size_t>(granules) * kGranuleBytes;
+  if (int rc =
+          ::posix_fallocate(fd, static_cast<off_t>(RingOffset(ring)), static_cast<off_t>(bytes));
+      rc != 0) {
+    return IOError(TooSmall(bytes, name_, rc));
+  }
+  reinterpret_cast<Header*>(base_)->reserved[ring].store(granules, std::memory_order_release);
+  return Status::Ok();
 }
 
 void ShmSegment::Unlink() {
@@ -219,7 +264,8 @@ void ShmSegment::RemoveStale() {
 
 Result<const uint8_t*> ShmSegment::Check(const Descriptor& d) {
   if (d.ring > 1 || d.generation == 0 || d.size == 0 || d.offset % kGranuleBytes != 0 ||
-      d.offset / kGranuleBytes + GranulesFor(d.size) > granules_ || d.size > ring_bytes()) {
+      d.size > ring_bytes() ||
+      d.offset / kGranuleBytes + GranulesFor(d.size) > std::min(granules_, reserved(d.ring))) {
     return InvalidArgument("shared-memory descriptor out of bounds (ring " +
                            std::to_string(d.ring) + ", offset " + std::to_string(d.offset) + ", " +
                            std::to_string(d.size) + " bytes)");
@@ -301,9 +347,45 @@ uint32_t ShmWriter::NextGeneration() {
   return generation_;
 }
 
+std::optional<Status> ShmWriter::TakeGrowthError() {
+  std::optional<Status> e = std::move(growth_error_);
+  growth_error_.reset();
+  return e;
+}
+
 std::optional<uint32_t> ShmWriter::Claim(uint32_t k, int64_t now_ms) {
+  if (k == 0 || k > segment_->granules()) return std::nullopt;
+  if (auto first = FirstFit(k, now_ms)) return first;
+  if (!Grow(k, now_ms)) return std::nullopt;
+  return FirstFit(k, now_ms);
+}
+
+// Reserves more of the ring for a frame of `k` granules that found no room: half as much
+// again as is reserved, in whole MiB, at least the frame; or, when /dev/shm cannot hold
+// that, just the frame. Nothing for 5 s after /dev/shm refused.
+bool ShmWriter::Grow(uint32_t k, int64_t now_ms) {
   const uint32_t n = segment_->granules();
-  if (k == 0 || k > n) return std::nullopt;
+  if (reserved_ >= n || now_ms < grow_again_ms_) return false;
+  const uint32_t least = std::min(n, reserved_ + k);
+  uint32_t want = reserved_ + std::max(k, reserved_ / 2);
+  want = std::min(n, (want + kGrowthGranules - 1) / kGrowthGranules * kGrowthGranules);
+  Status st = segment_->Grow(ring_, want);
+  if (!st.ok() && least < want) {
+    want = least;
+    st = segment_->Grow(ring_, want);
+  }
+  if (!st.ok()) {
+    growth_error_ = st;
+    grow_again_ms_ = now_ms + kGrowthRetryMs;
+    return false;
+  }
+  reserved_ = want;
+  return true;
+}
+
+std::optional<uint32_t> ShmWriter::FirstFit(uint32_t k, int64_t now_ms) {
+  const uint32_t n = reserved_;
+  if (k > n) return std::nullopt;
   std::atomic<uint32_t>* st = segment_->states(ring_);
   auto is_free = [&](uint32_t g) {
     if ((*held_)[g].load(std::memory_order_acquire) != 0) return false;

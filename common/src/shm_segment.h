@@ -10,6 +10,13 @@
 // copies the frame in and sends {offset, size, generation}; the reader checks that every
 // granule still holds that generation, reads, and stores 0 to give them back.
 //
+// A ring is sized by what goes through it, not up front: the segment spans the rings'
+// largest size but holds memory only for its header and state words; a writer that finds
+// no room reserves more of its ring's start in /dev/shm (posix_fallocate, so touching it
+// can never fault for lack of space) and declares it in the header, up to the largest
+// size. A ring thus holds the most its frames in flight at once ever needed (at most 1.5x
+// that, in steps of 1 MiB), and a worker with several shards fits a container's 64 MB.
+//
 // Thread-safety: ShmSegment is immutable after creation; its state words are atomics.
 // ShmWriter is used by one thread at a time, except that frames it allocated may be
 // released (destroyed) on any thread.
@@ -28,7 +35,7 @@
 
 namespace leash::shm {
 
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kGranuleBytes = 16 * 1024;
 
 // Where a frame lies in a ring, as sent beside the ZeroMQ message.
@@ -41,9 +48,10 @@ struct Descriptor {
 
 class ShmSegment {
  public:
-  // Creates a segment named /leash-shm-<pid>-<random> with two rings of `ring_bytes`
-  // (rounded up to whole granules) each. Its memory is reserved only by Allocate(), so
-  // a segment no shard maps costs nothing. IOError naming the call on failure.
+  // Creates a segment named /leash-shm-<pid>-<random> with two rings of at most
+  // `ring_bytes` (rounded up to whole granules) each. Only its header and state words are
+  // reserved now (a page and 8 bytes a granule); the rings' memory is reserved by their
+  // writers as frames need it (Grow). IOError naming the call on failure.
   static Result<std::shared_ptr<ShmSegment>> Create(size_t ring_bytes);
   // Maps the segment `name` a peer created, after checking that the name has the form
   // Create() gives, the object belongs to this user, its header is intact and holds
@@ -54,25 +62,32 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  // Creator only, once: reserves the rings' memory (posix_fallocate), so that touching it
-  // can never fault for lack of space in /dev/shm, and marks the segment ready. IOError
-  // (e.g. /dev/shm too small) leaves the segment unusable for frames; FailedPrecondition
+  // Creator only, once: marks the segment ready (the shard accepted it). FailedPrecondition
   // if called again or on a segment that was opened. Neither end keeps a file descriptor
-  // open afterwards (a shard opening many workers' segments holds only the mappings).
-  Status Allocate();
-  // True once the creator's Allocate() succeeded: only then may a writer touch the rings.
+  // open (a shard opening many workers' segments holds only the mappings).
+  Status Activate();
+  // True once the creator's Activate() succeeded: only then may a writer use the rings.
   bool ready() const;
+  // The writer of `ring` only: reserves the first `granules` granules of the ring in
+  // /dev/shm (posix_fallocate on the segment opened again by name; what is reserved
+  // already costs nothing again) and declares them to the reader. IOError saying that
+  // /dev/shm is too small when it cannot; the ring is then as it was.
+  Status Grow(uint32_t ring, uint32_t granules);
+  // Granules of `ring` its writer declared reserved: the reader reads no frame beyond.
+  uint32_t reserved(uint32_t ring) const;
 
   const std::string& name() const { return name_; }
   uint64_t token() const { return token_; }
+  // The most granules (bytes) a ring may grow to.
   uint32_t granules() const { return granules_; }
   size_t ring_bytes() const { return static_cast<size_t>(granules_) * kGranuleBytes; }
 
   uint8_t* data(uint32_t ring) { return rings_[ring]; }
   std::atomic<uint32_t>* states(uint32_t ring) { return states_[ring]; }
 
-  // Reader side. Checks `d` (ring, bounds, and that its granules hold its generation)
-  // and returns the frame's bytes, or InvalidArgument saying what is wrong.
+  // Reader side. Checks `d` (ring, bounds within the reserved part of the ring, and that
+  // its granules hold its generation) and returns the frame's bytes, or InvalidArgument
+  // saying what is wrong.
   Result<const uint8_t*> Check(const Descriptor& d);
   // Reader side: gives the granules of `d` back to the writer.
   void Release(const Descriptor& d);
@@ -92,12 +107,13 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   Status Map(int fd, size_t size, bool create);
+  size_t RingOffset(uint32_t ring) const;
 
   std::string name_;
   uint64_t token_ = 0;
   uint32_t granules_ = 0;
-  int fd_ = -1;
   bool creator_ = false;
+  bool activated_ = false;
   bool unlinked_ = false;
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
@@ -106,7 +122,9 @@ class ShmSegment {
 };
 
 // The writing end of one ring. Frames are placed in the first free granules from the
-// ring's start; a ring with no room says so and the caller sends the frame inline.
+// ring's start; when none are free the ring grows (ShmSegment::Grow) up to its largest
+// size, and a ring that can neither hold nor grow says so: the caller sends the frame
+// inline. After /dev/shm refused to grow it the ring stays as it is for 5 s.
 class ShmWriter {
  public:
   // `reclaim_ms` > 0: granules a reader has not given back after that long are taken
@@ -124,15 +142,28 @@ class ShmWriter {
   // generation (a resend of the same frame is read again) and returns its descriptor.
   std::optional<Descriptor> Stamp(const Frame& frame);
 
+  // Bytes of the ring reserved in /dev/shm so far.
+  size_t reserved_bytes() const { return static_cast<size_t>(reserved_) * kGranuleBytes; }
+  // Why the ring last failed to grow, once (then nullopt until it fails again).
+  std::optional<Status> TakeGrowthError();
+
  private:
   struct Reservation;
   std::optional<uint32_t> Claim(uint32_t k, int64_t now_ms);
+  std::optional<uint32_t> FirstFit(uint32_t k, int64_t now_ms);
+  bool Grow(uint32_t k, int64_t now_ms);
   uint32_t NextGeneration();
+
+  static constexpr uint32_t kGrowthGranules = (1u << 20) / kGranuleBytes;  // 1 MiB steps
+  static constexpr int64_t kGrowthRetryMs = 5000;
 
   std::shared_ptr<ShmSegment> segment_;
   uint32_t ring_;
   int64_t reclaim_ms_;
   uint32_t generation_ = 0;
+  uint32_t reserved_ = 0;  // this writer's own count: it never trusts the peer's header
+  int64_t grow_again_ms_ = 0;
+  std::optional<Status> growth_error_;
   std::vector<int64_t> claimed_ms_;  // when each granule was last stamped
   // Granules held by frames from Reserve() that are still alive (released on any thread).
   std::shared_ptr<std::vector<std::atomic<uint8_t>>> held_;

@@ -1,12 +1,13 @@
 // Tests of the same-host shared-memory segments and rings: a writer and a reader on two
-// mappings of one real POSIX segment (as a client and a shard have), a full ring,
-// reserved frames and resends, granules taken back from a dead reader, bad descriptors,
-// and what Open refuses.
+// mappings of one real POSIX segment (as a client and a shard have), rings that reserve
+// /dev/shm only as their frames need it, a full ring, reserved frames and resends,
+// granules taken back from a dead reader, bad descriptors, and what Open refuses.
 #include "shm_segment.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -41,11 +42,109 @@ Pair MakePair(size_t ring_bytes) {
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return p;
   p.client = *c;
-  EXPECT_TRUE(p.client->Allocate().ok());
+  EXPECT_TRUE(p.client->Activate().ok());
   auto s = ShmSegment::Open(p.client->name(), p.client->token());
   EXPECT_TRUE(s.ok()) << s.status();
   if (s.ok()) p.shard = *s;
   return p;
+}
+
+// Bytes of /dev/shm the segment `name` holds (its reserved pages, not its size).
+size_t HeldBytes(const std::string& name) {
+  struct stat st {};
+  if (::stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
+  return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+TEST(ShmSegmentTest, ARingReservesOnlyWhatItsFramesInFlightNeed) {
+  Pair p = MakePair(16 * kMiB);
+  ASSERT_TRUE(p.shard);
+  // The header and the state words only: a page and 8 bytes for each of 1024 granules.
+  const size_t control = 4096 + 8192;
+  EXPECT_EQ(HeldBytes(p.client->name()), control);
+  ShmWriter w(p.client, 0, 0);
+  EXPECT_EQ(w.reserved_bytes(), 0u);
+
+  auto small = Bytes(100'000, 1);
+  auto d1 = w.Put(FrameOf(small));
+  ASSERT_TRUE(d1);
+  EXPECT_EQ(w.reserved_bytes(), kMiB) << "the first frame reserves a whole MiB";
+  EXPECT_EQ(p.shard->reserved(0), kMiB / kGranuleBytes) << "and declares it to the reader";
+  EXPECT_EQ(HeldBytes(p.client->name()), control + kMiB);
+
+  // A frame that does not fit beside the one in flight grows the ring: by half again, at
+  // least the frame, in whole MiB.
+  auto big = Bytes(3 * kMiB, 2);
+  auto d2 = w.Put(FrameOf(big));
+  ASSERT_TRUE(d2);
+  EXPECT_EQ(w.reserved_bytes(), 4 * kMiB);
+  EXPECT_EQ(HeldBytes(p.client->name()), control + 4 * kMiB);
+  auto got1 = p.shard->CopyOut(*d1);
+  auto got2 = p.shard->CopyOut(*d2);
+  ASSERT_TRUE(got1.ok() && got2.ok()) << got1.status() << got2.status();
+  EXPECT_TRUE(SameBytes(*got1, small));
+  EXPECT_TRUE(SameBytes(*got2, big));
+
+  // Read at once, frames reuse the ring's start: it grows no more.
+  for (int i = 0; i < 20; ++i) {
+    auto d = w.Put(FrameOf(big));
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(p.shard->CopyOut(*d).ok());
+  }
+  EXPECT_EQ(w.reserved_bytes(), 4 * kMiB);
+
+  // Held frames grow it up to its largest size, never beyond.
+  std::vector<Descriptor> held;
+  while (auto d = w.Put(FrameOf(big))) held.push_back(*d);
+  EXPECT_EQ(held.size(), 5u) << "16 MiB hold five frames of 3 MiB";
+  EXPECT_EQ(w.reserved_bytes(), 16 * kMiB);
+  EXPECT_EQ(HeldBytes(p.client->name()), control + 16 * kMiB);
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(17 * kMiB, 0)))) << "larger than the ring";
+  EXPECT_FALSE(w.TakeGrowthError()) << "a full ring is no error";
+  // Ring 1 is still a hole: its writer sent nothing.
+  EXPECT_EQ(p.client->reserved(1), 0u);
+}
+
+TEST(ShmSegmentTest, TheReaderRefusesFramesBeyondWhatTheWriterReserved) {
+  Pair p = MakePair(16 * kMiB);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, 0);
+  auto d = w.Put(FrameOf(Bytes(100'000, 1)));
+  ASSERT_TRUE(d);
+  ASSERT_EQ(p.shard->reserved(0), kMiB / kGranuleBytes);
+  // A writer that stamps granules it never reserved (holes a read may fault on).
+  Descriptor beyond = *d;
+  beyond.offset = 8 * kMiB;
+  for (uint32_t g = 0; g < 7; ++g)
+    p.client->states(0)[beyond.offset / kGranuleBytes + g].store(d->generation);
+  auto r = p.shard->CopyOut(beyond);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(p.shard->CopyOut(*d).ok());
+}
+
+TEST(ShmSegmentTest, ARingThatCannotGrowKeepsItsFramesAndSaysWhyOnce) {
+  Pair p = MakePair(16 * kMiB);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.shard, 1, 0);  // a shard's replies
+  auto first = Bytes(600'000, 1);
+  auto d = w.Put(FrameOf(first));
+  ASSERT_TRUE(d);
+  // The client is gone (its segment's name with it): the shard cannot reserve more.
+  p.client->Unlink();
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(2 * kMiB, 2))));
+  std::optional<Status> why = w.TakeGrowthError();
+  ASSERT_TRUE(why);
+  EXPECT_EQ(why->code(), StatusCode::kIOError) << *why;
+  EXPECT_FALSE(w.TakeGrowthError()) << "said once";
+  EXPECT_EQ(w.reserved_bytes(), kMiB) << "the ring is as it was";
+  EXPECT_TRUE(w.Put(FrameOf(Bytes(300'000, 3)))) << "what fits still goes";
+  EXPECT_FALSE(w.Put(FrameOf(Bytes(2 * kMiB, 2))));
+  EXPECT_FALSE(w.TakeGrowthError()) << "no second try within 5 s";
+  auto got = p.client->Borrow(p.client, *d);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SameBytes(*got, first));
 }
 
 TEST(ShmSegmentTest, FramesCrossBetweenTwoMappingsInBothDirections) {
@@ -206,7 +305,7 @@ TEST(ShmSegmentTest, OpenRefusesOtherTokensNamesAndMissingSegments) {
   }
   EXPECT_EQ(ShmSegment::Open("/leash-shm-1-0123456789abcdef", 1).status().code(),
             StatusCode::kNotFound);
-  // Not allocated yet: a shard can map it but no writer touches the rings.
+  // Not activated yet: a shard can map it but no writer touches the rings.
   auto s = ShmSegment::Open((*c)->name(), (*c)->token());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE((*s)->ready());
@@ -225,31 +324,37 @@ size_t OpenDescriptors() {
   return n;
 }
 
-TEST(ShmSegmentTest, MappedSegmentsHoldNoDescriptorsAndAllocateOnlyOnce) {
+TEST(ShmSegmentTest, MappedSegmentsHoldNoDescriptorsAndActivateOnlyOnce) {
   std::vector<std::shared_ptr<ShmSegment>> created, opened;
   const size_t before = OpenDescriptors();
   for (int i = 0; i < 20; ++i) {
     auto c = ShmSegment::Create(1 << 16);
     ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->Allocate().ok());
-    auto again = (*c)->Allocate();
+    ASSERT_TRUE((*c)->Activate().ok());
+    auto again = (*c)->Activate();
     EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
     auto o = ShmSegment::Open((*c)->name(), (*c)->token());
     ASSERT_TRUE(o.ok()) << o.status();
-    EXPECT_EQ((*o)->Allocate().code(), StatusCode::kFailedPrecondition)
-        << "only the creator allocates";
+    EXPECT_EQ((*o)->Activate().code(), StatusCode::kFailedPrecondition)
+        << "only the creator activates";
     created.push_back(*c);
     opened.push_back(*o);
   }
   EXPECT_EQ(OpenDescriptors(), before)
       << "a shard mapping many workers' segments keeps no descriptor per segment";
-  // The mappings still work.
+  // The mappings still work, and rings grow without keeping a descriptor either.
   ShmWriter w(created.back(), 0, 0);
+  ShmWriter back(opened.back(), 1, 0);
   auto d = w.Put(FrameOf(Bytes(1000, 3)));
-  ASSERT_TRUE(d);
+  auto d_back = back.Put(FrameOf(Bytes(2000, 4)));
+  ASSERT_TRUE(d && d_back);
   auto got = opened.back()->CopyOut(*d);
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(SameBytes(*got, Bytes(1000, 3)));
+  auto got_back = created.back()->CopyOut(*d_back);
+  ASSERT_TRUE(got_back.ok());
+  EXPECT_TRUE(SameBytes(*got_back, Bytes(2000, 4)));
+  EXPECT_EQ(OpenDescriptors(), before);
 }
 
 TEST(ShmSegmentTest, SegmentsOfDeadProcessesAreRemoved) {

@@ -57,6 +57,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.curve_keys = d.curve_keys;
   v.curve_client = d.curve_client;
   v.insecure = d.insecure;
+  v.wait_when_done = d.wait_when_done;
   v.model = ModelName(d.model);
   v.hidden = JoinSizes(d.hidden);
   v.optimizer = OptimizerName(d.optimizer);
@@ -140,6 +141,10 @@ WorkerCommandLine::WorkerCommandLine()
         "seconds to wait for every shard to answer at start");
   f.Int("leave-timeout", &v.leave_timeout_s,
         "seconds after SIGTERM/SIGINT to finish the step and leave before exiting anyway");
+  f.Bool("wait-when-done", &v.wait_when_done,
+         "once the job is trained, stay up (idle, metrics served) until SIGTERM/SIGINT instead "
+         "of exiting: for a pod of a Kubernetes Deployment, which restarts containers that "
+         "exit, even with 0");
   f.Int("train-limit", &v.train_limit, "use only the first N training samples (0: all)");
   f.Int("test-limit", &v.test_limit, "evaluate on only the first N test samples (0: all)");
   f.Double("step-delay-factor", &v.step_delay_factor,
@@ -279,6 +284,7 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.global_batch = v.global_batch;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
+  c.wait_when_done = v.wait_when_done;
   if (v.send_delay_ms < 0 || v.send_delay_ms > 10000) {
     return bad_int("inject-send-delay-ms", v.send_delay_ms, "need milliseconds in [0, 10000]");
   }

@@ -28,7 +28,8 @@ struct WorkerConfig {
   int64_t send_delay_ms = 0;  // fault injection: each message to a shard waits this long first
   std::string curve_keys;     // empty: no CURVE
   std::string curve_client = kDefaultCurveClient;
-  bool insecure = false;  // allow non-loopback --servers without --curve-keys
+  bool insecure = false;        // allow non-loopback --servers without --curve-keys
+  bool wait_when_done = false;  // stay up, idle, after the job until SIGTERM (a Deployment's pod)
 
   // The job.
   ModelKind model = ModelKind::kMlp;
@@ -93,7 +94,7 @@ class WorkerCommandLine {
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim, send_delay_ms, global_batch;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
-    bool local, no_eval, no_shm, insecure;
+    bool local, no_eval, no_shm, insecure, wait_when_done;
   };
   // The flags' defaults: `defaults` as the flags write it.
   static Values ValuesOf(const WorkerConfig& defaults);

@@ -49,6 +49,7 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->curve_client, "client");
   EXPECT_TRUE(c->evaluate);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_FALSE(c->wait_when_done);
   EXPECT_EQ(c->log_level, "info");
 }
 
@@ -56,7 +57,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
                   "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
                   "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
-                  "--global-batch=192"});
+                  "--global-batch=192", "--wait-when-done"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -71,6 +72,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->log_level, "debug");
   EXPECT_EQ(c->global_batch, 192);
   EXPECT_TRUE(c->insecure);
+  EXPECT_TRUE(c->wait_when_done);
 }
 
 // Secure by default: shards another host could be on need CURVE keys or --insecure;

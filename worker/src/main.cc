@@ -322,7 +322,17 @@ int Run(const WorkerConfig& config) {
   std::signal(SIGINT, OnSignal);
   w.watchdog.emplace(std::max<int64_t>(1, config.leave_timeout_s));
   if (auto failure = BuildTraining(config, w)) return report(*failure);
-  return Train(config, w);
+  const int code = Train(config, w);
+  if (code == 0 && config.wait_when_done && !g_stop.load()) {
+    // A Deployment restarts a container that exits, even with 0: stay up, idle, until the
+    // pod is removed (kubectl scale --replicas=0). The metrics endpoint keeps answering.
+    std::fflush(stdout);
+    spdlog::info(
+        "the job is trained; waiting for SIGTERM or SIGINT to exit (--wait-when-done: scale the "
+        "workers to 0 or delete them)");
+    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return code;
 }
 
 }  // namespace

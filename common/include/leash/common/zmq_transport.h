@@ -44,7 +44,9 @@ struct ZmqOptions {
   // and everything goes through the socket as without it. Frames that do not fit in a
   // ring at the moment go through the socket too.
   bool shared_memory = false;
-  int64_t shm_ring_bytes = int64_t{16} << 20;  // per direction and connection
+  // The most a ring (one per direction and connection) grows to; it reserves /dev/shm
+  // only as its frames in flight need it, in steps of 1 MiB.
+  int64_t shm_ring_bytes = int64_t{16} << 20;
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
   // Fault injection (a client): every Send first waits this long, a slow link made in the
   // application where the kernel offers no netem. 0: none.
