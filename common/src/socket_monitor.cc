@@ -14,7 +14,8 @@ namespace leash {
 using zmq_util::Hex;
 using zmq_util::NowMs;
 
-SocketMonitor::SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int events) {
+SocketMonitor::SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int events)
+    : watched_(watched.handle()) {
   static std::atomic<uint64_t> next{0};
   std::string endpoint =
       "inproc://leash-monitor-" + std::to_string(::getpid()) + "-" + std::to_string(next++);
@@ -23,6 +24,8 @@ SocketMonitor::SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int ev
   pair_.set(zmq::sockopt::linger, 0);
   pair_.connect(endpoint);
 }
+
+SocketMonitor::~SocketMonitor() { zmq_socket_monitor(watched_, nullptr, 0); }
 
 int SocketMonitor::fd() {
   int fd = -1;

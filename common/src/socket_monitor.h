@@ -26,8 +26,16 @@ class SocketMonitor {
     uint32_t value = 0;  // the event's value (an errno, a ZAP status, a protocol error)
   };
 
-  // Throws zmq::error_t if the monitor cannot be set up.
+  // Throws zmq::error_t if the monitor cannot be set up. `watched` must outlive the monitor:
+  // destroy the monitor before closing the socket it watches.
   SocketMonitor(zmq::context_t& ctx, zmq::socket_t& watched, int events);
+  // Stops the monitoring (while the watched socket is still open), then closes the pair.
+  // In that order: libzmq's I/O thread sends each event with a blocking send, so an event
+  // of a socket whose monitor pair was closed first blocks that thread for good, and with it
+  // every socket of the context (a worker went silent to every shard after a reconnect).
+  ~SocketMonitor();
+  SocketMonitor(const SocketMonitor&) = delete;
+  SocketMonitor& operator=(const SocketMonitor&) = delete;
 
   void* handle() { return pair_.handle(); }
   // The file descriptor that signals (edge-triggered, like any ZeroMQ socket's) that
@@ -38,6 +46,7 @@ class SocketMonitor {
   std::optional<Event> Next();
 
  private:
+  void* watched_;
   zmq::socket_t pair_;
 };
 

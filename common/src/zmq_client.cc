@@ -31,8 +31,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
 
   ~ZmqClient() override {
     for (size_t i = 0; i < sockets_.size(); ++i) {
+      monitors_[i].reset();  // before the socket it watches (socket_monitor.h)
       sockets_[i].reset();
-      monitors_[i].reset();
     }
   }
 
@@ -185,8 +185,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
       s->connect(endpoints_[idx]);
+      monitors_[idx] = std::move(m);  // the old monitor goes before the old socket
       sockets_[idx] = std::move(s);
-      monitors_[idx] = std::move(m);
       if (!replaced) SendOffer(idx);
     } catch (const zmq::error_t& e) {
       return InvalidArgument("cannot connect to shard " + std::to_string(shard) + " at '" +

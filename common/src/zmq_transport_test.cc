@@ -7,6 +7,10 @@
 #include "leash/common/zmq_transport.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -368,6 +372,58 @@ TEST_F(ZmqTransportTest, AReceiveOnOneThreadGetsEveryReplyWhileAnotherThreadSend
   waiter.join();
   stop.store(true);
   echo.join();
+}
+
+// A peer that accepts TCP connections and closes them at once, so every handshake with it
+// breaks (a monitor event each time) while the client keeps replacing its socket. No event
+// may block the client's ZeroMQ I/O thread: its other connection still carries messages.
+TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShards) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(::listen(listener, 64), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+  struct Cleanup {
+    std::atomic<bool>& stop;
+    int fd;
+    ~Cleanup() {
+      stop.store(true);
+      ::close(fd);
+    }
+  };
+  std::jthread closer([&] {
+    while (!stop.load()) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      int c = ::accept(listener, nullptr, nullptr);
+      if (c < 0) continue;
+      ++accepted;
+      ::close(c);
+    }
+  });
+  Cleanup cleanup{stop, listener};  // destroyed first: stops the thread before it is joined
+
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string hostile = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto client = ConnectZmqClient(cctx, {endpoint_, hostile});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(RoundTrip(**server, **client, 10s));
+  auto end = std::chrono::steady_clock::now() + 2s;
+  while (std::chrono::steady_clock::now() < end) {
+    Status st = (*client)->Reconnect(1);
+    ASSERT_TRUE(st.ok()) << st;
+    (void)(*client)->Receive(1ms);  // reads the monitors' events, as a worker does
+  }
+  EXPECT_GT(accepted.load(), 10);
+  EXPECT_TRUE(RoundTrip(**server, **client, 10s));
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {
