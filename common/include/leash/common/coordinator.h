@@ -31,9 +31,9 @@ namespace leash {
 
 // One replica process of a shard, as workers and its peers reach it.
 struct ReplicaAddress {
-  uint32_t replica = 0;   // 0..R-1, stable across restarts (the pod ordinal on Kubernetes)
-  std::string endpoint;   // "tcp://host:port" (workers and peer replicas connect here)
-  uint64_t boot_id = 0;   // changes with every process start
+  uint32_t replica = 0;  // 0..R-1, stable across restarts (the pod ordinal on Kubernetes)
+  std::string endpoint;  // "tcp://host:port" (workers and peer replicas connect here)
+  uint64_t boot_id = 0;  // changes with every process start
   bool operator==(const ReplicaAddress&) const = default;
 };
 
