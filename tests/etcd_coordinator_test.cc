@@ -378,7 +378,18 @@ TEST_F(EtcdCoordinatorTest, EtcdDownGivesUnavailableAndTheCoordinatorRecoversAft
   ASSERT_TRUE(dir.ok()) << dir.status();
   ASSERT_EQ(*a->Campaign(), std::optional<uint64_t>(1));
 
+  // A watch in progress ends when etcd dies (rather than waiting out its timeout).
+  auto view = (*dir)->View();
+  ASSERT_TRUE(view.ok()) << view.status();
+  auto watching = std::async(std::launch::async, [&] {
+    return (*dir)->WaitForChange(view->revision, milliseconds(600000));
+  });
+  std::this_thread::sleep_for(milliseconds(300));  // most likely watching by now
   etcd_->Kill();
+  ASSERT_EQ(watching.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "a watch outlived etcd by a minute";
+  auto watched = watching.get();
+  EXPECT_EQ(watched.status().code(), StatusCode::kUnavailable) << watched.status();
   auto v = (*dir)->View();
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), StatusCode::kUnavailable) << v.status();
