@@ -57,8 +57,7 @@ TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimar
   const std::string shard_endpoint = Endpoint(FreePort());
   const std::string backup_endpoint = Endpoint(FreePort());
   Process shard({LEASH_SERVER_BIN, "--bind=" + shard_endpoint,
-                 "--data-dir=" + dir_.path() + "/shard0", "--checkpoint-interval=0",
-                 "--no-sync"},
+                 "--data-dir=" + dir_.path() + "/shard0", "--checkpoint-interval=0", "--no-sync"},
                 dir_.path() + "/shard0.log");
   auto primary = Replica(0, shard_endpoint);
   auto backup = Replica(1, backup_endpoint);

@@ -269,7 +269,7 @@ struct EtcdCoordinator::Impl {
   std::chrono::seconds ttl{0};
   uint64_t held_term = 0;
   std::string held_value;  // the primary key's value this replica wrote for held_term
-  std::thread thread;
+  std::thread thread;      // guarded by mu
 
   milliseconds Margin() const {
     return std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(ttl) / 5);
@@ -371,12 +371,14 @@ struct EtcdCoordinator::Impl {
   }
 
   void StopThread() {
+    std::thread t;
     {
       std::lock_guard<std::mutex> lock(mu);
       stopping = true;
+      t = std::move(thread);
     }
     cv.notify_all();
-    if (thread.joinable()) thread.join();
+    if (t.joinable()) t.join();
     std::lock_guard<std::mutex> lock(mu);
     stopping = false;
   }
@@ -443,7 +445,13 @@ Status EtcdCoordinator::Join(uint32_t shard, const ReplicaAddress& self) {
   Clock::time_point sent;
   LEASH_ASSIGN_OR_RETURN(etcd::Lease lease, m.Register(shard, self, *m.client, &sent));
   {
-    std::lock_guard<std::mutex> lock(m.mu);
+    std::unique_lock<std::mutex> lock(m.mu);
+    if (m.joined) {  // a concurrent Join won
+      lock.unlock();
+      (void)m.client->LeaseRevoke(lease.id);
+      return FailedPrecondition("this coordinator already joined shard " + std::to_string(m.shard) +
+                                "; Leave first");
+    }
     m.joined = true;
     m.shard = shard;
     m.self = self;
@@ -453,8 +461,8 @@ Status EtcdCoordinator::Join(uint32_t shard, const ReplicaAddress& self) {
     m.held_value.clear();
     m.term_lost.store(false);
     m.Renewed(sent, lease.ttl);
+    m.thread = std::thread([&m] { m.KeepAliveLoop(); });  // it waits for the lock
   }
-  m.thread = std::thread([&m] { m.KeepAliveLoop(); });
   spdlog::info("shard {} replica {} ({}) joined job '{}' in etcd at {} (lease {:x}, TTL {} s)",
                shard, self.replica, self.endpoint, m.options.job, m.client->EndpointsString(),
                lease.id, lease.ttl.count());

@@ -65,7 +65,8 @@ class EtcdCoordinator final : public Coordinator {
   // Coordinator. Beyond coordinator.h: if etcd reports the lease gone (this process was cut
   // off for the TTL), the keep-alive thread registers again under a new lease; a term won
   // under the lost lease is over, and LeaseValid() stays false until the caller hears so
-  // (SetInSync's FailedPrecondition or Resign of that term) or wins a new term.
+  // (SetInSync's FailedPrecondition or Resign of that term) or wins a new term. Campaign by
+  // the current primary returns its term.
   Status Join(uint32_t shard, const ReplicaAddress& self) override;
   Status Leave() override;
   bool LeaseValid() const override;
