@@ -8,6 +8,10 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
   librocksdb-dev libspdlog-dev libfmt-dev zlib1g-dev prometheus-cpp-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libopenblas-dev
+  # replicated shards (--replicas > 1, docs/replication.md): etcd's v3 JSON gateway through
+  # libcurl and nlohmann-json (OpenSSL's base64 for its keys); the etcd server and etcdctl
+  # for the scripts, the tests and the compose cluster
+  libcurl4-openssl-dev libssl-dev nlohmann-json3-dev etcd-server etcd-client
   dataset-fashion-mnist
   # the multi-host test's network namespaces, bridge and private /dev/shm mounts
   iproute2 util-linux

@@ -1,13 +1,17 @@
 // leashctl: operator tool for a running Leash cluster. `status` prints shards, live
 // workers and clocks; `checkpoint` makes every shard write a snapshot now; `health` asks
 // each shard whether it serves (for probes: exit 0 or 1 with the reason); `keygen` writes
-// CURVE key pairs for --curve-keys. Single-threaded (the client has its own I/O thread).
+// CURVE key pairs for --curve-keys. With --etcd (replicated shards), the shards are found
+// in etcd: `status` first prints each shard's primary, backups, term and in-sync set, and
+// every command talks to the primaries. Single-threaded (the client has its own I/O thread).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "leash/common/cli.h"
 #include "leash/common/curve_keys.h"
+#include "leash/common/etcd_coordinator.h"
 #include "leash/common/flags.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
@@ -146,6 +150,75 @@ int Status(leash::Client& client, bool json) {
   return 0;
 }
 
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
+}
+
+std::string ReplicaJson(const leash::ReplicaAddress& a) {
+  return "{\"replica\": " + std::to_string(a.replica) +
+         ", \"endpoint\": " + JsonString(a.endpoint) +
+         ", \"boot_id\": " + std::to_string(a.boot_id) + "}";
+}
+
+// leashctl --etcd ... status: the replication view of every shard, as etcd holds it. The
+// replication lag is the replicas' to report (in the shards' own status below it).
+void PrintReplication(const leash::ClusterView& view, const std::string& job, bool json) {
+  if (json) {
+    std::printf("\"job\": %s, \"etcd_revision\": %lld, \"replicas\": %u, \"replication\": [",
+                JsonString(job).c_str(), static_cast<long long>(view.revision), view.replicas);
+  } else {
+    std::printf("job '%s' in etcd: %u shards x %u replicas (etcd revision %lld)\n", job.c_str(),
+                view.num_shards, view.replicas, static_cast<long long>(view.revision));
+  }
+  for (const leash::ShardView& s : view.shards) {
+    auto in_sync = [&](uint32_t r) {
+      return std::binary_search(s.in_sync.begin(), s.in_sync.end(), r);
+    };
+    std::vector<leash::ReplicaAddress> backups;
+    for (const auto& a : s.live) {
+      if (!s.primary || a.replica != s.primary->replica) backups.push_back(a);
+    }
+    std::string set;
+    for (uint32_t r : s.in_sync) set += (set.empty() ? "" : ",") + std::to_string(r);
+    if (json) {
+      std::printf("%s{\"shard\": %u, \"term\": %llu, \"primary\": %s, \"backups\": [",
+                  s.shard == 0 ? "" : ", ", s.shard, static_cast<unsigned long long>(s.term),
+                  s.primary ? ReplicaJson(*s.primary).c_str() : "null");
+      for (size_t i = 0; i < backups.size(); ++i) {
+        std::printf("%s%s", i ? ", " : "", ReplicaJson(backups[i]).c_str());
+      }
+      std::printf("], \"in_sync\": [%s]}", set.c_str());
+      continue;
+    }
+    if (s.primary) {
+      std::printf("shard %u: term %llu, primary replica %u at %s", s.shard,
+                  static_cast<unsigned long long>(s.term), s.primary->replica,
+                  s.primary->endpoint.c_str());
+    } else {
+      std::printf("shard %u: no primary (an election is due)", s.shard);
+    }
+    std::printf("; in sync: %s\n", set.empty() ? "any (nothing acknowledged yet)" : set.c_str());
+    if (backups.empty()) std::printf("  no live backup\n");
+    for (const auto& b : backups) {
+      std::printf("  %s replica %u at %s, %s\n", s.primary ? "backup" : "live", b.replica,
+                  b.endpoint.c_str(),
+                  s.in_sync.empty()    ? "may lead"
+                  : in_sync(b.replica) ? "in sync"
+                                       : "catching up (cannot lead)");
+    }
+  }
+  if (json) {
+    std::printf("], ");
+  } else {
+    std::printf("(replication lag: reported by the replicas themselves, not here yet)\n");
+  }
+}
+
 // leashctl health: each shard in --servers on a connection of its own, so that every one
 // gets its own verdict. A shard is healthy when it answers a Stats request within the
 // timeout: it is listening, has recovered its snapshot (a shard binds only after that)
@@ -237,6 +310,8 @@ int Run(int argc, char** argv) {
   std::string curve_client = leash::kDefaultCurveClient;
   bool keygen_server = false;
   std::string keygen_clients;
+  std::string etcd;
+  std::string job = leash::EtcdOptions{}.job;
   leash::CommandLine cli(
       "leashctl",
       "Operates a Leash cluster.\n\ncommands:\n  status      shards, live workers, clocks, parked "
@@ -254,6 +329,10 @@ int Run(int argc, char** argv) {
                "CURVE keys directory: talk to CURVE shards with DIR/<curve-client>.key");
   flags.String("curve-client", &curve_client,
                "name of the key pair in --curve-keys to use (DIR/NAME.key)");
+  flags.List("etcd", &etcd,
+             "replicated shards: etcd client URLs (http://host:2379,...); the shards' primaries "
+             "are found there instead of in --servers, and status prints the replication view");
+  flags.String("job", &job, "with --etcd: the job's name in etcd (its keys are /leash/JOB/)");
   flags.Bool("server", &keygen_server, "keygen: write the shards' key pair DIR/server.key");
   flags.String("client", &keygen_clients,
                "keygen: comma-separated client key pairs to write and authorize");
@@ -286,10 +365,52 @@ int Run(int argc, char** argv) {
     }
     zo.curve = std::move(*keys);
   }
+  bool replication_printed = false;
+  if (!etcd.empty()) {
+    leash::EtcdOptions eo;
+    auto endpoints = leash::ParseEtcdEndpoints(etcd);
+    if (!endpoints.ok()) {
+      std::fprintf(stderr, "leashctl: --etcd: %s\n", endpoints.status().message().c_str());
+      return 2;
+    }
+    eo.endpoints = std::move(*endpoints);
+    eo.job = job;
+    eo.request_timeout = std::chrono::seconds(std::min<int64_t>(timeout_s, 5));
+    auto directory = leash::NewEtcdShardDirectory(eo);
+    auto view = directory.ok() ? (*directory)->View() : directory.status();
+    if (!view.ok()) {
+      std::fprintf(stderr, "leashctl: %s\n", view.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<std::string> primaries;
+    for (const auto& s : view->shards) {
+      if (s.primary) primaries.push_back(s.primary->endpoint);
+    }
+    if (cmd == "status") {
+      if (json) std::printf("{");
+      PrintReplication(*view, job, json);
+      replication_printed = true;
+    }
+    if (primaries.size() != view->shards.size()) {
+      if (cmd == "status") {
+        if (json) std::printf("\"status\": null}\n");
+        std::fprintf(stderr,
+                     "leashctl: not every shard has a primary now, so the shards' own status "
+                     "is left out\n");
+        return 0;
+      }
+      std::fprintf(stderr, "leashctl %s: not every shard of job '%s' has a primary now\n",
+                   cmd.c_str(), job.c_str());
+      return 1;
+    }
+    servers.clear();
+    for (const auto& p : primaries) servers += (servers.empty() ? "" : ",") + p;
+  }
   if (cmd == "health") return Health(leash::SplitList(servers), zo, timeout_s);
   leash::ZmqContext ctx;
   auto transport = leash::ConnectZmqClient(ctx, leash::SplitList(servers), zo);
   if (!transport.ok()) {
+    if (replication_printed && json) std::printf("\"status\": null}\n");
     std::fprintf(stderr, "leashctl: %s\n", transport.status().ToString().c_str());
     return 2;
   }
@@ -299,10 +420,16 @@ int Run(int argc, char** argv) {
   co.name = "leashctl";
   auto client = leash::Client::Connect(std::move(*transport), co);
   if (!client.ok()) {
+    if (replication_printed && json) std::printf("\"status\": null}\n");
     std::fprintf(stderr, "leashctl: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  if (cmd == "status") return Status(**client, json);
+  if (cmd == "status") {
+    if (replication_printed && json) std::printf("\"status\": ");
+    int rc = Status(**client, json);
+    if (replication_printed && json) std::printf("}\n");
+    return rc;
+  }
   auto clocks = (*client)->Checkpoint();
   if (!clocks.ok()) {
     std::fprintf(stderr, "leashctl: checkpoint failed: %s\n", clocks.status().ToString().c_str());
