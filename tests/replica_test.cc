@@ -36,7 +36,8 @@ class Group {
         ro_(ro),
         so_(so),
         net_(seed),
-        coord_(1, replicas, [this] { return now_; }, /*ttl_ms=*/1000),
+        coord_(
+            1, replicas, [this] { return now_; }, /*ttl_ms=*/1000),
         nodes_(replicas) {
     ro_.replicas = static_cast<uint32_t>(replicas);
     so_.checkpoint_interval_ms = 0;
@@ -66,8 +67,9 @@ class Group {
     ASSERT_TRUE(n.coordinator->Join(0, {static_cast<uint32_t>(r), Addr(r), next_boot_++}).ok());
     ReplicaOptions ro = ro_;
     ro.replica = static_cast<uint32_t>(r);
-    n.replica = std::make_unique<Replica>(ro, so_, &n.store, [this] { return now_; },
-                                          n.coordinator.get(), n.directory.get(), n.peers.get());
+    n.replica = std::make_unique<Replica>(
+        ro, so_, &n.store, [this] { return now_; }, n.coordinator.get(), n.directory.get(),
+        n.peers.get());
   }
   void StartAll() {
     for (int r = 0; r < replicas_; ++r) Start(r);
@@ -263,7 +265,8 @@ std::vector<float> TableValues(Replica& r) { return r.shard().Snapshot().tables.
 // An integer-valued gradient: sums of them are exact in float.
 std::vector<float> IntGrad(uint64_t seed, size_t n) {
   std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(static_cast<int>((seed * 7 + i) % 9) - 4);
+  for (size_t i = 0; i < n; ++i)
+    g[i] = static_cast<float>(static_cast<int>((seed * 7 + i) % 9) - 4);
   return g;
 }
 
@@ -304,6 +307,18 @@ TEST(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
     ExpectIdentical(g.replica(p), g.replica(r));
   }
   EXPECT_EQ(g.replica(p).shard().min_clock(), 40);
+
+  // The primary's stats say how far its backups are behind.
+  const uint64_t rid = a.NextRid();
+  auto stats = a.Call(rid, MakeStats(rid));
+  ASSERT_TRUE(stats && std::holds_alternative<ShardStats>(*stats));
+  const ShardStats& st = std::get<ShardStats>(*stats);
+  EXPECT_EQ(st.replicas, 3u);
+  EXPECT_EQ(st.replica, static_cast<uint32_t>(p));
+  EXPECT_EQ(st.term, g.replica(p).term());
+  EXPECT_EQ(st.log_index, g.replica(p).last_index());
+  EXPECT_EQ(st.replication_lag, 0u);
+  EXPECT_EQ(st.replicas_in_sync, 3u);
 }
 
 TEST(ReplicaTest, APushIsAcknowledgedOnlyOnceEveryInSyncBackupHoldsIt) {
@@ -383,8 +398,8 @@ TEST(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
   // A push to the deposed primary: logged and shipped in term 1, refused by r1.
   const uint64_t rid = w.NextRid();
   const std::vector<float> grad = IntGrad(5, 32);
-  Message push = MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 1, DType::kF32,
-                          EncodeValues(grad, DType::kF32));
+  Message push =
+      MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 1, DType::kF32, EncodeValues(grad, DType::kF32));
   (void)w.transport().Send(0, push);
   g.Turn(0);  // logs the push, ships it in term 1
   for (int i = 0; i < 50; ++i) {
@@ -507,6 +522,38 @@ TEST(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) 
   g.coordinator().ExpireLease(0, 0);
   for (int s = 0; s < 500; ++s) g.Step();
   EXPECT_FALSE(g.Primary()) << "an emptied replica took over and would lose the push";
+}
+
+TEST(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
+  Group g(2);
+  g.StartAll();
+  Elect(g);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(Settle(g, 2));
+  g.coordinator().SetUnavailable(true);
+  g.now() += 5000;  // far past the lease TTL: the primary's lease is no longer certain
+  ASSERT_FALSE(g.handle(0).LeaseValid());
+  std::vector<float> sum(32, 0.f);
+  for (int i = 1; i <= 10; ++i) {
+    ASSERT_TRUE(w.Push(IntGrad(i, 32), 8)) << "push " << i << " with the backup fencing";
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
+  }
+  // The backup dies: without the coordinator it cannot leave the in-sync set, and alone
+  // the primary acknowledges nothing on an uncertain lease.
+  g.Kill(1);
+  const uint64_t rid = w.NextRid();
+  Message push = MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 11, DType::kF32,
+                          EncodeValues(IntGrad(11, 32), DType::kF32));
+  EXPECT_FALSE(w.Call(rid, push, 3000)) << "acknowledged with no backup and no lease";
+  g.coordinator().SetUnavailable(false);
+  auto reply = w.Call(rid, push);
+  ASSERT_TRUE(reply && std::holds_alternative<PushReply>(*reply));
+  for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(11, 32)[k];
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0}));
+  const std::vector<float> got = TableValues(g.replica(0));
+  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
 }
 
 TEST(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {

@@ -575,7 +575,8 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                         r.pulls_served, r.errors, r.last_snapshot_clock, r.recovered_clock, wv, tv,
                         p.epochs_done, p.epochs, p.chunks_done, p.num_chunks, p.chunks_leased,
                         r.snapshot_age_ms, r.memory_budget_bytes, r.memory_used_bytes,
-                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped)
+                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped, r.replicas,
+                        r.replica, r.term, r.log_index, r.replication_lag, r.replicas_in_sync)
                         .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -651,6 +652,12 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.resident_bytes = r->resident_bytes();
       o.backup_workers = r->backup_workers();
       o.stale_pushes_dropped = r->stale_pushes_dropped();
+      o.replicas = r->replicas();
+      o.replica = r->replica();
+      o.term = r->term();
+      o.log_index = r->log_index();
+      o.replication_lag = r->replication_lag();
+      o.replicas_in_sync = r->replicas_in_sync();
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {

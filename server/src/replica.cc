@@ -38,10 +38,11 @@ Result<std::vector<float>> FrameFloats(const Frame& f, size_t count, const char*
 
 Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotStore* store,
                  NowMs now_ms, Coordinator* coordinator, ShardDirectory* directory,
-                 ClientTransport* peers)
+                 ClientTransport* peers, SparseStore* sparse)
     : options_(options),
       shard_options_(std::move(shard_options)),
       store_(store),
+      sparse_(sparse),
       now_ms_(std::move(now_ms)),
       coordinator_(coordinator),
       directory_(directory),
@@ -49,11 +50,20 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
       peers_state_(options.replicas) {
   LEASH_CHECK(options_.replicas > 1 && options_.replica < options_.replicas);
   shard_options_.replicated = true;
+  shard_options_.replication_stats = [this](ShardStats* st) {
+    st->replicas = options_.replicas;
+    st->replica = options_.replica;
+    st->term = term_;
+    st->log_index = last_index();
+    st->replication_lag = replication_lag();
+    st->replicas_in_sync = static_cast<uint32_t>(in_sync_.size());
+  };
   if (shard_options_.boot_id == 0) shard_options_.boot_id = RandomBootId();
   boot_id_ = RandomBootId();
   now_ = now_ms_();
   shard_now_ = now_;
-  shard_ = std::make_unique<Shard>(shard_options_, store_, [this] { return shard_now_; });
+  shard_ = std::make_unique<Shard>(
+      shard_options_, store_, [this] { return shard_now_; }, sparse_);
 }
 
 Replica::~Replica() = default;
@@ -81,8 +91,8 @@ std::vector<BackupProgress> Replica::backups() const {
   std::vector<BackupProgress> v;
   for (uint32_t r = 0; r < options_.replicas; ++r) {
     if (r == options_.replica) continue;
-    v.push_back({r, std::binary_search(in_sync_.begin(), in_sync_.end(), r),
-                 peers_state_[r].match_index});
+    v.push_back(
+        {r, std::binary_search(in_sync_.begin(), in_sync_.end(), r), peers_state_[r].match_index});
   }
   return v;
 }
@@ -117,8 +127,8 @@ bool Replica::ChangesState(const Message& message) const {
 
 void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
   now_ = now_ms_();
-  if (!IsBatch(message) && PeekRequest(message, shard_options_.limits).kind ==
-                               RequestPeek::kReplication) {
+  if (!IsBatch(message) &&
+      PeekRequest(message, shard_options_.limits).kind == RequestPeek::kReplication) {
     OnReplication(peer, message);
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
@@ -127,16 +137,16 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
     return;
   }
   if (role_ != ReplicaRole::kPrimary) {
-    std::string where = primary_ ? "replica " + std::to_string(*primary_) + " (term " +
-                                       std::to_string(term_) + ")"
-                                 : std::string("not known yet (an election is under way)");
-    out->push_back({peer, MakeError(PeekRequestId(message),
-                                    Unavailable("replica " + std::to_string(options_.replica) +
-                                                " of shard " +
-                                                std::to_string(shard_options_.shard) +
-                                                " is a backup; the primary is " + where +
-                                                ": follow the shard directory"),
-                                    shard_options_.boot_id)});
+    std::string where =
+        primary_ ? "replica " + std::to_string(*primary_) + " (term " + std::to_string(term_) + ")"
+                 : std::string("not known yet (an election is under way)");
+    out->push_back(
+        {peer, MakeError(PeekRequestId(message),
+                         Unavailable("replica " + std::to_string(options_.replica) + " of shard " +
+                                     std::to_string(shard_options_.shard) +
+                                     " is a backup; the primary is " + where +
+                                     ": follow the shard directory"),
+                         shard_options_.boot_id)});
     return;
   }
   if (ChangesState(message)) {
@@ -323,6 +333,7 @@ bool Replica::UpdateInSync() {
   }
   std::sort(want.begin(), want.end());
   if (want == in_sync_) return true;
+  if (now_ < next_in_sync_try_ms_) return false;
   Status st = coordinator_->SetInSync(term_, want);
   if (!st.ok()) {
     if (st.code() == StatusCode::kFailedPrecondition) {
@@ -330,8 +341,13 @@ bool Replica::UpdateInSync() {
       return false;
     }
     // Unreachable coordinator: the set cannot shrink, so nothing is acknowledged without
-    // the backups it names; try again next turn.
-    spdlog::warn("shard {}: in-sync set not updated: {}", shard_options_.shard, st.ToString());
+    // the backups it names; tried again shortly, said once in a while.
+    next_in_sync_try_ms_ = now_ + options_.campaign_ms;
+    if (in_sync_warned_ms_ < 0 || now_ - in_sync_warned_ms_ >= 10000) {
+      spdlog::warn("shard {}: in-sync set not updated (acknowledgements wait for it): {}",
+                   shard_options_.shard, st.ToString());
+      in_sync_warned_ms_ = now_;
+    }
     return false;
   }
   for (uint32_t r : want) {
@@ -350,8 +366,12 @@ bool Replica::UpdateInSync() {
 
 void Replica::AdvanceCommit() {
   if (role_ != ReplicaRole::kPrimary) return;
-  // A primary whose lease may have expired acknowledges nothing: another may lead by now.
-  if (!coordinator_->LeaseValid()) return;
+  // Who fences a primary that may have been deposed: with backups in the in-sync set,
+  // they do (a new primary comes from that set and refuses this term, so nothing commits
+  // without it); alone in the set, only its lease does, so it acknowledges nothing while
+  // the lease may have expired. Training goes on with backups while the coordinator is
+  // down.
+  if (in_sync_.size() == 1 && !coordinator_->LeaseValid()) return;
   uint64_t c = last_index();
   for (uint32_t r : in_sync_)
     if (r != options_.replica) c = std::min(c, peers_state_[r].match_index);
@@ -584,7 +604,8 @@ void Replica::OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloa
                   m.primary, st.ToString());
     return;
   }
-  auto shard = std::make_unique<Shard>(shard_options_, store_, [this] { return shard_now_; });
+  auto shard = std::make_unique<Shard>(
+      shard_options_, store_, [this] { return shard_now_; }, sparse_);
   if (auto r = shard->Recover(); !r.ok()) {
     spdlog::error("shard {}: snapshot from replica {} not installed: {}", shard_options_.shard,
                   m.primary, r.status().ToString());

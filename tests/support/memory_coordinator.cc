@@ -168,10 +168,12 @@ Status MemoryCoordinatorService::RefuseLocked(uint64_t lease) const {
 }
 
 void MemoryCoordinatorService::RefreshLocked() {
+  // A coordinator that is down ends no lease either (etcd's leases outlive its restart).
+  if (unavailable_) return;
   const int64_t now = now_ms_();
   for (auto& [id, l] : leases_) {
     if (!l.alive) continue;
-    if (!unavailable_ && !l.cut) {
+    if (!l.cut) {
       l.deadline_ms = now + ttl_ms_;
       l.keepalive_ms = now;
       continue;
@@ -201,8 +203,9 @@ ClusterView MemoryCoordinatorService::ViewLocked() const {
     }
     for (const auto& [id, l] : leases_)
       if (l.alive && l.shard == s) sv.live.push_back(l.address);
-    std::sort(sv.live.begin(), sv.live.end(),
-              [](const ReplicaAddress& a, const ReplicaAddress& b) { return a.replica < b.replica; });
+    std::sort(sv.live.begin(), sv.live.end(), [](const ReplicaAddress& a, const ReplicaAddress& b) {
+      return a.replica < b.replica;
+    });
     v.shards.push_back(std::move(sv));
   }
   return v;

@@ -39,8 +39,9 @@ class MemoryCoordinatorService {
   // Cuts the replica off (true) or reconnects it: its calls fail Unavailable and its
   // keep-alives stop, so its lease runs out after the TTL.
   void Partition(uint32_t shard, uint32_t replica, bool cut);
-  // Every call fails Unavailable and no lease is kept alive (etcd down); leases held are
-  // given the TTL again when it comes back (etcd's leases survive a restart of etcd).
+  // Every call fails Unavailable and no lease is kept alive or ended (etcd down); leases
+  // held are given the TTL again when it comes back (etcd's leases survive its restart).
+  // Handles' LeaseValid() turns false after the TTL all the same: they cannot tell.
   void SetUnavailable(bool unavailable);
 
   ShardView View(uint32_t shard);

@@ -61,9 +61,11 @@ class Replica {
   // `shard_options.replicated` is set here. `store` (outliving the replica) receives the
   // shard's snapshots and the ones a primary ships; `coordinator` and `directory` (the
   // same shard's, joined by the caller) and `peers` (one connection per replica, index =
-  // replica; sends only) outlive it too. `now_ms` is the steady clock.
+  // replica; sends only) outlive it too, and `sparse` (the cold tier; null: in memory).
+  // `now_ms` is the steady clock.
   Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotStore* store, NowMs now_ms,
-          Coordinator* coordinator, ShardDirectory* directory, ClientTransport* peers);
+          Coordinator* coordinator, ShardDirectory* directory, ClientTransport* peers,
+          SparseStore* sparse = nullptr);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -141,6 +143,7 @@ class Replica {
   ReplicaOptions options_;
   ShardOptions shard_options_;
   SnapshotStore* store_;
+  SparseStore* sparse_;
   NowMs now_ms_;
   Coordinator* coordinator_;
   ShardDirectory* directory_;
@@ -167,7 +170,9 @@ class Replica {
   // Primary.
   uint64_t term_start_index_ = 0;  // this term's no-op: nothing commits before it does
   std::vector<Peer> peers_state_;
-  std::vector<uint32_t> in_sync_;  // sorted, contains options_.replica
+  std::vector<uint32_t> in_sync_;    // sorted, contains options_.replica
+  int64_t next_in_sync_try_ms_ = 0;  // after a failed SetInSync
+  int64_t in_sync_warned_ms_ = -1;
   std::deque<Held> held_;
   std::vector<Outgoing> scratch_;
   std::function<void(ReplicaRole, uint64_t)> role_observer_;

@@ -72,6 +72,8 @@ struct ShardOptions {
   // sparse rows out; the primary decides both and logs them (ExpiredWorkers, EvictWorker,
   // SweepExpiry), so every replica applies them at the same point of the log.
   bool replicated = false;
+  // Fills the replication fields of ShardStats (a Replica sets it); unset: none.
+  std::function<void(ShardStats*)> replication_stats;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
