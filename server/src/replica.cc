@@ -99,15 +99,10 @@ std::vector<BackupProgress> Replica::backups() const {
 
 // ---- workers' requests ------------------------------------------------------------------
 
-bool Replica::ChangesState(const Message& message) const {
-  if (IsBatch(message)) {
-    auto parts = UnpackBatch(message);
-    if (!parts.ok()) return false;  // the shard answers it with an error and changes nothing
-    for (const Message& m : *parts)
-      if (ChangesState(m)) return true;
-    return false;
-  }
-  const RequestPeek p = PeekRequest(message, shard_options_.limits);
+namespace {
+
+// Whether a request of this kind changes replicated state (and so is logged).
+bool PeekChangesState(const RequestPeek& p, const Shard& shard, const ShardOptions& options) {
   switch (p.kind) {
     case RequestPeek::kRegister:
     case RequestPeek::kCreateTable:
@@ -119,16 +114,31 @@ bool Replica::ChangesState(const Message& message) const {
     case RequestPeek::kPull:
       // A sparse pull creates rows and moves them between tiers; under backup workers a pull
       // sets the bound its worker's pushes are held to. Dense pulls only read.
-      return shard_->sparse_table(p.table_id) != nullptr || shard_options_.backup_workers > 0;
+      return shard.sparse_table(p.table_id) != nullptr || options.backup_workers > 0;
     default:
       return false;  // heartbeats, stats, checkpoints (each replica's own), garbage
   }
 }
 
+}  // namespace
+
+bool Replica::ChangesState(const Message& message) const {
+  if (IsBatch(message)) {
+    auto parts = UnpackBatch(message);
+    if (!parts.ok()) return false;  // the shard answers it with an error and changes nothing
+    for (const Message& m : *parts)
+      if (ChangesState(m)) return true;
+    return false;
+  }
+  return PeekChangesState(PeekRequest(message, shard_options_.limits), *shard_, shard_options_);
+}
+
 void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
   now_ = now_ms_();
-  if (!IsBatch(message) &&
-      PeekRequest(message, shard_options_.limits).kind == RequestPeek::kReplication) {
+  // The header is verified once here to route the message, and again by the shard.
+  const bool batch = IsBatch(message);
+  const RequestPeek peek = batch ? RequestPeek{} : PeekRequest(message, shard_options_.limits);
+  if (peek.kind == RequestPeek::kReplication) {
     OnReplication(peer, message);
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
@@ -149,7 +159,7 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
                          shard_options_.boot_id)});
     return;
   }
-  if (ChangesState(message)) {
+  if (batch ? ChangesState(message) : PeekChangesState(peek, *shard_, shard_options_)) {
     Log(ReplEntryWire::kInput, peer, 0, message);
   } else {
     // Read-only: served from the primary's state, which holds every entry logged so far;
