@@ -575,7 +575,8 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                         r.pulls_served, r.errors, r.last_snapshot_clock, r.recovered_clock, wv, tv,
                         p.epochs_done, p.epochs, p.chunks_done, p.num_chunks, p.chunks_leased,
                         r.snapshot_age_ms, r.memory_budget_bytes, r.memory_used_bytes,
-                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped)
+                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped, r.replicas,
+                        r.replica, r.term, r.log_index, r.replication_lag, r.replicas_in_sync)
                         .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -651,6 +652,12 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.resident_bytes = r->resident_bytes();
       o.backup_workers = r->backup_workers();
       o.stale_pushes_dropped = r->stale_pushes_dropped();
+      o.replicas = r->replicas();
+      o.replica = r->replica();
+      o.term = r->term();
+      o.log_index = r->log_index();
+      o.replication_lag = r->replication_lag();
+      o.replicas_in_sync = r->replicas_in_sync();
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {
@@ -769,6 +776,233 @@ Message MakeCheckpoint(uint64_t rid) { return EncodeRequest(rid, CheckpointReque
 
 Message MakeCreateTable(uint64_t rid, const TableSpec& spec) {
   return EncodeRequest(rid, CreateTableRequest{spec});
+}
+
+// ---- replication (appended; docs/replication.md) --------------------------------------
+
+namespace {
+
+bool IsReplicationBody(wire::Body b) {
+  return b == wire::Body::ReplAppend || b == wire::Body::ReplAck || b == wire::Body::ReplSnapshot;
+}
+
+std::string BytesToString(const flatbuffers::Vector<uint8_t>* v) {
+  return v == nullptr ? std::string() : std::string(v->begin(), v->end());
+}
+
+std::vector<uint8_t> BytesToVector(const flatbuffers::Vector<uint8_t>* v) {
+  return v == nullptr ? std::vector<uint8_t>() : std::vector<uint8_t>(v->begin(), v->end());
+}
+
+}  // namespace
+
+bool IsReplication(const Message& msg, const WireLimits& limits) {
+  if (msg.empty() || IsBatch(msg)) return false;
+  auto env = VerifyEnvelope(msg, limits);
+  return env.ok() && IsReplicationBody((*env)->body_type());
+}
+
+RequestPeek PeekRequest(const Message& msg, const WireLimits& limits) {
+  RequestPeek p;
+  auto env = VerifyEnvelope(msg, limits);
+  if (!env.ok()) return p;
+  switch ((*env)->body_type()) {
+    case wire::Body::Register:
+      p.kind = RequestPeek::kRegister;
+      break;
+    case wire::Body::CreateTable:
+      p.kind = RequestPeek::kCreateTable;
+      break;
+    case wire::Body::Pull:
+      p.kind = RequestPeek::kPull;
+      p.table_id = (*env)->body_as_Pull()->table_id();
+      break;
+    case wire::Body::Push:
+      p.kind = RequestPeek::kPush;
+      p.table_id = (*env)->body_as_Push()->table_id();
+      break;
+    case wire::Body::ClockUpdate:
+      p.kind = RequestPeek::kClock;
+      break;
+    case wire::Body::Heartbeat:
+      p.kind = RequestPeek::kHeartbeat;
+      break;
+    case wire::Body::Leave:
+      p.kind = RequestPeek::kLeave;
+      break;
+    case wire::Body::Checkpoint:
+      p.kind = RequestPeek::kCheckpoint;
+      break;
+    case wire::Body::Stats:
+      p.kind = RequestPeek::kStats;
+      break;
+    case wire::Body::ChunkRequest:
+      p.kind = RequestPeek::kChunkRequest;
+      break;
+    case wire::Body::ReplAppend:
+    case wire::Body::ReplAck:
+    case wire::Body::ReplSnapshot:
+      p.kind = RequestPeek::kReplication;
+      break;
+    default:
+      break;
+  }
+  return p;
+}
+
+Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLimits& limits) {
+  LEASH_ASSIGN_OR_RETURN(const wire::Envelope* env, VerifyEnvelope(msg, limits));
+  const size_t payloads = msg.size() - 1;
+  std::span<const Frame> rest = std::span<const Frame>(msg).subspan(1);
+  switch (env->body_type()) {
+    case wire::Body::ReplAppend: {
+      const wire::ReplAppend* a = env->body_as_ReplAppend();
+      ReplAppendMsg m{a->term(), a->primary(), a->prev_index(), a->prev_term(), a->commit(), {}};
+      size_t at = 0;
+      if (a->entries() != nullptr) {
+        m.entries.reserve(a->entries()->size());
+        for (const wire::ReplEntry* e : *a->entries()) {
+          if (e->kind() > ReplEntryWire::kNoop) {
+            return InvalidArgument("replication entry of unknown kind " +
+                                   std::to_string(e->kind()));
+          }
+          ReplEntryWire w;
+          w.term = e->term();
+          w.index = e->index();
+          w.now_ms = e->now_ms();
+          w.kind = static_cast<ReplEntryWire::Kind>(e->kind());
+          w.peer = BytesToString(e->peer());
+          w.worker_id = e->worker_id();
+          if (e->frames() > payloads - at) {
+            return InvalidArgument("replication append names " + std::to_string(e->frames()) +
+                                   " frames for entry " + std::to_string(e->index()) + ", only " +
+                                   std::to_string(payloads - at) + " follow");
+          }
+          w.message.assign(rest.begin() + at, rest.begin() + at + e->frames());
+          at += e->frames();
+          m.entries.push_back(std::move(w));
+        }
+      }
+      if (at != payloads) {
+        return InvalidArgument("replication append carries " + std::to_string(payloads) +
+                               " frames, its entries name " + std::to_string(at));
+      }
+      return Decoded<ReplMessage>{env->request_id(), ReplMessage(std::move(m)), {}};
+    }
+    case wire::Body::ReplAck: {
+      const wire::ReplAck* a = env->body_as_ReplAck();
+      if (payloads != 0) return InvalidArgument("a replication ack carries no payload frames");
+      return Decoded<ReplMessage>{
+          env->request_id(),
+          ReplMessage(ReplAckMsg{a->term(), a->replica(), a->ok(), a->last_index(),
+                                 a->needs_snapshot(), a->boot_id()}),
+          {}};
+    }
+    case wire::Body::ReplSnapshot: {
+      const wire::ReplSnapshot* s = env->body_as_ReplSnapshot();
+      ReplSnapshotMsg m;
+      m.term = s->term();
+      m.primary = s->primary();
+      m.index = s->index();
+      m.index_term = s->index_term();
+      m.commit = s->commit();
+      m.shard = s->shard();
+      m.num_shards = s->num_shards();
+      m.min_clock = s->min_clock();
+      if (s->workers() != nullptr) {
+        for (const wire::ReplWorker* w : *s->workers()) {
+          m.workers.push_back({w->worker_id(), w->incarnation(), w->clock(), w->last_seq(),
+                               w->name() == nullptr ? std::string() : w->name()->str()});
+        }
+      }
+      size_t frames = 0;
+      if (s->tables() != nullptr) {
+        for (const wire::ReplTable* t : *s->tables()) {
+          m.tables.push_back({t->table_id(), BytesToVector(t->spec()), t->row_begin(), t->row_end(),
+                              t->cols(), t->slots(), t->optimizer_steps()});
+          frames += 1 + t->slots();
+        }
+      }
+      m.coverage = BytesToVector(s->coverage());
+      if (frames != payloads) {
+        return InvalidArgument("replication snapshot names " + std::to_string(frames) +
+                               " table frames, " + std::to_string(payloads) + " follow");
+      }
+      return Decoded<ReplMessage>{env->request_id(), ReplMessage(std::move(m)), rest};
+    }
+    default:
+      return InvalidArgument(std::string("not a replication message: ") +
+                             wire::EnumNameBody(env->body_type()));
+  }
+}
+
+Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
+  return std::visit(
+      [&](const auto& m) -> Message {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, ReplAppendMsg>) {
+          std::vector<Frame> frames;
+          for (const ReplEntryWire& e : m.entries)
+            frames.insert(frames.end(), e.message.begin(), e.message.end());
+          return MakeMessage(
+              0,
+              [&](flatbuffers::FlatBufferBuilder& fbb)
+                  -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+                std::vector<flatbuffers::Offset<wire::ReplEntry>> entries;
+                entries.reserve(m.entries.size());
+                for (const ReplEntryWire& e : m.entries) {
+                  auto peer = fbb.CreateVector(reinterpret_cast<const uint8_t*>(e.peer.data()),
+                                               e.peer.size());
+                  entries.push_back(wire::CreateReplEntry(
+                      fbb, e.term, e.index, e.now_ms, static_cast<uint8_t>(e.kind), peer,
+                      e.worker_id, static_cast<uint32_t>(e.message.size())));
+                }
+                auto v = fbb.CreateVector(entries);
+                return {wire::Body::ReplAppend,
+                        wire::CreateReplAppend(fbb, m.term, m.primary, m.prev_index, m.prev_term,
+                                               m.commit, v)
+                            .Union()};
+              },
+              std::move(frames));
+        } else if constexpr (std::is_same_v<T, ReplAckMsg>) {
+          return MakeMessage(0,
+                             [&](flatbuffers::FlatBufferBuilder& fbb)
+                                 -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+                               return {
+                                   wire::Body::ReplAck,
+                                   wire::CreateReplAck(fbb, m.term, m.replica, m.ok, m.last_index,
+                                                       m.needs_snapshot, m.boot_id)
+                                       .Union()};
+                             });
+        } else {
+          return MakeMessage(
+              0,
+              [&](flatbuffers::FlatBufferBuilder& fbb)
+                  -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+                std::vector<flatbuffers::Offset<wire::ReplWorker>> workers;
+                for (const auto& w : m.workers) {
+                  workers.push_back(wire::CreateReplWorker(fbb, w.worker_id, w.incarnation, w.clock,
+                                                           w.last_seq, fbb.CreateString(w.name)));
+                }
+                std::vector<flatbuffers::Offset<wire::ReplTable>> tables;
+                for (const auto& t : m.tables) {
+                  tables.push_back(wire::CreateReplTable(fbb, t.table_id, fbb.CreateVector(t.spec),
+                                                         t.row_begin, t.row_end, t.cols, t.slots,
+                                                         t.optimizer_steps));
+                }
+                auto wv = fbb.CreateVector(workers);
+                auto tv = fbb.CreateVector(tables);
+                auto cv = fbb.CreateVector(m.coverage);
+                return {wire::Body::ReplSnapshot,
+                        wire::CreateReplSnapshot(fbb, m.term, m.primary, m.index, m.index_term,
+                                                 m.commit, m.shard, m.num_shards, m.min_clock, wv,
+                                                 tv, cv)
+                            .Union()};
+              },
+              std::move(payloads));
+        }
+      },
+      msg);
 }
 
 }  // namespace leash

@@ -80,6 +80,10 @@ ServerCommandLine::ServerCommandLine()
   v.sparse_readers = d.sparse_readers;
   v.sparse_direct_reads = d.sparse_direct_reads;
   v.backup_workers = d.backup_workers;
+  v.replicas = d.replicas;
+  v.replica = d.replica;
+  v.etcd = d.etcd;
+  v.job = d.job;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -126,6 +130,16 @@ ServerCommandLine::ServerCommandLine()
         "2016): the others never wait for them; their pushes lagging the minimum by more than "
         "their staleness bound are dropped and counted. A job setting: give every shard the "
         "same value. 0: every worker counts");
+  f.Int("replicas", &v.replicas,
+        "replicas of this shard (a primary and R-1 backups that hold every acknowledged "
+        "update; needs --etcd and --peers). 1: not replicated");
+  f.Int("replica", &v.replica, "index of this replica, 0..replicas-1 (stable across restarts)");
+  f.String("peers", &v.peers,
+           "every replica's endpoint as the others reach it, comma-separated, in replica order "
+           "(e.g. tcp://shard0-0:7000,tcp://shard0-1:7000); --replicas > 1 only");
+  f.String("etcd", &v.etcd,
+           "etcd endpoint(s) coordinating replicated shards, e.g. http://etcd:2379");
+  f.String("job", &v.job, "the job's name in etcd (replicated shards of one job share it)");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -206,6 +220,36 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return bad_int("backup-workers", v.backup_workers, "need an integer in [0, 1000000]");
   }
   c.backup_workers = v.backup_workers;
+  if (v.replicas < 1 || v.replicas > 16) {
+    return bad_int("replicas", v.replicas, "need an integer in [1, 16]");
+  }
+  c.replicas = v.replicas;
+  if (v.replica < 0 || v.replica >= v.replicas) {
+    return bad_int("replica", v.replica,
+                   "need 0 <= --replica < --replicas = " + std::to_string(v.replicas));
+  }
+  c.replica = v.replica;
+  c.etcd = v.etcd;
+  c.job = v.job;
+  if (c.replicas > 1) {
+    for (size_t at = 0; at <= v.peers.size();) {
+      size_t comma = v.peers.find(',', at);
+      if (comma == std::string::npos) comma = v.peers.size();
+      if (comma > at) c.peers.push_back(v.peers.substr(at, comma - at));
+      at = comma + 1;
+    }
+    if (c.peers.size() != static_cast<size_t>(c.replicas)) {
+      return cli_.BadValue("peers", v.peers,
+                           "need " + std::to_string(c.replicas) +
+                               " comma-separated endpoints, one per replica (--replicas)");
+    }
+    if (c.etcd.empty()) {
+      return cli_.BadValue("etcd", v.etcd,
+                           "replicated shards (--replicas > 1) are coordinated through etcd: "
+                           "give its endpoint, e.g. http://127.0.0.1:2379");
+    }
+    if (c.job.empty()) return cli_.BadValue("job", v.job, "need a non-empty job name");
+  }
   c.log_level = cli_.log_level();
   return c;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "leash/common/cli.h"
 #include "leash/common/status.h"
@@ -35,6 +36,14 @@ struct ServerConfig {
   int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
   bool sparse_direct_reads = true;   // O_DIRECT for the cold tier (no page cache)
   int64_t backup_workers = 0;        // the minimum clock ignores this many slowest workers
+  // Replicated shards (docs/replication.md): R replicas of this shard, this one's index,
+  // every replica's endpoint as its peers reach it (peers[replica] is this one's), the
+  // coordinator and the job's name in it. replicas 1: none of it (today's behaviour).
+  int64_t replicas = 1;
+  int64_t replica = 0;
+  std::vector<std::string> peers;
+  std::string etcd;
+  std::string job = "leash";
 };
 
 // Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
@@ -59,7 +68,8 @@ class ServerCommandLine {
   // The flags as read, before validation.
   struct Values {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
-    std::string memory_budget;
+    std::string memory_budget, peers, etcd, job;
+    int64_t replicas, replica;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers;
     bool no_sync, no_shm, sparse_direct_reads, insecure;

@@ -242,3 +242,33 @@ TEST(ServerConfigTest, SparseFlagsTakeByteSizesReadersAndDirectReads) {
 
 }  // namespace
 }  // namespace leash::server
+
+namespace leash::server {
+namespace {
+
+TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->replicas, 1);
+  EXPECT_EQ(c->replica, 0);
+  EXPECT_TRUE(c->peers.empty());
+  EXPECT_EQ(c->job, "leash");
+  c = Parse({"--replicas=2", "--replica=1", "--peers=tcp://a:7000,tcp://b:7000",
+             "--etcd=http://127.0.0.1:2379", "--job=mnist"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->replicas, 2);
+  EXPECT_EQ(c->replica, 1);
+  EXPECT_EQ(c->peers, (std::vector<std::string>{"tcp://a:7000", "tcp://b:7000"}));
+  EXPECT_EQ(c->etcd, "http://127.0.0.1:2379");
+  EXPECT_EQ(c->job, "mnist");
+  EXPECT_NE(Error({"--replicas=0"}).find("[1, 16]"), std::string::npos);
+  EXPECT_NE(Error({"--replicas=2", "--replica=2"}).find("--replica"), std::string::npos);
+  EXPECT_NE(Error({"--replicas=2", "--peers=tcp://a:7000", "--etcd=http://e:2379"})
+                .find("2 comma-separated endpoints"),
+            std::string::npos);
+  EXPECT_NE(Error({"--replicas=2", "--peers=tcp://a:7000,tcp://b:7000"}).find("--etcd"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace leash::server

@@ -15,12 +15,15 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "config.h"
+#include "coordination.h"
 #include "leash/common/cli.h"
 #include "leash/common/curve_keys.h"
 #include "leash/common/metrics.h"
 #include "leash/common/zmq_transport.h"
+#include "leash/server/replica.h"
 #include "leash/server/rocksdb_row_store.h"
 #include "leash/server/rocksdb_store.h"
 #include "leash/server/shard.h"
@@ -111,7 +114,14 @@ struct Server {
   int64_t recovered_clock = -1;
   leash::ZmqContext zmq;
   std::unique_ptr<leash::ServerTransport> transport;
+  // Replicated (--replicas > 1): the other replicas' connections, the coordinator, and the
+  // replica that owns the shard (`shard` stays null).
+  std::unique_ptr<leash::ClientTransport> peers;
+  leash::server::Coordination coordination;
+  std::unique_ptr<leash::server::Replica> replica;
   std::unique_ptr<leash::server::ShardMetrics> metrics;
+
+  leash::server::Shard& serving_shard() { return replica ? replica->mutable_shard() : *shard; }
 };
 
 // Builds the metrics endpoint, the CURVE keys, the store, the recovered shard and the
@@ -177,13 +187,42 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   opts.memory_budget_bytes = c.memory_budget_bytes;
   opts.resident_bytes = ResidentBytes;
   opts.backup_workers = static_cast<uint32_t>(c.backup_workers);
-  s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs, s.sparse.get());
-  auto recovered = s.shard->Recover();
-  if (!recovered.ok()) {
-    spdlog::error("cannot recover from {}: {}", c.data_dir, recovered.status().ToString());
-    return 1;
+  if (c.replicas > 1) {
+    // A replica's state comes from its primary (a snapshot and the log), not from its own
+    // snapshots (docs/replication.md).
+    if (s.curve) {
+      spdlog::error("--replicas > 1 with --curve-keys: CURVE between replicas is not built yet");
+      return 1;
+    }
+    auto coordination = leash::server::ConnectCoordination(c);
+    if (!coordination.ok()) {
+      spdlog::error("{}", coordination.status().ToString());
+      return 1;
+    }
+    s.coordination = std::move(*coordination);
+    leash::ZmqOptions po;
+    po.max_message_bytes = int64_t{1} << 31;  // appends and snapshots carry many requests
+    auto peers = leash::ConnectZmqClient(s.zmq, c.peers, po);
+    if (!peers.ok()) {
+      spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
+      return 1;
+    }
+    s.peers = std::move(*peers);
+    leash::server::ReplicaOptions rep;
+    rep.replica = static_cast<uint32_t>(c.replica);
+    rep.replicas = static_cast<uint32_t>(c.replicas);
+    s.replica = std::make_unique<leash::server::Replica>(
+        rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
+        s.coordination.directory.get(), s.peers.get(), s.sparse.get());
+  } else {
+    s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs, s.sparse.get());
+    auto recovered = s.shard->Recover();
+    if (!recovered.ok()) {
+      spdlog::error("cannot recover from {}: {}", c.data_dir, recovered.status().ToString());
+      return 1;
+    }
+    s.recovered_clock = *recovered;
   }
-  s.recovered_clock = *recovered;
 
   leash::ZmqOptions zo;
   zo.max_message_bytes = static_cast<int64_t>(opts.max_message_bytes) * 2;
@@ -197,8 +236,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   }
   s.transport = std::move(*transport);
   if (s.metrics_server) {
-    s.metrics =
-        std::make_unique<leash::server::ShardMetrics>(s.metrics_server->registry(), *s.shard);
+    s.metrics = std::make_unique<leash::server::ShardMetrics>(s.metrics_server->registry(),
+                                                              s.serving_shard());
     spdlog::info("metrics on {}", s.metrics_server->url());
   }
   return std::nullopt;
@@ -245,19 +284,41 @@ int Run(const ServerConfig& config) {
       housekeeper.MaybeRun();
     };
   }
-  leash::Status st = leash::server::Serve(*s.shard, *s.transport, g_stop, publish);
+  leash::Status st;
+  if (s.replica) {
+    std::random_device rd;
+    const uint64_t boot = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+    const auto replica = static_cast<uint32_t>(config.replica);
+    leash::Status joined = s.coordination.coordinator->Join(static_cast<uint32_t>(config.shard),
+                                                            {replica, config.peers[replica], boot});
+    if (!joined.ok()) {
+      spdlog::error("replica {} of shard {} cannot join the job '{}' at {}: {}", replica,
+                    config.shard, config.job, config.etcd, joined.ToString());
+      return 1;
+    }
+    std::function<void(const leash::server::Replica&)> publish_replica;
+    if (publish) {
+      publish_replica = [&publish](const leash::server::Replica& r) { publish(r.shard()); };
+    }
+    st = leash::server::ServeReplica(*s.replica, *s.transport, g_stop, publish_replica);
+    if (s.replica->role() == leash::server::ReplicaRole::kPrimary)
+      (void)s.coordination.coordinator->Resign(s.replica->term());
+    (void)s.coordination.coordinator->Leave();
+  } else {
+    st = leash::server::Serve(*s.shard, *s.transport, g_stop, publish);
+  }
   if (!st.ok()) {
     spdlog::error("shard stopped: {}", st.ToString());
     return 1;
   }
   auto tc = s.transport->counters();
-  const auto& sc = s.shard->counters();
+  const auto& sc = s.serving_shard().counters();
   spdlog::info(
       "shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
       "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
       "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
       "rejection lines not logged, {} error replies not sent over the per-peer limits)",
-      config.shard, s.shard->min_clock(), sc.limit_rejections, sc.oversize_rejections,
+      config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
       tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed);
   return 0;

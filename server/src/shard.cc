@@ -758,6 +758,7 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
   st.resident_bytes = options_.resident_bytes ? options_.resident_bytes() : 0;
   st.backup_workers = options_.backup_workers;
   st.stale_pushes_dropped = counters_.pushes_dropped_stale;
+  if (options_.replication_stats) options_.replication_stats(&st);
   for (size_t id = 0; id < tables_.size(); ++id) {
     if (const Table* t = tables_[id].get()) {
       st.tables.push_back({t->id(), t->name(), t->rows(), t->cols(), t->range().size()});
@@ -843,23 +844,44 @@ void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* ou
   ReleasePulls(out);
 }
 
+std::vector<uint64_t> Shard::ExpiredWorkers() const {
+  return clocks_.Expired(now_ms_(), options_.lease_ms);
+}
+
+void Shard::EvictWorker(uint64_t worker_id, std::vector<Outgoing>* out) {
+  const size_t first_reply = out->size();
+  Evict(worker_id, "lease expired (no heartbeat)", out);
+  CountSent(*out, first_reply);
+}
+
+bool Shard::ExpirySweepDue() const { return !sparse_.empty() && now_ms_() >= next_expire_ms_; }
+
+void Shard::SweepExpiry() {
+  // Expiry sweeps a bounded number of rows per turn, so a big table never stalls the loop.
+  next_expire_ms_ = now_ms_() + kExpireEveryMs;
+  for (auto& t : sparse_) {
+    if (!t || t->spec().sparse.expire_after_clocks <= 0) continue;
+    if (Status st = t->Expire(clocks_.MinClock(), kExpireRowsPerSweep); !st.ok()) {
+      ++counters_.sparse_store_errors;
+      spdlog::warn("shard {}: expiry sweep of sparse table '{}' failed: {}", options_.shard,
+                   t->spec().name, st.ToString());
+    }
+  }
+}
+
+void Shard::RenewLeases() {
+  const int64_t now = now_ms_();
+  for (const auto& [id, w] : clocks_.workers()) clocks_.FindAny(id)->last_seen_ms = now;
+}
+
 int64_t Shard::Tick(std::vector<Outgoing>* out) {
   int64_t now = now_ms_();
-  const size_t first_reply = out->size();
-  for (uint64_t id : clocks_.Expired(now, options_.lease_ms))
-    Evict(id, "lease expired (no heartbeat)", out);
-  CountSent(*out, first_reply);
-  if (!sparse_.empty() && now >= next_expire_ms_) {
-    // Expiry sweeps a bounded number of rows per turn, so a big table never stalls the loop.
-    next_expire_ms_ = now + kExpireEveryMs;
-    for (auto& t : sparse_) {
-      if (!t || t->spec().sparse.expire_after_clocks <= 0) continue;
-      if (Status st = t->Expire(clocks_.MinClock(), kExpireRowsPerSweep); !st.ok()) {
-        ++counters_.sparse_store_errors;
-        spdlog::warn("shard {}: expiry sweep of sparse table '{}' failed: {}", options_.shard,
-                     t->spec().name, st.ToString());
-      }
-    }
+  if (!options_.replicated) {
+    const size_t first_reply = out->size();
+    for (uint64_t id : clocks_.Expired(now, options_.lease_ms))
+      Evict(id, "lease expired (no heartbeat)", out);
+    CountSent(*out, first_reply);
+    if (ExpirySweepDue()) SweepExpiry();
   }
   if (options_.checkpoint_interval_ms > 0 && now >= next_snapshot_ms_) {
     auto r = Checkpoint();

@@ -292,6 +292,13 @@ struct ShardStats {
   uint64_t resident_bytes = 0;        // the shard process's resident memory (VmRSS); 0: unknown
   uint32_t backup_workers = 0;        // --backup-workers
   uint64_t stale_pushes_dropped = 0;  // backup workers' pushes dropped as too stale
+  // A replicated shard's primary (docs/replication.md); replicas 0: not replicated.
+  uint32_t replicas = 0;
+  uint32_t replica = 0;
+  uint64_t term = 0;
+  uint64_t log_index = 0;
+  uint64_t replication_lag = 0;  // log entries its slowest in-sync backup lacks
+  uint32_t replicas_in_sync = 0;
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "leash/common/domain.h"
@@ -102,5 +103,101 @@ Message MakeChunkRequest(uint64_t rid, uint64_t worker_id, uint64_t incarnation,
                          const DataPlan& plan, const ChunkDone* done);
 Message MakeCheckpoint(uint64_t rid);
 Message MakeCreateTable(uint64_t rid, const TableSpec& spec);
+
+// ---- replication between the replicas of one shard (docs/replication.md) ------------
+
+// One log entry as it travels; `message` is the input (kInput) as the primary received it.
+struct ReplEntryWire {
+  enum Kind : uint8_t { kInput = 0, kEvict = 1, kExpirySweep = 2, kNoop = 3 };
+  uint64_t term = 0;
+  uint64_t index = 0;
+  int64_t now_ms = 0;
+  Kind kind = kInput;
+  std::string peer;
+  uint64_t worker_id = 0;
+  Message message;
+};
+struct ReplAppendMsg {
+  uint64_t term = 0;
+  uint32_t primary = 0;
+  uint64_t prev_index = 0;
+  uint64_t prev_term = 0;
+  uint64_t commit = 0;
+  std::vector<ReplEntryWire> entries;
+};
+struct ReplAckMsg {
+  uint64_t term = 0;
+  uint32_t replica = 0;
+  bool ok = false;
+  uint64_t last_index = 0;
+  bool needs_snapshot = false;
+  uint64_t boot_id = 0;
+};
+// A shard's state after log entry `index`, without its tables' floats: those are the
+// message's payload frames, for each table its values then its `slots` optimizer arrays.
+struct ReplSnapshotMsg {
+  struct Worker {
+    uint64_t worker_id = 0;
+    uint64_t incarnation = 0;
+    int64_t clock = 0;
+    uint64_t last_seq = 0;
+    std::string name;
+  };
+  struct Table {
+    uint32_t table_id = 0;
+    std::vector<uint8_t> spec;  // EncodeTableSpec
+    uint64_t row_begin = 0;
+    uint64_t row_end = 0;
+    uint32_t cols = 0;
+    uint32_t slots = 0;
+    uint64_t optimizer_steps = 0;
+  };
+  uint64_t term = 0;
+  uint32_t primary = 0;
+  uint64_t index = 0;
+  uint64_t index_term = 0;
+  uint64_t commit = 0;
+  uint32_t shard = 0;
+  uint32_t num_shards = 0;
+  int64_t min_clock = 0;
+  std::vector<Worker> workers;
+  std::vector<Table> tables;
+  std::vector<uint8_t> coverage;
+};
+using ReplMessage = std::variant<ReplAppendMsg, ReplAckMsg, ReplSnapshotMsg>;
+
+// True if `msg` is a well-formed Envelope holding a replication message (the check a
+// replica makes before DecodeReplication; a worker's request answers false).
+bool IsReplication(const Message& msg, const WireLimits& limits = {});
+// Decodes a replication message; its entries' messages and the snapshot's payloads share
+// `msg`'s frames. InvalidArgument for anything malformed (frame counts that do not add
+// up, a body that is not a replication message).
+Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLimits& limits = {});
+// Encodes one: an append's entries' frames, or `payloads` (a snapshot's floats), follow
+// the header.
+Message EncodeReplication(const ReplMessage& m, std::vector<Frame> payloads = {});
+
+// What a replica needs to know of a worker's request to decide whether to log it, read
+// from a verified header without decoding its keys. kind kOther: not a request (or
+// malformed: the shard will say why).
+struct RequestPeek {
+  enum Kind {
+    kOther,
+    kRegister,
+    kCreateTable,
+    kPull,
+    kPush,
+    kClock,
+    kHeartbeat,
+    kLeave,
+    kCheckpoint,
+    kStats,
+    kChunkRequest,
+    kReplication
+  };
+  Kind kind = kOther;
+  uint32_t table_id = 0;  // kPull, kPush
+};
+RequestPeek PeekRequest(const Message& msg, const WireLimits& limits = {});
 
 }  // namespace leash

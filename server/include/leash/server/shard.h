@@ -68,6 +68,12 @@ struct ShardOptions {
   // The minimum clock ignores the b slowest live workers (ClockTable); their pushes that
   // lag it by more than their staleness bound are dropped (counted in pushes_dropped_stale).
   uint32_t backup_workers = 0;
+  // A replica of a replicated shard (replica.h): Tick neither evicts workers nor sweeps
+  // sparse rows out; the primary decides both and logs them (ExpiredWorkers, EvictWorker,
+  // SweepExpiry), so every replica applies them at the same point of the log.
+  bool replicated = false;
+  // Fills the replication fields of ShardStats (a Replica sets it); unset: none.
+  std::function<void(ShardStats*)> replication_stats;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
@@ -165,6 +171,19 @@ class Shard {
   // Evicts workers whose lease expired (releasing pulls they held back) and writes a
   // scheduled snapshot when one is due. Returns the milliseconds until the next deadline.
   int64_t Tick(std::vector<Outgoing>* out);
+
+  // Replication (replica.h). The workers whose lease has expired now.
+  std::vector<uint64_t> ExpiredWorkers() const;
+  // Evicts `worker_id` as an expired lease does (no-op for an unknown worker).
+  void EvictWorker(uint64_t worker_id, std::vector<Outgoing>* out);
+  // Whether a sparse expiry sweep is due now; SweepExpiry runs one.
+  bool ExpirySweepDue() const;
+  void SweepExpiry();
+  // Gives every live worker a fresh lease from now (a new primary: its predecessor saw
+  // the heartbeats).
+  void RenewLeases();
+  // The shard's state as a snapshot (what Checkpoint saves), without saving it.
+  ShardSnapshot Snapshot() const { return MakeSnapshot(); }
 
   // Writes a snapshot now. Returns its minimum clock.
   Result<int64_t> Checkpoint();

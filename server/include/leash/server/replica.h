@@ -1,0 +1,186 @@
+// One replica of a replicated shard (--replicas R > 1): a Shard fed from a replicated log.
+// The primary orders every input that changes the shard's state into the log, applies it,
+// ships it to the backups and releases its replies only once every backup of the in-sync
+// set holds it; backups apply the log up to the commit index the primary sends, with the
+// primary's clock values, so every replica's state is the same bit for bit. Elections and
+// the in-sync set go through a Coordinator (coordinator.h). docs/replication.md, "The log".
+// Not thread-safe: one serving loop owns a Replica (ServeReplica), like a Shard.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "leash/common/coordinator.h"
+#include "leash/common/transport.h"
+#include "leash/common/wire.h"
+#include "leash/server/shard.h"
+#include "leash/server/snapshot.h"
+
+namespace leash::server {
+
+struct ReplicaOptions {
+  uint32_t replica = 0;   // this replica, 0..replicas-1
+  uint32_t replicas = 2;  // R
+  // Entries kept beyond what is applied, for backups that fall behind; one further behind
+  // catches up from a snapshot.
+  size_t max_log_entries = 65536;
+  size_t max_entries_per_append = 256;
+  // An in-sync backup that has not caught up with the log for this long leaves the in-sync
+  // set (the primary then acknowledges without it).
+  int64_t backup_timeout_ms = 1000;
+  // Entries a backup has not acknowledged are sent again after this long.
+  int64_t resend_ms = 100;
+  // An append, empty if need be, goes to every backup at least this often (the commit
+  // index; a backup's sign that the primary lives).
+  int64_t heartbeat_ms = 50;
+  // How often a backup asks the coordinator to lead while the shard has no primary.
+  int64_t campaign_ms = 100;
+  // Snapshots to one backup at most this often.
+  int64_t snapshot_every_ms = 500;
+};
+
+enum class ReplicaRole { kBackup, kPrimary };
+
+// What the primary knows of one backup.
+struct BackupProgress {
+  uint32_t replica = 0;
+  bool in_sync = false;
+  uint64_t match_index = 0;  // it holds the primary's log up to here
+};
+
+class Replica {
+ public:
+  using NowMs = std::function<int64_t()>;
+  // `shard_options.replicated` is set here. `store` (outliving the replica) receives the
+  // shard's snapshots and the ones a primary ships; `coordinator` and `directory` (the
+  // same shard's, joined by the caller) and `peers` (one connection per replica, index =
+  // replica; sends only) outlive it too, and `sparse` (the cold tier; null: in memory).
+  // `now_ms` is the steady clock.
+  Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotStore* store, NowMs now_ms,
+          Coordinator* coordinator, ShardDirectory* directory, ClientTransport* peers,
+          SparseStore* sparse = nullptr);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // Handles one message from `peer`: a worker's request (a primary serves it; a backup
+  // answers Unavailable naming the primary) or a message of another replica. Replies that
+  // may go out now are appended to `out`.
+  void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
+  // Elections, evictions, resends, heartbeats, the in-sync set and the commit index; replies
+  // released by a commit go to `out`. Returns the milliseconds until it wants to run again.
+  int64_t Tick(std::vector<Outgoing>* out);
+
+  ReplicaRole role() const { return role_; }
+  uint64_t term() const { return term_; }
+  uint64_t last_index() const { return base_index_ + log_.size(); }
+  uint64_t commit_index() const { return commit_index_; }
+  uint64_t applied_index() const { return applied_index_; }
+  // The primary's log index less the lowest match of its in-sync backups (0 elsewhere).
+  uint64_t replication_lag() const;
+  std::vector<BackupProgress> backups() const;
+  // Replies held until their entries commit.
+  size_t held_replies() const { return held_.size(); }
+  bool needs_snapshot() const { return needs_snapshot_; }
+  const Shard& shard() const { return *shard_; }
+  Shard& mutable_shard() { return *shard_; }
+  // Called (with the role change) whenever this replica becomes primary or stops being it.
+  void set_role_observer(std::function<void(ReplicaRole, uint64_t term)> f) {
+    role_observer_ = std::move(f);
+  }
+
+ private:
+  struct Peer {
+    uint64_t next_index = 1;
+    uint64_t match_index = 0;
+    uint64_t boot_id = 0;
+    std::set<uint64_t> retired_boots;  // acks of these are stale (the replica restarted)
+    int64_t last_ack_ms = 0;
+    int64_t progress_ms = 0;  // when it last held the whole log or moved forward
+    int64_t sent_ms = -1;
+    int64_t snapshot_ms = -1;
+  };
+  struct Held {
+    uint64_t index;
+    Outgoing reply;
+  };
+
+  void OnReplication(const PeerId& peer, const Message& message);
+  void OnAppend(const ReplAppendMsg& m);
+  void OnAck(const ReplAckMsg& m);
+  void OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloads);
+  void SendAck(bool ok, uint64_t last_index);
+  // Primary: whether a worker's request changes replicated state (and so is logged).
+  bool ChangesState(const Message& message) const;
+  // Primary: logs an entry of this term at now_, applies it, ships it.
+  void Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_id,
+           const Message& message);
+  // Applies `e` to the shard with its clock value; its replies to `out` (may be null).
+  void Apply(const ReplEntryWire& e, std::vector<Outgoing>* out);
+  void ApplyCommitted();
+  uint64_t TermAt(uint64_t index) const;  // 0 if unknown
+  const ReplEntryWire& EntryAt(uint64_t index) const;
+  void SendAppend(uint32_t r);
+  void SendSnapshot(uint32_t r);
+  void ReplicateAll();
+  // Primary: shrinks or grows the in-sync set through the coordinator; false if deposed.
+  bool UpdateInSync();
+  void AdvanceCommit();
+  void Release(std::vector<Outgoing>* out);
+  void Compact();
+  void BecomePrimary(uint64_t term);
+  void StepDown(uint64_t term, const char* why);
+  void MaybeCampaign();
+  void SetShardNow(int64_t ms) { shard_now_ = ms; }
+
+  ReplicaOptions options_;
+  ShardOptions shard_options_;
+  SnapshotStore* store_;
+  SparseStore* sparse_;
+  NowMs now_ms_;
+  Coordinator* coordinator_;
+  ShardDirectory* directory_;
+  ClientTransport* peers_;
+  std::unique_ptr<Shard> shard_;
+  int64_t shard_now_ = 0;  // the clock the shard reads: the entry being applied's
+  int64_t now_ = 0;        // this turn's steady clock
+  uint64_t boot_id_ = 0;
+
+  ReplicaRole role_ = ReplicaRole::kBackup;
+  uint64_t term_ = 0;
+  std::optional<uint32_t> primary_;
+  std::deque<ReplEntryWire> log_;  // entries base_index_+1 .. last_index()
+  uint64_t base_index_ = 0;        // the entry before log_.front() (a snapshot's)
+  uint64_t base_term_ = 0;
+  uint64_t commit_index_ = 0;
+  uint64_t applied_index_ = 0;
+  bool needs_snapshot_ = false;
+  // Backup: it has held everything its primary had committed since it started, so it may
+  // lead (a restarted replica lost its log and must be caught up first).
+  bool caught_up_ = false;
+  int64_t last_campaign_ms_ = -1;
+
+  // Primary.
+  uint64_t term_start_index_ = 0;  // this term's no-op: nothing commits before it does
+  std::vector<Peer> peers_state_;
+  std::vector<uint32_t> in_sync_;    // sorted, contains options_.replica
+  int64_t next_in_sync_try_ms_ = 0;  // after a failed SetInSync
+  int64_t in_sync_warned_ms_ = -1;
+  std::deque<Held> held_;
+  std::vector<Outgoing> scratch_;
+  std::function<void(ReplicaRole, uint64_t)> role_observer_;
+};
+
+// Runs `replica` on `transport` until `stop`: receives, handles, ticks and sends, like
+// Serve (shard.h). Writes a final snapshot on the way out. `after_tick` as in Serve.
+Status ServeReplica(Replica& replica, ServerTransport& transport, const std::atomic<bool>& stop,
+                    const std::function<void(const Replica&)>& after_tick = {});
+
+}  // namespace leash::server

@@ -1,0 +1,585 @@
+// Unit tests of replicated shards (server/replica.h) on the in-memory transport with messages
+// dropped, duplicated and reordered, and the in-memory coordinator: log order and
+// application, acknowledgement only once every in-sync backup holds an entry, term fencing,
+// failover without a lost or doubled push, removal of a lagging backup, catch-up from a
+// snapshot and the log tail, and replicas identical to the bit. Single-threaded: a test turns
+// every replica's loop by hand (Group::Step) on a clock it moves itself.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "leash/common/wire.h"
+#include "leash/server/replica.h"
+#include "leash/server/snapshot.h"
+#include "support/memory_coordinator.h"
+#include "support/memory_transport.h"
+
+namespace leash::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using server::Replica;
+using server::ReplicaOptions;
+using server::ReplicaRole;
+
+std::string Addr(int r) { return "r" + std::to_string(r); }
+
+// R replicas of shard 0/1, their coordinator and network, turned by hand.
+class Group {
+ public:
+  Group(int replicas, ReplicaOptions ro = {}, server::ShardOptions so = {}, uint64_t seed = 1)
+      : replicas_(replicas),
+        ro_(ro),
+        so_(so),
+        net_(seed),
+        coord_(
+            1, replicas, [this] { return now_; }, /*ttl_ms=*/1000),
+        nodes_(replicas) {
+    ro_.replicas = static_cast<uint32_t>(replicas);
+    so_.checkpoint_interval_ms = 0;
+    if (so_.lease_ms == server::ShardOptions{}.lease_ms) so_.lease_ms = 1000000;  // no evictions
+  }
+
+  struct Node {
+    std::unique_ptr<Coordinator> coordinator;
+    std::unique_ptr<ShardDirectory> directory;
+    std::unique_ptr<ServerTransport> server;
+    std::unique_ptr<ClientTransport> peers;
+    server::MemorySnapshotStore store;
+    std::unique_ptr<Replica> replica;
+  };
+
+  // Starts replica r as a fresh process (empty store).
+  void Start(int r) {
+    nodes_[r] = std::make_unique<Node>();
+    Node& n = *nodes_[r];
+    n.coordinator = coord_.Connect();
+    n.directory = coord_.Directory();
+    n.server = net_.Bind(Addr(r));
+    ASSERT_TRUE(n.server);
+    std::vector<std::string> addrs;
+    for (int i = 0; i < replicas_; ++i) addrs.push_back(Addr(i));
+    n.peers = net_.Connect(addrs);
+    ASSERT_TRUE(n.coordinator->Join(0, {static_cast<uint32_t>(r), Addr(r), next_boot_++}).ok());
+    ReplicaOptions ro = ro_;
+    ro.replica = static_cast<uint32_t>(r);
+    n.replica = std::make_unique<Replica>(
+        ro, so_, &n.store, [this] { return now_; }, n.coordinator.get(), n.directory.get(),
+        n.peers.get());
+  }
+  void StartAll() {
+    for (int r = 0; r < replicas_; ++r) Start(r);
+  }
+  // Kills replica r: its process and everything on the way to it go. Its lease runs on
+  // until the test expires it (ExpireLease) or its TTL passes.
+  void Kill(int r) {
+    // The handle would revoke the lease when destroyed (a clean Leave); a killed process
+    // does not, so the handle is kept to the end and the lease left to the coordinator.
+    graveyard_.push_back(std::move(nodes_[r]->coordinator));
+    nodes_[r].reset();
+  }
+  bool up(int r) const { return nodes_[r] != nullptr; }
+  Replica& replica(int r) { return *nodes_[r]->replica; }
+  MemoryNetwork& net() { return net_; }
+  MemoryCoordinatorService& coordinator() { return coord_; }
+  Coordinator& handle(int r) { return *nodes_[r]->coordinator; }
+  int64_t& now() { return now_; }
+
+  // One turn of replica r's loop: what has arrived, then its Tick.
+  void Turn(int r) {
+    if (!up(r)) return;
+    Node& n = *nodes_[r];
+    std::vector<server::Outgoing> out;
+    for (;;) {
+      auto in = n.server->Receive(0ms);
+      ASSERT_TRUE(in.ok());
+      if (!in->has_value()) break;
+      n.replica->Handle((*in)->peer, (*in)->message, &out);
+    }
+    n.replica->Tick(&out);
+    for (auto& o : out) (void)n.server->Send(o.peer, std::move(o.message));
+  }
+  // A turn of every replica, then the clock moves 1 ms (and, with delays on the network,
+  // a little real time passes for them).
+  void Step() {
+    for (int r = 0; r < replicas_; ++r) Turn(r);
+    ++now_;
+    if (real_sleep_) std::this_thread::sleep_for(200us);
+  }
+  void set_real_sleep(bool on) { real_sleep_ = on; }
+
+  std::optional<int> Primary() {
+    ShardView v = coord_.View(0);
+    if (!v.primary) return std::nullopt;
+    return static_cast<int>(v.primary->replica);
+  }
+
+ private:
+  int replicas_;
+  ReplicaOptions ro_;
+  server::ShardOptions so_;
+  int64_t now_ = 1000;
+  MemoryNetwork net_;
+  MemoryCoordinatorService coord_;
+  std::vector<std::unique_ptr<Coordinator>> graveyard_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  uint64_t next_boot_ = 1;
+  bool real_sleep_ = false;
+};
+
+// A worker that follows the shard's primary through the directory and sends its requests
+// one at a time, again until answered (to the new primary after a failover).
+class Worker {
+ public:
+  Worker(Group& g, uint64_t id) : g_(g), id_(id), directory_(g.coordinator().Directory()) {
+    std::vector<std::string> addrs;
+    for (int i = 0; i < 8; ++i) addrs.push_back(Addr(i));
+    transport_ = g.net().Connect(addrs);
+  }
+
+  // Sends `m` (request id `rid`) and turns the group until its reply comes; nullopt if none
+  // came within `max_steps`. Error replies of a backup (Unavailable) make it look for the
+  // primary again.
+  std::optional<Reply> Call(uint64_t rid, const Message& m, int max_steps = 20000) {
+    int since_send = 1 << 30;
+    for (int step = 0; step < max_steps; ++step) {
+      if (since_send >= 100) {  // first send, or a resend after a loss or a failover
+        auto p = g_.Primary();
+        if (p) (void)transport_->Send(*p, m);
+        since_send = 0;
+      }
+      g_.Step();
+      ++since_send;
+      for (;;) {
+        auto in = transport_->Receive(0ms);
+        if (!in.ok() || !in->has_value()) break;
+        auto reply = DecodeReply((*in)->second);
+        if (!reply.ok() || reply->request_id != rid) continue;  // a late duplicate
+        if (auto* e = std::get_if<ErrorReply>(&reply->value);
+            e != nullptr && e->status.code() == StatusCode::kUnavailable) {
+          since_send = 90;  // a backup: try the primary again soon
+          continue;
+        }
+        return reply->value;
+      }
+    }
+    return std::nullopt;
+  }
+
+  void Register() {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakeRegister(rid, id_, 1, "w" + std::to_string(id_)));
+    ASSERT_TRUE(r && std::holds_alternative<Welcome>(*r));
+  }
+  void CreateTable(const TableSpec& spec) {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakeCreateTable(rid, spec));
+    ASSERT_TRUE(r && std::holds_alternative<TableCreated>(*r));
+  }
+  // Pushes `grad` to rows [0, rows) of table 0; true once acknowledged.
+  bool Push(const std::vector<float>& grad, uint64_t rows) {
+    const uint64_t rid = NextRid();
+    Message m = MakePush(rid, 0, Rows::Range(0, rows), id_, 1, ++seq_, DType::kF32,
+                         EncodeValues(grad, DType::kF32));
+    auto r = Call(rid, m);
+    return r && std::holds_alternative<PushReply>(*r);
+  }
+  bool Clock(int64_t c) {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakeClock(rid, id_, c));
+    return r && std::holds_alternative<ClockReply>(*r);
+  }
+  ClientTransport& transport() { return *transport_; }
+  uint64_t NextRid() { return ++rid_; }
+
+ private:
+  Group& g_;
+  uint64_t id_;
+  std::unique_ptr<ShardDirectory> directory_;
+  std::unique_ptr<ClientTransport> transport_;
+  uint64_t rid_ = 0;
+  uint64_t seq_ = 0;
+};
+
+TableSpec Spec(OptimizerKind kind, float lr, uint64_t rows = 8, uint32_t cols = 4) {
+  TableSpec s;
+  s.name = "w";
+  s.rows = rows;
+  s.cols = cols;
+  s.optimizer.kind = kind;
+  s.optimizer.lr = lr;
+  return s;
+}
+
+// Turns the group until every live replica has applied the primary's whole log.
+bool Settle(Group& g, int replicas, int max_steps = 20000) {
+  for (int i = 0; i < max_steps; ++i) {
+    g.Step();
+    auto p = g.Primary();
+    if (!p || !g.up(*p)) continue;
+    Replica& pr = g.replica(*p);
+    if (pr.role() != ReplicaRole::kPrimary || pr.commit_index() != pr.last_index()) continue;
+    bool all = true;
+    for (int r = 0; r < replicas; ++r) {
+      if (!g.up(r)) continue;
+      all = all && g.replica(r).applied_index() == pr.last_index();
+    }
+    if (all) return true;
+  }
+  return false;
+}
+
+bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every byte of the replicated state of replicas a and b: tables, optimizer state, clocks,
+// the exactly-once records and the data coverage.
+void ExpectIdentical(Replica& a, Replica& b) {
+  server::ShardSnapshot x = a.shard().Snapshot();
+  server::ShardSnapshot y = b.shard().Snapshot();
+  EXPECT_EQ(x.min_clock, y.min_clock);
+  EXPECT_EQ(x.coverage, y.coverage);
+  ASSERT_EQ(x.workers.size(), y.workers.size());
+  for (size_t i = 0; i < x.workers.size(); ++i) {
+    EXPECT_EQ(x.workers[i].worker_id, y.workers[i].worker_id);
+    EXPECT_EQ(x.workers[i].clock, y.workers[i].clock);
+    EXPECT_EQ(x.workers[i].last_seq, y.workers[i].last_seq);
+  }
+  ASSERT_EQ(x.tables.size(), y.tables.size());
+  for (size_t t = 0; t < x.tables.size(); ++t) {
+    EXPECT_TRUE(SameFloats(x.tables[t].values, y.tables[t].values)) << "table " << t;
+    ASSERT_EQ(x.tables[t].slots.size(), y.tables[t].slots.size());
+    for (size_t s = 0; s < x.tables[t].slots.size(); ++s)
+      EXPECT_TRUE(SameFloats(x.tables[t].slots[s], y.tables[t].slots[s])) << "slot " << s;
+    EXPECT_EQ(x.tables[t].optimizer_steps, y.tables[t].optimizer_steps);
+  }
+}
+
+std::vector<float> TableValues(Replica& r) { return r.shard().Snapshot().tables.at(0).values; }
+
+// An integer-valued gradient: sums of them are exact in float.
+std::vector<float> IntGrad(uint64_t seed, size_t n) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i)
+    g[i] = static_cast<float>(static_cast<int>((seed * 7 + i) % 9) - 4);
+  return g;
+}
+
+void Elect(Group& g) {
+  for (int i = 0; i < 2000 && !g.Primary(); ++i) g.Step();
+  ASSERT_TRUE(g.Primary());
+}
+
+TEST(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
+  Group g(3, {}, {}, /*seed=*/7);
+  g.net().SetFaults(Direction::kToShard, "", {.drop = 0.05, .duplicate = 0.05, .jitter_ms = 2});
+  g.net().SetFaults(Direction::kToClient, "", {.drop = 0.05, .duplicate = 0.05});
+  g.set_real_sleep(true);
+  g.StartAll();
+  Elect(g);
+  Worker a(g, 1), b(g, 2);
+  a.CreateTable(Spec(OptimizerKind::kAdam, 0.01f));
+  a.Register();
+  b.Register();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int i = 0; i < 40; ++i) {
+    std::vector<float> ga(32), gb(32);
+    for (auto& v : ga) v = normal(rng);
+    for (auto& v : gb) v = normal(rng);
+    ASSERT_TRUE(a.Push(ga, 8));
+    ASSERT_TRUE(b.Push(gb, 8));
+    ASSERT_TRUE(a.Clock(i + 1));
+    ASSERT_TRUE(b.Clock(i + 1));
+  }
+  ASSERT_TRUE(Settle(g, 3));
+  const int p = *g.Primary();
+  EXPECT_EQ(g.replica(p).shard().counters().pushes_applied, 80u);
+  for (int r = 0; r < 3; ++r) {
+    if (r == p) continue;
+    EXPECT_EQ(g.replica(r).role(), ReplicaRole::kBackup);
+    EXPECT_EQ(g.replica(r).shard().counters().pushes_applied, 80u) << "replica " << r;
+    ExpectIdentical(g.replica(p), g.replica(r));
+  }
+  EXPECT_EQ(g.replica(p).shard().min_clock(), 40);
+
+  // The primary's stats say how far its backups are behind.
+  const uint64_t rid = a.NextRid();
+  auto stats = a.Call(rid, MakeStats(rid));
+  ASSERT_TRUE(stats && std::holds_alternative<ShardStats>(*stats));
+  const ShardStats& st = std::get<ShardStats>(*stats);
+  EXPECT_EQ(st.replicas, 3u);
+  EXPECT_EQ(st.replica, static_cast<uint32_t>(p));
+  EXPECT_EQ(st.term, g.replica(p).term());
+  EXPECT_EQ(st.log_index, g.replica(p).last_index());
+  EXPECT_EQ(st.replication_lag, 0u);
+  EXPECT_EQ(st.replicas_in_sync, 3u);
+}
+
+TEST(ReplicaTest, APushIsAcknowledgedOnlyOnceEveryInSyncBackupHoldsIt) {
+  Group g(3);
+  g.StartAll();
+  Elect(g);
+  ASSERT_EQ(*g.Primary(), 0);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(Settle(g, 3));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1, 2}));
+
+  // Replica 2 hears nothing from the primary now.
+  g.net().AddRule([](const Packet& p) -> std::optional<Verdict> {
+    if (p.direction == Direction::kToShard && p.address == "r2") return Verdict{Verdict::kDrop};
+    return std::nullopt;
+  });
+  const uint64_t rid = w.NextRid();
+  (void)w.transport().Send(0, MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 1, DType::kF32,
+                                       EncodeValues(IntGrad(1, 32), DType::kF32)));
+  for (int i = 0; i < 500; ++i) g.Step();  // half the backup timeout
+  EXPECT_FALSE(w.transport().Receive(0ms)->has_value()) << "acknowledged before r2 held it";
+  EXPECT_GT(g.replica(0).held_replies(), 0u);
+  EXPECT_EQ(g.replica(1).last_index(), g.replica(0).last_index()) << "r1 holds it";
+  // Past the timeout the primary removes r2 from the in-sync set, then acknowledges.
+  std::optional<std::pair<int, Message>> reply;
+  for (int i = 0; i < 2000 && !reply; ++i) {
+    g.Step();
+    auto in = w.transport().Receive(0ms);
+    if (in.ok() && in->has_value()) reply = std::move(**in);
+  }
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+
+  // r2 cannot lead: when the primary dies, only r1 may take over.
+  g.Kill(0);
+  g.coordinator().ExpireLease(0, 0);
+  auto won = g.handle(2).Campaign();
+  ASSERT_TRUE(won.ok());
+  EXPECT_FALSE(*won) << "a replica out of the in-sync set was elected";
+  g.net().ClearRules();
+  for (int i = 0; i < 1000 && !g.Primary(); ++i) g.Step();
+  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  EXPECT_EQ(g.replica(1).term(), 2u);
+  ASSERT_TRUE(Settle(g, 3));
+  EXPECT_EQ(TableValues(g.replica(1))[0], -IntGrad(1, 32)[0]);
+  ExpectIdentical(g.replica(1), g.replica(2));
+}
+
+TEST(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
+  Group g(2);
+  g.StartAll();
+  Elect(g);
+  ASSERT_EQ(*g.Primary(), 0);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(Settle(g, 2));
+
+  // The coordinator ends r0's lease behind its back (r0 paused, say): it still believes
+  // itself primary. r1 is elected; its appends to r0 are held back for now.
+  g.coordinator().ExpireLease(0, 0);
+  g.net().AddRule([](const Packet& p) -> std::optional<Verdict> {
+    if (p.direction == Direction::kToShard && p.address == "r0") return Verdict{Verdict::kDrop};
+    return std::nullopt;
+  });
+  for (int i = 0; i < 300 && g.Primary() != std::optional<int>(1); ++i) {
+    g.Turn(1);
+    ++g.now();
+  }
+  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  ASSERT_TRUE(g.handle(0).LeaseValid()) << "r0 does not know yet";
+  g.net().ClearRules();
+  ASSERT_EQ(g.replica(0).role(), ReplicaRole::kPrimary);
+
+  // A push to the deposed primary: logged and shipped in term 1, refused by r1.
+  const uint64_t rid = w.NextRid();
+  const std::vector<float> grad = IntGrad(5, 32);
+  Message push =
+      MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 1, DType::kF32, EncodeValues(grad, DType::kF32));
+  (void)w.transport().Send(0, push);
+  g.Turn(0);  // logs the push, ships it in term 1
+  for (int i = 0; i < 50; ++i) {
+    g.Turn(1);  // refuses term 1: it knows term 2
+    g.Turn(0);
+    ++g.now();
+  }
+  EXPECT_EQ(g.replica(0).role(), ReplicaRole::kBackup) << "r0 learnt of term 2";
+  EXPECT_EQ(g.replica(0).held_replies(), 0u);
+  bool acked_by_r0 = false;
+  for (;;) {
+    auto in = w.transport().Receive(0ms);
+    if (!in.ok() || !in->has_value()) break;
+    auto reply = DecodeReply((*in)->second);
+    if (reply.ok() && reply->request_id == rid && std::holds_alternative<PushReply>(reply->value))
+      acked_by_r0 = true;
+  }
+  EXPECT_FALSE(acked_by_r0) << "a deposed primary acknowledged a push";
+  EXPECT_EQ(TableValues(g.replica(1))[0], 0.f) << "the refused entry reached the new primary";
+
+  // The worker sends it again to the new primary: applied exactly once; r0 catches up
+  // (from a snapshot: it applied an entry the new primary never had).
+  auto reply = w.Call(rid, push);
+  ASSERT_TRUE(reply && std::holds_alternative<PushReply>(*reply));
+  EXPECT_TRUE(std::get<PushReply>(*reply).applied);
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_FALSE(g.replica(0).needs_snapshot());
+  EXPECT_EQ(TableValues(g.replica(1))[0], -grad[0]);
+  ExpectIdentical(g.replica(1), g.replica(0));
+}
+
+TEST(ReplicaTest, FailoversUnderLossLoseNoAcknowledgedPushAndApplyNoneTwice) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 64;  // restarted replicas catch up from a snapshot
+  Group g(3, ro, {}, /*seed=*/11);
+  g.net().SetFaults(Direction::kToShard, "", {.drop = 0.05, .duplicate = 0.05, .jitter_ms = 1});
+  g.net().SetFaults(Direction::kToClient, "", {.drop = 0.05, .duplicate = 0.05});
+  g.set_real_sleep(true);
+  g.StartAll();
+  Elect(g);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  std::vector<float> sum(32, 0.f);
+  int failovers = 0;
+  for (int i = 1; i <= 240; ++i) {
+    const std::vector<float> grad = IntGrad(i, 32);
+    ASSERT_TRUE(w.Push(grad, 8)) << "push " << i;
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += grad[k];
+    if (i % 80 == 0) {
+      // SIGKILL the primary; its lease ends; it comes back later as a fresh process.
+      const int p = *g.Primary();
+      g.Kill(p);
+      g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+      for (int s = 0; s < 3000 && (!g.Primary() || *g.Primary() == p); ++s) g.Step();
+      ASSERT_TRUE(g.Primary() && *g.Primary() != p) << "no failover after push " << i;
+      ++failovers;
+      g.Start(p);
+    }
+  }
+  ASSERT_TRUE(Settle(g, 3));
+  EXPECT_EQ(failovers, 3);
+  const int p = *g.Primary();
+  const std::vector<float> got = TableValues(g.replica(p));
+  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
+  for (int r = 0; r < 3; ++r)
+    if (r != p) ExpectIdentical(g.replica(p), g.replica(r));
+}
+
+TEST(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoOn) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 16;
+  Group g(2, ro);
+  g.Start(0);
+  Elect(g);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kMomentum, 0.1f));
+  w.Register();
+  for (int i = 1; i <= 60; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0}));
+  EXPECT_GT(g.replica(0).last_index(), 60u);
+
+  g.Start(1);  // the log no longer holds the start: a snapshot, then the tail
+  for (int i = 61; i <= 120; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  ASSERT_TRUE(Settle(g, 2));
+  ExpectIdentical(g.replica(0), g.replica(1));
+  EXPECT_LT(g.replica(1).shard().counters().pushes_applied,
+            g.replica(0).shard().counters().pushes_applied - 50u)
+      << "the first pushes came in the snapshot, not from the log";
+
+  // Restarted (state lost), it catches up again and can take over with everything.
+  g.Kill(1);
+  g.Start(1);
+  for (int i = 121; i <= 180; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  ExpectIdentical(g.replica(0), g.replica(1));
+  g.Kill(0);
+  g.coordinator().ExpireLease(0, 0);
+  for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
+  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
+}
+
+TEST(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) {
+  Group g(2);
+  g.StartAll();
+  Elect(g);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(w.Push(IntGrad(1, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  ASSERT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  // Backup restarts empty while still listed in sync; then the primary dies.
+  g.Kill(1);
+  g.Start(1);
+  g.Kill(0);
+  g.coordinator().ExpireLease(0, 0);
+  for (int s = 0; s < 500; ++s) g.Step();
+  EXPECT_FALSE(g.Primary()) << "an emptied replica took over and would lose the push";
+}
+
+TEST(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
+  Group g(2);
+  g.StartAll();
+  Elect(g);
+  Worker w(g, 1);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(Settle(g, 2));
+  g.coordinator().SetUnavailable(true);
+  g.now() += 5000;  // far past the lease TTL: the primary's lease is no longer certain
+  ASSERT_FALSE(g.handle(0).LeaseValid());
+  std::vector<float> sum(32, 0.f);
+  for (int i = 1; i <= 10; ++i) {
+    ASSERT_TRUE(w.Push(IntGrad(i, 32), 8)) << "push " << i << " with the backup fencing";
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
+  }
+  // The backup dies: without the coordinator it cannot leave the in-sync set, and alone
+  // the primary acknowledges nothing on an uncertain lease.
+  g.Kill(1);
+  const uint64_t rid = w.NextRid();
+  Message push = MakePush(rid, 0, Rows::Range(0, 8), 1, 1, 11, DType::kF32,
+                          EncodeValues(IntGrad(11, 32), DType::kF32));
+  EXPECT_FALSE(w.Call(rid, push, 3000)) << "acknowledged with no backup and no lease";
+  g.coordinator().SetUnavailable(false);
+  auto reply = w.Call(rid, push);
+  ASSERT_TRUE(reply && std::holds_alternative<PushReply>(*reply));
+  for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(11, 32)[k];
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0}));
+  const std::vector<float> got = TableValues(g.replica(0));
+  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
+}
+
+TEST(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {
+  server::ShardOptions so;
+  so.lease_ms = 5000;
+  Group g(2, {}, so);
+  g.StartAll();
+  Elect(g);
+  Worker a(g, 1), b(g, 2);
+  a.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  a.Register();
+  b.Register();
+  ASSERT_TRUE(a.Clock(1));
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_EQ(g.replica(1).shard().live_workers(), 2u);
+  // Worker 2 falls silent past its lease; worker 1 keeps clocking and stays.
+  for (int c = 2; c <= 8; ++c) {
+    g.now() += 1000;
+    ASSERT_TRUE(a.Clock(c));
+  }
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_EQ(g.replica(0).shard().live_workers(), 1u);
+  EXPECT_EQ(g.replica(1).shard().live_workers(), 1u);
+  EXPECT_EQ(g.replica(1).shard().counters().evictions, 1u);
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
+}  // namespace
+}  // namespace leash::testing
