@@ -24,8 +24,8 @@ TEST(SlowSpellsTest, ParsesFactorSecondsWorkerAndSeed) {
 }
 
 TEST(SlowSpellsTest, RejectsMalformedOrOutOfRangeFields) {
-  for (const char* bad : {"5", "5,1,0/3", "5,1,3/3,1", "0.5,1,0/3,1", "5,0,0/3,1", "5,1,0/3,1x",
-                          "5,1,-1/3,1"}) {
+  for (const char* bad :
+       {"5", "5,1,0/3", "5,1,3/3,1", "0.5,1,0/3,1", "5,0,0/3,1", "5,1,0/3,1x", "5,1,-1/3,1"}) {
     Result<SlowSpells> s = ParseSlowSpells(bad);
     EXPECT_FALSE(s.ok()) << bad;
     if (!s.ok()) {

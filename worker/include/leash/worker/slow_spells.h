@@ -27,8 +27,8 @@ struct SlowSpells {
 // The worker slowed during the spell that holds `unix_seconds` (seconds since the epoch).
 inline int64_t SlowWorkerAt(const SlowSpells& s, double unix_seconds) {
   // splitmix64 of (seed, spell number): a well-mixed pick for consecutive spells.
-  uint64_t z = s.seed + static_cast<uint64_t>(std::floor(unix_seconds / s.seconds)) *
-                            0x9E3779B97F4A7C15ull;
+  uint64_t z =
+      s.seed + static_cast<uint64_t>(std::floor(unix_seconds / s.seconds)) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
