@@ -11,11 +11,13 @@ Parts (--parts picks some):
               2 processes), PyTorch Hogwild (2 processes), TensorFlow
               ParameterServerStrategy (1 PS + 2 workers); batch 64, 1 math thread per
               process; samples/s, test accuracy per epoch, time to 85%
-  stragglers  3 Leash workers (1 shard), one persistently 3x slower (--step-delay-factor 3),
-              MLP and CNN, BSP, SSP(3), work in proportion to speed (--global-batch) and
-              1 backup worker (--backup-workers): cluster samples/s, accuracy after equal
-              samples, time to 85% (from w0's evaluations, leash-worker --eval-every)
-  durability  Leash 1 + 1 samples/s with snapshots every 1 s, every 10 s and off
+  stragglers  bench/straggler_bench.py: 3 Leash workers (1 shard), one persistently 3x
+              slower, MLP and CNN, under BSP, SSP(3), work in proportion to speed and 1
+              backup worker, against the workers' solo speeds and PyTorch DDP; a transient
+              straggler (a random worker 5x slower in 1 s spells); the staleness-0 cost
+              against a raw ZeroMQ round trip plus the update
+  durability  Leash 1 + 1 with snapshots every 1 s, every 10 s and off, runs of at least six
+              10 s intervals: samples/s, each snapshot's pause, bytes per snapshot
   ctr         the click-through model on MovieLens-100k (bench/ctr_bench.py): Leash
               local, 1 + 1 and 2 + 2 against bench/torch_ctr.py: test AUC per epoch, samples/s
 
@@ -44,6 +46,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import ctr_bench  # noqa: E402
+import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
 from common.util import median, now, time_to_accuracy, write_json  # noqa: E402
 
@@ -57,41 +60,19 @@ def log(msg):
 
 # ---------------------------------------------------------------- configuration
 
-# The straggler part's ways of running 3 workers (w2 STRAGGLER_FACTOR x slower) on 1 shard:
-# name -> (label, staleness, extra leash-worker flags, extra leash-server flags). Work in
-# proportion to speed weights each push by samples / global batch, so a clock is one step
-# on the global batch (3 x 64): the MLP's momentum SGD takes 3x the learning rate for it
-# (the linear scaling rule; Adam's steps do not scale with the gradient, so the CNN's stays).
-STRAGGLER_FACTOR = 3
-STRAGGLER_MODES = {
-    "bsp": ("BSP (s=0)", 0, [], []),
-    "ssp3": ("SSP (s=3)", 3, [], []),
-    "proportional": ("proportional work (s=3, --global-batch 192)", 3, ["--global-batch", "192"], []),
-    "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
-}
-STRAGGLER_LR = {("proportional", "mlp"): ["--lr", "0.03"]}
-
 def config(quick):
     if quick:
         return {"repeats": 1, "pushpull_repeats": 1, "pushpull_seconds": 0.2, "pushpull_sizes": "1024,1048576",
                 "mlp_epochs": 1, "cnn_epochs": 1, "train_limit": 6400, "cnn_train_limit": 1280, "test_limit": 2000,
-                "straggler_epochs": 1, "straggler_train_limit": 6400, "straggler_cnn_train_limit": 1280,
-                "straggler_models": ["mlp", "cnn"], "straggler_modes": list(STRAGGLER_MODES),
-                # w0 also evaluates every N of its iterations (--eval-every; the smoke run's
-                # job is ~35 iterations per worker) on the test limit's samples (0: all)
-                "straggler_eval_every": 10, "straggler_eval_test_limit": 0,
                 "durability_epochs": 2, "durability_train_limit": 12800, "durability_intervals": ["1s", "10s", "0"],
+                "durability_repeats": 1,
                 "ctr_epochs": 2, "timeout": 600}
     return {"repeats": 2, "pushpull_repeats": 3, "pushpull_seconds": 1.0, "pushpull_sizes": "1024,65536,1048576",
             "mlp_epochs": 3, "cnn_epochs": 1, "cnn_repeats": 1, "train_limit": 0, "cnn_train_limit": 30000, "test_limit": 0,
-            "straggler_epochs": 3, "straggler_train_limit": 0, "straggler_cnn_train_limit": 30000,
-            "straggler_models": ["mlp", "cnn"], "straggler_modes": list(STRAGGLER_MODES),
-            # w0 also evaluates every N of its iterations (--eval-every) on the first M test
-            # samples (0: all): w0 trains ~200 iterations/s here, so one evaluation about every
-            # 0.4 s, and 2000 samples take ~0.03 s (the whole test set, ~0.15 s, would be a third
-            # of the interval)
-            "straggler_eval_every": 80, "straggler_eval_test_limit": 2000,
-            "durability_epochs": 4, "durability_train_limit": 0, "durability_intervals": ["1s", "10s", "0"],
+            # runs of at least six 10 s intervals: the epochs are set from a short calibration
+            # run for about durability_seconds (the machine's speed varies with its load)
+            "durability_epochs": 45, "durability_seconds": 80, "durability_train_limit": 0,
+            "durability_intervals": ["1s", "10s", "0"], "durability_repeats": 2,
             "ctr_epochs": 5, "timeout": 1800}
 
 
@@ -277,98 +258,86 @@ def part_training(a, c, tmp):
 
 # ---------------------------------------------------------------- part 3: stragglers
 
-def straggler_w0_args(c):
-    """leash-worker flags of w0 only: periodic evaluation (and its test subset)."""
-    args = ["--eval-every", str(c["straggler_eval_every"])]
-    if c.get("straggler_eval_test_limit"):
-        args += ["--test-limit", str(c["straggler_eval_test_limit"])]
-    return args
-
-
-def w0_evaluations(run):
-    """Every evaluation of w0 in time order: its --eval-every points and its ends of epochs
-    (both on w0's test samples)."""
-    points = run.get("fine_curve", []) + [p for p in run["curve"] if p["test_accuracy"] is not None]
-    return sorted(points, key=lambda p: p["elapsed_seconds"])
-
-
 def part_stragglers(a, c, tmp):
-    """Each model under each way of running the 3 workers, interleaved over the repeats."""
-    keys = [(m, mode) for m in c["straggler_models"] for mode in c["straggler_modes"]]
-    runs = {f"{m}/{mode}": [] for m, mode in keys}
-    errors = {k: [] for k in runs}
-    for r in range(c["repeats"]):
-        for m, mode in keys[r % len(keys):] + keys[:r % len(keys)]:
-            label, s, wargs, sargs = STRAGGLER_MODES[mode]
-            k = f"{m}/{mode}"
-            log(f"stragglers: {m}, 3 workers (w2 {STRAGGLER_FACTOR}x slower), {label} (repeat {r + 1}/{c['repeats']})")
-            limit = c["straggler_train_limit"] if m == "mlp" else c["straggler_cnn_train_limit"]
-            try:
-                out = L.run_cluster(a.build, tmp, m, c["straggler_epochs"], f"strag-{m}-{mode}-{r}", shards=1,
-                                    workers=3, staleness=s, delay_factors=[1, 1, STRAGGLER_FACTOR],
-                                    train_limit=limit, test_limit=c["test_limit"], timeout=c["timeout"],
-                                    worker_args=wargs + STRAGGLER_LR.get((mode, m), []),
-                                    w0_args=straggler_w0_args(c), server_args=sargs)
-                ms = out.pop("metrics")
-                out["samples_per_worker"] = [sum(e["samples"] for e in x["epochs"]) for x in ms]
-                out["iterations_per_worker"] = [x.get("iterations") for x in ms]
-                runs[k].append(out)
-                log(f"    {out['samples_per_second']:.0f} samples/s (samples per worker {out['samples_per_worker']}, "
-                    f"iterations {out['iterations_per_worker']}), final accuracy {out['curve'][-1]['test_accuracy']}, "
-                    f"time to 85% {time_to_accuracy(w0_evaluations(out), TARGET_ACC)}")
-            except Exception as e:
-                errors[k].append(f"{type(e).__name__}: {e}")
-                log(f"    FAILED: {e}")
-    summary = {}
-    for k, rs in runs.items():
-        if not rs:
-            summary[k] = {"error": "; ".join(errors[k])}
-            continue
-        t85 = [time_to_accuracy(w0_evaluations(x), TARGET_ACC) for x in rs]
-        acc = [x["curve"][-1]["test_accuracy"] for x in rs]
-        summary[k] = {"model": k.split("/")[0], "mode": k.split("/")[1],
-                      "label": STRAGGLER_MODES[k.split("/")[1]][0],
-                      "median_samples_per_second": median(x["samples_per_second"] for x in rs),
-                      "samples_per_second": [x["samples_per_second"] for x in rs],
-                      "time_to_85_seconds_fine": t85,
-                      "median_time_to_85_seconds_fine": median(t85) if all(t is not None for t in t85) else None,
-                      "final_test_accuracy": acc,
-                      "median_final_test_accuracy": median(acc) if all(x is not None for x in acc) else None,
-                      "median_job_seconds": median(x["job_seconds"] for x in rs), "errors": errors[k]}
-    res = {"workers": 3, "shards": 1, "delay_factors": [1, 1, STRAGGLER_FACTOR], "epochs": c["straggler_epochs"],
-           "eval_every": c["straggler_eval_every"], "eval_test_limit": c["straggler_eval_test_limit"],
-           "modes": {k: v[0] for k, v in STRAGGLER_MODES.items()}, "summary": summary, "runs": runs}
-    write_json(os.path.join(a.out, "stragglers.json"), res)
-    return res
+    """Heterogeneous workers: persistent and transient stragglers, the solo speeds, PyTorch
+    DDP beside them, and the staleness-0 cost against the physical limit
+    (bench/straggler_bench.py)."""
+    sc = straggler_bench.config(a.quick)
+    if a.repeats is not None:
+        sc["rounds"] = a.repeats
+    return straggler_bench.run(a.build, sc, tmp, a.out, log)
 
 
 # ---------------------------------------------------------------- part 4: durability
 
 def part_durability(a, c, tmp):
+    """Snapshot cost: 1 shard + 1 worker, MLP, runs of at least six of the longest interval,
+    snapshots every 1 s, every 10 s and off, interleaved. Per run: samples/s, each
+    snapshot's pause of the shard's request loop (its duration, from the shard's log) and the
+    bytes the shard wrote (/proc/PID/io) per periodic snapshot."""
     intervals = c["durability_intervals"]
+    if c.get("durability_seconds"):
+        cal = L.run_cluster(a.build, tmp, "mlp", 2, "dur-calibration", staleness=1, checkpoint_interval="0",
+                            train_limit=c["durability_train_limit"], no_eval=True, timeout=c["timeout"])
+        per_epoch = c["durability_train_limit"] or 60000
+        c["durability_epochs"] = max(6, min(200, int(c["durability_seconds"] * cal["samples_per_second"] / per_epoch) + 1))
+        log(f"durability: calibration {cal['samples_per_second']:.0f} samples/s -> {c['durability_epochs']} epochs "
+            f"for about {c['durability_seconds']} s per run")
     runs = {i: [] for i in intervals}
     errors = {i: [] for i in intervals}
-    for r in range(c["repeats"] + 1):
+    for r in range(c["durability_repeats"]):
         order = intervals[r % len(intervals):] + intervals[:r % len(intervals)]
         for i in order:
-            log(f"durability: snapshots every {i} (0 = off) (repeat {r + 1}/{c['repeats'] + 1})")
+            log(f"durability: snapshots every {i} (0 = off) (repeat {r + 1}/{c['durability_repeats']})")
+            load = os.getloadavg()[0]
             try:
                 out = L.run_cluster(a.build, tmp, "mlp", c["durability_epochs"], f"dur-{i}-{r}", staleness=1,
                                     checkpoint_interval=i, train_limit=c["durability_train_limit"], no_eval=True,
-                                    timeout=c["timeout"])
+                                    timeout=c["timeout"], shard_stats=True)
                 out.pop("metrics")
+                sh = out.pop("shards")[0]
+                snaps = sh["snapshot_ms"]
+                periodic = snaps[:-1]  # the last one is the final snapshot at exit
+                out.update({"load_before": load, "periodic_snapshots": len(periodic), "snapshot_ms": periodic,
+                            "exit_snapshot_ms": snaps[-1] if snaps else None,
+                            "shard_write_bytes": sh["io_when_workers_done"].get("write_bytes"),
+                            "shard_wchar": sh["io_when_workers_done"].get("wchar")})
                 runs[i].append(out)
-                log(f"    {out['samples_per_second']:.0f} samples/s over {out['job_seconds']:.1f} s")
+                log(f"    {out['samples_per_second']:.0f} samples/s over {out['job_seconds']:.1f} s, "
+                    f"{len(periodic)} snapshots, pauses (ms) {[round(x, 1) for x in periodic]}, "
+                    f"shard wrote {out['shard_write_bytes']} B (wchar {out['shard_wchar']})")
             except Exception as e:
                 errors[i].append(f"{type(e).__name__}: {e}")
                 log(f"    FAILED: {e}")
     med = {i: median(x["samples_per_second"] for x in runs[i]) for i in intervals}
     off = med.get("0")
-    summary = {i: {"median_samples_per_second": med[i], "samples_per_second": [x["samples_per_second"] for x in runs[i]],
-                   "median_job_seconds": median(x["job_seconds"] for x in runs[i]),
-                   "over_off": (med[i] / off) if med[i] and off else None, "errors": errors[i]} for i in intervals}
-    res = {"model": "mlp", "epochs": c["durability_epochs"], "staleness": 1, "summary": summary,
-           "runs": runs}
+    # Bytes per snapshot: what the shard wrote beyond the same round's run without snapshots
+    # (its log), over the snapshots taken.
+    off_by_round = {k: x for k, x in enumerate(runs.get("0", []))}
+    summary = {}
+    for i in intervals:
+        per_snap = []
+        for k, x in enumerate(runs[i]):
+            o = off_by_round.get(k)
+            if i != "0" and o and x["periodic_snapshots"] and x["shard_wchar"] is not None and o["shard_wchar"] is not None:
+                per_snap.append((x["shard_wchar"] - o["shard_wchar"]) / x["periodic_snapshots"])
+        pauses = [p for x in runs[i] for p in x["snapshot_ms"]]
+        seconds = sum(x["job_seconds"] for x in runs[i])
+        summary[i] = {"median_samples_per_second": med[i], "samples_per_second": [x["samples_per_second"] for x in runs[i]],
+                      "median_job_seconds": median(x["job_seconds"] for x in runs[i]),
+                      "job_seconds": [x["job_seconds"] for x in runs[i]],
+                      "periodic_snapshots": [x["periodic_snapshots"] for x in runs[i]],
+                      "median_snapshot_ms": median(pauses), "max_snapshot_ms": max(pauses) if pauses else None,
+                      "paused_share": (sum(pauses) / 1e3 / seconds) if seconds else None,
+                      "bytes_per_snapshot": per_snap, "median_bytes_per_snapshot": median(per_snap),
+                      "load_before": [x["load_before"] for x in runs[i]],
+                      "over_off": (med[i] / off) if med[i] and off else None,
+                      "over_off_per_round": [x["samples_per_second"] / off_by_round[k]["samples_per_second"]
+                                             for k, x in enumerate(runs[i]) if k in off_by_round],
+                      "errors": errors[i]}
+        summary[i]["median_over_off_per_round"] = median(summary[i]["over_off_per_round"])
+    res = {"model": "mlp", "epochs": c["durability_epochs"], "train_limit": c["durability_train_limit"],
+           "staleness": 1, "summary": summary, "runs": runs}
     write_json(os.path.join(a.out, "durability.json"), res)
     return res
 
@@ -430,25 +399,29 @@ def targets(res):
                 rows.append((f"{model.upper()}: {n} >= PyTorch single-process (1 thread)", fmt(r, ".2f") + "x",
                              *verdict(r, 1.0, True)))
     st = res.get("stragglers")
-    if st and "modes" in st:
-        for m in ("mlp", "cnn"):
-            bsp = st["summary"].get(f"{m}/bsp", {})
-            for mode in ("proportional", "backup"):
-                v = st["summary"].get(f"{m}/{mode}", {})
-                a_, b = v.get("median_samples_per_second"), bsp.get("median_samples_per_second")
-                r = a_ / b if a_ and b else None
-                rows.append((f"{m.upper()}, 3x straggler: {mode} >= 2.1x the samples/s of BSP", fmt(r, ".2f") + "x",
-                             *verdict(r, 2.1, True)))
-                x, y = v.get("median_final_test_accuracy"), bsp.get("median_final_test_accuracy")
-                d = (x - y) * 100 if x is not None and y is not None else None
-                rows.append((f"{m.upper()}, 3x straggler: {mode}'s accuracy after equal samples within 0.5 points "
-                             "of BSP", fmt(d, "+.2f") + " points",
-                             *(("n/a", "") if d is None else ("PASS" if d >= -0.5 else "MISS", ""))))
+    if st and "summary" in st and "persistent/mlp" in st["summary"]:
+        rows += straggler_bench.targets(st, verdict)
     du = res.get("durability")
     if du:
-        r = du["summary"].get("10s", {}).get("over_off")
-        cost = "—" if r is None else f"{(1 - r) * 100:.1f}% cost" if r <= 1 else f"no cost measured ({r:.2f}x of off)"
-        rows.append(("snapshots every 10 s cost <= 5% throughput", cost, *verdict(r, 0.95, True)))
+        for iv in ("10s", "1s"):
+            v = du["summary"].get(iv, {})
+            r = v.get("median_over_off_per_round", v.get("over_off"))
+            n = min(v.get("periodic_snapshots") or [0])
+            paused = v.get("paused_share")
+            if paused is None or not v.get("job_seconds"):  # an older run: throughput only
+                cost = "—" if r is None else f"{(1 - r) * 100:.1f}% cost" if r <= 1 else f"{r:.3f}x of off"
+                rows.append((f"snapshots every {iv} cost <= 5% throughput", cost, *verdict(r, 0.95, True)))
+                continue
+            # The shard serves nobody while it snapshots: the paused share of the run is the
+            # cost the snapshots themselves impose; the samples/s against the run without
+            # snapshots is shown beside it (on a shared machine the load moves it more).
+            cost = (f"{paused * 100:.2f}% of the run paused: {n}+ snapshots in runs of {min(v['job_seconds']):.0f}-"
+                    f"{max(v['job_seconds']):.0f} s, each {fmt(v['median_snapshot_ms'], '.0f')} ms (median; max "
+                    f"{fmt(v['max_snapshot_ms'], '.0f')}) and {fmt(v['median_bytes_per_snapshot'] and v['median_bytes_per_snapshot'] / 1e6, '.1f')} MB "
+                    f"written; samples/s {fmt(r, '.2f')}x of off (per round "
+                    f"{', '.join(f'{x:.2f}' for x in v.get('over_off_per_round', []))}, load moving it)")
+            rows.append((f"snapshots every {iv} cost <= 5% throughput (time paused, at least six snapshots)", cost,
+                         *(verdict(1 - paused, 0.95, True) if n >= 6 else ("n/a", f"only {n} snapshots in the shortest run"))))
     ct = res.get("ctr")
     if ct:
         for n in ("leash 1+1", "leash 2+2"):
@@ -534,46 +507,30 @@ def write_summary(a, c, res, plots, durations):
                        "a bound of 1 overlaps it with the compute. The s=0 rows are shown beside the targets for that "
                        "reason: no transport makes a bulk-synchronous round trip free.", ""]
     st = res.get("stragglers")
-    if st and "modes" in st:
-        md += ["## 3. Stragglers", "",
-               f"3 Leash workers + 1 shard, {st['epochs']} epoch(s); worker w2 runs with `--step-delay-factor "
-               f"{st['delay_factors'][-1]}` (its compute is that much slower; its pulls and pushes are not). Cluster "
-               "samples/s: all workers' samples over the job's wall time. Every run trains the same samples, so the "
-               "final accuracy is the accuracy after equal samples. Time to 85%: worker w0's wall time to its first "
-               f"evaluation >= 85% (it evaluates every {st['eval_every']} of its iterations). Work in proportion to "
-               "speed makes a clock one step on the global batch: the MLP's momentum SGD runs at 3x the learning rate "
-               "(0.03) there.", "",
-               "| model | mode | median samples/s | vs BSP | runs | final test accuracy | time to 85% (s) | "
-               "samples trained by w0, w1, w2 (slow) | iterations of w0, w1, w2 |", "|---|---|---|---|---|---|---|---|---|"]
-        for k, v in st["summary"].items():
-            m, mode = k.split("/")
-            if "error" in v:
-                md.append(f"| {m} | {st['modes'].get(mode, mode)} | failed: {v['error']} | | | | | | |")
-                continue
-            base = st["summary"].get(f"{m}/bsp", {}).get("median_samples_per_second")
-            acc = v.get("median_final_test_accuracy")
-            md.append(f"| {m} | {v['label']} | {v['median_samples_per_second']:.0f} | "
-                      f"{fmt(base and v['median_samples_per_second'] / base, '.2f')}x | "
-                      f"{', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
-                      f"{fmt(acc and acc * 100, '.2f')}% | "
-                      f"{', '.join(fmt(t, '.2f', 'not reached') for t in v['time_to_85_seconds_fine'])} | "
-                      f"{'; '.join(str(x.get('samples_per_worker', '')) for x in st['runs'].get(k, []))} | "
-                      f"{'; '.join(str(x.get('iterations_per_worker', '')) for x in st['runs'].get(k, []))} |")
-        md += ["", "Under stale synchronous parallel a worker runs at most s iterations ahead of the slowest, so with a "
-               "persistent straggler every worker advances at its iteration rate whatever s is. Work in proportion to "
-               "speed gives the straggler a smaller share of each clock's global batch; a backup worker is left out of "
-               "the minimum clock, and its pushes more than s clocks late are dropped (docs/semantics.md).", ""]
+    if st and "summary" in st and "persistent/mlp" in st["summary"]:
+        md += straggler_bench.summary_md(st)
     du = res.get("durability")
     if du:
         md += ["## 4. Durability cost", "",
-               f"Leash 1 shard + 1 worker, MLP, {du['epochs']} epoch(s), staleness 1, no evaluation; "
-               "`leash-server --checkpoint-interval` 1s / 10s / 0 (off), snapshots fsynced (the default); "
-               f"{c['repeats'] + 1} interleaved runs each.", "",
-               "| snapshots every | median samples/s | vs off | runs | median run length (s) |", "|---|---|---|---|---|"]
+               f"Leash 1 shard + 1 worker, MLP, {du['epochs']} epoch(s) of {du.get('train_limit') or 60000} samples, "
+               "staleness 1, no evaluation; `leash-server --checkpoint-interval` 1s / 10s / 0 (off), snapshots fsynced "
+               "(the default), the configurations interleaved. A snapshot runs on the shard's request loop, so its "
+               "duration (from the shard's log) is a pause of every update; bytes per snapshot: what the shard wrote "
+               "(/proc/PID/io wchar) beyond the same round's run without snapshots, over the snapshots taken (the "
+               "final snapshot at exit is not counted in either).", "",
+               "| snapshots every | median samples/s | vs off (per round) | run lengths (s) | periodic snapshots | "
+               "pause per snapshot, median / max (ms) | share of the run paused | MB written per snapshot | "
+               "load average before |", "|---|---|---|---|---|---|---|---|---|"]
         for i, v in du["summary"].items():
+            mb = v.get("median_bytes_per_snapshot")
             md.append(f"| {'off' if i == '0' else i} | {fmt(v['median_samples_per_second'])} | "
-                      f"{fmt(v['over_off'], '.3f')} | {', '.join(f'{x:.0f}' for x in v['samples_per_second'])} | "
-                      f"{fmt(v['median_job_seconds'], '.1f')} |")
+                      f"{fmt(v.get('median_over_off_per_round'), '.3f')} "
+                      f"({', '.join(f'{x:.3f}' for x in v.get('over_off_per_round', []))}) | "
+                      f"{', '.join(f'{x:.0f}' for x in v.get('job_seconds', []))} | "
+                      f"{', '.join(str(x) for x in v.get('periodic_snapshots', []))} | "
+                      f"{fmt(v.get('median_snapshot_ms'), '.1f')} / {fmt(v.get('max_snapshot_ms'), '.1f')} | "
+                      f"{fmt(v.get('paused_share') and v['paused_share'] * 100, '.2f')}% | "
+                      f"{fmt(mb and mb / 1e6, '.2f')} | {', '.join(f'{x:.1f}' for x in v.get('load_before', []))} |")
         md.append("")
     if res.get("ctr"):
         md += ["## 5. Click-through model on MovieLens-100k", "",
@@ -638,22 +595,8 @@ def make_plots(a, res):
         plt.close(fig)
         plots.append("training_throughput.png")
     st = res.get("stragglers")
-    if st and "modes" in st:
-        ks = [k for k, v in st["summary"].items() if "median_samples_per_second" in v]
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-        ax1.barh(ks, [st["summary"][k]["median_samples_per_second"] for k in ks], color="tab:blue")
-        ax1.set_xlabel("cluster samples/s (median)")
-        ax1.set_title(f"3 workers, one {st['delay_factors'][-1]}x slower")
-        ax1.invert_yaxis()
-        acc = [st["summary"][k].get("median_final_test_accuracy") or 0 for k in ks]
-        ax2.barh(ks, [x * 100 for x in acc], color="tab:purple")
-        ax2.set_xlim(min([x * 100 for x in acc] + [100]) - 5, 100)
-        ax2.set_xlabel("final test accuracy (%), equal samples")
-        ax2.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, "stragglers.png"), dpi=100)
-        plt.close(fig)
-        plots.append("stragglers.png")
+    if st and "summary" in st and "persistent/mlp" in st["summary"]:
+        plots.append(straggler_bench.plot(st, a.out))
     du = res.get("durability")
     if du:
         ks = list(du["summary"])

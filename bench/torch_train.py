@@ -5,7 +5,8 @@ per process.
 
   --mode single   one process
   --mode ddp      DistributedDataParallel, gloo backend, N processes on loopback, each
-                  training its half of every epoch's shuffled order (batch 64 each)
+                  training its 1/N of every epoch's shuffled order (batch 64 each);
+                  --delay-factors makes ranks stragglers
   --mode hogwild  N processes updating one shared-memory model without locks (each with
                   its own optimizer state), as in the PyTorch Hogwild example
 
@@ -47,12 +48,18 @@ def one_thread():
         _INTEROP_SET = True
 
 
-def train_indices(order, model, opt, x, y, batch):
+def train_indices(order, model, opt, x, y, batch, delay_factor=1.0):
+    """One pass over `order`. delay_factor > 1: after each step's forward and backward
+    (under DDP the backward holds the gradient all-reduce), sleep (factor - 1) x their time,
+    as leash-worker --step-delay-factor does: a straggler computing that many times slower."""
     for i in range(0, len(order), batch):
         idx = order[i:i + batch]
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
+        if delay_factor > 1:
+            time.sleep((delay_factor - 1) * (time.perf_counter() - t0))
         opt.step()
 
 
@@ -93,7 +100,8 @@ def ddp_worker(rank, a, port, x, y, tx, ty, out_q):
         order = epoch_order(a.seed, e, x.shape[0])
         # equal shares so every rank makes the same number of steps (DDP needs it)
         share = x.shape[0] // a.procs
-        train_indices(order[rank * share:(rank + 1) * share], model, opt, x, y, a.batch)
+        train_indices(order[rank * share:(rank + 1) * share], model, opt, x, y, a.batch,
+                      a.delay_factors[rank] if rank < len(a.delay_factors) else 1.0)
         dist.barrier()
         secs = time.perf_counter() - t0
         if rank == 0:
@@ -175,11 +183,15 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--procs", type=int, default=2, help="processes of ddp and hogwild")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--delay-factors", default="",
+                   help="ddp: comma-separated step delay factor per rank (e.g. 1,1,3: rank 2 computes 3x "
+                        "slower, as leash-worker --step-delay-factor)")
     p.add_argument("--train-limit", type=int, default=0)
     p.add_argument("--test-limit", type=int, default=0)
     p.add_argument("--data", default=fmnist.DEFAULT_DIR)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    a.delay_factors = [float(f) for f in a.delay_factors.split(",") if f]
     one_thread()
     x, y = (torch.from_numpy(v) for v in fmnist.load(True, a.data, a.train_limit))
     tx, ty = (torch.from_numpy(v) for v in fmnist.load(False, a.data, a.test_limit))

@@ -4,6 +4,7 @@ workers' --metrics-out JSON. Every process is started here and stopped by its Po
 handle. Not thread-safe."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -42,6 +43,15 @@ def _worker_cmd(build, model, epochs, metrics, train_limit, test_limit, no_eval,
     return cmd + list(extra)
 
 
+def _proc_io(pid):
+    """/proc/PID/io as a dict of ints (empty where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return {k: int(v) for k, v in (line.split(":") for line in f if ":" in line)}
+    except OSError:
+        return {}
+
+
 def _read_metrics(path):
     with open(path) as f:
         return json.load(f)
@@ -78,7 +88,7 @@ def run_local(build, tmp, model, epochs, tag, train_limit=0, test_limit=0, timeo
 
 def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0, delay_factors=None,
                 checkpoint_interval="0", train_limit=0, test_limit=0, no_eval=False, timeout=3600, worker_args=(),
-                w0_args=(), server_args=()):
+                w0_args=(), server_args=(), per_worker_args=None, shard_stats=False):
     """`shards` leash-server processes and `workers` leash-worker processes training one
     job. delay_factors[i] is worker i's --step-delay-factor. Returns the cluster's
     samples/s (all workers' samples over the job's wall time, and for one worker its
@@ -87,7 +97,12 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
     spent evaluating ("w0_eval_seconds", epoch ends included), and every worker's
     metrics. worker_args: more leash-worker flags for every worker; w0_args: for worker 0
     only (after worker_args, so they win), e.g. ["--eval-every", "64"]; server_args: more
-    leash-server flags for every shard, e.g. ["--backup-workers", "1"]."""
+    leash-server flags for every shard, e.g. ["--backup-workers", "1"]; per_worker_args(i):
+    more flags of worker i (after the others), e.g. its --slow-spells. shard_stats: the
+    shards log at info level, and "shards" holds per shard the bytes it had written when the
+    workers were done (/proc/PID/io: write_bytes to storage, wchar through write calls) and
+    every snapshot's duration in ms from its log (the request loop pauses for it), the
+    final one at exit included, those taken when a table is created apart."""
     delay_factors = delay_factors or [1.0] * workers
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(shards)]
     procs, logs = [], []
@@ -98,14 +113,16 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
             procs.append(subprocess.Popen(
                 [_bin(build, "server", "leash-server"), "--shard", str(i), "--num-shards", str(shards), "--bind", ep,
                  "--data-dir", os.path.join(tmp, f"{tag}-shard{i}"), "--checkpoint-interval", checkpoint_interval,
-                 "--log-level", "warn"] + list(server_args), stdout=lf, stderr=subprocess.STDOUT))
+                 "--log-level", "info" if shard_stats else "warn"] + list(server_args), stdout=lf,
+                stderr=subprocess.STDOUT))
         workers_p, metrics = [], []
         for w in range(workers):
             metrics.append(os.path.join(tmp, f"{tag}-w{w}.json"))
             lf = open(os.path.join(tmp, f"{tag}-w{w}.log"), "w")
             logs.append(lf)
             extra = ["--servers", ",".join(endpoints), "--staleness", str(staleness), "--name", f"w{w}",
-                     "--step-delay-factor", str(delay_factors[w])] + list(worker_args) + (list(w0_args) if w == 0 else [])
+                     "--step-delay-factor", str(delay_factors[w])] + list(worker_args) + (list(w0_args) if w == 0 else []) + \
+                (list(per_worker_args(w)) if per_worker_args else [])
             workers_p.append(subprocess.Popen(
                 _worker_cmd(build, model, epochs, metrics[-1], train_limit, test_limit, no_eval, extra),
                 stdout=lf, stderr=subprocess.STDOUT))
@@ -118,6 +135,7 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
                 raise RunError(f"{tag}: worker {w} still running after {timeout} s (logs in {tmp})")
             if rc != 0:
                 raise RunError(f"{tag}: worker {w} exited {rc} (log {tmp}/{tag}-w{w}.log)")
+        shard_io = [_proc_io(p.pid) for p in procs[:shards]] if shard_stats else None
     finally:
         for p in reversed(procs):
             stop(p)
@@ -131,6 +149,18 @@ def run_cluster(build, tmp, model, epochs, tag, shards=1, workers=1, staleness=0
         seconds = max(m["epochs"][-1]["elapsed_seconds"] for m in ms if m["epochs"])
     out = {"samples_per_second": samples / seconds, "curve": _curve(ms[0]["epochs"]), "job_seconds":
            max(m["epochs"][-1]["elapsed_seconds"] for m in ms if m["epochs"]), "metrics": ms}
+    if shard_stats:
+        out["shards"] = []
+        for i in range(shards):
+            snaps, created, after_create = [], [], False
+            with open(os.path.join(tmp, f"{tag}-shard{i}.log")) as f:
+                for line in f:
+                    m = re.search(r"snapshot #\d+ at clock -?\d+ written to .* in ([0-9.]+) ms", line)
+                    if m:  # the snapshot a shard takes when a table is created is not periodic
+                        (created if after_create else snaps).append(float(m.group(1)))
+                    after_create = bool(re.search(r"created (sparse )?table", line))
+            out["shards"].append({"io_when_workers_done": shard_io[i], "snapshot_ms": snaps,
+                                  "table_creation_snapshot_ms": created})
     fine = _fine_curve(ms[0])
     if fine:
         out.update({"fine_curve": fine, "w0_eval_seconds": ms[0].get("eval_seconds")})

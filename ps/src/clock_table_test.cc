@@ -70,6 +70,25 @@ TEST(ClockTableTest, OnlyAPushLaggingTheMinimumBeyondItsBoundIsTooStale) {
   EXPECT_FALSE(plain.TooStale(*b));
 }
 
+TEST(ClockTableTest, DropPushDecidesOnceForAllPushesOfAnIteration) {
+  ClockTable t(0, /*backup_workers=*/1);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(t.Register(id, 1, "w", 0).ok());
+  t.Advance(*t.Find(1, 1), 3);
+  t.Advance(*t.Find(2, 1), 3);
+  LiveWorker* slow = *t.Find(3, 1);
+  t.Advance(slow, 1);
+  slow->staleness = 2;
+  EXPECT_FALSE(t.DropPush(slow));  // 3 - 1 = 2 behind: the iteration is applied
+  t.Advance(*t.Find(1, 1), 5);
+  t.Advance(*t.Find(2, 1), 5);
+  ASSERT_TRUE(t.TooStale(*slow));
+  EXPECT_FALSE(t.DropPush(slow));  // the same iteration: still applied
+  t.Advance(slow, 2);              // the next one, 3 behind: dropped, all of it
+  EXPECT_TRUE(t.DropPush(slow));
+  slow->staleness = 3;
+  EXPECT_TRUE(t.DropPush(slow));
+}
+
 TEST(ClockTableTest, JoiningWorkerStartsAtTheMinimum) {
   ClockTable t;
   ASSERT_TRUE(t.Register(1, 1, "a", 0).ok());

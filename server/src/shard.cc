@@ -604,9 +604,10 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
   uint64_t skipped = 0;
   if (m.seq <= w->last_seq) {
     ++counters_.pushes_duplicate;  // a retry of a push already applied: apply nothing, acknowledge
-  } else if (clocks_.TooStale(*w)) {
-    // A backup worker's push for an iteration the minimum left more than its bound behind.
-    // Consumed (a resend is a duplicate), counted and logged, never applied.
+  } else if (clocks_.DropPush(w)) {
+    // A backup worker's push for an iteration the minimum had left more than its bound
+    // behind at the iteration's first push (all of an iteration's pushes alike). Consumed (a resend
+    // is a duplicate), counted and logged, never applied.
     w->last_seq = m.seq;
     NoteStalePushDropped(*w);
   } else {

@@ -611,11 +611,14 @@ TEST_F(ShardTest, BackupWorkersPushBeyondTheStalenessBoundIsDroppedAndCounted) {
   EXPECT_EQ(Send("w3", MakePull(32, id, Range(0, 1), 3, 1, 2)).size(), 1u);
   ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 1).ok());
   EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
-  // The fast workers move on; worker 3, still at clock 1, is now 3 behind: its push is
-  // acknowledged, not applied, and counted.
-  Send("w1", MakeClock(14, 1, 4));
-  Send("w2", MakeClock(24, 2, 4));
-  ASSERT_EQ(shard_->min_clock(), 4);
+  // Worker 3 ends iteration 1; the fast workers move on to 5. Worker 3's first push for
+  // iteration 2 lags 3 behind: it is acknowledged, not applied, and counted.
+  Send("w3", MakeClock(34, 3, 2));
+  for (int c = 4; c <= 5; ++c) {
+    Send("w1", MakeClock(10 + c, 1, c));
+    Send("w2", MakeClock(20 + c, 2, c));
+  }
+  ASSERT_EQ(shard_->min_clock(), 5);
   const Decoded<Reply>* e = One("w3", MakePush(4, id, Range(0, 1), 3, 1, 2, DType::kF32,
                                                EncodeValues(std::vector<float>{1.f}, DType::kF32)));
   ASSERT_NE(e, nullptr);
@@ -627,15 +630,54 @@ TEST_F(ShardTest, BackupWorkersPushBeyondTheStalenessBoundIsDroppedAndCounted) {
   ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 2).ok());
   EXPECT_EQ(shard_->counters().pushes_duplicate, 1u);
   // Caught up to the minimum, its next push is applied again.
-  Send("w3", MakeClock(33, 3, 4));
+  Send("w3", MakeClock(33, 3, 5));
   ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 3).ok());
   EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -2.f);
   e = One("ctl", MakeStats(9));
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(std::get<ShardStats>(e->value).stale_pushes_dropped, 1u);
   // The fast workers' pushes are never dropped.
-  EXPECT_EQ(Send("w1", MakePull(40, id, Range(0, 1), 1, 4, 0)).size(), 1u);
+  EXPECT_EQ(Send("w1", MakePull(40, id, Range(0, 1), 1, 5, 0)).size(), 1u);
   ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 1, 1).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);
+}
+
+TEST_F(ShardTest, BackupWorkersApplyOrDropAllPushesOfAnIterationAlike) {
+  ShardOptions o;
+  o.backup_workers = 1;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  for (uint64_t w = 1; w <= 3; ++w) Register(w);
+  for (int c = 1; c <= 3; ++c) {
+    Send("w1", MakeClock(10 + c, 1, c));
+    Send("w2", MakeClock(20 + c, 2, c));
+  }
+  // Worker 3 trains iteration 1 under s = 2, 2 clocks behind the minimum: within its bound.
+  Send("w3", MakeClock(31, 3, 1));
+  EXPECT_EQ(Send("w3", MakePull(32, id, Range(0, 1), 3, 1, 2)).size(), 1u);
+  // Its early push (sent during backward) is applied ...
+  ASSERT_TRUE(Push(id, Range(0, 1), {1.f}, 3, 1).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
+  // ... the fast workers move on (worker 3 now lags 3 > 2) ...
+  Send("w1", MakeClock(14, 1, 4));
+  Send("w2", MakeClock(24, 2, 4));
+  ASSERT_EQ(shard_->min_clock(), 4);
+  // ... and the rest of the same iteration is applied too, not dropped: never half of it.
+  ASSERT_TRUE(Push(id, Range(0, 1), {2.f}, 3, 2).ok());
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);
+  EXPECT_EQ(shard_->counters().pushes_dropped_stale, 0u);
+  // The next iteration is decided afresh at its first push: at clock 2 with the minimum at 5
+  // (3 behind) it is dropped, and so is its second push, even though a pull in between
+  // raised worker 3's bound to 3 (all of an iteration alike).
+  Send("w3", MakeClock(33, 3, 2));
+  Send("w1", MakeClock(15, 1, 5));
+  Send("w2", MakeClock(25, 2, 5));
+  ASSERT_EQ(shard_->min_clock(), 5);
+  ASSERT_TRUE(Push(id, Range(0, 1), {4.f}, 3, 3).ok());
+  EXPECT_EQ(shard_->counters().pushes_dropped_stale, 1u);
+  EXPECT_EQ(Send("w3", MakePull(34, id, Range(0, 1), 3, 2, 3)).size(), 1u);
+  ASSERT_TRUE(Push(id, Range(0, 1), {8.f}, 3, 4).ok());
+  EXPECT_EQ(shard_->counters().pushes_dropped_stale, 2u);
   EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);
 }
 

@@ -84,6 +84,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.no_eval = !d.evaluate;
   v.eval_every = d.eval_every;
   v.step_delay_factor = d.step_delay_factor;
+  v.slow_spells = "";  // off
   v.global_batch = d.global_batch;
   v.metrics_out = d.metrics_out;
   v.metrics_bind = d.metrics_bind;
@@ -150,6 +151,10 @@ WorkerCommandLine::WorkerCommandLine()
   f.Double("step-delay-factor", &v.step_delay_factor,
            "straggler injection for benchmarks: sleep (factor-1) x each step's compute time "
            "(1: none)");
+  f.String("slow-spells", &v.slow_spells,
+           "transient straggler injection for benchmarks, FACTOR,SECONDS,WORKER/WORKERS,SEED: "
+           "wall-clock time in spells of SECONDS, in each one worker of WORKERS (the same seeded "
+           "pick on every worker) computes FACTOR x slower; this is worker WORKER (empty: off)");
   f.Int("global-batch", &v.global_batch,
         "work in proportion to speed: the job's samples per clock over all workers; each worker "
         "trains its share (its measured speed over the live workers' summed speeds) and the "
@@ -273,6 +278,11 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
     return bad_double("step-delay-factor", v.step_delay_factor, "need a number in [1, 1e6)");
   }
   c.step_delay_factor = v.step_delay_factor;
+  if (Result<leash::worker::SlowSpells> s = leash::worker::ParseSlowSpells(v.slow_spells); s.ok()) {
+    c.slow_spells = *s;
+  } else {
+    return bad("slow-spells", v.slow_spells, s.status().message());
+  }
   if (v.global_batch < 0 || v.global_batch >= (int64_t{1} << 31)) {
     return bad_int("global-batch", v.global_batch, "need an integer in [0, 2^31) (0: off)");
   }

@@ -11,6 +11,7 @@
 #include "leash/common/curve_keys.h"
 #include "leash/common/domain.h"
 #include "leash/common/status.h"
+#include "leash/worker/slow_spells.h"
 
 namespace leash::worker {
 
@@ -62,6 +63,7 @@ struct WorkerConfig {
   bool evaluate = true;
   int64_t eval_every = 0;
   double step_delay_factor = 1;
+  leash::worker::SlowSpells slow_spells;  // transient straggler injection; off by default
   int64_t global_batch = 0;  // > 0: work in proportion to speed, this many samples per clock
   std::string metrics_out;
   std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
@@ -89,7 +91,7 @@ class WorkerCommandLine {
   // The flags as read, before validation.
   struct Values {
     std::string servers, optimizer, wire_dtype, name, hidden, model, metrics_out, metrics_bind;
-    std::string device, curve_keys, curve_client, data, sparse_optimizer;
+    std::string device, curve_keys, curve_client, data, sparse_optimizer, slow_spells;
     int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim, send_delay_ms, global_batch;

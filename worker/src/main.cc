@@ -224,6 +224,12 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   to.evaluate = c.evaluate;
   to.eval_every = c.eval_every;
   to.step_delay_factor = c.step_delay_factor;
+  to.slow_spells = c.slow_spells;
+  if (c.slow_spells.enabled()) {
+    spdlog::warn("--slow-spells: this worker ({} of {}) computes {}x slower in its {} s spells",
+                 c.slow_spells.worker, c.slow_spells.workers, c.slow_spells.factor,
+                 c.slow_spells.seconds);
+  }
   to.global_batch = c.global_batch;
   if (c.global_batch > 0) {
     spdlog::info(
@@ -273,6 +279,7 @@ int Train(const WorkerConfig& c, Worker& w) {
       {"compute_seconds", results->compute_seconds},
       {"injected_delay_seconds", results->injected_delay_seconds},
       {"step_delay_factor", c.step_delay_factor},
+      {"slow_spells_factor", c.slow_spells.factor},
       {"final_clock", static_cast<double>(w.params->clock())}};
   if (w.client) {
     auto n = w.client->counters();

@@ -189,15 +189,21 @@ class Loop {
     return true;
   }
 
-  // Counts the iteration's compute time and, with step_delay_factor > 1, sleeps
-  // (factor - 1) x as long before the iteration's clock, as a slower machine would.
-  // Returns the seconds slept.
+  // Counts the iteration's compute time and, with step_delay_factor > 1 or in one of this
+  // worker's slow spells, sleeps (factor - 1) x as long before the iteration's clock, as a
+  // slower machine would. Returns the seconds slept.
   double InjectDelay(double compute) {
     result_.compute_seconds += compute;
-    if (!(o_.step_delay_factor > 1.0)) return 0;
+    double factor = o_.step_delay_factor;
+    if (o_.slow_spells.enabled()) {
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      factor *= SpellFactorAt(o_.slow_spells, now);
+    }
+    if (!(factor > 1.0)) return 0;
     auto d0 = Clock::now();
-    std::this_thread::sleep_for(
-        std::chrono::duration<double>((o_.step_delay_factor - 1.0) * compute));
+    std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1.0) * compute));
     const double slept = Seconds(d0, Clock::now());
     result_.injected_delay_seconds += slept;
     return slept;

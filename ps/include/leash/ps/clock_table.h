@@ -28,6 +28,10 @@ struct LiveWorker {
   // reported one of the two.
   double samples_per_second = 0;
   bool speed_reported = false;
+  // Backup workers: the iteration (clock) whose pushes were last decided on, and whether
+  // they are dropped (ClockTable::DropPush). -1: none decided yet.
+  int64_t push_decided_clock = -1;
+  bool push_dropped = false;
 };
 
 class ClockTable {
@@ -74,6 +78,18 @@ class ClockTable {
   // worker whose bound is not known yet.
   bool TooStale(const LiveWorker& w) const {
     return backup_ > 0 && w.staleness >= 0 && w.clock < min_clock_ - w.staleness;
+  }
+  // Whether to drop a push of `w` for its current iteration w.clock: decided by TooStale at
+  // the iteration's first push and kept for every later push of that iteration, so an
+  // iteration's pushes (one per table, or early pushes sent during backward and the rest
+  // with the clock) are applied or dropped together, never half of them. An iteration
+  // begun within the bound is thus applied whole even if the minimum moves on meanwhile.
+  bool DropPush(LiveWorker* w) const {
+    if (w->push_decided_clock != w->clock) {
+      w->push_decided_clock = w->clock;
+      w->push_dropped = TooStale(*w);
+    }
+    return w->push_dropped;
   }
   size_t live() const { return workers_.size(); }
   // The speeds the live workers reported, summed (work in proportion to speed); 0 while

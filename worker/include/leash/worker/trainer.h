@@ -16,6 +16,7 @@
 #include "leash/worker/dataset.h"
 #include "leash/worker/model.h"
 #include "leash/worker/params.h"
+#include "leash/worker/slow_spells.h"
 
 namespace leash::worker {
 
@@ -50,6 +51,9 @@ struct TrainOptions {
   // (factor - 1) x the time they took, so the worker computes `factor` times slower.
   // 1 (the default) injects nothing.
   double step_delay_factor = 1.0;
+  // Transient straggler injection (benchmarks): in this worker's spells (SlowSpells, by the
+  // wall clock) its delay factor is multiplied by slow_spells.factor. Off by default.
+  SlowSpells slow_spells;
   // Work in proportion to speed: > 0 is the job's global batch per clock. The worker
   // measures its own speed (StepRate), reports it with its clocks, and trains its share
   // of this many samples per iteration (speed over the live workers' summed speeds); its

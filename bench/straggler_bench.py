@@ -1,0 +1,482 @@
+"""The benchmark suite's straggler part (bench/run_all.py --parts stragglers): heterogeneous
+workers on Fashion-MNIST, 3 leash-worker processes and 1 leash-server shard on loopback.
+
+  persistent  worker w2 computes 3x slower (--step-delay-factor 3), MLP and CNN, under BSP
+              (s=0), SSP (s=3), work in proportion to speed (--global-batch) and 1 backup
+              worker (--backup-workers 1); the ideal beside them: the three workers' solo
+              speeds, measured alone (one 1+1 job at a time) and under the same contention
+              (three independent 1+1 jobs at once, w2's 3x slower); PyTorch DDP (gloo,
+              3 processes, rank 2 3x slower), which waits for the straggler at every step
+  transient   MLP, every worker at full speed except in its slow spells: wall time in 1 s
+              spells, in each a seeded random one of the 3 workers computes 5x slower
+              (leash-worker --slow-spells); BSP, SSP(3), backup worker, proportional work
+  ps_cost     the staleness-0 cost against the physical limit: 1 worker + 1 shard at s=0
+              and the same worker in --local mode, MLP, and leash-bench-pushpull's raw
+              ZeroMQ round trip of the model's bytes between two processes
+
+Every configuration runs once per round, the rounds rotate the order (machine noise, on a
+shared 2-core machine, hits all alike); medians over rounds and per-round ratios are
+reported with the load average before each run. Not thread-safe (module state in
+common.util's port cursor); the independent solo jobs run in threads of their own, each
+starting its own processes.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import leash as L  # noqa: E402
+from common.util import median, time_to_accuracy, write_json  # noqa: E402
+
+TARGET_ACC = 0.85
+FACTOR = 3  # the persistent straggler
+SPELL_FACTOR, SPELL_SECONDS = 5, 1.0  # the transient one
+GLOBAL_BATCH = 192  # 3 x 64: a clock of proportional work trains what a BSP clock does
+
+# name -> (label, staleness, leash-worker flags, leash-server flags). Work in proportion to
+# speed weights each push by samples / global batch, so a clock is one step on the global
+# batch (3 x 64): the MLP's momentum SGD takes 3x the learning rate for it (linear scaling;
+# Adam's steps do not scale with the gradient, so the CNN's stays).
+MODES = {
+    "bsp": ("BSP (s=0)", 0, [], []),
+    "ssp3": ("SSP (s=3)", 3, [], []),
+    "proportional": (f"proportional work (s=3, --global-batch {GLOBAL_BATCH})", 3,
+                     ["--global-batch", str(GLOBAL_BATCH)], []),
+    "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
+}
+MODE_LR = {("proportional", "mlp"): ["--lr", "0.03"]}
+TRANSIENT_MODES = ["bsp", "ssp3", "backup", "proportional"]
+MLP_FLOATS = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # 235146
+
+
+def config(quick):
+    if quick:
+        return {"rounds": 1, "mlp": (6400, 1), "cnn": (1280, 1), "solo_fraction": 0.5, "eval_every": 10,
+                "eval_test_limit": 0, "transient": (6400, 1), "ps_cost": (6400, 1), "timeout": 600}
+    # (train limit, epochs). The MLP: 60000 samples in all, where it passes 85%; the CNN:
+    # 12000 in one epoch (short of 85%: a CNN run of 3 workers on 2 shared cores takes
+    # 45-120 s here), with no evaluation of the whole test set before the end; the
+    # transient MLP: about 10 spells or more.
+    return {"rounds": 2, "mlp": (30000, 2), "cnn": (12000, 1), "solo_fraction": 0.5, "eval_every": 40,
+            "eval_test_limit": 2000, "cnn_eval_test_limit": 1000, "transient": (30000, 2), "ps_cost": (30000, 1),
+            "timeout": 900}
+
+
+def _load():
+    return os.getloadavg()[0]
+
+
+def _w0_evaluations(run):
+    points = run.get("fine_curve", []) + [p for p in run["curve"] if p["test_accuracy"] is not None]
+    return sorted(points, key=lambda p: p["elapsed_seconds"])
+
+
+def _cluster(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None):
+    """3 workers + 1 shard under `mode`; worker_extra(i) gives worker i's own flags."""
+    label, s, wargs, sargs = MODES[mode]
+    limit, epochs = c[model] if model in ("mlp", "cnn") else c["transient"]
+    mdl = "mlp" if model not in ("mlp", "cnn") else model
+    w0 = ["--eval-every", str(c["eval_every"])]
+    test_limit = c.get("cnn_eval_test_limit", c["eval_test_limit"]) if mdl == "cnn" else c["eval_test_limit"]
+    if test_limit:
+        w0 += ["--test-limit", str(test_limit)]
+
+    def extra(i):  # w1 evaluates the whole test set at its ends of epochs, w2 never
+        return (["--no-eval"] if i == 2 else []) + (list(worker_extra(i)) if worker_extra else [])
+    out = L.run_cluster(build, tmp, mdl, epochs, tag, shards=1, workers=3, staleness=s, delay_factors=delay_factors,
+                        train_limit=limit, timeout=c["timeout"], worker_args=wargs + MODE_LR.get((mode, mdl), []),
+                        w0_args=w0, server_args=sargs, per_worker_args=extra)
+    ms = out.pop("metrics")
+    # Cluster samples/s: all workers' samples over the job's wall time up to the last
+    # worker's end of training, each worker's own evaluations taken out of its timeline (w1's
+    # final one of the whole test set would otherwise count: 3 s for the CNN).
+    end = max(m["epochs"][-1]["elapsed_seconds"] - m.get("eval_seconds", 0) for m in ms if m["epochs"])
+    samples = sum(e["samples"] for m in ms for e in m["epochs"])
+    # w0 evaluates on the test subset (its fine curve); w1 at the end on the whole test set:
+    # the accuracy after the job's samples, equal in every mode.
+    final = [e["test_accuracy"] for e in ms[1]["epochs"] if e.get("test_accuracy", -1) >= 0]
+    return {"samples_per_second": samples / end, "job_seconds": out["job_seconds"], "train_end_seconds": end,
+            "final_test_accuracy": final[-1] if final else None,
+            "time_to_85_seconds": time_to_accuracy(_w0_evaluations(out), TARGET_ACC),
+            "samples_per_worker": [sum(e["samples"] for e in x["epochs"]) for x in ms],
+            "iterations_per_worker": [x.get("iterations") for x in ms],
+            "w0_eval_seconds": ms[0].get("eval_seconds"), "fine_curve": out.get("fine_curve", [])}
+
+
+def _solo(build, tmp, c, model, tag, factors):
+    """One 1 worker + 1 shard job per factor, all at once (each in its own thread), each
+    training a share of the data in proportion to 1/factor so that they end together.
+    Returns each one's samples/s over its training time."""
+    limit, _ = c[model]
+    limit = int(limit * c["solo_fraction"])
+    results, errors = [None] * len(factors), []
+
+    def one(i, f):
+        try:
+            r = L.run_cluster(build, tmp, model, 1, f"{tag}-{i}", shards=1, workers=1, staleness=0,
+                              delay_factors=[f], train_limit=max(640, int(limit / f)), no_eval=True,
+                              timeout=c["timeout"])
+            results[i] = r["samples_per_second"]
+        except Exception as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(i, f)) for i, f in enumerate(factors)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _ddp(c, tmp, model, tag):
+    limit, epochs = c[model]
+    out = os.path.join(tmp, tag + ".json")
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_train.py"), "--mode", "ddp", "--procs", "3",
+           "--delay-factors", f"1,1,{FACTOR}", "--model", model, "--epochs", str(epochs), "--train-limit",
+           str(limit), "--out", out]
+    with open(os.path.join(tmp, tag + ".log"), "w") as lf:
+        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=c["timeout"]).returncode
+    if rc != 0:
+        raise L.RunError(f"torch DDP exited {rc} (log {tmp}/{tag}.log)")
+    with open(out) as f:
+        r = json.load(f)
+    curve = [{"elapsed_seconds": e["elapsed_seconds"], "test_accuracy": e["test_accuracy"]} for e in r["epochs"]]
+    return {"samples_per_second": r["samples_per_second"], "final_test_accuracy": r["epochs"][-1]["test_accuracy"],
+            "time_to_85_seconds": time_to_accuracy(curve, TARGET_ACC), "curve": curve}
+
+
+def _ps_cost(build, tmp, c, tag):
+    """Per-iteration cost of the parameter server at s=0 against the physical limit."""
+    limit, epochs = c["ps_cost"]
+    cl = L.run_cluster(build, tmp, "mlp", epochs, tag + "-cluster", staleness=0, train_limit=limit, no_eval=True,
+                       timeout=c["timeout"])
+    lo = L.run_local(build, tmp, "mlp", epochs, tag + "-local", train_limit=limit, timeout=c["timeout"])
+    pp_dir = os.path.join(tmp, tag + "-pushpull")
+    os.makedirs(pp_dir, exist_ok=True)
+    subprocess.run([os.path.join(build, "bench", "leash-bench-pushpull"), "--server-bin",
+                    os.path.join(build, "server", "leash-server"), "--sizes", str(MLP_FLOATS), "--seconds", "0.5",
+                    "--out", pp_dir], check=True, stdout=subprocess.DEVNULL, timeout=c["timeout"])
+    with open(os.path.join(pp_dir, "pushpull.json")) as f:
+        samples = json.load(f)["samples"]
+
+    def cell(system, op, inflight=1):
+        for s in samples:
+            if s["system"] == system and s["op"] == op and s["floats"] == MLP_FLOATS and \
+                    (system != "leash" or (s["shards"] == 1 and s["inflight"] == inflight)):
+                return s["p50_us"]
+        return None
+
+    def per_iter(m):
+        it = max(1, m.get("iterations") or 1)
+        train = sum(e["train_seconds"] for e in m["epochs"])
+        return train / it * 1e6, m.get("compute_seconds", 0) / it * 1e6, it
+    c_iter, c_comp, c_it = per_iter(cl["metrics"][0])
+    l_iter, l_comp, _ = per_iter(lo["metrics"])
+    rtt = cell("raw zmq", "round trip, 2 processes")
+    update = l_iter - l_comp  # the same optimizer step in --local mode (and its batch loading)
+    overhead = c_iter - c_comp  # everything of a cluster iteration beyond forward/backward
+    limit_us = 2 * rtt + update if rtt is not None else None  # the model's bytes each way, and the update
+    return {"cluster_iteration_us": c_iter, "cluster_compute_us": c_comp, "local_iteration_us": l_iter,
+            "local_compute_us": l_comp, "iterations": c_it, "overhead_us": overhead,
+            "added_over_local_us": c_iter - l_iter, "raw_rtt_model_bytes_us": rtt, "update_us": update,
+            "limit_us": limit_us, "overhead_over_limit": overhead / limit_us if limit_us else None,
+            "leash_push_p50_us": cell("leash", "push"), "leash_pull_p50_us": cell("leash", "pull"),
+            "bytes_sent_per_iteration": cl["metrics"][0].get("bytes_sent_per_iteration"),
+            "cluster_samples_per_second": cl["samples_per_second"], "local_samples_per_second": lo["samples_per_second"]}
+
+
+def run(build, c, tmp, out_dir, log):
+    models = ["mlp", "cnn"]
+    configs = {}
+    for m in models:
+        for mode in MODES:
+            configs[f"persistent/{m}/{mode}"] = (lambda m, mode: lambda tag: _cluster(
+                build, tmp, c, m, mode, tag, [1, 1, FACTOR]))(m, mode)
+        configs[f"persistent/{m}/solo_alone"] = (lambda m: lambda tag: {
+            "solo": [_solo(build, tmp, c, m, f"{tag}-f1", [1])[0], _solo(build, tmp, c, m, f"{tag}-f3", [FACTOR])[0]]})(m)
+        configs[f"persistent/{m}/solo_contended"] = (lambda m: lambda tag: {
+            "solo": _solo(build, tmp, c, m, tag, [1, 1, FACTOR])})(m)
+        configs[f"persistent/{m}/ddp"] = (lambda m: lambda tag: _ddp(c, tmp, m, tag))(m)
+    for mode in TRANSIENT_MODES:
+        configs[f"transient/mlp/{mode}"] = (lambda mode: lambda tag: _cluster(
+            build, tmp, c, "transient", mode, tag, [1, 1, 1],
+            worker_extra=lambda i: ["--slow-spells", f"{SPELL_FACTOR},{SPELL_SECONDS},{i}/3,{tag_seed(tag)}"]))(mode)
+    configs["ps_cost/mlp/s0"] = lambda tag: _ps_cost(build, tmp, c, tag)
+    names = list(configs)
+    runs = {n: [] for n in names}
+    t_start = time.monotonic()
+    for r in range(c["rounds"]):
+        k = (r * len(names)) // max(1, c["rounds"])
+        for n in names[k:] + names[:k]:
+            tag = f"strag-{n.replace('/', '-')}-{r}"
+            load = _load()
+            t0 = time.monotonic()
+            try:
+                out = configs[n](tag)
+                out.update({"round": r, "load_before": load, "seconds": time.monotonic() - t0})
+                runs[n].append(out)
+                brief = {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in out.items()
+                         if k2 not in ("fine_curve", "curve")}
+                log(f"stragglers {n} round {r + 1}/{c['rounds']}: {brief}")
+            except Exception as e:
+                runs[n].append({"round": r, "load_before": load, "error": f"{type(e).__name__}: {e}"})
+                log(f"stragglers {n} round {r + 1}: FAILED {e}")
+    res = {"config": c, "factor": FACTOR, "spell": [SPELL_FACTOR, SPELL_SECONDS], "modes": {k: v[0] for k, v in
+           MODES.items()}, "runs": runs, "seconds": time.monotonic() - t_start}
+    res["summary"] = summarize(res)
+    write_json(os.path.join(out_dir, "stragglers.json"), res)
+    return res
+
+
+def tag_seed(tag):
+    """The spells' seed: one per round (the tag ends in the round), the same for the
+    transient modes of a round, so they meet the same schedule of spells... at their own
+    times (the schedule follows the wall clock)."""
+    return 1000 + int(tag.rsplit("-", 1)[1])
+
+
+def _ok(rs):
+    return [x for x in rs if "error" not in x]
+
+
+def _per_round(runs, num, den, f):
+    """Per round: f(num run) / f(den run) where both ran."""
+    by = {x["round"]: x for x in _ok(runs.get(den, []))}
+    out = []
+    for x in _ok(runs.get(num, [])):
+        y = by.get(x["round"])
+        if y is not None and f(y):
+            out.append(f(x) / f(y))
+    return out
+
+
+def _training_sps(x):
+    """Cluster samples/s over the job's time less w0's evaluations: while w0 evaluates the
+    others wait for it (within s clocks), and the solo jobs they are held against do not
+    evaluate (a CNN w0 spent 4-11 s of a 20-50 s job evaluating 1000 test samples here)."""
+    if x.get("w0_eval_seconds") is None or not x.get("train_end_seconds"):
+        return x.get("samples_per_second")
+    samples = x["samples_per_second"] * x["train_end_seconds"]
+    return samples / max(1e-9, x["train_end_seconds"] - x["w0_eval_seconds"])
+
+
+def summarize(res):
+    runs = res["runs"]
+    sps = _training_sps
+    s = {}
+    for m in ("mlp", "cnn"):
+        base = f"persistent/{m}"
+        row = {}
+        contended = {x["round"]: sum(x["solo"]) for x in _ok(runs.get(f"{base}/solo_contended", []))}
+        alone = {x["round"]: x["solo"][0] * 2 + x["solo"][1] for x in _ok(runs.get(f"{base}/solo_alone", []))}
+        row["solo_sum_contended"] = median(contended.values())
+        row["solo_sum_alone"] = median(alone.values())
+        for mode in list(MODES) + ["ddp"]:
+            rs = _ok(runs.get(f"{base}/{mode}", []))
+            if not rs:
+                row[mode] = {"error": "; ".join(x["error"] for x in runs.get(f"{base}/{mode}", []))}
+                continue
+            t85 = [x["time_to_85_seconds"] for x in rs]
+            row[mode] = {
+                "median_samples_per_second": median(sps(x) for x in rs),
+                "median_wall_samples_per_second": median(x["samples_per_second"] for x in rs),
+                "median_final_test_accuracy": median(x["final_test_accuracy"] for x in rs),
+                "median_time_to_85_seconds": median(t85) if all(t is not None for t in t85) else None,
+                "time_to_85_seconds": t85,
+                "over_bsp_per_round": _per_round(runs, f"{base}/{mode}", f"{base}/bsp", sps),
+                "over_solo_sum_contended_per_round": [sps(x) / contended[x["round"]] for x in rs
+                                                      if contended.get(x["round"])],
+                "over_solo_sum_alone_per_round": [sps(x) / alone[x["round"]] for x in rs if alone.get(x["round"])],
+                "accuracy_minus_bsp_points_per_round": _per_round_diff(runs, f"{base}/{mode}", f"{base}/bsp"),
+            }
+            for k in ("over_bsp_per_round", "over_solo_sum_contended_per_round", "over_solo_sum_alone_per_round",
+                      "accuracy_minus_bsp_points_per_round"):
+                row[mode]["median_" + k.replace("_per_round", "")] = median(row[mode][k])
+        s[f"persistent/{m}"] = row
+    row = {}
+    for mode in TRANSIENT_MODES:
+        rs = _ok(runs.get(f"transient/mlp/{mode}", []))
+        if not rs:
+            continue
+        row[mode] = {"median_samples_per_second": median(sps(x) for x in rs),
+                     "median_final_test_accuracy": median(x["final_test_accuracy"] for x in rs),
+                     "over_bsp_per_round": _per_round(runs, f"transient/mlp/{mode}", "transient/mlp/bsp", sps)}
+        row[mode]["median_over_bsp"] = median(row[mode]["over_bsp_per_round"])
+    s["transient/mlp"] = row
+    pc = _ok(runs.get("ps_cost/mlp/s0", []))
+    if pc:
+        s["ps_cost"] = {k: median(x[k] for x in pc) for k in pc[0] if isinstance(pc[0][k], (int, float))
+                        and k not in ("round",)}
+    s["load_before"] = [x.get("load_before") for rs in runs.values() for x in rs]
+    s["median_load_before"] = median(s["load_before"])
+    return s
+
+
+def _per_round_diff(runs, num, den):
+    by = {x["round"]: x for x in _ok(runs.get(den, []))}
+    out = []
+    for x in _ok(runs.get(num, [])):
+        y = by.get(x["round"])
+        if y is not None and x.get("final_test_accuracy") is not None and y.get("final_test_accuracy") is not None:
+            out.append((x["final_test_accuracy"] - y["final_test_accuracy"]) * 100)
+    return out
+
+
+def fmt(v, spec=".2f", none="—"):
+    return none if v is None else format(v, spec)
+
+
+def targets(res, verdict):
+    """Rows (target, measured, verdict, by how much) for SUMMARY.md."""
+    rows = []
+    s = res.get("summary", {})
+    for m in ("mlp", "cnn"):
+        row = s.get(f"persistent/{m}", {})
+        for mode in ("proportional", "backup"):
+            v = row.get(mode, {})
+            r = v.get("median_over_solo_sum_contended")
+            rows.append((f"{m.upper()}, persistent 3x straggler: {mode} >= 0.9x the sum of the workers' solo speeds "
+                         "(measured under the same contention)",
+                         f"{fmt(r)}x (alone-measured sum: {fmt(v.get('median_over_solo_sum_alone'))}x; "
+                         f"{fmt(v.get('median_over_bsp'))}x BSP)", *verdict(r, 0.9, True)))
+            d = v.get("median_accuracy_minus_bsp_points")
+            rows.append((f"{m.upper()}, persistent 3x straggler: {mode}'s accuracy after equal samples within 0.5 "
+                         "points of BSP", fmt(d, "+.2f") + " points",
+                         *(("n/a", "") if d is None else ("PASS" if d >= -0.5 else "MISS", ""))))
+    t = s.get("transient/mlp", {}).get("ssp3", {})
+    r = t.get("median_over_bsp")
+    rows.append(("MLP, transient 5x straggler (1 s spells): SSP(3) >= 1.5x BSP", f"{fmt(r)}x",
+                 *verdict(r, 1.5, True)))
+    return rows
+
+
+def summary_md(res):
+    s, c = res["summary"], res["config"]
+    md = ["## 3. Stragglers", "",
+          f"3 Leash workers + 1 shard (`bench/straggler_bench.py`), {c['rounds']} rounds; every configuration once per "
+          f"round, the order rotated; load average before the runs: median {fmt(s.get('median_load_before'), '.1f')} "
+          f"(range {fmt(min(x for x in s['load_before'] if x is not None), '.1f')}-"
+          f"{fmt(max(x for x in s['load_before'] if x is not None), '.1f')}) on {os.cpu_count()} cores. The part took "
+          f"{res['seconds'] / 60:.1f} min.", "",
+          f"**Persistent straggler**: w2 runs `--step-delay-factor {res['factor']}`. MLP: {c['mlp'][1]} epoch(s) of "
+          f"{c['mlp'][0]} samples; CNN: {c['cnn'][1]} of {c['cnn'][0]}. Cluster samples/s: all workers' samples over "
+          "the job's wall time to the last worker's end of training, less w0's evaluation time (the others wait for w0 while it evaluates; the solo jobs do not evaluate); in brackets without that correction. Every run trains the same samples; final accuracy: w1's evaluation on the whole "
+          "test set at the end (after equal samples); time to 85%: w0's first evaluation >= 85% "
+          f"(every {c['eval_every']} of its iterations, on {c['eval_test_limit'] or 'all'} test samples, the CNN's on {c.get('cnn_eval_test_limit') or 'all'}). Solo "
+          "speeds: each worker alone in a 1 worker + 1 shard job (alone: one job at a time, 2 cores for it; "
+          "contended: the three jobs at once, as the cluster's three workers share the cores). PyTorch DDP: gloo, 3 "
+          "processes, rank 2 3x slower (it sleeps 2x its forward/backward time, as leash-worker does); time to 85% "
+          "at epoch ends only.", "",
+          "| model | mode | median samples/s (wall: with w0's evaluations) | vs BSP (per round) | vs solo sum, contended | vs solo sum, alone | "
+          "final accuracy | minus BSP (points, per round) | time to 85% (s, per round) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for m in ("mlp", "cnn"):
+        row = s.get(f"persistent/{m}", {})
+        md.append(f"| {m} | sum of solo speeds | contended {fmt(row.get('solo_sum_contended'), '.0f')}, alone "
+                  f"{fmt(row.get('solo_sum_alone'), '.0f')} | | | | | | |")
+        for mode in list(MODES) + ["ddp"]:
+            v = row.get(mode, {})
+            label = res["modes"].get(mode, "PyTorch DDP x3 (waits for the straggler)")
+            if "error" in v:
+                md.append(f"| {m} | {label} | failed: {v['error']} | | | | | | |")
+                continue
+            pr = lambda k, spec=".2f": ", ".join(fmt(x, spec) for x in v.get(k, []))  # noqa: E731
+            md.append(f"| {m} | {label} | {fmt(v.get('median_samples_per_second'), '.0f')} "
+                      f"({fmt(v.get('median_wall_samples_per_second'), '.0f')}) | "
+                      f"{fmt(v.get('median_over_bsp'))}x ({pr('over_bsp_per_round')}) | "
+                      f"{fmt(v.get('median_over_solo_sum_contended'))}x | {fmt(v.get('median_over_solo_sum_alone'))}x | "
+                      f"{fmt(v.get('median_final_test_accuracy') and v['median_final_test_accuracy'] * 100)}% | "
+                      f"{fmt(v.get('median_accuracy_minus_bsp_points'), '+.2f')} "
+                      f"({pr('accuracy_minus_bsp_points_per_round', '+.2f')}) | "
+                      f"{', '.join(fmt(t, '.1f', 'not reached') for t in v.get('time_to_85_seconds', []))} |")
+    t = s.get("transient/mlp", {})
+    md += ["", f"**Transient straggler**: MLP, {c['transient'][1]} epoch(s) of {c['transient'][0]} samples; wall time "
+           f"in {res['spell'][1]:g} s spells, in each a seeded random one of the 3 workers computes {res['spell'][0]}x "
+           "slower (`leash-worker --slow-spells`); one seed per round for every mode.", "",
+           "| mode | median samples/s | vs BSP (per round) | final accuracy |", "|---|---|---|---|"]
+    for mode, v in t.items():
+        md.append(f"| {res['modes'][mode]} | {fmt(v['median_samples_per_second'], '.0f')} | "
+                  f"{fmt(v['median_over_bsp'])}x ({', '.join(fmt(x) for x in v['over_bsp_per_round'])}) | "
+                  f"{fmt(v['median_final_test_accuracy'] and v['median_final_test_accuracy'] * 100)}% |")
+    pc = s.get("ps_cost")
+    if pc:
+        md += ["", "**Staleness 0 against the physical limit** (MLP, 1 worker + 1 shard, batch 64, "
+               f"{MLP_FLOATS} floats = {MLP_FLOATS * 4 / 1e6:.2f} MB each way per iteration; medians over rounds):", "",
+               "| per iteration | µs |", "|---|---|",
+               f"| 1+1 at s=0: iteration | {pc['cluster_iteration_us']:.0f} |",
+               f"| of it forward/backward | {pc['cluster_compute_us']:.0f} |",
+               f"| **parameter-server overhead** (iteration minus forward/backward) | **{pc['overhead_us']:.0f}** |",
+               f"| raw ZeroMQ round trip of the model's bytes, 2 processes (leash-bench-pushpull) | "
+               f"{fmt(pc.get('raw_rtt_model_bytes_us'), '.0f')} |",
+               f"| update: --local iteration minus its forward/backward (the same optimizer step and batch loading) | "
+               f"{pc['update_us']:.0f} |",
+               f"| **physical limit**: 2 raw round trips (the bytes each way) + update | **{fmt(pc.get('limit_us'), '.0f')}** |",
+               f"| overhead / limit | {fmt(pc.get('overhead_over_limit'))}x |",
+               f"| for reference: Leash push / pull p50 of the same size, 1 in flight | "
+               f"{fmt(pc.get('leash_push_p50_us'), '.0f')} / {fmt(pc.get('leash_pull_p50_us'), '.0f')} |"]
+    mlp, cnn = s.get("persistent/mlp", {}), s.get("persistent/cnn", {})
+    g = lambda row, mode, k: row.get(mode, {}).get(k)  # noqa: E731
+    md += ["", "Why the targets (0.9x the summed solo speeds, accuracy within 0.5 points of BSP, SSP(3) 1.5x BSP "
+           "under spells) are missed here:",
+           f"- *The sum of solo speeds.* Alone (one 1+1 job at a time) the three workers' speeds sum to "
+           f"{fmt(mlp.get('solo_sum_alone'), '.0f')} MLP samples/s; that needs more than the 2 cores shared with "
+           "other work, so the runs are held against the same three solo jobs run at once "
+           f"({fmt(mlp.get('solo_sum_contended'), '.0f')}; CNN {fmt(cnn.get('solo_sum_contended'), '.0f')}). "
+           f"Against that, the best are {fmt(g(mlp, 'backup', 'median_over_solo_sum_contended'))}x (MLP, backup) and "
+           f"{fmt(g(cnn, 'proportional', 'median_over_solo_sum_contended'))}x (CNN, proportional). The three solo "
+           "jobs have three shards; the cluster has one, which applies every worker's every push in turn: for the "
+           "MLP a 0.94 MB momentum update per push takes about as long as a batch's compute, so the one shard, not "
+           "the straggler, bounds the cluster, and proportional work (which does not reduce pushes per clock) "
+           f"gains nothing there ({fmt(g(mlp, 'proportional', 'median_over_bsp'))}x BSP). The CNN's compute "
+           f"dominates: proportional work {fmt(g(cnn, 'proportional', 'median_over_bsp'))}x BSP, near the issue's "
+           "2.1x.",
+           "- *Accuracy after equal samples.* A backup worker's pushes more than s clocks late are dropped, so part "
+           "of the samples the job trains never reach the model; proportional work makes one optimizer step per "
+           "clock instead of one per worker (the MLP at 3x the learning rate). Both lose 3-6 points after one or two "
+           "epochs; BSP keeps every sample and every step.",
+           "- *SSP(3) under 1 s spells.* A worker slowed 5x for a spell of L seconds falls L(1 - 1/5)/t iterations "
+           "behind (t: an iteration, about 6 ms for this MLP here), some 130, of which s = 3 absorbs 3; it would "
+           "take s in the hundreds. Backup workers (which leave the slowed one out) and proportional work (which "
+           "rebalances within a few clocks) do absorb them.", ""]
+    failed = [f"{n} (round {x['round'] + 1}): {x['error']}" for n, rs in res["runs"].items() for x in rs if "error" in x]
+    if failed:
+        md += ["Failed runs (left out of the medians): " + "; ".join(failed), ""]
+    md.append("")
+    return md
+
+
+def plot(res, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s = res["summary"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, m in zip(axes[:2], ("mlp", "cnn")):
+        row = s.get(f"persistent/{m}", {})
+        names = [n for n in list(MODES) + ["ddp"] if "median_samples_per_second" in row.get(n, {})]
+        vals = [row[n]["median_samples_per_second"] for n in names]
+        ax.barh(names, vals, color=["tab:orange" if n == "ddp" else "tab:blue" for n in names])
+        for y, n in enumerate(names):
+            acc = row[n].get("median_final_test_accuracy")
+            ax.text(vals[y], y, f" {vals[y]:.0f}" + (f" ({acc * 100:.1f}%)" if acc else ""), va="center", fontsize=8)
+        for key, style in (("solo_sum_contended", "--"), ("solo_sum_alone", ":")):
+            if row.get(key):
+                ax.axvline(row[key], color="grey", ls=style, lw=1, label=f"sum of solo speeds, {key.split('_')[-1]}")
+        ax.set_title(f"{m.upper()}: w2 {res['factor']}x slower (samples/s, accuracy)")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.invert_yaxis()
+    t = s.get("transient/mlp", {})
+    names = list(t)
+    axes[2].barh(names, [t[n]["median_samples_per_second"] for n in names], color="tab:green")
+    axes[2].set_title(f"MLP: a random worker {res['spell'][0]}x slower in {res['spell'][1]:g} s spells")
+    axes[2].invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "stragglers.png"), dpi=100)
+    plt.close(fig)
+    return "stragglers.png"
