@@ -10,6 +10,7 @@ Usage: bench/ps_cost.py [--build build] [--repeats 3] [--epochs 1] [--batch 64] 
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -25,26 +26,39 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The suite's MLP flags (bench/common/leash.py MODEL_FLAGS["mlp"]), with --suite-flags.
+SUITE_FLAGS = ["--device", "cpu", "--model", "mlp", "--optimizer", "momentum", "--momentum", "0.9", "--lr", "0.01"]
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_worker(args, build, out_json, extra):
     cmd = [os.path.join(build, "worker", "leash-worker"), "--epochs", str(args.epochs), "--batch", str(args.batch),
-           "--threads", "1", "--log-every", "0", "--metrics-out", out_json] + extra
+           "--threads", "1", "--log-every", "0", "--metrics-out", out_json] + \
+        (SUITE_FLAGS if args.suite_flags else []) + extra
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
     with open(out_json) as f:
         epochs = json.load(f)["epochs"]
     samples = sum(e["samples"] for e in epochs)
     seconds = sum(e["train_seconds"] for e in epochs)
-    return {"samples_per_second": samples / seconds, "test_accuracy": epochs[-1]["test_accuracy"]}
+    return {"samples_per_second": samples / seconds, "test_accuracy": epochs[-1]["test_accuracy"],
+            "samples": samples}
 
 
 def run_cluster(args, build, tmp, i):
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     shard = subprocess.Popen([os.path.join(build, "server", "leash-server"), "--bind", endpoint,
-                              "--data-dir", os.path.join(tmp, f"shard{i}"), "--checkpoint-interval", "0"],
+                              "--data-dir", os.path.join(tmp, f"shard{i}"), "--checkpoint-interval", "0"] +
+                             (["--log-level", "warn"] if args.suite_flags else []),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         return run_worker(args, build, os.path.join(tmp, f"cluster{i}.json"),
-                          ["--servers", endpoint, "--staleness", str(args.staleness)])
+                          ["--servers", endpoint, "--staleness", str(args.staleness)] +
+                          (["--no-shm"] if args.no_shm else []))
     finally:
         shard.terminate()
         shard.wait(timeout=60)
@@ -58,6 +72,11 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--staleness", type=int, default=0)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--suite-flags", action="store_true",
+                   help="the suite's worker and shard flags (--device cpu, momentum 0.9, lr 0.01; shard --log-level "
+                        "warn) instead of the worker's defaults (plain SGD)")
+    p.add_argument("--name", default="ps_cost", help="file name of the results (.json, .md) in --out")
+    p.add_argument("--no-shm", action="store_true", help="the cluster's worker sends everything through the socket")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
@@ -65,10 +84,14 @@ def main():
     try:
         for i in range(args.repeats):
             print(f"[{i + 1}/{args.repeats}] local mode ...", flush=True)
+            c0 = children_cpu()
             local.append(run_worker(args, args.build, os.path.join(tmp, f"local{i}.json"), ["--local"]))
+            local[-1]["cpu_seconds"] = children_cpu() - c0
             print(f"    {local[-1]['samples_per_second']:.0f} samples/s", flush=True)
             print(f"[{i + 1}/{args.repeats}] 1 worker + 1 shard ...", flush=True)
+            c0 = children_cpu()
             cluster.append(run_cluster(args, args.build, tmp, i))
+            cluster[-1]["cpu_seconds"] = children_cpu() - c0  # worker and shard, start to end
             print(f"    {cluster[-1]['samples_per_second']:.0f} samples/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -79,22 +102,32 @@ def main():
         "model": "MLP 784-256-128-10",
         "batch": args.batch, "epochs": args.epochs, "staleness": args.staleness, "blas_threads": 1,
         "nproc": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "loadavg_at_end": os.getloadavg()[0], "suite_flags": args.suite_flags, "no_shm": args.no_shm,
+        "cpu_seconds_cluster_over_local": statistics.median(c["cpu_seconds"] for c in cluster) /
+        statistics.median(r["cpu_seconds"] for r in local),
         "local": local, "cluster": cluster,
         "median_local_samples_per_second": med_local,
         "median_cluster_samples_per_second": med_cluster,
         "cluster_over_local": med_cluster / med_local,
     }
-    with open(os.path.join(args.out, "ps_cost.json"), "w") as f:
+    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(result, f, indent=2)
     runs_local = ", ".join(f"{r['samples_per_second']:.0f}" for r in local)
     runs_cluster = ", ".join(f"{r['samples_per_second']:.0f}" for r in cluster)
+    cpu_local = ", ".join(f"{r['cpu_seconds']:.1f}" for r in local)
+    cpu_cluster = ", ".join(f"{r['cpu_seconds']:.1f}" for r in cluster)
+    flags_text = ("the suite's (momentum, --device cpu, shard --log-level warn)" if args.suite_flags
+                  else "the worker's defaults") + (", no shared memory" if args.no_shm else "")
     md = (f"# Parameter-server cost\n\nMLP 784-256-128-10, batch {args.batch}, {args.epochs} epoch(s), 1 BLAS thread, "
           f"staleness {args.staleness}, {args.repeats} interleaved runs each, {os.cpu_count()} cores.\n\n"
           f"| mode | median samples/s | runs |\n|---|---|---|\n"
           f"| local (no server) | {med_local:.0f} | {runs_local} |\n"
           f"| 1 worker + 1 shard | {med_cluster:.0f} | {runs_cluster} |\n\n"
-          f"cluster / local = **{med_cluster / med_local:.3f}**\n")
-    with open(os.path.join(args.out, "ps_cost.md"), "w") as f:
+          f"cluster / local = **{med_cluster / med_local:.3f}**\n\n"
+          f"CPU seconds per run (all processes, start to end): local {cpu_local}; cluster {cpu_cluster} "
+          f"(median ratio {result['cpu_seconds_cluster_over_local']:.2f}x); load average at the end "
+          f"{result['loadavg_at_end']:.1f}. Flags: {flags_text}.\n")
+    with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write(md)
     print(md)
 

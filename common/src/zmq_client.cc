@@ -97,6 +97,9 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() > 0) ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count()));
       polling_.store(false);
+      for (size_t k = sockets_.size(); k + 1 < fds_.size(); ++k) {
+        if (fds_[k].revents & POLLIN) monitors_due_.store(true);
+      }
       if (fds_.back().revents & POLLIN) waker_.Drain();
       if (std::chrono::steady_clock::now() >= deadline) timeout = std::chrono::milliseconds(0);
     }
@@ -134,8 +137,15 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   // others), after the monitors' events; nullopt if none. Shared-memory answers are
   // handled here. Under mu_.
   Result<Received> ReadReady() {
-    for (size_t i = 0; i < monitors_.size(); ++i) {
-      while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
+    // The monitors only matter around handshakes: read them when their descriptor said so,
+    // after a (re)connect, and every 100 ms, not on every message (each read costs a
+    // poll and a getpid system call inside ZeroMQ).
+    const int64_t now = zmq_util::NowMs();
+    if (monitors_due_.exchange(false) || now - monitors_read_ms_ >= 100) {
+      monitors_read_ms_ = now;
+      for (size_t i = 0; i < monitors_.size(); ++i) {
+        while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
+      }
     }
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
@@ -187,6 +197,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       s->connect(endpoints_[idx]);
       monitors_[idx] = std::move(m);  // the old monitor goes before the old socket
       sockets_[idx] = std::move(s);
+      monitors_due_.store(true);
       if (!replaced) SendOffer(idx);
     } catch (const zmq::error_t& e) {
       return InvalidArgument("cannot connect to shard " + std::to_string(shard) + " at '" +
@@ -230,10 +241,12 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per shard; never null after Init
   HandshakeWatch watch_;
   zmq_util::Waker waker_;
-  std::atomic<bool> woken_{false};    // Wake() was called and no Receive returned for it yet
-  std::atomic<bool> polling_{false};  // a Receive polls the descriptors (without mu_)
-  std::vector<pollfd> fds_;           // the receiving thread's
-  size_t next_ = 0;                   // under mu_
+  std::atomic<bool> woken_{false};        // Wake() was called and no Receive returned for it yet
+  std::atomic<bool> polling_{false};      // a Receive polls the descriptors (without mu_)
+  std::vector<pollfd> fds_;               // the receiving thread's
+  size_t next_ = 0;                       // under mu_
+  std::atomic<bool> monitors_due_{true};  // a monitor's descriptor was readable, or a reconnect
+  int64_t monitors_read_ms_ = 0;          // under mu_
 };
 
 }  // namespace

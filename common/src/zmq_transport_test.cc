@@ -424,6 +424,50 @@ TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShard
   }
   EXPECT_GT(accepted.load(), 10);
   EXPECT_TRUE(RoundTrip(**server, **client, 10s));
+
+TEST_F(ZmqTransportTest, AServerReceivesABurstInOrderWhetherOrNotItWaited) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(RoundTrip(**server, **client, 10s));
+  // Sent back to back: most are already queued when Receive is called (no poll), the first
+  // may not be (a poll, then the message).
+  constexpr int kMessages = 200;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy(std::to_string(i))}).ok());
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    std::optional<Inbound> in = ServerGet(**server, 10s);
+    ASSERT_TRUE(in.has_value()) << "message " << i << " never arrived";
+    ASSERT_EQ(in->message.size(), 1u);
+    EXPECT_EQ(in->message[0].view(), std::to_string(i));
+  }
+  auto none = (*server)->Receive(0ms);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value()) << "nothing more was sent";
+}
+
+TEST_F(ZmqTransportTest, AServerWakeEndsAWaitingReceiveWithoutAMessage) {
+  ZmqContext sctx;
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    auto in = (*server)->Receive(60s);
+    EXPECT_TRUE(in.ok() && !in->has_value()) << "woken, not given a message";
+    returned.store(true);
+  });
+  // Woken until the waiter returns (a Wake before it waits is kept for its next Receive).
+  auto end = std::chrono::steady_clock::now() + 30s;
+  while (!returned.load() && std::chrono::steady_clock::now() < end) {
+    (*server)->Wake();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(returned.load()) << "Wake() did not end the Receive";
+  if (!returned.load()) (*server)->Wake();
+  waiter.join();
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {
