@@ -424,6 +424,7 @@ TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShard
   }
   EXPECT_GT(accepted.load(), 10);
   EXPECT_TRUE(RoundTrip(**server, **client, 10s));
+}
 
 TEST_F(ZmqTransportTest, AServerReceivesABurstInOrderWhetherOrNotItWaited) {
   ZmqContext sctx, cctx;

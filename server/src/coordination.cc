@@ -1,14 +1,20 @@
-// The coordinator factory of leash-server (coordination.h). Not thread-safe.
+// The coordinator factory of leash-server (coordination.h): etcd. Not thread-safe.
 #include "coordination.h"
+
+#include "leash/common/etcd_coordinator.h"
 
 namespace leash::server {
 
 Result<Coordination> ConnectCoordination(const ServerConfig& config) {
-  // The etcd coordinator (common/include/leash/common/etcd_coordinator.h) is connected here
-  // once it is merged: build it from config.etcd and config.job.
-  return FailedPrecondition("--replicas " + std::to_string(config.replicas) +
-                            " needs the etcd coordinator (--etcd " + config.etcd +
-                            "), which this build does not have yet; run with --replicas 1");
+  EtcdOptions options;
+  LEASH_ASSIGN_OR_RETURN(options.endpoints, ParseEtcdEndpoints(config.etcd));
+  options.job = config.job;
+  const JobShape shape{.num_shards = static_cast<uint32_t>(config.num_shards),
+                       .replicas = static_cast<uint32_t>(config.replicas)};
+  Coordination c;
+  LEASH_ASSIGN_OR_RETURN(c.coordinator, EtcdCoordinator::Create(options, shape));
+  LEASH_ASSIGN_OR_RETURN(c.directory, NewEtcdShardDirectory(options));
+  return c;
 }
 
 }  // namespace leash::server

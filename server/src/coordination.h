@@ -16,8 +16,8 @@ struct Coordination {
   std::unique_ptr<ShardDirectory> directory;
 };
 
-// The coordinator at `config.etcd` for job `config.job`. FailedPrecondition while this build
-// has no etcd coordinator wired in.
+// The etcd coordinator at `config.etcd` for job `config.job` (etcd_coordinator.h);
+// InvalidArgument for bad options. etcd itself is first contacted by Coordinator::Join.
 Result<Coordination> ConnectCoordination(const ServerConfig& config);
 
 }  // namespace leash::server

@@ -11,10 +11,12 @@
 //    every log entry the primary has acknowledged. Both outlive every lease.
 // Only a member of the in-sync set may become primary (an empty set, before any entry was
 // acknowledged, lets any live replica lead). A primary removes a backup from the set here,
-// fenced by its term, before it acknowledges anything that backup does not hold; a primary
-// whose lease may have expired (LeaseValid() false) acknowledges nothing. So a new primary
-// holds every acknowledged entry, and a deposed one cannot gather acknowledgements: backups
-// refuse entries of a term older than the newest they know.
+// fenced by its term, before it acknowledges anything that backup does not hold. So a new
+// primary holds every acknowledged entry, and a deposed one cannot gather acknowledgements:
+// its backups refuse entries of a term older than the newest they know, and it cannot shrink
+// the set without them. A primary alone in the set has nobody to fence it: it acknowledges
+// only while LeaseValid(). (With backups in the set, training therefore goes on while the
+// coordinator is down, as long as every backup keeps up.)
 //
 // Thread-safety: every method of both interfaces is thread-safe.
 #pragma once
@@ -73,7 +75,7 @@ class Coordinator {
 
   // True while this replica's lease is certainly alive: its last successful keep-alive was
   // less than the TTL minus a safety margin ago, measured on the steady clock. A primary
-  // that sees false must stop acknowledging until it is true again.
+  // alone in the in-sync set that sees false must stop acknowledging until it is true again.
   virtual bool LeaseValid() const = 0;
 
   // One attempt to become the shard's primary: atomically, if the shard has no primary and
