@@ -51,7 +51,8 @@ class SparseEmbedding(torch.nn.Module):
     gradient rows of what forward pulled since the last push. The table's optimizer runs
     on the shards ("adagrad", "adam" (lazy), "ftrl", ...). Rows are pulled synchronously in
     forward, not prefetched; the gradient rows go to the client's sender thread behind the
-    dense gradients, without waiting for those. Extra keyword arguments go to Client.create_table."""
+    dense gradients, without waiting for those. Extra keyword arguments go to
+    Client.create_table."""
 
     def __init__(self, client: Client, name: str, dim: int, optimizer: str = "adagrad",
                  lr: float = 0.01, *, init: str = "normal", init_scale: float = 0.01,
