@@ -988,7 +988,11 @@ class Client {
   // while the sender holds pushes (a backward's dense gradients) it is queued behind them
   // instead of waiting for them here; else it is pushed now. Errors as push_sparse's.
   void PushSparseTensor(py::object table, py::handle keys, py::object grads) {
-    if (!py::isinstance<Table>(table) || sender_ == nullptr || sender_->idle()) {
+    if (!py::isinstance<Table>(table)) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_sparse_tensor: table must be a leash.Table, got " + TypeName(table));
+    }
+    if (sender_ == nullptr || sender_->idle()) {
       PushSparse(table.cast<const Table&>(), keys, grads, false);
       return;
     }

@@ -70,6 +70,8 @@ def test_sparse_rows_handed_over_go_behind_the_dense_pushes_the_sender_holds(clu
             c._c.push_sparse_tensor(d, [1], np.zeros((1, 3), np.float32))
         with pytest.raises(leash.WrongShapeError):
             c._c.push_sparse_tensor(t, [1, 2], np.zeros((1, 2), np.float32))
+        with pytest.raises(leash.InvalidArgumentError, match="leash.Table"):
+            c._c.push_sparse_tensor("emb", [1], np.zeros((1, 2), np.float32))
         c.clock()
         c.wait()
 
