@@ -1,13 +1,18 @@
 #!/usr/bin/python3
 """A PyTorch worker through Leash against the same loop with no server, and the time the
 Python binding takes per iteration. The bench/common MLP and CNN (the optimizers the Leash
-docs use: momentum SGD for the MLP, Adam for the CNN; batch 64; 1 torch thread) train
+docs use: momentum SGD for the MLP, Adam for the CNN; batch 64; --threads, default 1, for
+torch and OpenBLAS in both loops) train
 (a) alone with torch.optim and (b) through leash.torch against one leash-server shard,
 one worker, staleness 1 (the optimizer on the shard); runs are interleaved, a, b, a, b,
 in this one process, so both see the same machine. Per run: samples/s and test accuracy;
 for Leash also, per iteration: the time inside pull() and push(), the part of it waiting
 with the GIL released, the part in the C++ binding with the GIL held (array checks, the
-client's copies/encoding, taking the GIL back) and the rest (the Python layer). Writes
+client's copies/encoding, taking the GIL back) and the rest (the Python layer). Also
+per run, for every thread of the process and of the shard: context switches, CPU time and
+time runnable without a CPU per iteration (/proc schedstat), and the training thread's page
+faults. On a machine shared with other work, run it as `chrt -f 10 /usr/bin/python3 ...`
+(both loops alike then keep the cores they get). Writes
 one JSON object to --out (default bench/results/python_leash.json):
   {"config", "runs": [...], "models": {model: {"local_sps", "leash_sps", "ratio",
    "binding_us_per_iter", ...}}, "pairs": {...}}
@@ -21,13 +26,31 @@ Run under /usr/bin/python3 with the package on the path (PYTHONPATH=build/python
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+
+def _early_threads():
+    """--threads, read before torch loads: Debian's torch calls the system BLAS (OpenBLAS,
+    pthread variant), whose own thread pool torch.set_num_threads() does not bound; it
+    reads OPENBLAS_NUM_THREADS when it loads."""
+    for i, arg in enumerate(sys.argv):
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+    return 1
+
+
+if _early_threads() > 0:
+    os.environ["OPENBLAS_NUM_THREADS"] = str(_early_threads())
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -41,6 +64,45 @@ LEASH_OPT = {"mlp": dict(optimizer="momentum", lr=0.01, momentum=0.9),
              "cnn": dict(optimizer="adam", lr=1e-3)}
 
 
+def thread_switches(pid):
+    """{tid: (name, voluntary, involuntary context switches, ns on a CPU, ns runnable
+    waiting for one)} of every thread of `pid` (/proc status and schedstat)."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/{tid}/status") as f:
+                st = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+            with open(f"{base}/{tid}/schedstat") as f:
+                run_ns, wait_ns, _ = (int(v) for v in f.read().split())
+        except OSError:
+            continue  # the thread ended
+        out[int(tid)] = (name, int(st["voluntary_ctxt_switches"]),
+                         int(st["nonvoluntary_ctxt_switches"]), run_ns, wait_ns)
+    return out
+
+
+def switches_per_iteration(before, after, steps, roles):
+    """Per iteration and thread role, from two thread_switches() snapshots: voluntary and
+    involuntary context switches, microseconds on a CPU and runnable without one; `roles`
+    maps a tid to its role (other tids: their thread name, summed)."""
+    res = {}
+    for tid, now in after.items():
+        b = before.get(tid, (now[0], 0, 0, 0, 0))
+        role = roles.get(tid, now[0])
+        acc = res.setdefault(role, [0.0, 0.0, 0.0, 0.0])
+        for j in range(4):
+            acc[j] += (now[j + 1] - b[j + 1]) / steps
+    return {k: {"voluntary": round(v[0], 2), "involuntary": round(v[1], 2),
+                "cpu_us": round(v[2] / 1e3, 1), "runnable_waiting_us": round(v[3] / 1e3, 1)}
+            for k, v in sorted(res.items())}
+
+
+SHARD_PID = 0  # the leash-server of the single-worker runs (its threads' switches)
+
+
 def batches(n, batch, seed):
     order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
     return [order[i:i + batch] for i in range(0, n, batch)]
@@ -52,6 +114,9 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
     opt = make_optimizer(model_name, model.parameters())
     steps = 0
     fb_s = step_s = 0.0
+    me = {threading.get_native_id(): "training thread"}
+    sw0 = thread_switches(os.getpid())
+    flt0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
     t0 = time.perf_counter()
     cpu0 = time.thread_time()
     for e in range(epochs):
@@ -66,7 +131,11 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
             steps += 1
     secs = time.perf_counter() - t0
     cpu = time.thread_time() - cpu0
+    sw = switches_per_iteration(sw0, thread_switches(os.getpid()), steps, me)
+    faults = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - flt0) / steps
     return {"system": "local", "model": model_name, "steps": steps, "seconds": secs,
+            "context_switches_per_iteration": sw,
+            "training_thread_page_faults_per_iteration": faults,
             "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
             "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": accuracy(model, tx, ty),
             "per_iteration_us": {"forward_backward": fb_s / steps * 1e6,
@@ -80,13 +149,22 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
     import leash.torch
     torch.manual_seed(seed)
     model = make_model(model_name)
+    before_client = set(thread_switches(os.getpid()))
     with leash.Client(servers, name=f"bench-{tag}", staleness=staleness) as client:
+        roles = {threading.get_native_id(): "training thread"}
+        for tid, (name, *_) in thread_switches(os.getpid()).items():
+            if tid not in before_client:  # the client's threads: the sender is named
+                roles[tid] = (name if name.startswith(("leash", "ZMQ")) else
+                              "client I/O thread")
         params = leash.torch.Parameters(client, model, prefix=f"{tag}/", seed=seed,
                                         push_in_backward=PUSH_IN_BACKWARD, **LEASH_OPT[model_name])
         params.pull()  # the first pull (tables just created) is not timed
         client.reset_binding_times()
         pull_s = push_s = fb_s = 0.0
         steps = 0
+        sw0 = thread_switches(os.getpid())
+        shard0 = thread_switches(SHARD_PID) if SHARD_PID else {}
+        flt0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         t0 = time.perf_counter()
         cpu0 = time.thread_time()
         for e in range(epochs):
@@ -105,6 +183,12 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                 steps += 1
         secs = time.perf_counter() - t0
         cpu = time.thread_time() - cpu0
+        sw = switches_per_iteration(sw0, thread_switches(os.getpid()), steps, roles)
+        faults = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - flt0) / steps
+        if SHARD_PID:
+            for k, v in switches_per_iteration(shard0, thread_switches(SHARD_PID), steps,
+                                               {}).items():
+                sw[f"shard: {k}"] = v
         bt = client.binding_times()
         params.sync()
         acc = accuracy(model, tx, ty)
@@ -114,6 +198,8 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
     binding_us = (bt["total_ns"] - bt["wait_ns"]) / steps / 1e3  # GIL held, in C++
     hooks_us = bt["tensor_ns"] / steps / 1e3  # of which in push_tensor, inside backward()
     return {"system": "leash", "model": model_name, "steps": steps, "seconds": secs,
+            "context_switches_per_iteration": sw,
+            "training_thread_page_faults_per_iteration": faults,
             "training_thread_cpu_us_per_iteration": cpu / steps * 1e6,
             "samples_per_second": epochs * x.shape[0] / secs, "test_accuracy": acc,
             "per_iteration_us": {
@@ -199,6 +285,9 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of both loops: torch.set_num_threads and OPENBLAS_NUM_THREADS; "
+                         "0: the defaults (every core)")
     ap.add_argument("--no-push-in-backward", action="store_true",
                     help="push the gradients after backward (leash.torch push_in_backward=False)")
     ap.add_argument("--pairs", default="", help="models for the 2-process comparison (e.g. mlp)")
@@ -211,8 +300,9 @@ def main():
     sys.path.insert(0, os.path.join(a.build, "python"))
     import leash
 
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+        torch.set_num_interop_threads(1)
     x, y = fmnist.load(True, limit=a.train_limit)
     tx, ty = fmnist.load(False, limit=a.test_limit)
     x, y, tx, ty = map(torch.from_numpy, (x, y, tx, ty))
@@ -224,6 +314,8 @@ def main():
          f"--bind=tcp://127.0.0.1:{port}", f"--data-dir={data_dir}", "--no-sync",
          "--checkpoint-interval=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     servers = f"tcp://127.0.0.1:{port}"
+    global SHARD_PID
+    SHARD_PID = server.pid
     runs = []
     try:
         for model_name in a.models.split(","):
@@ -245,7 +337,14 @@ def main():
                                  f"{pi['waiting_gil_released']:.0f} us waiting, sender "
                                  f"{pi['sender_thread_busy']:.0f} us")
                     extra += f", fwd+bwd {res['per_iteration_us']['forward_backward']:.0f} us"
+                    extra += ", switches/iter " + ", ".join(
+                        f"{k} {v['voluntary']:.1f}+{v['involuntary']:.1f} "
+                        f"({v['cpu_us']:.0f} us CPU, {v['runnable_waiting_us']:.0f} us runnable)"
+                        for k, v in res["context_switches_per_iteration"].items()
+                        if v["voluntary"] + v["involuntary"] >= 0.05 or v["cpu_us"] >= 5)
                     extra += f", thread CPU {res['training_thread_cpu_us_per_iteration']:.0f} us/iter"
+                    extra += (f", {res['training_thread_page_faults_per_iteration']:.0f} page "
+                              "faults/iter")
                     print(f"[{model_name} {system} round {r}] {res['samples_per_second']:.0f} samples/s, "
                           f"test accuracy {res['test_accuracy']:.4f}{extra}", flush=True)
     finally:
@@ -281,6 +380,14 @@ def main():
             "per_iteration_us": {k: statistics.median(r["per_iteration_us"][k] for r in lea)
                                  for k in keys},
             "values_per_iteration": lea[0]["values_per_iteration"],
+            # voluntary + involuntary context switches per iteration, by thread, medians
+            "context_switches_per_iteration": {
+                system: {k: {kind: statistics.median(r["context_switches_per_iteration"]
+                                                     .get(k, {}).get(kind, 0.0) for r in rs)
+                             for kind in ("voluntary", "involuntary", "cpu_us",
+                                          "runnable_waiting_us")}
+                         for k in rs[0]["context_switches_per_iteration"]}
+                for system, rs in (("local", loc), ("leash", lea))},
             "local_test_accuracy": [r["test_accuracy"] for r in loc],
             "leash_test_accuracy": [r["test_accuracy"] for r in lea],
         }
@@ -297,6 +404,7 @@ def main():
     for model_name in filter(None, a.pairs.split(",")):
         pairs[model_name] = run_pairs(a, model_name)
     out = {"config": vars(a) | {"torch": torch.__version__, "cpus": os.cpu_count(),
+                                "torch_threads": torch.get_num_threads(),
                                 "note": "1 shard + 1 worker on loopback, staleness "
                                         f"{a.staleness}; medians over rounds"},
            "runs": runs, "models": models, "pairs": pairs}

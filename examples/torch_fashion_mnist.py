@@ -22,10 +22,27 @@ import struct
 import sys
 import time
 
-import numpy as np
-import torch
-from torch import nn
-from torch.nn import functional as F
+
+def _threads_from_argv(default=1):
+    for i, arg in enumerate(sys.argv):
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+    return default
+
+
+# --threads bounds the system BLAS too: Debian's torch calls OpenBLAS, whose own thread pool
+# (one thread per core) torch.set_num_threads() does not bound; it reads this when it loads.
+# With both cores in its GEMMs the loop takes the core Leash's threads need (0.76x against
+# 0.96x of the plain loop in bench/python_leash.py on 2 cores).
+if _threads_from_argv() > 0:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_threads_from_argv()))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
 
 MEAN, STDDEV = 0.2860, 0.3530  # as worker/src/dataset.cc normalizes
 
@@ -111,7 +128,8 @@ def main():
     ap.add_argument("--wire-dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
     ap.add_argument("--train-limit", type=int, default=0)
     ap.add_argument("--test-limit", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch and OpenBLAS threads (0: their defaults)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-push-in-backward", action="store_true",
                     help="push the gradients after backward() (leash.torch push_in_backward)")
@@ -121,7 +139,8 @@ def main():
     a = ap.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: every thread's stack
 
-    torch.set_num_threads(a.threads)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     x, y = load_fashion_mnist(a.data, True, a.train_limit)
     tx, ty = load_fashion_mnist(a.data, False, a.test_limit)

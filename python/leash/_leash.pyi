@@ -68,6 +68,11 @@ class Client:
         """Hands a CPU float32 contiguous torch.Tensor of the table's size to the sender
         thread, which copies and sends it; it must not be written any more. Errors come
         with a later clock() or wait()."""
+    def push_sparse_tensor(self, table: Table, keys: Any,
+                           grads: npt.NDArray[np.float32]) -> None:
+        """push_sparse for gradient rows nobody writes any more: while the sender holds
+        pushes it is queued behind them (the arrays are kept until sent), else pushed
+        now. Errors as push_sparse's, from a later clock() or wait()."""
     def push_rows(self, table: Table, keys: Any, grads: npt.NDArray[np.float32],
                   wait: bool) -> None: ...
     def pull_sparse(self, table: Table, keys: Any, out: Optional[npt.NDArray[np.float32]],

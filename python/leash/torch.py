@@ -50,7 +50,9 @@ class SparseEmbedding(torch.nn.Module):
     ids.shape + (dim,); push() (called by Parameters.push(), or by hand) sends the
     gradient rows of what forward pulled since the last push. The table's optimizer runs
     on the shards ("adagrad", "adam" (lazy), "ftrl", ...). Rows are pulled synchronously in
-    forward, not prefetched. Extra keyword arguments go to Client.create_table."""
+    forward, not prefetched; the gradient rows go to the client's sender thread behind the
+    dense gradients, without waiting for those. Extra keyword arguments go to
+    Client.create_table."""
 
     def __init__(self, client: Client, name: str, dim: int, optimizer: str = "adagrad",
                  lr: float = 0.01, *, init: str = "normal", init_scale: float = 0.01,
@@ -86,7 +88,9 @@ class SparseEmbedding(torch.nn.Module):
             g = rows.grad.detach().to("cpu")
             if scale != 1.0:
                 g = g * scale
-            self.client.push_sparse(self.table, keys, g.contiguous())
+            # Handed over (nothing writes these rows any more): queued behind the dense
+            # gradients the sender holds instead of waiting for them.
+            self.client._c.push_sparse_tensor(self.table, keys, g.contiguous().numpy())
         self._looked_up.clear()
 
 

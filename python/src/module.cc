@@ -5,6 +5,7 @@
 // underneath is thread-safe and writes pulled values from whichever thread reads the reply.
 // Each client has a sender thread (Sender) that copies and sends the gradients handed to
 // it during backward and the clocks behind them; it never touches Python objects.
+#include <pthread.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -356,10 +357,13 @@ class Sender {
     const TableHandle* table = nullptr;
     const float* data = nullptr;
     size_t values = 0;
+    std::vector<uint64_t> keys;  // a sparse table's rows (len(keys) x dim values at `data`)
   };
 
   explicit Sender(leash::Client* client) : client_(client) {
     thread_ = std::thread([this] { Loop(); });
+    // Named, so that top -H, perf and /proc tell it from the training thread.
+    pthread_setname_np(thread_.native_handle(), "leash-sender");
   }
   ~Sender() { Stop(); }
   Sender(const Sender&) = delete;
@@ -369,17 +373,19 @@ class Sender {
   // sender is woken by a clock or once kWakeBytes of pushes wait (a wake-up can cost the
   // training thread its core on a busy machine: the small gradients of the last layers go
   // with the next large one).
-  uint64_t Enqueue(const Job& job) {
+  uint64_t Enqueue(Job job) {
     bool wake = false;
     uint64_t seq = 0;
+    const bool clock = job.clock;
+    const size_t bytes = job.values * sizeof(float) + 1;  // never 0 with a job waiting
     {
       std::lock_guard<std::mutex> lock(q_mu_);
-      queue_.push_back(job);
+      queue_.push_back(std::move(job));
       seq = ++enqueued_;
-      if (job.clock) ++queued_clocks_;
+      if (clock) ++queued_clocks_;
       if (sleeping_) {
-        unwoken_bytes_ += job.values * sizeof(float) + 1;  // never 0 with a job waiting
-        wake = job.clock || unwoken_bytes_ >= kWakeBytes;
+        unwoken_bytes_ += bytes;
+        wake = clock || unwoken_bytes_ >= kWakeBytes;
         if (wake) unwoken_bytes_ = 0;
       }
     }
@@ -463,7 +469,7 @@ class Sender {
         q_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && unwoken_bytes_ == 0); });
         sleeping_ = false;
         if (stop_) return;
-        job = queue_.front();
+        job = std::move(queue_.front());
         queue_.pop_front();
       }
       const int64_t t0 = NowNs();
@@ -494,7 +500,8 @@ class Sender {
       s.holding = true;
       s.held_bytes = 0;
     }
-    s.pending.push_back(client_->Push(*job.table, job.data));
+    s.pending.push_back(job.keys.empty() ? client_->Push(*job.table, job.data)
+                                         : client_->PushSparse(*job.table, job.keys, job.data));
     s.held_bytes += job.values * sizeof(float);
     if (s.held_bytes >= kPushBucketBytes) {
       client_->FlushSends();
@@ -913,7 +920,7 @@ class Client {
     job.table = &t.handle;
     job.data = data;
     job.values = t.size();
-    uint64_t seq = sender_->Enqueue(job);
+    uint64_t seq = sender_->Enqueue(std::move(job));
     owned_.push_back({seq, std::move(table), std::move(tensor)});
     ++shared_->stats.pushes;
     shared_->stats.values_pushed += t.size();
@@ -975,6 +982,37 @@ class Client {
                                  static_cast<const float*>(a.data()));
     });
     if (wait) WaitPending();
+  }
+
+  // push_sparse for an array nobody writes any more (SparseEmbedding's gradient rows):
+  // while the sender holds pushes (a backward's dense gradients) it is queued behind them
+  // instead of waiting for them here; else it is pushed now. Errors as push_sparse's.
+  void PushSparseTensor(py::object table, py::handle keys, py::object grads) {
+    if (!py::isinstance<Table>(table)) {
+      Raise(StatusCode::kInvalidArgument,
+            "push_sparse_tensor: table must be a leash.Table, got " + TypeName(table));
+    }
+    if (sender_ == nullptr || sender_->idle()) {
+      PushSparse(table.cast<const Table&>(), keys, grads, false);
+      return;
+    }
+    ScopedTimer total(&shared_->stats.total_ns);
+    CheckOpen();
+    const Table& t = table.cast<const Table&>();
+    CheckSparse(t, "push_sparse");
+    Sender::Job job;
+    job.keys = CheckedKeys(keys, t);
+    const size_t n = job.keys.size() * t.handle.cols;
+    py::array a = CheckedArray(grads, t, "grads", false, n);
+    if (job.keys.empty()) return;
+    job.table = &t.handle;
+    job.data = static_cast<const float*>(a.data());
+    job.values = n;
+    uint64_t seq = sender_->Enqueue(std::move(job));
+    owned_.push_back({seq, std::move(table), std::move(a)});
+    ++shared_->stats.pushes;
+    shared_->stats.values_pushed += n;
+    ReapOwned();
   }
 
   // Ends this worker's iteration (after its pushes, in the same message per shard). The
@@ -1508,6 +1546,8 @@ PYBIND11_MODULE(_leash, m) {
            py::arg("out"))
       .def("push", &python::Client::Push, py::arg("table"), py::arg("grad"), py::arg("wait"))
       .def("push_tensor", &python::Client::PushTensor, py::arg("table"), py::arg("tensor"))
+      .def("push_sparse_tensor", &python::Client::PushSparseTensor, py::arg("table"),
+           py::arg("keys"), py::arg("grads"))
       .def("push_rows", &python::Client::PushRows, py::arg("table"), py::arg("keys"),
            py::arg("grads"), py::arg("wait"))
       .def("pull_sparse", &python::Client::PullSparse, py::arg("table"), py::arg("keys"),

@@ -42,6 +42,40 @@ def test_sparse_round_trip_is_exact(cluster2):
         assert c.status()["tables"][0]["name"] == "emb"
 
 
+def test_sparse_rows_handed_over_go_behind_the_dense_pushes_the_sender_holds(cluster):
+    torch = pytest.importorskip("torch")
+    with leash.Client(cluster.servers, staleness=0) as c:
+        t = sparse_or_skip(c, "emb", 2, init="constant", init_scale=0.5)
+        d = c.create_table("d", (2, 3), optimizer="sgd", lr=1.0)
+        keys = np.array([9, 4, 9], np.int64)
+        g = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+        c.pull_sparse(t, [9, 4])  # the rows are made by their first pull
+        # A small dense gradient does not wake the sender: it still holds it when the rows
+        # come, so they are queued behind it (the arrays kept until sent), not pushed now.
+        c._c.push_tensor(d, torch.ones(2, 3))
+        c._c.push_sparse_tensor(t, keys, g)
+        del g  # kept alive by the binding until sent
+        c.clock()
+        c.wait()
+        np.testing.assert_array_equal(c.pull(d), -np.ones((2, 3), np.float32))
+        np.testing.assert_array_equal(c.pull_sparse(t, [9, 4]),
+                                      np.array([[0.5 - 6, 0.5 - 8], [0.5 - 3, 0.5 - 4]]))
+        # With nothing held it is pushed at once; a dense table is refused either way.
+        c._c.push_sparse_tensor(t, [4], np.ones((1, 2), np.float32))
+        c.clock()
+        c.wait()
+        np.testing.assert_array_equal(c.pull_sparse(t, [4]), [[0.5 - 4, 0.5 - 5]])
+        c._c.push_tensor(d, torch.ones(2, 3))
+        with pytest.raises(leash.InvalidArgumentError, match="dense"):
+            c._c.push_sparse_tensor(d, [1], np.zeros((1, 3), np.float32))
+        with pytest.raises(leash.WrongShapeError):
+            c._c.push_sparse_tensor(t, [1, 2], np.zeros((1, 2), np.float32))
+        with pytest.raises(leash.InvalidArgumentError, match="leash.Table"):
+            c._c.push_sparse_tensor("emb", [1], np.zeros((1, 2), np.float32))
+        c.clock()
+        c.wait()
+
+
 def test_sparse_argument_errors(cluster):
     with leash.Client(cluster.servers) as c:
         dense = c.create_table("dense", (4, 2), optimizer="sgd", lr=1.0)

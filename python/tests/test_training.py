@@ -32,9 +32,13 @@ def summary(tmp_path, name):
 
 def test_two_python_workers_on_two_shards_reach_the_accuracy_of_the_local_loop(
         cluster2, workers, tmp_path):
-    # Adam: its bounded steps tolerate the stale gradients of two asynchronous workers
-    # far better than momentum SGD does this early in training.
-    flags = MLP + ["--epochs=3", "--staleness=1", "--optimizer=adam", "--lr=0.001"]
+    # Staleness 0: every step reads the values after both workers' previous steps, so the
+    # comparison is of the training, not of the delay. At staleness 1 each step's values miss
+    # up to 3 updates, which after these 288 updates costs 0.01-0.11 of accuracy from run to
+    # run (12 runs: median 0.033, 3 above 0.07); at 0 the gap was 0.000-0.021 in 8 runs (1
+    # worker: 0.004-0.015, i.e. the shards' Adam is the loop's). Staleness 1 is checked
+    # exactly in test_torch (the prefetch) and for accuracy in test_movielens.
+    flags = MLP + ["--epochs=3", "--staleness=0", "--optimizer=adam", "--lr=0.001"]
     ps = [workers.python(f"w{i}", EXAMPLE, f"--servers={cluster2.servers}", f"--name=w{i}",
                          f"--metrics-out={tmp_path}/w{i}.json", *flags) for i in range(2)]
     local = workers.python("local", EXAMPLE, "--local", f"--metrics-out={tmp_path}/local.json",
@@ -47,12 +51,10 @@ def test_two_python_workers_on_two_shards_reach_the_accuracy_of_the_local_loop(
     assert w[0]["samples"] + w[1]["samples"] == 3 * 6000
     assert min(w[0]["samples"], w[1]["samples"]) > 0
     assert base > 0.8
-    # The two workers make as many updates as the local loop, each from values up to an
-    # iteration (and the other worker's step) old: a few points below it after 288 updates
-    # (0.03-0.05 measured on idle cores; 0.02-0.075 on 2 cores at a load average of 20,
-    # whether the gradients go during backward or after it), never far.
+    # The two workers make as many updates as the local loop, from other initial values
+    # (drawn on the shards) and in another order of the samples.
     for s in w:
-        assert s["test_accuracy"] >= base - 0.09, (s, base)
+        assert s["test_accuracy"] >= base - 0.07, (s, base)
         assert s["test_accuracy"] > 0.76, s
 
 
