@@ -114,6 +114,21 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return Status::Ok();
   }
 
+  Status Retarget(int shard, const std::string& endpoint) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto idx = static_cast<size_t>(shard);
+    std::string old = endpoints_.at(idx);
+    endpoints_[idx] = endpoint;
+    Status st = Open(shard);
+    if (!st.ok()) {
+      endpoints_[idx] = old;  // the old socket is still open (Open replaces it only on success)
+      return st;
+    }
+    SendOffer(idx);  // shared memory is offered to the new process afresh
+    if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old socket
+    return Status::Ok();
+  }
+
   void Wake() override {
     woken_.store(true);
     waker_.Wake();

@@ -85,7 +85,7 @@ class ConnectionHealth {
 
 // A client's connections, one per shard (DEALER sockets in production).
 //
-// Threads: one thread at a time may Receive. Send and Reconnect may be called while
+// Threads: one thread at a time may Receive. Send, Reconnect and Retarget may be called while
 // another thread waits in Receive (a message that arrives meanwhile still ends that
 // wait), one call at a time (the caller serializes them). Wake and the side interfaces
 // are thread-safe.
@@ -104,6 +104,12 @@ class ClientTransport {
   virtual void Wake() = 0;
   // Drops the connection to `shard` and everything queued on it, and connects again.
   virtual Status Reconnect(int shard) = 0;
+  // Points `shard`'s connection at `endpoint` from now on (a replicated shard's new
+  // primary): drops the old connection and everything queued on it, and connects there.
+  // InvalidArgument for a malformed endpoint; FailedPrecondition where the transport cannot.
+  virtual Status Retarget(int /*shard*/, const std::string& /*endpoint*/) {
+    return FailedPrecondition("this transport cannot move a shard's connection to a new endpoint");
+  }
 
   // Side interfaces; null where the transport cannot. Each lives as long as the transport.
   virtual ClientSharedMemory* shared_memory() { return nullptr; }
