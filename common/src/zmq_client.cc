@@ -124,7 +124,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       endpoints_[idx] = old;  // the old socket is still open (Open replaces it only on success)
       return st;
     }
-    SendOffer(idx);  // shared memory is offered to the new process afresh
+    SendOffer(idx);                      // shared memory is offered to the new process afresh
     if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old socket
     return Status::Ok();
   }

@@ -36,6 +36,13 @@ size_t Bytes(const Message& m) {
   return n;
 }
 
+// A replica's answer that it is a backup (server/src/replica.cc): not an error of the
+// request, which goes to the primary instead.
+bool IsBackupRefusal(const Status& st) {
+  return st.code() == StatusCode::kUnavailable &&
+         st.message().find(" is a backup; the primary is ") != std::string::npos;
+}
+
 }  // namespace
 
 namespace detail {
@@ -137,12 +144,14 @@ class Client::Impl final : public detail::OpWaiter {
         push_seq_(static_cast<size_t>(n_), 0),
         held_(static_cast<size_t>(n_)),
         silence_ms_(options.shard_silence_ms),
-        shared_memory_(transport_->shared_memory()) {}
+        shared_memory_(transport_->shared_memory()),
+        stale_(new std::atomic<bool>[static_cast<size_t>(n_)]()) {}
 
   ~Impl() override { Stop(); }
 
   void Start() {
     io_ = std::thread([this] { Loop(); });
+    if (options_.directory) follow_ = std::thread([this] { Follow(); });
   }
 
   const ConnectionHealth* health() const { return transport_->health(); }
@@ -159,6 +168,7 @@ class Client::Impl final : public detail::OpWaiter {
     io_cv_.notify_all();
     transport_->Wake();
     io_.join();
+    if (follow_.joinable()) follow_.join();
   }
 
   // Sends one message per shard in `parts` from the calling thread; `build(shard, rid,
@@ -440,6 +450,95 @@ class Client::Impl final : public detail::OpWaiter {
     spdlog::warn("shard {} restarted; resent {} pending request(s)", shard, n);
   }
 
+  // The directory thread: watches the shard directory and moves a shard's connection to its
+  // new primary (a new endpoint, or a new term at the same one, or a shard whose replica said
+  // it is a backup). A shard without a primary (an election under way) keeps its requests
+  // pending until one is named.
+  void Follow() {
+    ClusterView known = options_.directory_view;
+    std::vector<std::string> targets(static_cast<size_t>(n_));
+    std::vector<uint64_t> terms(static_cast<size_t>(n_), 0);
+    for (size_t s = 0; s < targets.size() && s < known.shards.size(); ++s) {
+      if (known.shards[s].primary) targets[s] = known.shards[s].primary->endpoint;
+      terms[s] = known.shards[s].term;
+    }
+    int64_t revision = known.revision;
+    int64_t last_error_log = 0;
+    while (!stop_.load()) {
+      const bool refresh = refresh_.exchange(false);
+      if (refresh) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      auto view = refresh
+                      ? options_.directory->View()
+                      : options_.directory->WaitForChange(revision, std::chrono::milliseconds(500));
+      if (!view.ok()) {
+        if (NowMs() - last_error_log >= 10000) {
+          last_error_log = NowMs();
+          spdlog::warn(
+              "shard directory unreachable (training goes on with the known "
+              "primaries): {}",
+              view.status().ToString());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
+      }
+      revision = view->revision;
+      for (int s = 0; s < n_ && static_cast<size_t>(s) < view->shards.size(); ++s) {
+        auto i = static_cast<size_t>(s);
+        const ShardView& sv = view->shards[i];
+        if (!sv.primary) continue;
+        const bool moved = sv.primary->endpoint != targets[i];
+        const bool stale = stale_[i].exchange(false);
+        if (!moved && sv.term == terms[i] && !stale) continue;
+        if (Retarget(s, sv.primary->endpoint, sv.term, moved)) {
+          targets[i] = sv.primary->endpoint;
+          terms[i] = sv.term;
+        } else {
+          stale_[i].store(true);
+          refresh_.store(true);
+        }
+      }
+    }
+  }
+
+  // Points `shard` at its primary `endpoint` (reopening the connection if `reopen`) and
+  // resends every request still pending on it, in the original order. False if the
+  // transport could not.
+  bool Retarget(int shard, const std::string& endpoint, uint64_t term, bool reopen) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (reopen) {
+      Status st = transport_->Retarget(shard, endpoint);
+      if (!st.ok()) {
+        spdlog::warn("cannot move shard {} to its primary at {}: {}", shard, endpoint,
+                     st.ToString());
+        return false;
+      }
+      // The new primary holds the replicated state (registrations, clocks, exactly-once
+      // records): its boot id is news, not a restart that lost this worker's requests.
+      boot_ids_.erase(shard);
+    }
+    auto i = static_cast<size_t>(shard);
+    int n = 0;
+    for (auto it = inflight_.begin(); it != inflight_.end();) {
+      if (it->second.shard != shard) {
+        ++it;
+      } else if (!it->second.op) {  // a heartbeat: drop, the next one follows
+        --inflight_per_shard_[shard];
+        it = inflight_.erase(it);
+      } else {
+        ++resends_;
+        ++n;
+        SendNow(it->second);
+        ++it;
+      }
+    }
+    last_heard_[i] = NowMs();
+    backoff_[i] = 100;
+    next_reconnect_[i] = 0;
+    spdlog::warn("shard {}: primary is {} (term {}); resent {} pending request(s)", shard, endpoint,
+                 term, n);
+    return true;
+  }
+
   // A shard that stays silent while requests wait on it is reconnected with backoff and
   // sent every pending request again, in the original order. Pulls, clocks and
   // registrations are idempotent; pushes are deduplicated by sequence on the shard.
@@ -495,10 +594,24 @@ class Client::Impl final : public detail::OpWaiter {
     }
     auto it = inflight_.find(decoded->request_id);
     if (it == inflight_.end()) return;  // a late duplicate of a resent request
+    const Reply& reply = decoded->value;
+    if (const auto* e = std::get_if<ErrorReply>(&reply);
+        e != nullptr && options_.directory && IsBackupRefusal(e->status)) {
+      // Sent to a replica that is not (or no longer) the primary: the request stays pending
+      // until the directory names the primary, then goes there (Follow).
+      if (!it->second.op) {
+        inflight_.erase(it);
+        --inflight_per_shard_[shard];
+      }
+      if (!stale_[si].exchange(true)) {
+        spdlog::info("shard {}: {}; waiting for the directory", shard, e->status.message());
+      }
+      refresh_.store(true);
+      return;
+    }
     Pending r = std::move(it->second);
     inflight_.erase(it);
     --inflight_per_shard_[shard];
-    const Reply& reply = decoded->value;
     if (const auto* e = std::get_if<ErrorReply>(&reply)) {
       NoteBoot(shard, e->boot_id);
       Status st = e->status.WithContext("shard " + std::to_string(shard));
@@ -536,7 +649,9 @@ class Client::Impl final : public detail::OpWaiter {
   // Taken under io_mu_, so rid order is send order.
   std::atomic<uint64_t> next_rid_{1};
   std::thread io_;
+  std::thread follow_;  // Follow(), with a directory only
   std::atomic<bool> stop_{false};
+  std::atomic<bool> refresh_{false};  // Follow() reads the directory now, not on a change
 
   // Under io_mu_.
   std::map<uint64_t, Pending> inflight_;  // ordered by rid = send order
@@ -568,6 +683,8 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<int64_t> last_clock_{0};
   ClientSharedMemory* shared_memory_;  // the transport's, or null
   int64_t spin_us_ = options_.reply_spin_us;
+  // Per shard: a replica said it is a backup; Follow() resends once a primary is named.
+  std::unique_ptr<std::atomic<bool>[]> stale_;
 };
 
 Client::Client(ClientOptions options, int num_shards)
@@ -582,6 +699,57 @@ uint64_t NewIncarnation(uint64_t previous) {
                                        std::chrono::system_clock::now().time_since_epoch())
                                        .count());
   return std::max(now, previous + 1);
+}
+
+std::vector<std::string> PrimaryEndpoints(const ClusterView& view) {
+  std::vector<std::string> endpoints;
+  for (const ShardView& s : view.shards) {
+    LEASH_CHECK(s.primary.has_value());
+    endpoints.push_back(s.primary->endpoint);
+  }
+  return endpoints;
+}
+
+Result<ClusterView> ResolvePrimaries(ShardDirectory& directory, int64_t timeout_ms,
+                                     const std::function<bool()>& interrupted) {
+  const int64_t start = NowMs();
+  int64_t last_log = start;
+  int64_t revision = 0;
+  std::string missing;
+  while (true) {
+    auto view = revision == 0 ? directory.View()
+                              : directory.WaitForChange(revision, std::chrono::milliseconds(500));
+    if (view.ok()) {
+      revision = view->revision;
+      missing.clear();
+      for (const ShardView& s : view->shards) {
+        if (!s.primary) missing += (missing.empty() ? "" : ", ") + std::to_string(s.shard);
+      }
+      if (view->num_shards > 0 && view->shards.size() == view->num_shards && missing.empty()) {
+        return std::move(*view);
+      }
+      if (view->shards.size() != view->num_shards) missing = "(not all registered yet)";
+    } else {
+      missing = view.status().ToString();
+      revision = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    const int64_t now = NowMs();
+    if (interrupted && interrupted()) {
+      return Cancelled("interrupted while waiting for the shards' primaries");
+    }
+    if (now - start >= timeout_ms) {
+      return Unavailable("no primary for shard(s) " + missing + " after " +
+                         std::to_string(timeout_ms) +
+                         " ms; check that every replica of the job runs (leashctl --etcd URL "
+                         "--job NAME status)");
+    }
+    if (now - last_log >= 3000) {
+      last_log = now;
+      spdlog::info("waiting for the primary of shard(s) {} ({} s so far)", missing,
+                   (now - start) / 1000);
+    }
+  }
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ClientTransport> transport,

@@ -3,7 +3,9 @@
 // requests in flight and pipelined. A background I/O thread owns the connections, sends
 // heartbeats (so a long compute step never looks like a death) and resends requests to
 // a shard that went silent once it answers again; pushes carry (worker id, incarnation,
-// sequence) so a resent push is applied at most once.
+// sequence) so a resent push is applied at most once. With a shard directory (replicated
+// shards, --etcd) a second thread follows every shard's primary: on a failover it moves the
+// shard's connection to the new primary and resends what was not answered.
 #pragma once
 
 #include <atomic>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/coordinator.h"
 #include "leash/common/domain.h"
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
@@ -39,7 +42,25 @@ struct ClientOptions {
   // with Cancelled (a request already sent may still be answered; the answer is dropped).
   // Lets a binding honour Ctrl-C. Called on the waiting thread.
   std::function<bool()> interrupted;
+  // Replicated shards: the directory naming each shard's primary, and the view the
+  // transport's endpoints were taken from (ResolvePrimaries). The client watches the
+  // directory; when a shard's primary changes it retargets that shard's connection and
+  // resends every request not yet answered (parked pulls included; pushes are deduplicated
+  // by the replicas, which share the exactly-once records). A backup's "I am a backup"
+  // answer is never surfaced: the request waits for the directory to name the primary.
+  // Null: static endpoints (--servers), nothing followed.
+  std::shared_ptr<ShardDirectory> directory;
+  ClusterView directory_view;
 };
+
+// Waits until every shard of the directory's job has a primary (logging progress every few
+// seconds) and returns the view; its primaries' endpoints, shard s at index s, are what to
+// connect to. Unavailable after `timeout_ms` naming the shards without a primary (or what
+// the directory said); Cancelled once `interrupted` (may be null) returns true.
+Result<ClusterView> ResolvePrimaries(ShardDirectory& directory, int64_t timeout_ms,
+                                     const std::function<bool()>& interrupted = nullptr);
+// The endpoints of `view`'s primaries, shard s at index s (every shard must have one).
+std::vector<std::string> PrimaryEndpoints(const ClusterView& view);
 
 namespace detail {
 struct Op;
