@@ -84,6 +84,7 @@ ServerCommandLine::ServerCommandLine()
   v.replica = d.replica;
   v.etcd = d.etcd;
   v.job = d.job;
+  v.etcd_ttl_s = d.etcd_ttl_s;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -140,6 +141,9 @@ ServerCommandLine::ServerCommandLine()
   f.String("etcd", &v.etcd,
            "etcd endpoint(s) coordinating replicated shards, e.g. http://etcd:2379");
   f.String("job", &v.job, "the job's name in etcd (replicated shards of one job share it)");
+  f.Int("etcd-ttl", &v.etcd_ttl_s,
+        "seconds: a replica cut off from etcd (or dead) this long loses its registration, and a "
+        "backup takes over from such a primary (etcd raises it to its minimum, about 2 s)");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -231,6 +235,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   c.replica = v.replica;
   c.etcd = v.etcd;
   c.job = v.job;
+  if (v.etcd_ttl_s < 1 || v.etcd_ttl_s > 3600) {
+    return bad_int("etcd-ttl", v.etcd_ttl_s, "need whole seconds in [1, 3600]");
+  }
+  c.etcd_ttl_s = v.etcd_ttl_s;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

@@ -44,6 +44,7 @@ struct ServerConfig {
   std::vector<std::string> peers;
   std::string etcd;
   std::string job = "leash";
+  int64_t etcd_ttl_s = 5;  // the replicas' etcd lease TTL: failover comes this long after a death
 };
 
 // Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
@@ -69,7 +70,7 @@ class ServerCommandLine {
   struct Values {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
     std::string memory_budget, peers, etcd, job;
-    int64_t replicas, replica;
+    int64_t replicas, replica, etcd_ttl_s;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers;
     bool no_sync, no_shm, sparse_direct_reads, insecure;

@@ -9,6 +9,7 @@ Result<Coordination> ConnectCoordination(const ServerConfig& config) {
   EtcdOptions options;
   LEASH_ASSIGN_OR_RETURN(options.endpoints, ParseEtcdEndpoints(config.etcd));
   options.job = config.job;
+  options.ttl = std::chrono::seconds(config.etcd_ttl_s);
   const JobShape shape{.num_shards = static_cast<uint32_t>(config.num_shards),
                        .replicas = static_cast<uint32_t>(config.replicas)};
   Coordination c;

@@ -48,6 +48,8 @@ const char* ModelName(ModelKind kind) {
 WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   Values v;
   for (const auto& s : d.servers) v.servers += (v.servers.empty() ? "" : ",") + s;
+  for (const auto& s : d.etcd) v.etcd += (v.etcd.empty() ? "" : ",") + s;
+  v.job = d.job;
   v.local = d.local;
   v.name = d.name;
   v.connect_timeout_s = d.connect_timeout_s;
@@ -103,6 +105,10 @@ WorkerCommandLine::WorkerCommandLine()
   f.List("servers", &v.servers,
          "comma-separated shard endpoints in shard order, e.g. "
          "tcp://127.0.0.1:7000,tcp://127.0.0.1:7001");
+  f.List("etcd", &v.etcd,
+         "replicated shards: etcd client URLs (http://host:2379,...); the shards' primaries are "
+         "found there and followed across failovers (instead of --servers)");
+  f.String("job", &v.job, "with --etcd: the job's name in etcd (its keys are /leash/JOB/)");
   f.Bool("local", &v.local, "train in this process with no server (the baseline)");
   f.Int("staleness", &v.staleness,
         "staleness bound s: iteration c reads once every worker finished c-s-1 "
@@ -204,10 +210,21 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   WorkerConfig c;
   c.local = v.local;
   c.servers = SplitList(v.servers);
-  if (!c.local && c.servers.empty()) {
+  c.etcd = SplitList(v.etcd);
+  c.job = v.job;
+  if (!c.servers.empty() && !c.etcd.empty()) {
+    return InvalidArgument(cli_.Source("servers") + " and " + cli_.Source("etcd") +
+                           " are exclusive: --servers names unreplicated shards, --etcd finds "
+                           "replicated ones; give one");
+  }
+  if (c.local && !c.etcd.empty()) {
+    return InvalidArgument("--local trains without a server: drop " + cli_.Source("etcd"));
+  }
+  if (!c.local && c.servers.empty() && c.etcd.empty()) {
     return InvalidArgument(
         "no shards given: set --servers (or LEASH_SERVERS, or servers: in the job file's "
-        "worker: section), or use --local to train without a server");
+        "worker: section), --etcd for replicated shards, or use --local to train without a "
+        "server");
   }
   if (v.staleness < 0) return bad_int("staleness", v.staleness, "need an integer >= 0");
   c.staleness = v.staleness;
@@ -315,7 +332,7 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.curve_keys = v.curve_keys;
   c.curve_client = v.curve_client;
   c.insecure = v.insecure;
-  if (!c.local) {
+  if (!c.local && c.etcd.empty()) {
     LEASH_RETURN_IF_ERROR(CheckSecureEndpoints(c.servers, c.curve_keys, c.insecure,
                                                cli_.Source("servers"), "connect to"));
   }

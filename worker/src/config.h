@@ -21,6 +21,10 @@ enum class ModelKind { kMlp, kCnn, kCtr };
 struct WorkerConfig {
   // The cluster: shard endpoints in shard order, or `local` (no server, the baseline).
   std::vector<std::string> servers;
+  // Or replicated shards: etcd client URLs and the job's name there; the shards' primaries
+  // are found (and followed across failovers) in etcd. Exclusive with `servers`.
+  std::vector<std::string> etcd;
+  std::string job = "leash";  // leash-server --job's default
   bool local = false;
   std::string name;  // in logs and status; empty: host:pid
   int64_t connect_timeout_s = 60;
@@ -90,7 +94,8 @@ class WorkerCommandLine {
  private:
   // The flags as read, before validation.
   struct Values {
-    std::string servers, optimizer, wire_dtype, name, hidden, model, metrics_out, metrics_bind;
+    std::string servers, etcd, job, optimizer, wire_dtype, name, hidden, model, metrics_out,
+        metrics_bind;
     std::string device, curve_keys, curve_client, data, sparse_optimizer, slow_spells;
     int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "leash/common/cli.h"
 #include "leash/common/curve_keys.h"
+#include "leash/common/etcd_coordinator.h"
 #include "leash/common/metrics.h"
 #include "leash/common/wire.h"
 #include "leash/common/zmq_transport.h"
@@ -179,14 +180,35 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
       if (!keys.ok()) return Failure{2, "--curve-keys: " + keys.status().message()};
       zopts.curve = std::move(*keys);
       spdlog::info("CURVE security on: key pair '{}' from {}", c.curve_client, c.curve_keys);
-    } else if (!std::all_of(c.servers.begin(), c.servers.end(), leash::IsLoopbackEndpoint)) {
+    }
+    std::vector<std::string> servers = c.servers;
+    leash::ClientOptions co;
+    if (!c.etcd.empty()) {
+      leash::EtcdOptions eo;
+      eo.job = c.job;
+      for (const std::string& e : c.etcd) {
+        auto endpoints = leash::ParseEtcdEndpoints(e);
+        if (!endpoints.ok()) return Fail("--etcd", endpoints.status());
+        eo.endpoints.insert(eo.endpoints.end(), endpoints->begin(), endpoints->end());
+      }
+      auto directory = leash::NewEtcdShardDirectory(eo);
+      if (!directory.ok()) return Fail("--etcd", directory.status());
+      co.directory = std::move(*directory);
+      auto view = leash::ResolvePrimaries(*co.directory, c.connect_timeout_s * 1000);
+      if (!view.ok()) return Fail("cannot find the shards in etcd", view.status());
+      servers = leash::PrimaryEndpoints(*view);
+      spdlog::info("job '{}' in etcd: {} shard(s) x {} replica(s); following their primaries",
+                   c.job, view->num_shards, view->replicas);
+      co.directory_view = std::move(*view);
+    }
+    if (c.curve_keys.empty() &&
+        !std::all_of(servers.begin(), servers.end(), leash::IsLoopbackEndpoint)) {
       spdlog::warn(
           "connecting to shards on other hosts WITHOUT CURVE keys (--insecure): traffic is "
           "unauthenticated and unencrypted; use --curve-keys DIR (leashctl keygen DIR)");
     }
-    auto transport = leash::ConnectZmqClient(w.zmq, c.servers, zopts);
-    if (!transport.ok()) return Fail("--servers", transport.status());
-    leash::ClientOptions co;
+    auto transport = leash::ConnectZmqClient(w.zmq, servers, zopts);
+    if (!transport.ok()) return Fail(c.etcd.empty() ? "--servers" : "--etcd", transport.status());
     co.name = w.name;
     co.staleness = c.staleness;
     co.wire_dtype = c.wire_dtype;
