@@ -268,6 +268,9 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
             std::string::npos);
   EXPECT_NE(Error({"--replicas=2", "--peers=tcp://a:7000,tcp://b:7000"}).find("--etcd"),
             std::string::npos);
+  EXPECT_EQ(c->etcd_ttl_s, 5);
+  EXPECT_EQ(Parse({"--etcd-ttl=2"})->etcd_ttl_s, 2);
+  EXPECT_NE(Error({"--etcd-ttl=0"}).find("whole seconds"), std::string::npos);
 }
 
 }  // namespace

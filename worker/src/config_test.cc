@@ -53,6 +53,21 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->log_level, "info");
 }
 
+TEST(WorkerConfigTest, EtcdFindsReplicatedShardsInsteadOfServers) {
+  auto c = Parse({"--etcd=http://127.0.0.1:2379,http://10.0.0.2:2379", "--job=mnist"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->servers.empty());
+  EXPECT_EQ(c->etcd, (std::vector<std::string>{"http://127.0.0.1:2379", "http://10.0.0.2:2379"}));
+  EXPECT_EQ(c->job, "mnist");
+  EXPECT_EQ(Parse({"--etcd=http://127.0.0.1:2379"})->job, "leash");  // leash-server's default
+  EXPECT_NE(Error({"--etcd=http://127.0.0.1:2379", "--servers=tcp://127.0.0.1:7000"})
+                .find("are exclusive"),
+            std::string::npos);
+  EXPECT_NE(Error({"--etcd=http://127.0.0.1:2379", "--local"}).find("--local trains without"),
+            std::string::npos);
+  EXPECT_NE(Error({}).find("--etcd for replicated shards"), std::string::npos);
+}
+
 TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
                   "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
