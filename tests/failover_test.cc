@@ -58,8 +58,7 @@ class FailoverTest : public ::testing::Test {
 
   void StartReplica(int r) {
     replicas_[static_cast<size_t>(r)] = std::make_unique<Process>(
-        std::vector<std::string>{LEASH_SERVER_BIN,
-                                 "--bind=" + endpoints_[static_cast<size_t>(r)],
+        std::vector<std::string>{LEASH_SERVER_BIN, "--bind=" + endpoints_[static_cast<size_t>(r)],
                                  "--data-dir=" + dir_.path() + "/r" + std::to_string(r),
                                  "--replicas=2", "--replica=" + std::to_string(r),
                                  "--peers=" + endpoints_[0] + "," + endpoints_[1],

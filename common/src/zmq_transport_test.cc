@@ -149,6 +149,25 @@ TEST_F(ZmqTransportTest, PlainRoundTrip) {
   EXPECT_EQ((*server)->counters().auth_refused, 0u);
 }
 
+TEST_F(ZmqTransportTest, RetargetMovesAShardsConnectionToAnotherEndpoint) {
+  ZmqContext sctx, cctx;
+  const std::string other = "ipc://" + dir_.path() + "/other.sock";
+  auto first = BindZmqServer(sctx, endpoint_);
+  auto second = BindZmqServer(sctx, other);
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto client = ConnectZmqClient(cctx, {endpoint_});
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE(RoundTrip(**first, **client, 10s));
+  ASSERT_TRUE((*client)->Retarget(0, other).ok());
+  EXPECT_TRUE(RoundTrip(**second, **client, 10s));  // the new endpoint answers
+  EXPECT_TRUE((*client)->health()->ShardHealth(0).ok());
+  auto stray = (*first)->Receive(100ms);  // nothing more reaches the old one
+  ASSERT_TRUE(stray.ok());
+  EXPECT_FALSE(stray->has_value());
+  EXPECT_EQ((*client)->Retarget(0, "nonsense").code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(RoundTrip(**second, **client, 10s));  // a failed retarget keeps the connection
+}
+
 TEST_F(ZmqTransportTest, CurveRoundTripWithAnAuthorizedKey) {
   ZmqContext sctx, cctx;
   auto server = BindZmqServer(sctx, endpoint_, ServerOptions());
