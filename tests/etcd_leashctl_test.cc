@@ -35,9 +35,7 @@ class EtcdLeashctlTest : public ::testing::Test {
   }
   std::pair<int, std::string> Leashctl(std::vector<std::string> args) {
     args.insert(args.begin(), LEASHCTL_BIN);
-    Process p(args, dir_.path() + "/leashctl" + std::to_string(runs_++) + ".log");
-    auto code = p.Wait(60s);
-    return {code.value_or(-1), p.ReadLog()};
+    return testing::RunToCompletion(std::move(args), dir_.path(), 60s);
   }
   std::unique_ptr<EtcdCoordinator> Replica(uint32_t r, const std::string& endpoint) {
     auto c = EtcdCoordinator::Create(options_, JobShape{1, 2});
@@ -50,7 +48,6 @@ class EtcdLeashctlTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<EtcdProcess> etcd_;
   EtcdOptions options_;
-  int runs_ = 0;
 };
 
 TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimarysStatus) {
