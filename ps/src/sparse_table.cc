@@ -27,6 +27,7 @@
 #include <string>
 #include <utility>
 
+#include "leash/common/denormals.h"
 #include "leash/kernels/cpu.h"
 
 namespace leash::ps {
@@ -875,6 +876,7 @@ Status SparseTable::Read(std::span<const uint64_t> keys, int64_t clock, float* o
   return impl_->Read(keys, clock, out);
 }
 Status SparseTable::Apply(std::span<const uint64_t> keys, const float* grad, int64_t clock) {
+  ScopedFlushDenormals flush;  // as Table::Apply: decaying optimizer state stays normal
   return impl_->Apply(keys, grad, clock);
 }
 Result<uint64_t> SparseTable::FlushDirty() { return impl_->FlushDirty(); }

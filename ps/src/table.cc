@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "leash/common/denormals.h"
 #include "leash/kernels/cpu.h"
 #include "leash/ps/sparse_table.h"
 
@@ -403,6 +404,8 @@ void Table::ApplyRow(size_t offset, size_t n, const float* g) {
 }
 
 void Table::Apply(const Rows& rows, const float* grad) {
+  // Optimizer state decaying without gradient must not sink into the subnormal range.
+  ScopedFlushDenormals flush;
   ++steps_;
   if (rows.explicit_keys) {
     for (size_t i = 0; i < rows.keys.size(); ++i) {
