@@ -435,8 +435,16 @@ void Replica::BecomePrimary(uint64_t term) {
   in_sync_ = {options_.replica};
   if (directory_ != nullptr) {
     if (auto view = directory_->View(); view.ok() && shard_options_.shard < view->shards.size()) {
-      for (uint32_t r : view->shards[shard_options_.shard].in_sync)
-        if (r != options_.replica && r < options_.replicas) in_sync_.push_back(r);
+      const ShardView& s = view->shards[shard_options_.shard];
+      for (uint32_t r : s.in_sync) {
+        if (r == options_.replica || r >= options_.replicas) continue;
+        // A member whose lease is gone (the primary just lost, a dead or cut-off backup)
+        // cannot acknowledge: kept, it would hold every commit for backup_timeout_ms
+        // before being removed. Leaving it out only takes away its right to lead.
+        const bool live = std::any_of(s.live.begin(), s.live.end(),
+                                      [r](const ReplicaAddress& a) { return a.replica == r; });
+        if (live) in_sync_.push_back(r);
+      }
       std::sort(in_sync_.begin(), in_sync_.end());
     }
   }
