@@ -68,8 +68,9 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 2;
   }
   if (etcd.empty() == servers.empty() || floats < 64 || floats % 64 != 0) {
-    std::fprintf(stderr, "leash-bench-failover: pass one of --etcd or --servers, and --floats a "
-                         "multiple of 64\n");
+    std::fprintf(stderr,
+                 "leash-bench-failover: pass one of --etcd or --servers, and --floats a "
+                 "multiple of 64\n");
     return 2;
   }
   if (auto st = leash::InitLogging("probe", "info"); !st.ok()) return Fail("logging", st);
