@@ -4,7 +4,9 @@
 // ZeroMQ ceiling measured in the same run (a plain DEALER/ROUTER echo in another process
 // for round trips, 1 or 8 in flight, and a plain PUSH/PULL stream to another process for
 // one-way throughput, over 1 or more connections), and the shard's optimizer update alone.
-// Writes JSON and a markdown summary. Single-threaded driver plus one thread per worker.
+// With --servers it measures running shards instead (bench/replication.py: a replicated
+// shard's primary). Writes JSON and a markdown summary. Single-threaded driver plus one
+// thread per worker.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -16,6 +18,7 @@
 #include <deque>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -63,6 +66,10 @@ double Percentile(std::vector<double> v, double p) {
 // --curve-keys: the Leash shards and clients use CURVE with these keys (leashctl keygen DIR
 // --server --client bench). Empty: plain ZMTP.
 std::string g_curve_keys;
+
+// --servers: running shards to measure (e.g. a replicated shard's primary) instead of
+// shards started here; the Leash cells then use as many shards as it names.
+std::vector<std::string> g_servers;
 
 int FreePort() {
   zmq::context_t ctx;
@@ -153,7 +160,9 @@ std::vector<double> Drive(Submit submit, int inflight, double seconds, int64_t* 
 std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int64_t floats, int n,
                              int inflight, double seconds, int64_t spin_us, bool shm,
                              const std::vector<std::string>& op_names) {
-  Shards shards(bin, n, dir);
+  std::unique_ptr<Shards> started;
+  if (g_servers.empty()) started = std::make_unique<Shards>(bin, n, dir);
+  const std::vector<std::string>& endpoints = started ? started->endpoints() : g_servers;
   leash::ZmqContext ctx;
   leash::ZmqOptions zo;
   zo.shared_memory = shm;
@@ -166,8 +175,8 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     o.reply_spin_us = spin_us;
     leash::ZmqOptions zo;
     if (!g_curve_keys.empty()) zo.curve = leash::LoadCurveClientKeys(g_curve_keys, "bench").value();
-    auto c = leash::Client::Connect(
-        std::move(leash::ConnectZmqClient(ctx, shards.endpoints(), zo).value()), o);
+    auto c =
+        leash::Client::Connect(std::move(leash::ConnectZmqClient(ctx, endpoints, zo).value()), o);
     if (!c.ok()) {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       std::exit(1);
@@ -175,7 +184,10 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     clients.push_back(std::move(*c));
   }
   leash::TableSpec t;
-  t.name = "bench";
+  // Running shards keep their tables across cells: one table per size and mode there.
+  t.name = g_servers.empty()
+               ? std::string("bench")
+               : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight);
   t.cols = 64;
   t.rows = static_cast<uint64_t>(floats / 64);
   t.optimizer.kind = leash::OptimizerKind::kMomentum;
@@ -458,6 +470,11 @@ int main(int argc, char** argv) {
   flags.String("stripes", &stripes,
                "raw one-way to another process over this many connections too, at sizes of "
                "65536 floats and more (empty: none)");
+  std::string servers;
+  flags.String("servers", &servers,
+               "measure these running shards (comma-separated endpoints, e.g. a replicated "
+               "shard's primary) instead of starting leash-server; --shards is then their "
+               "number");
   flags.Int("socket-buffer", &socket_buffer,
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
   if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
@@ -465,6 +482,8 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 2;
   }
   g_socket_buffer = static_cast<int>(socket_buffer);
+  g_servers = leash::SplitList(servers);
+  if (!g_servers.empty()) shard_counts = std::to_string(g_servers.size());
   char tmpl[] = "/tmp/leash-bench-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::vector<Sample> samples;

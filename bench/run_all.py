@@ -20,6 +20,11 @@ Parts (--parts picks some):
               10 s intervals: samples/s, each snapshot's pause, bytes per snapshot
   ctr         the click-through model on MovieLens-100k (bench/ctr_bench.py): Leash
               local, 1 + 1 and 2 + 2 against bench/torch_ctr.py: test AUC per epoch, samples/s
+  replication bench/replication.py: replicated shards with a real etcd: acknowledged pushes
+              lost per primary SIGKILL (R=2) against a restart from a snapshot (R=1), the
+              stall from the kill to the new primary's first acknowledgement against the
+              etcd lease TTL, and the cost of R=2 against R=1 (MLP 1+1, 4 KB and 4 MB
+              pushes, interleaved) with the backup's CPU time per iteration (about 5 min)
 
 Peers are interleaved (each repeat runs every system, in a rotated order) so machine
 noise hits all alike; medians and ratios of medians are reported. Writes JSON per part,
@@ -46,12 +51,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import ctr_bench  # noqa: E402
+import replication as replication_bench  # noqa: E402
 import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
 from common.util import free_port, median, now, stop, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
-ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr")
+ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr", "replication")
 
 
 def log(msg):
@@ -423,6 +429,15 @@ def part_ctr(a, c, tmp):
     return ctr_bench.run(a.build, c["ctr_epochs"], 1, tmp, c["timeout"])
 
 
+def part_replication(a, c, tmp):
+    """Replicated shards through etcd (bench/replication.py): loss and stall per primary
+    SIGKILL, and the cost of R=2 against R=1."""
+    rc = replication_bench.config(a.quick)
+    if a.repeats is not None:
+        rc["rounds"] = a.repeats
+    return replication_bench.run(a.build, rc, tmp, a.out, log)
+
+
 def targets(res):
     rows = []
     pp = res.get("pushpull")
@@ -489,6 +504,8 @@ def targets(res):
                          "PASS" if abs(gap) <= 0.005 else "MISS", f"{abs(gap) / 0.005:.2f}x the allowance"))
             rows.append((f"MovieLens CTR: {n} samples/s >= PyTorch single-process", f"{ratio:.2f}x",
                          *verdict(ratio, 1.0, True)))
+    if res.get("replication"):
+        rows += replication_bench.targets(res["replication"], verdict)
     return rows
 
 
@@ -608,12 +625,18 @@ def write_summary(a, c, res, plots, durations):
                "initialization in PyTorch (sparse EmbeddingBag, Adagrad, 1 thread); test AUC per epoch (a "
                "cluster's: worker 0's evaluation), log loss after the last. See docs/models.md.", ""]
         md += ctr_bench.table(res["ctr"]) + [""]
+    if res.get("replication"):
+        md += ["## 6. Replicated shards", "",
+               "`bench/replication.py`: etcd and leash-server replicas (`--replicas 2`) on this host; details in "
+               "[replication.md](replication.md).", ""]
+        md += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
+               for line in replication_bench.summary_md(res["replication"])]
     if plots:
         md += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     if res.get("errors"):
         md += ["## Errors", ""] + [f"- {e}" for e in res["errors"]] + [""]
     md += ["Raw numbers: `suite.json` (everything), `training.json`, `stragglers.json`, `durability.json`, "
-           "`pushpull_suite.json`, `pushpull.json`.", ""]
+           "`pushpull_suite.json`, `pushpull.json`, `replication.json`.", ""]
     with open(os.path.join(a.out, "SUMMARY.md"), "w") as f:
         f.write("\n".join(md))
 
@@ -700,6 +723,8 @@ def make_plots(a, res):
         fig.savefig(os.path.join(a.out, "pushpull.png"), dpi=100)
         plt.close(fig)
         plots.append("pushpull.png")
+    if res.get("replication") and replication_bench.plot(res["replication"], a.out):
+        plots.append("replication.png")
     return plots
 
 
@@ -760,7 +785,7 @@ def main():
         log(f"keeping {', '.join(k for k in ALL_PARTS if k in res)} from {previous}")
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
     fns = {"pushpull": part_pushpull, "training": part_training, "stragglers": part_stragglers,
-           "durability": part_durability, "ctr": part_ctr}
+           "durability": part_durability, "ctr": part_ctr, "replication": part_replication}
     try:
         for part in parts:
             if part not in fns:

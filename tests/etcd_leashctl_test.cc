@@ -1,13 +1,19 @@
 // Integration test of `leashctl --etcd URL --job NAME status` with real processes: etcd,
 // a leash-server registered there as a shard's primary (through EtcdCoordinator, as a
 // replicated shard registers itself) and leashctl, which prints the replication view from
-// etcd and then the shard's own status through the primary it found there.
+// etcd and then the shard's own status through the primary it found there; and with two
+// real replicas, each backup's replication lag as the primary reports it.
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "leash/common/etcd_coordinator.h"
+#include "leash/common/zmq_transport.h"
+#include "leash/worker/client.h"
+#include "support/cluster.h"
 #include "support/etcd_process.h"
 #include "support/process.h"
 
@@ -95,6 +101,89 @@ TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimar
   EXPECT_NE(out.find("\"backups\": [{\"replica\": 1"), std::string::npos) << out;
   EXPECT_NE(out.find("\"in_sync\": [0]"), std::string::npos) << out;
   EXPECT_NE(out.find("\"status\": {\"shards\": [{\"shard\": 0"), std::string::npos) << out;
+}
+
+// The number after `"key": ` in leashctl's JSON (the first occurrence), or -1.
+int64_t JsonNumber(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\": (-?[0-9]+)"))) return -1;
+  return std::stoll(m[1]);
+}
+
+TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReportsIt) {
+  // A real replicated shard: two leash-server replicas registered in etcd.
+  const std::vector<std::string> endpoints = {Endpoint(FreePort()), Endpoint(FreePort())};
+  std::vector<std::unique_ptr<Process>> replicas;
+  for (int r = 0; r < 2; ++r) {
+    replicas.push_back(std::make_unique<Process>(
+        std::vector<std::string>{LEASH_SERVER_BIN, "--bind=" + endpoints[static_cast<size_t>(r)],
+                                 "--data-dir=" + dir_.path() + "/r" + std::to_string(r),
+                                 "--replicas=2", "--replica=" + std::to_string(r),
+                                 "--peers=" + endpoints[0] + "," + endpoints[1],
+                                 "--etcd=" + etcd_->endpoint(), "--job=ctl", "--etcd-ttl=2",
+                                 "--no-sync", "--lease-timeout=10s"},
+        dir_.path() + "/r" + std::to_string(r) + ".log"));
+  }
+  auto logs = [&] { return replicas[0]->ReadLog() + replicas[1]->ReadLog(); };
+  std::shared_ptr<ShardDirectory> directory = NewEtcdShardDirectory(options_).value();
+  auto in_sync = [&] {
+    auto v = directory->View();
+    return v.ok() && !v->shards.empty() && v->shards[0].primary ? v->shards[0].in_sync.size()
+                                                                : size_t{0};
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return in_sync() == 2; }, 60s)) << logs();
+  auto view = ResolvePrimaries(*directory, 30000);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const uint32_t primary = view->shards[0].primary->replica;
+  Process& backup = *replicas[1 - primary];
+  ZmqContext ctx;
+  ClientOptions co;
+  co.name = "pusher";
+  co.directory = directory;
+  co.directory_view = *view;
+  auto client = Client::Connect(ConnectZmqClient(ctx, PrimaryEndpoints(*view)).value(), co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto table = (*client)->CreateTable(testing::Sgd1("w", 256, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::vector<float> grad(256, 1.f);
+  auto push = [&](int n) {
+    for (int i = 0; i < n; ++i) ASSERT_TRUE((*client)->Push(*table, grad.data()).get().ok());
+  };
+  push(5);
+  const std::vector<std::string> status = {"--etcd=" + etcd_->endpoint(), "--job=ctl",
+                                           "--timeout=30", "status"};
+  // Every push was acknowledged, so the backup holds the whole log.
+  auto [code, out] = Leashctl(status);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("backup replica " + std::to_string(1 - primary) + " at " +
+                     endpoints[1 - primary] + ", in sync; lag 0 entries (holds"),
+            std::string::npos)
+      << out;
+
+  // A stopped backup leaves the in-sync set, and the pushes acknowledged without it are
+  // what it lacks: 30 entries, their bytes, the age of the oldest.
+  backup.Signal(SIGSTOP);
+  push(30);
+  auto json = status;
+  json.push_back("--json");
+  std::tie(code, out) = Leashctl(json);
+  backup.Signal(SIGCONT);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(
+      out.find("\"lag\": [{\"replica\": " + std::to_string(1 - primary) + ", \"in_sync\": false"),
+      std::string::npos)
+      << out;
+  EXPECT_GE(JsonNumber(out, "entries_behind"), 30) << out;
+  EXPECT_GE(JsonNumber(out, "entries_behind_commit"), 30) << out;
+  EXPECT_GE(JsonNumber(out, "bytes_behind"), 30 * 256 * 4) << out;  // the pushes' gradients
+  EXPECT_GT(JsonNumber(out, "ms_behind"), 0) << out;
+  EXPECT_GT(JsonNumber(out, "log_index"), JsonNumber(out, "match_index")) << out;
+
+  // Resumed, it catches up and joins the set again: no lag.
+  ASSERT_TRUE(testing::WaitFor([&] { return in_sync() == 2; }, 60s)) << logs();
+  std::tie(code, out) = Leashctl(status);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find(", in sync; lag 0 entries"), std::string::npos) << out;
 }
 
 TEST_F(EtcdLeashctlTest, UnreachableEtcdIsReportedWithWhatToDo) {

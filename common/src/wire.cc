@@ -567,17 +567,25 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                 }
                 auto wv = fbb.CreateVector(workers);
                 auto tv = fbb.CreateVector(tables);
+                std::vector<flatbuffers::Offset<wire::BackupLag>> backups;
+                backups.reserve(r.backups.size());
+                for (const ShardStats::Backup& b : r.backups) {
+                  backups.push_back(wire::CreateBackupLag(fbb, b.replica, b.in_sync, b.match_index,
+                                                          b.entries_behind, b.bytes_behind,
+                                                          b.ms_behind, b.ms_since_ack));
+                }
+                auto bv = fbb.CreateVector(backups);
                 const CoverageProgress& p = r.coverage;
-                return {
-                    wire::Body::StatsReply,
-                    wire::CreateStatsReply(
-                        fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls, r.pushes_applied,
-                        r.pulls_served, r.errors, r.last_snapshot_clock, r.recovered_clock, wv, tv,
-                        p.epochs_done, p.epochs, p.chunks_done, p.num_chunks, p.chunks_leased,
-                        r.snapshot_age_ms, r.memory_budget_bytes, r.memory_used_bytes,
-                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped, r.replicas,
-                        r.replica, r.term, r.log_index, r.replication_lag, r.replicas_in_sync)
-                        .Union()};
+                return {wire::Body::StatsReply,
+                        wire::CreateStatsReply(
+                            fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls,
+                            r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
+                            r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
+                            p.num_chunks, p.chunks_leased, r.snapshot_age_ms, r.memory_budget_bytes,
+                            r.memory_used_bytes, r.resident_bytes, r.backup_workers,
+                            r.stale_pushes_dropped, r.replicas, r.replica, r.term, r.log_index,
+                            r.replication_lag, r.replicas_in_sync, r.commit_index, bv)
+                            .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
                         wire::CreateChunkGrant(fbb, static_cast<wire::GrantKind>(r.kind), r.epoch,
@@ -658,6 +666,13 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.log_index = r->log_index();
       o.replication_lag = r->replication_lag();
       o.replicas_in_sync = r->replicas_in_sync();
+      o.commit_index = r->commit_index();
+      if (r->backups()) {
+        for (const auto* b : *r->backups()) {
+          o.backups.push_back({b->replica(), b->in_sync(), b->match_index(), b->entries_behind(),
+                               b->bytes_behind(), b->ms_behind(), b->ms_since_ack()});
+        }
+      }
       o.coverage = CoverageProgress{r->epochs_done(), r->epochs(), r->chunks_done(),
                                     r->num_chunks(), r->chunks_leased()};
       if (r->workers()) {

@@ -57,6 +57,7 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
     st->log_index = last_index();
     st->replication_lag = replication_lag();
     st->replicas_in_sync = static_cast<uint32_t>(in_sync_.size());
+    FillBackupLag(st);
   };
   if (shard_options_.boot_id == 0) shard_options_.boot_id = RandomBootId();
   boot_id_ = RandomBootId();
@@ -95,6 +96,29 @@ std::vector<BackupProgress> Replica::backups() const {
         {r, std::binary_search(in_sync_.begin(), in_sync_.end(), r), peers_state_[r].match_index});
   }
   return v;
+}
+
+void Replica::FillBackupLag(ShardStats* st) const {
+  st->commit_index = commit_index_;
+  if (role_ != ReplicaRole::kPrimary) return;
+  const int64_t now = now_ms_();
+  for (uint32_t r = 0; r < options_.replicas; ++r) {
+    if (r == options_.replica) continue;
+    const Peer& p = peers_state_[r];
+    ShardStats::Backup b;
+    b.replica = r;
+    b.in_sync = std::binary_search(in_sync_.begin(), in_sync_.end(), r);
+    b.match_index = p.match_index;
+    b.entries_behind = last_index() - std::min(p.match_index, last_index());
+    // Counted over the entries the log still holds (a stats request, not the hot path).
+    for (uint64_t i = std::max(p.match_index, base_index_) + 1; i <= last_index(); ++i) {
+      const ReplEntryWire& e = EntryAt(i);
+      if (i == std::max(p.match_index, base_index_) + 1) b.ms_behind = now - e.now_ms;
+      for (const Frame& f : e.message) b.bytes_behind += f.size();
+    }
+    b.ms_since_ack = p.last_ack_ms > 0 ? now - p.last_ack_ms : -1;
+    st->backups.push_back(b);
+  }
 }
 
 // ---- workers' requests ------------------------------------------------------------------
@@ -411,8 +435,16 @@ void Replica::BecomePrimary(uint64_t term) {
   in_sync_ = {options_.replica};
   if (directory_ != nullptr) {
     if (auto view = directory_->View(); view.ok() && shard_options_.shard < view->shards.size()) {
-      for (uint32_t r : view->shards[shard_options_.shard].in_sync)
-        if (r != options_.replica && r < options_.replicas) in_sync_.push_back(r);
+      const ShardView& s = view->shards[shard_options_.shard];
+      for (uint32_t r : s.in_sync) {
+        if (r == options_.replica || r >= options_.replicas) continue;
+        // A member whose lease is gone (the primary just lost, a dead or cut-off backup)
+        // cannot acknowledge: kept, it would hold every commit for backup_timeout_ms
+        // before being removed. Leaving it out only takes away its right to lead.
+        const bool live = std::any_of(s.live.begin(), s.live.end(),
+                                      [r](const ReplicaAddress& a) { return a.replica == r; });
+        if (live) in_sync_.push_back(r);
+      }
       std::sort(in_sync_.begin(), in_sync_.end());
     }
   }

@@ -2,12 +2,17 @@
 // workers and clocks; `checkpoint` makes every shard write a snapshot now; `health` asks
 // each shard whether it serves (for probes: exit 0 or 1 with the reason); `keygen` writes
 // CURVE key pairs for --curve-keys. With --etcd (replicated shards), the shards are found
-// in etcd: `status` first prints each shard's primary, backups, term and in-sync set, and
-// every command talks to the primaries. Single-threaded (the client has its own I/O thread).
+// in etcd: `status` first prints each shard's primary, backups, term and in-sync set, with
+// each backup's replication lag as its primary reports it (entries, bytes and the age of the
+// oldest entry it lacks), and every command talks to the primaries. Single-threaded (the
+// client has its own I/O thread).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "leash/common/cli.h"
 #include "leash/common/curve_keys.h"
@@ -18,12 +23,8 @@
 
 namespace {
 
-int Status(leash::Client& client, bool json) {
-  auto stats = client.Stats();
-  if (!stats.ok()) {
-    std::fprintf(stderr, "leashctl: %s\n", stats.status().ToString().c_str());
-    return 1;
-  }
+int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
+  const auto* stats = &shard_stats;
   if (json) {
     std::printf("{\"shards\": [");
     for (size_t i = 0; i < stats->size(); ++i) {
@@ -150,6 +151,15 @@ int Status(leash::Client& client, bool json) {
   return 0;
 }
 
+int Status(leash::Client& client, bool json) {
+  auto stats = client.Stats();
+  if (!stats.ok()) {
+    std::fprintf(stderr, "leashctl: %s\n", stats.status().ToString().c_str());
+    return 1;
+  }
+  return PrintStatus(*stats, json);
+}
+
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -165,9 +175,56 @@ std::string ReplicaJson(const leash::ReplicaAddress& a) {
          ", \"boot_id\": " + std::to_string(a.boot_id) + "}";
 }
 
-// leashctl --etcd ... status: the replication view of every shard, as etcd holds it. The
-// replication lag is the replicas' to report (in the shards' own status below it).
-void PrintReplication(const leash::ClusterView& view, const std::string& job, bool json) {
+std::string Bytes(uint64_t b) {
+  char buf[32];
+  if (b < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  } else if (b < (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  }
+  return buf;
+}
+
+// What the primary that answered `stats` says of replica `r`'s lag, or null when the stats
+// are not a replicated primary's (none, or from another primary than the view's).
+const leash::ShardStats::Backup* LagOf(const leash::ShardStats* stats, uint32_t r) {
+  if (stats == nullptr || stats->replicas < 2) return nullptr;
+  for (const auto& b : stats->backups) {
+    if (b.replica == r) return &b;
+  }
+  return nullptr;
+}
+
+std::string LagJson(const leash::ShardStats& st, const leash::ShardStats::Backup& b) {
+  const uint64_t behind_commit =
+      st.commit_index > b.match_index ? st.commit_index - b.match_index : 0;
+  return "{\"replica\": " + std::to_string(b.replica) +
+         ", \"in_sync\": " + (b.in_sync ? "true" : "false") +
+         ", \"match_index\": " + std::to_string(b.match_index) +
+         ", \"entries_behind\": " + std::to_string(b.entries_behind) +
+         ", \"entries_behind_commit\": " + std::to_string(behind_commit) +
+         ", \"bytes_behind\": " + std::to_string(b.bytes_behind) +
+         ", \"ms_behind\": " + std::to_string(b.ms_behind) +
+         ", \"ms_since_ack\": " + std::to_string(b.ms_since_ack) + "}";
+}
+
+std::string LagText(const leash::ShardStats& st, const leash::ShardStats::Backup& b) {
+  std::string t = "lag " + std::to_string(b.entries_behind) + " entries (holds " +
+                  std::to_string(b.match_index) + " of " + std::to_string(st.log_index) +
+                  ", commit " + std::to_string(st.commit_index) + "), " + Bytes(b.bytes_behind) +
+                  ", oldest missing entry " + std::to_string(b.ms_behind) + " ms old; ";
+  t += b.ms_since_ack < 0 ? std::string("no acknowledgement this term")
+                          : "last ack " + std::to_string(b.ms_since_ack) + " ms ago";
+  return t;
+}
+
+// leashctl --etcd ... status: the replication view of every shard, as etcd holds it, with
+// each backup's lag as the shard's primary reports it (`stats`, in shard order; null or
+// shorter when the primaries could not be asked).
+void PrintReplication(const leash::ClusterView& view, const std::string& job, bool json,
+                      const std::vector<leash::ShardStats>* stats) {
   if (json) {
     std::printf("\"job\": %s, \"etcd_revision\": %lld, \"replicas\": %u, \"replication\": [",
                 JsonString(job).c_str(), static_cast<long long>(view.revision), view.replicas);
@@ -179,6 +236,12 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
     auto in_sync = [&](uint32_t r) {
       return std::binary_search(s.in_sync.begin(), s.in_sync.end(), r);
     };
+    // The primary's own report, if it is the primary etcd names.
+    const leash::ShardStats* st = nullptr;
+    if (stats != nullptr && s.shard < stats->size() && s.primary &&
+        (*stats)[s.shard].replicas > 1 && (*stats)[s.shard].replica == s.primary->replica) {
+      st = &(*stats)[s.shard];
+    }
     std::vector<leash::ReplicaAddress> backups;
     for (const auto& a : s.live) {
       if (!s.primary || a.replica != s.primary->replica) backups.push_back(a);
@@ -192,7 +255,18 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
       for (size_t i = 0; i < backups.size(); ++i) {
         std::printf("%s%s", i ? ", " : "", ReplicaJson(backups[i]).c_str());
       }
-      std::printf("], \"in_sync\": [%s]}", set.c_str());
+      std::printf("], \"in_sync\": [%s]", set.c_str());
+      if (st == nullptr) {
+        std::printf(", \"log_index\": null, \"commit_index\": null, \"lag\": null}");
+        continue;
+      }
+      std::printf(", \"log_index\": %llu, \"commit_index\": %llu, \"lag\": [",
+                  static_cast<unsigned long long>(st->log_index),
+                  static_cast<unsigned long long>(st->commit_index));
+      for (size_t i = 0; i < st->backups.size(); ++i) {
+        std::printf("%s%s", i ? ", " : "", LagJson(*st, st->backups[i]).c_str());
+      }
+      std::printf("]}");
       continue;
     }
     if (s.primary) {
@@ -202,21 +276,39 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
     } else {
       std::printf("shard %u: no primary (an election is due)", s.shard);
     }
-    std::printf("; in sync: %s\n", set.empty() ? "any (nothing acknowledged yet)" : set.c_str());
+    std::printf("; in sync: %s", set.empty() ? "any (nothing acknowledged yet)" : set.c_str());
+    if (st != nullptr) {
+      std::printf("; log %llu, commit %llu", static_cast<unsigned long long>(st->log_index),
+                  static_cast<unsigned long long>(st->commit_index));
+    }
+    std::printf("\n");
     if (backups.empty()) std::printf("  no live backup\n");
     for (const auto& b : backups) {
-      std::printf("  %s replica %u at %s, %s\n", s.primary ? "backup" : "live", b.replica,
+      std::printf("  %s replica %u at %s, %s", s.primary ? "backup" : "live", b.replica,
                   b.endpoint.c_str(),
                   s.in_sync.empty()    ? "may lead"
                   : in_sync(b.replica) ? "in sync"
                                        : "catching up (cannot lead)");
+      if (const auto* lag = LagOf(st, b.replica)) {
+        std::printf("; %s", LagText(*st, *lag).c_str());
+      } else if (s.primary) {
+        std::printf("; lag unknown (the primary did not report it)");
+      }
+      std::printf("\n");
+    }
+    // Replicas the primary ships its log to that are not registered in etcd (down).
+    if (st != nullptr) {
+      for (const auto& lag : st->backups) {
+        bool live = std::any_of(backups.begin(), backups.end(),
+                                [&](const auto& a) { return a.replica == lag.replica; });
+        if (!live) {
+          std::printf("  replica %u not registered in etcd (down?); %s\n", lag.replica,
+                      LagText(*st, lag).c_str());
+        }
+      }
     }
   }
-  if (json) {
-    std::printf("], ");
-  } else {
-    std::printf("(replication lag: reported by the replicas themselves, not here yet)\n");
-  }
+  if (json) std::printf("], ");
 }
 
 // leashctl health: each shard in --servers on a connection of its own, so that every one
@@ -365,7 +457,7 @@ int Run(int argc, char** argv) {
     }
     zo.curve = std::move(*keys);
   }
-  bool replication_printed = false;
+  std::optional<leash::ClusterView> etcd_view;  // status with --etcd: printed with the stats
   if (!etcd.empty()) {
     leash::EtcdOptions eo;
     auto endpoints = leash::ParseEtcdEndpoints(etcd);
@@ -386,13 +478,10 @@ int Run(int argc, char** argv) {
     for (const auto& s : view->shards) {
       if (s.primary) primaries.push_back(s.primary->endpoint);
     }
-    if (cmd == "status") {
-      if (json) std::printf("{");
-      PrintReplication(*view, job, json);
-      replication_printed = true;
-    }
     if (primaries.size() != view->shards.size()) {
       if (cmd == "status") {
+        if (json) std::printf("{");
+        PrintReplication(*view, job, json, nullptr);
         if (json) std::printf("\"status\": null}\n");
         std::fprintf(stderr,
                      "leashctl: not every shard has a primary now, so the shards' own status "
@@ -405,29 +494,38 @@ int Run(int argc, char** argv) {
     }
     servers.clear();
     for (const auto& p : primaries) servers += (servers.empty() ? "" : ",") + p;
+    if (cmd == "status") etcd_view = std::move(*view);
   }
   if (cmd == "health") return Health(leash::SplitList(servers), zo, timeout_s);
   leash::ZmqContext ctx;
+  // With --etcd, status prints the replication view first (with the primaries' lag reports),
+  // then the shards' own status; a primary that cannot be asked leaves the lag unknown.
+  auto replication_failed = [&](const std::string& why, int rc) {
+    if (etcd_view) {
+      if (json) std::printf("{");
+      PrintReplication(*etcd_view, job, json, nullptr);
+      if (json) std::printf("\"status\": null}\n");
+    }
+    std::fprintf(stderr, "leashctl: %s\n", why.c_str());
+    return rc;
+  };
   auto transport = leash::ConnectZmqClient(ctx, leash::SplitList(servers), zo);
-  if (!transport.ok()) {
-    if (replication_printed && json) std::printf("\"status\": null}\n");
-    std::fprintf(stderr, "leashctl: %s\n", transport.status().ToString().c_str());
-    return 2;
-  }
+  if (!transport.ok()) return replication_failed(transport.status().ToString(), 2);
   leash::ClientOptions co;
   co.register_worker = false;
   co.connect_timeout_ms = timeout_s * 1000;
   co.name = "leashctl";
   auto client = leash::Client::Connect(std::move(*transport), co);
-  if (!client.ok()) {
-    if (replication_printed && json) std::printf("\"status\": null}\n");
-    std::fprintf(stderr, "leashctl: %s\n", client.status().ToString().c_str());
-    return 1;
-  }
+  if (!client.ok()) return replication_failed(client.status().ToString(), 1);
   if (cmd == "status") {
-    if (replication_printed && json) std::printf("\"status\": ");
-    int rc = Status(**client, json);
-    if (replication_printed && json) std::printf("}\n");
+    if (!etcd_view) return Status(**client, json);
+    auto stats = (*client)->Stats();
+    if (!stats.ok()) return replication_failed(stats.status().ToString(), 1);
+    if (json) std::printf("{");
+    PrintReplication(*etcd_view, job, json, &*stats);
+    if (json) std::printf("\"status\": ");
+    int rc = PrintStatus(*stats, json);
+    if (json) std::printf("}\n");
     return rc;
   }
   auto clocks = (*client)->Checkpoint();

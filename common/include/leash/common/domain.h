@@ -299,6 +299,18 @@ struct ShardStats {
   uint64_t log_index = 0;
   uint64_t replication_lag = 0;  // log entries its slowest in-sync backup lacks
   uint32_t replicas_in_sync = 0;
+  uint64_t commit_index = 0;  // the highest entry every in-sync replica holds
+  // The primary's view of each other replica (how far behind its log it is).
+  struct Backup {
+    uint32_t replica = 0;
+    bool in_sync = false;
+    uint64_t match_index = 0;     // it holds the primary's log up to here
+    uint64_t entries_behind = 0;  // log_index - match_index
+    uint64_t bytes_behind = 0;    // the messages of those entries still in the log
+    int64_t ms_behind = 0;        // age of the oldest entry it lacks (0: holds the whole log)
+    int64_t ms_since_ack = -1;    // since its last acknowledgement this term (-1: none)
+  };
+  std::vector<Backup> backups;
   struct Worker {
     uint64_t id = 0;
     uint64_t incarnation = 0;

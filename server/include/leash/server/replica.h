@@ -112,6 +112,8 @@ class Replica {
     Outgoing reply;
   };
 
+  // Stats of a primary: the commit index and each backup's lag (leashctl status).
+  void FillBackupLag(ShardStats* st) const;
   void OnReplication(const PeerId& peer, const Message& message);
   void OnAppend(const ReplAppendMsg& m);
   void OnAck(const ReplAckMsg& m);

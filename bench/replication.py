@@ -1,0 +1,716 @@
+#!/usr/bin/python3
+"""Replicated shards (issue 16), measured with real processes and a real etcd:
+
+  lost   acknowledged pushes lost per primary SIGKILL with 2 replicas (leash-bench-failover:
+         SGD at lr 1, push k adds 1 to element k mod 1024, the final table against the exact
+         sum of the acknowledged pushes), against 1 replica restarted from its last snapshot
+         (the same probe, and bench/faults.py's `lost` figure: clocks of training lost);
+  stall  from the SIGKILL of the primary to the first push the new primary acknowledges,
+         against the etcd lease TTL (leash-server --etcd-ttl), over several kills: median and
+         max, and where the time goes (the primary key's deletion by etcd, the new primary's
+         key, its first log line as primary, the client's retarget, its first acknowledgement);
+  cost   R=2 against R=1, interleaved pair by pair: MLP 1 worker + 1 shard at staleness 1
+         (samples/s) and leash-bench-pushpull's 4 KB push p50 (1 in flight) and 4 MB push
+         MB/s (8 in flight) against the primary; the backup's and the primary's CPU time per
+         iteration (/proc/PID/stat), and the load average with each figure.
+
+Writes replication.json, replication.md and replication.png to --out (default bench/results).
+Standalone: bench/replication.py [--build build] [--quick] [--only lost,stall,cost]; in the
+suite: bench/run_all.py --parts replication. Every process is started here and stopped by
+its handle. Not thread-safe (one watcher thread reads etcd's watch stream).
+"""
+import argparse
+import base64
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import faults  # noqa: E402  (the snapshot-only loss figure, measured in the same run)
+from common import leash as L  # noqa: E402
+from common.util import free_port, median, stop, write_json  # noqa: E402
+
+ETCD = os.environ.get("LEASH_ETCD_BIN", "/usr/bin/etcd")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def config(quick):
+    if quick:
+        return {"ttl": 2, "rate": 1000, "kills": 3, "r1_kills": 1, "faults_repeats": 1, "rounds": 1, "mlp_epochs": 1,
+                "mlp_train_limit": 12800, "pushpull_seconds": 0.5}
+    # rate: the probe's pushes per second (a backup restarted after a kill catches up from
+    # the log, so the log's growth is kept modest)
+    return {"ttl": 2, "rate": 1000, "kills": 10, "r1_kills": 3, "faults_repeats": 2, "rounds": 3, "mlp_epochs": 2,
+            "mlp_train_limit": 0, "pushpull_seconds": 1.0}
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (/proc/PID/stat), in seconds; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def log_time(line):
+    """The wall-clock time (s) of a spdlog line "[YYYY-MM-DD HH:MM:SS.mmm] ...", or None."""
+    m = re.match(r"\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)", line)
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp() if m else None
+
+
+def first_line_after(path, pattern, after):
+    """Time of the first line of `path` matching `pattern` logged at or after `after`."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if re.search(pattern, line):
+                    t = log_time(line)
+                    if t is not None and t >= after - 0.002:
+                        return t
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------- etcd
+
+def b64(s):
+    return base64.b64encode(s.encode()).decode()
+
+
+def prefix_end(prefix):
+    return b64(prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+
+class Etcd:
+    """An etcd on free loopback ports with a temporary data directory, and a thread that
+    timestamps every change under /leash/ (the watch stream of the JSON gateway)."""
+
+    def __init__(self, tmp):
+        if not os.access(ETCD, os.X_OK):
+            raise L.RunError(f"{ETCD} is missing: install etcd-server (scripts/install-deps.sh)")
+        self.url = f"http://127.0.0.1:{free_port()}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        # etcd's data in memory where the host has a tmpfs: on a busy shared disk its fsyncs
+        # stall for seconds, longer than the 2 s leases (every replica's lease then expires
+        # at once); the log and the data go with the run's temporary directory.
+        self.dir = tempfile.mkdtemp(dir=tmp, prefix="etcd-")
+        self.data = tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else self.dir,
+                                     prefix="leash-bench-etcd-")
+        self.log = open(os.path.join(self.dir, "etcd.log"), "w")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "bench", "--data-dir", os.path.join(self.data, "data"), "--listen-client-urls", self.url,
+             "--advertise-client-urls", self.url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"bench={peer}", "--logger", "zap", "--log-outputs", "stderr"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.events = []  # (wall time, "PUT"/"DELETE", key, value)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                self.get("/leash/")
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise L.RunError(f"etcd did not start (log {self.log.name})")
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def post(self, path, body, timeout=5):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=timeout)
+
+    def get(self, prefix):
+        with self.post("/v3/kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)}) as r:
+            kvs = json.load(r).get("kvs", [])
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
+
+    def _watch(self):
+        try:
+            body = {"create_request": {"key": b64("/leash/"), "range_end": prefix_end("/leash/")}}
+            with self.post("/v3/watch", body, timeout=None) as r:
+                for line in r:
+                    t = time.time()
+                    for e in json.loads(line).get("result", {}).get("events", []):
+                        kv = e.get("kv", {})
+                        self.events.append((t, e.get("type", "PUT"), base64.b64decode(kv.get("key", "")).decode(),
+                                            base64.b64decode(kv.get("value", "")).decode()))
+        except Exception:  # etcd stopped
+            pass
+
+    def shard(self, job):
+        """(primary dict or None, in-sync list) of shard 0 of `job`."""
+        kv = self.get(f"/leash/{job}/shards/0/")
+        p = kv.get(f"/leash/{job}/shards/0/primary")
+        s = kv.get(f"/leash/{job}/shards/0/in_sync")
+        return (json.loads(p) if p else None), (json.loads(s) if s else [])
+
+    def stop(self):
+        stop(self.proc)
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- clusters
+
+class Replicated:
+    """etcd + one shard served by 2 leash-server replicas (--replicas 2)."""
+
+    def __init__(self, build, tmp, tag, ttl, extra=()):
+        self.build, self.tmp, self.tag, self.ttl, self.extra = build, tmp, tag, ttl, list(extra)
+        self.job = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+        self.etcd = Etcd(tmp)
+        self.endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+        self.procs = [None, None]
+        for r in range(2):
+            self.start(r)
+        self.wait_in_sync()
+
+    def logpath(self, r):
+        return os.path.join(self.tmp, f"{self.tag}-r{r}.log")
+
+    def start(self, r):
+        lf = open(self.logpath(r), "a")
+        self.procs[r] = subprocess.Popen(
+            [L._bin(self.build, "server", "leash-server"), f"--bind={self.endpoints[r]}",
+             f"--data-dir={self.tmp}/{self.tag}-r{r}", "--replicas=2", f"--replica={r}",
+             f"--peers={','.join(self.endpoints)}", f"--etcd={self.etcd.url}", f"--job={self.job}",
+             f"--etcd-ttl={self.ttl}", "--no-sync", "--lease-timeout=10s", "--checkpoint-interval=0",
+             "--log-level=info"] + self.extra, stdout=lf, stderr=subprocess.STDOUT)
+        lf.close()
+
+    def wait_in_sync(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            p, s = self.etcd.shard(self.job)
+            if p and sorted(s) == [0, 1]:
+                return p
+            time.sleep(0.05)
+        raise L.RunError(f"{self.tag}: the replicas never got in sync (logs {self.tmp}/{self.tag}-r*.log)")
+
+    def primary(self):
+        return self.etcd.shard(self.job)[0]
+
+    def stop(self):
+        for p in self.procs:
+            if p:
+                stop(p)
+        self.etcd.stop()
+
+
+class Single:
+    """One unreplicated leash-server (R=1, today's mode)."""
+
+    def __init__(self, build, tmp, tag, checkpoint_interval="0"):
+        self.build, self.tmp, self.tag, self.interval = build, tmp, tag, checkpoint_interval
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        lf = open(os.path.join(self.tmp, f"{self.tag}-shard.log"), "a")
+        self.proc = subprocess.Popen(
+            [L._bin(self.build, "server", "leash-server"), "--shard=0", "--num-shards=1", f"--bind={self.endpoint}",
+             f"--data-dir={self.tmp}/{self.tag}-shard", "--no-sync", f"--checkpoint-interval={self.interval}",
+             "--log-level=info"], stdout=lf, stderr=subprocess.STDOUT)
+        lf.close()
+
+    def stop(self):
+        stop(self.proc)
+
+
+class Probe:
+    """leash-bench-failover, its "gap FROM TO" lines read as they come."""
+
+    def __init__(self, build, tmp, tag, where):
+        self.out = os.path.join(tmp, f"{tag}-probe.json")
+        self.log = os.path.join(tmp, f"{tag}-probe.log")
+        self.gaps = []
+        self.started = threading.Event()
+        lf = open(self.log, "w")
+        self.proc = subprocess.Popen([L._bin(build, "bench", "leash-bench-failover"), "--out", self.out] + where, stdout=subprocess.PIPE, stderr=lf, text=True)
+        lf.close()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.started.wait(60):
+            raise L.RunError(f"leash-bench-failover did not start pushing (log {self.log})")
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("pushing"):
+                self.started.set()
+            elif line.startswith("gap "):
+                a, b = line.split()[1:3]
+                self.gaps.append((int(a) / 1000, int(b) / 1000))
+
+    def resumed_after(self, t, timeout):
+        """Waits for the first acknowledgement after `t` that ends a gap holding `t`."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for a, b in self.gaps:
+                if a <= t <= b:
+                    return a, b
+            if self.proc.poll() is not None:
+                raise L.RunError(f"leash-bench-failover exited {self.proc.returncode} (log {self.log})")
+            time.sleep(0.02)
+        raise L.RunError(f"pushes did not resume within {timeout} s of the kill (log {self.log})")
+
+    def finish(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(120)
+        self.reader.join(10)
+        if rc != 0:
+            raise L.RunError(f"leash-bench-failover exited {rc} (log {self.log})")
+        with open(self.out) as f:
+            return json.load(f)
+
+
+# ---------------------------------------------------------------- lost and stall, R=2
+
+def replicated_kills(build, c, tmp, log):
+    """Kills the primary c["kills"] times under the probe, restarting it as a backup each
+    time; returns the probe's totals and per kill the stall and its parts."""
+    ttl = c["ttl"]
+    cl = Replicated(build, tmp, "kills", ttl)
+    kills = []
+    try:
+        probe = Probe(build, tmp, "kills", [f"--etcd={cl.etcd.url}", f"--job={cl.job}", f"--rate={c['rate']}"])
+        try:
+            for k in range(c["kills"]):
+                p = cl.wait_in_sync()
+                time.sleep(0.7 + 0.13 * k)  # pushes replicated in sync; the kill at varying points
+                r = p["replica"]
+                before = load()
+                t_kill = time.time()
+                cl.procs[r].kill()
+                cl.procs[r].wait()
+                # An acknowledgement already on its way when the signal landed may arrive
+                # after t_kill: the stall is the gap that holds the moment the primary was dead.
+                _, t_first = probe.resumed_after(time.time(), 60)
+                stall = t_first - t_kill
+                time.sleep(0.3)  # the watcher thread's last events
+                ev = cl.etcd.events
+                key = f"/leash/{cl.job}/shards/0/primary"
+                t_del = next((t for t, typ, kk, _ in ev if kk == key and typ == "DELETE" and t >= t_kill), None)
+                t_put = next((t for t, typ, kk, _ in ev if kk == key and typ == "PUT" and t >= t_kill), None)
+                new = 1 - r
+                t_leads = first_line_after(cl.logpath(new), r"leads in term", t_kill)
+                t_retarget = first_line_after(probe.log, r"shard 0: primary is", t_kill)
+                rel = lambda t: None if t is None else round((t - t_kill) * 1000)  # noqa: E731
+                kills.append({"killed_replica": r, "stall_ms": round(stall * 1000), "load_before": before,
+                              "primary_key_deleted_ms": rel(t_del), "new_primary_key_ms": rel(t_put),
+                              "new_primary_leads_ms": rel(t_leads), "client_retargeted_ms": rel(t_retarget),
+                              "first_ack_ms": rel(t_first)})
+                log(f"  kill {k + 1}/{c['kills']}: replica {r}; stall {stall * 1000:.0f} ms (TTL {ttl} s): key deleted "
+                    f"+{rel(t_del)}, new primary +{rel(t_put)}, leads +{rel(t_leads)}, client retargeted "
+                    f"+{rel(t_retarget)} ms; load {before:.1f}")
+                cl.start(r)  # back as a backup: caught up from the new primary
+            totals = probe.finish()
+        finally:
+            if probe.proc.poll() is None:
+                probe.proc.kill()
+    finally:
+        cl.stop()
+    stalls = [k["stall_ms"] for k in kills]
+    return {"ttl_s": ttl, "kills": kills, "probe": {k: v for k, v in totals.items() if k != "gaps_ms"},
+            "lost_per_kill": totals["lost"] / len(kills), "doubled_per_kill": totals["doubled"] / len(kills),
+            "median_stall_ms": median(stalls), "max_stall_ms": max(stalls),
+            "median_parts_ms": {p: median(k[p] for k in kills) for p in
+                                ("primary_key_deleted_ms", "new_primary_key_ms", "new_primary_leads_ms",
+                                 "client_retargeted_ms", "first_ack_ms")}}
+
+
+def single_kills(build, c, tmp, log):
+    """R=1 with snapshots every 1 s: the shard SIGKILLed under the probe and restarted from
+    its last snapshot, c["r1_kills"] times."""
+    cl = Single(build, tmp, "r1kills", "1s")
+    runs = []
+    try:
+        probe = Probe(build, tmp, "r1kills", [f"--servers={cl.endpoint}", f"--rate={c['rate']}"])
+        try:
+            for k in range(c["r1_kills"]):
+                time.sleep(1.5 + 0.37 * k)  # the kill at varying points of the snapshot period
+                t_kill = time.time()
+                cl.proc.kill()
+                cl.proc.wait()
+                t_dead = time.time()
+                cl.start()
+                _, t_first = probe.resumed_after(t_dead, 60)
+                runs.append({"down_ms": round((t_first - t_kill) * 1000)})
+                log(f"  R=1 kill {k + 1}/{c['r1_kills']}: pushes resumed after {(t_first - t_kill) * 1000:.0f} ms "
+                    "(restart from the snapshot)")
+            time.sleep(0.5)
+            totals = probe.finish()
+        finally:
+            if probe.proc.poll() is None:
+                probe.proc.kill()
+    finally:
+        cl.stop()
+    return {"checkpoint_interval_ms": 1000, "kills": runs,
+            "probe": {k: v for k, v in totals.items() if k != "gaps_ms"},
+            "lost_per_kill": totals["lost"] / len(runs), "doubled_per_kill": totals["doubled"] / len(runs)}
+
+
+def part_lost_stall(build, c, tmp, log, with_r1=True):
+    log(f"R=2: {c['kills']} primary SIGKILLs under leash-bench-failover (etcd TTL {c['ttl']} s)")
+    r2 = replicated_kills(build, c, tmp, log)
+    if not with_r1:
+        return {"r2": r2}
+    log(f"R=1: {c['r1_kills']} SIGKILLs of the shard, restarted from its snapshot (every 1 s)")
+    r1 = single_kills(build, c, tmp, log)
+    log("R=1: bench/faults.py's `lost` (2 workers, MLP, snapshot every 1 s)")
+    fa = faults.lost(argparse.Namespace(build=build, repeats=c["faults_repeats"]), [1000])["1000"]
+    return {"r2": r2, "r1": r1, "faults_lost_1s": fa}
+
+
+# ---------------------------------------------------------------- cost
+
+def mlp(build, tmp, tag, c, where):
+    metrics = os.path.join(tmp, f"{tag}.json")
+    cmd = L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
+                        where + ["--staleness", "1", "--name", "w0"])
+    with open(os.path.join(tmp, f"{tag}.log"), "w") as lf:
+        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600).returncode
+    if rc != 0:
+        raise L.RunError(f"{tag}: leash-worker exited {rc} (log {tmp}/{tag}.log)")
+    with open(metrics) as f:
+        m = json.load(f)
+    samples = sum(e["samples"] for e in m["epochs"])
+    seconds = sum(e["train_seconds"] for e in m["epochs"])
+    return {"samples_per_second": samples / seconds, "iterations": samples / 64}
+
+
+def pushpull(build, tmp, tag, endpoint, floats, inflight, seconds):
+    out = os.path.join(tmp, tag)
+    os.makedirs(out, exist_ok=True)
+    p = subprocess.run([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes", str(floats),
+                        "--inflight", str(inflight), "--ops", "push", "--modes", "socket", "--raw=false",
+                        "--seconds", str(seconds), "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, timeout=300)
+    if p.returncode != 0:
+        raise L.RunError(f"leash-bench-pushpull --servers {endpoint} exited {p.returncode}: {p.stderr[-1000:]}")
+    with open(os.path.join(out, "pushpull.json")) as f:
+        s = json.load(f)["samples"][0]
+    return {"p50_us": s["p50_us"], "mb_per_s": s["mb_per_s"], "ops": s["ops_per_s"] * seconds}
+
+
+def cost_one(build, c, tmp, tag, replicas):
+    """One configuration's figures: the MLP, then the two push rows, on one cluster."""
+    cl = Replicated(build, tmp, tag, c["ttl"]) if replicas == 2 else Single(build, tmp, tag)
+    try:
+        if replicas == 2:
+            p = cl.primary()
+            primary, backup = cl.procs[p["replica"]], cl.procs[1 - p["replica"]]
+            endpoint, where = p["endpoint"], ["--etcd", cl.etcd.url, "--job", cl.job]
+        else:
+            primary, backup, endpoint, where = cl.proc, None, cl.endpoint, ["--servers", cl.endpoint]
+        out = {}
+        # What the replicas burn with no request (a backup's heartbeats and its polls of the
+        # directory), over 1 s, so the per-iteration figures below can be read net of it.
+        idle0 = [cpu_seconds(x.pid) if x else None for x in (primary, backup)]
+        time.sleep(1.0)
+        idle1 = [cpu_seconds(x.pid) if x else None for x in (primary, backup)]
+        for who, a, b in zip(("primary", "backup"), idle0, idle1):
+            if a is not None and b is not None:
+                out[f"{who}_idle_cpu_ms_per_s"] = (b - a) * 1000
+
+        def measured(name, fn, per):
+            before = load()
+            cpu0 = [cpu_seconds(x.pid) if x else None for x in (primary, backup)]
+            r = fn()
+            cpu1 = [cpu_seconds(x.pid) if x else None for x in (primary, backup)]
+            n = r[per]
+            for who, a, b in zip(("primary", "backup"), cpu0, cpu1):
+                if a is not None and b is not None and n:
+                    r[f"{who}_cpu_us_per_iteration"] = (b - a) / n * 1e6
+            r["load_before"] = before
+            out[name] = r
+
+        measured("mlp", lambda: mlp(build, tmp, f"{tag}-mlp", c, where), "iterations")
+        measured("push_4KB", lambda: pushpull(build, tmp, f"{tag}-pp4k", endpoint, 1024, 1, c["pushpull_seconds"]), "ops")
+        measured("push_4MB", lambda: pushpull(build, tmp, f"{tag}-pp4m", endpoint, 1048576, 8, c["pushpull_seconds"]),
+                 "ops")
+        return out
+    finally:
+        cl.stop()
+
+
+def part_cost(build, c, tmp, log):
+    rounds = []
+    for r in range(c["rounds"]):
+        order = (1, 2) if r % 2 == 0 else (2, 1)
+        got = {}
+        for replicas in order:
+            got[f"r{replicas}"] = cost_one(build, c, tmp, f"cost{r}r{replicas}", replicas)
+            g = got[f"r{replicas}"]
+            log(f"  round {r + 1}/{c['rounds']} R={replicas}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
+                f"4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, 4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s; "
+                f"backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
+                f"load {g['mlp']['load_before']:.1f}")
+        rounds.append(got)
+    figures = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
+               "push_4KB_p50_us": ("push_4KB", "p50_us", False),
+               "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True)}
+    summary = {}
+    for name, (row, key, higher) in figures.items():
+        per_round = [g["r2"][row][key] / g["r1"][row][key] for g in rounds]
+        # cost: how much worse R=2 is than R=1 in the same round (throughput lost, latency added)
+        costs = [(1 - x) if higher else (x - 1) for x in per_round]
+        summary[name] = {"r1": [g["r1"][row][key] for g in rounds], "r2": [g["r2"][row][key] for g in rounds],
+                         "r2_over_r1_per_round": per_round, "median_r2_over_r1": median(per_round),
+                         "cost_per_round": costs, "median_cost": median(costs), "higher_is_better": higher,
+                         "load_r1": [g["r1"][row]["load_before"] for g in rounds],
+                         "load_r2": [g["r2"][row]["load_before"] for g in rounds],
+                         "backup_cpu_us_per_iteration": median(g["r2"][row].get("backup_cpu_us_per_iteration")
+                                                               for g in rounds),
+                         "primary_cpu_us_per_iteration_r2": median(g["r2"][row].get("primary_cpu_us_per_iteration")
+                                                                   for g in rounds),
+                         "primary_cpu_us_per_iteration_r1": median(g["r1"][row].get("primary_cpu_us_per_iteration")
+                                                                   for g in rounds),
+                         "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
+    return {"rounds": rounds, "summary": summary}
+
+
+# ---------------------------------------------------------------- entry points
+
+def run(build, c, tmp, out_dir, log, parts=("lost", "stall", "cost")):
+    res = {"benchmark": "replication", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": c,
+           "nproc": os.cpu_count()}
+    t0 = time.monotonic()
+    if "lost" in parts or "stall" in parts:
+        res["failover"] = part_lost_stall(build, c, tmp, log, with_r1="lost" in parts)
+    if "cost" in parts:
+        log(f"cost of R=2 against R=1: {c['rounds']} interleaved rounds")
+        res["cost"] = part_cost(build, c, tmp, log)
+    res["seconds"] = time.monotonic() - t0
+    write_json(os.path.join(out_dir, "replication.json"), res)
+    write_md(res, out_dir)
+    plot(res, out_dir)
+    return res
+
+
+def write_md(res, out_dir):
+    """replication.md: the targets (as in bench/results/SUMMARY.md) and the sections."""
+    def verdict(measured, target, higher_is_better):  # bench/run_all.py's
+        ok = measured >= target if higher_is_better else measured <= target
+        if higher_is_better:
+            by = f"{measured / target:.2f}x the target" + ("" if ok else f" (short by {(1 - measured / target) * 100:.1f}%)")
+        else:
+            by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
+        return ("PASS" if ok else "MISS"), by
+
+    md = ["# Replicated shards", "",
+          f"`bench/replication.py`, {res['time']}, {res['nproc']} cores, shared and noisy (the load average is given "
+          f"with each figure); took {res['seconds'] / 60:.1f} min. Plot: [replication.png](replication.png); raw numbers: "
+          "`replication.json`.", "", "## Targets", "", "| target | measured | verdict | by how much |", "|---|---|---|---|"]
+    md += ["| " + " | ".join(t) + " |" for t in targets(res, verdict)]
+    md += [""] + summary_md(res)
+    with open(os.path.join(out_dir, "replication.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+
+
+def targets(res, verdict):
+    rows = []
+    fo = res.get("failover")
+    if fo:
+        r2, r1 = fo["r2"], fo.get("r1")
+        r1_text = f"; R=1 from a 1 s snapshot: {r1['lost_per_kill']:.0f} per kill" if r1 else ""
+        rows.append(("R=2: acknowledged pushes lost per primary SIGKILL = 0",
+                     f"{r2['lost_per_kill']:g} ({r2['probe']['lost']} lost, {r2['probe']['doubled']} applied twice "
+                     f"of {r2['probe']['acknowledged']} over {len(r2['kills'])} kills{r1_text})",
+                     "PASS" if r2["probe"]["lost"] == 0 and r2["probe"]["doubled"] == 0 else "MISS", ""))
+        limit = r2["ttl_s"] * 1000 + 1000
+        rows.append((f"stall from the primary's SIGKILL to its successor's first acknowledgement <= TTL + 1 s "
+                     f"({limit} ms), max of {len(r2['kills'])}",
+                     f"median {r2['median_stall_ms']:.0f} ms, max {r2['max_stall_ms']:.0f} ms",
+                     *verdict(r2["max_stall_ms"], limit, False)))
+    co = res.get("cost")
+    if co:
+        names = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (1 in flight)",
+                 "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)"}
+        for k, text in names.items():
+            s = co["summary"][k]
+            rows.append((f"R=2 cost against R=1: {text} <= 25%",
+                         f"{s['median_cost'] * 100:.1f}% (R=2/R=1 per round "
+                         f"{', '.join(f'{x:.2f}' for x in s['r2_over_r1_per_round'])})",
+                         *verdict(s["median_cost"] if s["median_cost"] > 0 else 0.0, 0.25, False)))
+    return rows
+
+
+def summary_md(res):
+    md = []
+    fo = res.get("failover")
+    if fo:
+        r2, r1, fa = fo["r2"], fo.get("r1"), fo.get("faults_lost_1s")
+        md += ["## Acknowledged updates lost per shard SIGKILL", "",
+               "`leash-bench-failover` pushes one 4 KB gradient at a time to an SGD (lr 1) table, push k adding 1 to "
+               "element k mod 1024, through a `leash::Client`; the final table is compared with the exact sum of the "
+               "acknowledged pushes. R=2: the client follows the primary in etcd and the primary is SIGKILLed, then "
+               "restarted as a backup; R=1: the shard (snapshots every 1 s) is SIGKILLed and restarted from its last "
+               "snapshot. `bench/faults.py lost` (2 MLP workers, same run) gives the R=1 loss in training time.", "",
+               "| setup | kills | pushes acknowledged | lost | applied twice | lost per kill |", "|---|---|---|---|---|---|",
+               f"| R=2, etcd TTL {r2['ttl_s']} s | {len(r2['kills'])} | {r2['probe']['acknowledged']} | "
+               f"{r2['probe']['lost']} | {r2['probe']['doubled']} | **{r2['lost_per_kill']:g}** |",
+               (f"| R=1, restart from the 1 s snapshot | {len(r1['kills'])} | {r1['probe']['acknowledged']} | "
+                f"{r1['probe']['lost']} | {r1['probe']['doubled']} | {r1['lost_per_kill']:.0f} |" if r1 else
+                "| R=1 | not measured in this run | | | | |"), "",
+               (f"bench/faults.py, R=1 with snapshots every 1 s: median {fa['median_lost_seconds']:.2f} s of training "
+                f"lost per kill (max {fa['max_lost_seconds']:.2f} s; clocks lost per run "
+                f"{', '.join(str(x['lost_clocks']) for x in fa['runs'])})." if fa else ""), "",
+               f"## Stall after the primary's SIGKILL (R=2, etcd lease TTL {r2['ttl_s']} s)", "",
+               "From the SIGKILL to the first push the new primary acknowledges, and where the time goes (ms after "
+               "the kill): etcd deletes the dead primary's key when its lease expires (the lease was renewed every "
+               "TTL/3, so it had TTL minus up to TTL/3 left; etcd checks expiry every 500 ms); the backup, polling "
+               "the directory, campaigns and writes the new primary key; it logs that it leads; the client's "
+               "directory watch retargets and resends; the new primary acknowledges.", "",
+               "| kill | stall | key deleted | new primary key | leads | client retargeted | first ack | load |",
+               "|---|---|---|---|---|---|---|---|"]
+        for i, k in enumerate(r2["kills"]):
+            md.append(f"| {i + 1} | {k['stall_ms']} | " + " | ".join(
+                "—" if k[p] is None else str(k[p]) for p in ("primary_key_deleted_ms", "new_primary_key_ms",
+                                                            "new_primary_leads_ms", "client_retargeted_ms",
+                                                            "first_ack_ms")) + f" | {k['load_before']:.1f} |")
+        pm = r2["median_parts_ms"]
+        def ms(v):
+            return "—" if v is None else f"{v:.0f}"
+        md += [f"| median | **{r2['median_stall_ms']:.0f}** | {ms(pm['primary_key_deleted_ms'])} | "
+               f"{ms(pm['new_primary_key_ms'])} | {ms(pm['new_primary_leads_ms'])} | "
+               f"{ms(pm['client_retargeted_ms'])} | {ms(pm['first_ack_ms'])} | |", "",
+               f"Max {r2['max_stall_ms']:.0f} ms against TTL + 1 s = {r2['ttl_s'] * 1000 + 1000} ms.", ""]
+    co = res.get("cost")
+    if co:
+        s = co["summary"]
+        md += ["## Cost of R=2 against R=1", "",
+               f"{len(co['rounds'])} rounds, R=1 and R=2 interleaved pair by pair (R=1 first in even rounds), each on "
+               "a fresh cluster: leash-worker MLP 1 worker + 1 shard at staleness 1 (samples/s over training time), "
+               "then `leash-bench-pushpull --servers PRIMARY` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
+               "flight, MB/s), socket. On this 2-core machine the backup competes with the worker and the primary "
+               "for the same cores. CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
+               "| figure | R=1 per round | R=2 per round | R=2/R=1 per round | median cost | backup CPU per "
+               "iteration | primary CPU per iteration R=1 → R=2 | load R=1 / R=2 |", "|---|---|---|---|---|---|---|---|"]
+        names = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (us)",
+                 "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)"}
+        for k, text in names.items():
+            v = s[k]
+            md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r1'])} | {', '.join(f'{x:.0f}' for x in v['r2'])} "
+                      f"| {', '.join(f'{x:.2f}' for x in v['r2_over_r1_per_round'])} | **{v['median_cost'] * 100:.1f}%** "
+                      f"| {v['backup_cpu_us_per_iteration'] or 0:.0f} us | "
+                      f"{v['primary_cpu_us_per_iteration_r1'] or 0:.0f} → {v['primary_cpu_us_per_iteration_r2'] or 0:.0f} us"
+                      f" | {', '.join(f'{x:.1f}' for x in v['load_r1'])} / {', '.join(f'{x:.1f}' for x in v['load_r2'])} |")
+        idle = s["mlp_samples_per_second"]["backup_idle_cpu_ms_per_s"]
+        md += ["", f"With no request the backup burns {idle or 0:.0f} ms of CPU per second (median over 1 s windows, "
+               "/proc's 10 ms ticks; its heartbeats and its polls of the directory), counted in its per-iteration "
+               "figures above.", ""]
+    return md
+
+
+def plot(res, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fo, co = res.get("failover"), res.get("cost")
+    panels = (1 if fo else 0) + (1 if co else 0)
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4))
+    axes = list(axes) if panels > 1 else [axes]
+    if fo:
+        ax = axes.pop(0)
+        r2 = fo["r2"]
+        parts = ["primary_key_deleted_ms", "new_primary_key_ms", "client_retargeted_ms", "first_ack_ms"]
+        labels = ["etcd deleted the primary key", "new primary key", "client retargeted", "first ack (stall)"]
+        xs = list(range(1, len(r2["kills"]) + 1))
+        for p, lab in zip(parts, labels):
+            ax.plot(xs, [k[p] if k[p] is not None else float("nan") for k in r2["kills"]], marker="o", label=lab)
+        ax.axhline(r2["ttl_s"] * 1000, color="grey", ls=":", lw=1, label="TTL")
+        ax.axhline(r2["ttl_s"] * 1000 + 1000, color="tab:red", ls="--", lw=1, label="target TTL + 1 s")
+        ax.set_xlabel("primary SIGKILL")
+        ax.set_ylabel("ms after the kill")
+        ax.set_title(f"Failover, R=2, etcd TTL {r2['ttl_s']} s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if co:
+        ax = axes.pop(0)
+        s = co["summary"]
+        names = {"mlp_samples_per_second": "MLP 1+1 s=1\nsamples/s", "push_4KB_p50_us": "4 KB push\np50 latency",
+                 "push_4MB_mb_per_s": "4 MB push\nMB/s"}
+        vals = [s[k]["median_r2_over_r1"] for k in names]
+        ax.bar(list(names.values()), vals, color=["tab:blue", "tab:orange", "tab:blue"])
+        for x, v in enumerate(vals):
+            ax.text(x, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.axhline(0.75, color="tab:red", ls="--", lw=1, label="throughput target (-25%)")
+        ax.axhline(1.25, color="tab:orange", ls="--", lw=1, label="latency target (+25%)")
+        ax.set_ylabel("R=2 / R=1 (median of interleaved rounds)")
+        ax.set_title("Cost of a backup replica (same 2 cores)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "replication.png"), dpi=100)
+    plt.close(fig)
+    return "replication.png"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--quick", action="store_true", help="a smoke run: few kills, 1 round")
+    p.add_argument("--only", default="lost,stall,cost",
+                   help="comma-separated: stall (R=2 kills: the stall and R=2's loss), lost (with R=1's loss "
+                        "beside it), cost")
+    p.add_argument("--kills", type=int, help="primary kills (default 10)")
+    p.add_argument("--ttl", type=int, help="etcd lease TTL in s (default 2)")
+    p.add_argument("--rounds", type=int, help="cost rounds (default 3)")
+    p.add_argument("--keep-tmp", action="store_true")
+    p.add_argument("--summary-only", action="store_true",
+                   help="rewrite replication.md and replication.png from --out/replication.json")
+    a = p.parse_args()
+    if a.summary_only:
+        with open(os.path.join(a.out, "replication.json")) as f:
+            res = json.load(f)
+        write_md(res, a.out)
+        plot(res, a.out)
+        return 0
+    c = config(a.quick)
+    for k in ("kills", "ttl", "rounds"):
+        if getattr(a, k) is not None:
+            c[k] = getattr(a, k)
+    os.makedirs(a.out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="leash-replication-")
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    try:
+        res = run(a.build, c, tmp, a.out, log, [x.strip() for x in a.only.split(",")])
+    finally:
+        if a.keep_tmp:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("\n".join(summary_md(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
