@@ -495,8 +495,7 @@ void Replica::OnSnapshotAck(const ReplAckMsg& m) {
     // It no longer holds what it acknowledged (it dropped the transfer): start again.
     spdlog::info("shard {}: replica {} lost snapshot transfer {}; starting again",
                  shard_options_.shard, m.replica, t->id);
-    t.reset();
-    peers_state_[m.replica].snapshot_ms = -1;
+    t.reset();  // a new one starts snapshot_every_ms after this one did
     return SendSnapshot(m.replica);
   }
   if (m.chunk > t->acked) {
