@@ -340,8 +340,9 @@ void Replica::SendSnapshot(uint32_t r) {
     t->next = t->acked;
     t->progress_ms = now_;
   }
-  while (t->next < t->acked + options_.snapshot_window && (!t->last || t->next <= *t->last)) {
-    SendChunk(r, t->next++);
+  while (t != nullptr && t->next < t->acked + options_.snapshot_window &&
+         (!t->last || t->next <= *t->last)) {
+    SendChunk(r, t->next++);  // drops the transfer if the store cannot be read
   }
   p.sent_ms = now_;
 }
@@ -525,6 +526,10 @@ void Replica::OnAck(const ReplAckMsg& m) {
   if (m.transfer != 0) return OnSnapshotAck(m);
   if (m.ok) {
     if (transfers_[m.replica] != nullptr && m.last_index >= transfers_[m.replica]->index) {
+      const Transfer& t = *transfers_[m.replica];
+      spdlog::info("shard {}: replica {} installed the snapshot at entry {} ({} chunks, {} KiB)",
+                   shard_options_.shard, m.replica, t.index, t.sent_upto,
+                   (t.bytes_sent + 1023) >> 10);
       transfers_[m.replica].reset();  // installed: the log from there follows
     }
     if (m.last_index > p.match_index) {
@@ -799,9 +804,10 @@ void Replica::OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloa
     return;
   }
   if (staging_ == nullptr || staging_->transfer != m.transfer) {
-    // Installed already (its acknowledgement was lost, or this chunk is a duplicate).
-    if (!needs_snapshot_ && m.index >= base_index_ && m.index <= applied_index_ &&
-        TermAt(m.index) == m.index_term) {
+    // Installed already (its acknowledgement was lost, or this chunk is a late duplicate),
+    // or past it: a backup applies committed entries only, which every later primary holds.
+    if (!needs_snapshot_ && m.index <= applied_index_ &&
+        (m.index < base_index_ || TermAt(m.index) == m.index_term)) {
       return SendAck(true, m.index);
     }
     if (m.chunk != 0) return SendChunkAck(m.primary, m.transfer, 0);  // from the header, please
