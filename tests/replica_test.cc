@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -188,6 +189,18 @@ class Worker {
     auto r = Call(rid, m);
     return r && std::holds_alternative<PushReply>(*r);
   }
+  // Pulls or pushes rows `keys` of sparse table `table`; true once answered.
+  bool PullKeys(uint32_t table, std::vector<uint64_t> keys) {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakePull(rid, table, Rows::Keys(std::move(keys)), id_, 0, 1 << 20));
+    return r && std::holds_alternative<PullReply>(*r);
+  }
+  bool PushKeys(uint32_t table, std::vector<uint64_t> keys, const std::vector<float>& grad) {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakePush(rid, table, Rows::Keys(std::move(keys)), id_, 1, ++seq_,
+                                DType::kF32, EncodeValues(grad, DType::kF32)));
+    return r && std::holds_alternative<PushReply>(*r);
+  }
   bool Clock(int64_t c) {
     const uint64_t rid = NextRid();
     auto r = Call(rid, MakeClock(rid, id_, c));
@@ -275,7 +288,39 @@ void Elect(Group& g) {
   ASSERT_TRUE(g.Primary());
 }
 
-TEST(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
+// The setup most tests share: a group of `replicas` with `started` of them running (all:
+// -1), a primary elected, and worker 1, which created `spec` (table 0) and registered.
+class ReplicaTest : public ::testing::Test {
+ protected:
+  Group& SetUpGroup(int replicas, const TableSpec& spec, ReplicaOptions ro = {},
+                    server::ShardOptions so = {}, int started = -1) {
+    group_ = std::make_unique<Group>(replicas, ro, so);
+    for (int r = 0; r < (started < 0 ? replicas : started); ++r) group_->Start(r);
+    Elect(*group_);
+    worker_ = std::make_unique<Worker>(*group_, 1);
+    worker_->CreateTable(spec);
+    worker_->Register();
+    return *group_;
+  }
+  Worker& worker() { return *worker_; }
+
+  // Snapshot chunks delivered to replica `r` from now on (counted as the network sees them).
+  std::shared_ptr<int> CountChunksTo(int r) {
+    auto n = std::make_shared<int>(0);
+    group_->net().AddRule([n, addr = Addr(r)](const Packet& p) -> std::optional<Verdict> {
+      if (p.direction != Direction::kToShard || p.address != addr) return std::nullopt;
+      auto d = DecodeReplication(*p.message);
+      if (d.ok() && std::holds_alternative<ReplSnapshotMsg>(d->value)) ++*n;
+      return std::nullopt;  // the faults decide
+    });
+    return n;
+  }
+
+  std::unique_ptr<Group> group_;
+  std::unique_ptr<Worker> worker_;  // destroyed first: it refers to the group
+};
+
+TEST_F(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
   Group g(3, {}, {}, /*seed=*/7);
   g.net().SetFaults(Direction::kToShard, "", {.drop = 0.05, .duplicate = 0.05, .jitter_ms = 2});
   g.net().SetFaults(Direction::kToClient, "", {.drop = 0.05, .duplicate = 0.05});
@@ -321,14 +366,10 @@ TEST(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
   EXPECT_EQ(st.replicas_in_sync, 3u);
 }
 
-TEST(ReplicaTest, APushIsAcknowledgedOnlyOnceEveryInSyncBackupHoldsIt) {
-  Group g(3);
-  g.StartAll();
-  Elect(g);
+TEST_F(ReplicaTest, APushIsAcknowledgedOnlyOnceEveryInSyncBackupHoldsIt) {
+  Group& g = SetUpGroup(3, Spec(OptimizerKind::kSgd, 1.f));
   ASSERT_EQ(*g.Primary(), 0);
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
-  w.Register();
+  Worker& w = worker();
   ASSERT_TRUE(Settle(g, 3));
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1, 2}));
 
@@ -369,14 +410,10 @@ TEST(ReplicaTest, APushIsAcknowledgedOnlyOnceEveryInSyncBackupHoldsIt) {
   ExpectIdentical(g.replica(1), g.replica(2));
 }
 
-TEST(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
-  Group g(2);
-  g.StartAll();
-  Elect(g);
+TEST_F(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
   ASSERT_EQ(*g.Primary(), 0);
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
-  w.Register();
+  Worker& w = worker();
   ASSERT_TRUE(Settle(g, 2));
 
   // The coordinator ends r0's lease behind its back (r0 paused, say): it still believes
@@ -431,7 +468,7 @@ TEST(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
   ExpectIdentical(g.replica(1), g.replica(0));
 }
 
-TEST(ReplicaTest, FailoversUnderLossLoseNoAcknowledgedPushAndApplyNoneTwice) {
+TEST_F(ReplicaTest, FailoversUnderLossLoseNoAcknowledgedPushAndApplyNoneTwice) {
   ReplicaOptions ro;
   ro.max_log_entries = 64;  // restarted replicas catch up from a snapshot
   Group g(3, ro, {}, /*seed=*/11);
@@ -469,15 +506,11 @@ TEST(ReplicaTest, FailoversUnderLossLoseNoAcknowledgedPushAndApplyNoneTwice) {
     if (r != p) ExpectIdentical(g.replica(p), g.replica(r));
 }
 
-TEST(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoOn) {
+TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoOn) {
   ReplicaOptions ro;
   ro.max_log_entries = 16;
-  Group g(2, ro);
-  g.Start(0);
-  Elect(g);
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kMomentum, 0.1f));
-  w.Register();
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kMomentum, 0.1f), ro, {}, /*started=*/1);
+  Worker& w = worker();
   for (int i = 1; i <= 60; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0}));
   EXPECT_GT(g.replica(0).last_index(), 60u);
@@ -505,13 +538,9 @@ TEST(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoOn)
   ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
 }
 
-TEST(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) {
-  Group g(2);
-  g.StartAll();
-  Elect(g);
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
-  w.Register();
+TEST_F(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
   ASSERT_TRUE(w.Push(IntGrad(1, 32), 8));
   ASSERT_TRUE(Settle(g, 2));
   ASSERT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
@@ -524,13 +553,9 @@ TEST(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) 
   EXPECT_FALSE(g.Primary()) << "an emptied replica took over and would lose the push";
 }
 
-TEST(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
-  Group g(2);
-  g.StartAll();
-  Elect(g);
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
-  w.Register();
+TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
   ASSERT_TRUE(Settle(g, 2));
   g.coordinator().SetUnavailable(true);
   g.now() += 5000;  // far past the lease TTL: the primary's lease is no longer certain
@@ -556,7 +581,7 @@ TEST(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone
   for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
 }
 
-TEST(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {
+TEST_F(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {
   server::ShardOptions so;
   so.lease_ms = 5000;
   Group g(2, {}, so);
@@ -579,6 +604,132 @@ TEST(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {
   EXPECT_EQ(g.replica(1).shard().live_workers(), 1u);
   EXPECT_EQ(g.replica(1).shard().counters().evictions, 1u);
   ExpectIdentical(g.replica(0), g.replica(1));
+}
+
+// ---- catch-up by chunked snapshot ------------------------------------------------------
+
+TableSpec SparseSpec(uint32_t cols, uint32_t admit_after) {
+  TableSpec s;
+  s.name = "emb";
+  s.kind = TableKind::kSparse;
+  s.cols = cols;
+  s.optimizer.kind = OptimizerKind::kAdam;
+  s.optimizer.lr = 0.01f;
+  s.sparse.admit_after = admit_after;
+  return s;
+}
+
+uint64_t PushesApplied(Replica& r) { return r.shard().counters().pushes_applied; }
+
+TEST_F(ReplicaTest, ABackupCatchesUpByAChunkedSnapshotUnderLossAndEndsBitIdentical) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 48;         // the new backup is past the log: a snapshot
+  ro.snapshot_chunk_bytes = 4096;  // values and 2 Adam arrays of 16 KiB: 12 chunks and more
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kAdam, 0.01f, 64, 64), ro, {}, /*started=*/1);
+  Worker& w = worker();
+  for (int i = 1; i <= 60; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 64), 64));
+  g.net().SetFaults(Direction::kToShard, "", {.drop = 0.05, .duplicate = 0.05, .jitter_ms = 1});
+  g.net().SetFaults(Direction::kToClient, "", {.drop = 0.05, .duplicate = 0.05});
+  g.set_real_sleep(true);
+  std::shared_ptr<int> chunks = CountChunksTo(1);
+  g.Start(1);
+  for (int i = 61; i <= 80; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 64), 64));  // meanwhile
+  ASSERT_TRUE(Settle(g, 2));
+  for (int i = 0; i < 2000 && g.coordinator().View(0).in_sync.size() < 2; ++i) g.Step();
+  EXPECT_GE(g.replica(1).snapshots_installed(), 1u);
+  EXPECT_GE(*chunks, 13) << "a header and at least 12 chunks of 4 KiB";
+  EXPECT_LT(PushesApplied(g.replica(1)), PushesApplied(g.replica(0)) - 40)
+      << "the first pushes came in the snapshot, not from the log";
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
+TEST_F(ReplicaTest, ABackupCatchesUpWithASparseTableWhoseColdTierHoldsRowsAndEndsIdentical) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 16;
+  ro.snapshot_chunk_bytes = 8192;  // about 36 rows of 16 Adam columns a chunk
+  server::ShardOptions so;
+  so.memory_budget_bytes = 64 << 10;  // the memory tier holds about 170 of the 600 rows
+  Group& g = SetUpGroup(2, SparseSpec(16, /*admit_after=*/2), ro, so, /*started=*/1);
+  Worker& w = worker();
+  // Keys 0..599 pulled twice (admitted) and pushed; 600..649 pulled once (counted in the
+  // admission sketch only).
+  auto key = [](uint64_t i) { return i * 7919 + 3; };
+  auto round = [&](uint64_t from, uint64_t to, bool push, int seed) {
+    for (uint64_t b = from; b < to; b += 50) {
+      std::vector<uint64_t> keys;
+      for (uint64_t i = b; i < std::min(b + 50, to); ++i) keys.push_back(key(i));
+      ASSERT_TRUE(w.PullKeys(0, keys));
+      if (push) {
+        ASSERT_TRUE(w.PushKeys(0, keys, IntGrad(seed + b, keys.size() * 16)));
+      }
+    }
+  };
+  round(0, 600, false, 0);
+  round(0, 600, true, 1);
+  round(0, 600, true, 2);
+  round(600, 650, false, 0);
+  const ps::SparseTable* t0 = g.replica(0).shard().sparse_table(0);
+  ASSERT_NE(t0, nullptr);
+  ASSERT_LT(t0->counters().resident_rows, 300u) << "the cold tier must hold rows";
+
+  g.Start(1);
+  round(0, 300, true, 3);  // while it catches up
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_GE(g.replica(1).snapshots_installed(), 1u);
+  // After it: keys of the sketch get admitted alike, rows move between tiers alike.
+  round(600, 650, true, 4);
+  round(300, 600, true, 5);
+  ASSERT_TRUE(Settle(g, 2));
+  ExpectIdentical(g.replica(0), g.replica(1));
+  const ps::SparseTable* t1 = g.replica(1).shard().sparse_table(0);
+  ASSERT_NE(t1, nullptr);
+  const size_t rb = t0->layout().bytes();
+  std::vector<uint8_t> a(rb), b(rb);
+  int rows = 0;
+  for (uint64_t i = 0; i < 650; ++i) {
+    auto fa = t0->ReadRecord(key(i), a.data());
+    auto fb = t1->ReadRecord(key(i), b.data());
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    ASSERT_EQ(*fa, *fb) << "key " << key(i);
+    rows += *fa ? 1 : 0;
+    if (*fa) {
+      ASSERT_EQ(a, b) << "record of key " << key(i);
+    }
+  }
+  EXPECT_EQ(rows, 650);
+  // The memory tier too: the same rows in the same slots, the same sketch and cursors.
+  EXPECT_EQ(t0->ExportTier(), t1->ExportTier());
+}
+
+TEST_F(ReplicaTest, ASnapshotTransferCutByAFailoverIsDroppedAndTheNewPrimaryCatchesUpTheBackup) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 16;
+  ro.snapshot_chunk_bytes = 1024;  // 48 chunks: the transfer takes many turns
+  Group& g = SetUpGroup(3, Spec(OptimizerKind::kAdam, 0.01f, 64, 64), ro, {}, /*started=*/2);
+  Worker& w = worker();
+  for (int i = 1; i <= 40; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 64), 64));
+  ASSERT_TRUE(Settle(g, 3));
+  ASSERT_EQ(g.Primary(), std::optional<int>(0));
+
+  g.Start(2);
+  for (int i = 0; i < 2000 && g.replica(2).has_state(); ++i) g.Step();
+  ASSERT_FALSE(g.replica(2).has_state()) << "no snapshot transfer began";
+  for (int i = 0; i < 3; ++i) g.Step();
+  ASSERT_EQ(g.replica(2).snapshots_installed(), 0u) << "the transfer ended before the failover";
+
+  g.Kill(0);
+  g.coordinator().ExpireLease(0, 0);
+  for (int s = 0; s < 3000 && g.replica(2).term() < 2; ++s) g.Step();
+  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  // As soon as it hears of the new term, the old transfer is gone.
+  EXPECT_EQ(g.replica(2).snapshots_abandoned(), 1u);
+  EXPECT_FALSE(g.replica(2).has_state());
+  for (int i = 41; i <= 50; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 64), 64));
+  ASSERT_TRUE(Settle(g, 3));
+  EXPECT_EQ(g.replica(2).snapshots_installed(), 1u);
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{1, 2}));
+  ExpectIdentical(g.replica(1), g.replica(2));
 }
 
 }  // namespace

@@ -910,7 +910,7 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
       return Decoded<ReplMessage>{
           env->request_id(),
           ReplMessage(ReplAckMsg{a->term(), a->replica(), a->ok(), a->last_index(),
-                                 a->needs_snapshot(), a->boot_id()}),
+                                 a->needs_snapshot(), a->boot_id(), a->transfer(), a->chunk()}),
           {}};
     }
     case wire::Body::ReplSnapshot: {
@@ -930,18 +930,28 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
                                w->name() == nullptr ? std::string() : w->name()->str()});
         }
       }
-      size_t frames = 0;
       if (s->tables() != nullptr) {
         for (const wire::ReplTable* t : *s->tables()) {
           m.tables.push_back({t->table_id(), BytesToVector(t->spec()), t->row_begin(), t->row_end(),
-                              t->cols(), t->slots(), t->optimizer_steps()});
-          frames += 1 + t->slots();
+                              t->cols(), t->slots(), t->optimizer_steps(), t->tier_bytes()});
         }
       }
       m.coverage = BytesToVector(s->coverage());
-      if (frames != payloads) {
-        return InvalidArgument("replication snapshot names " + std::to_string(frames) +
-                               " table frames, " + std::to_string(payloads) + " follow");
+      m.transfer = s->transfer();
+      m.chunk = s->chunk();
+      m.last = s->last();
+      if (s->part() > ReplSnapshotMsg::kRows) {
+        return InvalidArgument("replication snapshot chunk of unknown part " +
+                               std::to_string(s->part()));
+      }
+      m.part = static_cast<ReplSnapshotMsg::Part>(s->part());
+      m.part_id = s->part_id();
+      m.offset = s->offset();
+      const size_t frames = m.part == ReplSnapshotMsg::kHeader ? 0 : 1;
+      if ((m.chunk == 0) != (m.part == ReplSnapshotMsg::kHeader) || frames != payloads) {
+        return InvalidArgument("replication snapshot chunk " + std::to_string(m.chunk) +
+                               " of part " + std::to_string(s->part()) + " carries " +
+                               std::to_string(payloads) + " payload frames");
       }
       return Decoded<ReplMessage>{env->request_id(), ReplMessage(std::move(m)), rest};
     }
@@ -980,15 +990,15 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
               },
               std::move(frames));
         } else if constexpr (std::is_same_v<T, ReplAckMsg>) {
-          return MakeMessage(0,
-                             [&](flatbuffers::FlatBufferBuilder& fbb)
-                                 -> std::pair<wire::Body, flatbuffers::Offset<void>> {
-                               return {
-                                   wire::Body::ReplAck,
-                                   wire::CreateReplAck(fbb, m.term, m.replica, m.ok, m.last_index,
-                                                       m.needs_snapshot, m.boot_id)
-                                       .Union()};
-                             });
+          return MakeMessage(
+              0,
+              [&](flatbuffers::FlatBufferBuilder& fbb)
+                  -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+                return {wire::Body::ReplAck,
+                        wire::CreateReplAck(fbb, m.term, m.replica, m.ok, m.last_index,
+                                            m.needs_snapshot, m.boot_id, m.transfer, m.chunk)
+                            .Union()};
+              });
         } else {
           return MakeMessage(
               0,
@@ -1003,7 +1013,7 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                 for (const auto& t : m.tables) {
                   tables.push_back(wire::CreateReplTable(fbb, t.table_id, fbb.CreateVector(t.spec),
                                                          t.row_begin, t.row_end, t.cols, t.slots,
-                                                         t.optimizer_steps));
+                                                         t.optimizer_steps, t.tier_bytes));
                 }
                 auto wv = fbb.CreateVector(workers);
                 auto tv = fbb.CreateVector(tables);
@@ -1011,7 +1021,8 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                 return {wire::Body::ReplSnapshot,
                         wire::CreateReplSnapshot(fbb, m.term, m.primary, m.index, m.index_term,
                                                  m.commit, m.shard, m.num_shards, m.min_clock, wv,
-                                                 tv, cv)
+                                                 tv, cv, m.transfer, m.chunk, m.last,
+                                                 static_cast<uint8_t>(m.part), m.part_id, m.offset)
                             .Union()};
               },
               std::move(payloads));

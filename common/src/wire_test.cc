@@ -515,5 +515,45 @@ TEST(WireTest, ParsesDtypeNames) {
   EXPECT_FALSE(ParseDType("int8").ok());
 }
 
+TEST(WireTest, SnapshotChunksAndTheirAcknowledgementsRoundTrip) {
+  ReplSnapshotMsg m;
+  m.term = 3;
+  m.primary = 1;
+  m.index = 40;
+  m.transfer = 77;
+  m.chunk = 5;
+  m.last = true;
+  m.part = ReplSnapshotMsg::kBytes;
+  m.part_id = 2;
+  m.offset = 4096;
+  const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5};
+  auto d = DecodeReplication(EncodeReplication(m, {Frame::Copy(bytes.data(), bytes.size())}));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const auto& got = std::get<ReplSnapshotMsg>(d->value);
+  EXPECT_EQ(got.transfer, 77u);
+  EXPECT_EQ(got.chunk, 5u);
+  EXPECT_TRUE(got.last);
+  EXPECT_EQ(got.part, ReplSnapshotMsg::kBytes);
+  EXPECT_EQ(got.part_id, 2u);
+  EXPECT_EQ(got.offset, 4096u);
+  ASSERT_EQ(d->payloads.size(), 1u);
+  EXPECT_EQ(d->payloads[0].size(), bytes.size());
+  // A data chunk without its frame, or a header with one, is malformed.
+  EXPECT_FALSE(DecodeReplication(EncodeReplication(m, {})).ok());
+  ReplSnapshotMsg header;
+  header.transfer = 77;
+  EXPECT_TRUE(DecodeReplication(EncodeReplication(header, {})).ok());
+  EXPECT_FALSE(DecodeReplication(EncodeReplication(header, {Frame::Copy("x")})).ok());
+
+  ReplAckMsg a{3, 2, false, 9, true, 11, 77, 6};
+  auto da = DecodeReplication(EncodeReplication(a));
+  ASSERT_TRUE(da.ok());
+  const auto& ga = std::get<ReplAckMsg>(da->value);
+  EXPECT_EQ(ga.transfer, 77u);
+  EXPECT_EQ(ga.chunk, 6u);
+  EXPECT_FALSE(ga.ok);
+  EXPECT_TRUE(ga.needs_snapshot);
+}
+
 }  // namespace
 }  // namespace leash

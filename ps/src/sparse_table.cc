@@ -21,6 +21,7 @@
 #include "leash/ps/sparse_table.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -788,6 +789,93 @@ class SparseTable::Impl {
     return Status::Ok();
   }
 
+  // ExportTier's layout: a header of kTierFields uint64 (version, capacity, used, hand,
+  // mem_cursor, store_cursor, sketch width, sketch depth), then per used slot its key
+  // (uint64) and GCLOCK counter (uint8), then the sketch's bytes.
+  static constexpr uint64_t kTierVersion = 1;
+  static constexpr size_t kTierFields = 8;
+  std::vector<uint8_t> ExportTier() const {
+    const uint64_t width = sketch_.empty() ? 0 : sketch_mask_ + 1;
+    const uint64_t head[kTierFields] = {kTierVersion, capacity_,     used_, hand_,
+                                        mem_cursor_,  store_cursor_, width, depth_};
+    std::vector<uint8_t> out(sizeof(head) + used_ * 9 + sketch_.size());
+    std::memcpy(out.data(), head, sizeof(head));
+    uint8_t* at = out.data() + sizeof(head);
+    for (uint32_t s = 0; s < used_; ++s, at += 9) {
+      uint8_t* p = Slot(s);
+      std::memcpy(at, p, 8);
+      at[8] = Ref(p);
+    }
+    if (!sketch_.empty()) std::memcpy(at, sketch_.data(), sketch_.size());
+    return out;
+  }
+
+  Status ImportTier(std::span<const uint8_t> in) {
+    if (used_ != 0) {
+      return FailedPrecondition("table '" + spec_.name + "' has rows; a tier is imported " +
+                                "into a new table only");
+    }
+    uint64_t head[kTierFields];
+    if (in.size() < sizeof(head)) return InvalidArgument("sparse tier layout truncated");
+    std::memcpy(head, in.data(), sizeof(head));
+    const auto [version, capacity, used, hand, mem_cursor, store_cursor, width, depth] =
+        std::to_array(head);
+    const uint64_t my_width = sketch_.empty() ? 0 : sketch_mask_ + 1;
+    if (version != kTierVersion || used > capacity || capacity >= kMissBit ||
+        (width != 0) != (my_width != 0) ||
+        (width != 0 && (!std::has_single_bit(width) || depth != depth_)) ||
+        in.size() != sizeof(head) + used * 9 + width * depth) {
+      return InvalidArgument("sparse tier layout of table '" + spec_.name +
+                             "' does not fit the table (another version or spec)");
+    }
+    const uint8_t* slots = in.data() + sizeof(head);
+    // The sketch as it was there, then resized to this table's budget.
+    if (width != 0) {
+      sketch_.assign(slots + used * 9, slots + used * 9 + width * depth);
+      sketch_mask_ = width - 1;
+      ResizeSketch(SketchWidthFor(budget_));
+      SetMaxRows(budget_);
+    }
+    const uint64_t keep = std::min(used, max_rows_);
+    const uint64_t target = std::min(capacity, max_rows_);
+    while (capacity_ < target) {
+      size_t rows = std::min<uint64_t>(kChunkRows, target - capacity_);
+      chunks_.push_back(std::make_unique<uint8_t[]>(rows * stride_));
+      chunk_rows_.push_back(rows);
+      capacity_ += rows;
+    }
+    Rehash(IndexBuckets(capacity_));
+    // The records, from the store, in batches.
+    constexpr size_t kBatch = 4096;
+    std::vector<uint64_t> keys;
+    std::vector<uint8_t> recs;
+    for (uint64_t from = 0; from < keep; from += kBatch) {
+      const uint64_t n = std::min<uint64_t>(kBatch, keep - from);
+      keys.resize(n);
+      for (uint64_t i = 0; i < n; ++i) std::memcpy(&keys[i], slots + (from + i) * 9, 8);
+      recs.resize(n * rb_);
+      LEASH_RETURN_IF_ERROR(store_->Read(id_, keys, rb_, recs.data(), &found_));
+      for (uint64_t i = 0; i < n; ++i) {
+        if (!found_[i]) {
+          return DataLoss("sparse table '" + spec_.name + "': resident key " +
+                          std::to_string(keys[i]) + " has no record in the store");
+        }
+        uint8_t* p = Slot(static_cast<uint32_t>(from + i));
+        std::memcpy(p, &keys[i], 8);
+        std::memcpy(Record(p), recs.data() + i * rb_, rb_);
+        Ref(p) = slots[(from + i) * 9 + 8];
+        Dirty(p) = 0;
+        Pinned(p) = 0;
+        IndexInsert(keys[i], static_cast<uint32_t>(from + i));
+        ++used_;
+      }
+    }
+    hand_ = hand < used_ ? hand : 0;
+    mem_cursor_ = mem_cursor;
+    store_cursor_ = store_cursor;
+    return Status::Ok();
+  }
+
   Result<bool> ReadRecord(uint64_t key, uint8_t* record) const {
     uint32_t s = Find(key);
     if (s != kNoSlot) {
@@ -886,6 +974,10 @@ Status SparseTable::Expire(int64_t clock, size_t max_rows) {
 Status SparseTable::SetMemoryBudget(uint64_t bytes) { return impl_->SetMemoryBudget(bytes); }
 Result<bool> SparseTable::ReadRecord(uint64_t key, uint8_t* record) const {
   return impl_->ReadRecord(key, record);
+}
+std::vector<uint8_t> SparseTable::ExportTier() const { return impl_->ExportTier(); }
+Status SparseTable::ImportTier(std::span<const uint8_t> layout) {
+  return impl_->ImportTier(layout);
 }
 bool SparseTable::Resident(uint64_t key) const { return impl_->Find(key) != kNoSlot; }
 SparseCounters SparseTable::counters() const { return impl_->Counters(); }

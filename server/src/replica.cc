@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <random>
 #include <variant>
+
+#include "leash/ps/sparse_table.h"
 
 namespace leash::server {
 namespace {
@@ -18,23 +21,72 @@ uint64_t RandomBootId() {
   return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
 }
 
-// A float array of the snapshot as a payload frame sharing the snapshot's storage.
-Frame FloatsFrame(const std::shared_ptr<ShardSnapshot>& owner, const std::vector<float>& v) {
-  return Frame::Wrap(v.data(), v.size() * sizeof(float), owner);
-}
-
-Result<std::vector<float>> FrameFloats(const Frame& f, size_t count, const char* what) {
-  if (f.size() != count * sizeof(float)) {
-    return InvalidArgument(std::string("snapshot ") + what + " frame of " +
-                           std::to_string(f.size()) + " bytes, expected " +
-                           std::to_string(count * sizeof(float)));
-  }
-  std::vector<float> v(count);
-  if (count > 0) std::memcpy(v.data(), f.data(), f.size());
-  return v;
-}
-
 }  // namespace
+
+// ---- catch-up by snapshot: the state of a transfer on each side ---------------------------
+
+// Primary: one snapshot transfer to one backup. The image is the shard at entry `index`
+// (dense tables copied, sparse tier layouts, a view of the sparse store), shared with any
+// other transfer of the same entry. Chunk 0 is the header; chunk c > 0 starts at starts[c]
+// and ends where chunk c + 1 starts; positions are kept from the acknowledged chunk on.
+struct Replica::Transfer {
+  struct Pos {
+    size_t part = 0;      // < arrays.size(): an array; then the sparse tables in order
+    uint64_t offset = 0;  // bytes into the array, or the sparse store's key cursor
+  };
+  struct Array {
+    const uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  uint64_t id = 0;
+  uint64_t term = 0;
+  uint64_t index = 0;
+  uint64_t index_term = 0;
+  uint64_t commit = 0;
+  std::shared_ptr<Shard::Image> image;
+  std::vector<Array> arrays;
+  std::vector<uint32_t> sparse_ids;   // the sparse tables, in table order
+  std::vector<size_t> sparse_record;  // their record bytes
+  std::map<uint32_t, Pos> starts;
+  uint32_t acked = 0;            // the backup holds the chunks before this one
+  uint32_t next = 0;             // the next chunk to send
+  uint32_t sent_upto = 0;        // every chunk before this one was sent at least once
+  std::optional<uint32_t> last;  // the final chunk, once known
+  int64_t progress_ms = 0;       // when the backup last acknowledged more, or a resend began
+  int64_t ack_ms = 0;            // when the backup last acknowledged anything
+  uint64_t bytes_sent = 0;
+
+  size_t parts() const { return arrays.size() + sparse_ids.size(); }
+  // Skips empty arrays; `pos` past every part means the end.
+  Pos Normalize(Pos pos) const {
+    while (pos.part < arrays.size() && pos.offset >= arrays[pos.part].bytes)
+      pos = {pos.part + 1, 0};
+    return pos;
+  }
+};
+
+// Backup: the transfer being received. Dense tables are assembled in `snap` (the arrays
+// they will be), tier layouts in `tiers`; sparse rows go to the replica's cold tier at once.
+struct Replica::Staging {
+  struct Array {
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  uint64_t transfer = 0;
+  uint64_t term = 0;
+  uint32_t primary = 0;
+  uint64_t index = 0;
+  uint64_t index_term = 0;
+  uint64_t commit = 0;
+  ShardSnapshot snap;
+  std::vector<std::vector<uint8_t>> tiers;  // by table id (empty for a dense table)
+  std::vector<Array> arrays;                // numbered as the primary's
+  std::vector<size_t> record_bytes;         // by table id: a sparse table's, else 0
+  uint32_t next = 1;                        // the next chunk expected
+  uint64_t rows = 0;
+};
+
+Replica::~Replica() = default;
 
 Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotStore* store,
                  NowMs now_ms, Coordinator* coordinator, ShardDirectory* directory,
@@ -47,8 +99,16 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
       coordinator_(coordinator),
       directory_(directory),
       peers_(peers),
-      peers_state_(options.replicas) {
+      peers_state_(options.replicas),
+      transfers_(options.replicas) {
   LEASH_CHECK(options_.replicas > 1 && options_.replica < options_.replicas);
+  LEASH_CHECK(options_.snapshot_chunk_bytes > 0 && options_.snapshot_window > 0);
+  if (sparse_ == nullptr) {
+    // The shards this replica installs share one cold tier, so a snapshot's rows can be
+    // staged in it before the shard that reads them exists.
+    own_sparse_ = std::make_unique<MemorySparseStore>();
+    sparse_ = own_sparse_.get();
+  }
   shard_options_.replicated = true;
   shard_options_.replication_stats = [this](ShardStats* st) {
     st->replicas = options_.replicas;
@@ -66,8 +126,6 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
   shard_ = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
 }
-
-Replica::~Replica() = default;
 
 uint64_t Replica::TermAt(uint64_t index) const {
   if (index == base_index_) return base_term_;
@@ -256,7 +314,7 @@ void Replica::ReplicateAll() {
 
 void Replica::SendAppend(uint32_t r) {
   Peer& p = peers_state_[r];
-  if (p.next_index <= base_index_) return SendSnapshot(r);
+  if (transfers_[r] != nullptr || p.next_index <= base_index_) return SendSnapshot(r);
   ReplAppendMsg m;
   m.term = term_;
   m.primary = options_.replica;
@@ -273,45 +331,205 @@ void Replica::SendAppend(uint32_t r) {
 
 void Replica::SendSnapshot(uint32_t r) {
   Peer& p = peers_state_[r];
-  if (p.snapshot_ms >= 0 && now_ - p.snapshot_ms < options_.snapshot_every_ms) return;
-  auto snap = std::make_shared<ShardSnapshot>(shard_->Snapshot());
-  for (const TableSnapshot& t : snap->tables) {
-    if (t.spec.kind == TableKind::kSparse) {
-      // The cold tier is not shipped yet: such a backup catches up from the log only.
-      spdlog::warn(
-          "shard {}: replica {} is too far behind to catch up from the log, and a snapshot of "
-          "sparse table '{}' cannot be shipped; raise the log bound or restart it while the "
-          "log still holds what it lacks",
-          shard_options_.shard, r, t.spec.name);
-      p.snapshot_ms = now_;
+  std::unique_ptr<Transfer>& t = transfers_[r];
+  if (t != nullptr && now_ - t->ack_ms >= options_.snapshot_timeout_ms) {
+    spdlog::warn(
+        "shard {}: replica {} acknowledged nothing of snapshot transfer {} for {} ms; "
+        "dropped (a new one starts when it answers)",
+        shard_options_.shard, r, t->id, now_ - t->ack_ms);
+    t.reset();
+    p.snapshot_ms = now_;
+    return;
+  }
+  if (t == nullptr) {
+    if (p.boot_id == 0 || now_ - p.last_ack_ms > options_.snapshot_timeout_ms) {
+      // Not heard from lately (down, or not started yet): no image is made for it; an empty
+      // append asks it to answer, and its answer starts the transfer.
+      ReplAppendMsg probe;
+      probe.term = term_;
+      probe.primary = options_.replica;
+      probe.prev_index = base_index_;
+      probe.prev_term = base_term_;
+      probe.commit = commit_index_;
+      p.sent_ms = now_;
+      (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(probe)));
       return;
     }
+    if (p.snapshot_ms >= 0 && now_ - p.snapshot_ms < options_.snapshot_every_ms) return;
+    if (!StartSnapshot(r)) return;
   }
+  // Nothing acknowledged for a while: chunks (or their acknowledgements) were lost; send
+  // again from where the backup stands.
+  if (t->next > t->acked && now_ - t->progress_ms >= options_.resend_ms) {
+    t->next = t->acked;
+    t->progress_ms = now_;
+  }
+  while (t != nullptr && t->next < t->acked + options_.snapshot_window &&
+         (!t->last || t->next <= *t->last)) {
+    SendChunk(r, t->next++);  // drops the transfer if the store cannot be read
+  }
+  p.sent_ms = now_;
+}
+
+bool Replica::StartSnapshot(uint32_t r) {
+  Peer& p = peers_state_[r];
+  p.snapshot_ms = now_;
+  std::shared_ptr<Shard::Image> image;
+  for (const auto& other : transfers_) {
+    if (other != nullptr && other->term == term_ && other->index == applied_index_) {
+      image = other->image;  // the same entry's image: one copy for both
+      break;
+    }
+  }
+  if (image == nullptr) {
+    auto made = shard_->MakeImage();
+    if (!made.ok()) {
+      spdlog::error(
+          "shard {}: no snapshot for replica {} (it stays behind; tried again in {} ms): {}",
+          shard_options_.shard, r, options_.snapshot_every_ms, made.status().ToString());
+      return false;
+    }
+    image = std::make_shared<Shard::Image>(std::move(*made));
+  }
+  auto t = std::make_unique<Transfer>();
+  t->id = RandomBootId();
+  t->term = term_;
+  t->index = applied_index_;
+  t->index_term = TermAt(applied_index_);
+  t->commit = commit_index_;
+  t->image = image;
+  uint64_t bytes = 0;
+  for (const TableSnapshot& ts : image->snapshot.tables) {
+    if (ts.spec.kind == TableKind::kSparse) {
+      const std::vector<uint8_t>& tier = image->tiers.at(ts.table_id);
+      t->arrays.push_back({tier.data(), tier.size()});
+      t->sparse_ids.push_back(ts.table_id);
+      t->sparse_record.push_back(ps::RowLayout::For(ts.spec).bytes());
+    } else {
+      t->arrays.push_back(
+          {reinterpret_cast<const uint8_t*>(ts.values.data()), ts.values.size() * sizeof(float)});
+      for (const auto& s : ts.slots)
+        t->arrays.push_back({reinterpret_cast<const uint8_t*>(s.data()), s.size() * sizeof(float)});
+    }
+  }
+  for (const auto& a : t->arrays) bytes += a.bytes;
+  t->starts[1] = t->Normalize({});
+  if (t->parts() == 0) t->last = 0;  // no tables: the header is everything
+  t->progress_ms = now_;
+  t->ack_ms = now_;
+  spdlog::info(
+      "shard {}: replica {} catches up from a snapshot at entry {} (term {}): {} KiB of "
+      "arrays and the rows of {} sparse table(s), in chunks of at most {} KiB",
+      shard_options_.shard, r, t->index, term_, (bytes + 1023) >> 10, t->sparse_ids.size(),
+      options_.snapshot_chunk_bytes >> 10);
+  p.sent_ms = now_;
+  p.next_index = applied_index_ + 1;  // the log after the snapshot follows its installation
+  transfers_[r] = std::move(t);
+  return true;
+}
+
+void Replica::SendChunk(uint32_t r, uint32_t chunk) {
+  Transfer& t = *transfers_[r];
   ReplSnapshotMsg m;
   m.term = term_;
   m.primary = options_.replica;
-  m.index = applied_index_;
-  m.index_term = TermAt(applied_index_);
-  m.commit = commit_index_;
-  m.shard = snap->shard;
-  m.num_shards = snap->num_shards;
-  m.min_clock = snap->min_clock;
-  for (const WorkerClock& w : snap->workers)
-    m.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name});
-  m.coverage = snap->coverage;
+  m.index = t.index;
+  m.index_term = t.index_term;
+  m.commit = t.commit;
+  m.shard = shard_options_.shard;
+  m.num_shards = shard_options_.num_shards;
+  m.transfer = t.id;
+  m.chunk = chunk;
   std::vector<Frame> frames;
-  for (const TableSnapshot& t : snap->tables) {
-    m.tables.push_back({t.table_id, EncodeTableSpec(t.spec), t.row_begin, t.row_end, t.cols,
-                        static_cast<uint32_t>(t.slots.size()), t.optimizer_steps});
-    frames.push_back(FloatsFrame(snap, t.values));
-    for (const auto& s : t.slots) frames.push_back(FloatsFrame(snap, s));
+  if (chunk == 0) {
+    const ShardSnapshot& snap = t.image->snapshot;
+    m.min_clock = snap.min_clock;
+    for (const WorkerClock& w : snap.workers)
+      m.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name});
+    m.coverage = snap.coverage;
+    for (const TableSnapshot& ts : snap.tables) {
+      const uint64_t tier =
+          ts.spec.kind == TableKind::kSparse ? t.image->tiers.at(ts.table_id).size() : 0;
+      m.tables.push_back({ts.table_id, EncodeTableSpec(ts.spec), ts.row_begin, ts.row_end, ts.cols,
+                          static_cast<uint32_t>(ts.slots.size()), ts.optimizer_steps, tier});
+    }
+    m.last = t.last && *t.last == 0;
+  } else {
+    auto start = t.starts.find(chunk);
+    LEASH_CHECK(start != t.starts.end());  // chunks are sent in order from the acknowledged one
+    const Transfer::Pos pos = start->second;
+    Transfer::Pos end;
+    LEASH_CHECK(pos.part < t.parts());
+    m.part_id = static_cast<uint32_t>(pos.part);
+    m.offset = pos.offset;
+    if (pos.part < t.arrays.size()) {
+      // Bytes of an array: a frame sharing the image's memory, no copy.
+      const Transfer::Array& a = t.arrays[pos.part];
+      const uint64_t n = std::min<uint64_t>(options_.snapshot_chunk_bytes, a.bytes - pos.offset);
+      m.part = ReplSnapshotMsg::kBytes;
+      frames.push_back(Frame::Wrap(a.data + pos.offset, n, t.image));
+      end = t.Normalize({pos.part, pos.offset + n});
+    } else {
+      // Sparse rows from the image's view of the store: keys, then their records.
+      const size_t k = pos.part - t.arrays.size();
+      const uint32_t table = t.sparse_ids[k];
+      const size_t rb = t.sparse_record[k];
+      const size_t limit = std::max<size_t>(1, options_.snapshot_chunk_bytes / (8 + rb));
+      std::vector<uint64_t> keys;
+      std::vector<uint8_t> records;
+      uint64_t cursor = pos.offset;
+      bool wrapped = false;
+      Status st = t.image->rows->Scan(
+          table, &cursor, limit, rb,
+          [&](uint64_t key, const uint8_t* record) {
+            keys.push_back(key);
+            records.insert(records.end(), record, record + rb);
+          },
+          &wrapped);
+      if (!st.ok()) {
+        spdlog::error("shard {}: snapshot transfer to replica {} stopped: {}", shard_options_.shard,
+                      r, st.ToString());
+        transfers_[r].reset();  // a new one starts later
+        return;
+      }
+      std::vector<uint8_t> bytes(keys.size() * 8 + records.size());
+      if (!keys.empty()) {
+        std::memcpy(bytes.data(), keys.data(), keys.size() * 8);
+        std::memcpy(bytes.data() + keys.size() * 8, records.data(), records.size());
+      }
+      m.part = ReplSnapshotMsg::kRows;
+      m.part_id = table;
+      frames.push_back(Frame::Own(std::move(bytes)));
+      end = wrapped ? Transfer::Pos{pos.part + 1, 0} : Transfer::Pos{pos.part, cursor};
+    }
+    t.starts[chunk + 1] = end;
+    if (end.part >= t.parts()) t.last = chunk;
+    m.last = t.last && *t.last == chunk;
+    t.bytes_sent += frames.back().size();
   }
-  spdlog::info("shard {}: replica {} catches up from a snapshot at entry {} (term {})",
-               shard_options_.shard, r, m.index, term_);
-  p.snapshot_ms = now_;
-  p.sent_ms = now_;
-  p.next_index = applied_index_ + 1;
+  t.sent_upto = std::max(t.sent_upto, chunk + 1);
   (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(m), std::move(frames)));
+}
+
+void Replica::OnSnapshotAck(const ReplAckMsg& m) {
+  std::unique_ptr<Transfer>& t = transfers_[m.replica];
+  if (t == nullptr || t->id != m.transfer) return;  // one that ended
+  t->ack_ms = now_;
+  if (!m.ok) {
+    if (t->acked == 0) return SendSnapshot(m.replica);  // the header was lost: sent again
+    // It no longer holds what it acknowledged (it dropped the transfer): start again.
+    spdlog::info("shard {}: replica {} lost snapshot transfer {}; starting again",
+                 shard_options_.shard, m.replica, t->id);
+    t.reset();  // a new one starts snapshot_every_ms after this one did
+    return SendSnapshot(m.replica);
+  }
+  if (m.chunk > t->acked) {
+    t->acked = std::min(m.chunk, t->sent_upto);
+    t->progress_ms = now_;
+    t->starts.erase(t->starts.begin(), t->starts.lower_bound(t->acked));
+    t->next = std::max(t->next, t->acked);
+  }
+  SendSnapshot(m.replica);
 }
 
 void Replica::OnAck(const ReplAckMsg& m) {
@@ -326,9 +544,18 @@ void Replica::OnAck(const ReplAckMsg& m) {
     p.boot_id = m.boot_id;
     p.match_index = 0;
     p.next_index = std::min(p.next_index, last_index() + 1);
+    transfers_[m.replica].reset();  // what it had received is gone too
   }
   p.last_ack_ms = now_;
+  if (m.transfer != 0) return OnSnapshotAck(m);
   if (m.ok) {
+    if (transfers_[m.replica] != nullptr && m.last_index >= transfers_[m.replica]->index) {
+      const Transfer& t = *transfers_[m.replica];
+      spdlog::info("shard {}: replica {} installed the snapshot at entry {} ({} chunks, {} KiB)",
+                   shard_options_.shard, m.replica, t.index, t.sent_upto,
+                   (t.bytes_sent + 1023) >> 10);
+      transfers_[m.replica].reset();  // installed: the log from there follows
+    }
     if (m.last_index > p.match_index) {
       p.match_index = std::min(m.last_index, last_index());
       p.progress_ms = now_;
@@ -467,6 +694,7 @@ void Replica::BecomePrimary(uint64_t term) {
   scratch_.clear();
   SetShardNow(std::max(now_, shard_now_));
   shard_->RenewLeases();  // the heartbeats went to the old primary
+  for (auto& t : transfers_) t.reset();
   for (Peer& p : peers_state_) {
     p.next_index = last_index() + 1;
     p.match_index = 0;
@@ -487,7 +715,9 @@ void Replica::StepDown(uint64_t term, const char* why) {
   const bool was_primary = role_ == ReplicaRole::kPrimary;
   term_ = std::max(term_, term);
   role_ = ReplicaRole::kBackup;
+  if (staging_ != nullptr && staging_->term < term_) AbandonStaging(why);
   if (!was_primary) return;
+  for (auto& t : transfers_) t.reset();
   spdlog::warn("shard {}: replica {} stops leading (term {}): {}; {} replies not sent",
                shard_options_.shard, options_.replica, term_, why, held_.size());
   held_.clear();  // never acknowledged: the workers send them again to the new primary
@@ -519,7 +749,7 @@ void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
 
 void Replica::SendAck(bool ok, uint64_t last) {
   if (!primary_) return;
-  ReplAckMsg a{term_, options_.replica, ok, last, needs_snapshot_, boot_id_};
+  ReplAckMsg a{term_, options_.replica, ok, last, needs_snapshot_, boot_id_, 0, 0};
   (void)peers_->Send(static_cast<int>(*primary_), EncodeReplication(a));
 }
 
@@ -527,7 +757,7 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
   if (m.primary >= options_.replicas || m.primary == options_.replica) return;
   if (m.term < term_) {
     // Fencing: a deposed primary gathers no acknowledgements.
-    ReplAckMsg a{term_, options_.replica, false, 0, false, boot_id_};
+    ReplAckMsg a{term_, options_.replica, false, 0, false, boot_id_, 0, 0};
     (void)peers_->Send(static_cast<int>(m.primary), EncodeReplication(a));
     return;
   }
@@ -582,87 +812,206 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
   SendAck(true, matched);
 }
 
+// `next_chunk` 0: it holds nothing of that transfer (ok false); acknowledgements that
+// arrive late or twice are told from that by ok.
+void Replica::SendChunkAck(uint32_t primary, uint64_t transfer, uint32_t next_chunk) {
+  ReplAckMsg a{term_,           options_.replica, next_chunk > 0, applied_index_,
+               needs_snapshot_, boot_id_,         transfer,       next_chunk};
+  (void)peers_->Send(static_cast<int>(primary), EncodeReplication(a));
+}
+
 void Replica::OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloads) {
   if (m.primary >= options_.replicas || m.primary == options_.replica) return;
   if (m.term < term_) {
-    ReplAckMsg a{term_, options_.replica, false, 0, false, boot_id_};
+    ReplAckMsg a{term_, options_.replica, false, 0, false, boot_id_, 0, 0};
     (void)peers_->Send(static_cast<int>(m.primary), EncodeReplication(a));
     return;
   }
   if (m.term > term_ || role_ == ReplicaRole::kPrimary) StepDown(m.term, "a newer primary");
   primary_ = m.primary;
-  if (!needs_snapshot_ && m.index >= base_index_ && m.index <= applied_index_ &&
-      TermAt(m.index) == m.index_term) {
-    return SendAck(true, m.index);  // a duplicate of one installed already
-  }
   if (m.shard != shard_options_.shard || m.num_shards != shard_options_.num_shards) {
     spdlog::error("shard {}/{}: replica {} was sent a snapshot of shard {}/{}; ignored",
                   shard_options_.shard, shard_options_.num_shards, options_.replica, m.shard,
                   m.num_shards);
     return;
   }
-  ShardSnapshot snap;
-  snap.shard = m.shard;
-  snap.num_shards = m.num_shards;
+  if (staging_ == nullptr || staging_->transfer != m.transfer) {
+    // Installed already (its acknowledgement was lost, or this chunk is a late duplicate),
+    // or past it: a backup applies committed entries only, which every later primary holds.
+    if (!needs_snapshot_ && m.index <= applied_index_ &&
+        (m.index < base_index_ || TermAt(m.index) == m.index_term)) {
+      return SendAck(true, m.index);
+    }
+    if (m.chunk != 0) return SendChunkAck(m.primary, m.transfer, 0);  // from the header, please
+    if (staging_ != nullptr) AbandonStaging("a newer snapshot transfer began");
+    if (!BeginStaging(m)) return;
+  } else if (m.chunk != staging_->next) {
+    return SendChunkAck(m.primary, m.transfer, staging_->next);  // a duplicate or a gap
+  } else {
+    if (Status st = StageChunk(m, payloads[0]); !st.ok()) {
+      spdlog::error("shard {}: snapshot transfer {} from replica {} unusable (dropped): {}",
+                    shard_options_.shard, m.transfer, m.primary, st.ToString());
+      AbandonStaging("an unusable chunk");
+      return SendChunkAck(m.primary, m.transfer, 0);
+    }
+    ++staging_->next;
+  }
+  if (!m.last) return SendChunkAck(m.primary, m.transfer, staging_->next);
+  if (Status st = InstallStaging(); !st.ok()) {
+    spdlog::error("shard {}: snapshot from replica {} not installed: {}", shard_options_.shard,
+                  m.primary, st.ToString());
+    const uint64_t transfer = staging_->transfer;
+    AbandonStaging("it could not be installed");
+    return SendChunkAck(m.primary, transfer, 0);
+  }
+  SendAck(true, base_index_);
+}
+
+bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
+  auto s = std::make_unique<Staging>();
+  s->transfer = m.transfer;
+  s->term = m.term;
+  s->primary = m.primary;
+  s->index = m.index;
+  s->index_term = m.index_term;
+  s->commit = m.commit;
+  ShardSnapshot& snap = s->snap;
+  snap.shard = shard_options_.shard;
+  snap.num_shards = shard_options_.num_shards;
   snap.min_clock = m.min_clock;
   snap.sequence = m.index;
   snap.coverage = m.coverage;
   for (const auto& w : m.workers)
     snap.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name});
-  size_t f = 0;
+  s->tiers.resize(m.tables.size());
+  s->record_bytes.assign(m.tables.size(), 0);
   for (const auto& t : m.tables) {
+    auto spec = DecodeTableSpec(t.spec);
+    const bool dense = spec.ok() && spec->kind != TableKind::kSparse;
+    if (!spec.ok() || t.table_id != snap.tables.size() || t.row_end < t.row_begin ||
+        (dense && t.cols != spec->cols) || (!dense && t.slots != 0)) {
+      spdlog::error("shard {}: snapshot header from replica {} unusable: table {} {}",
+                    shard_options_.shard, m.primary, t.table_id,
+                    spec.ok() ? "does not add up" : spec.status().ToString());
+      return false;
+    }
     TableSnapshot ts;
     ts.table_id = t.table_id;
-    auto spec = DecodeTableSpec(t.spec);
-    if (!spec.ok()) {
-      spdlog::error("shard {}: snapshot from replica {} unusable: {}", shard_options_.shard,
-                    m.primary, spec.status().ToString());
-      return;
-    }
     ts.spec = std::move(*spec);
     ts.row_begin = t.row_begin;
     ts.row_end = t.row_end;
     ts.cols = t.cols;
     ts.optimizer_steps = t.optimizer_steps;
-    const size_t n = (t.row_end - t.row_begin) * t.cols;
-    auto values = FrameFloats(payloads[f++], n, "values");
-    if (!values.ok()) {
-      spdlog::error("shard {}: {}", shard_options_.shard, values.status().ToString());
-      return;
-    }
-    ts.values = std::move(*values);
-    for (uint32_t s = 0; s < t.slots; ++s) {
-      auto slot = FrameFloats(payloads[f++], n, "optimizer state");
-      if (!slot.ok()) {
-        spdlog::error("shard {}: {}", shard_options_.shard, slot.status().ToString());
-        return;
-      }
-      ts.slots.push_back(std::move(*slot));
-    }
     snap.tables.push_back(std::move(ts));
   }
-  if (Status st = store_->Save(snap); !st.ok()) {
-    spdlog::error("shard {}: snapshot from replica {} not saved: {}", shard_options_.shard,
-                  m.primary, st.ToString());
-    return;
+  // The arrays' memory, once the table list no longer moves.
+  for (size_t i = 0; i < snap.tables.size(); ++i) {
+    TableSnapshot& ts = snap.tables[i];
+    const auto& t = m.tables[i];
+    if (ts.spec.kind == TableKind::kSparse) {
+      s->tiers[i].resize(t.tier_bytes);
+      s->arrays.push_back({s->tiers[i].data(), t.tier_bytes});
+      s->record_bytes[i] = ps::RowLayout::For(ts.spec).bytes();
+      continue;
+    }
+    const size_t n = (t.row_end - t.row_begin) * t.cols;
+    ts.values.resize(n);
+    ts.slots.resize(t.slots);
+    for (auto& slot : ts.slots) slot.resize(n);
+    s->arrays.push_back({reinterpret_cast<uint8_t*>(ts.values.data()), n * sizeof(float)});
+    for (auto& slot : ts.slots)
+      s->arrays.push_back({reinterpret_cast<uint8_t*>(slot.data()), n * sizeof(float)});
   }
+  // This replica's state is replaced: the old one goes now (its memory is not held twice),
+  // with its sparse rows in the cold tier, which receives the snapshot's. Its own last
+  // snapshot and the cold tier's checkpoints stay as they were until the new one installs.
+  const size_t tables = std::max(shard_->num_tables(), snap.tables.size());
+  shard_ = std::make_unique<Shard>(
+      shard_options_, store_, [this] { return shard_now_; }, sparse_);
+  for (size_t id = 0; id < tables; ++id) {
+    if (Status st = sparse_->DropTable(static_cast<uint32_t>(id)); !st.ok()) {
+      spdlog::error("shard {}: cannot clear the cold tier for a snapshot: {}", shard_options_.shard,
+                    st.ToString());
+      return false;
+    }
+  }
+  state_dropped_ = true;
+  needs_snapshot_ = true;
+  caught_up_ = false;
+  log_.clear();
+  staging_ = std::move(s);
+  spdlog::info("shard {}: replica {} receives a snapshot at entry {} from replica {} (term {})",
+               shard_options_.shard, options_.replica, m.index, m.primary, m.term);
+  return true;
+}
+
+Status Replica::StageChunk(const ReplSnapshotMsg& m, const Frame& frame) {
+  Staging& s = *staging_;
+  if (m.part == ReplSnapshotMsg::kBytes) {
+    if (m.part_id >= s.arrays.size() || m.offset > s.arrays[m.part_id].bytes ||
+        frame.size() > s.arrays[m.part_id].bytes - m.offset) {
+      return InvalidArgument("chunk " + std::to_string(m.chunk) + " of " +
+                             std::to_string(frame.size()) + " bytes at " +
+                             std::to_string(m.offset) + " does not fit array " +
+                             std::to_string(m.part_id));
+    }
+    if (frame.size() > 0)
+      std::memcpy(s.arrays[m.part_id].data + m.offset, frame.data(), frame.size());
+    return Status::Ok();
+  }
+  const size_t rb = m.part_id < s.record_bytes.size() ? s.record_bytes[m.part_id] : 0;
+  if (rb == 0 || frame.size() % (8 + rb) != 0) {
+    return InvalidArgument("chunk " + std::to_string(m.chunk) + " holds rows of table " +
+                           std::to_string(m.part_id) + " that is not sparse, or a partial row");
+  }
+  const size_t n = frame.size() / (8 + rb);
+  std::vector<uint64_t> keys(n);
+  if (n > 0) std::memcpy(keys.data(), frame.data(), n * 8);
+  s.rows += n;
+  return sparse_->Write(m.part_id, keys, rb, frame.data() + n * 8, {});
+}
+
+Status Replica::InstallStaging() {
+  Staging& s = *staging_;
+  const bool has_sparse =
+      std::any_of(s.record_bytes.begin(), s.record_bytes.end(), [](size_t b) { return b > 0; });
+  // As a shard's own snapshot: the cold tier's checkpoint of that number, then the snapshot;
+  // Recover puts both back as the state.
+  if (has_sparse) LEASH_RETURN_IF_ERROR(sparse_->Checkpoint(s.snap.sequence));
+  LEASH_RETURN_IF_ERROR(store_->Save(s.snap));
   auto shard = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
-  if (auto r = shard->Recover(); !r.ok()) {
-    spdlog::error("shard {}: snapshot from replica {} not installed: {}", shard_options_.shard,
-                  m.primary, r.status().ToString());
-    return;
+  LEASH_RETURN_IF_ERROR(shard->Recover().status());
+  for (size_t id = 0; id < s.tiers.size(); ++id) {
+    if (s.record_bytes[id] == 0) continue;
+    LEASH_RETURN_IF_ERROR(shard->ImportSparseTier(static_cast<uint32_t>(id), s.tiers[id]));
+  }
+  if (has_sparse) {
+    if (Status st = sparse_->Prune(s.snap.sequence); !st.ok()) {
+      spdlog::warn("shard {}: old sparse checkpoints not deleted: {}", shard_options_.shard,
+                   st.ToString());
+    }
   }
   shard_ = std::move(shard);
   log_.clear();
-  base_index_ = m.index;
-  base_term_ = m.index_term;
-  applied_index_ = m.index;
-  commit_index_ = std::min(m.commit, m.index);
+  base_index_ = s.index;
+  base_term_ = s.index_term;
+  applied_index_ = s.index;
+  commit_index_ = std::min(s.commit, s.index);
   needs_snapshot_ = false;
-  spdlog::info("shard {}: replica {} installed a snapshot at entry {} (term {})",
-               shard_options_.shard, options_.replica, m.index, m.term);
-  SendAck(true, m.index);
+  state_dropped_ = false;
+  ++snapshots_installed_;
+  spdlog::info("shard {}: replica {} installed a snapshot at entry {} (term {}; {} sparse rows)",
+               shard_options_.shard, options_.replica, s.index, s.term, s.rows);
+  staging_.reset();
+  return Status::Ok();
+}
+
+void Replica::AbandonStaging(const std::string& why) {
+  spdlog::info("shard {}: replica {} drops snapshot transfer {} at chunk {}: {}",
+               shard_options_.shard, options_.replica, staging_->transfer, staging_->next, why);
+  staging_.reset();
+  ++snapshots_abandoned_;
 }
 
 void Replica::MaybeCampaign() {
@@ -724,7 +1073,7 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
     }
   } else {
     MaybeCampaign();
-    if (role_ != ReplicaRole::kPrimary) {
+    if (role_ != ReplicaRole::kPrimary && !state_dropped_) {
       scratch_.clear();
       shard_->Tick(&scratch_);  // this replica's own snapshots, on the log's clock
       scratch_.clear();
@@ -751,8 +1100,10 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
     wait_ms = replica.Tick(&out);
     if (after_tick) after_tick(replica);
   }
-  auto snap = replica.mutable_shard().Checkpoint();
-  if (!snap.ok() && result.ok()) result = snap.status();
+  if (replica.has_state()) {  // not a replica midway through catching up
+    auto snap = replica.mutable_shard().Checkpoint();
+    if (!snap.ok() && result.ok()) result = snap.status();
+  }
   return result;
 }
 

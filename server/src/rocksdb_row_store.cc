@@ -214,10 +214,18 @@ class RocksDbRowStore final : public SparseStore {
   uint64_t ApproxRows(uint32_t table_id) const override;
   uint64_t MemoryBytes() const override;
 
+  Result<std::unique_ptr<Image>> OpenImage() override;
   Status Checkpoint(uint64_t sequence) override;
   Status Restore(std::optional<uint64_t> sequence) override;
   Status Prune(uint64_t keep) override;
   std::string Describe() const override { return "rocksdb:" + root_.string(); }
+
+  // Scan, reading at `snapshot` (null: now).
+  Status ScanAt(const rocksdb::Snapshot* snapshot, uint32_t table_id, uint64_t* cursor,
+                size_t limit, size_t record_bytes,
+                const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+                bool* wrapped);
+  rocksdb::DB* db() { return db_.get(); }
 
  private:
   rocksdb::Options MakeOptions(bool direct_reads) const;
@@ -421,9 +429,43 @@ Status RocksDbRowStore::Write(uint32_t table_id, std::span<const uint64_t> keys,
 Status RocksDbRowStore::Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
                              const std::function<void(uint64_t key, const uint8_t* record)>& visit,
                              bool* wrapped) {
+  return ScanAt(nullptr, table_id, cursor, limit, record_bytes, visit, wrapped);
+}
+
+namespace {
+
+// A RocksDB snapshot of the store, released with the image.
+class RocksDbImage final : public SparseStore::Image {
+ public:
+  explicit RocksDbImage(RocksDbRowStore* store)
+      : store_(store), snapshot_(store->db()->GetSnapshot()) {}
+  ~RocksDbImage() override { store_->db()->ReleaseSnapshot(snapshot_); }
+  Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
+              const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+              bool* wrapped) override {
+    return store_->ScanAt(snapshot_, table_id, cursor, limit, record_bytes, visit, wrapped);
+  }
+
+ private:
+  RocksDbRowStore* store_;
+  const rocksdb::Snapshot* snapshot_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SparseStore::Image>> RocksDbRowStore::OpenImage() {
+  if (!db_) return FailedPrecondition("sparse store " + live_.string() + " is not open");
+  return std::unique_ptr<Image>(std::make_unique<RocksDbImage>(this));
+}
+
+Status RocksDbRowStore::ScanAt(
+    const rocksdb::Snapshot* snapshot, uint32_t table_id, uint64_t* cursor, size_t limit,
+    size_t record_bytes, const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+    bool* wrapped) {
   const std::string end = TableEnd(table_id);
   rocksdb::Slice upper(end);
   rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot;
   ro.iterate_upper_bound = &upper;
   ro.fill_cache = false;  // a sweep must not push the hot rows out of the block cache
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));

@@ -142,6 +142,44 @@ TEST_F(RocksDbRowStoreTest, ScanVisitsOneTableInKeyOrderFromTheCursor) {
   EXPECT_FALSE(wrapped);
 }
 
+TEST_F(RocksDbRowStoreTest, AnImageKeepsTheRowsAsTheyWereWhileTheStoreChanges) {
+  auto s = Open();
+  ASSERT_NE(s, nullptr);
+  Put(*s, 7, {1, 2, 3, 4}, 1);
+  auto image = s->OpenImage();
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  // Later writes, deletes and a dropped table are not seen through the image.
+  Put(*s, 7, {2, 5}, 2, /*deletes=*/{3});
+  ASSERT_TRUE(s->DropTable(7).ok());
+  Put(*s, 7, {9}, 3);
+  auto scan_all = [&](SparseStore::Image& im, uint64_t limit) {
+    std::map<uint64_t, std::vector<uint8_t>> rows;
+    uint64_t cursor = 0;
+    bool wrapped = false;
+    for (int calls = 0; !wrapped && calls < 10; ++calls) {
+      EXPECT_TRUE(im.Scan(
+                        7, &cursor, limit, kRecord,
+                        [&](uint64_t k, const uint8_t* rec) {
+                          rows[k] = std::vector<uint8_t>(rec, rec + kRecord);
+                        },
+                        &wrapped)
+                      .ok());
+    }
+    EXPECT_TRUE(wrapped);
+    return rows;
+  };
+  auto rows = scan_all(**image, 3);
+  ASSERT_EQ(rows.size(), 4u);
+  for (uint64_t k : {1, 2, 3, 4}) EXPECT_EQ(rows[k], RecordOf(k, 1)) << k;
+  EXPECT_EQ(Get(*s, 7, {1, 2, 9}).size(), 1u) << "the store itself moved on";
+  // A new image sees the store as it is now.
+  auto now = s->OpenImage();
+  ASSERT_TRUE(now.ok());
+  rows = scan_all(**now, 100);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[9], RecordOf(9, 3));
+}
+
 TEST_F(RocksDbRowStoreTest, ParallelReadEqualsSerialRead) {
   std::vector<uint64_t> keys;
   for (uint64_t i = 0; i < 6000; ++i) keys.push_back(i * 0x9E3779B97F4A7C15ull);

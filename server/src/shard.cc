@@ -923,6 +923,31 @@ ShardSnapshot Shard::MakeSnapshot() const {
   return s;
 }
 
+Result<Shard::Image> Shard::MakeImage() {
+  Image image;
+  image.snapshot = MakeSnapshot();
+  image.tiers.resize(sparse_.size());
+  bool has_sparse = false;
+  for (size_t id = 0; id < sparse_.size(); ++id) {
+    if (!sparse_[id]) continue;
+    has_sparse = true;
+    if (auto r = sparse_[id]->FlushDirty(); !r.ok()) {
+      return r.status().WithContext("flushing sparse table '" + sparse_[id]->spec().name + "'");
+    }
+    image.tiers[id] = sparse_[id]->ExportTier();
+  }
+  if (has_sparse) {
+    LEASH_ASSIGN_OR_RETURN(image.rows, sparse_store_->OpenImage());
+  }
+  return image;
+}
+
+Status Shard::ImportSparseTier(uint32_t id, std::span<const uint8_t> layout) {
+  ps::SparseTable* t = FindSparse(id);
+  if (t == nullptr) return InvalidArgument("table " + std::to_string(id) + " is not sparse");
+  return t->ImportTier(layout);
+}
+
 Result<int64_t> Shard::Checkpoint() {
   auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = MakeSnapshot();

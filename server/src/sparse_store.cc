@@ -27,6 +27,27 @@ uint64_t MemorySparseStore::ApproxRows(uint32_t table_id) const {
   return live_.ApproxRows(table_id);
 }
 
+namespace {
+
+class MemoryImage final : public SparseStore::Image {
+ public:
+  explicit MemoryImage(const ps::MemoryRowStore& rows) : rows_(rows) {}
+  Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
+              const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+              bool* wrapped) override {
+    return rows_.Scan(table_id, cursor, limit, record_bytes, visit, wrapped);
+  }
+
+ private:
+  ps::MemoryRowStore rows_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SparseStore::Image>> MemorySparseStore::OpenImage() {
+  return std::unique_ptr<Image>(std::make_unique<MemoryImage>(live_));
+}
+
 Status MemorySparseStore::Checkpoint(uint64_t sequence) {
   checkpoints_.insert_or_assign(sequence, live_);
   return Status::Ok();

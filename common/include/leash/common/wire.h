@@ -132,10 +132,14 @@ struct ReplAckMsg {
   uint64_t last_index = 0;
   bool needs_snapshot = false;
   uint64_t boot_id = 0;
+  uint64_t transfer = 0;  // nonzero: acknowledges chunks of this snapshot transfer
+  uint32_t chunk = 0;     // it holds the transfer's chunks before this one
 };
-// A shard's state after log entry `index`, without its tables' floats: those are the
-// message's payload frames, for each table its values then its `slots` optimizer arrays.
+// One chunk of a shard's state after log entry `index` (schema/leash.fbs, ReplSnapshot):
+// chunk 0 holds everything but the tables' contents; every later chunk one payload frame,
+// bytes of one array (kBytes) or sparse rows (kRows).
 struct ReplSnapshotMsg {
+  enum Part : uint8_t { kHeader = 0, kBytes = 1, kRows = 2 };
   struct Worker {
     uint64_t worker_id = 0;
     uint64_t incarnation = 0;
@@ -151,6 +155,7 @@ struct ReplSnapshotMsg {
     uint32_t cols = 0;
     uint32_t slots = 0;
     uint64_t optimizer_steps = 0;
+    uint64_t tier_bytes = 0;
   };
   uint64_t term = 0;
   uint32_t primary = 0;
@@ -163,6 +168,12 @@ struct ReplSnapshotMsg {
   std::vector<Worker> workers;
   std::vector<Table> tables;
   std::vector<uint8_t> coverage;
+  uint64_t transfer = 0;
+  uint32_t chunk = 0;
+  bool last = false;
+  Part part = kHeader;
+  uint32_t part_id = 0;
+  uint64_t offset = 0;
 };
 using ReplMessage = std::variant<ReplAppendMsg, ReplAckMsg, ReplSnapshotMsg>;
 

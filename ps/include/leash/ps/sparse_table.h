@@ -180,6 +180,19 @@ class SparseTable {
   // Whether key's row is in the memory tier now.
   bool Resident(uint64_t key) const;
 
+  // The memory tier's layout without its records: which key is in which slot with its
+  // GCLOCK counter, the capacity, the hand, the expiry cursors and the admission sketch
+  // (native byte order, for the same binary on another replica). With the records of the
+  // store (after FlushDirty every resident row's record is in it), ImportTier rebuilds the
+  // table as it is, so that eviction, admission and expiry go on as they would here.
+  std::vector<uint8_t> ExportTier() const;
+  // Into a table just created over a store holding the records of every key the layout
+  // names (ExportTier's table after FlushDirty). A budget smaller than the layout's
+  // capacity keeps the slots that fit (the others stay in the store only) and narrows the
+  // sketch as SetMemoryBudget does. InvalidArgument for a malformed layout; DataLoss if a
+  // resident key has no record in the store; FailedPrecondition if this table has rows.
+  Status ImportTier(std::span<const uint8_t> layout);
+
   SparseCounters counters() const;
   // The memory tier's bytes: arena + index + admission sketch (see sparse_table.cc for the
   // formula); at most SparseTableOptions::memory_bytes (or the budget last set) whenever

@@ -42,8 +42,17 @@ struct ReplicaOptions {
   int64_t heartbeat_ms = 50;
   // How often a backup asks the coordinator to lead while the shard has no primary.
   int64_t campaign_ms = 100;
-  // Snapshots to one backup at most this often.
+  // Snapshot transfers to one backup start at most this often.
   int64_t snapshot_every_ms = 500;
+  // Bytes of table data or sparse rows in one snapshot chunk. A few MiB: a chunk stays far
+  // below what a transport queues per peer, the serving loop copies one in about a
+  // millisecond (pushes wait no longer for it), and per-message costs stay negligible.
+  size_t snapshot_chunk_bytes = size_t{4} << 20;
+  // Chunks sent ahead of the backup's acknowledgement (what the network holds at once).
+  uint32_t snapshot_window = 4;
+  // A transfer the backup has acknowledged nothing of for this long is dropped (its image
+  // released); a new one starts when the backup answers again.
+  int64_t snapshot_timeout_ms = 10000;
 };
 
 enum class ReplicaRole { kBackup, kPrimary };
@@ -89,6 +98,13 @@ class Replica {
   // Replies held until their entries commit.
   size_t held_replies() const { return held_.size(); }
   bool needs_snapshot() const { return needs_snapshot_; }
+  // False from the start of a snapshot transfer to this replica (its old state dropped) until
+  // one is installed; it writes no snapshots of its own meanwhile.
+  bool has_state() const { return !state_dropped_; }
+  // Snapshot transfers this replica received in part and dropped (a newer transfer or term).
+  uint64_t snapshots_abandoned() const { return snapshots_abandoned_; }
+  // Snapshot transfers this replica installed.
+  uint64_t snapshots_installed() const { return snapshots_installed_; }
   const Shard& shard() const { return *shard_; }
   Shard& mutable_shard() { return *shard_; }
   // Called (with the role change) whenever this replica becomes primary or stops being it.
@@ -111,6 +127,8 @@ class Replica {
     uint64_t index;
     Outgoing reply;
   };
+  struct Transfer;  // primary: a snapshot being sent to one backup (replica.cc)
+  struct Staging;   // backup: a snapshot being received
 
   // Stats of a primary: the commit index and each backup's lag (leashctl status).
   void FillBackupLag(ShardStats* st) const;
@@ -130,7 +148,19 @@ class Replica {
   uint64_t TermAt(uint64_t index) const;  // 0 if unknown
   const ReplEntryWire& EntryAt(uint64_t index) const;
   void SendAppend(uint32_t r);
+  // Primary: starts a snapshot transfer to backup r (at most every snapshot_every_ms) or
+  // goes on with the one in flight: the chunks within the window, again from where the
+  // backup stands if it has acknowledged nothing for resend_ms.
   void SendSnapshot(uint32_t r);
+  bool StartSnapshot(uint32_t r);
+  void SendChunk(uint32_t r, uint32_t chunk);
+  void OnSnapshotAck(const ReplAckMsg& m);
+  // Backup.
+  void SendChunkAck(uint32_t primary, uint64_t transfer, uint32_t next_chunk);
+  bool BeginStaging(const ReplSnapshotMsg& m);
+  Status StageChunk(const ReplSnapshotMsg& m, const Frame& frame);
+  Status InstallStaging();
+  void AbandonStaging(const std::string& why);
   void ReplicateAll();
   // Primary: shrinks or grows the in-sync set through the coordinator; false if deposed.
   bool UpdateInSync();
@@ -178,6 +208,14 @@ class Replica {
   std::deque<Held> held_;
   std::vector<Outgoing> scratch_;
   std::function<void(ReplicaRole, uint64_t)> role_observer_;
+
+  // Catch-up by snapshot (docs/replication.md, "Catch-up").
+  std::unique_ptr<SparseStore> own_sparse_;           // when no cold tier was given
+  std::vector<std::unique_ptr<Transfer>> transfers_;  // primary: by backup
+  std::unique_ptr<Staging> staging_;                  // backup
+  bool state_dropped_ = false;
+  uint64_t snapshots_abandoned_ = 0;
+  uint64_t snapshots_installed_ = 0;
 };
 
 // Runs `replica` on `transport` until `stop`: receives, handles, ticks and sends, like

@@ -188,6 +188,21 @@ class Shard {
   // Writes a snapshot now. Returns its minimum clock.
   Result<int64_t> Checkpoint();
 
+  // A point-in-time image of the shard for a replica catching up (replica.cc): the
+  // snapshot (dense tables copied), each sparse table's memory-tier layout (ExportTier;
+  // empty for a dense table) and a view of the sparse store holding every sparse row as of
+  // now (the rows changed in memory are written to the store first, as for a snapshot).
+  // Errors of the sparse store.
+  struct Image {
+    ShardSnapshot snapshot;
+    std::vector<std::vector<uint8_t>> tiers;  // by table id
+    std::unique_ptr<SparseStore::Image> rows;
+  };
+  Result<Image> MakeImage();
+  // After Recover of an image's snapshot over a store holding its rows: puts sparse table
+  // `id`'s memory-tier layout back (SparseTable::ImportTier).
+  Status ImportSparseTier(uint32_t id, std::span<const uint8_t> layout);
+
   // Called with the wall time of every snapshot written, in seconds (for a metrics
   // histogram; durations are measured on the steady clock and never steer the shard).
   using SnapshotObserver = std::function<void(double seconds)>;

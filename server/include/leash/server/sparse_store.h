@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -18,6 +20,20 @@ namespace leash::server {
 
 class SparseStore : public ps::RowStore {
  public:
+  // A read-only view of every table's rows as they were when OpenImage was called, unchanged
+  // by later writes: what a primary ships to a replica catching up (replica.cc) while it
+  // goes on writing. Scan as RowStore::Scan. It must be destroyed before the store is, and
+  // before the store's Restore.
+  class Image {
+   public:
+    virtual ~Image() = default;
+    virtual Status Scan(uint32_t table_id, uint64_t* cursor, size_t limit, size_t record_bytes,
+                        const std::function<void(uint64_t key, const uint8_t* record)>& visit,
+                        bool* wrapped) = 0;
+  };
+  // RocksDB: a RocksDB snapshot (no copy; the versions later writes replace are kept on disk
+  // until the image is destroyed). MemorySparseStore: a copy of its rows.
+  virtual Result<std::unique_ptr<Image>> OpenImage() = 0;
   // Freezes what the store holds now as checkpoint `sequence` (replacing one of that number
   // left by a crash before its snapshot was saved).
   virtual Status Checkpoint(uint64_t sequence) = 0;
@@ -44,6 +60,7 @@ class MemorySparseStore final : public SparseStore {
   uint64_t ApproxRows(uint32_t table_id) const override;
   uint64_t MemoryBytes() const override { return 0; }
 
+  Result<std::unique_ptr<Image>> OpenImage() override;
   Status Checkpoint(uint64_t sequence) override;
   Status Restore(std::optional<uint64_t> sequence) override;
   Status Prune(uint64_t keep) override;
