@@ -574,7 +574,10 @@ def summary_md(res):
            "one shard, not the straggler, bounds the cluster, and proportional work (which does not reduce the "
            f"pushes per clock) gains less there ({g(mlp, 'proportional_s0', 'median_over_bsp')}x BSP at s=0). The "
            f"CNN's compute dominates: proportional work {g(cnn, 'proportional_s0', 'median_over_bsp')}x BSP at s=0, "
-           f"{g(cnn, 'proportional', 'median_over_bsp')}x at s=3.",
+           f"{g(cnn, 'proportional', 'median_over_bsp')}x at s=3. The contended sums move with the load (three "
+           "processes share what the other work leaves): where a mode exceeds 1x of it (the CNN's "
+           f"{fmt(cnn.get('solo_sum_contended'), '.0f')}, against {fmt(cnn.get('solo_sum_alone'), '.0f')} alone) the "
+           "contended sum understated the workers' speed, and the alone-measured ratio is the firmer one.",
            "- *Transient spells.* The target as stated (SSP(3) >= 1.5x BSP) cannot be met: the bound is in clocks, "
            f"a spell in seconds. SSP(3) {g(tr, 'ssp3', 'median_over_bsp')}x BSP: a spell's lag (above, "
            f"{fmt(lag, '.0f')} iterations) is {fmt(lag and lag / 3, '.0f')} times s = 3. "
