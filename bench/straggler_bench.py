@@ -67,8 +67,8 @@ LR_RULE = ("Learning rate: every mode at the same --lr (MLP: momentum 0.01, CNN:
            "push of a 64-sample batch, i.e. the same step per sample. Proportional work weights a push by "
            f"samples / {GLOBAL_BATCH}; leash-worker derives the shards' rate that keeps the step per sample "
            f"(SGD and momentum: lr x {GLOBAL_BATCH} / 64 = 0.03 for the MLP; Adam and Adagrad divide the "
-           "gradient's scale out and keep lr), so a clock of proportional work applies the same update to the "
-           "same samples as a BSP clock. Backup workers: the straggler's pushes more than s clocks late are "
+           "gradient's scale out and keep lr), so a clock of proportional work applies BSP's update to the same "
+           "samples (exactly for SGD; for momentum and Adam, which keep state per push, approximately). Backup workers: the straggler's pushes more than s clocks late are "
            "dropped, so fewer of the samples reach the model (dropped share below).")
 MLP_FLOATS = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # 235146
 
