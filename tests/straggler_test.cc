@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 
 #include "support/cluster.h"
@@ -112,6 +114,13 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
   EXPECT_LT(samples[2], 0.6 * samples[1]) << samples[2] << " vs " << samples[1];
   // Coverage is exact.
   EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
+  // --lr (0.01, momentum, the defaults) keeps its step per sample: every worker gives the
+  // shard's optimizer 0.01 x 192 / 64 for the pushes weighted by samples / 192.
+  for (int i = 0; i < 3; ++i) {
+    std::ifstream in(std::string(dir_.path()) + "/w" + std::to_string(i) + ".log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("the shards' momentum at learning rate 0.03,"), std::string::npos) << log;
+  }
 }
 
 }  // namespace

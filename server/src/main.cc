@@ -321,6 +321,12 @@ int Run(const ServerConfig& config) {
       config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
       tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed);
+  if (sc.pushes_dropped_stale > 0) {
+    spdlog::warn(
+        "shard {}: {} stale push(es) of backup workers dropped in all, {} applied (pushes more "
+        "than their staleness bound behind the minimum clock, --backup-workers)",
+        config.shard, sc.pushes_dropped_stale, sc.pushes_applied);
+  }
   return 0;
 }
 

@@ -114,10 +114,15 @@ WorkerCommandLine::WorkerCommandLine()
         "staleness bound s: iteration c reads once every worker finished c-s-1 "
         "(0 = bulk-synchronous)");
   f.Int("batch", &v.batch, "examples per step");
-  f.Double("lr", &v.lr, "learning rate");
+  f.Double("lr", &v.lr,
+           "learning rate: the step of one push of a --batch mean gradient (with --global-batch, "
+           "sgd and momentum run at lr x global-batch / batch on pushes weighted by their share, "
+           "the same step per sample)");
   f.String("optimizer", &v.optimizer, "server-side optimizer: sgd, momentum, adam or adagrad");
   f.Double("momentum", &v.momentum, "momentum of the momentum optimizer");
-  f.Double("weight-decay", &v.weight_decay, "L2 weight decay");
+  f.Double("weight-decay", &v.weight_decay,
+           "L2 weight decay (with --global-batch, x batch / global-batch on the weighted pushes: "
+           "the same decay per push)");
   f.Int("epochs", &v.epochs,
         "epochs of the job: passes over the training set by all workers together");
   f.String("data", &v.data,
@@ -164,9 +169,10 @@ WorkerCommandLine::WorkerCommandLine()
   f.Int("global-batch", &v.global_batch,
         "work in proportion to speed: the job's samples per clock over all workers; each worker "
         "trains its share (its measured speed over the live workers' summed speeds) and the "
-        "shards weight its pushes by it, so every clock is one update of this batch. --batch "
-        "is the batch until the speeds are known. A job setting: give every worker the same "
-        "value. 0: off (every worker trains --batch)");
+        "shards weight its pushes by it, so every clock is one update of this batch (--lr keeps "
+        "its step per sample; with --staleness 0 a clock's update is BSP's). --batch is the "
+        "batch until the speeds are known. A job setting: give every worker the same value. 0: "
+        "off (every worker trains --batch)");
   f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
   f.Bool("no-shm", &v.no_shm,
          "send pushes and pulls through the socket even to a shard on this host (by default "

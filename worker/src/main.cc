@@ -29,6 +29,7 @@
 #include "leash/worker/trainer.h"
 #include "leash/worker/worker_metrics.h"
 #include "movielens.h"
+#include "proportional.h"
 
 namespace {
 
@@ -224,13 +225,18 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   opt.momentum = static_cast<float>(c.momentum);
   opt.weight_decay = static_cast<float>(c.weight_decay);
   opt.seed = static_cast<uint64_t>(c.seed);
-  if (auto st = w.params->Setup(w.model->params(), opt); !st.ok()) {
+  // --lr and --weight-decay are per push of a --batch mean gradient; under work in
+  // proportion to speed the shards' optimizers get the rates that keep that step per sample.
+  const leash::worker::OptimizerOptions dense_opt =
+      leash::worker::ProportionalOptimizer(opt, c.global_batch, c.batch);
+  if (auto st = w.params->Setup(w.model->params(), dense_opt); !st.ok()) {
     return Fail("creating tables", st);
   }
   if (const leash::worker::ParamSpec* sparse = w.model->sparse_param()) {
     leash::worker::OptimizerOptions sopt = opt;
     sopt.kind = c.sparse_optimizer;
     if (c.sparse_lr > 0) sopt.learning_rate = static_cast<float>(c.sparse_lr);
+    sopt = leash::worker::ProportionalOptimizer(sopt, c.global_batch, c.batch);
     if (auto st = w.params->SetupSparse(*sparse, sopt); !st.ok()) {
       return Fail("creating the sparse table", st);
     }
@@ -256,8 +262,11 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   if (c.global_batch > 0) {
     spdlog::info(
         "work in proportion to speed: the job trains {} samples per clock, this worker its "
-        "share ({} until the speeds are known)",
-        c.global_batch, c.batch);
+        "share ({} until the speeds are known); the shards' {} at learning rate {}, weight "
+        "decay {}, on pushes weighted by their share (--lr {} and --weight-decay {} are per "
+        "batch of {}: the same step per sample)",
+        c.global_batch, c.batch, leash::OptimizerName(c.optimizer), dense_opt.learning_rate,
+        dense_opt.weight_decay, c.lr, c.weight_decay, c.batch);
   }
   if (c.step_delay_factor > 1) {
     spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower",

@@ -21,4 +21,21 @@ int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, 
   return std::clamp<int64_t>(std::llround(share), 1, most);
 }
 
+OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch) {
+  if (global_batch <= 0 || batch <= 0) return opt;
+  const double up = static_cast<double>(global_batch) / static_cast<double>(batch);
+  switch (opt.kind) {
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kMomentum:
+      opt.learning_rate = static_cast<float>(opt.learning_rate * up);
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdagrad:
+    case OptimizerKind::kFtrl:
+      break;
+  }
+  opt.weight_decay = static_cast<float>(opt.weight_decay / up);
+  return opt;
+}
+
 }  // namespace leash::worker

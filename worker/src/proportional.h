@@ -1,9 +1,11 @@
-// Work in proportion to speed (leash-worker --global-batch): a worker's measured speed and
-// its share of the job's global batch per clock. Value types and pure functions; not
-// thread-safe.
+// Work in proportion to speed (leash-worker --global-batch): a worker's measured speed, its
+// share of the job's global batch per clock, and the shards' optimizer rates that keep --lr's
+// step per sample. Value types and pure functions; not thread-safe.
 #pragma once
 
 #include <cstdint>
+
+#include "leash/worker/params.h"
 
 namespace leash::worker {
 
@@ -29,5 +31,18 @@ class StepRate {
 // clamped so) while either speed is unknown (not positive) or the total is below this
 // worker's own (a sum that does not hold it yet: it just joined).
 int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback);
+
+// The optimizer the shards get under work in proportion to speed, so that `--lr` and
+// `--weight-decay` mean what they mean without it: per push of a `batch`-sample mean
+// gradient, the step each of W workers makes at every clock of BSP (lr / batch per sample).
+// The shards weight a push by samples / global_batch (a clock is one step on the global
+// batch's mean gradient). SGD and momentum steps scale with the gradient, so their rate is
+// multiplied by global_batch / batch (the linear-scaling rule: with global_batch = W x batch,
+// a clock applies BSP's update to the same samples, no warmup needed); Adam and Adagrad
+// divide the gradient's scale out, so theirs stays (one step per push either way). Weight
+// decay adds wd x w to the weighted gradient on every push, so it is multiplied by batch /
+// global_batch for every kind (for SGD and momentum lr x wd per push stays BSP's). `opt` as
+// given when either batch is not positive.
+OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch);
 
 }  // namespace leash::worker

@@ -1,7 +1,10 @@
-// Unit tests of the rebalancing arithmetic of work in proportion to speed.
+// Unit tests of work in proportion to speed: the rebalancing arithmetic and the optimizer rates.
 #include "proportional.h"
 
 #include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
 
 namespace leash::worker {
 namespace {
@@ -50,6 +53,58 @@ TEST(StepRateTest, FollowsAChangeOfSpeedWithinAFewIterations) {
   EXPECT_NEAR(r.samples_per_second(), 160, 16);
   // Its batch follows: its share of 192 beside two workers of 640 samples/s each.
   EXPECT_EQ(ProportionalBatch(192, r.samples_per_second(), r.samples_per_second() + 1280, 64), 23);
+}
+
+OptimizerOptions Opt(OptimizerKind kind, float lr, float weight_decay = 0) {
+  OptimizerOptions o;
+  o.kind = kind;
+  o.learning_rate = lr;
+  o.weight_decay = weight_decay;
+  return o;
+}
+
+TEST(ProportionalOptimizerTest, KeepsBspSgdUpdatePerClock) {
+  // 3 workers, --batch 64, --global-batch 192, SGD at --lr 0.01 with weight decay 0.1, one
+  // scalar parameter w = 2, per-sample gradients 0, 1, 2, ... (sample k's is k). BSP: each
+  // worker pushes the mean over its 64 samples; the shard steps lr x (g + wd x w) on each.
+  const float lr = 0.01f, wd = 0.1f;
+  const double w = 2;
+  std::vector<double> grads(192);
+  std::iota(grads.begin(), grads.end(), 0.0);
+  auto mean = [&](int begin, int n) {
+    return std::accumulate(grads.begin() + begin, grads.begin() + begin + n, 0.0) / n;
+  };
+  double bsp = 0;
+  for (int begin : {0, 64, 128}) bsp += lr * (mean(begin, 64) + wd * w);
+  // Proportional work: the same 192 samples split 82 : 82 : 28 by speed; each push is the
+  // mean over its samples, weighted by samples / 192 on the shard, at the derived options.
+  const OptimizerOptions o = ProportionalOptimizer(Opt(OptimizerKind::kSgd, lr, wd), 192, 64);
+  EXPECT_FLOAT_EQ(o.learning_rate, 0.03f);
+  double proportional = 0;
+  int begin = 0;
+  for (int n : {82, 82, 28}) {
+    proportional += o.learning_rate * ((n / 192.0) * mean(begin, n) + o.weight_decay * w);
+    begin += n;
+  }
+  EXPECT_NEAR(proportional, bsp, 1e-5);
+  // Momentum scales alike; a global batch of 512 over --batch 64 is 8 BSP steps' worth.
+  EXPECT_FLOAT_EQ(
+      ProportionalOptimizer(Opt(OptimizerKind::kMomentum, 0.01f), 512, 64).learning_rate, 0.08f);
+}
+
+TEST(ProportionalOptimizerTest, LeavesScaleFreeRatesAndOffAlone) {
+  // Adam and Adagrad divide the gradient's scale out: the weighting does not shrink their
+  // steps, so the rate stays; weight decay, added to the weighted gradient, is scaled down.
+  const OptimizerOptions adam =
+      ProportionalOptimizer(Opt(OptimizerKind::kAdam, 0.001f, 0.3f), 192, 64);
+  EXPECT_FLOAT_EQ(adam.learning_rate, 0.001f);
+  EXPECT_FLOAT_EQ(adam.weight_decay, 0.1f);
+  EXPECT_FLOAT_EQ(ProportionalOptimizer(Opt(OptimizerKind::kAdagrad, 0.05f), 192, 64).learning_rate,
+                  0.05f);
+  // Work in proportion to speed off (global batch 0): the options as given.
+  const OptimizerOptions off = ProportionalOptimizer(Opt(OptimizerKind::kSgd, 0.01f, 0.3f), 0, 64);
+  EXPECT_FLOAT_EQ(off.learning_rate, 0.01f);
+  EXPECT_FLOAT_EQ(off.weight_decay, 0.3f);
 }
 
 }  // namespace
