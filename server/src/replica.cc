@@ -418,10 +418,20 @@ void Replica::BecomePrimary(uint64_t term) {
   }
   // The set is written at once: from now on only its members may follow this primary.
   if (Status st = coordinator_->SetInSync(term_, in_sync_); !st.ok()) {
-    spdlog::warn("shard {}: replica {} won term {} but could not set the in-sync set: {}",
-                 shard_options_.shard, options_.replica, term_, st.ToString());
+    // It holds the primary key of this term (workers are sent here), so unless the term is
+    // over it must try again: nobody else can lead while the key lives.
+    const bool over = st.code() == StatusCode::kFailedPrecondition;
+    spdlog::warn("shard {}: replica {} won term {} but could not set the in-sync set ({}): {}",
+                 shard_options_.shard, options_.replica, term_,
+                 over ? "the term is over" : "trying again", st.ToString());
+    if (over) {
+      won_term_.reset();
+    } else {
+      won_term_ = term;
+    }
     return;
   }
+  won_term_.reset();
   role_ = ReplicaRole::kPrimary;
   primary_ = options_.replica;
   // Its log becomes the shard's: what it holds past the commit index is applied now (the
@@ -633,10 +643,29 @@ void Replica::OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloa
   SendAck(true, m.index);
 }
 
+void Replica::CheckTermAlone() {
+  if (now_ < next_term_check_ms_) return;
+  next_term_check_ms_ = now_ + options_.campaign_ms;
+  // The same set again, fenced by the term: it fails only if the term is over.
+  Status st = coordinator_->SetInSync(term_, in_sync_);
+  if (st.code() != StatusCode::kFailedPrecondition) return;  // current, or no answer
+  // Its lease ended (a pause, or cut off from the coordinator for the TTL) and the primary
+  // key with it. Alone in the in-sync set, it held every acknowledged entry and nobody else
+  // may lead: it stays eligible and campaigns for a new term, its log and applied state
+  // kept (the entries past the commit index become the new term's, as at any failover).
+  // Without this it would believe itself primary forever, acknowledging nothing, while the
+  // directory named no primary.
+  StepDown(term_, "its lease ended while it was alone in the in-sync set; campaigning again");
+  caught_up_ = true;
+  needs_snapshot_ = false;
+  last_campaign_ms_ = -1;
+}
+
 void Replica::MaybeCampaign() {
   if (needs_snapshot_) return;
   if (last_campaign_ms_ >= 0 && now_ - last_campaign_ms_ < options_.campaign_ms) return;
   last_campaign_ms_ = now_;
+  if (won_term_) return BecomePrimary(*won_term_);  // its in-sync set, written again
   if (directory_ == nullptr) return;
   auto view = directory_->View();
   if (!view.ok() || shard_options_.shard >= view->shards.size()) return;
@@ -683,6 +712,8 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
       }
     }
     if (role_ == ReplicaRole::kPrimary && UpdateInSync()) AdvanceCommit();
+    if (role_ == ReplicaRole::kPrimary && in_sync_.size() == 1 && !coordinator_->LeaseValid())
+      CheckTermAlone();
     Release(out);
     Compact();
     if (role_ == ReplicaRole::kPrimary) {

@@ -137,6 +137,9 @@ class Replica {
   void Compact();
   void BecomePrimary(uint64_t term);
   void StepDown(uint64_t term, const char* why);
+  // Primary alone in the in-sync set with an uncertain lease: asks the coordinator whether
+  // its term is still current; if the term is over, steps down still eligible to lead.
+  void CheckTermAlone();
   void MaybeCampaign();
   void SetShardNow(int64_t ms) { shard_now_ = ms; }
 
@@ -166,6 +169,9 @@ class Replica {
   // lead (a restarted replica lost its log and must be caught up first).
   bool caught_up_ = false;
   int64_t last_campaign_ms_ = -1;
+  // A term this replica won but whose in-sync set it could not write yet (the coordinator
+  // did not answer): it holds the primary key, so nobody else can lead; tried again.
+  std::optional<uint64_t> won_term_;
 
   // Primary.
   uint64_t term_start_index_ = 0;  // this term's no-op: nothing commits before it does
@@ -173,6 +179,7 @@ class Replica {
   std::vector<uint32_t> in_sync_;    // sorted, contains options_.replica
   int64_t next_in_sync_try_ms_ = 0;  // after a failed SetInSync
   int64_t in_sync_warned_ms_ = -1;
+  int64_t next_term_check_ms_ = 0;  // CheckTermAlone's next try
   std::deque<Held> held_;
   std::vector<Outgoing> scratch_;
   std::function<void(ReplicaRole, uint64_t)> role_observer_;
