@@ -68,6 +68,12 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
 
 Replica::~Replica() = default;
 
+size_t Replica::EntryBytes(const ReplEntryWire& e) {
+  size_t n = 0;
+  for (const Frame& f : e.message) n += f.size();
+  return n;
+}
+
 uint64_t Replica::TermAt(uint64_t index) const {
   if (index == base_index_) return base_term_;
   if (index < base_index_ || index > last_index()) return 0;
@@ -185,6 +191,7 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
+  log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   scratch_.clear();
   Apply(log_.back(), &scratch_);
@@ -397,11 +404,13 @@ void Replica::Release(std::vector<Outgoing>* out) {
 }
 
 void Replica::Compact() {
-  // Keep the log within its bound: drop applied (and, on a primary, committed) entries.
+  // Keep the log within its bounds: drop applied (and, on a primary, committed) entries.
   const uint64_t keep_after = std::min(applied_index_, commit_index_);
-  while (log_.size() > options_.max_log_entries && base_index_ < keep_after) {
+  while ((log_.size() > options_.max_log_entries || log_bytes_ > options_.max_log_bytes) &&
+         base_index_ < keep_after) {
     base_term_ = log_.front().term;
     base_index_ = log_.front().index;
+    log_bytes_ -= EntryBytes(log_.front());
     log_.pop_front();
   }
 }
@@ -547,8 +556,12 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
         return SendAck(false, applied_index_);
       }
       // A divergent tail no primary acknowledged: dropped (never applied).
-      while (last_index() >= index) log_.pop_back();
+      while (last_index() >= index) {
+        log_bytes_ -= EntryBytes(log_.back());
+        log_.pop_back();
+      }
     }
+    log_bytes_ += EntryBytes(e);
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());
@@ -633,6 +646,7 @@ void Replica::OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloa
   }
   shard_ = std::move(shard);
   log_.clear();
+  log_bytes_ = 0;
   base_index_ = m.index;
   base_term_ = m.index_term;
   applied_index_ = m.index;
