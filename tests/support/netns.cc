@@ -82,8 +82,8 @@ std::vector<std::string> Hosts::On(int i, std::vector<std::string> argv) const {
 }
 
 std::string Hosts::Link(int i, bool up) {
-  auto [code, out] = RunCmd(
-      dir_, {"ip", "-n", prefix_ + "sw", "link", "set", "p" + std::to_string(i), up ? "up" : "down"});
+  auto [code, out] = RunCmd(dir_, {"ip", "-n", prefix_ + "sw", "link", "set",
+                                   "p" + std::to_string(i), up ? "up" : "down"});
   return code == 0 ? "" : out;
 }
 

@@ -91,8 +91,7 @@ int ReplicatedCluster::KillPrimary(int s) {
   return r;
 }
 
-std::unique_ptr<Client> ReplicatedCluster::Follower(const std::string& name,
-                                                    bool register_worker) {
+std::unique_ptr<Client> ReplicatedCluster::Follower(const std::string& name, bool register_worker) {
   auto view = ResolvePrimaries(*directory_, 30000);
   EXPECT_TRUE(view.ok()) << view.status();
   if (!view.ok()) return nullptr;
