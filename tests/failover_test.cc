@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <regex>
@@ -18,8 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "leash/common/etcd_coordinator.h"
-#include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"
 #include "support/etcd_test.h"
@@ -31,8 +30,6 @@ namespace leash {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Endpoint;
-using testing::FreePort;
 using testing::Process;
 using testing::WaitFor;
 
