@@ -1,6 +1,7 @@
 // Tests of the etcd Coordinator and ShardDirectory against a real etcd process. The
-// conformance suite (CoordinatorConformanceTest) runs on any backend: add one to
-// Backends() (e.g. the in-memory coordinator of tests/support/memory_coordinator.h).
+// conformance suite (CoordinatorConformanceTest) runs on every backend of Backends(): etcd,
+// and the in-memory coordinator of tests/support/memory_coordinator.h that the unit tests of
+// replicated shards rely on, so it keeps etcd's contract.
 // EtcdCoordinatorTest holds what only etcd has: etcd itself dying, its error messages.
 #include <gtest/gtest.h>
 
@@ -8,11 +9,12 @@
 #include <atomic>
 #include <functional>
 #include <future>
+#include <ostream>
 #include <thread>
 
 #include "leash/common/etcd_coordinator.h"
-#include "support/etcd_process.h"
-#include "support/process.h"
+#include "support/etcd_test.h"
+#include "support/memory_coordinator.h"
 
 namespace leash {
 namespace {
@@ -78,21 +80,43 @@ class EtcdBackend : public CoordinatorBackend {
   EtcdOptions options_;
 };
 
+// The in-memory coordinator on the steady clock, with a short TTL (it has no minimum).
+class MemoryBackend : public CoordinatorBackend {
+ public:
+  MemoryBackend()
+      : service_(
+            [] {
+              return std::chrono::duration_cast<milliseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                  .count();
+            },
+            kMemoryTtl.count(), kMemoryTtl.count() / 5) {}
+  std::unique_ptr<Coordinator> NewReplica(uint32_t num_shards, uint32_t replicas) override {
+    return service_.Connect(num_shards, replicas);
+  }
+  std::unique_ptr<ShardDirectory> NewDirectory() override { return service_.Directory(); }
+  void CutOff(Coordinator& c, bool cut) override { service_.PauseKeepAlives(c, cut); }
+  milliseconds ttl() const override { return kMemoryTtl; }
+
+ private:
+  static constexpr milliseconds kMemoryTtl{500};
+  testing::MemoryCoordinatorService service_;
+};
+
 struct BackendParam {
   std::string name;
   std::function<std::unique_ptr<CoordinatorBackend>()> make;
   std::function<std::string()> unavailable;  // why it cannot run here ("" if it can)
 };
 
+// ctest lists a parameter by its backend's name, not its bytes.
+void PrintTo(const BackendParam& p, std::ostream* os) { *os << p.name; }
+
 std::vector<BackendParam> Backends() {
-  return {{"etcd", [] { return std::make_unique<EtcdBackend>(); },
-           [] {
-             return EtcdProcess::Binary().empty()
-                        ? std::string(
-                              "etcd is not installed (bash scripts/install-deps.sh "
-                              "installs etcd-server)")
-                        : std::string();
-           }}};
+  return {
+      {"etcd", [] { return std::make_unique<EtcdBackend>(); },
+       [] { return EtcdProcess::SkipReason(); }},
+      {"memory", [] { return std::make_unique<MemoryBackend>(); }, [] { return std::string(); }}};
 }
 
 ReplicaAddress Replica(uint32_t r) {
@@ -346,14 +370,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, CoordinatorConformanceTest, ::testing::Values
 
 // ---------------------------------------------------------------------- etcd only
 
-class EtcdCoordinatorTest : public ::testing::Test {
+class EtcdCoordinatorTest : public testing::EtcdTest {
  protected:
   void SetUp() override {
-    if (EtcdProcess::Binary().empty()) {
-      GTEST_SKIP() << "etcd is not installed (bash scripts/install-deps.sh installs "
-                      "etcd-server)";
-    }
-    etcd_ = std::make_unique<EtcdProcess>(dir_.path());
+    EtcdTest::SetUp();
+    if (IsSkipped()) return;
     options_.endpoints = {etcd_->endpoint()};
     options_.job = "etcd-test";
     options_.ttl = kTtl;
@@ -366,8 +387,6 @@ class EtcdCoordinatorTest : public ::testing::Test {
     return std::move(c).value();
   }
 
-  TempDir dir_;
-  std::unique_ptr<EtcdProcess> etcd_;
   EtcdOptions options_;
 };
 

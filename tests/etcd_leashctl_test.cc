@@ -15,6 +15,7 @@
 #include "leash/worker/client.h"
 #include "support/cluster.h"
 #include "support/etcd_process.h"
+#include "support/etcd_test.h"
 #include "support/process.h"
 
 namespace leash {
@@ -22,19 +23,14 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Endpoint;
-using testing::EtcdProcess;
 using testing::FreePort;
 using testing::Process;
-using testing::TempDir;
 
-class EtcdLeashctlTest : public ::testing::Test {
+class EtcdLeashctlTest : public testing::EtcdTest {
  protected:
   void SetUp() override {
-    if (EtcdProcess::Binary().empty()) {
-      GTEST_SKIP() << "etcd is not installed (bash scripts/install-deps.sh installs "
-                      "etcd-server)";
-    }
-    etcd_ = std::make_unique<EtcdProcess>(dir_.path());
+    EtcdTest::SetUp();
+    if (IsSkipped()) return;
     options_.endpoints = {etcd_->endpoint()};
     options_.job = "ctl";
     options_.ttl = 2s;
@@ -51,8 +47,6 @@ class EtcdLeashctlTest : public ::testing::Test {
     return std::move(c).value();
   }
 
-  TempDir dir_;
-  std::unique_ptr<EtcdProcess> etcd_;
   EtcdOptions options_;
 };
 

@@ -1,142 +1,166 @@
-// Fault tests of workers following a failover of replicated shards, with real processes:
-// etcd, leash-server replicas (--replicas 2, a 2 s etcd lease) and leash-worker or a
-// leash::Client that finds the primaries in etcd (--etcd) and follows them when a primary
-// is SIGKILLed. Skipped without an etcd executable. Single-threaded tests.
+// Fault tests of replicated shards with real processes: etcd, leash-server replicas
+// (--replicas 2, a 2 s etcd lease) and leash-worker or a leash::Client that finds the
+// primaries in etcd (--etcd) and follows them. The primary is SIGKILLed (under training
+// workers, and repeatedly under pushes of known values), a backup is killed and restarted,
+// etcd itself is killed for a while, and the primary is partitioned from its backup but not
+// from the workers (network namespaces: PartitionTest, root only). Every test with pushes of
+// known values (SGD at learning rate 1) ends with the final table equal to the exact sum of
+// the acknowledged pushes: none lost, none applied twice. Skipped without an etcd executable.
+// Each test's own thread drives it; ExactSumPusher pushes from one more.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "leash/common/etcd_coordinator.h"
-#include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"
-#include "support/etcd_process.h"
+#include "support/etcd_test.h"
+#include "support/netns.h"
 #include "support/process.h"
+#include "support/replicated_cluster.h"
 
 namespace leash {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Endpoint;
-using testing::EtcdProcess;
-using testing::FreePort;
 using testing::Process;
-using testing::TempDir;
 using testing::WaitFor;
 
 constexpr char kJob[] = "follow";
 
-class FailoverTest : public ::testing::Test {
+// Pushes of known values from a thread of its own through a client that follows the
+// primary: push i adds i % 64 to row i % 4 of a 4-value SGD table at learning rate 1, so
+// the table must end as minus the sum of the acknowledged pushes, exactly. A push not
+// acknowledged within two minutes is a failure (the thread ends rather than hang).
+class ExactSumPusher {
+ public:
+  ExactSumPusher(Client& client, TableHandle table) : client_(client), table_(std::move(table)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ExactSumPusher() { Stop(); }
+
+  int64_t acknowledged() const { return acknowledged_.load(); }
+  // Waits until `n` more pushes than now are acknowledged; false (with the failure, if
+  // any, in failure()) if that takes longer than `timeout`.
+  bool WaitForMore(int64_t n, std::chrono::milliseconds timeout = 60s) const {
+    const int64_t target = acknowledged() + n;
+    return WaitFor([&] { return acknowledged() >= target || done_.load(); }, timeout) &&
+           acknowledged() >= target;
+  }
+  // Stops after the push in flight is acknowledged.
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string failure() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+  // After Stop(): the table pulled through `client` equals minus the acknowledged sums.
+  void ExpectExactSums(Client& client) const {
+    ASSERT_TRUE(failure().empty()) << failure();
+    std::vector<float> values(4);
+    Status st = client.Pull(table_, values.data()).get();
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_EQ(values[k], -static_cast<float>(sum_[k]))
+          << "row " << k << " after " << acknowledged() << " acknowledged pushes";
+    }
+  }
+
+ private:
+  void Run() {
+    for (int64_t i = 1; !stop_.load(); ++i) {
+      std::vector<float> grad(4, 0.f);
+      grad[static_cast<size_t>(i % 4)] = static_cast<float>(i % 64);
+      auto pending = client_.Push(table_, grad.data());
+      const auto deadline = std::chrono::steady_clock::now() + 120s;
+      while (pending.wait_for(100ms) != std::future_status::ready) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          Fail("push " + std::to_string(i) + " not acknowledged within 120 s");
+          return;
+        }
+      }
+      Status st = pending.get();
+      if (!st.ok()) {
+        Fail("push " + std::to_string(i) + ": " + st.ToString());
+        return;
+      }
+      sum_[static_cast<size_t>(i % 4)] += static_cast<float>(i % 64);
+      acknowledged_.store(i);
+    }
+    done_.store(true);
+  }
+  void Fail(std::string why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = std::move(why);
+    done_.store(true);
+  }
+
+  Client& client_;
+  TableHandle table_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> acknowledged_{0};
+  std::vector<double> sum_ = std::vector<double>(4, 0);  // written by the thread only
+  mutable std::mutex mu_;
+  std::string failure_;
+  std::thread thread_;
+};
+
+// etcd and one shard of two replicas, both in sync before the test starts.
+class FailoverTest : public testing::EtcdTest {
  protected:
   void SetUp() override {
-    if (EtcdProcess::Binary().empty()) {
-      GTEST_SKIP() << "etcd is not installed (bash scripts/install-deps.sh installs "
-                      "etcd-server)";
-    }
-    etcd_ = std::make_unique<EtcdProcess>(dir_.path());
-    for (int r = 0; r < 2; ++r) endpoints_.push_back(Endpoint(FreePort()));
-    replicas_.resize(2);
-    for (int r = 0; r < 2; ++r) StartReplica(r);
-    EtcdOptions o;
-    o.endpoints = {etcd_->endpoint()};
+    EtcdTest::SetUp();
+    if (IsSkipped()) return;
+    testing::ReplicatedCluster::Options o;
+    o.dir = dir_.path();
+    o.etcd = etcd_->endpoint();
     o.job = kJob;
-    auto d = NewEtcdShardDirectory(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    directory_ = std::move(*d);
+    o.endpoints = endpoints_;
+    o.extra = {"--lease-timeout=10s"};
+    o.on_host = on_host_;
+    cluster_ = std::make_unique<testing::ReplicatedCluster>(std::move(o));
     ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   }
+  void TearDown() override { cluster_.reset(); }
 
-  void TearDown() override {
-    for (auto& r : replicas_) {
-      if (r) r->Kill();
-    }
-  }
-
-  void StartReplica(int r) {
-    replicas_[static_cast<size_t>(r)] = std::make_unique<Process>(
-        std::vector<std::string>{LEASH_SERVER_BIN, "--bind=" + endpoints_[static_cast<size_t>(r)],
-                                 "--data-dir=" + dir_.path() + "/r" + std::to_string(r),
-                                 "--replicas=2", "--replica=" + std::to_string(r),
-                                 "--peers=" + endpoints_[0] + "," + endpoints_[1],
-                                 "--etcd=" + etcd_->endpoint(), "--job=" + std::string(kJob),
-                                 "--etcd-ttl=2", "--no-sync", "--lease-timeout=10s"},
-        dir_.path() + "/r" + std::to_string(r) + ".log");
-  }
-
-  // The shard's view in etcd, or nullopt if it cannot be read.
-  std::optional<ShardView> View() {
-    auto v = directory_->View();
-    if (!v.ok() || v->shards.empty()) return std::nullopt;
-    return v->shards[0];
-  }
-  int InSync() {
-    auto v = View();
-    return v && v->primary ? static_cast<int>(v->in_sync.size()) : -1;
-  }
-
-  // A client that finds the primary in etcd and follows it.
+  void StartReplica(int r) { cluster_->Start(0, r); }
+  Process& Replica(int r) { return cluster_->replica(0, r); }
+  std::optional<ShardView> View() { return cluster_->View(0); }
+  int InSync() { return cluster_->InSync(0); }
+  int Primary() { return cluster_->Primary(0); }
+  int KillPrimary() { return cluster_->KillPrimary(0); }
   std::unique_ptr<Client> Follower(const std::string& name, bool register_worker) {
-    auto view = ResolvePrimaries(*directory_, 30000);
-    EXPECT_TRUE(view.ok()) << view.status();
-    if (!view.ok()) return nullptr;
-    auto t = ConnectZmqClient(ctx_, PrimaryEndpoints(*view));
-    EXPECT_TRUE(t.ok()) << t.status();
-    if (!t.ok()) return nullptr;
-    ClientOptions o;
-    o.name = name;
-    o.register_worker = register_worker;
-    o.directory = directory_;
-    o.directory_view = *view;
-    auto c = Client::Connect(std::move(*t), o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return cluster_->Follower(name, register_worker);
   }
+  std::string Logs() { return cluster_->Logs(); }
 
   int64_t MinClock(Client& observer) {
     auto s = observer.Stats();
     return s.ok() ? (*s)[0].min_clock : -1;
   }
 
-  // SIGKILLs the current primary; returns its replica index.
-  int KillPrimary() {
-    auto v = View();
-    EXPECT_TRUE(v && v->primary);
-    if (!v || !v->primary) return -1;
-    int r = static_cast<int>(v->primary->replica);
-    replicas_[static_cast<size_t>(r)]->Kill();
-    return r;
-  }
-
-  std::string Logs() {
-    std::string s;
-    for (size_t r = 0; r < replicas_.size(); ++r) {
-      if (replicas_[r]) s += "--- replica " + std::to_string(r) + "\n" + replicas_[r]->ReadLog();
-    }
-    return s;
-  }
-
-  TempDir dir_;
-  std::unique_ptr<EtcdProcess> etcd_;
+  // Set by a derived fixture before SetUp: where the replicas listen and how they are run.
   std::vector<std::string> endpoints_;
-  std::vector<std::unique_ptr<Process>> replicas_;
-  std::shared_ptr<ShardDirectory> directory_;
-  ZmqContext ctx_;
+  std::function<std::vector<std::string>(int, int, std::vector<std::string>)> on_host_;
+  std::unique_ptr<testing::ReplicatedCluster> cluster_;
 };
 
 TEST_F(FailoverTest, WorkersFollowTheNewPrimaryAndTheJobFinishes) {
   std::vector<std::unique_ptr<Process>> workers;
   for (const char* name : {"a", "b"}) {
-    workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{LEASH_WORKER_BIN, "--etcd=" + etcd_->endpoint(),
-                                 "--job=" + std::string(kJob), "--name=" + std::string(name),
-                                 "--train-limit=6000", "--test-limit=1000", "--chunk-size=250",
-                                 "--log-every=0", "--batch=32", "--connect-timeout=30",
-                                 "--epochs=4", "--staleness=1"},
-        dir_.path() + "/" + name + ".log"));
+    workers.push_back(cluster_->StartWorker(
+        name, {"--train-limit=6000", "--test-limit=1000", "--chunk-size=250", "--log-every=0",
+               "--batch=32", "--connect-timeout=30", "--epochs=4", "--staleness=1"}));
   }
   auto observer = Follower("observer", /*register_worker=*/false);
   ASSERT_NE(observer, nullptr);
@@ -165,7 +189,7 @@ TEST_F(FailoverTest, WorkersFollowTheNewPrimaryAndTheJobFinishes) {
   EXPECT_NE(static_cast<int>(v->primary->replica), killed);
   EXPECT_GE(v->term, 2u);
   std::string logs = workers[0]->ReadLog() + workers[1]->ReadLog();
-  EXPECT_NE(logs.find("shard 0: primary is " + endpoints_[static_cast<size_t>(1 - killed)]),
+  EXPECT_NE(logs.find("shard 0: primary is " + cluster_->endpoint(0, 1 - killed)),
             std::string::npos)
       << logs;
   for (auto& w : workers) {
@@ -183,52 +207,156 @@ TEST_F(FailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice
   ASSERT_NE(client, nullptr);
   auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
   ASSERT_TRUE(table.ok()) << table.status();
-  // Push i adds i to row i % 4 (SGD at lr 1 subtracts it): a lost or doubled push shows.
-  std::atomic<bool> stop{false};
-  std::atomic<int64_t> acknowledged{0};
-  std::vector<double> sum(4, 0);
-  Status failure;
-  std::thread pusher([&] {
-    for (int64_t i = 1; !stop.load(); ++i) {
-      std::vector<float> grad(4, 0.f);
-      grad[static_cast<size_t>(i % 4)] = static_cast<float>(i % 64);
-      Status st = client->Push(*table, grad.data()).get();
-      if (!st.ok()) {
-        failure = st;
-        return;
-      }
-      sum[static_cast<size_t>(i % 4)] += static_cast<float>(i % 64);
-      acknowledged.store(i);
-    }
-  });
-  struct Joiner {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~Joiner() {
-      stop.store(true);
-      if (t.joinable()) t.join();
-    }
-  } joiner{stop, pusher};
+  ExactSumPusher pusher(*client, *table);
   for (int kill = 0; kill < 3; ++kill) {
-    const int64_t before = acknowledged.load();
-    ASSERT_TRUE(WaitFor([&] { return acknowledged.load() >= before + 200; }, 60s))
-        << failure << Logs();
+    ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
     const int r = KillPrimary();
     ASSERT_GE(r, 0);
     // Pushes go on at the new primary; then the killed replica comes back as a backup.
-    const int64_t at_kill = acknowledged.load();
-    ASSERT_TRUE(WaitFor([&] { return acknowledged.load() >= at_kill + 50; }, 60s))
-        << failure << Logs();
+    ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
     StartReplica(r);
     ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   }
-  stop.store(true);
-  pusher.join();
-  ASSERT_TRUE(failure.ok()) << failure;
-  std::vector<float> values(4);
-  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
-  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(values[k], -static_cast<float>(sum[k])) << "row " << k;
+  pusher.Stop();
+  pusher.ExpectExactSums(*client);
   EXPECT_GE(View()->term, 4u);
+}
+
+TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart) {
+  auto client = Follower("pusher", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ExactSumPusher pusher(*client, *table);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  const int primary = Primary();
+  ASSERT_GE(primary, 0);
+  const int backup = 1 - primary;
+  Replica(backup).Kill();
+  // The primary goes on: it drops the backup from the in-sync set and acknowledges alone.
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  EXPECT_EQ(InSync(), 1);
+  EXPECT_EQ(Primary(), primary);
+  EXPECT_EQ(View()->in_sync, std::vector<uint32_t>{static_cast<uint32_t>(primary)});
+  // Restarted, the backup catches up while pushes go on, and joins the set again.
+  StartReplica(backup);
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+  ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+  // It holds everything: killing the primary now, the caught-up backup serves the exact sums.
+  ASSERT_EQ(KillPrimary(), primary);
+  ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
+  EXPECT_EQ(Primary(), backup);
+  pusher.Stop();
+  pusher.ExpectExactSums(*client);
+}
+
+TEST_F(FailoverTest, TrainingGoesOnWhileEtcdIsDownAndFailoverWaitsForItsReturn) {
+  auto client = Follower("pusher", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ExactSumPusher pusher(*client, *table);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  const int primary = Primary();
+  ASSERT_GE(primary, 0);
+  etcd_->Kill();
+  // Past the TTL (2 s) every lease is invalid as far as the replicas know; the primary has
+  // its backup in the in-sync set, which fences it, so it goes on acknowledging.
+  std::this_thread::sleep_for(3s);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  // The primary dies while etcd is down: nobody can take over (no election without etcd),
+  // so no push is acknowledged until etcd returns.
+  Replica(primary).Kill();
+  const int64_t at_kill = pusher.acknowledged();
+  std::this_thread::sleep_for(6s);
+  EXPECT_LE(pusher.acknowledged(), at_kill + 1) << "acknowledged without a primary";
+  EXPECT_EQ(Replica(1 - primary).ReadLog().find("leads in term 2"), std::string::npos) << Logs();
+  etcd_->Restart();
+  // etcd renews every lease for a TTL when it returns; then the dead primary's key expires,
+  // the backup wins term 2 and the pushes go on there.
+  ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+  EXPECT_EQ(Primary(), 1 - primary);
+  EXPECT_GE(View()->term, 2u);
+  pusher.Stop();
+  pusher.ExpectExactSums(*client);
+}
+
+// The replicas on hosts 0 and 1 and the test (etcd, the pushing client) on host 2, each a
+// network namespace (support/netns.h), so the route between the replicas can be cut while
+// both still reach etcd and the client.
+class PartitionTest : public FailoverTest {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+    if (std::string why = testing::EtcdProcess::SkipReason(); !why.empty()) GTEST_SKIP() << why;
+    hosts_ = std::make_unique<testing::Hosts>(dir_.path(), 3);
+    if (std::string why = hosts_->Create(); !why.empty()) {
+      GTEST_SKIP() << "cannot build network namespaces here: " << why;
+    }
+    on_host2_ = std::make_unique<testing::EnterNetns>(hosts_->Ns(2));
+    ASSERT_EQ(on_host2_->error(), "");
+    etcd_host_ = testing::Hosts::Address(2);
+    for (int r = 0; r < 2; ++r)
+      endpoints_.push_back("tcp://" + testing::Hosts::Address(r) + ":7000");
+    on_host_ = [this](int, int r, std::vector<std::string> argv) {
+      return hosts_->On(r, std::move(argv));
+    };
+    FailoverTest::SetUp();
+  }
+  void TearDown() override {
+    FailoverTest::TearDown();
+    etcd_.reset();
+    on_host2_.reset();  // back to the namespace the test started in
+    if (hosts_) {
+      hosts_.reset();
+      testing::Hosts check(dir_.path(), 3);
+      EXPECT_FALSE(check.AnyLeft()) << "network namespaces left behind";
+    }
+  }
+  std::unique_ptr<testing::Hosts> hosts_;
+  std::unique_ptr<testing::EnterNetns> on_host2_;
+};
+
+TEST_F(PartitionTest, PrimaryCutOffFromItsBackupAcknowledgesOnlyWithoutItInTheSetAndNoneDiverge) {
+  auto client = Follower("pusher", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ExactSumPusher pusher(*client, *table);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  const int primary = Primary();
+  ASSERT_GE(primary, 0);
+  const int backup = 1 - primary;
+
+  // Replica to replica cut; both still reach etcd and the client.
+  ASSERT_EQ(hosts_->Partition(0, 1, true), "");
+  // The primary goes on only once it removed the backup from the in-sync set in etcd: a
+  // primary acknowledging pushes the backup lacks while the set still named the backup would
+  // let the backup lead without them.
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  EXPECT_EQ(View()->in_sync, std::vector<uint32_t>{static_cast<uint32_t>(primary)});
+  EXPECT_EQ(Primary(), primary);  // the backup never took over
+  EXPECT_NE(Replica(primary).ReadLog().find("replica " + std::to_string(backup) + " fell behind"),
+            std::string::npos)
+      << Logs();
+
+  // Healed: the backup catches up and joins the set again while pushes go on.
+  ASSERT_EQ(hosts_->Partition(0, 1, false), "");
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 90s)) << Logs();
+  ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+
+  // The replicas hold the same state: each in turn serves the pushes after the other is
+  // killed, and the table ends as the exact sum of every acknowledged push.
+  ASSERT_EQ(KillPrimary(), primary);
+  ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
+  ASSERT_EQ(Primary(), backup);
+  StartReplica(primary);
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+  ASSERT_EQ(KillPrimary(), backup);
+  ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
+  ASSERT_EQ(Primary(), primary);
+  pusher.Stop();
+  pusher.ExpectExactSums(*client);
 }
 
 }  // namespace

@@ -20,134 +20,21 @@
 #include <vector>
 
 #include "support/files.h"
+#include "support/netns.h"
 #include "support/process.h"
 
 namespace leash {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Hosts;
 using testing::JsonNumbers;
 using testing::Process;
+using testing::RunCmd;
 using testing::TempDir;
 using testing::WaitFor;
 
 constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
-
-// The path of a system tool (Process execs without searching PATH); the name if not found.
-std::string Tool(const std::string& name) {
-  for (const char* d : {"/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/"}) {
-    if (::access((d + name).c_str(), X_OK) == 0) return d + name;
-  }
-  return name;
-}
-
-// Runs argv to completion (no shell); its exit code (-1 on timeout) and output.
-std::pair<int, std::string> RunCmd(const std::string& dir, std::vector<std::string> argv,
-                                   std::chrono::seconds timeout = 30s) {
-  if (argv[0].find('/') == std::string::npos) argv[0] = Tool(argv[0]);
-  return testing::RunToCompletion(std::move(argv), dir, timeout);
-}
-
-// The namespaces: hosts <prefix>h<i> with address 10.231.0.<i+1>/24 on eth0, each wired
-// to port p<i> of bridge br0 in <prefix>sw. Removed (with anything still in them killed by
-// the kernel as their last reference goes) when destroyed.
-class Hosts {
- public:
-  Hosts(std::string dir, int n) : dir_(std::move(dir)), n_(n) {
-    prefix_ = "lsh" + std::to_string(::getpid()) + "-";
-  }
-  ~Hosts() {
-    for (int i = 0; i < n_; ++i) RunCmd(dir_, {"ip", "netns", "del", Ns(i)});
-    RunCmd(dir_, {"ip", "netns", "del", prefix_ + "sw"});
-  }
-
-  // Builds the network; the failing command's output when it cannot (then the test skips).
-  std::string Create() {
-    RemoveStale();
-    std::vector<std::vector<std::string>> cmds = {
-        {"ip", "netns", "add", prefix_ + "sw"},
-        {"ip", "-n", prefix_ + "sw", "link", "add", "br0", "type", "bridge"},
-        {"ip", "-n", prefix_ + "sw", "link", "set", "br0", "up"}};
-    for (int i = 0; i < n_; ++i) {
-      const std::string p = "p" + std::to_string(i);
-      cmds.push_back({"ip", "netns", "add", Ns(i)});
-      cmds.push_back({"ip", "link", "add", "eth0", "netns", Ns(i), "type", "veth", "peer", "name",
-                      p, "netns", prefix_ + "sw"});
-      cmds.push_back({"ip", "-n", prefix_ + "sw", "link", "set", p, "master", "br0"});
-      cmds.push_back({"ip", "-n", prefix_ + "sw", "link", "set", p, "up"});
-      cmds.push_back({"ip", "-n", Ns(i), "addr", "add", Address(i) + "/24", "dev", "eth0"});
-      cmds.push_back({"ip", "-n", Ns(i), "link", "set", "eth0", "up"});
-      cmds.push_back({"ip", "-n", Ns(i), "link", "set", "lo", "up"});
-    }
-    for (auto& c : cmds) {
-      auto [code, out] = RunCmd(dir_, c);
-      if (code != 0) {
-        std::string line;
-        for (auto& a : c) line += a + " ";
-        return line + "-> " + out;
-      }
-    }
-    return "";
-  }
-
-  std::string Ns(int i) const { return prefix_ + "h" + std::to_string(i); }
-  static std::string Address(int i) { return "10.231.0." + std::to_string(i + 1); }
-
-  // argv run on host i: in its network namespace, in a mount namespace of its own with a
-  // private 64 MB /dev/shm (what a container gets). Each wrapper execs the next, so the
-  // process keeps the pid Process knows.
-  std::vector<std::string> On(int i, std::vector<std::string> argv) const {
-    std::vector<std::string> w = {Tool("ip"),
-                                  "netns",
-                                  "exec",
-                                  Ns(i),
-                                  Tool("unshare"),
-                                  "--mount",
-                                  "--propagation",
-                                  "private",
-                                  "/bin/sh",
-                                  "-c",
-                                  "mount -t tmpfs -o size=64m leash-shm /dev/shm && exec \"$@\"",
-                                  "sh"};
-    w.insert(w.end(), argv.begin(), argv.end());
-    return w;
-  }
-
-  // Host i's link on the switch side: down cuts it off, up restores it.
-  void Link(int i, bool up) {
-    auto [code, out] = RunCmd(dir_, {"ip", "-n", prefix_ + "sw", "link", "set",
-                                     "p" + std::to_string(i), up ? "up" : "down"});
-    ASSERT_EQ(code, 0) << out;
-  }
-
-  // Whether any namespace of this run is still there.
-  bool AnyLeft() const {
-    auto [code, out] = RunCmd(dir_, {"ip", "netns", "list"});
-    return out.find(prefix_) != std::string::npos;
-  }
-
- private:
-  // Namespaces of earlier runs whose test process is gone (a run killed mid-test).
-  void RemoveStale() {
-    auto [code, out] = RunCmd(dir_, {"ip", "netns", "list"});
-    size_t at = 0;
-    while ((at = out.find("lsh", at)) != std::string::npos) {
-      size_t end = out.find_first_of(" \n", at);
-      std::string name = out.substr(at, end - at);
-      at = end;
-      size_t dash = name.find('-');
-      if (dash == std::string::npos) continue;
-      pid_t pid = static_cast<pid_t>(std::atoll(name.substr(3, dash - 3).c_str()));
-      if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0) {
-        RunCmd(dir_, {"ip", "netns", "del", name});
-      }
-    }
-  }
-
-  std::string dir_;
-  int n_;
-  std::string prefix_;
-};
 
 class MultiHostTest : public ::testing::Test {
  protected:
@@ -245,7 +132,7 @@ TEST_F(MultiHostTest, TrainsAcrossHostsThroughLinkFailuresAndASlowLink) {
       << w0.ReadLog() << w1.ReadLog();
 
   // w1's host is cut off past the lease: both shards evict it and w0 goes on alone.
-  hosts_->Link(3, false);
+  ASSERT_EQ(hosts_->Link(3, false), "");
   std::this_thread::sleep_for(std::chrono::seconds(kLeaseS + 3));
   EXPECT_TRUE(WaitFor(
       [&] {
@@ -255,7 +142,7 @@ TEST_F(MultiHostTest, TrainsAcrossHostsThroughLinkFailuresAndASlowLink) {
       },
       30s))
       << shards_[0]->ReadLog();
-  hosts_->Link(3, true);
+  ASSERT_EQ(hosts_->Link(3, true), "");
   ASSERT_TRUE(WaitFor(
       [&] { return w1.ReadLog().find("rejoining as incarnation") != std::string::npos; }, 60s))
       << w1.ReadLog();
@@ -271,9 +158,9 @@ TEST_F(MultiHostTest, TrainsAcrossHostsThroughLinkFailuresAndASlowLink) {
   // find it silent, reconnect and resend; nobody is evicted.
   auto before = Status("min_clock");
   ASSERT_EQ(before.size(), 2u);
-  hosts_->Link(1, false);
+  ASSERT_EQ(hosts_->Link(1, false), "");
   std::this_thread::sleep_for(4500ms);
-  hosts_->Link(1, true);
+  ASSERT_EQ(hosts_->Link(1, true), "");
   ASSERT_TRUE(WaitFor(
       [&] {
         auto clocks = Status("min_clock");

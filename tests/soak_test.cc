@@ -1,14 +1,17 @@
 // Soak test (ctest label `soak`, not in the default run): a real job on full Fashion-MNIST
-// (2 shards, 4 MLP workers) that for a bounded window SIGKILLs, SIGTERMs and restarts
-// workers at random (seeded; the seed is logged) and kills and restarts one shard once. At
-// the end every table on every shard is finite, the job's epochs are complete (leashctl
-// --json status) and the long-lived processes (the shards, and one worker never killed)
-// neither leaked file descriptors nor grew in RSS beyond a stated bound.
+// (2 replicated shards of 2 replicas each, coordinated through a real etcd; 4 MLP workers
+// that follow the primaries) that for a bounded window SIGKILLs, SIGTERMs and restarts
+// workers at random (seeded; the seed is logged) and SIGKILLs shard 1's primary repeatedly
+// (3 times, restarting it as a backup each time; the backup takes over within the etcd
+// lease). At the end every table on every shard is finite, the job's epochs are complete
+// (leashctl --json status), every replica is back in sync, and the long-lived processes
+// (shard 0's two replicas, and one worker never killed) neither leaked file descriptors nor
+// grew in RSS beyond a stated bound.
 //
-// Runs only when LEASH_SOAK=1 (otherwise it skips). LEASH_SOAK_SECONDS sets the chaos
-// window (default 200), LEASH_SOAK_EPOCHS the job's epochs (default: one per 3 s of the
-// window), LEASH_SOAK_SEED the seed. Every process is started by the test and killed by PID
-// when it ends. Single-threaded.
+// Runs only when LEASH_SOAK=1 (otherwise it skips; also without etcd). LEASH_SOAK_SECONDS
+// sets the chaos window (default 200), LEASH_SOAK_EPOCHS the job's epochs (default: one per
+// 4 s of the window), LEASH_SOAK_SEED the seed. Every process is started by the test and
+// killed by PID when it ends. Single-threaded.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -25,13 +28,16 @@
 #include <thread>
 
 #include "support/cluster.h"
+#include "support/etcd_process.h"
+#include "support/replicated_cluster.h"
 
 namespace leash {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Cluster;
+using testing::EtcdProcess;
 using testing::Process;
+using testing::ReplicatedCluster;
 using testing::TempDir;
 using testing::WaitFor;
 using SteadyClock = std::chrono::steady_clock;
@@ -94,9 +100,11 @@ struct Series {
   }
 };
 
-// leashctl --json status, or "" if it failed.
-std::string LeashctlStatus(const Cluster& c, const std::string& dir) {
-  Process p({LEASHCTL_BIN, "--servers=" + c.servers(), "--json", "status"}, dir + "/leashctl.out");
+// leashctl --json status of the job in etcd, or "" if it failed.
+std::string LeashctlStatus(const std::string& etcd, const std::string& job,
+                           const std::string& dir) {
+  Process p({LEASHCTL_BIN, "--etcd=" + etcd, "--job=" + job, "--json", "status"},
+            dir + "/leashctl.out");
   auto code = p.Wait(30s);
   std::string out = p.ReadLog();
   std::remove((dir + "/leashctl.out").c_str());
@@ -105,8 +113,8 @@ std::string LeashctlStatus(const Cluster& c, const std::string& dir) {
 
 // Pulls every table of every shard through an unregistered client and counts the values
 // that are NaN or Inf. Tables are numbered by creation order on each shard, which Stats lists.
-Result<std::pair<size_t, size_t>> NonFiniteValues(Cluster& c) {
-  auto client = c.Connect("soak-checker", /*register_worker=*/false);
+Result<std::pair<size_t, size_t>> NonFiniteValues(ReplicatedCluster& c) {
+  auto client = c.Follower("soak-checker", /*register_worker=*/false);
   if (!client) return Unavailable("cannot reach the cluster");
   LEASH_ASSIGN_OR_RETURN(std::vector<ShardStats> stats, client->Stats());
   size_t values = 0;
@@ -133,18 +141,20 @@ Result<std::pair<size_t, size_t>> NonFiniteValues(Cluster& c) {
   return std::make_pair(values, bad);
 }
 
-TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
+TEST(SoakTest, JobSurvivesRandomWorkerKillsAndRepeatedPrimaryKillsWithoutLeaks) {
   if (EnvInt("LEASH_SOAK", 0) != 1)
     GTEST_SKIP() << "set LEASH_SOAK=1 to run the soak test (ctest -L soak)";
+  if (std::string why = EtcdProcess::SkipReason(); !why.empty()) GTEST_SKIP() << why;
   const int64_t window_s = std::max<int64_t>(20, EnvInt("LEASH_SOAK_SECONDS", 200));
-  // About 4.5 s per epoch on the 2-core development machine under load: the job outlasts the
-  // window, and the drain after it finishes the rest.
-  const int64_t epochs = std::max<int64_t>(2, EnvInt("LEASH_SOAK_EPOCHS", window_s / 3));
+  // About 4.5 s per epoch on the 2-core development machine under load unreplicated, more
+  // with every shard's backup applying the same pushes: the job outlasts the window, and the
+  // drain after it finishes the rest.
+  const int64_t epochs = std::max<int64_t>(2, EnvInt("LEASH_SOAK_EPOCHS", window_s / 4));
   const auto seed = static_cast<uint64_t>(
       EnvInt("LEASH_SOAK_SEED", static_cast<int64_t>(std::random_device{}() % 1000000)));
   std::printf(
       "soak: seed %llu (LEASH_SOAK_SEED to repeat), window %llds, %lld epochs of full "
-      "Fashion-MNIST\n",
+      "Fashion-MNIST, 2 shards x 2 replicas\n",
       static_cast<unsigned long long>(seed), static_cast<long long>(window_s),
       static_cast<long long>(epochs));
   std::fflush(stdout);
@@ -152,24 +162,34 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   auto uniform = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
 
   TempDir dir;
-  Cluster cluster(2, dir.path(), {"--lease-timeout=3s", "--checkpoint-interval=5s"});
-  ASSERT_TRUE(WaitFor([&] { return cluster.Stats().ok(); }, 30s)) << cluster.shard(0).ReadLog();
-  const std::vector<std::string> job = {"--epochs=" + std::to_string(epochs),
-                                        "--staleness=2",
-                                        "--batch=64",
-                                        "--chunk-size=2000",
-                                        "--log-every=0",
-                                        "--connect-timeout=60",
-                                        "--leave-timeout=15",
-                                        "--threads=1"};
+  EtcdProcess etcd(dir.path());
+  const std::string job = "soak";
+  ReplicatedCluster::Options co;
+  co.dir = dir.path();
+  co.etcd = etcd.endpoint();
+  co.job = job;
+  co.num_shards = 2;
+  co.replicas = 2;
+  co.extra = {"--lease-timeout=3s", "--checkpoint-interval=5s"};
+  ReplicatedCluster cluster(co);
+  ASSERT_TRUE(WaitFor([&] { return cluster.AllInSync(); }, 60s)) << cluster.Logs();
+  const std::vector<std::string> flags_common = {"--epochs=" + std::to_string(epochs),
+                                                 "--staleness=2",
+                                                 "--batch=64",
+                                                 "--chunk-size=2000",
+                                                 "--log-every=0",
+                                                 "--connect-timeout=60",
+                                                 "--leave-timeout=15",
+                                                 "--threads=1"};
   auto flags = [&](bool eval) {
-    auto f = job;
+    auto f = flags_common;
     if (!eval) f.push_back("--no-eval");
     return f;
   };
 
-  // Fds of each shard at rest (no worker connected, the observer client only).
-  std::vector<int> rest_fds = {OpenFds(cluster.shard(0).pid()), OpenFds(cluster.shard(1).pid())};
+  // Shard 0's replicas are never killed: their fds at rest (peers connected, no worker).
+  std::vector<int> rest_fds = {OpenFds(cluster.replica(0, 0).pid()),
+                               OpenFds(cluster.replica(0, 1).pid())};
 
   // Slot 0 is never killed (a long-lived worker to measure); slots 1..3 are churned.
   constexpr int kSlots = 4;
@@ -182,18 +202,22 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   for (int i = 0; i < kSlots; ++i) start(i);
 
   std::map<std::string, Series> series;
-  series["shard0"] = {"shard0", cluster.shard(0).pid(), {}};
-  series["shard1"] = {"shard1", cluster.shard(1).pid(), {}};
+  series["shard0 r0"] = {"shard0 r0", cluster.replica(0, 0).pid(), {}};
+  series["shard0 r1"] = {"shard0 r1", cluster.replica(0, 1).pid(), {}};
   series["steady worker"] = {"steady worker", workers[0]->pid(), {}};
 
   int sigkills = 0, sigterms = 0, restarts = 0, graceful_exits = 0, early_terms = 0,
-      shard_restarts = 0;
-  double shard_restart_t = -1;
+      primary_kills = 0;
+  std::vector<double> primary_kill_t;
   const auto t0 = SteadyClock::now();
   auto now_s = [&] { return std::chrono::duration<double>(SteadyClock::now() - t0).count(); };
   double next_action = uniform(3, 8);
   double next_sample = 0;
-  const double shard_kill_at = static_cast<double>(window_s) * 0.3;
+  // Shard 1's primary is SIGKILLed at a quarter, half and three quarters of the window (later
+  // if its replicas are not both in sync then: a kill before the restarted one caught up
+  // would leave the shard without a replica that may lead), and restarted at once.
+  constexpr int kPrimaryKills = 3;
+  auto primary_kill_at = [&](int k) { return static_cast<double>(window_s) * (k + 1) / 4; };
   bool job_done_early = false;
 
   while (now_s() < static_cast<double>(window_s)) {
@@ -202,15 +226,16 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
       for (auto& [name, s] : series) s.Take(t);
       next_sample = t + 2;
     }
-    ASSERT_TRUE(cluster.shard(0).running()) << cluster.shard(0).ReadLog();
-    ASSERT_TRUE(cluster.shard(1).running()) << cluster.shard(1).ReadLog();
-    if (shard_restarts == 0 && t >= shard_kill_at) {
-      std::printf("soak %.0fs: SIGKILL shard 1 and restart it\n", t);
-      cluster.shard(1).Kill();
-      cluster.Start(1);
-      series["shard1"] = {"shard1", cluster.shard(1).pid(), {}};
-      ++shard_restarts;
-      shard_restart_t = t;
+    ASSERT_TRUE(cluster.replica(0, 0).running()) << cluster.Logs();
+    ASSERT_TRUE(cluster.replica(0, 1).running()) << cluster.Logs();
+    if (primary_kills < kPrimaryKills && t >= primary_kill_at(primary_kills) &&
+        cluster.InSync(1) == 2) {
+      const int r = cluster.KillPrimary(1);
+      ASSERT_GE(r, 0) << cluster.Logs();
+      std::printf("soak %.0fs: SIGKILL shard 1's primary (replica %d) and restart it\n", t, r);
+      cluster.Start(1, r);
+      ++primary_kills;
+      primary_kill_t.push_back(t);
     }
     if (workers[0] && !workers[0]->running()) {
       auto code = workers[0]->Wait(0ms);
@@ -269,9 +294,13 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
     }
   }
   std::printf(
-      "soak %.0fs: chaos over (%d SIGKILL, %d SIGTERM, %d restarts, %d shard restart); draining\n",
-      chaos_end, sigkills, sigterms, restarts, shard_restarts);
+      "soak %.0fs: chaos over (%d SIGKILL, %d SIGTERM, %d restarts, %d primary kills); "
+      "draining\n",
+      chaos_end, sigkills, sigterms, restarts, primary_kills);
   std::fflush(stdout);
+  EXPECT_TRUE(job_done_early || primary_kills == kPrimaryKills)
+      << "shard 1's replicas were not in sync in time for every primary kill\n"
+      << cluster.Logs();
   const auto drain_deadline =
       SteadyClock::now() + std::chrono::seconds(std::max<int64_t>(600, window_s * 2));
   for (int i = 0; i < kSlots; ++i) {
@@ -292,7 +321,7 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   }
 
   // Epochs complete.
-  const std::string status = LeashctlStatus(cluster, dir.path());
+  const std::string status = LeashctlStatus(etcd.endpoint(), job, dir.path());
   std::smatch m;
   ASSERT_TRUE(
       std::regex_search(status, m, std::regex(R"re("epochs_done": (\d+), "epochs": (\d+))re")))
@@ -300,11 +329,12 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   EXPECT_EQ(std::stoll(m[1]), epochs) << status;
   EXPECT_EQ(std::stoll(m[2]), epochs) << status;
 
-  // Every table on every shard finite.
+  // Every table on every shard finite; every replica back in sync.
   auto finite = NonFiniteValues(cluster);
   ASSERT_TRUE(finite.ok()) << finite.status();
   EXPECT_GT(finite->first, 200000u) << "the MLP's tables hold about 235k values";
   EXPECT_EQ(finite->second, 0u) << "non-finite values in the tables";
+  EXPECT_TRUE(WaitFor([&] { return cluster.AllInSync(); }, 60s)) << cluster.Logs();
 
   // Final accuracy, from the steady worker.
   std::string steady_log = workers[0]->ReadLog();
@@ -315,18 +345,20 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
   EXPECT_GT(accuracy, 70.0) << steady_log.substr(steady_log.size() > 3000 ? steady_log.size() - 3000
                                                                           : 0);
 
-  // Leaks. The shards: fds back to their at-rest count (+-8: RocksDB keeps its table files
-  // open, a few more once snapshots were flushed; compaction bounds them) once every worker is
-  // gone; RSS growth over the second half of the run under 16 MiB. The steady worker: fds and RSS
-  // over the second half (its connections stay open) within 8 fds and 64 MiB.
+  // Leaks. Shard 0's replicas: fds back to their at-rest count (+-8: RocksDB keeps its table
+  // files open, a few more once snapshots were flushed; compaction bounds them) once every
+  // worker is gone; RSS growth over the second half of the run under 16 MiB. The steady
+  // worker: fds and RSS over the second half (its connections stay open) within 8 fds and
+  // 64 MiB.
+  std::string kills;
+  for (double t : primary_kill_t)
+    kills += (kills.empty() ? "" : ", ") + std::to_string(static_cast<int>(t));
   std::printf(
       "soak: %.0fs chaos + %.0fs drain; %d SIGKILL, %d SIGTERM (%d left gracefully, %d still "
-      "starting up), "
-      "%d worker restarts, %d shard restart at %.0fs; %lld epochs done; %zu values finite; final "
-      "test accuracy "
-      "%.2f%%\n",
+      "starting up), %d worker restarts, %d primary kills of shard 1 at %ss; %lld epochs done; "
+      "%zu values finite; final test accuracy %.2f%%\n",
       chaos_end, end_t - chaos_end, sigkills, sigterms, graceful_exits, early_terms, restarts,
-      shard_restarts, shard_restart_t, static_cast<long long>(epochs), finite->first, accuracy);
+      primary_kills, kills.c_str(), static_cast<long long>(epochs), finite->first, accuracy);
   for (auto& [name, s] : series) {
     ASSERT_GE(s.samples.size(), 4u) << name;
     const double first_t = s.samples.front().t;
@@ -337,8 +369,7 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
     const int64_t growth_kib = s.MaxRssFrom(half) - mid.rss_kib;
     std::printf(
         "soak: %-13s pid %d: RSS %.1f MiB at %.0fs, %.1f MiB at %.0fs (mid), %.1f MiB at the end, "
-        "max growth "
-        "over the second half %.1f MiB; fds %d -> %d -> %d\n",
+        "max growth over the second half %.1f MiB; fds %d -> %d -> %d\n",
         name.c_str(), s.pid, first.rss_kib / 1024.0, first.t, mid.rss_kib / 1024.0, mid.t,
         last.rss_kib / 1024.0, growth_kib / 1024.0, first.fds, mid.fds, last.fds);
     if (name == "steady worker") {
@@ -348,16 +379,12 @@ TEST(SoakTest, JobSurvivesRandomWorkerAndShardKillsWithoutLeaks) {
       EXPECT_LT(growth_kib, 16 * 1024) << name;
     }
   }
-  // Shard 0 ran the whole time: compare with its fds before any worker connected. Shard 1
-  // was restarted with the workers around: its end (no workers) is at most its first sample.
-  std::printf(
-      "soak: shard0 fds at rest %d before the job, %d after it; shard1 fds %d after its restart, "
-      "%d after the "
-      "job\n",
-      rest_fds[0], series["shard0"].samples.back().fds, series["shard1"].samples.front().fds,
-      series["shard1"].samples.back().fds);
-  EXPECT_LE(std::abs(series["shard0"].samples.back().fds - rest_fds[0]), 8);
-  EXPECT_LE(series["shard1"].samples.back().fds, series["shard1"].samples.front().fds + 8);
+  // Shard 0's replicas ran the whole time: compare with their fds before any worker came.
+  std::printf("soak: shard 0 fds at rest %d and %d before the job, %d and %d after it\n",
+              rest_fds[0], rest_fds[1], series["shard0 r0"].samples.back().fds,
+              series["shard0 r1"].samples.back().fds);
+  EXPECT_LE(std::abs(series["shard0 r0"].samples.back().fds - rest_fds[0]), 8);
+  EXPECT_LE(std::abs(series["shard0 r1"].samples.back().fds - rest_fds[1]), 8);
   EXPECT_FALSE(job_done_early && chaos_end < static_cast<double>(window_s) / 3)
       << "the job ended in the first third of the window, too early for a soak: raise "
          "LEASH_SOAK_EPOCHS";

@@ -127,6 +127,12 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
 }
 
+size_t Replica::EntryBytes(const ReplEntryWire& e) {
+  size_t n = 0;
+  for (const Frame& f : e.message) n += f.size();
+  return n;
+}
+
 uint64_t Replica::TermAt(uint64_t index) const {
   if (index == base_index_) return base_term_;
   if (index < base_index_ || index > last_index()) return 0;
@@ -267,6 +273,7 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
+  log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   scratch_.clear();
   Apply(log_.back(), &scratch_);
@@ -648,11 +655,13 @@ void Replica::Release(std::vector<Outgoing>* out) {
 }
 
 void Replica::Compact() {
-  // Keep the log within its bound: drop applied (and, on a primary, committed) entries.
+  // Keep the log within its bounds: drop applied (and, on a primary, committed) entries.
   const uint64_t keep_after = std::min(applied_index_, commit_index_);
-  while (log_.size() > options_.max_log_entries && base_index_ < keep_after) {
+  while ((log_.size() > options_.max_log_entries || log_bytes_ > options_.max_log_bytes) &&
+         base_index_ < keep_after) {
     base_term_ = log_.front().term;
     base_index_ = log_.front().index;
+    log_bytes_ -= EntryBytes(log_.front());
     log_.pop_front();
   }
 }
@@ -677,10 +686,20 @@ void Replica::BecomePrimary(uint64_t term) {
   }
   // The set is written at once: from now on only its members may follow this primary.
   if (Status st = coordinator_->SetInSync(term_, in_sync_); !st.ok()) {
-    spdlog::warn("shard {}: replica {} won term {} but could not set the in-sync set: {}",
-                 shard_options_.shard, options_.replica, term_, st.ToString());
+    // It holds the primary key of this term (workers are sent here), so unless the term is
+    // over it must try again: nobody else can lead while the key lives.
+    const bool over = st.code() == StatusCode::kFailedPrecondition;
+    spdlog::warn("shard {}: replica {} won term {} but could not set the in-sync set ({}): {}",
+                 shard_options_.shard, options_.replica, term_,
+                 over ? "the term is over" : "trying again", st.ToString());
+    if (over) {
+      won_term_.reset();
+    } else {
+      won_term_ = term;
+    }
     return;
   }
+  won_term_.reset();
   role_ = ReplicaRole::kPrimary;
   primary_ = options_.replica;
   // Its log becomes the shard's: what it holds past the commit index is applied now (the
@@ -799,8 +818,12 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
         return SendAck(false, applied_index_);
       }
       // A divergent tail no primary acknowledged: dropped (never applied).
-      while (last_index() >= index) log_.pop_back();
+      while (last_index() >= index) {
+        log_bytes_ -= EntryBytes(log_.back());
+        log_.pop_back();
+      }
     }
+    log_bytes_ += EntryBytes(e);
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());
@@ -939,6 +962,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   needs_snapshot_ = true;
   caught_up_ = false;
   log_.clear();
+  log_bytes_ = 0;
   staging_ = std::move(s);
   spdlog::info("shard {}: replica {} receives a snapshot at entry {} from replica {} (term {})",
                shard_options_.shard, options_.replica, m.index, m.primary, m.term);
@@ -994,6 +1018,7 @@ Status Replica::InstallStaging() {
   }
   shard_ = std::move(shard);
   log_.clear();
+  log_bytes_ = 0;
   base_index_ = s.index;
   base_term_ = s.index_term;
   applied_index_ = s.index;
@@ -1014,10 +1039,29 @@ void Replica::AbandonStaging(const std::string& why) {
   ++snapshots_abandoned_;
 }
 
+void Replica::CheckTermAlone() {
+  if (now_ < next_term_check_ms_) return;
+  next_term_check_ms_ = now_ + options_.campaign_ms;
+  // The same set again, fenced by the term: it fails only if the term is over.
+  Status st = coordinator_->SetInSync(term_, in_sync_);
+  if (st.code() != StatusCode::kFailedPrecondition) return;  // current, or no answer
+  // Its lease ended (a pause, or cut off from the coordinator for the TTL) and the primary
+  // key with it. Alone in the in-sync set, it held every acknowledged entry and nobody else
+  // may lead: it stays eligible and campaigns for a new term, its log and applied state
+  // kept (the entries past the commit index become the new term's, as at any failover).
+  // Without this it would believe itself primary forever, acknowledging nothing, while the
+  // directory named no primary.
+  StepDown(term_, "its lease ended while it was alone in the in-sync set; campaigning again");
+  caught_up_ = true;
+  needs_snapshot_ = false;
+  last_campaign_ms_ = -1;
+}
+
 void Replica::MaybeCampaign() {
   if (needs_snapshot_) return;
   if (last_campaign_ms_ >= 0 && now_ - last_campaign_ms_ < options_.campaign_ms) return;
   last_campaign_ms_ = now_;
+  if (won_term_) return BecomePrimary(*won_term_);  // its in-sync set, written again
   if (directory_ == nullptr) return;
   auto view = directory_->View();
   if (!view.ok() || shard_options_.shard >= view->shards.size()) return;
@@ -1064,6 +1108,8 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
       }
     }
     if (role_ == ReplicaRole::kPrimary && UpdateInSync()) AdvanceCommit();
+    if (role_ == ReplicaRole::kPrimary && in_sync_.size() == 1 && !coordinator_->LeaseValid())
+      CheckTermAlone();
     Release(out);
     Compact();
     if (role_ == ReplicaRole::kPrimary) {

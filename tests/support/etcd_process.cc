@@ -53,12 +53,19 @@ std::string EtcdProcess::Binary() {
   return "";
 }
 
-EtcdProcess::EtcdProcess(const std::string& dir) : dir_(dir), log_path_(dir + "/etcd.log") {
+std::string EtcdProcess::SkipReason() {
+  return Binary().empty() ? "etcd is not installed (bash scripts/install-deps.sh installs "
+                            "etcd-server; LEASH_ETCD_BIN names another executable)"
+                          : "";
+}
+
+EtcdProcess::EtcdProcess(const std::string& dir, const std::string& host)
+    : dir_(dir), host_(host), log_path_(dir + "/etcd.log") {
   client_port_ = FreePort();
   do {
     peer_port_ = FreePort();
   } while (peer_port_ == client_port_);
-  endpoint_ = "http://127.0.0.1:" + std::to_string(client_port_);
+  endpoint_ = "http://" + host_ + ":" + std::to_string(client_port_);
   Start();
 }
 
@@ -67,7 +74,7 @@ EtcdProcess::~EtcdProcess() { Kill(); }
 void EtcdProcess::Start() {
   const std::string binary = Binary();
   if (binary.empty()) throw std::runtime_error("no etcd executable found");
-  const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+  const std::string peer = "http://" + host_ + ":" + std::to_string(peer_port_);
   process_ = std::make_unique<Process>(
       std::vector<std::string>{binary, "--name", "leash-test", "--data-dir", dir_ + "/etcd-data",
                                "--listen-client-urls", endpoint_, "--advertise-client-urls",

@@ -7,30 +7,79 @@
 
 namespace leash::testing {
 
+namespace {
+
+std::string ShapeText(uint32_t num_shards, uint32_t replicas) {
+  return std::to_string(num_shards) + " shards x " + std::to_string(replicas) + " replicas";
+}
+
+}  // namespace
+
 class MemoryCoordinator final : public Coordinator {
  public:
-  explicit MemoryCoordinator(MemoryCoordinatorService* s) : s_(s) {}
+  MemoryCoordinator(MemoryCoordinatorService* s, uint32_t num_shards, uint32_t replicas)
+      : s_(s), num_shards_(num_shards), replicas_(replicas) {}
   ~MemoryCoordinator() override { (void)Leave(); }
 
   Status Join(uint32_t shard, const ReplicaAddress& self) override {
+    if (shard >= num_shards_) {
+      return InvalidArgument("shard " + std::to_string(shard) + " is outside the job's " +
+                             std::to_string(num_shards_) + " shards");
+    }
+    if (self.replica >= replicas_) {
+      return InvalidArgument("replica " + std::to_string(self.replica) + " is outside the job's " +
+                             std::to_string(replicas_) + " replicas");
+    }
     std::lock_guard<std::mutex> lock(s_->mu_);
     s_->RefreshLocked();
     if (s_->unavailable_) return Unavailable("memory coordinator: unavailable (fault injected)");
-    if (shard >= s_->num_shards_ || self.replica >= s_->replicas_) {
-      return FailedPrecondition("shard " + std::to_string(shard) + " replica " +
-                                std::to_string(self.replica) + " is outside the job of " +
-                                std::to_string(s_->num_shards_) + " shards x " +
-                                std::to_string(s_->replicas_) + " replicas");
+    if (!s_->shape_recorded_) {
+      s_->num_shards_ = num_shards_;
+      s_->replicas_ = replicas_;
+      s_->shape_recorded_ = true;
+    } else if (s_->num_shards_ != num_shards_ || s_->replicas_ != replicas_) {
+      return FailedPrecondition("the job has " + ShapeText(s_->num_shards_, s_->replicas_) +
+                                ", but this replica was started with " +
+                                ShapeText(num_shards_, replicas_));
     }
     if (lease_ != 0) s_->leases_.erase(lease_);
     lease_ = s_->next_lease_++;
     const int64_t now = s_->now_ms_();
-    s_->leases_[lease_] = {shard, self, now + s_->ttl_ms_, now, false, true};
+    s_->leases_[lease_] = {shard, self, now + s_->ttl_ms_, now, false, false, true};
     shard_ = shard;
+    self_ = self.replica;
+    held_term_ = 0;
+    term_lost_ = false;
     s_->ChangedLocked();
     return Status::Ok();
   }
 
+  uint64_t lease() const { return lease_; }
+
+ private:
+  // This handle's keep-alive, run as etcd's keep-alive thread would: a lease that ended
+  // while the replica ran on (not cut off, keep-alives not paused, the service up) is
+  // noticed once the replica's own view of it ran out, and the replica registers again
+  // under a new lease. A term held under the old lease is over: LeaseValid() stays false
+  // until the replica hears so (SetInSync or Resign of that term) or wins a new term.
+  void NoticeLostLeaseLocked() const {
+    if (s_->unavailable_) return;
+    auto it = s_->leases_.find(lease_);
+    if (it == s_->leases_.end() || it->second.alive || it->second.cut || it->second.paused) return;
+    const int64_t now = s_->now_ms_();
+    if (now - it->second.keepalive_ms < s_->ttl_ms_ - s_->margin_ms_) return;
+    MemoryCoordinatorService::Lease l = it->second;
+    s_->leases_.erase(it);
+    l.alive = true;
+    l.deadline_ms = now + s_->ttl_ms_;
+    l.keepalive_ms = now;
+    lease_ = s_->next_lease_++;
+    s_->leases_[lease_] = l;
+    if (held_term_ != 0) term_lost_ = true;
+    s_->ChangedLocked();
+  }
+
+ public:
   Status Leave() override {
     std::lock_guard<std::mutex> lock(s_->mu_);
     if (lease_ == 0) return Status::Ok();
@@ -38,6 +87,8 @@ class MemoryCoordinator final : public Coordinator {
     if (st.primary_lease == lease_) st.primary_lease.reset();
     s_->leases_.erase(lease_);
     lease_ = 0;
+    held_term_ = 0;
+    term_lost_ = false;
     s_->ChangedLocked();
     return Status::Ok();
   }
@@ -45,6 +96,8 @@ class MemoryCoordinator final : public Coordinator {
   bool LeaseValid() const override {
     std::lock_guard<std::mutex> lock(s_->mu_);
     s_->RefreshLocked();
+    NoticeLostLeaseLocked();
+    if (term_lost_) return false;
     auto it = s_->leases_.find(lease_);
     if (it == s_->leases_.end()) return false;
     // What the replica itself knows: its last keep-alive, not the service's view.
@@ -55,6 +108,7 @@ class MemoryCoordinator final : public Coordinator {
     std::lock_guard<std::mutex> lock(s_->mu_);
     s_->RefreshLocked();
     LEASH_RETURN_IF_ERROR(s_->RefuseLocked(lease_));
+    NoticeLostLeaseLocked();
     auto it = s_->leases_.find(lease_);
     if (it == s_->leases_.end() || !it->second.alive) {
       return FailedPrecondition("this replica's lease has expired; join again");
@@ -66,6 +120,8 @@ class MemoryCoordinator final : public Coordinator {
       return std::optional<uint64_t>();
     st.primary_lease = lease_;
     ++st.term;
+    held_term_ = st.term;
+    term_lost_ = false;
     s_->ChangedLocked();
     return std::optional<uint64_t>(st.term);
   }
@@ -74,13 +130,35 @@ class MemoryCoordinator final : public Coordinator {
     std::lock_guard<std::mutex> lock(s_->mu_);
     s_->RefreshLocked();
     LEASH_RETURN_IF_ERROR(s_->RefuseLocked(lease_));
+    if (s_->fail_set_in_sync_ > 0) {
+      --s_->fail_set_in_sync_;
+      return Unavailable("memory coordinator: SetInSync failed (fault injected)");
+    }
+    NoticeLostLeaseLocked();
+    std::vector<uint32_t> v = in_sync;
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    if (!std::binary_search(v.begin(), v.end(), self_)) {
+      return InvalidArgument("the in-sync set of shard " + std::to_string(shard_) +
+                             " must hold its primary, replica " + std::to_string(self_));
+    }
+    if (!v.empty() && v.back() >= replicas_) {
+      return InvalidArgument("replica " + std::to_string(v.back()) + " is outside the job's " +
+                             std::to_string(replicas_) + " replicas");
+    }
+    if (term_lost_ && term == held_term_) {
+      term_lost_ = false;
+      held_term_ = 0;
+      return FailedPrecondition("the lease under which replica " + std::to_string(self_) +
+                                " became primary in term " + std::to_string(term) +
+                                " expired; stop acting as primary");
+    }
     auto& st = s_->shards_[shard_];
     if (st.term != term || st.primary_lease != lease_) {
+      if (held_term_ == term) held_term_ = 0;
       return FailedPrecondition("term " + std::to_string(term) + " is over (the shard is at term " +
                                 std::to_string(st.term) + ")");
     }
-    std::vector<uint32_t> v = in_sync;
-    std::sort(v.begin(), v.end());
     if (v != st.in_sync) {
       st.in_sync = std::move(v);
       s_->ChangedLocked();
@@ -90,6 +168,10 @@ class MemoryCoordinator final : public Coordinator {
 
   Status Resign(uint64_t term) override {
     std::lock_guard<std::mutex> lock(s_->mu_);
+    if (term == held_term_) {
+      held_term_ = 0;
+      term_lost_ = false;
+    }
     auto& st = s_->shards_[shard_];
     if (st.term == term && st.primary_lease == lease_) {
       st.primary_lease.reset();
@@ -100,8 +182,14 @@ class MemoryCoordinator final : public Coordinator {
 
  private:
   MemoryCoordinatorService* s_;
-  uint64_t lease_ = 0;
+  const uint32_t num_shards_;
+  const uint32_t replicas_;
+  // The keep-alive's state (changed by NoticeLostLeaseLocked, also from LeaseValid).
+  mutable uint64_t lease_ = 0;
+  mutable uint64_t held_term_ = 0;  // the term this replica won and has not heard is over
+  mutable bool term_lost_ = false;
   uint32_t shard_ = 0;
+  uint32_t self_ = 0;
 };
 
 class MemoryDirectory final : public ShardDirectory {
@@ -112,7 +200,7 @@ class MemoryDirectory final : public ShardDirectory {
     std::lock_guard<std::mutex> lock(s_->mu_);
     s_->RefreshLocked();
     if (s_->unavailable_) return Unavailable("memory coordinator: unavailable (fault injected)");
-    if (s_->leases_.empty() && s_->revision_ == 1) return NotFound("no replica has joined yet");
+    if (!s_->shape_recorded_) return NotFound("no replica of the job has registered yet");
     return s_->ViewLocked();
   }
 
@@ -143,10 +231,19 @@ MemoryCoordinatorService::MemoryCoordinatorService(uint32_t num_shards, uint32_t
       num_shards_(num_shards),
       replicas_(replicas) {}
 
+MemoryCoordinatorService::MemoryCoordinatorService(std::function<int64_t()> now_ms, int64_t ttl_ms,
+                                                   int64_t margin_ms)
+    : now_ms_(std::move(now_ms)), ttl_ms_(ttl_ms), margin_ms_(margin_ms) {}
+
 MemoryCoordinatorService::~MemoryCoordinatorService() = default;
 
 std::unique_ptr<Coordinator> MemoryCoordinatorService::Connect() {
-  return std::make_unique<MemoryCoordinator>(this);
+  return std::make_unique<MemoryCoordinator>(this, num_shards_, replicas_);
+}
+
+std::unique_ptr<Coordinator> MemoryCoordinatorService::Connect(uint32_t num_shards,
+                                                               uint32_t replicas) {
+  return std::make_unique<MemoryCoordinator>(this, num_shards, replicas);
 }
 
 std::unique_ptr<ShardDirectory> MemoryCoordinatorService::Directory() {
@@ -173,7 +270,7 @@ void MemoryCoordinatorService::RefreshLocked() {
   const int64_t now = now_ms_();
   for (auto& [id, l] : leases_) {
     if (!l.alive) continue;
-    if (!l.cut) {
+    if (!l.cut && !l.paused) {
       l.deadline_ms = now + ttl_ms_;
       l.keepalive_ms = now;
       continue;
@@ -233,6 +330,18 @@ void MemoryCoordinatorService::Partition(uint32_t shard, uint32_t replica, bool 
   RefreshLocked();
   for (auto& [id, l] : leases_)
     if (l.shard == shard && l.address.replica == replica) l.cut = cut;
+}
+
+void MemoryCoordinatorService::PauseKeepAlives(const Coordinator& c, bool paused) {
+  const uint64_t lease = dynamic_cast<const MemoryCoordinator&>(c).lease();
+  std::lock_guard<std::mutex> lock(mu_);
+  RefreshLocked();
+  if (auto it = leases_.find(lease); it != leases_.end()) it->second.paused = paused;
+}
+
+void MemoryCoordinatorService::FailSetInSync(int calls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_set_in_sync_ = calls;
 }
 
 void MemoryCoordinatorService::SetUnavailable(bool unavailable) {
