@@ -80,6 +80,8 @@ class Replica {
 
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
+  // The replica this one takes for the primary (itself when primary), if it knows one.
+  std::optional<uint32_t> primary() const { return primary_; }
   uint64_t last_index() const { return base_index_ + log_.size(); }
   uint64_t commit_index() const { return commit_index_; }
   uint64_t applied_index() const { return applied_index_; }
