@@ -132,7 +132,7 @@ struct Server {
 // and the replica stops rather than wait for ever.
 class PeerWatch {
  public:
-  PeerWatch(const ServerConfig& c, const leash::ClientTransport& peers)
+  PeerWatch(const ServerConfig& c, leash::ClientTransport& peers)
       : config_(c), peers_(peers), warned_(static_cast<size_t>(c.replicas), false) {}
 
   // True if this replica must stop (the reason is logged).
@@ -142,6 +142,12 @@ class PeerWatch {
     last_ms_ = now;
     const leash::ConnectionHealth* health = peers_.health();
     if (health == nullptr) return false;
+    // The peers' connections only send, so nothing else receives on them: a Receive that
+    // does not wait reads their handshake events into health(). Replicas answer on their
+    // own connections, so nothing else arrives here.
+    if (auto in = peers_.Receive(std::chrono::milliseconds(0)); in.ok() && in->has_value()) {
+      spdlog::debug("a message from replica {} on a send-only connection, dropped", (*in)->first);
+    }
     for (int p = 0; p < config_.replicas; ++p) {
       if (p == config_.replica) continue;
       const leash::Status st = health->ShardHealth(p);
@@ -173,7 +179,7 @@ class PeerWatch {
 
  private:
   const ServerConfig& config_;
-  const leash::ClientTransport& peers_;
+  leash::ClientTransport& peers_;
   std::vector<bool> warned_;
   int64_t last_ms_ = 0;
 };
