@@ -30,7 +30,7 @@
 #   LEASH_COMPOSE (docker-compose; `docker compose` also works), LEASH_SKIP_BUILD=1 to use
 #   the leash:latest there is, LEASH_IMAGE (leash:latest), LEASH_SHARD0_METRICS_PORT and
 #   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101),
-#   LEASH_TEST_CASES ("static replicated": which clusters run), LEASH_TEST_REPL_EPOCHS (6)
+#   LEASH_TEST_CASES ("static replicated": which clusters run), LEASH_TEST_REPL_EPOCHS (10)
 #   and LEASH_TEST_REPL_TRAIN_LIMIT (30000 samples): the replicated case's job.
 # Exit status 77 (a skip for ctest) when Docker cannot be used here (not root, no daemon).
 set -euo pipefail
@@ -41,7 +41,7 @@ T_START=$(date +%s.%N)
 EPOCHS=${LEASH_TEST_EPOCHS:-40}
 MIN_ACC=${LEASH_TEST_MIN_ACCURACY:-0.85}
 CASES=${LEASH_TEST_CASES:-static replicated}
-REPL_EPOCHS=${LEASH_TEST_REPL_EPOCHS:-6}
+REPL_EPOCHS=${LEASH_TEST_REPL_EPOCHS:-10}
 REPL_TRAIN_LIMIT=${LEASH_TEST_REPL_TRAIN_LIMIT:-30000}
 LEASE=${LEASH_TEST_LEASE:-3s}
 IMAGE=${LEASH_IMAGE:-leash:latest}
@@ -447,7 +447,7 @@ replicated_case() {
   rwaits 120 "every shard with a primary and 2 replicas in sync, training" \
     "all(x['primary'] and len(x['in_sync']) == 2 for x in r['replication']) and s and s[0]['min_clock'] >= 1"
   note "replicated: up -> primaries elected, backups in sync, training: $(since "$t_up") s"
-  rwaits 120 "the first epoch done" "s and s[0]['epochs_done'] >= 1"
+  rwaits 120 "two epochs done" "s and s[0]['epochs_done'] >= 2"
   # shard 0's primary: its container is the service named by its endpoint's host.
   local primary term victim service
   read -r primary term <<<"$(rquery "r['replication'][0]['primary']['endpoint'], r['replication'][0]['term']")"
