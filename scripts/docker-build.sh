@@ -14,10 +14,11 @@
 #    from a registry instead (where one is reachable); --rebuild-base makes them again.
 # 3. Builds $LEASH_IMAGE (default leash:latest) from docker/Dockerfile (CPU only); its
 #    build stage is kept as leash:build-stage (the compiler cache of the next build).
-#    With --python, also the Python worker image ($LEASH_PYTHON_IMAGE, default leash:python;
+#    Also $LEASH_ETCD_IMAGE (default leash:etcd: Debian's etcd-server, the coordinator of
+#    the replicated compose cluster). With --python, also the Python worker image ($LEASH_PYTHON_IMAGE, default leash:python;
 #    the Dockerfile's `python` target: python3, numpy, torch and the leash package).
 #
-# Environment: LEASH_IMAGE (leash:latest), LEASH_DOCKERFILE (docker/Dockerfile),
+# Environment: LEASH_IMAGE (leash:latest), LEASH_ETCD_IMAGE (leash:etcd), LEASH_DOCKERFILE (docker/Dockerfile),
 #   LEASH_DEBIAN_MIRROR (default: the Debian mirror this machine's apt uses), LEASH_DOCKERD_LOG,
 #   LEASH_JOBS (parallel compile jobs inside the build, default: all cores).
 # Every step prints how long it took.
@@ -55,7 +56,7 @@ for arg in "$@"; do
     --pull) PULL=1 ;;
     --rebuild-base) REBUILD_BASE=1 ;;
     --python) PYTHON_IMAGE=1 ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) BUILD_ARGS+=("$arg") ;;
   esac
 done
@@ -260,6 +261,11 @@ log "build stage built in $(took "$t")"
 t=$(now)
 log "building $IMAGE"
 build --target runtime -t "$IMAGE" || { log "docker build of $IMAGE failed" >&2; exit 1; }
+# The etcd image of the replicated compose cluster (Debian's etcd-server on the slim base;
+# cached after the first build).
+ETCD_IMAGE=${LEASH_ETCD_IMAGE:-$REPO:etcd}
+log "building $ETCD_IMAGE (target etcd)"
+build --target etcd -t "$ETCD_IMAGE" || { log "docker build of $ETCD_IMAGE failed" >&2; exit 1; }
 if ((PYTHON_IMAGE)); then
   PY_IMAGE=${LEASH_PYTHON_IMAGE:-$REPO:python}
   log "building $PY_IMAGE (target python)"

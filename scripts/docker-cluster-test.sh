@@ -13,8 +13,13 @@
 # same (leash_shard_live_workers), and a worker's own metrics (scraped inside its
 # container) must show it training (leash_worker_samples_per_second > 0). Then
 # the job must finish with the final test accuracy of the surviving worker >= the MLP
-# target. `docker-compose down -v` runs on every exit and the test fails if any
-# container, network or volume of its project is left behind.
+# target. Then, with docker/docker-compose.replicated.yml over it (etcd, 2 shards x 2
+# replicas, CURVE between replicas, workers finding the primaries in etcd), a short job
+# (replicated_case below): shard 0's primary container is SIGKILLed while 2 workers train;
+# its backup must take over with a higher term, the killed container, started again, must
+# rejoin as an in-sync backup, and the job must finish with every epoch's samples trained
+# exactly once. `docker-compose down -v` runs after each cluster and on every exit, and the
+# test fails if any container, network or volume of its projects is left behind.
 #
 # Prints image sizes, the time from `up` to the first training step, each scale-up's time
 # to the new workers' first pushes, the eviction time of the killed worker, the shard
@@ -24,7 +29,10 @@
 #   Fashion-MNIST, staleness 2), LEASH_TEST_MIN_ACCURACY (0.85), LEASH_TEST_LEASE (3s),
 #   LEASH_COMPOSE (docker-compose; `docker compose` also works), LEASH_SKIP_BUILD=1 to use
 #   the leash:latest there is, LEASH_IMAGE (leash:latest), LEASH_SHARD0_METRICS_PORT and
-#   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101).
+#   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101),
+#   LEASH_TEST_CASES ("static replicated": which clusters run), LEASH_TEST_REPL_EPOCHS (10)
+#   LEASH_TEST_REPL_TRAIN_LIMIT (30000 samples): the replicated case's job, and
+#   LEASH_TEST_REPL_ETCD_TTL (5 s): its replicas' etcd lease.
 # Exit status 77 (a skip for ctest) when Docker cannot be used here (not root, no daemon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +41,12 @@ ROOT=$(pwd)
 T_START=$(date +%s.%N)
 EPOCHS=${LEASH_TEST_EPOCHS:-40}
 MIN_ACC=${LEASH_TEST_MIN_ACCURACY:-0.85}
+CASES=${LEASH_TEST_CASES:-static replicated}
+REPL_EPOCHS=${LEASH_TEST_REPL_EPOCHS:-10}
+REPL_TRAIN_LIMIT=${LEASH_TEST_REPL_TRAIN_LIMIT:-30000}
+# The replicas' etcd lease. 2 s lost leases on this loaded 2-core machine (etcd itself
+# answered in more than 2 s), so the compose default.
+REPL_TTL=${LEASH_TEST_REPL_ETCD_TTL:-5}
 LEASE=${LEASH_TEST_LEASE:-3s}
 IMAGE=${LEASH_IMAGE:-leash:latest}
 METRICS_PORTS=("${LEASH_SHARD0_METRICS_PORT:-9100}" "${LEASH_SHARD1_METRICS_PORT:-9101}")
@@ -79,15 +93,13 @@ export LEASH_IMAGE=$IMAGE LEASH_EPOCHS=$EPOCHS LEASH_LEASE_TIMEOUT=$LEASE LEASH_
   LEASH_LOG_EVERY=500 LEASH_LOG_LEVEL=info LEASH_CONNECT_TIMEOUT=120 LEASH_METRICS_BIND=0.0.0.0:9100 \
   LEASH_SHARD0_METRICS_PORT=${METRICS_PORTS[0]} LEASH_SHARD1_METRICS_PORT=${METRICS_PORTS[1]}
 
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if ((rc != 0)); then
-    log "the last log lines of every container (exit $rc):"
-    "${COMPOSE[@]}" logs --no-color --tail 15 2>/dev/null | sed 's/^/  /' || true
-  fi
+# Stops the current project (`down -v`) and checks that nothing of it is left; 1 if
+# something is (it says what).
+teardown() {
+  local rc=0
   if [[ -n "${MON_PID:-}" ]]; then kill "$MON_PID" 2>/dev/null || true; fi
-  log "docker-compose down -v"
+  MON_PID=""
+  log "docker-compose down -v ($PROJECT)"
   "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   local filter="label=com.docker.compose.project=$PROJECT" left=""
   left+=$(docker ps -a -q --filter "$filter")
@@ -110,6 +122,21 @@ cleanup() {
   else
     log "nothing of project $PROJECT is left (containers, networks, volumes)"
   fi
+  return "$rc"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if ((rc != 0)); then
+    log "the last log lines of every container (exit $rc):"
+    "${COMPOSE[@]}" logs --no-color --tail 15 2>/dev/null | sed 's/^/  /' || true
+    if [[ -n "${REPL_VICTIM:-}" ]]; then
+      log "the killed replica's log (the 40 lines that are not snapshots or replayed rejections):"
+      docker logs "$REPL_VICTIM" 2>&1 | grep -v -e 'snapshot #' -e 'rejected request' | tail -n 40 | sed 's/^/  /' || true
+    fi
+  fi
+  teardown || rc=1
   if ((${#SUMMARY[@]} > 0)); then
     echo "docker-test: summary"
     printf '  %s\n' "${SUMMARY[@]}"
@@ -274,104 +301,235 @@ measure_joins() {
   done
 }
 
-log "project $PROJECT: 2 shards, 2 workers, $EPOCHS epochs of Fashion-MNIST, lease $LEASE"
-VOLUMES_BEFORE=$(docker volume ls -q | sort)
-T_UP=$(now)
-"${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
-note "docker-compose up -d returned after $(since "$T_UP") s"
-SHARD0=$("${COMPOSE[@]}" ps -q shard0)
-SHARD1=$("${COMPOSE[@]}" ps -q shard1)
-[[ -n "$SHARD0" && -n "$SHARD1" ]] || fail "the shard containers are not there"
-start_monitor
-waits 120 "a first training step" "max([w['clock'] for w in s[0]['workers']] or [0]) >= 1" "$T_UP"
-note "up -> first training step (a worker clock >= 1 on shard 0): $WAITED s"
-waits 60 "2 live workers" "$(live_is 2)" "$T_UP"
-note "up -> 2 live workers on every shard: $WAITED s"
-metrics_live_is 2
-worker_metrics_ok "$(worker_ids | head -n 1)"
+# ------------------------------------------------- the unreplicated cluster (--servers)
+static_case() {
+  log "project $PROJECT: 2 shards, 2 workers, $EPOCHS epochs of Fashion-MNIST, lease $LEASE"
+  T_UP=$(now)
+  "${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
+  note "docker-compose up -d returned after $(since "$T_UP") s"
+  SHARD0=$("${COMPOSE[@]}" ps -q shard0)
+  SHARD1=$("${COMPOSE[@]}" ps -q shard1)
+  [[ -n "$SHARD0" && -n "$SHARD1" ]] || fail "the shard containers are not there"
+  start_monitor
+  waits 120 "a first training step" "max([w['clock'] for w in s[0]['workers']] or [0]) >= 1" "$T_UP"
+  note "up -> first training step (a worker clock >= 1 on shard 0): $WAITED s"
+  waits 60 "2 live workers" "$(live_is 2)" "$T_UP"
+  note "up -> 2 live workers on every shard: $WAITED s"
+  metrics_live_is 2
+  worker_metrics_ok "$(worker_ids | head -n 1)"
 
-# -------------------------------------------------------------- scale up to 4 workers
-job_running
-before=$(worker_ids)
-T_STEP=$(now)
-"${COMPOSE[@]}" up -d --scale worker=4 2>&1 | sed 's/^/  /'
-note "scale 2 -> 4: up returned after $(since "$T_STEP") s"
-waits 120 "4 live workers" "$(live_is 4)" "$T_STEP"
-note "scale 2 -> 4: 4 live workers on every shard after $WAITED s"
-metrics_live_is 4
-mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
-((${#new[@]} == 2)) || fail "expected 2 new worker containers, found ${#new[@]}"
-measure_joins "${new[@]}"
+  # -------------------------------------------------------------- scale up to 4 workers
+  job_running
+  before=$(worker_ids)
+  T_STEP=$(now)
+  "${COMPOSE[@]}" up -d --scale worker=4 2>&1 | sed 's/^/  /'
+  note "scale 2 -> 4: up returned after $(since "$T_STEP") s"
+  waits 120 "4 live workers" "$(live_is 4)" "$T_STEP"
+  note "scale 2 -> 4: 4 live workers on every shard after $WAITED s"
+  metrics_live_is 4
+  mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
+  ((${#new[@]} == 2)) || fail "expected 2 new worker containers, found ${#new[@]}"
+  measure_joins "${new[@]}"
 
-# ----------------------------------------------------------- scale down to 1 worker
-job_running
-T_STEP=$(now)
-"${COMPOSE[@]}" up -d --scale worker=1 2>&1 | sed 's/^/  /'
-waits 60 "1 live worker after scaling down" "$(live_is 1)" "$T_STEP"
-note "scale 4 -> 1: 1 live worker on every shard after $WAITED s (SIGTERM: the workers leave at once)"
-[[ $(worker_ids | wc -l) == 1 ]] || fail "expected 1 worker container"
+  # ----------------------------------------------------------- scale down to 1 worker
+  job_running
+  T_STEP=$(now)
+  "${COMPOSE[@]}" up -d --scale worker=1 2>&1 | sed 's/^/  /'
+  waits 60 "1 live worker after scaling down" "$(live_is 1)" "$T_STEP"
+  note "scale 4 -> 1: 1 live worker on every shard after $WAITED s (SIGTERM: the workers leave at once)"
+  [[ $(worker_ids | wc -l) == 1 ]] || fail "expected 1 worker container"
 
-# ------------------------------------------------------------- and up to 2 again
-job_running
-before=$(worker_ids)
-T_STEP=$(now)
-"${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
-waits 120 "2 live workers" "$(live_is 2)" "$T_STEP"
-note "scale 1 -> 2: 2 live workers on every shard after $WAITED s"
-mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
-((${#new[@]} == 1)) || fail "expected 1 new worker container, found ${#new[@]}"
-measure_joins "${new[@]}"
+  # ------------------------------------------------------------- and up to 2 again
+  job_running
+  before=$(worker_ids)
+  T_STEP=$(now)
+  "${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
+  waits 120 "2 live workers" "$(live_is 2)" "$T_STEP"
+  note "scale 1 -> 2: 2 live workers on every shard after $WAITED s"
+  mapfile -t new < <(comm -13 <(echo "$before") <(worker_ids))
+  ((${#new[@]} == 1)) || fail "expected 1 new worker container, found ${#new[@]}"
+  measure_joins "${new[@]}"
 
-# ------------------------------------------------------------ SIGKILL one worker
-job_running
-VICTIM=${new[0]}
-SURVIVOR=$(comm -23 <(worker_ids) <(echo "$VICTIM"))
-T_STEP=$(now)
-docker kill -s KILL "$VICTIM" >/dev/null
-waits 60 "the killed worker's eviction" "$(live_is 1)" "$T_STEP"
-note "kill -9 worker ${VICTIM:0:12}: evicted by every shard after $WAITED s (lease $LEASE)"
-sleep 2
-state=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$VICTIM")
-[[ "$state" == "exited 137 0" ]] || fail "the killed worker should stay exited (137, no restart), it is: $state"
-[[ $(live_counts) == "1 1" ]] || fail "expected 1 live worker per shard, got: $(live_counts)"
+  # ------------------------------------------------------------ SIGKILL one worker
+  job_running
+  VICTIM=${new[0]}
+  SURVIVOR=$(comm -23 <(worker_ids) <(echo "$VICTIM"))
+  T_STEP=$(now)
+  docker kill -s KILL "$VICTIM" >/dev/null
+  waits 60 "the killed worker's eviction" "$(live_is 1)" "$T_STEP"
+  note "kill -9 worker ${VICTIM:0:12}: evicted by every shard after $WAITED s (lease $LEASE)"
+  sleep 2
+  state=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$VICTIM")
+  [[ "$state" == "exited 137 0" ]] || fail "the killed worker should stay exited (137, no restart), it is: $state"
+  [[ $(live_counts) == "1 1" ]] || fail "expected 1 live worker per shard, got: $(live_counts)"
 
-# ------------------------------------------------------------------ restart shard1
-job_running
-clock_before=$(query "s[1]['min_clock']")
-T_STEP=$(now)
-"${COMPOSE[@]}" restart shard1 2>&1 | sed 's/^/  /'
-note "restart shard1: docker-compose restart returned after $(since "$T_STEP") s"
-waits 60 "shard1 recovered from its snapshot" "len(s) == 2 and s[1]['recovered_clock'] >= 0" "$T_STEP"
-note "restart shard1: answering again, recovered from its snapshot, $WAITED s after the step began"
-recovered=$(query "s[1]['recovered_clock']")
-waits 60 "training to go on after the shard restart" \
-  "len(s) == 2 and s[1]['min_clock'] > $recovered + 5 and $(live_is 1)" "$T_STEP"
-note "restart shard1: recovered at clock $recovered (min clock $clock_before when the step began); training went on (min clock > $((recovered + 5)), 1 live worker on every shard) $WAITED s after the step began"
-stopped=$(docker logs -t "$SHARD1" 2>&1 | grep 'stopped cleanly' | tail -n 1 | cut -d ' ' -f 1)
-listening=$(docker logs -t "$SHARD1" 2>&1 | grep 'listening on .*recovered at clock' | tail -n 1 | cut -d ' ' -f 1)
-[[ -n "$stopped" && -n "$listening" ]] || fail "shard1's log lacks its clean stop or its recovery"
-note "restart shard1 (its log): snapshot written and stopped $(rel "$stopped") s, listening again (recovered) $(rel "$listening") s after the step began"
+  # ------------------------------------------------------------------ restart shard1
+  job_running
+  clock_before=$(query "s[1]['min_clock']")
+  T_STEP=$(now)
+  "${COMPOSE[@]}" restart shard1 2>&1 | sed 's/^/  /'
+  note "restart shard1: docker-compose restart returned after $(since "$T_STEP") s"
+  waits 60 "shard1 recovered from its snapshot" "len(s) == 2 and s[1]['recovered_clock'] >= 0" "$T_STEP"
+  note "restart shard1: answering again, recovered from its snapshot, $WAITED s after the step began"
+  recovered=$(query "s[1]['recovered_clock']")
+  waits 60 "training to go on after the shard restart" \
+    "len(s) == 2 and s[1]['min_clock'] > $recovered + 5 and $(live_is 1)" "$T_STEP"
+  note "restart shard1: recovered at clock $recovered (min clock $clock_before when the step began); training went on (min clock > $((recovered + 5)), 1 live worker on every shard) $WAITED s after the step began"
+  stopped=$(docker logs -t "$SHARD1" 2>&1 | grep 'stopped cleanly' | tail -n 1 | cut -d ' ' -f 1)
+  listening=$(docker logs -t "$SHARD1" 2>&1 | grep 'listening on .*recovered at clock' | tail -n 1 | cut -d ' ' -f 1)
+  [[ -n "$stopped" && -n "$listening" ]] || fail "shard1's log lacks its clean stop or its recovery"
+  note "restart shard1 (its log): snapshot written and stopped $(rel "$stopped") s, listening again (recovered) $(rel "$listening") s after the step began"
 
-for id in $SHARD0 $SHARD1; do
-  t0=$(now)
-  until [[ $(docker inspect -f '{{.State.Health.Status}}' "$id") == healthy ]]; do
-    awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 60) }' && fail "shard container ${id:0:12} is not healthy"
-    sleep 0.5
+  for id in $SHARD0 $SHARD1; do
+    t0=$(now)
+    until [[ $(docker inspect -f '{{.State.Health.Status}}' "$id") == healthy ]]; do
+      awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 60) }' && fail "shard container ${id:0:12} is not healthy"
+      sleep 0.5
+    done
   done
-done
-log "both shard containers report healthy"
+  log "both shard containers report healthy"
 
-# ------------------------------------------------------------------ the job finishes
-log "waiting for the job to finish (worker ${SURVIVOR:0:12})"
-T_STEP=$(now)
-code=$(timeout 1800 docker wait "$SURVIVOR") || fail "the job did not finish within 30 minutes"
-[[ "$code" == 0 ]] || fail "the surviving worker exited with $code"
-note "the job finished $(since "$T_STEP") s after the last step ($(since "$T_UP") s after up)"
-st=$(query "f\"{s[0]['epochs_done']} {s[0]['epochs']}\"")
-[[ "$st" == "$EPOCHS $EPOCHS" ]] || fail "shard 0 says $st epochs done, expected $EPOCHS"
-docker logs "$SURVIVOR" 2>&1 | grep -e 'job epoch' -e 'final test accuracy' -e 'trained .* chunks' | tail -n 4 | sed 's/^/  /'
-acc=$(docker logs "$SURVIVOR" 2>&1 | sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' | tail -n 1)
-[[ -n "$acc" ]] || fail "no final test accuracy in the surviving worker's log"
-awk -v a="$acc" -v m="$MIN_ACC" 'BEGIN { exit !(a / 100 >= m) }' ||
-  fail "final test accuracy ${acc}% is below the target $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%"
-note "final test accuracy ${acc}% (target >= $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%) after $EPOCHS epochs"
+  # ------------------------------------------------------------------ the job finishes
+  log "waiting for the job to finish (worker ${SURVIVOR:0:12})"
+  T_STEP=$(now)
+  code=$(timeout 1800 docker wait "$SURVIVOR") || fail "the job did not finish within 30 minutes"
+  [[ "$code" == 0 ]] || fail "the surviving worker exited with $code"
+  note "the job finished $(since "$T_STEP") s after the last step ($(since "$T_UP") s after up)"
+  st=$(query "f\"{s[0]['epochs_done']} {s[0]['epochs']}\"")
+  [[ "$st" == "$EPOCHS $EPOCHS" ]] || fail "shard 0 says $st epochs done, expected $EPOCHS"
+  docker logs "$SURVIVOR" 2>&1 | grep -e 'job epoch' -e 'final test accuracy' -e 'trained .* chunks' | tail -n 4 | sed 's/^/  /'
+  acc=$(docker logs "$SURVIVOR" 2>&1 | sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' | tail -n 1)
+  [[ -n "$acc" ]] || fail "no final test accuracy in the surviving worker's log"
+  awk -v a="$acc" -v m="$MIN_ACC" 'BEGIN { exit !(a / 100 >= m) }' ||
+    fail "final test accuracy ${acc}% is below the target $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%"
+  note "final test accuracy ${acc}% (target >= $(awk -v m="$MIN_ACC" 'BEGIN { print m * 100 }')%) after $EPOCHS epochs"
+}
+
+# ---------------------------------------- replicated shards: a primary killed (etcd)
+# docker-compose.replicated.yml over docker-compose.yml: etcd, each shard as a primary and a
+# backup, 2 workers that find the primaries in etcd. While they train, shard 0's primary
+# container is SIGKILLed: its backup must take over (a higher term), training must go on,
+# the killed container, started again, must rejoin as a backup and catch up (in sync), and
+# the job must end with every epoch covered exactly once: the samples the two workers report
+# per epoch add up to the training set.
+repl_status() { docker exec "$SHARD1" leashctl --timeout 3 --json status 2>/dev/null; }
+# rwaits TIMEOUT DESCRIPTION CONDITION: polls `leashctl --json status` (etcd's view as `r`,
+# the primaries' status list as `s`, None while a shard has no primary) in a shard 1
+# container until the Python CONDITION holds; sets WAITED to the seconds it took.
+rwaits() {
+  local timeout=$1 what=$2 cond=$3 t0 json
+  t0=$(now)
+  while true; do
+    json=$(repl_status) || json="{}"
+    if "$PY" -c "
+import json, sys
+r = json.loads(sys.argv[1] or '{}')
+s = (r.get('status') or {}).get('shards')
+sys.exit(0 if r.get('replication') and ($cond) else 1)" "$json" 2>/dev/null; then
+      WAITED=$(since "$t0")
+      return 0
+    fi
+    if awk -v a="$t0" -v b="$(now)" -v t="$timeout" 'BEGIN { exit !(b - a > t) }'; then
+      log "last status: ${json:-unavailable}" >&2
+      docker exec "$SHARD1" leashctl --timeout 3 --json status 2>&1 | tail -n 3 | sed 's/^/  /' >&2 || true
+      fail "$what: not seen within ${timeout}s"
+    fi
+    sleep 0.3
+  done
+}
+rquery() {
+  "$PY" -c "import json, sys; r = json.loads(sys.argv[1]); s = (r.get('status') or {}).get('shards'); print($1)" "$(repl_status)"
+}
+
+replicated_case() {
+  local epochs=$REPL_EPOCHS limit=$REPL_TRAIN_LIMIT
+  PROJECT="${PROJECT}r"
+  COMPOSE=("${COMPOSE_CMD[@]}" -p "$PROJECT" -f "$ROOT/docker/docker-compose.yml"
+    -f "$ROOT/docker/docker-compose.replicated.yml")
+  log "project $PROJECT: etcd, 2 shards x 2 replicas, 2 workers, $epochs epochs of $limit samples, etcd TTL $REPL_TTL s"
+  local t_up
+  t_up=$(now)
+  LEASH_EPOCHS=$epochs LEASH_TRAIN_LIMIT=$limit LEASH_ETCD_TTL=$REPL_TTL LEASH_JOB=dockertest \
+    LEASH_LEASE_TIMEOUT=30s \
+    "${COMPOSE[@]}" up -d --scale worker=2 2>&1 | sed 's/^/  /'
+  SHARD1=$("${COMPOSE[@]}" ps -q shard1)
+  [[ -n "$SHARD1" ]] || fail "the shard1 container is not there"
+  rwaits 120 "every shard with a primary and 2 replicas in sync, training" \
+    "all(x['primary'] and len(x['in_sync']) == 2 for x in r['replication']) and s and s[0]['min_clock'] >= 1"
+  note "replicated: up -> primaries elected, backups in sync, training: $(since "$t_up") s"
+  rwaits 120 "two epochs done" "s and s[0]['epochs_done'] >= 2"
+  # shard 0's primary: its container is the service named by its endpoint's host.
+  local primary term boot victim service
+  read -r primary term boot <<<"$(rquery "r['replication'][0]['primary']['endpoint'], r['replication'][0]['term'], r['replication'][0]['primary']['boot_id']")"
+  service=${primary#tcp://}
+  service=${service%:*}
+  victim=$("${COMPOSE[@]}" ps -q "$service")
+  [[ -n "$victim" ]] || fail "no container for shard 0's primary $primary"
+  local clock_at_kill t_kill
+  clock_at_kill=$(rquery "s[0]['min_clock']")
+  t_kill=$(now)
+  REPL_VICTIM=$victim
+  docker kill -s KILL "$victim" >/dev/null
+  log "killed shard 0's primary $service (${victim:0:12}, term $term) at min clock $clock_at_kill"
+  rwaits 60 "a backup taking over shard 0" \
+    "r['replication'][0]['primary'] and r['replication'][0]['term'] > $term and r['replication'][0]['primary']['endpoint'] != '$primary'"
+  note "replicated: SIGKILL of shard 0's primary ($service): a backup took over (term > $term) $(since "$t_kill") s later (etcd TTL $REPL_TTL s)"
+  rwaits 60 "training to go on at the new primary" "s and s[0]['min_clock'] > $clock_at_kill + 2"
+  note "replicated: training went on (min clock > $((clock_at_kill + 2))) $(since "$t_kill") s after the kill"
+  # Docker does not restart a container it was told to kill: start it again.
+  [[ $(docker inspect -f '{{.State.Running}}' "$victim") == true ]] || docker start "$victim" >/dev/null
+  local t_start
+  t_start=$(now)
+  # Back as a backup: etcd lists it live, a new process (boot id), not the primary. It then
+  # catches up from the primary (a snapshot, or the log while the primary still holds it
+  # from where it stands: a replay that can take as long as the training did).
+  rwaits 120 "the killed replica back as a backup" \
+    "any(b['endpoint'] == '$primary' and b['boot_id'] != $boot for b in r['replication'][0]['backups'])"
+  note "replicated: $service started again: listed in etcd as a backup of shard 0 $(since "$t_start") s later"
+  local w code
+  mapfile -t workers < <(worker_ids)
+  ((${#workers[@]} == 2)) || fail "expected 2 worker containers, found ${#workers[@]}"
+  for w in "${workers[@]}"; do
+    code=$(timeout 600 docker wait "$w") || fail "the replicated job did not finish within 10 minutes"
+    [[ "$code" == 0 ]] || fail "worker ${w:0:12} exited with $code"
+  done
+  note "replicated: the job finished $(since "$t_up") s after up"
+  local st
+  st=$(rquery "f\"{s[0]['epochs_done']} {s[0]['epochs']}\"")
+  [[ "$st" == "$epochs $epochs" ]] || fail "shard 0 says $st epochs done, expected $epochs"
+  # Exactly once: per epoch, the samples the workers trained add up to the training set.
+  # A worker evicted while no primary answered (a failover longer than its lease) registers
+  # again and its leased chunk goes to another worker: then an epoch may hold that chunk
+  # twice (at most one chunk per rejoin), never less than the set.
+  local e sum rejoins logs
+  logs=$(for w in "${workers[@]}"; do docker logs "$w" 2>&1; done)
+  rejoins=$(sed -n 's/.*rejoined \([0-9]*\) time(s).*/\1/p' <<<"$logs" | awk '{ n += $1 } END { print n + 0 }')
+  for ((e = 1; e <= epochs; e++)); do
+    sum=$(sed -n "s|.* job epoch $e/$epochs done .* this worker trained \([0-9]*\) samples.*|\1|p" <<<"$logs" |
+      awk '{ n += $1 } END { print n + 0 }')
+    if ((rejoins == 0)); then
+      [[ "$sum" == "$limit" ]] || fail "epoch $e: the workers trained $sum samples, the training set has $limit"
+    else
+      ((sum >= limit && sum <= limit + rejoins * LEASH_CHUNK_SIZE)) ||
+        fail "epoch $e: the workers trained $sum samples, the training set has $limit ($rejoins rejoin(s))"
+      ((sum == limit)) || note "replicated: epoch $e trained $sum samples: a chunk again after a worker's eviction"
+    fi
+  done
+  if ((rejoins == 0)); then
+    note "replicated: all $epochs epochs done; each epoch's samples trained add up to $limit exactly (no worker evicted)"
+  else
+    note "replicated: all $epochs epochs done, none short of $limit samples; workers were evicted and rejoined $rejoins time(s) (the failover outlasted their lease)"
+  fi
+  note "replicated: shard 0 at the end: $(rquery "f\"term {r['replication'][0]['term']}, in sync {r['replication'][0]['in_sync']}\"") (the restarted replica joins the set once it holds the whole log)"
+  for w in "${workers[@]}"; do
+    docker logs "$w" 2>&1 | grep -e 'primary is' -e 'final test accuracy' | tail -n 3 | sed 's/^/  /'
+  done
+}
+
+case_on() { [[ " $CASES " == *" $1 "* ]]; }
+VOLUMES_BEFORE=$(docker volume ls -q | sort)
+if case_on static; then
+  static_case
+  teardown || fail "the unreplicated cluster left something behind"
+fi
+if case_on replicated; then replicated_case; fi

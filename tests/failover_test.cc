@@ -5,8 +5,9 @@
 // etcd itself is killed for a while, and the primary is partitioned from its backup but not
 // from the workers (network namespaces: PartitionTest, root only). Every test with pushes of
 // known values (SGD at learning rate 1) ends with the final table equal to the exact sum of
-// the acknowledged pushes: none lost, none applied twice. Skipped without an etcd executable.
-// Each test's own thread drives it; ExactSumPusher pushes from one more.
+// the acknowledged pushes: none lost, none applied twice. SecureFailoverTest runs the replicas
+// with CURVE keys (they reach each other as CURVE clients with the shards' key pair).
+// Skipped without an etcd executable. Each test's own thread drives it; ExactSumPusher pushes from one more.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "leash/common/curve_keys.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"
 #include "support/etcd_test.h"
@@ -128,6 +130,12 @@ class FailoverTest : public testing::EtcdTest {
     o.endpoints = endpoints_;
     o.extra = {"--lease-timeout=10s"};
     o.on_host = on_host_;
+    if (curve_) {
+      o.curve_keys = dir_.path() + "/keys";
+      bool created = false;
+      ASSERT_TRUE(GenerateCurveKeyPair(o.curve_keys, "server", /*authorize=*/false, &created).ok());
+      ASSERT_TRUE(GenerateCurveKeyPair(o.curve_keys, "client", /*authorize=*/true, &created).ok());
+    }
     cluster_ = std::make_unique<testing::ReplicatedCluster>(std::move(o));
     ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   }
@@ -149,8 +157,10 @@ class FailoverTest : public testing::EtcdTest {
     return s.ok() ? (*s)[0].min_clock : -1;
   }
 
-  // Set by a derived fixture before SetUp: where the replicas listen and how they are run.
+  // Set by a derived fixture before SetUp: where the replicas listen and how they are run,
+  // and whether they (and the followers) use CURVE keys.
   std::vector<std::string> endpoints_;
+  bool curve_ = false;
   std::function<std::vector<std::string>(int, int, std::vector<std::string>)> on_host_;
   std::unique_ptr<testing::ReplicatedCluster> cluster_;
 };
@@ -357,6 +367,76 @@ TEST_F(PartitionTest, PrimaryCutOffFromItsBackupAcknowledgesOnlyWithoutItInTheSe
   ASSERT_EQ(Primary(), primary);
   pusher.Stop();
   pusher.ExpectExactSums(*client);
+}
+
+// Replicas with CURVE keys reach each other as CURVE clients with the shards' key pair.
+class SecureFailoverTest : public FailoverTest {
+ protected:
+  SecureFailoverTest() { curve_ = true; }
+
+  // Pushes i = from..to (i added to row i % 4) and adds them to sum_; false on a failure.
+  bool PushRange(Client& client, const TableHandle& table, int from, int to) {
+    for (int i = from; i <= to; ++i) {
+      std::vector<float> grad(4, 0.f);
+      grad[static_cast<size_t>(i % 4)] = static_cast<float>(i % 64);
+      Status st = client.Push(table, grad.data()).get();
+      EXPECT_TRUE(st.ok()) << "push " << i << ": " << st;
+      if (!st.ok()) return false;
+      sum_[static_cast<size_t>(i % 4)] += static_cast<float>(i % 64);
+    }
+    return true;
+  }
+
+  std::vector<double> sum_ = std::vector<double>(4, 0);
+};
+
+TEST_F(SecureFailoverTest, ReplicasWithCurveKeysElectReplicateAndAcknowledgePushes) {
+  // SetUp waited for a primary and both replicas in the in-sync set: the backup holds the
+  // log, shipped over CURVE.
+  auto client = Follower("pusher", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(PushRange(*client, *table, 1, 200)) << Logs();
+  // Acknowledged while the backup is in sync: it holds every push.
+  EXPECT_EQ(InSync(), 2) << Logs();
+  const int killed = KillPrimary();
+  ASSERT_GE(killed, 0);
+  ASSERT_TRUE(PushRange(*client, *table, 201, 300)) << Logs();
+  std::vector<float> values(4);
+  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(values[k], -static_cast<float>(sum_[k])) << "row " << k;
+  auto v = View();
+  ASSERT_TRUE(v && v->primary);
+  EXPECT_NE(static_cast<int>(v->primary->replica), killed);
+  EXPECT_GE(v->term, 2u);
+  // The killed replica comes back with the keys and catches up over CURVE.
+  StartReplica(killed);
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+}
+
+TEST_F(SecureFailoverTest, AReplicaWithoutTheKeysCannotJoinTheLog) {
+  auto v = View();
+  ASSERT_TRUE(v && v->primary);
+  const int backup = 1 - static_cast<int>(v->primary->replica);
+  cluster_->Start(0, backup, /*without_keys=*/true);
+  // It stops on its own, saying why, instead of waiting for a log that never comes.
+  auto code = Replica(backup).Wait(60s);
+  ASSERT_TRUE(code.has_value()) << Logs();
+  EXPECT_EQ(*code, 2) << Logs();
+  const std::string log = Replica(backup).ReadLog();
+  EXPECT_NE(log.find("cannot join the log"), std::string::npos) << log;
+  EXPECT_NE(log.find("--curve-keys"), std::string::npos) << log;
+  // The primary goes on without it: pushes are acknowledged, with the backup out of the set.
+  auto client = Follower("pusher", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(PushRange(*client, *table, 1, 50)) << Logs();
+  EXPECT_EQ(InSync(), 1) << Logs();
+  std::vector<float> values(4);
+  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(values[k], -static_cast<float>(sum_[k])) << "row " << k;
 }
 
 }  // namespace

@@ -109,7 +109,8 @@ ServerCommandLine::ServerCommandLine()
         "ones are dropped");
   f.String("curve-keys", &v.curve_keys,
            "CURVE keys directory (leashctl keygen): encrypt all traffic, accept only clients "
-           "whose key is in DIR/authorized/");
+           "whose key is in DIR/authorized/; with --replicas > 1 the replicas reach each other "
+           "with DIR/server.key, so every replica needs the same DIR");
   f.Bool("insecure", &v.insecure,
          "allow a --bind other hosts can reach without --curve-keys: traffic unauthenticated "
          "and unencrypted (without it such a shard refuses to start; loopback and ipc:// need "

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "config.h"
 #include "coordination.h"
@@ -124,6 +125,79 @@ struct Server {
   leash::server::Shard& serving_shard() { return replica ? replica->mutable_shard() : *shard; }
 };
 
+// Watches a replica's connections to its peers for refused handshakes (CURVE keys on one
+// side only, or another cluster's keys), from the serving thread, once a second. Each
+// refusal is logged once (until the connection works again). A backup that has never held
+// its primary's log and whose primary refuses it cannot join the log: Check says so, once,
+// and the replica stops rather than wait for ever.
+class PeerWatch {
+ public:
+  PeerWatch(const ServerConfig& c, leash::ClientTransport& peers)
+      : config_(c), peers_(peers), warned_(static_cast<size_t>(c.replicas), false) {}
+
+  // True if this replica must stop (the reason is logged).
+  bool Check(const leash::server::Replica& r) {
+    const int64_t now = SteadyMs();
+    if (now - last_ms_ < 1000) return false;
+    last_ms_ = now;
+    const leash::ConnectionHealth* health = peers_.health();
+    if (health == nullptr) return false;
+    // The peers' connections only send, so nothing else receives on them: a Receive that
+    // does not wait reads their handshake events into health(). Replicas answer on their
+    // own connections, so nothing else arrives here.
+    if (auto in = peers_.Receive(std::chrono::milliseconds(0)); in.ok() && in->has_value()) {
+      spdlog::debug("a message from replica {} on a send-only connection, dropped", (*in)->first);
+    }
+    for (int p = 0; p < config_.replicas; ++p) {
+      if (p == config_.replica) continue;
+      const leash::Status st = health->ShardHealth(p);
+      const auto i = static_cast<size_t>(p);
+      if (st.ok()) {
+        warned_[i] = false;
+        continue;
+      }
+      if (r.role() == leash::server::ReplicaRole::kBackup && r.applied_index() == 0 &&
+          r.primary() == static_cast<uint32_t>(p)) {
+        spdlog::error(
+            "replica {} of shard {} cannot join the log: its primary, replica {} at {}, does "
+            "not accept this replica's connection ({}). Every replica of a shard needs the "
+            "cluster's keys (--curve-keys DIR with the same server.key), or none of them may "
+            "use keys; stopping",
+            config_.replica, config_.shard, p, config_.peers[i], st.message());
+        return true;
+      }
+      if (!warned_[i]) {
+        warned_[i] = true;
+        spdlog::warn(
+            "replica {} at {} does not accept this replica's connection ({}); no log passes "
+            "between them until both run with the cluster's --curve-keys (or both without)",
+            p, config_.peers[i], st.message());
+      }
+    }
+    return false;
+  }
+
+ private:
+  const ServerConfig& config_;
+  leash::ClientTransport& peers_;
+  std::vector<bool> warned_;
+  int64_t last_ms_ = 0;
+};
+
+// The name under which the shards' public key is authorized as a replica's client key.
+constexpr char kReplicaKeyName[] = "server (a replica of this shard)";
+
+// The keys a replica reaches its peers with: the shards' pair as a client's, the shards'
+// public key as the server's.
+leash::CurveKeys ReplicaClientKeys(const leash::CurveKeys& server) {
+  leash::CurveKeys k;
+  k.dir = server.dir;
+  k.own_name = "server";
+  k.own = server.own;
+  k.server_public_z85 = server.own.public_z85;
+  return k;
+}
+
 // Builds the metrics endpoint, the CURVE keys, the store, the recovered shard and the
 // transport. Returns the exit code on failure (after logging why): 2 for bad keys, else 1.
 std::optional<int> Build(const ServerConfig& c, Server& s) {
@@ -190,10 +264,6 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   if (c.replicas > 1) {
     // A replica's state comes from its primary (a snapshot and the log), not from its own
     // snapshots (docs/replication.md).
-    if (s.curve) {
-      spdlog::error("--replicas > 1 with --curve-keys: CURVE between replicas is not built yet");
-      return 1;
-    }
     auto coordination = leash::server::ConnectCoordination(c);
     if (!coordination.ok()) {
       spdlog::error("{}", coordination.status().ToString());
@@ -202,6 +272,13 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     s.coordination = std::move(*coordination);
     leash::ZmqOptions po;
     po.max_message_bytes = int64_t{1} << 31;  // appends and snapshots carry many requests
+    if (s.curve) {
+      // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
+      // with the shards' own key pair, and every replica accepts that key as a client's
+      // (below). Only a process holding server.key can therefore reach a replica as one.
+      po.curve = ReplicaClientKeys(*s.curve);
+      s.curve->authorized.push_back({kReplicaKeyName, s.curve->own.public_z85});
+    }
     auto peers = leash::ConnectZmqClient(s.zmq, c.peers, po);
     if (!peers.ok()) {
       spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
@@ -296,14 +373,20 @@ int Run(const ServerConfig& config) {
                     config.shard, config.job, config.etcd, joined.ToString());
       return 1;
     }
-    std::function<void(const leash::server::Replica&)> publish_replica;
-    if (publish) {
-      publish_replica = [&publish](const leash::server::Replica& r) { publish(r.shard()); };
-    }
-    st = leash::server::ServeReplica(*s.replica, *s.transport, g_stop, publish_replica);
+    PeerWatch watch(config, *s.peers);
+    bool refused = false;
+    auto after_tick = [&](const leash::server::Replica& r) {
+      if (publish) publish(r.shard());
+      if (!refused && watch.Check(r)) {
+        refused = true;
+        g_stop.store(true);
+      }
+    };
+    st = leash::server::ServeReplica(*s.replica, *s.transport, g_stop, after_tick);
     if (s.replica->role() == leash::server::ReplicaRole::kPrimary)
       (void)s.coordination.coordinator->Resign(s.replica->term());
     (void)s.coordination.coordinator->Leave();
+    if (refused) return 2;
   } else {
     st = leash::server::Serve(*s.shard, *s.transport, g_stop, publish);
   }

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "leash/common/curve_keys.h"
 #include "leash/common/etcd_coordinator.h"
 
 namespace leash::testing {
@@ -35,7 +36,7 @@ ReplicatedCluster::~ReplicatedCluster() {
   }
 }
 
-void ReplicatedCluster::Start(int s, int r) {
+void ReplicatedCluster::Start(int s, int r, bool without_keys) {
   std::string peers;
   for (int i = 0; i < options_.replicas; ++i) peers += (i ? "," : "") + endpoint(s, i);
   const std::string name = "shard" + std::to_string(s) + "-r" + std::to_string(r);
@@ -50,8 +51,12 @@ void ReplicatedCluster::Start(int s, int r) {
                                    "--etcd=" + options_.etcd,
                                    "--job=" + options_.job,
                                    "--etcd-ttl=" + std::to_string(options_.etcd_ttl_s),
-                                   "--no-sync",
-                                   "--insecure"};
+                                   "--no-sync"};
+  if (!options_.curve_keys.empty() && !without_keys) {
+    argv.push_back("--curve-keys=" + options_.curve_keys);
+  } else {
+    argv.push_back("--insecure");
+  }
   argv.insert(argv.end(), options_.extra.begin(), options_.extra.end());
   if (options_.on_host) argv = options_.on_host(s, r, std::move(argv));
   auto& slot = replicas_[Index(s, r)];
@@ -95,7 +100,14 @@ std::unique_ptr<Client> ReplicatedCluster::Follower(const std::string& name, boo
   auto view = ResolvePrimaries(*directory_, 30000);
   EXPECT_TRUE(view.ok()) << view.status();
   if (!view.ok()) return nullptr;
-  auto t = ConnectZmqClient(ctx_, PrimaryEndpoints(*view));
+  ZmqOptions zo;
+  if (!options_.curve_keys.empty()) {
+    auto keys = LoadCurveClientKeys(options_.curve_keys, "client");
+    EXPECT_TRUE(keys.ok()) << keys.status();
+    if (!keys.ok()) return nullptr;
+    zo.curve = std::move(*keys);
+  }
+  auto t = ConnectZmqClient(ctx_, PrimaryEndpoints(*view), zo);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return nullptr;
   ClientOptions o;

@@ -30,6 +30,9 @@ class ReplicatedCluster {
     // Replica r of shard s listens at endpoints[s * replicas + r]; empty: free loopback ports.
     std::vector<std::string> endpoints;
     std::vector<std::string> extra;  // more flags for every replica (later flags win)
+    // A CURVE keys directory (leashctl keygen: "server" and an authorized "client" pair):
+    // replicas run with --curve-keys and followers connect with the client pair; empty: plain.
+    std::string curve_keys;
     // How replica r of shard s is run (e.g. on a host of its own); identity if empty.
     std::function<std::vector<std::string>(int s, int r, std::vector<std::string> argv)> on_host;
   };
@@ -38,8 +41,9 @@ class ReplicatedCluster {
   explicit ReplicatedCluster(Options options);
   ~ReplicatedCluster();
 
-  // (Re)starts replica r of shard s (a fresh process: it catches up from the primary).
-  void Start(int s, int r);
+  // (Re)starts replica r of shard s (a fresh process: it catches up from the primary);
+  // without_keys: without the cluster's CURVE keys even if it has them.
+  void Start(int s, int r, bool without_keys = false);
   Process& replica(int s, int r) { return *replicas_[Index(s, r)]; }
   const std::string& endpoint(int s, int r) const { return options_.endpoints[Index(s, r)]; }
   const std::shared_ptr<ShardDirectory>& directory() const { return directory_; }

@@ -92,6 +92,8 @@ class Replica {
 
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
+  // The replica this one takes for the primary (itself when primary), if it knows one.
+  std::optional<uint32_t> primary() const { return primary_; }
   uint64_t last_index() const { return base_index_ + log_.size(); }
   // Entries held and their messages' bytes (bounded by max_log_entries and max_log_bytes
   // beyond what is not yet applied and committed).
