@@ -7,7 +7,8 @@
 // known values (SGD at learning rate 1) ends with the final table equal to the exact sum of
 // the acknowledged pushes: none lost, none applied twice. SecureFailoverTest runs the replicas
 // with CURVE keys (they reach each other as CURVE clients with the shards' key pair).
-// Skipped without an etcd executable. Each test's own thread drives it; ExactSumPusher pushes from one more.
+// Skipped without an etcd executable. Each test's own thread drives it; ExactSumPusher pushes from
+// one more.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -32,7 +32,8 @@ class ScopedFlushDenormals {
     __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
     saved_ = fpcr;
     constexpr uint64_t kFlushToZero = uint64_t{1} << 24;
-    if ((fpcr & kFlushToZero) == 0) __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr | kFlushToZero));
+    if ((fpcr & kFlushToZero) == 0)
+      __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr | kFlushToZero));
 #endif
   }
   ~ScopedFlushDenormals() {
