@@ -247,7 +247,9 @@ bool Settle(Group& g, int replicas, int max_steps = 20000) {
 }
 
 bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp's arguments must not be null, even for 0 bytes (an empty vector's data() may be).
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Every byte of the replicated state of replicas a and b: tables, optimizer state, clocks,

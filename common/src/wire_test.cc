@@ -527,7 +527,9 @@ TEST(WireTest, SnapshotChunksAndTheirAcknowledgementsRoundTrip) {
   m.part_id = 2;
   m.offset = 4096;
   const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5};
-  auto d = DecodeReplication(EncodeReplication(m, {Frame::Copy(bytes.data(), bytes.size())}));
+  // The decoded payloads view the message's frames: the message must outlive them.
+  const Message encoded = EncodeReplication(m, {Frame::Copy(bytes.data(), bytes.size())});
+  auto d = DecodeReplication(encoded);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   const auto& got = std::get<ReplSnapshotMsg>(d->value);
   EXPECT_EQ(got.transfer, 77u);
