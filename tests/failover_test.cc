@@ -140,7 +140,10 @@ class FailoverTest : public testing::EtcdTest {
     cluster_ = std::make_unique<testing::ReplicatedCluster>(std::move(o));
     ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   }
-  void TearDown() override { cluster_.reset(); }
+  void TearDown() override {
+    client_.reset();
+    cluster_.reset();
+  }
 
   void StartReplica(int r) { cluster_->Start(0, r); }
   Process& Replica(int r) { return cluster_->replica(0, r); }
@@ -153,6 +156,16 @@ class FailoverTest : public testing::EtcdTest {
   }
   std::string Logs() { return cluster_->Logs(); }
 
+  // The pushing client of the exact-sum tests (client_) and its 4-value SGD table at
+  // learning rate 1 (table_).
+  void OpenPusher() {
+    client_ = Follower("pusher", /*register_worker=*/true);
+    ASSERT_NE(client_, nullptr);
+    auto t = client_->CreateTable(testing::Sgd1("w", 4, 1));
+    ASSERT_TRUE(t.ok()) << t.status();
+    table_ = std::move(*t);
+  }
+
   int64_t MinClock(Client& observer) {
     auto s = observer.Stats();
     return s.ok() ? (*s)[0].min_clock : -1;
@@ -164,6 +177,8 @@ class FailoverTest : public testing::EtcdTest {
   bool curve_ = false;
   std::function<std::vector<std::string>(int, int, std::vector<std::string>)> on_host_;
   std::unique_ptr<testing::ReplicatedCluster> cluster_;
+  std::unique_ptr<Client> client_;  // OpenPusher's
+  TableHandle table_;
 };
 
 TEST_F(FailoverTest, WorkersFollowTheNewPrimaryAndTheJobFinishes) {
@@ -214,11 +229,8 @@ TEST_F(FailoverTest, WorkersFollowTheNewPrimaryAndTheJobFinishes) {
 }
 
 TEST_F(FailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice) {
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ExactSumPusher pusher(*client, *table);
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
   for (int kill = 0; kill < 3; ++kill) {
     ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
     const int r = KillPrimary();
@@ -229,16 +241,13 @@ TEST_F(FailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice
     ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   }
   pusher.Stop();
-  pusher.ExpectExactSums(*client);
+  pusher.ExpectExactSums(*client_);
   EXPECT_GE(View()->term, 4u);
 }
 
 TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart) {
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ExactSumPusher pusher(*client, *table);
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
   ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
   const int primary = Primary();
   ASSERT_GE(primary, 0);
@@ -258,15 +267,12 @@ TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart)
   ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
   EXPECT_EQ(Primary(), backup);
   pusher.Stop();
-  pusher.ExpectExactSums(*client);
+  pusher.ExpectExactSums(*client_);
 }
 
 TEST_F(FailoverTest, TrainingGoesOnWhileEtcdIsDownAndFailoverWaitsForItsReturn) {
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ExactSumPusher pusher(*client, *table);
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
   ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
   const int primary = Primary();
   ASSERT_GE(primary, 0);
@@ -289,7 +295,7 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdIsDownAndFailoverWaitsForItsReturn) 
   EXPECT_EQ(Primary(), 1 - primary);
   EXPECT_GE(View()->term, 2u);
   pusher.Stop();
-  pusher.ExpectExactSums(*client);
+  pusher.ExpectExactSums(*client_);
 }
 
 // The replicas on hosts 0 and 1 and the test (etcd, the pushing client) on host 2, each a
@@ -329,11 +335,8 @@ class PartitionTest : public FailoverTest {
 };
 
 TEST_F(PartitionTest, PrimaryCutOffFromItsBackupAcknowledgesOnlyWithoutItInTheSetAndNoneDiverge) {
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ExactSumPusher pusher(*client, *table);
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
   ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
   const int primary = Primary();
   ASSERT_GE(primary, 0);
@@ -367,7 +370,7 @@ TEST_F(PartitionTest, PrimaryCutOffFromItsBackupAcknowledgesOnlyWithoutItInTheSe
   ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
   ASSERT_EQ(Primary(), primary);
   pusher.Stop();
-  pusher.ExpectExactSums(*client);
+  pusher.ExpectExactSums(*client_);
 }
 
 // Replicas with CURVE keys reach each other as CURVE clients with the shards' key pair.
@@ -394,18 +397,15 @@ class SecureFailoverTest : public FailoverTest {
 TEST_F(SecureFailoverTest, ReplicasWithCurveKeysElectReplicateAndAcknowledgePushes) {
   // SetUp waited for a primary and both replicas in the in-sync set: the backup holds the
   // log, shipped over CURVE.
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ASSERT_TRUE(PushRange(*client, *table, 1, 200)) << Logs();
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ASSERT_TRUE(PushRange(*client_, table_, 1, 200)) << Logs();
   // Acknowledged while the backup is in sync: it holds every push.
   EXPECT_EQ(InSync(), 2) << Logs();
   const int killed = KillPrimary();
   ASSERT_GE(killed, 0);
-  ASSERT_TRUE(PushRange(*client, *table, 201, 300)) << Logs();
+  ASSERT_TRUE(PushRange(*client_, table_, 201, 300)) << Logs();
   std::vector<float> values(4);
-  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
+  ASSERT_TRUE(client_->Pull(table_, values.data()).get().ok());
   for (size_t k = 0; k < 4; ++k) EXPECT_EQ(values[k], -static_cast<float>(sum_[k])) << "row " << k;
   auto v = View();
   ASSERT_TRUE(v && v->primary);
@@ -429,14 +429,11 @@ TEST_F(SecureFailoverTest, AReplicaWithoutTheKeysCannotJoinTheLog) {
   EXPECT_NE(log.find("cannot join the log"), std::string::npos) << log;
   EXPECT_NE(log.find("--curve-keys"), std::string::npos) << log;
   // The primary goes on without it: pushes are acknowledged, with the backup out of the set.
-  auto client = Follower("pusher", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  auto table = client->CreateTable(testing::Sgd1("w", 4, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  ASSERT_TRUE(PushRange(*client, *table, 1, 50)) << Logs();
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ASSERT_TRUE(PushRange(*client_, table_, 1, 50)) << Logs();
   EXPECT_EQ(InSync(), 1) << Logs();
   std::vector<float> values(4);
-  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
+  ASSERT_TRUE(client_->Pull(table_, values.data()).get().ok());
   for (size_t k = 0; k < 4; ++k) EXPECT_EQ(values[k], -static_cast<float>(sum_[k])) << "row " << k;
 }
 

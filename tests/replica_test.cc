@@ -591,13 +591,9 @@ TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlo
 }
 
 TEST_F(ReplicaTest, APrimaryAloneWhoseLeaseEndedLeadsAgainInANewTerm) {
-  Group g(2);
-  g.StartAll();
-  Elect(g);
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
   const int p = *g.Primary();
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
-  w.Register();
   std::vector<float> sum(32, 0.f);
   auto push = [&](uint64_t i) {
     if (!w.Push(IntGrad(i, 32), 8)) return false;
@@ -646,13 +642,10 @@ TEST_F(ReplicaTest, ANewPrimaryThatCouldNotWriteItsInSyncSetTriesAgain) {
 TEST_F(ReplicaTest, TheLogIsBoundedInBytesAndABackupBehindItCatchesUpFromASnapshot) {
   ReplicaOptions ro;
   ro.max_log_bytes = 4096;
-  Group g(2, ro);
-  g.StartAll();
-  Elect(g);
+  // A push carries 4 KB of floats.
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f, 64, 16), ro);
+  Worker& w = worker();
   const int p = *g.Primary();
-  Worker w(g, 1);
-  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f, 64, 16));  // a push carries 4 KB of floats
-  w.Register();
   std::vector<float> sum(64 * 16, 0.f);
   auto push = [&](uint64_t i) {
     if (!w.Push(IntGrad(i, sum.size()), 64)) return false;
