@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ sys.path.insert(0, HERE)
 
 import faults  # noqa: E402  (the snapshot-only loss figure, measured in the same run)
 from common import leash as L  # noqa: E402
-from common.util import free_port, median, stop, write_json  # noqa: E402
+from common.util import free_port, median, stop, verdict, write_json  # noqa: E402
 
 ETCD = os.environ.get("LEASH_ETCD_BIN", "/usr/bin/etcd")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -510,14 +509,6 @@ def run(build, c, tmp, out_dir, log, parts=("lost", "stall", "cost")):
 
 def write_md(res, out_dir):
     """replication.md: the targets (as in bench/results/SUMMARY.md) and the sections."""
-    def verdict(measured, target, higher_is_better):  # bench/run_all.py's
-        ok = measured >= target if higher_is_better else measured <= target
-        if higher_is_better:
-            by = f"{measured / target:.2f}x the target" + ("" if ok else f" (short by {(1 - measured / target) * 100:.1f}%)")
-        else:
-            by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
-        return ("PASS" if ok else "MISS"), by
-
     md = ["# Replicated shards", "",
           f"`bench/replication.py`, {res['time']}, {res['nproc']} cores, shared and noisy (the load average is given "
           f"with each figure); took {res['seconds'] / 60:.1f} min. Plot: [replication.png](replication.png); raw numbers: "

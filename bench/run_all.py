@@ -54,7 +54,7 @@ import ctr_bench  # noqa: E402
 import replication as replication_bench  # noqa: E402
 import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
-from common.util import free_port, median, now, stop, time_to_accuracy, write_json  # noqa: E402
+from common.util import free_port, median, now, stop, time_to_accuracy, verdict, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr", "replication")
@@ -401,17 +401,6 @@ def part_durability(a, c, tmp):
 
 
 # ---------------------------------------------------------------- summary and plots
-
-def verdict(measured, target, higher_is_better):
-    if measured is None:
-        return "n/a", "not measured"
-    ok = measured >= target if higher_is_better else measured <= target
-    if higher_is_better:
-        by = f"{measured / target:.2f}x the target" + ("" if ok else f" (short by {(1 - measured / target) * 100:.1f}%)")
-    else:
-        by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
-    return ("PASS" if ok else "MISS"), by
-
 
 def fmt(v, spec=".0f", none="—"):
     return none if v is None else format(v, spec)

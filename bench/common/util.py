@@ -62,3 +62,15 @@ def write_json(path, obj):
 
 def now():
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def verdict(measured, target, higher_is_better):
+    """A target row's verdict: ("PASS"|"MISS"|"n/a", by how much), for the summaries."""
+    if measured is None:
+        return "n/a", "not measured"
+    ok = measured >= target if higher_is_better else measured <= target
+    if higher_is_better:
+        by = f"{measured / target:.2f}x the target" + ("" if ok else f" (short by {(1 - measured / target) * 100:.1f}%)")
+    else:
+        by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
+    return ("PASS" if ok else "MISS"), by
