@@ -206,6 +206,13 @@ class Worker {
     auto r = Call(rid, MakeClock(rid, id_, c));
     return r && std::holds_alternative<ClockReply>(*r);
   }
+  // Reports `done` (if any) and asks shard 0 for the next chunk of `plan`.
+  std::optional<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) {
+    const uint64_t rid = NextRid();
+    auto r = Call(rid, MakeChunkRequest(rid, id_, 1, plan, done));
+    if (!r || !std::holds_alternative<ChunkGrant>(*r)) return std::nullopt;
+    return std::get<ChunkGrant>(*r);
+  }
   ClientTransport& transport() { return *transport_; }
   uint64_t NextRid() { return ++rid_; }
 
@@ -259,6 +266,8 @@ void ExpectIdentical(Replica& a, Replica& b) {
   server::ShardSnapshot y = b.shard().Snapshot();
   EXPECT_EQ(x.min_clock, y.min_clock);
   EXPECT_EQ(x.coverage, y.coverage);
+  // The leases and the queue too: a snapshot's progress-only coverage leaves them out.
+  EXPECT_EQ(a.shard().coverage().SerializeExact(), b.shard().coverage().SerializeExact());
   ASSERT_EQ(x.workers.size(), y.workers.size());
   for (size_t i = 0; i < x.workers.size(); ++i) {
     EXPECT_EQ(x.workers[i].worker_id, y.workers[i].worker_id);
@@ -545,6 +554,59 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
   ASSERT_EQ(g.Primary(), std::optional<int>(1));
   ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
+}
+
+// Found by the docker test's replicated case: a backup caught up from a snapshot lost the
+// chunk leases (the snapshot held the progress only), so it granted other chunks than the
+// primary as it applied the log; after a failover a chunk stayed leased to a worker that
+// never trained it and the job waited for it forever.
+TEST_F(ReplicaTest,
+       ABackupCaughtUpFromASnapshotHoldsTheSameChunkLeasesAndTheJobEndsAfterAFailover) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 16;
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.0f), ro, {}, /*started=*/1);
+  Worker& w = worker();
+  Worker other(g, 2);
+  other.Register();
+  const DataPlan plan{40, 4, 2, 3};
+  std::optional<ChunkGrant> mine = w.NextChunk(plan, nullptr);
+  std::optional<ChunkGrant> theirs = other.NextChunk(plan, nullptr);
+  ASSERT_TRUE(mine && theirs);
+  for (int i = 1; i <= 40; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));  // past the log
+  g.Start(1);
+  for (int s = 0; s < 2000 && g.coordinator().View(0).in_sync.size() < 2; ++s) g.Step();
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  ASSERT_TRUE(Settle(g, 2));
+  ExpectIdentical(g.replica(0), g.replica(1));
+  // Both train on through a failover to the replica that came from the snapshot.
+  std::map<std::pair<uint32_t, uint32_t>, int> trained;
+  auto step = [&](Worker& x, std::optional<ChunkGrant>& held) {
+    std::optional<ChunkDone> done;
+    if (held && held->kind == ChunkGrant::Kind::kChunk) {
+      ++trained[{held->epoch, held->chunk}];
+      done = ChunkDone{held->epoch, held->chunk};
+    }
+    held = x.NextChunk(plan, done ? &*done : nullptr);
+    ASSERT_TRUE(held);
+  };
+  step(w, mine);
+  step(other, theirs);
+  ASSERT_TRUE(Settle(g, 2));
+  ExpectIdentical(g.replica(0), g.replica(1));
+  g.Kill(0);
+  g.coordinator().ExpireLease(0, 0);
+  for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
+  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  for (int i = 0; i < 40 && !(mine->kind == ChunkGrant::Kind::kFinished &&
+                              theirs->kind == ChunkGrant::Kind::kFinished);
+       ++i) {
+    step(w, mine);
+    step(other, theirs);
+  }
+  EXPECT_EQ(mine->kind, ChunkGrant::Kind::kFinished);
+  EXPECT_EQ(theirs->kind, ChunkGrant::Kind::kFinished);
+  EXPECT_EQ(trained.size(), 20u);  // 10 chunks in each of 2 epochs
+  for (const auto& [chunk, n] : trained) EXPECT_EQ(n, 1) << chunk.first << "/" << chunk.second;
 }
 
 TEST_F(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp) {

@@ -21,7 +21,8 @@ bool GetU64(const std::vector<uint8_t>& in, size_t* pos, uint64_t* v) {
   return true;
 }
 
-constexpr uint64_t kMagic = 0x313056434853414cULL;  // "LASHCV01"
+constexpr uint64_t kMagic = 0x313056434853414cULL;       // "LASHCV01": progress
+constexpr uint64_t kMagicExact = 0x323056434853414cULL;  // "LASHCV02": with leases, queue
 
 Status CheckPlan(const DataPlan& plan) {
   if (plan.num_samples == 0 || plan.chunk_size == 0 || plan.epochs == 0) {
@@ -96,19 +97,31 @@ ChunkGrant DataCoverage::Lease(uint64_t worker) {
     return g;
   }
   for (uint32_t e = current_; e < std::min(current_ + 2, plan_->epochs); ++e) {
+    auto open = epochs_.find(e);
+    if (open == epochs_.end()) continue;
+    for (const auto& [c, holder] : open->second.leased) {
+      if (holder == worker) return Grant(e, c);  // a resent request: the chunk it holds
+    }
+  }
+  for (uint32_t e = current_; e < std::min(current_ + 2, plan_->epochs); ++e) {
     Epoch& ep = Open(e);
     if (ep.pending.empty()) continue;
     uint32_t c = ep.pending.front();
     ep.pending.pop_front();
     ep.leased[c] = worker;
-    g.kind = ChunkGrant::Kind::kChunk;
-    g.epoch = e;
-    g.chunk = c;
-    g.begin = static_cast<uint64_t>(c) * plan_->chunk_size;
-    g.end = std::min(plan_->num_samples, g.begin + plan_->chunk_size);
-    return g;
+    return Grant(e, c);
   }
   return g;  // everything left is leased to others
+}
+
+ChunkGrant DataCoverage::Grant(uint32_t epoch, uint32_t chunk) const {
+  ChunkGrant g;
+  g.kind = ChunkGrant::Kind::kChunk;
+  g.epoch = epoch;
+  g.chunk = chunk;
+  g.begin = static_cast<uint64_t>(chunk) * plan_->chunk_size;
+  g.end = std::min(plan_->num_samples, g.begin + plan_->chunk_size);
+  return g;
 }
 
 void DataCoverage::Complete(uint32_t epoch, uint32_t chunk) {
@@ -163,10 +176,14 @@ uint32_t DataCoverage::times_completed(uint32_t epoch, uint32_t chunk) const {
   return it->second.completed[chunk];
 }
 
-std::vector<uint8_t> DataCoverage::Serialize() const {
+std::vector<uint8_t> DataCoverage::Serialize() const { return Encode(false); }
+
+std::vector<uint8_t> DataCoverage::SerializeExact() const { return Encode(true); }
+
+std::vector<uint8_t> DataCoverage::Encode(bool exact) const {
   std::vector<uint8_t> out;
   if (!plan_) return out;
-  PutU64(&out, kMagic);
+  PutU64(&out, exact ? kMagicExact : kMagic);
   PutU64(&out, plan_->num_samples);
   PutU64(&out, plan_->chunk_size);
   PutU64(&out, plan_->epochs);
@@ -177,6 +194,14 @@ std::vector<uint8_t> DataCoverage::Serialize() const {
     PutU64(&out, e);
     PutU64(&out, ep.completed.size());
     for (uint32_t c : ep.completed) PutU64(&out, c);
+    if (!exact) continue;
+    PutU64(&out, ep.pending.size());
+    for (uint32_t c : ep.pending) PutU64(&out, c);
+    PutU64(&out, ep.leased.size());
+    for (const auto& [c, worker] : ep.leased) {
+      PutU64(&out, c);
+      PutU64(&out, worker);
+    }
   }
   return out;
 }
@@ -187,10 +212,11 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
   size_t pos = 0;
   uint64_t magic, samples, chunk, epochs, seed, current, n;
   auto bad = [] { return DataLoss("the data-coverage record of the snapshot is malformed"); };
-  if (!GetU64(bytes, &pos, &magic) || magic != kMagic || !GetU64(bytes, &pos, &samples) ||
-      !GetU64(bytes, &pos, &chunk) || !GetU64(bytes, &pos, &epochs) ||
-      !GetU64(bytes, &pos, &seed) || !GetU64(bytes, &pos, &current) || !GetU64(bytes, &pos, &n) ||
-      n > 2 || chunk == 0 || chunk > UINT32_MAX || epochs > UINT32_MAX || current > epochs) {
+  if (!GetU64(bytes, &pos, &magic) || (magic != kMagic && magic != kMagicExact) ||
+      !GetU64(bytes, &pos, &samples) || !GetU64(bytes, &pos, &chunk) ||
+      !GetU64(bytes, &pos, &epochs) || !GetU64(bytes, &pos, &seed) ||
+      !GetU64(bytes, &pos, &current) || !GetU64(bytes, &pos, &n) || n > 2 || chunk == 0 ||
+      chunk > UINT32_MAX || epochs > UINT32_MAX || current > epochs) {
     return bad();
   }
   DataPlan plan{samples, static_cast<uint32_t>(chunk), static_cast<uint32_t>(epochs), seed};
@@ -211,8 +237,26 @@ Result<DataCoverage> DataCoverage::Deserialize(const std::vector<uint8_t>& bytes
       ep.completed[c] = static_cast<uint32_t>(times);
       if (times > 0) ++ep.done;
     }
-    for (uint32_t c : ep.pending) {
-      if (ep.completed[c] == 0) pending.push_back(c);
+    if (magic == kMagicExact) {
+      // The queue and the leases as they were; a chunk appears at most once in them.
+      std::vector<uint8_t> seen(count, 0);
+      uint64_t np, nl, c, worker;
+      if (!GetU64(bytes, &pos, &np) || np > count) return bad();
+      for (uint64_t k = 0; k < np; ++k) {
+        if (!GetU64(bytes, &pos, &c) || c >= count || seen[c]++) return bad();
+        pending.push_back(static_cast<uint32_t>(c));
+      }
+      if (!GetU64(bytes, &pos, &nl) || nl > count) return bad();
+      for (uint64_t k = 0; k < nl; ++k) {
+        if (!GetU64(bytes, &pos, &c) || !GetU64(bytes, &pos, &worker) || c >= count || seen[c]++) {
+          return bad();
+        }
+        ep.leased[static_cast<uint32_t>(c)] = worker;
+      }
+    } else {
+      for (uint32_t c : ep.pending) {
+        if (ep.completed[c] == 0) pending.push_back(c);
+      }
     }
     ep.pending = std::move(pending);
   }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 
 namespace leash::ps {
@@ -36,16 +37,94 @@ TEST(DataCoverageTest, EveryChunkOnceAndChunksCoverTheDataset) {
 
 TEST(DataCoverageTest, NextEpochIsHandedOutOnceTheCurrentIsAllLeased) {
   DataCoverage d;
-  ASSERT_TRUE(d.SetPlan(Plan(6, 3, 2)).ok());
+  ASSERT_TRUE(d.SetPlan(Plan(6, 3, 3)).ok());
   ChunkGrant a = d.Next(1);
-  ChunkGrant b = d.Next(2);
+  ChunkGrant b = d.Next(2);  // worker 2 holds its chunk of epoch 0 to the end
   EXPECT_EQ(a.epoch, 0u);
   EXPECT_EQ(b.epoch, 0u);
-  ChunkGrant c = d.Next(1);  // epoch 0 all leased: worker 1 goes on with epoch 1
+  d.Complete(a.epoch, a.chunk);
+  ChunkGrant c = d.Next(1);  // epoch 0 all leased or done: worker 1 goes on with epoch 1
   ASSERT_EQ(c.kind, ChunkGrant::Kind::kChunk);
   EXPECT_EQ(c.epoch, 1u);
-  d.Next(1);
+  d.Complete(c.epoch, c.chunk);
+  ChunkGrant e = d.Next(1);
+  EXPECT_EQ(e.epoch, 1u);
+  d.Complete(e.epoch, e.chunk);
   EXPECT_EQ(d.Next(1).kind, ChunkGrant::Kind::kWait);  // no more than two epochs in flight
+  d.Complete(b.epoch, b.chunk);
+  EXPECT_EQ(d.Next(1).epoch, 2u);
+}
+
+// Found by the docker test's replicated case: a chunk request resent after a failover (the
+// new primary had applied the first, whose reply was lost) leased the worker a second
+// chunk that nobody trained, and every worker waited for the epoch's last chunk forever.
+TEST(DataCoverageTest, ResentRequestIsAnsweredWithTheChunkTheWorkerHolds) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(30, 3, 3)).ok());
+  ChunkGrant first = d.Next(1);
+  ChunkGrant again = d.Next(1);
+  EXPECT_EQ(again.kind, ChunkGrant::Kind::kChunk);
+  EXPECT_EQ(again.epoch, first.epoch);
+  EXPECT_EQ(again.chunk, first.chunk);
+  EXPECT_EQ(again.begin, first.begin);
+  EXPECT_EQ(d.Progress().chunks_leased, 1u);
+  // Two workers whose every request (a report and the next lease) arrives twice: the job
+  // ends, each chunk of each epoch trained once.
+  std::optional<ChunkGrant> held[2] = {first, std::nullopt};
+  for (int round = 0; round < 100; ++round) {
+    for (uint64_t w = 1; w <= 2; ++w) {
+      auto& h = held[w - 1];
+      for (int copy = 0; copy < 2; ++copy) {
+        if (h) d.Complete(h->epoch, h->chunk);
+        ChunkGrant g = d.Next(w);
+        if (copy == 1) {
+          h.reset();
+          if (g.kind == ChunkGrant::Kind::kChunk) h = g;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(d.Progress().epochs_done, 3u);
+  EXPECT_EQ(d.Next(1).kind, ChunkGrant::Kind::kFinished);
+}
+
+// A replica caught up from a snapshot applies the primary's log from there: it must hold
+// the same leases and queue, or it grants other chunks than the primary did.
+TEST(DataCoverageTest, SerializeExactKeepsLeasesAndTheQueueSoACopyGrantsTheSameChunks) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(30, 3, 3)).ok());
+  ChunkGrant a = d.Next(1);
+  ChunkGrant b = d.Next(2);
+  d.Next(3);
+  d.Complete(a.epoch, a.chunk);
+  d.Release(2);  // b goes to the front of the queue
+  auto copy = DataCoverage::Deserialize(d.SerializeExact());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->SerializeExact(), d.SerializeExact());
+  EXPECT_EQ(copy->Progress().chunks_leased, 1u);
+  for (int i = 0; i < 40; ++i) {
+    const uint64_t w = 1 + static_cast<uint64_t>(i % 3);
+    ChunkGrant x = d.Next(w);
+    ChunkGrant y = copy->Next(w);
+    ASSERT_EQ(x.kind, y.kind) << "request " << i;
+    ASSERT_EQ(x.epoch, y.epoch) << "request " << i;
+    ASSERT_EQ(x.chunk, y.chunk) << "request " << i;
+    if (i == 0) {
+      EXPECT_EQ(x.chunk, b.chunk);
+    }
+    if (x.kind == ChunkGrant::Kind::kChunk && i % 2 == 0) {
+      d.Complete(x.epoch, x.chunk);
+      copy->Complete(y.epoch, y.chunk);
+    }
+  }
+  // The progress-only form drops the leases, as before.
+  auto progress = DataCoverage::Deserialize(d.Serialize());
+  ASSERT_TRUE(progress.ok());
+  EXPECT_EQ(progress->Progress().chunks_leased, 0u);
+  // A cut record is malformed.
+  auto bytes = d.SerializeExact();
+  bytes.resize(bytes.size() - 8);
+  EXPECT_EQ(DataCoverage::Deserialize(bytes).status().code(), StatusCode::kDataLoss);
 }
 
 TEST(DataCoverageTest, ChunksOfAFailedWorkerGoToOthers) {
@@ -114,6 +193,7 @@ TEST(DataCoverageTest, SerializeKeepsProgressAndDropsLeases) {
     ChunkGrant g = r->Next(3);
     if (g.kind != ChunkGrant::Kind::kChunk || g.epoch != 1) break;
     rest.insert(g.chunk);
+    r->Complete(g.epoch, g.chunk);
   }
   EXPECT_EQ(rest.size(), 3u);
   EXPECT_TRUE(rest.count(held.chunk));

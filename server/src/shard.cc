@@ -926,6 +926,8 @@ ShardSnapshot Shard::MakeSnapshot() const {
 Result<Shard::Image> Shard::MakeImage() {
   Image image;
   image.snapshot = MakeSnapshot();
+  // A replica catching up must grant the chunks the primary grants as it applies the log.
+  image.snapshot.coverage = coverage_.SerializeExact();
   image.tiers.resize(sparse_.size());
   bool has_sparse = false;
   for (size_t id = 0; id < sparse_.size(); ++id) {

@@ -43,7 +43,10 @@ class DataCoverage {
   bool has_plan() const { return plan_.has_value(); }
 
   // The next chunk for `worker`, kWait while the remaining chunks are leased to others,
-  // or kFinished once every epoch is complete; with the progress after it.
+  // or kFinished once every epoch is complete; with the progress after it. A worker holds
+  // at most one chunk: while it holds one (it asked again without reporting it: a request
+  // resent after a lost reply, a reconnect or a failover), the answer is that chunk again,
+  // so a resent request never leases a second chunk that nobody would ever train.
   ChunkGrant Next(uint64_t worker);
   // Marks a chunk trained (idempotent; a late report of a re-leased chunk counts once).
   void Complete(uint32_t epoch, uint32_t chunk);
@@ -54,8 +57,14 @@ class DataCoverage {
   // Number of times each (epoch, chunk) was reported trained, for tests.
   uint32_t times_completed(uint32_t epoch, uint32_t chunk) const;
 
+  // Progress only, for a shard's own snapshots: a restarted shard's workers register
+  // again, so their leases are dropped and the chunks pending again.
   std::vector<uint8_t> Serialize() const;
-  // Restores the state of Serialize(); leases are dropped (their chunks are pending).
+  // The whole state, leases and the queue's order included, for a replica catching up
+  // from a snapshot: it must grant the same chunks as the primary when it applies the log.
+  std::vector<uint8_t> SerializeExact() const;
+  // Restores the state of Serialize() (leases dropped: their chunks are pending) or of
+  // SerializeExact() (as it was).
   static Result<DataCoverage> Deserialize(const std::vector<uint8_t>& bytes);
 
  private:
@@ -66,6 +75,8 @@ class DataCoverage {
     std::map<uint32_t, uint64_t> leased;  // chunk -> worker
   };
   ChunkGrant Lease(uint64_t worker);  // Next without the progress
+  ChunkGrant Grant(uint32_t epoch, uint32_t chunk) const;
+  std::vector<uint8_t> Encode(bool exact) const;
   Epoch& Open(uint32_t e);
   void Advance();
 
