@@ -20,7 +20,9 @@
 #
 # Environment: LEASH_IMAGE (leash:latest), LEASH_ETCD_IMAGE (leash:etcd), LEASH_DOCKERFILE (docker/Dockerfile),
 #   LEASH_DEBIAN_MIRROR (default: the Debian mirror this machine's apt uses), LEASH_DOCKERD_LOG,
-#   LEASH_JOBS (parallel compile jobs inside the build, default: all cores).
+#   LEASH_JOBS (parallel compile jobs inside the build, default: all cores),
+#   LEASH_DOCKER_BUILD_LOG (the builds' whole output; ${TMPDIR:-/tmp}/leash-docker-build.log),
+#   LEASH_DOCKER_VERBOSE=1 (show that output as it comes instead of the steps only).
 # Every step prints how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -243,11 +245,29 @@ build_base_images
 if [[ -z "${DOCKER_BUILDKIT:-}" ]]; then
   if docker buildx version >/dev/null 2>&1; then export DOCKER_BUILDKIT=1; else export DOCKER_BUILDKIT=0; fi
 fi
-# Builds with the classic builder's deprecation notice dropped from the output.
+# Builds with the whole output in $BUILD_LOG; the terminal shows the Dockerfile's steps and
+# every 20th compile step as progress, and on a failure the end of the log (a CI run then
+# shows why, not a page of compiler lines). LEASH_DOCKER_VERBOSE=1 shows everything.
+BUILD_LOG=${LEASH_DOCKER_BUILD_LOG:-${TMPDIR:-/tmp}/leash-docker-build.log}
 build() {
-  docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . 2>&1 |
-    sed -e '/DEPRECATED: The legacy builder/d' -e '/BuildKit is currently disabled/d' \
-      -e '/Install the buildx component/d' -e '/docs.docker.com\/go\/buildx/d' -e '/^ *$/d'
+  local rc=0
+  : >"$BUILD_LOG"
+  if [[ "${LEASH_DOCKER_VERBOSE:-0}" == 1 ]]; then
+    docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . 2>&1 |
+      tee "$BUILD_LOG" || rc=$?
+  else
+    docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . \
+      >"$BUILD_LOG" 2>&1 || rc=$?
+    grep -E '^Step [0-9]+/[0-9]+ : (FROM|RUN|COPY)|^#[0-9]+ \[[^]]*\] (FROM|RUN|COPY)|^\[[0-9]*[02468]0/[0-9]+\]' \
+      "$BUILD_LOG" | cut -c1-160 | sed 's/^/  /' || true
+  fi
+  if ((rc != 0)); then
+    log "docker build $* failed (exit $rc); the end of its log ($BUILD_LOG):" >&2
+    grep -v -e 'DEPRECATED: The legacy builder' -e 'BuildKit is currently disabled' \
+      -e 'Install the buildx component' -e 'docs.docker.com/go/buildx' -e '^ *$' "$BUILD_LOG" |
+      tail -n 40 >&2
+  fi
+  return "$rc"
 }
 t=$(now)
 # The build stage is tagged too ($IMAGE's name with the tag build-stage): its layers stay

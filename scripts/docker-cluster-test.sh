@@ -32,7 +32,8 @@
 #   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101),
 #   LEASH_TEST_CASES ("static replicated": which clusters run), LEASH_TEST_REPL_EPOCHS (10)
 #   LEASH_TEST_REPL_TRAIN_LIMIT (30000 samples): the replicated case's job, and
-#   LEASH_TEST_REPL_ETCD_TTL (5 s): its replicas' etcd lease.
+#   LEASH_TEST_REPL_ETCD_TTL (5 s): its replicas' etcd lease, LEASH_TEST_LOG_DIR (unset: where
+#   every container's log is saved before each cluster goes down).
 # Exit status 77 (a skip for ctest) when Docker cannot be used here (not root, no daemon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +100,11 @@ teardown() {
   local rc=0
   if [[ -n "${MON_PID:-}" ]]; then kill "$MON_PID" 2>/dev/null || true; fi
   MON_PID=""
+  if [[ -n "${LEASH_TEST_LOG_DIR:-}" ]]; then
+    mkdir -p "$LEASH_TEST_LOG_DIR"
+    "${COMPOSE[@]}" logs --no-color --timestamps >"$LEASH_TEST_LOG_DIR/$PROJECT.log" 2>&1 || true
+    log "every container's log: $LEASH_TEST_LOG_DIR/$PROJECT.log"
+  fi
   log "docker-compose down -v ($PROJECT)"
   "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   local filter="label=com.docker.compose.project=$PROJECT" left=""
@@ -437,6 +443,10 @@ sys.exit(0 if r.get('replication') and ($cond) else 1)" "$json" 2>/dev/null; the
     sleep 0.3
   done
 }
+# log_since EPOCH_SECONDS 'YYYY-MM-DD HH:MM:SS.mmm' (a log line's UTC timestamp): seconds between.
+log_since() {
+  awk -v a="$1" -v b="$(date -u -d "$2" +%s.%N)" 'BEGIN { printf "%.2f", b - a }'
+}
 rquery() {
   "$PY" -c "import json, sys; r = json.loads(sys.argv[1]); s = (r.get('status') or {}).get('shards'); print($1)" "$(repl_status)"
 }
@@ -473,7 +483,24 @@ replicated_case() {
   log "killed shard 0's primary $service (${victim:0:12}, term $term) at min clock $clock_at_kill"
   rwaits 60 "a backup taking over shard 0" \
     "r['replication'][0]['primary'] and r['replication'][0]['term'] > $term and r['replication'][0]['primary']['endpoint'] != '$primary'"
-  note "replicated: SIGKILL of shard 0's primary ($service): a backup took over (term > $term) $(since "$t_kill") s later (etcd TTL $REPL_TTL s)"
+  note "replicated: SIGKILL of shard 0's primary ($service): leashctl shows a backup as primary (term > $term) $(since "$t_kill") s later (etcd TTL $REPL_TTL s; each poll waits up to 3 s for the dead primary)"
+  # The same from the containers' own logs (millisecond timestamps on the host's clock):
+  # the new primary's "leads in term" and each worker's "primary is", against the kill.
+  local newp takeover
+  newp=$(rquery "r['replication'][0]['primary']['endpoint']")
+  newp=${newp#tcp://}
+  newp=${newp%:*}
+  takeover=$(docker logs "$("${COMPOSE[@]}" ps -q "$newp")" 2>&1 | grep -m1 "leads in term" | cut -c1-23)
+  if [[ -n "$takeover" ]]; then
+    note "replicated: $newp logged that it leads $(log_since "$t_kill" "$takeover") s after the kill (etcd TTL $REPL_TTL s: target TTL + 1 s)"
+  fi
+  local w at
+  for w in $(worker_ids); do
+    at=$(docker logs "$w" 2>&1 | grep -m1 "shard 0: primary is" | cut -c1-23)
+    if [[ -n "$at" ]]; then
+      note "replicated: worker ${w:0:12} resent to the new primary $(log_since "$t_kill" "$at") s after the kill"
+    fi
+  done
   rwaits 60 "training to go on at the new primary" "s and s[0]['min_clock'] > $clock_at_kill + 2"
   note "replicated: training went on (min clock > $((clock_at_kill + 2))) $(since "$t_kill") s after the kill"
   # Docker does not restart a container it was told to kill: start it again.
