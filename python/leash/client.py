@@ -263,8 +263,8 @@ class Client:
         self._pid = os.getpid()
         self._staging: Dict[str, Any] = {}  # pinned host buffers for CUDA tensors, per table
         self._c = _leash.Client(
-            servers=endpoints, etcd=etcd_urls, job=job or "", name=name, staleness=staleness, wire_dtype=wire,
-            connect_timeout_ms=timeout_ms,
+            servers=endpoints, etcd=etcd_urls, job=job or "", name=name, staleness=staleness,
+            wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
             register_worker=bool(register), worker_id=_check_int("worker_id", worker_id, 0),
