@@ -7,6 +7,8 @@ once per worker (each leases its own chunks of every epoch):
     python3 examples/torch_fashion_mnist.py --servers=tcp://127.0.0.1:7000 --name=w0 &
     python3 examples/torch_fashion_mnist.py --servers=tcp://127.0.0.1:7000 --name=w1
 
+Against replicated shards (leash-server --replicas R --etcd URL --job NAME), give
+--etcd URL --job NAME instead of --servers: the primaries are followed on a failover.
 --local trains the same loop with no server (torch.optim, same optimizer), the baseline.
 Data: the IDX files of Debian's dataset-fashion-mnist (--data). Needs the leash package on
 the path (scripts/install-python.sh, or PYTHONPATH=build/python). Writes a JSON summary
@@ -111,6 +113,11 @@ def he_init(model):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", default=os.environ.get("LEASH_SERVERS", ""))
+    ap.add_argument("--etcd", default=os.environ.get("LEASH_ETCD", ""),
+                    help="replicated shards, instead of --servers: etcd's client URL(s); the "
+                    "primaries are found there and followed on a failover")
+    ap.add_argument("--job", default=os.environ.get("LEASH_JOB") or "leash",
+                    help="with --etcd: the job's name in etcd (the servers' --job)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--curve-keys", default=os.environ.get("LEASH_CURVE_KEYS") or None,
                     help="CURVE keys directory (leashctl keygen), as leash-worker's")
@@ -175,9 +182,11 @@ def main():
     else:
         import leash
         import leash.torch
-        if not a.servers:
-            sys.exit("--servers (or LEASH_SERVERS) is needed, or --local")
-        with leash.Client(a.servers, name=a.name, staleness=a.staleness,
+        if not a.servers and not a.etcd:
+            sys.exit("--servers (or LEASH_SERVERS) is needed, or --etcd for replicated shards, "
+                     "or --local")
+        with leash.Client(a.servers or None, etcd=a.etcd or None,
+                          job=a.job if a.etcd else None, name=a.name, staleness=a.staleness,
                           wire_dtype=a.wire_dtype, curve_keys=a.curve_keys,
                           curve_client=a.curve_client) as client:
             # The lines Leash adds to a PyTorch loop: tables for the parameters, a pull

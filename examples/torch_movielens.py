@@ -10,6 +10,8 @@ default) runs on the shards. Start the shards, then run this once per worker:
     python3 examples/torch_movielens.py --servers=tcp://127.0.0.1:7000 --name=w0 &
     python3 examples/torch_movielens.py --servers=tcp://127.0.0.1:7000 --name=w1
 
+Against replicated shards (leash-server --replicas R --etcd URL --job NAME), give
+--etcd URL --job NAME instead of --servers: the primaries are followed on a failover.
 Data: ml-100k.{inter,user,item} as scripts/fetch-movielens.sh installs them (--data), the
 split and fields of worker/src/movielens.cc and bench/torch_ctr.py: label rating >= 4; per
 user the latest 20% of the ratings are the test set; fields user, item, age bucket, gender,
@@ -164,6 +166,11 @@ def evaluate(model, test, batch=4096):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", default=os.environ.get("LEASH_SERVERS", ""))
+    ap.add_argument("--etcd", default=os.environ.get("LEASH_ETCD", ""),
+                    help="replicated shards, instead of --servers: etcd's client URL(s); the "
+                    "primaries are found there and followed on a failover")
+    ap.add_argument("--job", default=os.environ.get("LEASH_JOB") or "leash",
+                    help="with --etcd: the job's name in etcd (the servers' --job)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--data", default=DEFAULT_DIR)
     ap.add_argument("--epochs", type=int, default=3)
@@ -181,8 +188,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--metrics-out", default="")
     a = ap.parse_args()
-    if not a.servers:
-        sys.exit("--servers (or LEASH_SERVERS) is needed")
+    if not a.servers and not a.etcd:
+        sys.exit("--servers (or LEASH_SERVERS) is needed, or --etcd for replicated shards")
     import leash
     import leash.torch
 
@@ -195,7 +202,8 @@ def main():
     epochs = []
     steps = samples = 0
     start = time.perf_counter()
-    with leash.Client(a.servers, name=a.name, staleness=a.staleness) as client:
+    with leash.Client(a.servers or None, etcd=a.etcd or None, job=a.job if a.etcd else None,
+                      name=a.name, staleness=a.staleness) as client:
         emb = leash.torch.SparseEmbedding(client, a.table, a.dim, optimizer="adagrad",
                                           lr=a.sparse_lr, init="uniform", init_scale=a.scale,
                                           epsilon=1e-8, seed=a.seed)

@@ -7,6 +7,8 @@
         client.push(w, grad)             # float32 array or CPU/CUDA torch tensor
         client.clock()
 
+Replicated shards are found (and followed across failovers) in etcd instead:
+leash.Client(etcd="http://127.0.0.1:2379", job="NAME", staleness=1).
 leash.torch wraps a torch.nn.Module (see docs/python.md). Errors are leash.LeashError
 subclasses carrying Leash's status code. Logging: LEASH_LOG_LEVEL (default warn).
 """

@@ -47,10 +47,14 @@ class PullBatch:
     def wait(self) -> List[npt.NDArray[np.float32]]: ...
 
 class Client:
-    def __init__(self, servers: List[str], name: str, staleness: int, wire_dtype: str,
-                 connect_timeout_ms: int, curve_keys: Optional[str], curve_client: str,
-                 shared_memory: bool, register_worker: bool, worker_id: int,
-                 heartbeat_ms: int) -> None: ...
+    def __init__(self, servers: List[str], etcd: List[str], job: str, name: str,
+                 staleness: int, wire_dtype: str, connect_timeout_ms: int,
+                 curve_keys: Optional[str], curve_client: str, shared_memory: bool,
+                 register_worker: bool, worker_id: int, heartbeat_ms: int) -> None:
+        """Exactly one of `servers` (static shards) and `etcd` (URLs of the etcd holding
+        replicated job `job`) is non-empty. With etcd it waits up to connect_timeout_ms
+        for every shard's primary (UnavailableError naming leashctl otherwise), connects
+        to them and follows failovers on a thread of the C++ client."""
     def create_table(self, name: str, shape: List[int], optimizer: str, lr: float,
                      momentum: float, beta1: float, beta2: float, epsilon: float,
                      weight_decay: float, init: str, init_scale: float, seed: int,

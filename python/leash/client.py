@@ -117,11 +117,52 @@ def _cpu_view(x: Any, what: str) -> Any:
         raise WrongDTypeError(f"{what} must be a float32 tensor, got {x.dtype}: {e}") from None
 
 
-def _normalize_servers(servers: Optional[Servers]) -> List[str]:
-    if servers is None:
-        servers = os.environ.get("LEASH_SERVERS", "")
-        if not servers:
-            raise _bad("no servers: pass servers=[...] or set LEASH_SERVERS")
+DEFAULT_JOB = "leash"  # leash-server's and leash-worker's default --job
+
+
+def _endpoints(servers: Optional[Servers], etcd: Optional[Servers],
+               job: Optional[str]) -> "tuple[List[str], List[str], Optional[str]]":
+    """(servers, etcd URLs, job): exactly one of the lists is non-empty. Arguments win over
+    the environment (LEASH_SERVERS, or LEASH_ETCD and LEASH_JOB)."""
+    if servers is not None and etcd is not None:
+        raise _bad("servers and etcd are exclusive: servers names unreplicated shards, etcd "
+                   "finds replicated ones (and follows their failovers); give one")
+    if servers is None and etcd is None:
+        env_servers = os.environ.get("LEASH_SERVERS", "")
+        env_etcd = os.environ.get("LEASH_ETCD", "")
+        if env_servers and env_etcd:
+            raise _bad("LEASH_SERVERS and LEASH_ETCD are both set; they are exclusive: unset "
+                       "one, or pass servers= or etcd=")
+        if not env_servers and not env_etcd:
+            raise _bad("no shards given: pass servers=[...] (or set LEASH_SERVERS) for "
+                       "unreplicated shards, or etcd=URL and job=NAME (or set LEASH_ETCD and "
+                       "LEASH_JOB) for replicated ones")
+        servers = env_servers or None
+        etcd = env_etcd or None
+    if etcd is None:
+        if job is not None:
+            raise _bad(f"job={job!r} names a job in etcd; it needs etcd=URL (with servers= "
+                       "the shards are given directly)")
+        return _normalize_servers(servers), [], None
+    if job is None:
+        job = os.environ.get("LEASH_JOB", "") or DEFAULT_JOB
+    if not isinstance(job, str) or not job:
+        raise _bad(f"job must be a non-empty string (the replicas' --job), got {job!r}")
+    return [], _normalize_urls(etcd), job
+
+
+def _normalize_urls(etcd: Servers) -> List[str]:
+    if isinstance(etcd, str):
+        etcd = [u.strip() for u in etcd.split(",") if u.strip()]
+    if not isinstance(etcd, (list, tuple)) or not all(isinstance(u, str) for u in etcd):
+        raise _bad("etcd must be a URL, a list of URLs or a comma-separated string, "
+                   f"got {etcd!r}")
+    if not etcd:
+        raise _bad("etcd is empty: give etcd's client URL, e.g. 'http://127.0.0.1:2379'")
+    return list(etcd)
+
+
+def _normalize_servers(servers: Servers) -> List[str]:
     if isinstance(servers, str):
         servers = [s.strip() for s in servers.split(",") if s.strip()]
     if not isinstance(servers, (list, tuple)) or not all(isinstance(s, str) for s in servers):
@@ -169,7 +210,16 @@ class Client:
 
     Args:
         servers: the shards' endpoints in shard order, as a list or a comma-separated
-            string ("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000"); None reads LEASH_SERVERS.
+            string ("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000"), for unreplicated shards.
+        etcd: instead of servers, for replicated shards (leash-server --replicas R --etcd):
+            etcd's client URL(s), a list or a comma-separated string
+            ("http://127.0.0.1:2379"). The client waits up to connect_timeout until every
+            shard of `job` has a primary, connects to the primaries, and follows failovers
+            by watching etcd: requests not yet answered go again to the new primary
+            (exactly once), without an error reaching the caller.
+        job: with etcd, the job's name in etcd (the replicas' --job); None reads LEASH_JOB,
+            else "leash".
+        With neither servers nor etcd, LEASH_SERVERS or LEASH_ETCD (with LEASH_JOB) is read.
         name: this worker's name in logs and status (default: py-HOST-PID).
         staleness: the bound s: a pull for iteration c waits until every worker has
             finished iteration c - s - 1. 0 is synchronous; >= 1 lets pulls overlap steps.
@@ -184,16 +234,20 @@ class Client:
 
     Use it as a context manager: leaving the block (normally, by an exception, Ctrl-C or
     SIGTERM) leaves the job, so the other workers do not wait for this one's lease to
-    expire. Raises UnavailableError if a shard does not answer in time.
+    expire. Raises UnavailableError if a shard does not answer in time, or (with etcd) if
+    etcd cannot be reached or some shard has no primary within connect_timeout (the
+    message names `leashctl --etcd URL --job NAME status` to see why), and
+    InvalidArgumentError if both servers and etcd are given, or neither.
     """
 
     def __init__(self, servers: Optional[Servers] = None, name: Optional[str] = None,
                  staleness: int = 0, curve_keys: Optional[str] = None, *,
+                 etcd: Optional[Servers] = None, job: Optional[str] = None,
                  curve_client: str = "client", wire_dtype: str = "fp32",
                  connect_timeout: float = 30.0, shared_memory: bool = True,
                  register: bool = True, worker_id: int = 0, heartbeat_ms: int = 0,
                  handle_sigterm: bool = True) -> None:
-        endpoints = _normalize_servers(servers)
+        endpoints, etcd_urls, job = _endpoints(servers, etcd, job)
         if name is None:
             name = f"py-{socket.gethostname()}-{os.getpid()}"
         if not isinstance(name, str):
@@ -209,14 +263,18 @@ class Client:
         self._pid = os.getpid()
         self._staging: Dict[str, Any] = {}  # pinned host buffers for CUDA tensors, per table
         self._c = _leash.Client(
-            servers=endpoints, name=name, staleness=staleness, wire_dtype=wire,
-            connect_timeout_ms=timeout_ms,
+            servers=endpoints, etcd=etcd_urls, job=job or "", name=name, staleness=staleness,
+            wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
             register_worker=bool(register), worker_id=_check_int("worker_id", worker_id, 0),
             heartbeat_ms=_check_int("heartbeat_ms", heartbeat_ms, 0))
         self.name = name
-        self.servers = endpoints
+        # Static shards' endpoints; None with etcd (the primaries change on a failover).
+        self.servers: Optional[List[str]] = endpoints or None
+        self.etcd: Optional[List[str]] = etcd_urls or None
+        self.job = job
+        self._num_shards = self._c.num_shards
         self.wire_dtype = wire
         if register:
             _open_clients.add(self)
@@ -552,5 +610,6 @@ class Client:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"clock {self.current_clock}"
-        return f"<leash.Client '{self.name}' {len(self.servers)} shard(s), {state}>"
+        where = f", job '{self.job}' in etcd" if self.etcd else ""
+        return f"<leash.Client '{self.name}' {self._num_shards} shard(s){where}, {state}>"
 

@@ -4,13 +4,16 @@
 // threads call in under the GIL (which guards this file's own state); the leash::Client
 // underneath is thread-safe and writes pulled values from whichever thread reads the reply.
 // Each client has a sender thread (Sender) that copies and sends the gradients handed to
-// it during backward and the clocks behind them; it never touches Python objects.
+// it during backward and the clocks behind them; it never touches Python objects. With
+// etcd= (replicated shards) the shards' primaries are found in etcd and followed by the
+// leash::Client's own directory thread, as leash-worker --etcd does.
 #include <pthread.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,6 +30,7 @@
 
 #include "leash/common/curve_keys.h"
 #include "leash/common/domain.h"
+#include "leash/common/etcd_coordinator.h"
 #include "leash/common/logging.h"
 #include "leash/common/status.h"
 #include "leash/common/zmq_transport.h"
@@ -569,8 +573,12 @@ class Sender {
 
 // ---- the client -----------------------------------------------------------------------
 
+// Exactly one of `servers` (static, unreplicated shards) and `etcd` (replicated shards of
+// job `job`, found and followed in etcd) is set.
 struct ConnectOptions {
   std::vector<std::string> servers;
+  std::vector<std::string> etcd;
+  std::string job;
   std::string name;
   int64_t staleness = 0;
   std::string wire_dtype = "fp32";
@@ -658,10 +666,16 @@ py::dict StatsDict(const ShardStats& s) {
 class Client {
  public:
   explicit Client(const ConnectOptions& o) {
-    if (o.servers.empty()) {
+    if (!o.servers.empty() && !o.etcd.empty()) {
+      Raise(StatusCode::kInvalidArgument,
+            "servers and etcd are exclusive: servers names unreplicated shards, etcd finds "
+            "replicated ones; give one");
+    }
+    if (o.servers.empty() && o.etcd.empty()) {
       Raise(StatusCode::kInvalidArgument,
             "servers is empty: give the shards' endpoints in order, e.g. "
-            "['tcp://127.0.0.1:7000', 'tcp://127.0.0.1:7001']");
+            "['tcp://127.0.0.1:7000', 'tcp://127.0.0.1:7001'], or etcd= and job= for "
+            "replicated shards");
     }
     ClientOptions co;
     co.name = o.name;
@@ -686,8 +700,25 @@ class Client {
     if (o.curve_keys) {
       zo.curve = ValueOrThrow(LoadCurveClientKeys(*o.curve_keys, o.curve_client), "curve_keys");
     }
+    std::vector<std::string> servers = o.servers;
+    if (!o.etcd.empty()) {
+      // As leash-worker --etcd: wait for every shard's primary, connect to them, and let
+      // the client's directory thread follow failovers.
+      co.directory = OpenDirectory(o);
+      Result<ClusterView> view = Unavailable("not resolved");
+      {
+        py::gil_scoped_release release;  // waits up to connect_timeout for the primaries
+        view = ResolvePrimaries(*co.directory, o.connect_timeout_ms, co.interrupted);
+      }
+      co.directory_view =
+          ValueOrThrow(std::move(view), "cannot find the shards of job '" + o.job + "' in etcd");
+      servers = PrimaryEndpoints(co.directory_view);
+      spdlog::info("job '{}' in etcd: {} shard(s) x {} replica(s); following their primaries",
+                   o.job, co.directory_view.num_shards, co.directory_view.replicas);
+    }
     ctx_ = std::make_unique<ZmqContext>();
-    auto transport = ValueOrThrow(ConnectZmqClient(*ctx_, o.servers, zo), "servers");
+    auto transport =
+        ValueOrThrow(ConnectZmqClient(*ctx_, servers, zo), o.etcd.empty() ? "servers" : "etcd");
     Result<std::unique_ptr<leash::Client>> client = Unavailable("not connected");
     {
       py::gil_scoped_release release;  // Connect waits up to connect_timeout for the shards
@@ -1393,6 +1424,22 @@ class Client {
     return reinterpret_cast<const float*>(tensor.attr("data_ptr")().cast<uintptr_t>());
   }
 
+  // The shard directory of job o.job in the etcd cluster at o.etcd (each entry a URL or a
+  // comma-separated list). Each request to etcd gives up after at most connect_timeout, so
+  // an unreachable etcd fails within it. Raises InvalidArgumentError for a bad URL or job.
+  static std::shared_ptr<ShardDirectory> OpenDirectory(const ConnectOptions& o) {
+    EtcdOptions eo;
+    eo.job = o.job;
+    for (const std::string& e : o.etcd) {
+      std::vector<std::string> urls = ValueOrThrow(ParseEtcdEndpoints(e), "etcd");
+      eo.endpoints.insert(eo.endpoints.end(), urls.begin(), urls.end());
+    }
+    eo.request_timeout =
+        std::min(eo.request_timeout,
+                 std::chrono::milliseconds(std::max<int64_t>(o.connect_timeout_ms, 200)));
+    return ValueOrThrow(NewEtcdShardDirectory(eo), "etcd");
+  }
+
   void Destroy() {
     if (client_ == nullptr) return;
     if (shared_->waiters > 0) {
@@ -1507,13 +1554,15 @@ PYBIND11_MODULE(_leash, m) {
       .def("wait", &PullBatch::Wait);
 
   py::class_<python::Client>(m, "Client")
-      .def(py::init([](std::vector<std::string> servers, std::string name, int64_t staleness,
-                       std::string wire_dtype, int64_t connect_timeout_ms,
-                       std::optional<std::string> curve_keys, std::string curve_client,
-                       bool shared_memory, bool register_worker, uint64_t worker_id,
-                       int64_t heartbeat_ms) {
+      .def(py::init([](std::vector<std::string> servers, std::vector<std::string> etcd,
+                       std::string job, std::string name, int64_t staleness, std::string wire_dtype,
+                       int64_t connect_timeout_ms, std::optional<std::string> curve_keys,
+                       std::string curve_client, bool shared_memory, bool register_worker,
+                       uint64_t worker_id, int64_t heartbeat_ms) {
              ConnectOptions o;
              o.servers = std::move(servers);
+             o.etcd = std::move(etcd);
+             o.job = std::move(job);
              o.name = std::move(name);
              o.staleness = staleness;
              o.wire_dtype = std::move(wire_dtype);
@@ -1528,10 +1577,10 @@ PYBIND11_MODULE(_leash, m) {
              c->set_registered(register_worker);
              return c;
            }),
-           py::arg("servers"), py::arg("name"), py::arg("staleness"), py::arg("wire_dtype"),
-           py::arg("connect_timeout_ms"), py::arg("curve_keys"), py::arg("curve_client"),
-           py::arg("shared_memory"), py::arg("register_worker"), py::arg("worker_id"),
-           py::arg("heartbeat_ms"))
+           py::arg("servers"), py::arg("etcd"), py::arg("job"), py::arg("name"),
+           py::arg("staleness"), py::arg("wire_dtype"), py::arg("connect_timeout_ms"),
+           py::arg("curve_keys"), py::arg("curve_client"), py::arg("shared_memory"),
+           py::arg("register_worker"), py::arg("worker_id"), py::arg("heartbeat_ms"))
       .def("create_table", &python::Client::CreateTable, py::arg("name"), py::arg("shape"),
            py::arg("optimizer"), py::arg("lr"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("init"),

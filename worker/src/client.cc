@@ -716,10 +716,12 @@ Result<ClusterView> ResolvePrimaries(ShardDirectory& directory, int64_t timeout_
   int64_t last_log = start;
   int64_t revision = 0;
   std::string missing;
+  Status unreachable;  // the directory's latest error; Ok once it answers
   while (true) {
     auto view = revision == 0 ? directory.View()
                               : directory.WaitForChange(revision, std::chrono::milliseconds(500));
     if (view.ok()) {
+      unreachable = Status::Ok();
       revision = view->revision;
       missing.clear();
       for (const ShardView& s : view->shards) {
@@ -728,15 +730,27 @@ Result<ClusterView> ResolvePrimaries(ShardDirectory& directory, int64_t timeout_
       if (view->num_shards > 0 && view->shards.size() == view->num_shards && missing.empty()) {
         return std::move(*view);
       }
-      if (view->shards.size() != view->num_shards) missing = "(not all registered yet)";
+      if (view->shards.size() != view->num_shards) {
+        missing = "(not all registered yet)";
+      }
     } else {
-      missing = view.status().ToString();
+      // NotFound: the directory answered but knows no replica of the job yet.
+      if (view.status().code() == StatusCode::kNotFound) {
+        unreachable = Status::Ok();
+        missing = "(" + view.status().message() + ")";
+      } else {
+        unreachable = view.status();
+      }
       revision = 0;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     const int64_t now = NowMs();
     if (interrupted && interrupted()) {
       return Cancelled("interrupted while waiting for the shards' primaries");
+    }
+    if (now - start >= timeout_ms && !unreachable.ok()) {
+      return Unavailable("the shard directory did not answer within " + std::to_string(timeout_ms) +
+                         " ms: " + unreachable.message());
     }
     if (now - start >= timeout_ms) {
       return Unavailable("no primary for shard(s) " + missing + " after " +
@@ -746,8 +760,8 @@ Result<ClusterView> ResolvePrimaries(ShardDirectory& directory, int64_t timeout_
     }
     if (now - last_log >= 3000) {
       last_log = now;
-      spdlog::info("waiting for the primary of shard(s) {} ({} s so far)", missing,
-                   (now - start) / 1000);
+      spdlog::info("waiting for the primary of shard(s) {} ({} s so far)",
+                   unreachable.ok() ? missing : unreachable.ToString(), (now - start) / 1000);
     }
   }
 }
