@@ -298,6 +298,29 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdIsDownAndFailoverWaitsForItsReturn) 
   pusher.ExpectExactSums(*client_);
 }
 
+// Found by the Kubernetes probes' test: etcd hung (SIGSTOP: connections accepted, nothing
+// answered) rather than killed, and the replicas' request loops waited on it, each call up
+// to its 2 s timeout, so the backup acknowledged the log every few seconds and training
+// crawled. The replicas read the directory from a watch of their own now.
+TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHangs) {
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  ASSERT_GE(Primary(), 0);
+  etcd_->Pause();
+  std::this_thread::sleep_for(3s);  // past the TTL: no lease is valid as far as they know
+  const bool went_on = pusher.WaitForMore(300, 30s);
+  etcd_->Resume();
+  ASSERT_TRUE(went_on) << "only " << pusher.acknowledged() << " acknowledged; " << pusher.failure()
+                       << Logs();
+  // Back, etcd expires the leases whose keep-alives it missed while it hung: a replica may
+  // have to register again and the shard may elect a new primary; then all goes on.
+  ASSERT_TRUE(WaitFor([&] { return Primary() >= 0 && InSync() == 2; }, 60s)) << Logs();
+  ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client_);
+}
+
 // The replicas on hosts 0 and 1 and the test (etcd, the pushing client) on host 2, each a
 // network namespace (support/netns.h), so the route between the replicas can be cut while
 // both still reach etcd and the client.

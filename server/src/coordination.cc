@@ -2,6 +2,7 @@
 #include "coordination.h"
 
 #include "leash/common/etcd_coordinator.h"
+#include "leash/common/watched_directory.h"
 
 namespace leash::server {
 
@@ -14,7 +15,10 @@ Result<Coordination> ConnectCoordination(const ServerConfig& config) {
                        .replicas = static_cast<uint32_t>(config.replicas)};
   Coordination c;
   LEASH_ASSIGN_OR_RETURN(c.coordinator, EtcdCoordinator::Create(options, shape));
-  LEASH_ASSIGN_OR_RETURN(c.directory, NewEtcdShardDirectory(options));
+  LEASH_ASSIGN_OR_RETURN(auto directory, NewEtcdShardDirectory(options));
+  // The replica reads the directory in its request loop: from a watch of its own, so that
+  // an etcd that hangs never holds the loop (and with it the log's acknowledgements).
+  c.directory = std::make_unique<WatchedDirectory>(std::move(directory));
   return c;
 }
 

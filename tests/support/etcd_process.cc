@@ -5,6 +5,7 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +98,14 @@ void EtcdProcess::Start() {
 
 void EtcdProcess::Kill() {
   if (process_ != nullptr) process_->Kill();
+}
+
+void EtcdProcess::Pause() {
+  if (process_ != nullptr) process_->Signal(SIGSTOP);
+}
+
+void EtcdProcess::Resume() {
+  if (process_ != nullptr) process_->Signal(SIGCONT);
 }
 
 void EtcdProcess::Restart() {

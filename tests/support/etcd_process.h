@@ -33,6 +33,10 @@ class EtcdProcess {
   void Kill();
   // Starts it again on the same ports and data directory, and waits until it answers.
   void Restart();
+  // SIGSTOP / SIGCONT: a hung etcd (connections accepted, nothing answered), as a machine
+  // that stalls or a network that drops packets shows it, rather than refused connections.
+  void Pause();
+  void Resume();
   std::string ReadLog() const;
 
  private:
