@@ -112,6 +112,9 @@ if not errors:
         shard_sets = [by[("StatefulSet", x)] for x in want if ("StatefulSet", x) in by]
         need(not cm["data"].get("LEASH_SERVERS"),
              "LEASH_SERVERS is empty: workers and leashctl find the primaries in etcd")
+        need(svc["spec"].get("publishNotReadyAddresses") is True,
+             "the shards' Service publishes unready pods: a backup is ready only once it holds "
+             "the log, and its primary reaches it by name to send it")
         need(cm["data"].get("LEASH_JOB"), "LEASH_JOB names the job in etcd")
         need(cm["data"].get("LEASH_ETCD_TTL"), "LEASH_ETCD_TTL sets the etcd lease")
         etcd = by.get(("StatefulSet", "leash-etcd"))
