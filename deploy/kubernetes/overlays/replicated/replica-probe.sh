@@ -22,6 +22,9 @@
 # thing etcd's return cannot repair. `ready` adds etcd's view (`leashctl --etcd status`): a
 # backup still catching up is not ready, so the PodDisruptionBudget keeps a drain from
 # taking its primary (the only replica holding the log) and a rolling update waits for it.
+# Both read leashctl's words (a backup's refusal, the status lines of the replicas);
+# tests/kubernetes_replica_probe_test.sh runs this script against etcd and real replicas, so
+# a change of wording fails there rather than in a cluster.
 #
 # The pod's own values by default; the environment overrides them for a test outside
 # Kubernetes: LEASH_PROBE_PORT (7000), LEASH_PROBE_ENDPOINT (tcp://$(hostname).leash-shard:
