@@ -8,7 +8,11 @@
 # ConfigMap, every container requests resources, the shards have probes backed by
 # `leashctl health`, scrape annotations and a volume claim template, the workers wait when
 # the job is trained (a Deployment restarts containers that exit), and the GPU overlay asks
-# for nvidia.com/gpu.
+# for nvidia.com/gpu. The replicated overlay (LEASH_REPLICAS > 1): one StatefulSet per shard
+# of LEASH_NUM_SHARDS, each of LEASH_REPLICAS replicas, with a required podAntiAffinity over
+# its own pods and a PodDisruptionBudget that never lets a drain take all of them, probes
+# that a backup passes, workers without a static shard list, and etcd with probes and its
+# data on a volume claim.
 #
 #   bash scripts/check-kubernetes.sh             check (exit 77, a skip, without the tools)
 #   bash scripts/check-kubernetes.sh --install   first install kubernetes-validate into the
@@ -67,44 +71,136 @@ errors = []
 def need(cond, what):
     if not cond:
         errors.append(what)
-sts = by.get(("StatefulSet", "leash-shard"))
+def exec_cmd(container, probe):
+    return container.get(probe, {}).get("exec", {}).get("command", [])
 dep = by.get(("Deployment", "leash-worker"))
 cm = by.get(("ConfigMap", "leash-job"))
 svc = by.get(("Service", "leash-shard"))
-need(sts and dep and cm and svc, "the shard StatefulSet, worker Deployment, ConfigMap leash-job "
-     "and headless Service leash-shard are all there")
+need(dep and cm and svc, "the worker Deployment, ConfigMap leash-job and headless Service "
+     "leash-shard are all there")
 if not errors:
-    n = sts["spec"]["replicas"]
-    servers = cm["data"]["LEASH_SERVERS"].split(",")
-    need(int(cm["data"]["LEASH_NUM_SHARDS"]) == n,
-         f"LEASH_NUM_SHARDS {cm['data']['LEASH_NUM_SHARDS']} = the StatefulSet's replicas {n}")
-    want = [f"tcp://leash-shard-{i}.leash-shard:7000" for i in range(n)]
-    need(servers == want, f"LEASH_SERVERS lists the shards in order by their stable DNS names: {want}")
+    n = int(cm["data"]["LEASH_NUM_SHARDS"])
+    R = int(cm["data"].get("LEASH_REPLICAS", "1"))
+    replicated = R > 1
     need(svc["spec"].get("clusterIP") == "None", "the shards' Service is headless")
-    need(sts["spec"]["serviceName"] == "leash-shard", "the StatefulSet names the headless Service")
-    need(any(t["metadata"]["name"] == "data" for t in sts["spec"].get("volumeClaimTemplates", [])),
-         "each shard has a PersistentVolumeClaim for /data")
     need(cm["data"].get("LEASH_CURVE_KEYS") == "/keys", "every process uses CURVE keys")
-    for w in (sts, dep):
-        spec = w["spec"]["template"]["spec"]
-        kind = w["kind"]
+    if not replicated:
+        # One StatefulSet, a pod per shard; the workers list the shards.
+        sts = by.get(("StatefulSet", "leash-shard"))
+        need(sts, "the shard StatefulSet leash-shard")
+        shard_sets = [sts] if sts else []
+        if sts:
+            need(sts["spec"]["replicas"] == n,
+                 f"LEASH_NUM_SHARDS {n} = the StatefulSet's replicas {sts['spec']['replicas']}")
+            servers = cm["data"]["LEASH_SERVERS"].split(",")
+            want = [f"tcp://leash-shard-{i}.leash-shard:7000" for i in range(n)]
+            need(servers == want,
+                 f"LEASH_SERVERS lists the shards in order by their stable DNS names: {want}")
+            shard = sts["spec"]["template"]["spec"]["containers"][0]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                cmd = exec_cmd(shard, probe)
+                need(cmd[:1] == ["leashctl"] and cmd[-1:] == ["health"],
+                     f"shard {probe}: leashctl health")
+    else:
+        # Replicated (overlays/replicated): a StatefulSet per shard, leash-shard-<s>, of R
+        # replicas leash-shard-<s>-<r>, coordinated through etcd.
+        names = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "StatefulSet" and
+                       d["metadata"]["name"].startswith("leash-shard"))
+        want = [f"leash-shard-{s}" for s in range(n)]
+        need(names == want, f"one StatefulSet per shard, {want} (LEASH_NUM_SHARDS {n}), "
+             f"not {names}")
+        shard_sets = [by[("StatefulSet", x)] for x in want if ("StatefulSet", x) in by]
+        need(not cm["data"].get("LEASH_SERVERS"),
+             "LEASH_SERVERS is empty: workers and leashctl find the primaries in etcd")
+        need(svc["spec"].get("publishNotReadyAddresses") is True,
+             "the shards' Service publishes unready pods: a backup is ready only once it holds "
+             "the log, and its primary reaches it by name to send it")
+        need(cm["data"].get("LEASH_JOB"), "LEASH_JOB names the job in etcd")
+        need(cm["data"].get("LEASH_ETCD_TTL"), "LEASH_ETCD_TTL sets the etcd lease")
+        etcd = by.get(("StatefulSet", "leash-etcd"))
+        etcd_svc = by.get(("Service", "leash-etcd"))
+        need(etcd and etcd_svc, "the etcd StatefulSet leash-etcd and its Service")
+        if etcd and etcd_svc:
+            need(etcd_svc["spec"].get("clusterIP") == "None" and
+                 etcd["spec"]["serviceName"] == "leash-etcd", "etcd's Service is headless")
+            need(cm["data"].get("LEASH_ETCD") == "http://leash-etcd-0.leash-etcd:2379",
+                 "LEASH_ETCD names etcd by its stable DNS name http://leash-etcd-0.leash-etcd:2379")
+            c = etcd["spec"]["template"]["spec"]["containers"][0]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                cmd = exec_cmd(c, probe)
+                need(cmd[:1] == ["etcdctl"] and cmd[-2:] == ["endpoint", "health"],
+                     f"etcd {probe}: etcdctl endpoint health")
+            claims = [t["metadata"]["name"] for t in etcd["spec"].get("volumeClaimTemplates", [])]
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+            data_dir = env.get("ETCD_DATA_DIR", "")
+            need(any(data_dir.startswith(mounts.get(v, "//") + "/") for v in claims),
+                 "etcd keeps ETCD_DATA_DIR on a PersistentVolumeClaim")
+        for s, sts in enumerate(shard_sets):
+            kind = f"StatefulSet {sts['metadata']['name']}"
+            spec = sts["spec"]
+            sel = spec["selector"]["matchLabels"]
+            need(spec["replicas"] == R, f"{kind}: replicas {spec['replicas']} = LEASH_REPLICAS {R}")
+            need(spec["serviceName"] == "leash-shard", f"{kind}: names the headless Service")
+            need(sel.get("leash/shard") == str(s) and
+                 spec["template"]["metadata"]["labels"].get("leash/shard") == str(s),
+                 f"{kind}: its pods and selector carry leash/shard: \"{s}\"")
+            need(any(t["metadata"]["name"] == "data" for t in spec.get("volumeClaimTemplates", [])),
+                 f"{kind}: each replica has a PersistentVolumeClaim for /data")
+            terms = (spec["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {})
+                     .get("requiredDuringSchedulingIgnoredDuringExecution", []))
+            need(any(t.get("topologyKey") == "kubernetes.io/hostname" and
+                     t.get("labelSelector", {}).get("matchLabels") == sel for t in terms),
+                 f"{kind}: a required podAntiAffinity on kubernetes.io/hostname over its own "
+                 "pods (no two replicas of a shard on one node)")
+            pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and
+                    d["spec"].get("selector", {}).get("matchLabels") == sel]
+            need(len(pdbs) == 1, f"{kind}: a PodDisruptionBudget over its pods")
+            for p in pdbs:
+                mu, ma = p["spec"].get("maxUnavailable"), p["spec"].get("minAvailable")
+                need((isinstance(mu, int) and 1 <= mu <= R - 1) or
+                     (isinstance(ma, int) and 1 <= ma <= R - 1),
+                     f"{kind}: its budget lets a drain take some but never all of its {R} "
+                     "replicas (maxUnavailable or minAvailable in [1, R-1])")
+            shard = spec["template"]["spec"]["containers"][0]
+            script = " ".join(shard.get("command", []))
+            need("leash-server" in script and "--replica " in script and "--peers" in script and
+                 "LEASH_REPLICAS" in script,
+                 f"{kind}: leash-server gets --replica and --peers (LEASH_REPLICAS of them)")
+            for probe, mode in (("startupProbe", "live"), ("readinessProbe", "ready"),
+                                ("livenessProbe", "live")):
+                need(exec_cmd(shard, probe) == ["sh", "/probe/replica-probe.sh", mode],
+                     f"{kind}: {probe} runs replica-probe.sh {mode} (leashctl health fails a "
+                     "backup)")
+        probe_cm = by.get(("ConfigMap", "leash-replica-probe"))
+        # The probe takes a backup's refusal as alive: the words must be the server's.
+        phrase = " is a backup; the primary is "
+        need(probe_cm and phrase in probe_cm["data"].get("replica-probe.sh", "") and
+             phrase in open("server/src/replica.cc").read(),
+             f"the ConfigMap leash-replica-probe's replica-probe.sh knows a backup's answer "
+             f"('{phrase}', server/src/replica.cc)")
+        wcmd = exec_cmd(dep["spec"]["template"]["spec"]["containers"][0], "readinessProbe")
+        need("--servers" not in wcmd, "the workers' readiness probe asks the primaries in etcd")
+    for w in shard_sets + [dep]:
+        kind = f"{w['kind']} {w['metadata']['name']}"
         ann = w["spec"]["template"]["metadata"].get("annotations", {})
         need(ann.get("prometheus.io/scrape") == "true" and ann.get("prometheus.io/port") == "9100",
              f"{kind}: Prometheus scrape annotations on port 9100")
-        need(spec.get("terminationGracePeriodSeconds", 30) >= 45,
-             f"{kind}: terminationGracePeriodSeconds covers a worker's leave / a final snapshot")
+        need(w["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) >=
+             (120 if w is not dep else 45),
+             f"{kind}: terminationGracePeriodSeconds covers a worker's leave / a final snapshot "
+             "(shards: at least 120 s)")
+    for w in docs:
+        if w["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        spec = w["spec"]["template"]["spec"]
         for c in spec.get("initContainers", []) + spec["containers"]:
-            need(c.get("resources", {}).get("requests"), f"{kind}/{c['name']}: resource requests")
+            need(c.get("resources", {}).get("requests"),
+                 f"{w['kind']} {w['metadata']['name']}/{c['name']}: resource requests")
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
     need(env.get("LEASH_WAIT_WHEN_DONE") == "1",
          "workers wait when the job is trained (LEASH_WAIT_WHEN_DONE=1: a Deployment restarts "
          "containers that exit)")
-    shard = sts["spec"]["template"]["spec"]["containers"][0]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        cmd = shard.get(probe, {}).get("exec", {}).get("command", [])
-        need(cmd[:1] == ["leashctl"] and cmd[-1:] == ["health"], f"shard {probe}: leashctl health")
-    need(sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 120,
-         "shards: at least 120 s for the final snapshot")
     if name.endswith("gpu"):
         lim = dep["spec"]["template"]["spec"]["containers"][0]["resources"].get("limits", {})
         need(str(lim.get("nvidia.com/gpu")) == "1", "GPU workers: limits nvidia.com/gpu: 1")
