@@ -15,9 +15,11 @@
 # is ...", so health calls every backup NOT SERVING and the kubelet would restart backups
 # for ever. `live` takes that answer as alive: the replica listens, its loop runs, and it
 # knows its role (the same words the client library follows to the primary). While etcd
-# hangs (a lost node, a stalled disk), a replica's request loop waits on its etcd calls and
-# answers nobody for seconds at a time (measured: no answer within 9 s, over and over), so a
-# replica that does not answer counts as live when etcd does not answer either: restarting
+# hangs (a lost node, a stalled disk), the replicas read the directory from their own watch
+# and go on, but what their request loop must ask etcd (a campaign while no primary is
+# known, a change of the in-sync set) waits its timeout (before the watch, measured here: no
+# answer within 9 s, over and over). So a replica that does not answer counts as live when
+# etcd does not answer either: restarting
 # every replica of every shard then would throw away the logs they hold, which is the one
 # thing etcd's return cannot repair. `ready` adds etcd's view (`leashctl --etcd status`): a
 # backup still catching up is not ready, so the PodDisruptionBudget keeps a drain from
