@@ -256,10 +256,15 @@ build() {
     docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . 2>&1 |
       tee "$BUILD_LOG" || rc=$?
   else
-    docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . \
-      >"$BUILD_LOG" 2>&1 || rc=$?
-    grep -E '^Step [0-9]+/[0-9]+ : (FROM|RUN|COPY)|^#[0-9]+ \[[^]]*\] (FROM|RUN|COPY)|^\[[0-9]*[02468]0/[0-9]+\]' \
-      "$BUILD_LOG" | cut -c1-160 | sed 's/^/  /' || true
+    # The progress lines as they come (the filter never fails the pipeline; docker's own
+    # status is the build's).
+    set +e
+    docker build -f "$DOCKERFILE" ${LEASH_JOBS:+--build-arg "JOBS=$LEASH_JOBS"} "${BUILD_ARGS[@]}" "$@" . 2>&1 |
+      tee "$BUILD_LOG" |
+      grep --line-buffered -E '^Step [0-9]+/[0-9]+ : (FROM|RUN|COPY)|^#[0-9]+ \[[^]]*\] (FROM|RUN|COPY)|^\[[0-9]*[02468]0/[0-9]+\]' |
+      sed -u 's/^\(.\{0,160\}\).*/  \1/'
+    rc=${PIPESTATUS[0]}
+    set -e
   fi
   if ((rc != 0)); then
     log "docker build $* failed (exit $rc); the end of its log ($BUILD_LOG):" >&2

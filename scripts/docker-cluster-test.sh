@@ -486,17 +486,21 @@ replicated_case() {
   note "replicated: SIGKILL of shard 0's primary ($service): leashctl shows a backup as primary (term > $term) $(since "$t_kill") s later (etcd TTL $REPL_TTL s; each poll waits up to 3 s for the dead primary)"
   # The same from the containers' own logs (millisecond timestamps on the host's clock):
   # the new primary's "leads in term" and each worker's "primary is", against the kill.
-  local newp takeover
+  local newp takeover logs
   newp=$(rquery "r['replication'][0]['primary']['endpoint']")
   newp=${newp#tcp://}
   newp=${newp%:*}
-  takeover=$(docker logs "$("${COMPOSE[@]}" ps -q "$newp")" 2>&1 | grep -m1 "leads in term" | cut -c1-23)
+  # (The logs read whole first: grep -m1 closing the pipe early would end `docker logs` with
+  # SIGPIPE, which pipefail and set -e make the test's failure.)
+  logs=$(docker logs "$("${COMPOSE[@]}" ps -q "$newp")" 2>&1)
+  takeover=$(grep -m1 "leads in term" <<<"$logs" | cut -c1-23 || true)
   if [[ -n "$takeover" ]]; then
     note "replicated: $newp logged that it leads $(log_since "$t_kill" "$takeover") s after the kill (etcd TTL $REPL_TTL s: target TTL + 1 s)"
   fi
   local w at
   for w in $(worker_ids); do
-    at=$(docker logs "$w" 2>&1 | grep -m1 "shard 0: primary is" | cut -c1-23)
+    logs=$(docker logs "$w" 2>&1)
+    at=$(grep -m1 "shard 0: primary is" <<<"$logs" | cut -c1-23 || true)
     if [[ -n "$at" ]]; then
       note "replicated: worker ${w:0:12} resent to the new primary $(log_since "$t_kill" "$at") s after the kill"
     fi
