@@ -30,8 +30,8 @@ void WatchedDirectory::Follow() {
       if (stop_) return;
     }
     // A long watch: each change comes as it happens; on its timeout, the current view.
-    Result<ClusterView> view = revision == 0 ? inner_->View()
-                                             : inner_->WaitForChange(revision, milliseconds(1000));
+    Result<ClusterView> view =
+        revision == 0 ? inner_->View() : inner_->WaitForChange(revision, milliseconds(1000));
     std::unique_lock<std::mutex> lock(mu_);
     answered_ = true;
     if (view.ok()) {
@@ -55,8 +55,7 @@ Result<ClusterView> WatchedDirectory::View() {
   return error_;
 }
 
-Result<ClusterView> WatchedDirectory::WaitForChange(int64_t after_revision,
-                                                    milliseconds timeout) {
+Result<ClusterView> WatchedDirectory::WaitForChange(int64_t after_revision, milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait_for(lock, timeout, [&] {
     return stop_ || (view_ && view_->revision > after_revision) || (!view_ && answered_);
