@@ -386,7 +386,7 @@ def part_lost_stall(build, c, tmp, log, with_r1=True):
 def mlp(build, tmp, tag, c, where):
     metrics = os.path.join(tmp, f"{tag}.json")
     cmd = L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
-                        where + ["--staleness", "1", "--name", "w0"])
+                        where + ["--staleness", "1", "--name", "w0", "--wire-dtype", c.get("wire_dtype", "fp32")])
     with open(os.path.join(tmp, f"{tag}.log"), "w") as lf:
         rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600).returncode
     if rc != 0:
@@ -592,7 +592,9 @@ def summary_md(res):
         s = co["summary"]
         md += ["## Cost of R=2 against R=1", "",
                f"{len(co['rounds'])} rounds, R=1 and R=2 interleaved pair by pair (R=1 first in even rounds), each on "
-               "a fresh cluster: leash-worker MLP 1 worker + 1 shard at staleness 1 (samples/s over training time), "
+               "a fresh cluster: leash-worker MLP 1 worker + 1 shard at staleness 1 (samples/s over training time; "
+               f"wire {res['config'].get('wire_dtype', 'fp32')}: the pushes the primary forwards to its backup as "
+               "they came), "
                "then `leash-bench-pushpull --servers PRIMARY` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
                "flight, MB/s), socket. On this 2-core machine the backup competes with the worker and the primary "
                "for the same cores. CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
@@ -672,6 +674,9 @@ def main():
     p.add_argument("--kills", type=int, help="primary kills (default 10)")
     p.add_argument("--ttl", type=int, help="etcd lease TTL in s (default 2)")
     p.add_argument("--rounds", type=int, help="cost rounds (default 3)")
+    p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16"),
+                   help="the MLP worker's --wire-dtype in the cost part (default fp32); the backup receives "
+                        "each push as the worker sent it, so 16 bits halve the bytes replicated")
     p.add_argument("--keep-tmp", action="store_true")
     p.add_argument("--summary-only", action="store_true",
                    help="rewrite replication.md and replication.png from --out/replication.json")
@@ -683,7 +688,7 @@ def main():
         plot(res, a.out)
         return 0
     c = config(a.quick)
-    for k in ("kills", "ttl", "rounds"):
+    for k in ("kills", "ttl", "rounds", "wire_dtype"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
