@@ -116,7 +116,12 @@ struct Server {
   leash::ZmqContext zmq;
   std::unique_ptr<leash::ServerTransport> transport;
   // Replicated (--replicas > 1): the other replicas' connections, the coordinator, and the
-  // replica that owns the shard (`shard` stays null).
+  // replica that owns the shard (`shard` stays null). The peers' connections have a ZeroMQ
+  // context of their own, an I/O thread per replica: ZeroMQ resolves a peer's host name in
+  // the I/O thread, synchronously, on every reconnect, and a dead peer's name (a stopped
+  // container's, which the DNS may take seconds to deny) held the one thread the workers'
+  // socket shared with it, so the new primary answered workers only now and then.
+  std::unique_ptr<leash::ZmqContext> peers_zmq;
   std::unique_ptr<leash::ClientTransport> peers;
   leash::server::Coordination coordination;
   std::unique_ptr<leash::server::Replica> replica;
@@ -279,7 +284,9 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       po.curve = ReplicaClientKeys(*s.curve);
       s.curve->authorized.push_back({kReplicaKeyName, s.curve->own.public_z85});
     }
-    auto peers = leash::ConnectZmqClient(s.zmq, c.peers, po);
+    s.peers_zmq =
+        std::make_unique<leash::ZmqContext>(static_cast<int>(std::max<int64_t>(1, c.replicas)));
+    auto peers = leash::ConnectZmqClient(*s.peers_zmq, c.peers, po);
     if (!peers.ok()) {
       spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
       return 1;
