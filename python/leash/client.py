@@ -151,26 +151,27 @@ def _endpoints(servers: Optional[Servers], etcd: Optional[Servers],
     return [], _normalize_urls(etcd), job
 
 
+def _endpoint_list(value: Servers, what: str, empty: str) -> List[str]:
+    """A list of strings from a list or a comma-separated string; `what` names the
+    argument and its accepted forms in the type error, `empty` is the error when none."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise _bad(f"{what}, got {value!r}")
+    if not value:
+        raise _bad(empty)
+    return list(value)
+
+
 def _normalize_urls(etcd: Servers) -> List[str]:
-    if isinstance(etcd, str):
-        etcd = [u.strip() for u in etcd.split(",") if u.strip()]
-    if not isinstance(etcd, (list, tuple)) or not all(isinstance(u, str) for u in etcd):
-        raise _bad("etcd must be a URL, a list of URLs or a comma-separated string, "
-                   f"got {etcd!r}")
-    if not etcd:
-        raise _bad("etcd is empty: give etcd's client URL, e.g. 'http://127.0.0.1:2379'")
-    return list(etcd)
+    return _endpoint_list(etcd, "etcd must be a URL, a list of URLs or a comma-separated string",
+                          "etcd is empty: give etcd's client URL, e.g. 'http://127.0.0.1:2379'")
 
 
 def _normalize_servers(servers: Servers) -> List[str]:
-    if isinstance(servers, str):
-        servers = [s.strip() for s in servers.split(",") if s.strip()]
-    if not isinstance(servers, (list, tuple)) or not all(isinstance(s, str) for s in servers):
-        raise _bad("servers must be a list of endpoints or a comma-separated string, "
-                   f"got {servers!r}")
-    if not servers:
-        raise _bad("servers is empty: give the shards' endpoints in order")
-    return list(servers)
+    return _endpoint_list(servers,
+                          "servers must be a list of endpoints or a comma-separated string",
+                          "servers is empty: give the shards' endpoints in order")
 
 
 # Clients still open at interpreter exit leave the job then; SIGTERM raises SystemExit so
