@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -15,7 +16,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -115,13 +118,36 @@ std::pair<int, std::string> RunToCompletion(std::vector<std::string> argv,
   return {code.value_or(-1), p.ReadLog()};
 }
 
+// A port is handed out at most once per process (two shards of one test once drew the same
+// port and one failed to bind), and reserved across processes while this one lives with an
+// flock on $TMPDIR/leash-test-ports/PORT (ctest runs suites side by side; the lock goes with
+// the process, however it ends).
 int FreePort() {
   static std::mt19937 rng(
       static_cast<unsigned>(std::random_device{}() ^ static_cast<unsigned>(getpid())));
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/leash-test-ports";
+  std::error_code ignored;
+  std::filesystem::create_directories(dir, ignored);
   std::uniform_int_distribution<int> pick(20000, 31999);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     const int port = pick(rng);
-    if (CanBind(port)) return port;
+    if (given.count(port) != 0) continue;
+    const std::string lock_path = dir + "/" + std::to_string(port);
+    const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);  // another test process holds it
+      continue;
+    }
+    if (!CanBind(port)) {
+      if (fd >= 0) close(fd);
+      continue;
+    }
+    given.insert(port);  // fd stays open (and locked) until the process exits
+    return port;
   }
   throw std::runtime_error("no free loopback port in [20000, 32000) after 1000 tries");
 }
