@@ -275,12 +275,14 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.message = message;  // the frames are shared, not copied
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
+  // Shipped before it is applied here: the backups receive and acknowledge the entry while
+  // this replica applies it (the update is most of an entry's cost), instead of after.
+  ReplicateAll();
   scratch_.clear();
   Apply(log_.back(), &scratch_);
   applied_index_ = log_.back().index;
   for (Outgoing& o : scratch_) held_.push_back({applied_index_, std::move(o)});
   scratch_.clear();
-  ReplicateAll();
 }
 
 void Replica::Apply(const ReplEntryWire& e, std::vector<Outgoing>* out) {
@@ -830,9 +832,11 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
   const uint64_t commit = std::min(m.commit, matched);
   if (commit > commit_index_) commit_index_ = commit;
   if (matched >= m.commit) caught_up_ = true;
+  // Acknowledged before the committed entries are applied: the primary waits for the
+  // acknowledgement, not for this replica's copy of the update.
+  SendAck(true, matched);
   ApplyCommitted();
   Compact();
-  SendAck(true, matched);
 }
 
 // `next_chunk` 0: it holds nothing of that transfer (ok false); acknowledgements that
