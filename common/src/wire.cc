@@ -201,11 +201,10 @@ void EncodeValuesInto(std::span<const float> values, DType dtype, uint8_t* out) 
       if (!values.empty()) std::memcpy(out, values.data(), values.size_bytes());
       return;
     case DType::kF16:
+      FloatToHalfN(values.data(), values.size(), out);
+      return;
     case DType::kBF16:
-      for (size_t i = 0; i < values.size(); ++i) {
-        uint16_t h = dtype == DType::kF16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
+      FloatToBf16N(values.data(), values.size(), out);
       return;
   }
 }
@@ -227,12 +226,10 @@ Status DecodeValues(const Frame& frame, DType dtype, size_t count, float* out) {
       if (count > 0) std::memcpy(out, p, count * 4);
       break;
     case DType::kF16:
+      HalfToFloatN(p, count, out);
+      break;
     case DType::kBF16:
-      for (size_t i = 0; i < count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = dtype == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
-      }
+      Bf16ToFloatN(p, count, out);
       break;
   }
   return Status::Ok();

@@ -168,18 +168,22 @@ void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, 
 }
 
 void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16) {
+  if (n <= 0) return;
+  auto* bytes = reinterpret_cast<uint8_t*>(y);
   if (bf16) {
-    for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16(x[i]);
+    FloatToBf16N(x, static_cast<size_t>(n), bytes);
   } else {
-    for (int64_t i = 0; i < n; ++i) y[i] = FloatToHalf(x[i]);
+    FloatToHalfN(x, static_cast<size_t>(n), bytes);
   }
 }
 
 void ConvertFromHalf(int64_t n, const uint16_t* x, float* y, bool bf16) {
+  if (n <= 0) return;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x);
   if (bf16) {
-    for (int64_t i = 0; i < n; ++i) y[i] = Bf16ToFloat(x[i]);
+    Bf16ToFloatN(bytes, static_cast<size_t>(n), y);
   } else {
-    for (int64_t i = 0; i < n; ++i) y[i] = HalfToFloat(x[i]);
+    HalfToFloatN(bytes, static_cast<size_t>(n), y);
   }
 }
 

@@ -1,6 +1,7 @@
 // Scalar float32 <-> float16 / bfloat16 conversion (round to nearest even). Pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -73,5 +74,16 @@ inline float HalfToFloat(uint16_t h) {
   std::memcpy(&f, &x, 4);
   return f;
 }
+
+// Bulk widening of `n` little-endian 16-bit values at `in` (any alignment) into `out`, as
+// the scalar functions above would, vectorised: a shard widens every 16-bit push before
+// its update. Half NaNs stay NaNs (F16C may set their quiet bit); every other value is
+// bit-identical to HalfToFloat's. half.cc.
+void Bf16ToFloatN(const uint8_t* in, size_t n, float* out);
+void HalfToFloatN(const uint8_t* in, size_t n, float* out);
+// And the other way, into `n` little-endian 16-bit values at `out` (any alignment), as
+// FloatToBf16 / FloatToHalf round them; NaNs stay NaNs.
+void FloatToBf16N(const float* in, size_t n, uint8_t* out);
+void FloatToHalfN(const float* in, size_t n, uint8_t* out);
 
 }  // namespace leash
