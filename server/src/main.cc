@@ -389,9 +389,7 @@ int Run(const ServerConfig& config) {
         g_stop.store(true);
       }
     };
-    st = leash::server::ServeReplica(*s.replica, *s.transport, g_stop, after_tick);
-    if (s.replica->role() == leash::server::ReplicaRole::kPrimary)
-      (void)s.coordination.coordinator->Resign(s.replica->term());
+    st = leash::server::ServeReplica(*s.replica, *s.transport, g_stop, after_tick);  // resigns
     (void)s.coordination.coordinator->Leave();
     if (refused) return 2;
   } else {

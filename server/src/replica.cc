@@ -749,6 +749,21 @@ void Replica::StepDown(uint64_t term, const char* why) {
   if (role_observer_) role_observer_(role_, term_);
 }
 
+void Replica::Resign() {
+  if (role_ != ReplicaRole::kPrimary) return;
+  const uint64_t term = term_;
+  StepDown(term, "stopping");
+  if (Status st = coordinator_->Resign(term); !st.ok()) {
+    spdlog::warn(
+        "shard {}: replica {} could not give up term {} in the coordinator ({}); a backup takes "
+        "over when this replica's lease expires",
+        shard_options_.shard, options_.replica, term, st.ToString());
+    return;
+  }
+  spdlog::info("shard {}: replica {} resigned as primary of term {}; a backup takes over",
+               shard_options_.shard, options_.replica, term);
+}
+
 // ---- backups ----------------------------------------------------------------------------
 
 void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
@@ -1150,6 +1165,9 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
     wait_ms = replica.Tick(&out);
     if (after_tick) after_tick(replica);
   }
+  for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
+  out.clear();
+  replica.Resign();
   if (replica.has_state()) {  // not a replica midway through catching up
     auto snap = replica.mutable_shard().Checkpoint();
     if (!snap.ok() && result.ok()) result = snap.status();

@@ -89,6 +89,10 @@ class Replica {
   // Elections, evictions, resends, heartbeats, the in-sync set and the commit index; replies
   // released by a commit go to `out`. Returns the milliseconds until it wants to run again.
   int64_t Tick(std::vector<Outgoing>* out);
+  // Stopping: a primary steps down and gives its term up in the coordinator, so that a
+  // backup takes over now rather than when the lease expires. Replies not yet committed are
+  // never sent; the workers resend those requests to the successor. No-op on a backup.
+  void Resign();
 
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
@@ -237,7 +241,9 @@ class Replica {
 };
 
 // Runs `replica` on `transport` until `stop`: receives, handles, ticks and sends, like
-// Serve (shard.h). Writes a final snapshot on the way out. `after_tick` as in Serve.
+// Serve (shard.h). On the way out it sends what was released, resigns (a primary), then
+// writes a final snapshot: a backup does not wait for the snapshot to take over.
+// `after_tick` as in Serve.
 Status ServeReplica(Replica& replica, ServerTransport& transport, const std::atomic<bool>& stop,
                     const std::function<void(const Replica&)>& after_tick = {});
 
