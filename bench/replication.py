@@ -23,6 +23,7 @@ import argparse
 import base64
 import datetime
 import json
+import resource
 import os
 import re
 import shutil
@@ -387,15 +388,20 @@ def mlp(build, tmp, tag, c, where):
     metrics = os.path.join(tmp, f"{tag}.json")
     cmd = L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
                         where + ["--staleness", "1", "--name", "w0", "--wire-dtype", c.get("wire_dtype", "fp32")])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(os.path.join(tmp, f"{tag}.log"), "w") as lf:
         rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600).returncode
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker's, the only child waited for
     if rc != 0:
         raise L.RunError(f"{tag}: leash-worker exited {rc} (log {tmp}/{tag}.log)")
     with open(metrics) as f:
         m = json.load(f)
     samples = sum(e["samples"] for e in m["epochs"])
     seconds = sum(e["train_seconds"] for e in m["epochs"])
-    return {"samples_per_second": samples / seconds, "iterations": samples / 64}
+    worker_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"samples_per_second": samples / seconds, "iterations": samples / 64,
+            # the whole run's (data loading and evaluation too) per training iteration: an upper bound
+            "worker_cpu_us_per_iteration": worker_cpu / (samples / 64) * 1e6}
 
 
 def pushpull(build, tmp, tag, endpoint, floats, inflight, seconds):
@@ -486,7 +492,33 @@ def part_cost(build, c, tmp, log):
                          "primary_cpu_us_per_iteration_r1": median(g["r1"][row].get("primary_cpu_us_per_iteration")
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
+    summary["mlp_cpu_floor"] = cpu_floor(rounds)
     return {"rounds": rounds, "summary": summary}
+
+
+def cpu_floor(rounds, cores=2):
+    """What the MLP's R=2 cost must be at least from CPU alone: an iteration cannot take less than
+    the worker's, the primary's and the backup's CPU time per iteration spread over the machine's
+    cores. The same without the backup's (on cores of its own: another host) estimates the cost
+    there. The worker's figure includes its start (loading the data), so these floors are a little
+    high."""
+    out = {"cores": cores, "per_round": []}
+    for g in rounds:
+        r1, r2 = g["r1"]["mlp"], g["r2"]["mlp"]
+        t1 = 64 / r1["samples_per_second"] * 1e6  # measured R=1 iteration, us
+        w, p, b = (r2.get("worker_cpu_us_per_iteration"), r2.get("primary_cpu_us_per_iteration"),
+                   r2.get("backup_cpu_us_per_iteration"))
+        if None in (w, p, b):
+            continue
+        here = (w + p + b) / cores
+        apart = (w + p) / cores
+        out["per_round"].append({"r1_iteration_us": t1, "r2_iteration_us": 64 / r2["samples_per_second"] * 1e6,
+                                 "worker_us": w, "primary_us": p, "backup_us": b,
+                                 "floor_cost_here": max(0.0, 1 - t1 / max(t1, here)),
+                                 "floor_cost_backup_apart": max(0.0, 1 - t1 / max(t1, apart))})
+    for k in ("floor_cost_here", "floor_cost_backup_apart", "worker_us", "r1_iteration_us", "r2_iteration_us"):
+        out[k] = median(x[k] for x in out["per_round"]) if out["per_round"] else None
+    return out
 
 
 # ---------------------------------------------------------------- entry points
@@ -609,6 +641,16 @@ def summary_md(res):
                       f"| {v['backup_cpu_us_per_iteration'] or 0:.0f} us | "
                       f"{v['primary_cpu_us_per_iteration_r1'] or 0:.0f} → {v['primary_cpu_us_per_iteration_r2'] or 0:.0f} us"
                       f" | {', '.join(f'{x:.1f}' for x in v['load_r1'])} / {', '.join(f'{x:.1f}' for x in v['load_r2'])} |")
+        fl = s.get("mlp_cpu_floor")
+        if fl and fl.get("floor_cost_here") is not None:
+            md += ["", f"Where the MLP's cost comes from (medians over the rounds): an R=1 iteration took "
+                   f"{fl['r1_iteration_us']:.0f} us and an R=2 one {fl['r2_iteration_us']:.0f} us; the worker used "
+                   f"{fl['worker_us']:.0f} us of CPU per iteration (its whole run's, start included). From CPU "
+                   f"alone (an iteration takes at least the worker's, the primary's and the backup's CPU time "
+                   f"per iteration over {fl['cores']} cores) the cost of R=2 is at least **{fl['floor_cost_here'] * 100:.1f}%** on this "
+                   f"machine, and at least {fl['floor_cost_backup_apart'] * 100:.1f}% with the backup on cores of "
+                   "its own (another host); the rest is waiting: the backup's round trip on the pulls' path and "
+                   "three processes' threads taking turns on two cores."]
         idle = s["mlp_samples_per_second"]["backup_idle_cpu_ms_per_s"]
         md += ["", f"With no request the backup burns {idle or 0:.0f} ms of CPU per second (median over 1 s windows, "
                "/proc's 10 ms ticks; its heartbeats and its polls of the directory), counted in its per-iteration "
