@@ -19,8 +19,7 @@ void HalfToFloatScalar(const uint8_t* in, size_t n, float* out) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* in, size_t n,
-                                                          float* out) {
+__attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* in, size_t n, float* out) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
@@ -29,8 +28,7 @@ __attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* in, size
   HalfToFloatScalar(in + 2 * i, n - i, out + i);
 }
 
-__attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* in, size_t n,
-                                                          uint8_t* out) {
+__attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* in, size_t n, uint8_t* out) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
@@ -84,8 +82,8 @@ void FloatToBf16N(const float* in, size_t n, uint8_t* out) {
         _mm_add_epi32(x, _mm_add_epi32(round, _mm_and_si128(_mm_srli_epi32(x, 16), one)));
     // NaN: |x| > 0x7f800000 (signed compare is right: |x| < 2^31).
     const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(x, abs_mask), exp_mask);
-    const __m128i v = _mm_or_si128(_mm_and_si128(nan, _mm_or_si128(x, quiet)),
-                                   _mm_andnot_si128(nan, rounded));
+    const __m128i v =
+        _mm_or_si128(_mm_and_si128(nan, _mm_or_si128(x, quiet)), _mm_andnot_si128(nan, rounded));
     return _mm_srai_epi32(v, 16);
   };
   for (; i + 8 <= n; i += 8) {
