@@ -3,6 +3,7 @@
 #include "leash/common/half.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -40,8 +41,18 @@ __attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* in, size_t
   }
 }
 
+// CPUID leaf 1: F16C, AVX and OSXSAVE; XGETBV: the OS saves the YMM registers. (Asked
+// directly: clang's __builtin_cpu_supports knows no "f16c".)
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    const unsigned need = (1u << 27) | (1u << 28) | (1u << 29);  // OSXSAVE, AVX, F16C
+    if ((c & need) != need) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;  // XMM and YMM state
+  }();
   return has;
 }
 #endif
