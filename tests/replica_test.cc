@@ -533,7 +533,9 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0}));
   EXPECT_GT(g.replica(0).last_index(), 60u);
 
-  g.Start(1);  // the log no longer holds the start: a snapshot, then the tail
+  g.Start(1);                  // the log no longer holds the start: a snapshot, then the tail
+  int snapshots_observed = 0;  // the metrics' observer, set before the install
+  g.replica(1).set_snapshot_observer([&](double) { ++snapshots_observed; });
   for (int i = 61; i <= 120; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
   ASSERT_TRUE(Settle(g, 2));
@@ -541,6 +543,10 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   EXPECT_LT(g.replica(1).shard().counters().pushes_applied,
             g.replica(0).shard().counters().pushes_applied - 50u)
       << "the first pushes came in the snapshot, not from the log";
+  // The installed state is a new Shard: the observer went with it.
+  const int observed = snapshots_observed;
+  ASSERT_TRUE(g.replica(1).mutable_shard().Checkpoint().ok());
+  EXPECT_EQ(snapshots_observed, observed + 1);
 
   // Restarted (state lost), it catches up again and can take over with everything.
   g.Kill(1);

@@ -322,6 +322,9 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   if (s.metrics_server) {
     s.metrics = std::make_unique<leash::server::ShardMetrics>(s.metrics_server->registry(),
                                                               s.serving_shard());
+    // A replica's Shard is replaced when it installs a snapshot: the replica keeps the
+    // snapshot-duration observer and hands it on.
+    if (s.replica) s.replica->set_snapshot_observer(s.metrics->snapshot_observer());
     spdlog::info("metrics on {}", s.metrics_server->url());
   }
   return std::nullopt;

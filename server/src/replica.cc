@@ -970,6 +970,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   const size_t tables = std::max(shard_->num_tables(), snap.tables.size());
   shard_ = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
+  shard_->set_snapshot_observer(snapshot_observer_);
   for (size_t id = 0; id < tables; ++id) {
     if (Status st = sparse_->DropTable(static_cast<uint32_t>(id)); !st.ok()) {
       spdlog::error("shard {}: cannot clear the cold tier for a snapshot: {}", shard_options_.shard,
@@ -1036,6 +1037,7 @@ Status Replica::InstallStaging() {
     }
   }
   shard_ = std::move(shard);
+  shard_->set_snapshot_observer(snapshot_observer_);
   log_.clear();
   log_bytes_ = 0;
   base_index_ = s.index;

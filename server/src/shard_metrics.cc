@@ -123,8 +123,7 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
            .Register(r)
            .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                             0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
-  prometheus::Histogram* h = snapshot_seconds_;
-  shard.set_snapshot_observer([h](double seconds) { h->Observe(seconds); });
+  shard.set_snapshot_observer(snapshot_observer());
   Publish(shard);
 }
 

@@ -120,6 +120,12 @@ class Replica {
   uint64_t snapshots_installed() const { return snapshots_installed_; }
   const Shard& shard() const { return *shard_; }
   Shard& mutable_shard() { return *shard_; }
+  // Told each snapshot's duration, as Shard::set_snapshot_observer, by whichever Shard this
+  // replica holds: installing a snapshot replaces it, and the observer moves to the new one.
+  void set_snapshot_observer(Shard::SnapshotObserver observer) {
+    snapshot_observer_ = std::move(observer);
+    shard_->set_snapshot_observer(snapshot_observer_);
+  }
   // Called (with the role change) whenever this replica becomes primary or stops being it.
   void set_role_observer(std::function<void(ReplicaRole, uint64_t term)> f) {
     role_observer_ = std::move(f);
@@ -198,6 +204,7 @@ class Replica {
   ShardDirectory* directory_;
   ClientTransport* peers_;
   std::unique_ptr<Shard> shard_;
+  Shard::SnapshotObserver snapshot_observer_;
   int64_t shard_now_ = 0;  // the clock the shard reads: the entry being applied's
   int64_t now_ = 0;        // this turn's steady clock
   uint64_t boot_id_ = 0;

@@ -29,6 +29,12 @@ class ShardMetrics {
 
   // Copies the shard's current counters and gauges into the registry.
   void Publish(const Shard& shard);
+  // What records a snapshot's duration (the constructor gives it to its shard; a replica,
+  // whose Shard is replaced on a snapshot install, keeps it: Replica::set_snapshot_observer).
+  Shard::SnapshotObserver snapshot_observer() const {
+    prometheus::Histogram* h = snapshot_seconds_;
+    return [h](double seconds) { h->Observe(seconds); };
+  }
   // Sets leash_shard_resident_bytes (leash-server calls it a few times a second: reading
   // the process's memory is a system call, kept off every turn of the loop).
   void SetResidentBytes(uint64_t bytes);
