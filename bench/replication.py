@@ -60,6 +60,16 @@ def load():
     return os.getloadavg()[0]
 
 
+def pin(pid, cpu):
+    """Every thread of `pid` onto CPU `cpu` (taskset -a)."""
+    subprocess.run(["taskset", "-a", "-c", "-p", str(cpu), str(pid)], check=True, stdout=subprocess.DEVNULL)
+
+
+def pinned(cmd, c):
+    """`cmd` on CPU 0 when the cost part keeps the backup apart (see cost_one)."""
+    return (["taskset", "-c", "0"] + cmd) if c.get("backup_apart") else cmd
+
+
 def cpu_seconds(pid):
     """utime + stime of a process (/proc/PID/stat), in seconds; None when it is gone."""
     try:
@@ -386,8 +396,9 @@ def part_lost_stall(build, c, tmp, log, with_r1=True):
 
 def mlp(build, tmp, tag, c, where):
     metrics = os.path.join(tmp, f"{tag}.json")
-    cmd = L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
-                        where + ["--staleness", "1", "--name", "w0", "--wire-dtype", c.get("wire_dtype", "fp32")])
+    cmd = pinned(L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
+                               where + ["--staleness", "1", "--name", "w0", "--wire-dtype",
+                                        c.get("wire_dtype", "fp32")]), c)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(os.path.join(tmp, f"{tag}.log"), "w") as lf:
         rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600).returncode
@@ -404,13 +415,13 @@ def mlp(build, tmp, tag, c, where):
             "worker_cpu_us_per_iteration": worker_cpu / (samples / 64) * 1e6}
 
 
-def pushpull(build, tmp, tag, endpoint, floats, inflight, seconds):
+def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
-    p = subprocess.run([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes", str(floats),
-                        "--inflight", str(inflight), "--ops", "push", "--modes", "socket", "--raw=false",
-                        "--seconds", str(seconds), "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       text=True, timeout=300)
+    p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes",
+                               str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", "socket",
+                               "--raw=false", "--seconds", str(seconds), "--out", out], c),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     if p.returncode != 0:
         raise L.RunError(f"leash-bench-pushpull --servers {endpoint} exited {p.returncode}: {p.stderr[-1000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
@@ -428,6 +439,13 @@ def cost_one(build, c, tmp, tag, replicas):
             endpoint, where = p["endpoint"], ["--etcd", cl.etcd.url, "--job", cl.job]
         else:
             primary, backup, endpoint, where = cl.proc, None, cl.endpoint, ["--servers", cl.endpoint]
+        if c.get("backup_apart"):
+            # The backup as on another host: the worker, the primary and the pushing client
+            # share CPU 0; the backup (and etcd) have CPU 1 to themselves. R=1 uses CPU 0 only.
+            pin(primary.pid, 0)
+            if backup:
+                pin(backup.pid, 1)
+                pin(cl.etcd.proc.pid, 1)
         out = {}
         # What the replicas burn with no request (a backup's heartbeats and its polls of the
         # directory), over 1 s, so the per-iteration figures below can be read net of it.
@@ -451,9 +469,10 @@ def cost_one(build, c, tmp, tag, replicas):
             out[name] = r
 
         measured("mlp", lambda: mlp(build, tmp, f"{tag}-mlp", c, where), "iterations")
-        measured("push_4KB", lambda: pushpull(build, tmp, f"{tag}-pp4k", endpoint, 1024, 1, c["pushpull_seconds"]), "ops")
-        measured("push_4MB", lambda: pushpull(build, tmp, f"{tag}-pp4m", endpoint, 1048576, 8, c["pushpull_seconds"]),
-                 "ops")
+        measured("push_4KB", lambda: pushpull(build, c, tmp, f"{tag}-pp4k", endpoint, 1024, 1,
+                                              c["pushpull_seconds"]), "ops")
+        measured("push_4MB", lambda: pushpull(build, c, tmp, f"{tag}-pp4m", endpoint, 1048576, 8,
+                                              c["pushpull_seconds"]), "ops")
         return out
     finally:
         cl.stop()
@@ -492,7 +511,8 @@ def part_cost(build, c, tmp, log):
                          "primary_cpu_us_per_iteration_r1": median(g["r1"][row].get("primary_cpu_us_per_iteration")
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
-    summary["mlp_cpu_floor"] = cpu_floor(rounds)
+    if not c.get("backup_apart"):  # the floor assumes everyone shares both cores
+        summary["mlp_cpu_floor"] = cpu_floor(rounds)
     return {"rounds": rounds, "summary": summary}
 
 
@@ -628,8 +648,12 @@ def summary_md(res):
                f"wire {res['config'].get('wire_dtype', 'fp32')}: the pushes the primary forwards to its backup as "
                "they came), "
                "then `leash-bench-pushpull --servers PRIMARY` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
-               "flight, MB/s), socket. On this 2-core machine the backup competes with the worker and the primary "
-               "for the same cores. CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
+               "flight, MB/s), socket. " + (
+                   "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
+                   "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
+                   "runs on one core here. " if res["config"].get("backup_apart") else
+                   "On this 2-core machine the backup competes with the worker and the primary for the same "
+                   "cores. ") + "CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
                "| figure | R=1 per round | R=2 per round | R=2/R=1 per round | median cost | backup CPU per "
                "iteration | primary CPU per iteration R=1 → R=2 | load R=1 / R=2 |", "|---|---|---|---|---|---|---|---|"]
         names = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (us)",
@@ -697,7 +721,8 @@ def plot(res, out_dir):
         ax.axhline(0.75, color="tab:red", ls="--", lw=1, label="throughput target (-25%)")
         ax.axhline(1.25, color="tab:orange", ls="--", lw=1, label="latency target (+25%)")
         ax.set_ylabel("R=2 / R=1 (median of interleaved rounds)")
-        ax.set_title("Cost of a backup replica (same 2 cores)")
+        ax.set_title("Cost of a backup replica (" + ("backup on a core of its own)" if res["config"].get("backup_apart")
+                                                     else "same 2 cores)"))
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "replication.png"), dpi=100)
@@ -719,6 +744,9 @@ def main():
     p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16"),
                    help="the MLP worker's --wire-dtype in the cost part (default fp32); the backup receives "
                         "each push as the worker sent it, so 16 bits halve the bytes replicated")
+    p.add_argument("--backup-apart", action="store_true",
+                   help="cost part: pin the worker, the primary (or R=1's shard) and the pushing client to CPU 0 "
+                        "and the backup and etcd to CPU 1, as if the backup ran on another host")
     p.add_argument("--keep-tmp", action="store_true")
     p.add_argument("--summary-only", action="store_true",
                    help="rewrite replication.md and replication.png from --out/replication.json")
@@ -730,7 +758,7 @@ def main():
         plot(res, a.out)
         return 0
     c = config(a.quick)
-    for k in ("kills", "ttl", "rounds", "wire_dtype"):
+    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
