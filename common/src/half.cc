@@ -1,5 +1,5 @@
-// Vectorised 16-bit -> float32 widening (half.h). x86-64: SSE2 (always there) for bfloat16,
-// F16C when the CPU has it for float16; the scalar functions elsewhere.
+// Vectorised float32 <-> 16-bit conversion in bulk (half.h). x86-64: SSE2 (always there)
+// for bfloat16, F16C when the CPU has it for float16; the scalar functions elsewhere.
 #include "leash/common/half.h"
 
 #if defined(__x86_64__)
@@ -11,11 +11,21 @@ namespace leash {
 
 namespace {
 
-void HalfToFloatScalar(const uint8_t* in, size_t n, float* out) {
+// The scalar loops: the vector loops' tails, and everything where those do not run.
+template <float (*Widen)(uint16_t)>
+void WidenScalar(const uint8_t* in, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
-    out[i] = HalfToFloat(h);
+    out[i] = Widen(h);
+  }
+}
+
+template <uint16_t (*Narrow)(float)>
+void NarrowScalar(const float* in, size_t n, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = Narrow(in[i]);
+    std::memcpy(out + 2 * i, &h, 2);
   }
 }
 
@@ -26,7 +36,7 @@ __attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* in, size
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
   }
-  HalfToFloatScalar(in + 2 * i, n - i, out + i);
+  WidenScalar<HalfToFloat>(in + 2 * i, n - i, out + i);
 }
 
 __attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* in, size_t n, uint8_t* out) {
@@ -35,10 +45,7 @@ __attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* in, size_t
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
   }
-  for (; i < n; ++i) {
-    const uint16_t h = FloatToHalf(in[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
+  NarrowScalar<FloatToHalf>(in + i, n - i, out + 2 * i);
 }
 
 // CPUID leaf 1: F16C, AVX and OSXSAVE; XGETBV: the OS saves the YMM registers. (Asked
@@ -71,11 +78,7 @@ void Bf16ToFloatN(const uint8_t* in, size_t n, float* out) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 4), _mm_unpackhi_epi16(zero, h));
   }
 #endif
-  for (; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, in + 2 * i, 2);
-    out[i] = Bf16ToFloat(h);
-  }
+  WidenScalar<Bf16ToFloat>(in + 2 * i, n - i, out + i);
 }
 
 void FloatToBf16N(const float* in, size_t n, uint8_t* out) {
@@ -102,27 +105,21 @@ void FloatToBf16N(const float* in, size_t n, uint8_t* out) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), packed);
   }
 #endif
-  for (; i < n; ++i) {
-    const uint16_t h = FloatToBf16(in[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
+  NarrowScalar<FloatToBf16>(in + i, n - i, out + 2 * i);
 }
 
 void FloatToHalfN(const float* in, size_t n, uint8_t* out) {
 #if defined(__x86_64__)
   if (HasF16c()) return FloatToHalfF16c(in, n, out);
 #endif
-  for (size_t i = 0; i < n; ++i) {
-    const uint16_t h = FloatToHalf(in[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
+  NarrowScalar<FloatToHalf>(in, n, out);
 }
 
 void HalfToFloatN(const uint8_t* in, size_t n, float* out) {
 #if defined(__x86_64__)
   if (HasF16c()) return HalfToFloatF16c(in, n, out);
 #endif
-  HalfToFloatScalar(in, n, out);
+  WidenScalar<HalfToFloat>(in, n, out);
 }
 
 }  // namespace leash
