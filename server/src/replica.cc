@@ -1153,11 +1153,14 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
 Status ServeReplica(Replica& replica, ServerTransport& transport, const std::atomic<bool>& stop,
                     const std::function<void(const Replica&)>& after_tick) {
   std::vector<Outgoing> out;
+  auto send = [&] {
+    for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
+    out.clear();
+  };
   int64_t wait_ms = replica.Tick(&out);
   Status result;
   while (!stop.load(std::memory_order_relaxed)) {
-    for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
-    out.clear();
+    send();
     auto in = transport.Receive(std::chrono::milliseconds(std::min<int64_t>(wait_ms, 100)));
     if (!in.ok()) {
       result = in.status();
@@ -1167,8 +1170,7 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
     wait_ms = replica.Tick(&out);
     if (after_tick) after_tick(replica);
   }
-  for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
-  out.clear();
+  send();  // what the last round released
   replica.Resign();
   if (replica.has_state()) {  // not a replica midway through catching up
     auto snap = replica.mutable_shard().Checkpoint();
