@@ -27,13 +27,6 @@ DTYPES = ("fp32", "bf16", "fp16")
 PATHS = {"shm": (), "socket": ("--no-shm",)}
 
 
-def load():
-    try:
-        return float(open("/proc/loadavg").read().split()[0])
-    except OSError:
-        return None
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
@@ -51,7 +44,7 @@ def main():
             order = configs[r % len(configs):] + configs[:r % len(configs)]
             got = {}
             for path, dt in order:
-                before = load()
+                before = os.getloadavg()[0]
                 res = L.run_cluster(a.build, tmp, "mlp", a.epochs, f"r{r}-{path}-{dt}", staleness=1,
                                     worker_args=("--wire-dtype", dt) + PATHS[path])
                 acc = res["curve"][-1]["test_accuracy"] if res["curve"] else None

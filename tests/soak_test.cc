@@ -173,14 +173,17 @@ TEST(SoakTest, JobSurvivesRandomWorkerKillsAndRepeatedPrimaryKillsWithoutLeaks) 
   co.extra = {"--lease-timeout=3s", "--checkpoint-interval=5s"};
   ReplicatedCluster cluster(co);
   ASSERT_TRUE(WaitFor([&] { return cluster.AllInSync(); }, 60s)) << cluster.Logs();
-  const std::vector<std::string> flags_common = {
-      "--epochs=" + std::to_string(epochs), "--staleness=2",
-      // Up to kSlots workers push at once: the
-      // default 0.01 with momentum diverged in
-      // CI once (NaN gradients, a worker exited
-      // 1); docs/running.md advises lr / N.
-      "--lr=0.0025", "--batch=64", "--chunk-size=2000", "--log-every=0", "--connect-timeout=60",
-      "--leave-timeout=15", "--threads=1"};
+  // --lr: up to kSlots workers push at once; the default 0.01 with momentum diverged in CI
+  // once (NaN gradients, a worker exited 1); docs/running.md advises lr / N.
+  const std::vector<std::string> flags_common = {"--epochs=" + std::to_string(epochs),
+                                                 "--staleness=2",
+                                                 "--lr=0.0025",
+                                                 "--batch=64",
+                                                 "--chunk-size=2000",
+                                                 "--log-every=0",
+                                                 "--connect-timeout=60",
+                                                 "--leave-timeout=15",
+                                                 "--threads=1"};
   auto flags = [&](bool eval) {
     auto f = flags_common;
     if (!eval) f.push_back("--no-eval");
