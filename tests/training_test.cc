@@ -171,7 +171,7 @@ TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
 
 TEST_F(TrainingTest, CnnTrainsInTheClusterAndItsLossFalls) {
   std::vector<std::string> cnn = {"--model=cnn",        "--epochs=3",       "--staleness=1",
-                                  "--train-limit=1500", "--test-limit=500", "--lr=0.02"};
+                                  "--train-limit=1500", "--test-limit=500", "--lr=0.01"};
   auto w0 = Worker(0, cnn);
   auto w1 = Worker(1, cnn);
   ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
