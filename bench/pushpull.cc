@@ -164,8 +164,6 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   if (g_servers.empty()) started = std::make_unique<Shards>(bin, n, dir);
   const std::vector<std::string>& endpoints = started ? started->endpoints() : g_servers;
   leash::ZmqContext ctx;
-  leash::ZmqOptions zo;
-  zo.shared_memory = shm;
   std::vector<std::unique_ptr<leash::Client>> clients;
   for (int w = 0; w < n; ++w) {
     leash::ClientOptions o;
@@ -174,6 +172,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
         int64_t{1} << 40;  // pulls never wait for clocks: this measures transport and update cost
     o.reply_spin_us = spin_us;
     leash::ZmqOptions zo;
+    zo.shared_memory = shm;
     if (!g_curve_keys.empty()) zo.curve = leash::LoadCurveClientKeys(g_curve_keys, "bench").value();
     auto c =
         leash::Client::Connect(std::move(leash::ConnectZmqClient(ctx, endpoints, zo).value()), o);
