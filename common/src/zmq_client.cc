@@ -1,6 +1,7 @@
-// A client's ZeroMQ connections: one DEALER socket per shard, each with a socket monitor
-// whose handshake events feed the per-shard health (socket_monitor.h), and same-host
-// shared memory per shard (shm_link.h). ZeroMQ sockets are not thread-safe, and their
+// A client's ZeroMQ connections: one DEALER socket per shard (with striping, stripes.h, that
+// many per shard, the first the main one), the main one with a socket monitor whose
+// handshake events feed the per-shard health (socket_monitor.h), and same-host shared
+// memory per shard (shm_link.h). ZeroMQ sockets are not thread-safe, and their
 // file descriptors signal edge-triggered: every socket operation happens under one
 // mutex, a Receive that waits polls the descriptors without it, and a Send that may
 // have taken a waiting Receive's edge wakes it. Thread-safety as transport.h says.
@@ -11,12 +12,14 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <zmq.hpp>
 
 #include "leash/common/zmq_transport.h"
 #include "shm_link.h"
 #include "socket_monitor.h"
+#include "stripes.h"
 #include "zmq_util.h"
 
 namespace leash {
@@ -27,7 +30,11 @@ using Received = std::optional<std::pair<int, Message>>;
 class ZmqClient final : public ClientTransport, public ClientSharedMemory {
  public:
   ZmqClient(zmq::context_t& ctx, std::vector<std::string> endpoints, const ZmqOptions& o)
-      : ctx_(ctx), endpoints_(std::move(endpoints)), options_(o), watch_(endpoints_, o) {}
+      : ctx_(ctx),
+        endpoints_(std::move(endpoints)),
+        options_(o),
+        count_(static_cast<uint32_t>(std::max(1, o.stripes))),
+        watch_(endpoints_, o) {}
 
   ~ZmqClient() override {
     for (size_t i = 0; i < sockets_.size(); ++i) {
@@ -43,6 +50,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       sockets_.emplace_back();
       monitors_.emplace_back();
+      stripe_.emplace_back();
       shm_.push_back(options_.shared_memory ? std::make_unique<shm::ClientLink>(
                                                   static_cast<size_t>(options_.shm_ring_bytes),
                                                   static_cast<size_t>(options_.shm_min_frame_bytes),
@@ -60,16 +68,18 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.send_delay_ms));
     }
     auto idx = static_cast<size_t>(shard);
+    std::optional<shm::Placement> p = shm_.at(idx)->Place(message);
+    if (!p && Striped(message)) return SendStriped(idx, message);
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
     for (const Frame& f : message) parts.push_back(zmq_util::ToZmq(f));
-    if (std::optional<shm::Placement> p = shm_.at(idx)->Place(message)) {
+    if (p) {
       for (const auto& moved : p->frames) parts[moved.first] = zmq::message_t();
       parts.emplace_back(p->trailer.data(), p->trailer.size());
     }
     std::lock_guard<std::mutex> lock(mu_);
     Status st = zmq_util::SendAll(*sockets_[idx], parts).WithContext(endpoints_[idx]);
-    NudgeIfReadable(idx);
+    NudgeIfReadable(*sockets_[idx]);
     return st;
   }
 
@@ -87,6 +97,10 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         }
         fds_.clear();
         for (auto& s : sockets_) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        for (auto& st : stripe_) {
+          for (auto& s : st.extra) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        }
+        socket_fds_ = fds_.size();
         for (auto& m : monitors_) {
           if (int fd = m->fd(); fd >= 0) fds_.push_back({fd, POLLIN, 0});
         }
@@ -97,7 +111,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() > 0) ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count()));
       polling_.store(false);
-      for (size_t k = sockets_.size(); k + 1 < fds_.size(); ++k) {
+      for (size_t k = socket_fds_; k + 1 < fds_.size(); ++k) {
         if (fds_[k].revents & POLLIN) monitors_due_.store(true);
       }
       if (fds_.back().revents & POLLIN) waker_.Drain();
@@ -162,21 +176,110 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
       }
     }
+    if (count_ < 2) {
+      for (size_t k = 0; k < sockets_.size(); ++k) {
+        size_t i = (next_ + k) % sockets_.size();
+        while (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+          next_ = i + 1;
+          LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
+          if (in) return in;
+        }
+      }
+      return Received();
+    }
+    // Striped: whatever is complete first (and incomplete messages past their time go),
+    // then every connection read into its shard's stream until a message is complete.
+    if (Received in = PopAny(now)) return in;
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
+      Stripe& st = stripe_[i];
       while (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
         next_ = i + 1;
         LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
-        if (in) return in;
+        if (!in) continue;
+        Status fed = st.in->OnMain(std::move(in->second), now);
+        if (!fed.ok()) spdlog::warn("{}: {}", Describe(static_cast<int>(i)), fed.ToString());
+        if (std::optional<Message> m = st.in->Pop(now))
+          return Received(std::make_pair(static_cast<int>(i), std::move(*m)));
+      }
+      for (size_t e = 0; e < st.extra.size(); ++e) {
+        while (st.extra[e]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+          next_ = i + 1;
+          std::vector<zmq::message_t> parts;
+          LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*st.extra[e], &parts));
+          Message m;
+          m.reserve(parts.size());
+          for (auto& p : parts) m.push_back(zmq_util::ToFrame(std::move(p)));
+          Status fed = st.in->OnPart(std::move(m), static_cast<uint32_t>(e + 1), now);
+          if (!fed.ok()) spdlog::warn("{}: {}", Describe(static_cast<int>(i)), fed.ToString());
+          if (std::optional<Message> done = st.in->Pop(now))
+            return Received(std::make_pair(static_cast<int>(i), std::move(*done)));
+        }
       }
     }
     return Received();
   }
 
-  // After a socket operation on socket i: a Receive polling now may have lost the edge
-  // of a message that is there; wake it to look. Under mu_.
-  void NudgeIfReadable(size_t i) {
-    if (polling_.load() && (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN)) waker_.Wake();
+  // The next complete message of any shard's striped stream. Under mu_.
+  Received PopAny(int64_t now) {
+    for (size_t k = 0; k < stripe_.size(); ++k) {
+      size_t i = (next_ + k) % stripe_.size();
+      stripes::Assembler& in = *stripe_[i].in;
+      if (in.idle()) continue;
+      std::optional<Message> m = in.Pop(now);
+      if (in.dropped() > stripe_[i].dropped_logged) {
+        stripe_[i].dropped_logged = in.dropped();
+        spdlog::warn(
+            "{}: a striped reply did not arrive whole within {} ms and was dropped ({} so far); "
+            "the request is resent",
+            Describe(static_cast<int>(i)), options_.stripe_timeout_ms, in.dropped());
+      }
+      if (m) {
+        next_ = i + 1;
+        return Received(std::make_pair(static_cast<int>(i), std::move(*m)));
+      }
+    }
+    return Received();
+  }
+
+  bool Striped(const Message& message) const {
+    if (count_ < 2) return false;
+    int64_t bytes = 0;
+    for (const Frame& f : message) bytes += static_cast<int64_t>(f.size());
+    return bytes >= options_.stripe_min_bytes;
+  }
+
+  // Parts 1.. on their own connections, then part 0 on the main one, in the message order.
+  // A side connection that cannot take its part now (its queue is full) sends the message
+  // whole on the main connection instead; the parts already sent are dropped on the other
+  // side when their time is up.
+  Status SendStriped(size_t idx, const Message& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stripe& st = stripe_[idx];
+    std::vector<Message> pieces = stripes::Split(message, st.seq++, count_);
+    const Message* main = &pieces[0];
+    for (uint32_t k = 1; k < count_; ++k) {
+      std::vector<zmq::message_t> parts;
+      for (const Frame& f : pieces[k]) parts.push_back(zmq_util::ToZmq(f));
+      zmq::socket_t& s = *st.extra[k - 1];
+      Status sent = zmq_util::SendAll(s, parts);
+      NudgeIfReadable(s);
+      if (!sent.ok()) {
+        main = &message;
+        break;
+      }
+    }
+    std::vector<zmq::message_t> parts;
+    for (const Frame& f : *main) parts.push_back(zmq_util::ToZmq(f));
+    Status sent = zmq_util::SendAll(*sockets_[idx], parts).WithContext(endpoints_[idx]);
+    NudgeIfReadable(*sockets_[idx]);
+    return sent;
+  }
+
+  // After an operation on socket `s`: a Receive polling now may have lost the edge of a
+  // message that is there; wake it to look. Under mu_.
+  void NudgeIfReadable(zmq::socket_t& s) {
+    if (polling_.load() && (s.get(zmq::sockopt::events) & ZMQ_POLLIN)) waker_.Wake();
   }
 
   std::string Describe(int shard) const {
@@ -198,20 +301,27 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     auto idx = static_cast<size_t>(shard);
     const bool replaced = sockets_[idx] != nullptr;
     try {
-      auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-      zmq_util::ApplyOptions(*s, options_);
-      if (options_.curve) {
-        s->set(zmq::sockopt::curve_serverkey, options_.curve->server_public_z85);
-        s->set(zmq::sockopt::curve_publickey, options_.curve->own.public_z85);
-        s->set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_z85);
-      }
+      // With striping every (re)connection gets a new token: the shard keeps no state of
+      // the old connections' streams that could mix with the new ones.
+      const uint64_t token = count_ >= 2 ? rng_() : 0;
+      auto s = NewSocket(token, 0);
       auto m = std::make_unique<SocketMonitor>(
           ctx_, *s,
           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
       s->connect(endpoints_[idx]);
+      std::vector<std::unique_ptr<zmq::socket_t>> extra;
+      for (uint32_t k = 1; k < count_; ++k) {
+        extra.push_back(NewSocket(token, k));
+        extra.back()->connect(endpoints_[idx]);
+      }
       monitors_[idx] = std::move(m);  // the old monitor goes before the old socket
       sockets_[idx] = std::move(s);
+      Stripe& st = stripe_[idx];
+      st.extra = std::move(extra);
+      st.seq = 0;
+      st.in = std::make_unique<stripes::Assembler>(HeldLimit(), options_.stripe_timeout_ms);
+      st.dropped_logged = 0;
       monitors_due_.store(true);
       if (!replaced) SendOffer(idx);
     } catch (const zmq::error_t& e) {
@@ -221,6 +331,23 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     watch_.Reconnecting(shard);
     return Status::Ok();
   }
+
+  // A DEALER with this client's options; with striping, connection k's routing id.
+  std::unique_ptr<zmq::socket_t> NewSocket(uint64_t token, uint32_t k) {
+    auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    zmq_util::ApplyOptions(*s, options_);
+    if (count_ >= 2) s->set(zmq::sockopt::routing_id, stripes::RoutingId(token, k, count_));
+    if (options_.curve) {
+      s->set(zmq::sockopt::curve_serverkey, options_.curve->server_public_z85);
+      s->set(zmq::sockopt::curve_publickey, options_.curve->own.public_z85);
+      s->set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_z85);
+    }
+    return s;
+  }
+
+  // The most bytes of incomplete striped replies held per shard: room for two of the
+  // largest messages.
+  size_t HeldLimit() const { return static_cast<size_t>(2 * options_.max_message_bytes); }
 
   // One message of socket i; nullopt for a shared-memory answer (handled here). Under mu_.
   Result<Received> ReadFrom(size_t i) {
@@ -254,6 +381,18 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
   std::vector<std::unique_ptr<SocketMonitor>> monitors_;
   std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per shard; never null after Init
+  // Per shard, with striping: the side connections, the next message number, and the
+  // replies put back together. Under mu_.
+  struct Stripe {
+    std::vector<std::unique_ptr<zmq::socket_t>> extra;  // connections 1 .. count_-1
+    uint64_t seq = 0;
+    std::unique_ptr<stripes::Assembler> in;
+    uint64_t dropped_logged = 0;
+  };
+  uint32_t count_;  // connections per shard
+  std::vector<Stripe> stripe_;
+  std::mt19937_64 rng_{std::random_device{}()};  // under mu_
+  size_t socket_fds_ = 0;                        // the receiving thread's
   HandshakeWatch watch_;
   zmq_util::Waker waker_;
   std::atomic<bool> woken_{false};        // Wake() was called and no Receive returned for it yet
@@ -271,6 +410,9 @@ Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
                                                           const ZmqOptions& options) {
   if (endpoints.empty())
     return InvalidArgument("no shard endpoints given (set --servers or LEASH_SERVERS)");
+  if (options.stripes < 1 || options.stripes > static_cast<int>(stripes::kMaxStripes))
+    return InvalidArgument("--stripes " + std::to_string(options.stripes) + ": need 1 to " +
+                           std::to_string(stripes::kMaxStripes) + " connections per shard");
   auto c = std::make_unique<ZmqClient>(ctx.get(), endpoints, options);
   LEASH_RETURN_IF_ERROR(c->Init());
   return std::unique_ptr<ClientTransport>(std::move(c));

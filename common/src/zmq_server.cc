@@ -1,6 +1,8 @@
 // A shard's ZeroMQ endpoint: one ROUTER socket, with CURVE's authenticator (ZAP handler)
 // when keys are configured, a socket monitor for failed handshakes, a per-peer limit on
-// unread replies, and same-host shared memory (shm_link.h). Thread-compatible, except
+// unread replies, same-host shared memory (shm_link.h), and striping for clients that stripe
+// (stripes.h): their parts put back together in order, their large replies striped the
+// same way. Thread-compatible, except
 // Wake() and counters(), which are thread-safe.
 #include <poll.h>
 #include <spdlog/spdlog.h>
@@ -15,6 +17,7 @@
 #include "leash/common/zmq_transport.h"
 #include "shm_link.h"
 #include "socket_monitor.h"
+#include "stripes.h"
 #include "zap_handler.h"
 #include "zmq_util.h"
 
@@ -32,6 +35,9 @@ class ZmqServer final : public ServerTransport {
         socket_(ctx, zmq::socket_type::router),
         shm_(o.shared_memory, static_cast<size_t>(o.shm_min_frame_bytes)) {
     zmq_util::ApplyOptions(socket_, o);
+    // A striping client's connection that comes back (under its own routing id) takes over
+    // from the old one the shard may not have seen drop yet.
+    socket_.set(zmq::sockopt::router_handover, 1);
   }
 
   ~ZmqServer() override {
@@ -63,57 +69,20 @@ class ZmqServer final : public ServerTransport {
   }
 
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) override {
-    // One ZMQ_EVENTS query when a message is already there (a busy shard); otherwise a
-    // plain poll of the ROUTER's, the waker's and the monitor's descriptors, and one more
-    // query after it. zmq_poll would ask ZMQ_EVENTS of both sockets before and after its
-    // two polls: some five system calls more per request.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    try {
-      while (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) {
-        pollfd fds[] = {{socket_.get(zmq::sockopt::fd), POLLIN, 0},
-                        {waker_.fd(), POLLIN, 0},
-                        {monitor_->fd(), POLLIN, 0}};
-        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline -
-                                                                 std::chrono::steady_clock::now());
-        int n = left.count() > 0 ? ::poll(fds, 3, static_cast<int>(left.count())) : 0;
-        if (n < 0 && errno != EINTR) return Unavailable("poll: " + std::string(strerror(errno)));
-        if (fds[1].revents & POLLIN) {
-          waker_.Drain();
-          return std::optional<Inbound>();
-        }
-        // The monitor's descriptor, like the ROUTER's, stays readable until its events are read.
-        if (fds[2].revents & POLLIN) DrainMonitor();
-        if (n <= 0 && std::chrono::steady_clock::now() >= deadline) {
-          DrainMonitor();  // at least once per timeout, whatever its descriptor said
-          if (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) return std::optional<Inbound>();
-          break;
-        }
+    while (true) {
+      if (!striped_.empty()) {
+        if (std::optional<Inbound> in = PopStriped()) return in;
       }
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) return std::optional<Inbound>();
-      return FromZmq(e, "zmq poll");
+      LEASH_ASSIGN_OR_RETURN(Wait w, WaitReadable(deadline));
+      if (w == Wait::kWoken) return std::optional<Inbound>();
+      if (w == Wait::kTimeout) {
+        if (!striped_.empty()) return PopStriped();
+        return std::optional<Inbound>();
+      }
+      LEASH_ASSIGN_OR_RETURN(std::optional<Inbound> in, ReadOne());
+      if (in) return in;
     }
-    std::vector<zmq::message_t> parts;
-    LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(socket_, &parts));
-    Inbound in;
-    in.peer = parts[0].to_string();
-    if (parts.size() == 2 && shm::IsOffer(parts[1].data(), parts[1].size())) {
-      SendRaw(in.peer, shm_.AnswerOffer(in.peer, parts[1].data(), parts[1].size()));
-      return std::optional<Inbound>();
-    }
-    std::optional<shm::Trailer> trailer;
-    if (parts.size() >= 3)
-      trailer = shm::DecodeTrailer(parts.back().data(), parts.back().size(), 0);
-    if (trailer) parts.pop_back();
-    in.message.reserve(parts.size() - 1);
-    for (size_t i = 1; i < parts.size(); ++i)
-      in.message.push_back(zmq_util::ToFrame(std::move(parts[i])));
-    if (!shm_.empty() || trailer) {
-      std::optional<std::string> answer =
-          shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message);
-      if (answer) SendRaw(in.peer, std::move(*answer));
-    }
-    return std::optional<Inbound>(std::move(in));
   }
 
   Status Send(const PeerId& peer, Message message) override {
@@ -135,11 +104,19 @@ class ZmqServer final : public ServerTransport {
       }
       return Status::Ok();
     }
+    std::optional<shm::Placement> p = shm_.Place(peer, message);
+    if (!p) {
+      if (std::optional<stripes::Route> r = stripes::ParseRoutingId(peer);
+          r && r->index == 0 && Bytes(message) >= options_.stripe_min_bytes &&
+          SendStriped(*r, message, queued)) {
+        return Status::Ok();
+      }
+    }
     std::vector<zmq::message_t> parts;
-    parts.reserve(message.size() + 1);
+    parts.reserve(message.size() + 2);
     parts.emplace_back(peer.data(), peer.size());
     for (const Frame& f : message) parts.push_back(zmq_util::ToZmqCounted(f, queued));
-    if (std::optional<shm::Placement> p = shm_.Place(peer, message)) {
+    if (p) {
       for (const auto& moved : p->frames) parts[1 + moved.first] = zmq::message_t();
       parts.emplace_back(p->trailer.data(), p->trailer.size());
     }
@@ -161,15 +138,173 @@ class ZmqServer final : public ServerTransport {
     c.handshake_failed = handshake_failed_.load();
     c.shm_frames_received = shm_.frames_received();
     c.shm_frames_sent = shm_.frames_sent();
+    c.striped_received = striped_received_.load();
+    c.striped_sent = striped_sent_.load();
+    c.striped_dropped = striped_dropped_.load();
     return c;
   }
 
  private:
+  enum class Wait { kReady, kTimeout, kWoken };
+
+  // Until the ROUTER has a message, the deadline passes or Wake(). One ZMQ_EVENTS query when
+  // a message is already there (a busy shard); otherwise a plain poll of the ROUTER's, the
+  // waker's and the monitor's descriptors, and one more query after it. zmq_poll would ask
+  // ZMQ_EVENTS of both sockets before and after its two polls: some five system calls more
+  // per request.
+  Result<Wait> WaitReadable(std::chrono::steady_clock::time_point deadline) {
+    try {
+      while (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) {
+        pollfd fds[] = {{socket_.get(zmq::sockopt::fd), POLLIN, 0},
+                        {waker_.fd(), POLLIN, 0},
+                        {monitor_->fd(), POLLIN, 0}};
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now());
+        int n = left.count() > 0 ? ::poll(fds, 3, static_cast<int>(left.count())) : 0;
+        if (n < 0 && errno != EINTR) return Unavailable("poll: " + std::string(strerror(errno)));
+        if (fds[1].revents & POLLIN) {
+          waker_.Drain();
+          return Wait::kWoken;
+        }
+        // The monitor's descriptor, like the ROUTER's, stays readable until its events are read.
+        if (fds[2].revents & POLLIN) DrainMonitor();
+        if (n <= 0 && std::chrono::steady_clock::now() >= deadline) {
+          DrainMonitor();  // at least once per timeout, whatever its descriptor said
+          if (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) return Wait::kTimeout;
+          break;
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) return Wait::kWoken;
+      return FromZmq(e, "zmq poll");
+    }
+    return Wait::kReady;
+  }
+
+  // One message of the ROUTER: an inbound message, or nullopt when it was the transport's
+  // own (a shared-memory offer, a part of a striped message not yet complete).
+  Result<std::optional<Inbound>> ReadOne() {
+    std::vector<zmq::message_t> parts;
+    LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(socket_, &parts));
+    Inbound in;
+    in.peer = parts[0].to_string();
+    std::optional<stripes::Route> route = stripes::ParseRoutingId(in.peer);
+    if (route && route->index > 0) {  // a side connection of a striping client: parts only
+      Message m;
+      m.reserve(parts.size() - 1);
+      for (size_t i = 1; i < parts.size(); ++i) m.push_back(zmq_util::ToFrame(std::move(parts[i])));
+      PeerId main = stripes::RoutingId(route->token, 0, route->count);
+      Feed(main, Assembly(main).OnPart(std::move(m), route->index, NowMs()));
+      return std::optional<Inbound>();
+    }
+    if (parts.size() == 2 && shm::IsOffer(parts[1].data(), parts[1].size())) {
+      SendRaw(in.peer, shm_.AnswerOffer(in.peer, parts[1].data(), parts[1].size()));
+      return std::optional<Inbound>();
+    }
+    std::optional<shm::Trailer> trailer;
+    if (parts.size() >= 3)
+      trailer = shm::DecodeTrailer(parts.back().data(), parts.back().size(), 0);
+    if (trailer) parts.pop_back();
+    in.message.reserve(parts.size() - 1);
+    for (size_t i = 1; i < parts.size(); ++i)
+      in.message.push_back(zmq_util::ToFrame(std::move(parts[i])));
+    if (!shm_.empty() || trailer) {
+      std::optional<std::string> answer =
+          shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message);
+      if (answer) SendRaw(in.peer, std::move(*answer));
+    }
+    if (route) {  // a striping client's main connection: in its stream's order
+      Feed(in.peer, Assembly(in.peer).OnMain(std::move(in.message), NowMs()));
+      return std::optional<Inbound>();
+    }
+    return std::optional<Inbound>(std::move(in));
+  }
+
+  stripes::Assembler& Assembly(const PeerId& main) {
+    auto it = striped_.find(main);
+    if (it == striped_.end()) {
+      it =
+          striped_
+              .emplace(main, stripes::Assembler(static_cast<size_t>(2 * options_.max_message_bytes),
+                                                options_.stripe_timeout_ms))
+              .first;
+    }
+    return it->second;
+  }
+
+  void Feed(const PeerId& main, const Status& st) {
+    if (st.ok()) return;
+    uint64_t n = ++stripe_errors_;
+    int64_t now = NowMs();
+    if (now - last_stripe_log_ms_ < 60000) return;
+    last_stripe_log_ms_ = now;
+    spdlog::warn(
+        "a striped message from client {} was dropped: {} ({} so far; logged at most "
+        "once a minute)",
+        zmq_util::Hex(static_cast<uint32_t>(stripes::ParseRoutingId(main)->token)), st.ToString(),
+        n);
+  }
+
+  // The next complete message of a striping client, in its order; forgets streams with
+  // nothing held. Incomplete messages past stripe_timeout_ms are dropped (and logged).
+  std::optional<Inbound> PopStriped() {
+    const int64_t now = NowMs();
+    for (auto it = striped_.begin(); it != striped_.end();) {
+      stripes::Assembler& a = it->second;
+      const uint64_t before = a.dropped(), assembled = a.assembled();
+      std::optional<Message> m = a.Pop(now);
+      if (a.dropped() > before) {
+        striped_dropped_ += a.dropped() - before;
+        Feed(it->first, DeadlineExceeded("not every part arrived within " +
+                                         std::to_string(options_.stripe_timeout_ms) + " ms"));
+      }
+      if (m) {
+        striped_received_ += a.assembled() - assembled;
+        return Inbound{it->first, std::move(*m)};
+      }
+      it = a.idle() ? striped_.erase(it) : std::next(it);
+    }
+    return std::nullopt;
+  }
+
   void SendRaw(const PeerId& peer, const std::string& frame) {
     std::vector<zmq::message_t> parts;
     parts.emplace_back(peer.data(), peer.size());
     parts.emplace_back(frame.data(), frame.size());
     (void)zmq_util::SendAll(socket_, parts);
+  }
+
+  static int64_t Bytes(const Message& m) {
+    int64_t n = 0;
+    for (const Frame& f : m) n += static_cast<int64_t>(f.size());
+    return n;
+  }
+
+  // A reply to a striping client, striped over its connections: the side parts first, with
+  // ZMQ_ROUTER_MANDATORY so that a side connection the shard does not hold (yet) says so
+  // instead of dropping the part, then part 0 on the main connection. False (nothing sent
+  // on the main connection) if a side part could not go: the caller sends the reply whole.
+  bool SendStriped(const stripes::Route& r, const Message& message,
+                   const std::shared_ptr<std::atomic<int64_t>>& queued) {
+    std::vector<Message> pieces = stripes::Split(message, reply_seq_++, r.count);
+    socket_.set(zmq::sockopt::router_mandatory, 1);
+    bool ok = true;
+    for (uint32_t k = 1; k < r.count && ok; ++k) {
+      const std::string id = stripes::RoutingId(r.token, k, r.count);
+      std::vector<zmq::message_t> parts;
+      parts.emplace_back(id.data(), id.size());
+      for (const Frame& f : pieces[k]) parts.push_back(zmq_util::ToZmqCounted(f, queued));
+      ok = zmq_util::SendAll(socket_, parts).ok();
+    }
+    socket_.set(zmq::sockopt::router_mandatory, 0);
+    if (!ok) return false;
+    const std::string id = stripes::RoutingId(r.token, 0, r.count);
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(id.data(), id.size());
+    for (const Frame& f : pieces[0]) parts.push_back(zmq_util::ToZmqCounted(f, queued));
+    (void)zmq_util::SendAll(socket_, parts);  // a vanished peer's reply is dropped, as ever
+    ++striped_sent_;
+    return true;
   }
 
   // Failed handshakes other than refused keys: a client without CURVE (or with CURVE
@@ -208,6 +343,12 @@ class ZmqServer final : public ServerTransport {
   std::atomic<uint64_t> handshake_failed_{0};
   int64_t last_failure_log_ms_ = -60000;
   shm::ServerLinks shm_;
+  // Striping clients' streams, by main routing id, while something is held for them.
+  std::map<PeerId, stripes::Assembler> striped_;
+  std::atomic<uint64_t> striped_received_{0}, striped_sent_{0}, striped_dropped_{0};
+  uint64_t reply_seq_ = 0;  // striped replies' numbers (unique in every client's stream)
+  std::atomic<uint64_t> stripe_errors_{0};
+  int64_t last_stripe_log_ms_ = -60000;
 };
 
 }  // namespace

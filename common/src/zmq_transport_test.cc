@@ -2,8 +2,8 @@
 // trips, CURVE with an authorized key, a refused key reported by health() and counted by
 // the shard's transport, a plain client against a CURVE server, loopback endpoints, and
 // same-host shared memory (frames through it both ways, a shard that declines it, a
-// restarted shard, a forged trailer), and a client receiving on one thread while
-// another sends or wakes it.
+// restarted shard, a forged trailer), a client receiving on one thread while another
+// sends or wakes it, and striping over several connections.
 #include "leash/common/zmq_transport.h"
 
 #include <gtest/gtest.h>
@@ -488,6 +488,117 @@ TEST_F(ZmqTransportTest, AServerWakeEndsAWaitingReceiveWithoutAMessage) {
   EXPECT_TRUE(returned.load()) << "Wake() did not end the Receive";
   if (!returned.load()) (*server)->Wake();
   waiter.join();
+}
+
+// Striping (stripes.h): a client with three connections per shard, large messages split
+// over them both ways and put back together whole and in order between small ones.
+TEST_F(ZmqTransportTest, StripedMessagesArriveWholeAndInOrderBothWays) {
+  ZmqContext sctx(3), cctx(3);
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ZmqOptions o;
+  o.stripes = 3;
+  o.stripe_min_bytes = 64 * 1024;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(RoundTrip(**server, **client, 10s));
+
+  // Sent back to back: small and large alternate, so a small one is often complete before
+  // the large one ahead of it.
+  std::vector<Message> sent;
+  for (int i = 0; i < 24; ++i) {
+    const size_t n = i % 3 == 1 ? 1'000'003 + static_cast<size_t>(i) : 100;
+    sent.push_back({Frame::Copy(std::to_string(i)), Pattern(n, static_cast<uint8_t>(i)),
+                    Pattern(10, static_cast<uint8_t>(i + 1))});
+    ASSERT_TRUE((*client)->Send(0, sent.back()).ok());
+  }
+  PeerId peer;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    std::optional<Inbound> in = ServerGet(**server, 10s);
+    ASSERT_TRUE(in) << "message " << i << " never arrived";
+    ASSERT_EQ(in->message.size(), 3u);
+    EXPECT_EQ(in->message[0].view(), std::to_string(i)) << "out of order";
+    EXPECT_TRUE(Same(in->message[1], sent[i][1])) << "message " << i;
+    EXPECT_TRUE(Same(in->message[2], sent[i][2])) << "message " << i;
+    if (i == 0) peer = in->peer;
+    EXPECT_EQ(in->peer, peer) << "every message comes from the client's one peer id";
+  }
+  EXPECT_EQ((*server)->counters().striped_received, 8u) << "the eight large ones were striped";
+
+  // Replies the same way.
+  for (int i = 0; i < 12; ++i) {
+    const size_t n = i % 2 == 0 ? 2'000'000 : 64;
+    ASSERT_TRUE((*server)
+                    ->Send(peer, {Frame::Copy("r" + std::to_string(i)),
+                                  Pattern(n, static_cast<uint8_t>(i))})
+                    .ok());
+  }
+  for (int i = 0; i < 12; ++i) {
+    std::optional<Message> out = ClientGet(**client, 10s);
+    ASSERT_TRUE(out) << "reply " << i << " never arrived";
+    ASSERT_EQ(out->size(), 2u);
+    EXPECT_EQ((*out)[0].view(), "r" + std::to_string(i)) << "out of order";
+    EXPECT_TRUE(Same((*out)[1], Pattern(i % 2 == 0 ? 2'000'000 : 64, static_cast<uint8_t>(i))));
+  }
+  EXPECT_EQ((*server)->counters().striped_sent, 6u);
+  EXPECT_EQ((*server)->counters().striped_dropped, 0u);
+}
+
+TEST_F(ZmqTransportTest, AStripingClientReconnectsAndGoesOnStriping) {
+  ZmqContext sctx(2), cctx(2);
+  ZmqOptions o;
+  o.stripe_min_bytes = 1024;  // the shard's threshold for striping its replies
+  auto server = BindZmqServer(sctx, endpoint_, o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  o.stripes = 2;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int round = 0; round < 3; ++round) {
+    Frame big = Pattern(300'000, static_cast<uint8_t>(round));
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy("push"), big}).ok());
+    std::optional<Inbound> in = ServerGet(**server, 10s);
+    ASSERT_TRUE(in) << "round " << round;
+    ASSERT_EQ(in->message.size(), 2u);
+    EXPECT_TRUE(Same(in->message[1], big));
+    ASSERT_TRUE((*server)->Send(in->peer, {Frame::Copy("pull"), big}).ok());
+    std::optional<Message> out = ClientGet(**client, 10s);
+    ASSERT_TRUE(out) << "round " << round;
+    ASSERT_EQ(out->size(), 2u);
+    EXPECT_TRUE(Same((*out)[1], big));
+    ASSERT_TRUE((*client)->Reconnect(0).ok());
+  }
+  EXPECT_EQ((*server)->counters().striped_received, 3u);
+  EXPECT_EQ((*server)->counters().striped_sent, 3u);
+}
+
+TEST_F(ZmqTransportTest, WithSharedMemoryLargeFramesTakeItInsteadOfStripes) {
+  ZmqContext sctx(2), cctx(2);
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ZmqOptions o = Shm(true);
+  o.stripes = 2;
+  o.stripe_min_bytes = 1024;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**server, **client, 10s));
+  Frame big = Pattern(500'000, 1);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req"), big}).ok());
+  std::optional<Inbound> in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  EXPECT_TRUE(Same(in->message[1], big));
+  EXPECT_EQ((*server)->counters().shm_frames_received, 1u);
+  EXPECT_EQ((*server)->counters().striped_received, 0u);
+}
+
+TEST(ZmqStripesOptionTest, AStripeCountOutOfRangeIsRefusedWithTheRange) {
+  ZmqContext ctx;
+  ZmqOptions o;
+  for (int bad : {0, 17}) {
+    o.stripes = bad;
+    auto c = ConnectZmqClient(ctx, {"tcp://127.0.0.1:5555"}, o);
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("need 1 to 16"), std::string::npos) << c.status();
+  }
 }
 
 TEST(ZmqEndpointTest, LoopbackEndpointsAreRecognized) {

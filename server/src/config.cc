@@ -73,6 +73,7 @@ ServerCommandLine::ServerCommandLine()
   v.max_parked = d.max_parked_per_peer;
   v.metrics_bind = d.metrics_bind;
   v.max_queued_reply_mb = d.max_queued_reply_mb;
+  v.io_threads = d.io_threads;
   v.curve_keys = d.curve_keys;
   v.insecure = d.insecure;
   v.no_shm = !d.shared_memory;
@@ -117,6 +118,9 @@ ServerCommandLine::ServerCommandLine()
          "no keys)");
   f.Bool("no-shm", &v.no_shm,
          "refuse shared memory with workers on this host (everything through the socket)");
+  f.Int("io-threads", &v.io_threads,
+        "ZeroMQ I/O threads for the workers' connections (1 to 16): give as many as the workers' "
+        "--stripes, with cores to spare, so that a striped push or pull is read in parallel");
   f.String("memory-budget", &v.memory_budget,
            "memory for sparse tables in bytes (suffixes K, M, G, T: 512M, 4G), their memory "
            "tiers and the RocksDB cold tier's cache and write buffer together; rows beyond it "
@@ -207,6 +211,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.max_queued_reply_mb = v.max_queued_reply_mb;
   c.shared_memory = !v.no_shm;
+  if (v.io_threads < 1 || v.io_threads > 16) {
+    return bad_int("io-threads", v.io_threads, "need an integer in [1, 16]");
+  }
+  c.io_threads = static_cast<int>(v.io_threads);
   auto budget = ParseByteSize(v.memory_budget);
   if (!budget.ok()) {
     return cli_.BadValue("memory-budget", v.memory_budget,

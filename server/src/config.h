@@ -31,6 +31,7 @@ struct ServerConfig {
   std::string curve_keys;     // empty: no CURVE
   bool insecure = false;      // allow a non-loopback --bind without --curve-keys
   bool shared_memory = true;  // with workers on this host
+  int io_threads = 1;         // the workers' socket's ZeroMQ I/O threads (striping clients)
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
   int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
@@ -72,7 +73,7 @@ class ServerCommandLine {
     std::string memory_budget, peers, etcd, job;
     int64_t replicas, replica, etcd_ttl_s;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
-    int64_t sparse_readers, backup_workers;
+    int64_t sparse_readers, backup_workers, io_threads;
     bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;

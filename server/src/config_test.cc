@@ -45,6 +45,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->max_parked_per_peer, 4096);
   EXPECT_EQ(c->max_queued_reply_mb, 1024);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_EQ(c->io_threads, 1);
   EXPECT_FALSE(c->insecure);
   EXPECT_EQ(c->log_level, "info");
 }
@@ -52,7 +53,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
 TEST(ServerConfigTest, FlagsAreParsed) {
   auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
                   "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100",
-                  "--backup-workers=2"});
+                  "--backup-workers=2", "--io-threads=4"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, 1);
   EXPECT_EQ(c->num_shards, 3);
@@ -63,6 +64,7 @@ TEST(ServerConfigTest, FlagsAreParsed) {
   EXPECT_FALSE(c->shared_memory);
   EXPECT_EQ(c->max_keys, 100);
   EXPECT_EQ(c->backup_workers, 2);
+  EXPECT_EQ(c->io_threads, 4);
 }
 
 // Secure by default: a --bind other hosts can reach needs CURVE keys or --insecure;
@@ -122,6 +124,7 @@ TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {
       {{"--metrics-bind=9100"}, "bad value for --metrics-bind: --metrics-bind '9100'"},
       {{"--max-queued-reply-mb=0"},
        "bad value for --max-queued-reply-mb: '0' (need an integer in [1, 1048576])"},
+      {{"--io-threads=0"}, "bad value for --io-threads: '0' (need an integer in [1, 16])"},
       {{"--log-level=chatty"}, "bad value for --log-level: 'chatty'"},
       {{"--no-sync=perhaps"}, "bad value for --no-sync: 'perhaps' is not a boolean"},
       {{"--shard=one"}, "bad value for --shard: 'one' is not an integer"},

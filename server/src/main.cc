@@ -113,7 +113,7 @@ struct Server {
   std::unique_ptr<leash::server::SparseStore> sparse;
   std::unique_ptr<leash::server::Shard> shard;
   int64_t recovered_clock = -1;
-  leash::ZmqContext zmq;
+  std::unique_ptr<leash::ZmqContext> zmq;  // the workers' socket's (--io-threads)
   std::unique_ptr<leash::ServerTransport> transport;
   // Replicated (--replicas > 1): the other replicas' connections, the coordinator, and the
   // replica that owns the shard (`shard` stays null). The peers' connections have a ZeroMQ
@@ -313,7 +313,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   zo.curve = s.curve;
   zo.max_queued_bytes_per_peer = c.max_queued_reply_mb << 20;
   zo.shared_memory = c.shared_memory;
-  auto transport = leash::BindZmqServer(s.zmq, c.bind, zo);
+  s.zmq = std::make_unique<leash::ZmqContext>(c.io_threads);
+  auto transport = leash::BindZmqServer(*s.zmq, c.bind, zo);
   if (!transport.ok()) {
     spdlog::error("{}", transport.status().ToString());
     return 1;
@@ -408,10 +409,12 @@ int Run(const ServerConfig& config) {
       "shard {} stopped cleanly at clock {}; refused: {} limit rejections ({} "
       "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
       "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
-      "rejection lines not logged, {} error replies not sent over the per-peer limits)",
+      "rejection lines not logged, {} error replies not sent over the per-peer limits); "
+      "striped: {} messages received, {} replies sent, {} dropped incomplete",
       config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
-      tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed);
+      tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed,
+      tc.striped_received, tc.striped_sent, tc.striped_dropped);
   if (sc.pushes_dropped_stale > 0) {
     spdlog::warn(
         "shard {}: {} stale push(es) of backup workers dropped in all, {} applied (pushes more "

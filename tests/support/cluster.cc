@@ -30,8 +30,9 @@ std::string Cluster::servers() const {
   return s;
 }
 
-std::unique_ptr<Client> Cluster::Connect(const std::string& name, bool register_worker) {
-  auto t = ConnectZmqClient(ctx_, endpoints_);
+std::unique_ptr<Client> Cluster::Connect(const std::string& name, bool register_worker,
+                                         const ZmqOptions& zmq) {
+  auto t = ConnectZmqClient(ctx_, endpoints_, zmq);
   if (!t.ok()) return nullptr;
   ClientOptions o;
   o.name = name;

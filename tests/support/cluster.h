@@ -26,8 +26,10 @@ class Cluster {
   std::string servers() const;
   const std::string& dir() const { return dir_; }
 
-  // A client of the cluster (registered as a worker unless register_worker is false).
-  std::unique_ptr<Client> Connect(const std::string& name, bool register_worker = true);
+  // A client of the cluster (registered as a worker unless register_worker is false), its
+  // connections made with `zmq`.
+  std::unique_ptr<Client> Connect(const std::string& name, bool register_worker = true,
+                                  const ZmqOptions& zmq = {});
   // Shard statistics through an unregistered observer client.
   Result<std::vector<ShardStats>> Stats();
 

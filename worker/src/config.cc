@@ -56,6 +56,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.leave_timeout_s = d.leave_timeout_s;
   v.no_shm = !d.shared_memory;
   v.send_delay_ms = d.send_delay_ms;
+  v.stripes = d.stripes;
   v.curve_keys = d.curve_keys;
   v.curve_client = d.curve_client;
   v.insecure = d.insecure;
@@ -177,6 +178,11 @@ WorkerCommandLine::WorkerCommandLine()
   f.Bool("no-shm", &v.no_shm,
          "send pushes and pulls through the socket even to a shard on this host (by default "
          "large ones go through shared memory there)");
+  f.Int("stripes", &v.stripes,
+        "connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own: pushes and "
+        "pulls of 1 MiB and more are split over them and put back together in order (for links "
+        "faster than one connection carries, with cores to spare on both ends; give the shards "
+        "--io-threads as many). 1: one connection");
   f.Int("inject-send-delay-ms", &v.send_delay_ms,
         "fault injection: hold every message to a shard this long before sending it (a slow "
         "link, where the kernel has no netem; 0: none)");
@@ -322,6 +328,10 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
     return bad_int("inject-send-delay-ms", v.send_delay_ms, "need milliseconds in [0, 10000]");
   }
   c.send_delay_ms = v.send_delay_ms;
+  if (v.stripes < 1 || v.stripes > 16) {
+    return bad_int("stripes", v.stripes, "need an integer in [1, 16]");
+  }
+  c.stripes = static_cast<int>(v.stripes);
   if (v.eval_every < 0) {
     return bad_int("eval-every", v.eval_every,
                    "need an integer >= 0; 0: no evaluation within epochs");

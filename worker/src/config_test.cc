@@ -49,6 +49,7 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->curve_client, "client");
   EXPECT_TRUE(c->evaluate);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_EQ(c->stripes, 1);
   EXPECT_FALSE(c->wait_when_done);
   EXPECT_EQ(c->log_level, "info");
 }
@@ -72,7 +73,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
                   "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
                   "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
-                  "--global-batch=192", "--wait-when-done"});
+                  "--global-batch=192", "--wait-when-done", "--stripes=4"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -86,6 +87,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->eval_every, 5);
   EXPECT_EQ(c->log_level, "debug");
   EXPECT_EQ(c->global_batch, 192);
+  EXPECT_EQ(c->stripes, 4);
   EXPECT_TRUE(c->insecure);
   EXPECT_TRUE(c->wait_when_done);
 }
@@ -169,6 +171,8 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--step-delay-factor=0.5",
        "bad value for --step-delay-factor: '0.5' (need a number in [1, 1e6))"},
       {"--eval-every=-1", "bad value for --eval-every: '-1' (need an integer >= 0"},
+      {"--stripes=0", "bad value for --stripes: '0' (need an integer in [1, 16])"},
+      {"--stripes=17", "bad value for --stripes: '17' (need an integer in [1, 16])"},
       {"--inject-send-delay-ms=-3",
        "bad value for --inject-send-delay-ms: '-3' (need milliseconds in [0, 10000])"},
       {"--metrics-bind=tcp://0.0.0.0:9100",

@@ -94,8 +94,8 @@ struct Worker {
   std::optional<leash::worker::Dataset> train;
   std::optional<leash::worker::Dataset> test;
   std::unique_ptr<leash::worker::Model> model;
-  std::optional<Watchdog> watchdog;  // from the signal handlers on
-  leash::ZmqContext zmq;
+  std::optional<Watchdog> watchdog;        // from the signal handlers on
+  std::unique_ptr<leash::ZmqContext> zmq;  // an I/O thread per stripe
   std::unique_ptr<leash::Client> client;
   std::unique_ptr<leash::worker::ParamStore> params;
   std::unique_ptr<leash::worker::WorkerMetrics> metrics;
@@ -176,6 +176,8 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     leash::ZmqOptions zopts;
     zopts.shared_memory = c.shared_memory;
     zopts.send_delay_ms = static_cast<int>(c.send_delay_ms);
+    zopts.stripes = c.stripes;
+    w.zmq = std::make_unique<leash::ZmqContext>(c.stripes);
     if (!c.curve_keys.empty()) {
       auto keys = leash::LoadCurveClientKeys(c.curve_keys, c.curve_client);
       if (!keys.ok()) return Failure{2, "--curve-keys: " + keys.status().message()};
@@ -208,7 +210,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
           "connecting to shards on other hosts WITHOUT CURVE keys (--insecure): traffic is "
           "unauthenticated and unencrypted; use --curve-keys DIR (leashctl keygen DIR)");
     }
-    auto transport = leash::ConnectZmqClient(w.zmq, servers, zopts);
+    auto transport = leash::ConnectZmqClient(*w.zmq, servers, zopts);
     if (!transport.ok()) return Fail(c.etcd.empty() ? "--servers" : "--etcd", transport.status());
     co.name = w.name;
     co.staleness = c.staleness;

@@ -48,6 +48,19 @@ struct ZmqOptions {
   // only as its frames in flight need it, in steps of 1 MiB.
   int64_t shm_ring_bytes = int64_t{16} << 20;
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
+  // Striping (common/src/stripes.h), for links faster than one connection carries: a
+  // client with stripes >= 2 opens that many connections to each shard, each handled by
+  // a ZeroMQ I/O thread of the context (give ZmqContext as many), and splits a message of
+  // at least stripe_min_bytes over them; a shard answers such a client's large replies the
+  // same way (a shard needs no setting: it follows the client). The other side delivers
+  // whole messages in the order they were sent. Frames that go through shared memory are
+  // not striped. 1: one connection per shard.
+  int stripes = 1;
+  int64_t stripe_min_bytes = int64_t{1} << 20;
+  // How long the parts of a striped message are waited for once one arrived (a connection
+  // that dropped under it): the message is then dropped, as on a dropped connection, and
+  // the client's resend carries it.
+  int stripe_timeout_ms = 5000;
   // Fault injection (a client): every Send first waits this long, a slow link made in the
   // application where the kernel offers no netem. 0: none.
   int send_delay_ms = 0;
