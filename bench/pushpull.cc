@@ -81,7 +81,7 @@ int FreePort() {
 
 class Shards {
  public:
-  Shards(const std::string& bin, int n, const std::string& dir) {
+  Shards(const std::string& bin, int n, const std::string& dir, int io_threads = 1) {
     for (int i = 0; i < n; ++i)
       endpoints_.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
     for (int i = 0; i < n; ++i) {
@@ -98,7 +98,8 @@ class Shards {
                                          "--data-dir=" + dir + "/shard" + std::to_string(i),
                                          "--checkpoint-interval=0",
                                          "--no-sync",
-                                         "--log-level=warn"};
+                                         "--log-level=warn",
+                                         "--io-threads=" + std::to_string(io_threads)};
         if (!g_curve_keys.empty()) args.push_back("--curve-keys=" + g_curve_keys);
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
@@ -158,12 +159,12 @@ std::vector<double> Drive(Submit submit, int inflight, double seconds, int64_t* 
 }
 
 std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int64_t floats, int n,
-                             int inflight, double seconds, int64_t spin_us, bool shm,
+                             int inflight, double seconds, int64_t spin_us, bool shm, int stripes,
                              const std::vector<std::string>& op_names) {
   std::unique_ptr<Shards> started;
-  if (g_servers.empty()) started = std::make_unique<Shards>(bin, n, dir);
+  if (g_servers.empty()) started = std::make_unique<Shards>(bin, n, dir, stripes);
   const std::vector<std::string>& endpoints = started ? started->endpoints() : g_servers;
-  leash::ZmqContext ctx;
+  leash::ZmqContext ctx(stripes);
   std::vector<std::unique_ptr<leash::Client>> clients;
   for (int w = 0; w < n; ++w) {
     leash::ClientOptions o;
@@ -173,6 +174,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     o.reply_spin_us = spin_us;
     leash::ZmqOptions zo;
     zo.shared_memory = shm;
+    zo.stripes = stripes;
     if (!g_curve_keys.empty()) zo.curve = leash::LoadCurveClientKeys(g_curve_keys, "bench").value();
     auto c =
         leash::Client::Connect(std::move(leash::ConnectZmqClient(ctx, endpoints, zo).value()), o);
@@ -186,7 +188,8 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   // Running shards keep their tables across cells: one table per size and mode there.
   t.name = g_servers.empty()
                ? std::string("bench")
-               : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight);
+               : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight) +
+                     (stripes > 1 ? "s" + std::to_string(stripes) : "");
   t.cols = 64;
   t.rows = static_cast<uint64_t>(floats / 64);
   t.optimizer.kind = leash::OptimizerKind::kMomentum;
@@ -230,7 +233,12 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     std::vector<double> all;
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
     int64_t total = std::accumulate(ops.begin(), ops.end(), int64_t{0});
-    Sample s{op, shm ? "leash shm" : "leash", floats, n, n, inflight};
+    Sample s{op,
+             shm ? "leash shm" : stripes > 1 ? "leash striped " + std::to_string(stripes) : "leash",
+             floats,
+             n,
+             n,
+             inflight};
     s.ops_per_s = static_cast<double>(total) / secs;
     s.mb_per_s = s.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
     s.p50_us = Percentile(all, 0.5);
@@ -457,8 +465,10 @@ int main(int argc, char** argv) {
                "CURVE keys of the Leash shards and clients (leashctl keygen DIR --server --client "
                "bench); empty: plain ZMTP. The raw ZeroMQ rows stay plain");
   flags.String("modes", &modes,
-               "Leash rows: 'socket' (everything through the loopback socket, as between hosts) "
-               "and/or 'shm' (the client offers same-host shared memory, as leash-worker does)");
+               "Leash rows: 'socket' (everything through the loopback socket, as between hosts), "
+               "'shm' (the client offers same-host shared memory, as leash-worker does) and/or "
+               "'stripedN' (the socket over N connections per shard, leash-worker --stripes N, "
+               "the shards with --io-threads N; at sizes of at least 1 MiB per shard)");
   flags.String("shards", &shard_counts, "Leash cells: shards (and as many workers)");
   flags.String("inflight", &inflights, "Leash cells: requests in flight per worker");
   flags.String("ops", &ops, "Leash cells: push and/or pull");
@@ -512,8 +522,19 @@ int main(int argc, char** argv) {
         // Socket and shared memory back to back in each cell, so noise hits both alike.
         for (const auto& mode : leash::SplitList(modes)) {
           if (mode.empty()) continue;
-          auto r = RunLeash(server, dir + "/" + sz + "-" + ns + "-" + fs + "-" + mode, floats, n,
-                            inflight, seconds, spin_us, mode == "shm", leash::SplitList(ops));
+          int striped = 1;
+          if (mode.rfind("striped", 0) == 0) {
+            striped = std::stoi(mode.substr(7));
+            // Below the client's threshold nothing is striped: the row would be 'leash' again.
+            if (floats * 4 / n < (int64_t{1} << 20)) continue;
+          } else if (mode != "socket" && mode != "shm") {
+            std::fprintf(stderr, "--modes: unknown mode '%s' (socket, shm, stripedN)\n",
+                         mode.c_str());
+            return 2;
+          }
+          auto r =
+              RunLeash(server, dir + "/" + sz + "-" + ns + "-" + fs + "-" + mode, floats, n,
+                       inflight, seconds, spin_us, mode == "shm", striped, leash::SplitList(ops));
           samples.insert(samples.end(), r.begin(), r.end());
         }
       }
@@ -547,8 +568,9 @@ int main(int argc, char** argv) {
   md << "# Push/pull microbenchmark\n\nReal leash-server shards on loopback (momentum update on "
         "every push), "
      << "leash::Client workers, over the socket (`leash`) and with same-host shared memory "
-        "(`leash shm`, frames of 32 KiB and more through the segment); raw ZeroMQ and the "
-        "update alone measured in the same run. "
+        "(`leash shm`, frames of 32 KiB and more through the segment), and over the socket "
+        "striped over N connections per shard (`leash striped N`, --stripes N, the shards with "
+        "--io-threads N); raw ZeroMQ and the update alone measured in the same run. "
      << seconds << " s per cell, " << std::thread::hardware_concurrency() << " cores, load average "
      << load[0] << " at the end, client reply spin " << spin_us << " us.\n\n"
      << "| system | op | floats | shards x workers | in flight | ops/s | MB/s | p50 us | p99 us "

@@ -69,8 +69,8 @@ Result<Header> Parse(const Frame& f) {
   const uint64_t end = SliceBegin(h.total, h.index + 1, h.count);
   if (h.offset != begin || h.length != end - begin)
     return InvalidArgument("stripe header: part " + std::to_string(h.index) + " holds bytes [" +
-                           std::to_string(h.offset) + ", +" + std::to_string(h.length) +
-                           ") of " + std::to_string(h.total) + ", not its share");
+                           std::to_string(h.offset) + ", +" + std::to_string(h.length) + ") of " +
+                           std::to_string(h.total) + ", not its share");
   return h;
 }
 

@@ -63,7 +63,8 @@ class Assembler {
  public:
   // `max_bytes`: the most bytes of incomplete messages held; a part that would pass it is
   // dropped (and counted). `timeout_ms`: how long an incomplete message is waited for.
-  Assembler(size_t max_bytes, int64_t timeout_ms) : max_bytes_(max_bytes), timeout_ms_(timeout_ms) {}
+  Assembler(size_t max_bytes, int64_t timeout_ms)
+      : max_bytes_(max_bytes), timeout_ms_(timeout_ms) {}
 
   // A message from the main connection: a whole message or a part 0. InvalidArgument for a
   // malformed part (the part is dropped; the stream goes on).

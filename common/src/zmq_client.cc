@@ -411,7 +411,7 @@ Result<std::unique_ptr<ClientTransport>> ConnectZmqClient(ZmqContext& ctx,
   if (endpoints.empty())
     return InvalidArgument("no shard endpoints given (set --servers or LEASH_SERVERS)");
   if (options.stripes < 1 || options.stripes > static_cast<int>(stripes::kMaxStripes))
-    return InvalidArgument("--stripes " + std::to_string(options.stripes) + ": need 1 to " +
+    return InvalidArgument("stripes " + std::to_string(options.stripes) + ": need 1 to " +
                            std::to_string(stripes::kMaxStripes) + " connections per shard");
   auto c = std::make_unique<ZmqClient>(ctx.get(), endpoints, options);
   LEASH_RETURN_IF_ERROR(c->Init());

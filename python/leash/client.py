@@ -69,6 +69,13 @@ def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
     return int(value)
 
 
+def _check_stripes(value: Any) -> int:
+    n = _check_int("stripes", value, 1)
+    if n > 16:
+        raise _bad(f"stripes must be 1 to 16 connections per shard, got {n}")
+    return n
+
+
 def _check_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise _bad(f"{name} must be a number, got {type(value).__name__}")
@@ -229,6 +236,9 @@ class Client:
         wire_dtype: "fp32", "fp16" or "bf16": the encoding of pushes and pull replies.
         connect_timeout: seconds to wait for every shard to answer.
         shared_memory: let shards on this host exchange large frames through /dev/shm.
+        stripes: connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own;
+            pushes and pulls of 1 MiB and more are split over them and put back together in
+            order (leash-worker --stripes; give the shards --io-threads as many).
         register: False for an observer that only reads stats (it never trains).
         handle_sigterm: install a SIGTERM handler raising SystemExit (so the worker leaves
             the job) when the process has none.
@@ -245,7 +255,7 @@ class Client:
                  staleness: int = 0, curve_keys: Optional[str] = None, *,
                  etcd: Optional[Servers] = None, job: Optional[str] = None,
                  curve_client: str = "client", wire_dtype: str = "fp32",
-                 connect_timeout: float = 30.0, shared_memory: bool = True,
+                 connect_timeout: float = 30.0, shared_memory: bool = True, stripes: int = 1,
                  register: bool = True, worker_id: int = 0, heartbeat_ms: int = 0,
                  handle_sigterm: bool = True) -> None:
         endpoints, etcd_urls, job = _endpoints(servers, etcd, job)
@@ -268,7 +278,8 @@ class Client:
             wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
-            register_worker=bool(register), worker_id=_check_int("worker_id", worker_id, 0),
+            stripes=_check_stripes(stripes), register_worker=bool(register),
+            worker_id=_check_int("worker_id", worker_id, 0),
             heartbeat_ms=_check_int("heartbeat_ms", heartbeat_ms, 0))
         self.name = name
         # Static shards' endpoints; None with etcd (the primaries change on a failover).

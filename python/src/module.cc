@@ -586,6 +586,7 @@ struct ConnectOptions {
   std::optional<std::string> curve_keys;
   std::string curve_client = kDefaultCurveClient;
   bool shared_memory = true;
+  int stripes = 1;
   bool register_worker = true;
   uint64_t worker_id = 0;
   int64_t heartbeat_ms = 0;
@@ -697,6 +698,7 @@ class Client {
     }
     ZmqOptions zo;
     zo.shared_memory = o.shared_memory;
+    zo.stripes = o.stripes;
     if (o.curve_keys) {
       zo.curve = ValueOrThrow(LoadCurveClientKeys(*o.curve_keys, o.curve_client), "curve_keys");
     }
@@ -716,7 +718,7 @@ class Client {
       spdlog::info("job '{}' in etcd: {} shard(s) x {} replica(s); following their primaries",
                    o.job, co.directory_view.num_shards, co.directory_view.replicas);
     }
-    ctx_ = std::make_unique<ZmqContext>();
+    ctx_ = std::make_unique<ZmqContext>(std::clamp(o.stripes, 1, 16));  // an I/O thread a stripe
     auto transport =
         ValueOrThrow(ConnectZmqClient(*ctx_, servers, zo), o.etcd.empty() ? "servers" : "etcd");
     Result<std::unique_ptr<leash::Client>> client = Unavailable("not connected");
@@ -1557,8 +1559,8 @@ PYBIND11_MODULE(_leash, m) {
       .def(py::init([](std::vector<std::string> servers, std::vector<std::string> etcd,
                        std::string job, std::string name, int64_t staleness, std::string wire_dtype,
                        int64_t connect_timeout_ms, std::optional<std::string> curve_keys,
-                       std::string curve_client, bool shared_memory, bool register_worker,
-                       uint64_t worker_id, int64_t heartbeat_ms) {
+                       std::string curve_client, bool shared_memory, int stripes,
+                       bool register_worker, uint64_t worker_id, int64_t heartbeat_ms) {
              ConnectOptions o;
              o.servers = std::move(servers);
              o.etcd = std::move(etcd);
@@ -1570,6 +1572,7 @@ PYBIND11_MODULE(_leash, m) {
              o.curve_keys = std::move(curve_keys);
              o.curve_client = std::move(curve_client);
              o.shared_memory = shared_memory;
+             o.stripes = stripes;
              o.register_worker = register_worker;
              o.worker_id = worker_id;
              o.heartbeat_ms = heartbeat_ms;
@@ -1580,7 +1583,8 @@ PYBIND11_MODULE(_leash, m) {
            py::arg("servers"), py::arg("etcd"), py::arg("job"), py::arg("name"),
            py::arg("staleness"), py::arg("wire_dtype"), py::arg("connect_timeout_ms"),
            py::arg("curve_keys"), py::arg("curve_client"), py::arg("shared_memory"),
-           py::arg("register_worker"), py::arg("worker_id"), py::arg("heartbeat_ms"))
+           py::arg("stripes"), py::arg("register_worker"), py::arg("worker_id"),
+           py::arg("heartbeat_ms"))
       .def("create_table", &python::Client::CreateTable, py::arg("name"), py::arg("shape"),
            py::arg("optimizer"), py::arg("lr"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("init"),

@@ -201,6 +201,23 @@ def test_every_bad_argument_raises_the_documented_exception(cluster):
     c.leave()  # idempotent
 
 
+def test_striped_pushes_and_pulls_are_exact(cluster2):
+    # 2 MB on each of the two shards: over the 1 MiB threshold, so every push and pull reply
+    # is split over three connections per shard and put back together.
+    with leash.Client(cluster2.servers, name="striped", stripes=3, shared_memory=False) as c:
+        t = sgd1(c, "big", (8192, 128))
+        g = (np.arange(8192 * 128, dtype=np.float32) % 97 + 1).reshape(8192, 128)
+        for _ in range(3):
+            c.push(t, g)
+        c.clock()
+        np.testing.assert_array_equal(c.pull(t), -3 * g)
+    with pytest.raises(leash.InvalidArgumentError):
+        leash.Client(cluster2.servers, stripes=0)
+    with pytest.raises(leash.InvalidArgumentError) as e:
+        leash.Client(cluster2.servers, stripes=17)
+    assert "1 to 16" in e.value.message
+
+
 def test_unreachable_shards_raise_unavailable_with_the_code(tmp_path):
     from conftest import free_port
     with pytest.raises(leash.UnavailableError) as e:
