@@ -13,7 +13,6 @@ constexpr size_t kIdBytes = 14;
 constexpr char kMagic[8] = {'L', 'S', 'T', 'R', 'I', 'P', 'E', '1'};
 // magic, seq, index, count, offset, length, frame count, reserved; then the frame sizes.
 constexpr size_t kHeadBytes = 48;
-constexpr uint32_t kMaxFrames = 4096;
 constexpr uint64_t kAlign = 64;
 
 template <typename T>

@@ -36,6 +36,9 @@
 namespace leash::stripes {
 
 inline constexpr uint32_t kMaxStripes = 16;
+// The most frames a striped message has (its parts' headers list their sizes); a message
+// with more goes whole.
+inline constexpr uint32_t kMaxFrames = 4096;
 
 // A striping client's routing id for connection `index` of `count`: "LSTP", the token
 // (little-endian), index, count. 14 bytes; never starts with the zero byte ZeroMQ reserves
@@ -51,7 +54,7 @@ std::optional<Route> ParseRoutingId(std::string_view id);
 
 // The parts of `message` striped `count` ways as message number `seq` of its stream: part k
 // is a header frame and the slices of the message's frames that fall in its byte range,
-// sharing their storage (no copy). count >= 2.
+// sharing their storage (no copy). count >= 2; message.size() <= kMaxFrames.
 std::vector<Message> Split(const Message& message, uint64_t seq, uint32_t count);
 
 // Whether `frame` (a message's first frame) is a part header.

@@ -243,7 +243,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   bool Striped(const Message& message) const {
-    if (count_ < 2) return false;
+    if (count_ < 2 || message.size() > stripes::kMaxFrames) return false;
     int64_t bytes = 0;
     for (const Frame& f : message) bytes += static_cast<int64_t>(f.size());
     return bytes >= options_.stripe_min_bytes;

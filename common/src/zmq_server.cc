@@ -107,8 +107,8 @@ class ZmqServer final : public ServerTransport {
     std::optional<shm::Placement> p = shm_.Place(peer, message);
     if (!p) {
       if (std::optional<stripes::Route> r = stripes::ParseRoutingId(peer);
-          r && r->index == 0 && Bytes(message) >= options_.stripe_min_bytes &&
-          SendStriped(*r, message, queued)) {
+          r && r->index == 0 && message.size() <= stripes::kMaxFrames &&
+          Bytes(message) >= options_.stripe_min_bytes && SendStriped(*r, message, queued)) {
         return Status::Ok();
       }
     }

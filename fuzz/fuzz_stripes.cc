@@ -1,0 +1,167 @@
+// libFuzzer target for striping's reassembly (common/src/stripes.cc), what a shard and a
+// client do with parts that arrive from a peer. Single-threaded, as libFuzzer calls it.
+//
+// Input format: byte 0 chooses the stripe count (2..9) and byte 1 a mode; the rest is
+// split at the 4-byte marker "LFRM" into chunks.
+// - Forged parts: each chunk is a part as it arrives: its first byte the connection it
+//   came on (0: the main one), the rest frames separated by "LFRP" (frame 0 the header).
+//   The assembler must refuse what is malformed without crashing, never hold more than its
+//   limit, and everything it delivers must have frames as its header declared, 8-byte
+//   aligned.
+// - Round trip: the chunks are a message's frames; it is split and its parts fed in an
+//   order the input chooses, with a small message before and after; the three must come
+//   out whole and in order.
+// Each frame is copied into its own allocation, as ZeroMQ delivers it, so a read past a
+// frame's end is caught by AddressSanitizer. `fuzz_stripes --write-seeds=DIR` writes seeds.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "stripes.h"
+
+namespace {
+
+using leash::Frame;
+using leash::Message;
+namespace stripes = leash::stripes;
+
+constexpr std::string_view kChunkMarker = "LFRM";
+constexpr std::string_view kFrameMarker = "LFRP";
+constexpr size_t kLimit = 1 << 20;
+
+#define CHECK(cond)                                                              \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::abort();                                                              \
+    }                                                                            \
+  } while (0)
+
+std::vector<std::string_view> SplitAt(std::string_view s, std::string_view marker) {
+  std::vector<std::string_view> out;
+  size_t at = 0;
+  while (true) {
+    size_t next = s.find(marker, at);
+    if (next == std::string_view::npos) {
+      out.push_back(s.substr(at));
+      return out;
+    }
+    out.push_back(s.substr(at, next - at));
+    at = next + marker.size();
+  }
+}
+
+Frame Own(std::string_view bytes) { return Frame::Copy(bytes.data(), bytes.size()); }
+
+bool Same(const Message& a, const Message& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return false;
+    if (a[i].size() > 0 && std::memcmp(a[i].data(), b[i].data(), a[i].size()) != 0) return false;
+  }
+  return true;
+}
+
+void Forged(const std::vector<std::string_view>& chunks) {
+  stripes::Assembler a(kLimit, 50);
+  int64_t now = 0;
+  for (std::string_view c : chunks) {
+    if (c.empty()) continue;
+    const auto index = static_cast<uint32_t>(static_cast<uint8_t>(c[0]) % 4);
+    Message m;
+    for (std::string_view f : SplitAt(c.substr(1), kFrameMarker)) m.push_back(Own(f));
+    (void)(index == 0 ? a.OnMain(std::move(m), now) : a.OnPart(std::move(m), index, now));
+    CHECK(a.held_bytes() <= kLimit);
+    now += 7;
+    while (auto out = a.Pop(now)) {
+      for (const Frame& f : *out) CHECK(reinterpret_cast<uintptr_t>(f.data()) % 8 == 0 || f.empty());
+    }
+  }
+  // Past the timeout everything incomplete goes, and whatever was complete comes out.
+  for (int64_t later : {now + 1000, now + 2000}) {
+    while (a.Pop(later)) {
+    }
+  }
+  CHECK(a.idle());
+  CHECK(a.held_bytes() == 0);
+}
+
+void RoundTrip(uint32_t count, uint8_t mode, const std::vector<std::string_view>& chunks) {
+  if (chunks.size() > stripes::kMaxFrames) return;
+  Message m;
+  for (std::string_view f : chunks) m.push_back(Own(f));
+  std::vector<Message> parts = stripes::Split(m, 5, count);
+  CHECK(parts.size() == count);
+  stripes::Assembler a(kLimit * 64, 1000);
+  CHECK(a.OnMain({Own("before")}, 0).ok());
+  // Part 0 goes at the position `mode` picks among the others (as the connections race).
+  const uint32_t zero_at = mode % count;
+  uint32_t side = 1;
+  for (uint32_t k = 0; k < count; ++k) {
+    if (k == zero_at) {
+      CHECK(a.OnMain(parts[0], 0).ok());
+      CHECK(a.OnMain({Own("after")}, 0).ok());
+    } else {
+      CHECK(a.OnPart(parts[side], side, 0).ok());
+      ++side;
+    }
+  }
+  auto first = a.Pop(0);
+  CHECK(first && (*first)[0].view() == "before");
+  auto whole = a.Pop(0);
+  CHECK(whole && Same(*whole, m));
+  auto last = a.Pop(0);
+  CHECK(last && (*last)[0].view() == "after");
+  CHECK(a.idle());
+}
+
+void WriteSeeds(const std::string& dir) {
+  Message m = {Own("header"), Own(std::string(300, 'x')), Own("tail")};
+  std::vector<Message> parts = stripes::Split(m, 1, 3);
+  std::string forged(1, '\3');
+  forged.push_back('\0');
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (k > 0) forged += std::string(kChunkMarker);
+    forged.push_back(static_cast<char>(k));
+    for (size_t i = 0; i < parts[k].size(); ++i) {
+      if (i > 0) forged += std::string(kFrameMarker);
+      forged += std::string(parts[k][i].view());
+    }
+  }
+  std::string round = std::string("\1\1") + "header" + std::string(kChunkMarker) +
+                      std::string(100, 'y') + std::string(kChunkMarker) + "tail";
+  std::ofstream(dir + "/forged") << forged;
+  std::ofstream(dir + "/roundtrip") << round;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  const uint32_t count = 2 + data[0] % 8;
+  const uint8_t mode = data[1];
+  std::string_view rest(reinterpret_cast<const char*>(data) + 2, size - 2);
+  std::vector<std::string_view> chunks = SplitAt(rest, kChunkMarker);
+  if (mode % 2 == 0) {
+    Forged(chunks);
+  } else {
+    RoundTrip(count, static_cast<uint8_t>(mode / 2), chunks);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  for (int i = 1; i < *argc; ++i) {
+    std::string arg = (*argv)[i];
+    if (arg.rfind("--write-seeds=", 0) == 0) {
+      WriteSeeds(arg.substr(14));
+      std::exit(0);
+    }
+  }
+  return 0;
+}
