@@ -34,12 +34,12 @@ constexpr std::string_view kChunkMarker = "LFRM";
 constexpr std::string_view kFrameMarker = "LFRP";
 constexpr size_t kLimit = 1 << 20;
 
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define CHECK(cond)                                                                      \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
       std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                              \
-    }                                                                            \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)
 
 std::vector<std::string_view> SplitAt(std::string_view s, std::string_view marker) {
@@ -79,7 +79,8 @@ void Forged(const std::vector<std::string_view>& chunks) {
     CHECK(a.held_bytes() <= kLimit);
     now += 7;
     while (auto out = a.Pop(now)) {
-      for (const Frame& f : *out) CHECK(reinterpret_cast<uintptr_t>(f.data()) % 8 == 0 || f.empty());
+      for (const Frame& f : *out)
+        CHECK(reinterpret_cast<uintptr_t>(f.data()) % 8 == 0 || f.empty());
     }
   }
   // Past the timeout everything incomplete goes, and whatever was complete comes out.

@@ -17,7 +17,10 @@
 #include <filesystem>
 #include <thread>
 
+#include <zmq.hpp>
+
 #include "leash/common/curve_keys.h"
+#include "stripes.h"
 
 namespace leash {
 namespace {
@@ -588,6 +591,75 @@ TEST_F(ZmqTransportTest, WithSharedMemoryLargeFramesTakeItInsteadOfStripes) {
   EXPECT_TRUE(Same(in->message[1], big));
   EXPECT_EQ((*server)->counters().shm_frames_received, 1u);
   EXPECT_EQ((*server)->counters().striped_received, 0u);
+}
+
+// A shard that restarts: the striping client's connections come back to the new process
+// under the same routing ids, and striped messages go both ways again.
+TEST_F(ZmqTransportTest, AStripingClientReachesARestartedShard) {
+  ZmqContext sctx(2), cctx(2);
+  ZmqOptions so;
+  so.stripe_min_bytes = 1024;
+  auto first = BindZmqServer(sctx, endpoint_, so);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ZmqOptions co;
+  co.stripes = 2;
+  co.stripe_min_bytes = 1024;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  Frame big = Pattern(400'000, 3);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("one"), big}).ok());
+  ASSERT_TRUE(ServerGet(**first, 10s));
+  first->reset();  // the shard process goes; ZeroMQ reconnects every connection
+  auto second = BindZmqServer(sctx, endpoint_, so);
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::optional<Inbound> in;
+  for (int attempt = 0; attempt < 50 && !in; ++attempt) {  // sends before the reconnect may be lost
+    ASSERT_TRUE((*client)->Send(0, {Frame::Copy("two"), big}).ok());
+    in = ServerGet(**second, 200ms);
+  }
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 2u);
+  EXPECT_TRUE(Same(in->message[1], big));
+  EXPECT_GE((*second)->counters().striped_received, 1u);
+  ASSERT_TRUE((*second)->Send(in->peer, {Frame::Copy("rep"), big}).ok());
+  std::optional<Message> out = ClientGet(**client, 10s);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_TRUE(Same((*out)[1], big));
+}
+
+// A client whose routing id says it stripes but whose side connection the shard does not
+// hold: the shard's large reply cannot go striped, so it goes whole on the main connection
+// instead of leaving a part that would never be completed.
+TEST_F(ZmqTransportTest, AReplyWhoseSideConnectionIsMissingGoesWhole) {
+  ZmqContext sctx;
+  ZmqOptions so;
+  so.stripe_min_bytes = 1024;
+  auto server = BindZmqServer(sctx, endpoint_, so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  zmq::context_t raw;
+  zmq::socket_t dealer(raw, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::routing_id, stripes::RoutingId(42, 0, 2));
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(endpoint_);
+  dealer.send(zmq::str_buffer("hello"), zmq::send_flags::none);
+  std::optional<Inbound> in = ServerGet(**server, 10s);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(in->peer, stripes::RoutingId(42, 0, 2));
+  Frame big = Pattern(100'000, 9);
+  ASSERT_TRUE((*server)->Send(in->peer, {Frame::Copy("rep"), big}).ok());
+  std::vector<zmq::message_t> parts;
+  do {
+    zmq::message_t m;
+    ASSERT_TRUE(dealer.recv(m)) << "no reply within 5 s";
+    parts.push_back(std::move(m));
+  } while (parts.back().more());
+  ASSERT_EQ(parts.size(), 2u) << "the reply whole, not a part";
+  EXPECT_EQ(parts[0].to_string(), "rep");
+  ASSERT_EQ(parts[1].size(), big.size());
+  EXPECT_EQ(std::memcmp(parts[1].data(), big.data(), big.size()), 0);
+  EXPECT_EQ((*server)->counters().striped_sent, 0u);
 }
 
 TEST(ZmqStripesOptionTest, AStripeCountOutOfRangeIsRefusedWithTheRange) {
