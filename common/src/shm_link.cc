@@ -7,6 +7,8 @@
 #include <cstring>
 #include <iterator>
 
+#include "le_bytes.h"
+
 namespace leash::shm {
 namespace {
 
@@ -22,17 +24,8 @@ bool HasMagic(const void* data, size_t size, const char (&magic)[8]) {
   return size >= 8 && std::memcmp(data, magic, 8) == 0;
 }
 
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-template <typename T>
-T Get(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using le_bytes::Get;
+using le_bytes::Put;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <utility>
 
+#include "le_bytes.h"
+
 namespace leash::stripes {
 namespace {
 
@@ -15,16 +17,8 @@ constexpr char kMagic[8] = {'L', 'S', 'T', 'R', 'I', 'P', 'E', '1'};
 constexpr size_t kHeadBytes = 48;
 constexpr uint64_t kAlign = 64;
 
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <typename T>
-T Get(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using le_bytes::Get;
+using le_bytes::Put;
 
 uint64_t SliceBegin(uint64_t total, uint32_t index, uint32_t count) {
   return total * index / count;
