@@ -1,7 +1,9 @@
 // Benchmark (not a test) of the 16-bit wires' conversions on a shard: widening a 16-bit
 // push to float32 before its update, and narrowing a pull reply. half.h's bulk functions
 // (what DecodeValues and EncodeValues use) against the per-value scalar functions,
-// interleaved round by round in one process. Prints JSON. Usage:
+// interleaved round by round in one process. Also the shard's NaN/Inf check of a pushed
+// gradient (finite.h's AllFinite against the loop the shard ran before it, kept here as
+// the reference). Prints JSON. Usage:
 //   leash-bench-decode16 [--values N] [--rounds R]
 #include <algorithm>
 #include <chrono>
@@ -13,11 +15,33 @@
 #include <string>
 #include <vector>
 
+#include "leash/common/finite.h"
 #include "leash/common/half.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The shard's check before finite.h: integer tests in blocks of 16 that the compiler
+// vectorizes at -O2.
+bool BlockLoopAllFinite(const float* p, size_t n) {
+  constexpr uint32_t kExp = 0x7f800000u;
+  uint32_t bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t b[16];
+    std::memcpy(b, p + i, sizeof b);
+    for (int j = 0; j < 16; ++j) bad |= static_cast<uint32_t>((b[j] & kExp) == kExp);
+  }
+  for (; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, p + i, sizeof b);
+    bad |= static_cast<uint32_t>((b & kExp) == kExp);
+  }
+  return bad == 0;
+}
+
+volatile bool g_sink;
 
 // Median ns per value over 21 calls of `fn`.
 double Time(const std::function<void()>& fn, size_t values) {
@@ -94,6 +118,8 @@ int main(int argc, char** argv) {
        [&] { leash::FloatToHalfN(floats.data(), values, narrow.data()); }},
       {"narrow bf16", [&] { Scalar32To16(floats, narrow, leash::FloatToBf16); },
        [&] { leash::FloatToBf16N(floats.data(), values, narrow.data()); }},
+      {"finite check", [&] { g_sink = BlockLoopAllFinite(floats.data(), values); },
+       [&] { g_sink = leash::AllFinite(floats.data(), values); }},
   };
   std::printf("{\"values\": %zu, \"rounds\": %d, \"rows\": [", values, rounds);
   bool first = true;

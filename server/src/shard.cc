@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "leash/common/finite.h"
 #include "leash/ps/table.h"
 
 namespace leash::server {
@@ -21,25 +22,6 @@ size_t MessageBytes(const Message& m) {
   size_t n = 0;
   for (const auto& f : m) n += f.size();
   return n;
-}
-
-bool AllFinite(const float* p, size_t n) {
-  // NaN and Inf are the floats whose exponent bits are all ones. Integer tests in blocks
-  // of a fixed size, so the loop vectorizes at -O2 (a float sum would run serially).
-  constexpr uint32_t kExp = 0x7f800000u;
-  uint32_t bad = 0;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    uint32_t b[16];
-    std::memcpy(b, p + i, sizeof b);
-    for (int j = 0; j < 16; ++j) bad |= static_cast<uint32_t>((b[j] & kExp) == kExp);
-  }
-  for (; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, p + i, sizeof b);
-    bad |= static_cast<uint32_t>((b & kExp) == kExp);
-  }
-  return bad == 0;
 }
 
 // Removes the rows of `grad` holding NaN or Inf (and their keys from `rows`, which
