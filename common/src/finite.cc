@@ -41,8 +41,8 @@ __attribute__((target("avx2"))) bool AllFiniteAvx2(const float* p, size_t n) {
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(kExp));
   __m256i bad0 = _mm256_setzero_si256(), bad1 = bad0, bad2 = bad0, bad3 = bad0;
   size_t i = 0;
-#define LEASH_TEST8(at)                                                                  \
-  _mm256_cmpeq_epi32(                                                                    \
+#define LEASH_TEST8(at)                                                                       \
+  _mm256_cmpeq_epi32(                                                                         \
       _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (at))), mask), \
       mask)
   for (; i + 32 <= n; i += 32) {

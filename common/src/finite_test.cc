@@ -21,10 +21,13 @@ float Bits(uint32_t b) {
 }
 
 TEST(FiniteTest, EveryBadValueAtEveryPositionIsFound) {
-  const std::vector<float> bad = {
-      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-      std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::infinity(),
-      -std::numeric_limits<float>::infinity(), Bits(0x7f800001u), Bits(0xffffffffu)};
+  const std::vector<float> bad = {std::numeric_limits<float>::quiet_NaN(),
+                                  -std::numeric_limits<float>::quiet_NaN(),
+                                  std::numeric_limits<float>::signaling_NaN(),
+                                  std::numeric_limits<float>::infinity(),
+                                  -std::numeric_limits<float>::infinity(),
+                                  Bits(0x7f800001u),
+                                  Bits(0xffffffffu)};
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.f, 100.f);
   for (size_t n = 0; n <= 80; ++n) {
