@@ -88,6 +88,10 @@ std::optional<Route> ParseRoutingId(std::string_view id) {
   return r;
 }
 
+bool Worth(const Message& message, int64_t min_bytes) {
+  return message.size() <= kMaxFrames && static_cast<int64_t>(MessageBytes(message)) >= min_bytes;
+}
+
 bool IsPart(const Frame& f) {
   return f.size() >= kHeadBytes && std::memcmp(f.data(), kMagic, sizeof kMagic) == 0;
 }

@@ -52,6 +52,9 @@ struct Route {
 // The route of a striping client's routing id; nullopt for any other id.
 std::optional<Route> ParseRoutingId(std::string_view id);
 
+// Whether `message` goes striped: at least `min_bytes` in all and at most kMaxFrames frames.
+bool Worth(const Message& message, int64_t min_bytes);
+
 // The parts of `message` striped `count` ways as message number `seq` of its stream: part k
 // is a header frame and the slices of the message's frames that fall in its byte range,
 // sharing their storage (no copy). count >= 2; message.size() <= kMaxFrames.

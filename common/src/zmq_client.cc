@@ -207,10 +207,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           next_ = i + 1;
           std::vector<zmq::message_t> parts;
           LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*st.extra[e], &parts));
-          Message m;
-          m.reserve(parts.size());
-          for (auto& p : parts) m.push_back(zmq_util::ToFrame(std::move(p)));
-          Status fed = st.in->OnPart(std::move(m), static_cast<uint32_t>(e + 1), now);
+          Status fed =
+              st.in->OnPart(zmq_util::ToMessage(parts, 0), static_cast<uint32_t>(e + 1), now);
           if (!fed.ok()) spdlog::warn("{}: {}", Describe(static_cast<int>(i)), fed.ToString());
           if (std::optional<Message> done = st.in->Pop(now))
             return Received(std::make_pair(static_cast<int>(i), std::move(*done)));
@@ -243,10 +241,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   bool Striped(const Message& message) const {
-    if (count_ < 2 || message.size() > stripes::kMaxFrames) return false;
-    int64_t bytes = 0;
-    for (const Frame& f : message) bytes += static_cast<int64_t>(f.size());
-    return bytes >= options_.stripe_min_bytes;
+    return count_ >= 2 && stripes::Worth(message, options_.stripe_min_bytes);
   }
 
   // Parts 1.. on their own connections, then part 0 on the main one, in the message order.
@@ -361,9 +356,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (parts.size() >= 2)
       trailer = shm::DecodeTrailer(parts.back().data(), parts.back().size(), 1);
     if (trailer) parts.pop_back();
-    Message m;
-    m.reserve(parts.size());
-    for (auto& p : parts) m.push_back(zmq_util::ToFrame(std::move(p)));
+    Message m = zmq_util::ToMessage(parts, 0);
     if (trailer) {
       Status st = shm_[i]->Fill(*trailer, &m);
       if (!st.ok()) {

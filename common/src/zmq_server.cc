@@ -107,8 +107,8 @@ class ZmqServer final : public ServerTransport {
     std::optional<shm::Placement> p = shm_.Place(peer, message);
     if (!p) {
       if (std::optional<stripes::Route> r = stripes::ParseRoutingId(peer);
-          r && r->index == 0 && message.size() <= stripes::kMaxFrames &&
-          Bytes(message) >= options_.stripe_min_bytes && SendStriped(*r, message, queued)) {
+          r && r->index == 0 && stripes::Worth(message, options_.stripe_min_bytes) &&
+          SendStriped(*r, message, queued)) {
         return Status::Ok();
       }
     }
@@ -190,11 +190,8 @@ class ZmqServer final : public ServerTransport {
     in.peer = parts[0].to_string();
     std::optional<stripes::Route> route = stripes::ParseRoutingId(in.peer);
     if (route && route->index > 0) {  // a side connection of a striping client: parts only
-      Message m;
-      m.reserve(parts.size() - 1);
-      for (size_t i = 1; i < parts.size(); ++i) m.push_back(zmq_util::ToFrame(std::move(parts[i])));
       PeerId main = stripes::RoutingId(route->token, 0, route->count);
-      Feed(main, Assembly(main).OnPart(std::move(m), route->index, NowMs()));
+      Feed(main, Assembly(main).OnPart(zmq_util::ToMessage(parts, 1), route->index, NowMs()));
       return std::optional<Inbound>();
     }
     if (parts.size() == 2 && shm::IsOffer(parts[1].data(), parts[1].size())) {
@@ -205,9 +202,7 @@ class ZmqServer final : public ServerTransport {
     if (parts.size() >= 3)
       trailer = shm::DecodeTrailer(parts.back().data(), parts.back().size(), 0);
     if (trailer) parts.pop_back();
-    in.message.reserve(parts.size() - 1);
-    for (size_t i = 1; i < parts.size(); ++i)
-      in.message.push_back(zmq_util::ToFrame(std::move(parts[i])));
+    in.message = zmq_util::ToMessage(parts, 1);
     if (!shm_.empty() || trailer) {
       std::optional<std::string> answer =
           shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message);
@@ -272,12 +267,6 @@ class ZmqServer final : public ServerTransport {
     parts.emplace_back(peer.data(), peer.size());
     parts.emplace_back(frame.data(), frame.size());
     (void)zmq_util::SendAll(socket_, parts);
-  }
-
-  static int64_t Bytes(const Message& m) {
-    int64_t n = 0;
-    for (const Frame& f : m) n += static_cast<int64_t>(f.size());
-    return n;
   }
 
   // A reply to a striping client, striped over its connections: the side parts first, with

@@ -23,6 +23,13 @@ Frame ToFrame(zmq::message_t&& msg) {
   return Frame::Wrap(data, size, std::shared_ptr<const void>(holder, holder.get()));
 }
 
+Message ToMessage(std::vector<zmq::message_t>& parts, size_t first) {
+  Message m;
+  m.reserve(parts.size() > first ? parts.size() - first : 0);
+  for (size_t i = first; i < parts.size(); ++i) m.push_back(ToFrame(std::move(parts[i])));
+  return m;
+}
+
 namespace {
 
 void ReleaseOwner(void* /*data*/, void* hint) {

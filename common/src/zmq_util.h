@@ -23,6 +23,8 @@ Status FromZmq(const zmq::error_t& e, std::string_view what);
 
 // A received part as a Frame, without copying unless it is tiny and unaligned.
 Frame ToFrame(zmq::message_t&& msg);
+// Received parts `first`.. as a Message (ToFrame each; the parts are moved from).
+Message ToMessage(std::vector<zmq::message_t>& parts, size_t first);
 // A frame to send; large frames are handed over without copying (the frame's owner is
 // kept alive until ZeroMQ is done with it).
 zmq::message_t ToZmq(const Frame& f);

@@ -18,12 +18,6 @@
 namespace leash::server {
 namespace {
 
-size_t MessageBytes(const Message& m) {
-  size_t n = 0;
-  for (const auto& f : m) n += f.size();
-  return n;
-}
-
 // Removes the rows of `grad` holding NaN or Inf (and their keys from `rows`, which
 // becomes an explicit key list). Returns the number of rows removed.
 uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) {

@@ -30,12 +30,6 @@ int64_t NowMs() {
       .count();
 }
 
-size_t Bytes(const Message& m) {
-  size_t n = 0;
-  for (const auto& f : m) n += f.size();
-  return n;
-}
-
 // A replica's answer that it is a backup (server/src/replica.cc): not an error of the
 // request, which goes to the primary instead.
 bool IsBackupRefusal(const Status& st) {
@@ -198,8 +192,8 @@ class Client::Impl final : public detail::OpWaiter {
         r.op = op;
         uint64_t limit = max_message_bytes_[static_cast<size_t>(s)].load();
         if (limit > 0 &&
-            Bytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
-          op->Complete(ResourceExhausted("a request of " + std::to_string(Bytes(r.message)) +
+            MessageBytes(r.message) > limit) {  // the shard would refuse it, or drop the connection
+          op->Complete(ResourceExhausted("a request of " + std::to_string(MessageBytes(r.message)) +
                                          " bytes to shard " + std::to_string(s) +
                                          " exceeds the shard's limit of " + std::to_string(limit) +
                                          " bytes (its --max-message-mb); split it"));
@@ -344,7 +338,7 @@ class Client::Impl final : public detail::OpWaiter {
   void SendNow(Pending& r) { Send(r.shard, r.message); }
 
   void Send(int shard, Message m) {
-    bytes_sent_ += Bytes(m);
+    bytes_sent_ += MessageBytes(m);
     Status st = transport_->Send(shard, std::move(m));
     if (!st.ok()) spdlog::debug("send to shard {} deferred: {}", shard, st.ToString());
   }
@@ -583,7 +577,7 @@ class Client::Impl final : public detail::OpWaiter {
       return;
     }
     auto si = static_cast<size_t>(shard);
-    bytes_received_ += Bytes(msg);
+    bytes_received_ += MessageBytes(msg);
     last_heard_[si] = NowMs();
     backoff_[si] = 100;
     next_reconnect_[si] = 0;

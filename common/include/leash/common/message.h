@@ -48,4 +48,11 @@ class Frame {
 // A multipart message: frame 0 is the header, the rest are payloads.
 using Message = std::vector<Frame>;
 
+// The bytes of all of a message's frames.
+inline size_t MessageBytes(const Message& m) {
+  size_t n = 0;
+  for (const Frame& f : m) n += f.size();
+  return n;
+}
+
 }  // namespace leash
