@@ -271,6 +271,39 @@ TEST_F(FailoverTest, APrimaryStoppedWithSigtermResignsBeforeItsFinalSnapshot) {
   pusher.ExpectExactSums(*client_);
 }
 
+// Replicas on one host ship the appends' large pushes through shared memory (as a worker's
+// reach its shard), and what arrives that way is what was pushed: after the primary's
+// SIGKILL the backup serves the exact sums, and its final log line counts the frames.
+TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExactly) {
+  auto client = Follower("big", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  constexpr uint64_t kValues = 16384;  // 64 KiB pushes: over the 32 KiB threshold
+  auto table = client->CreateTable(testing::Sgd1("big", kValues, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::vector<float> grad(kValues);
+  for (uint64_t i = 0; i < kValues; ++i) grad[i] = static_cast<float>(i % 7);
+  constexpr int kPushes = 20;
+  for (int p = 0; p < kPushes; ++p) {
+    Status st = client->Push(*table, grad.data()).get();
+    ASSERT_TRUE(st.ok()) << st << Logs();
+  }
+  const int primary = Primary();
+  ASSERT_GE(primary, 0);
+  ASSERT_EQ(KillPrimary(), primary);
+  std::vector<float> values(kValues);
+  Status st = client->Pull(*table, values.data()).get();
+  ASSERT_TRUE(st.ok()) << st << Logs();
+  EXPECT_EQ(Primary(), 1 - primary);
+  for (uint64_t i = 0; i < kValues; ++i) {
+    ASSERT_EQ(values[i], -static_cast<float>(kPushes * static_cast<int>(i % 7))) << "value " << i;
+  }
+  client.reset();
+  Replica(1 - primary).Signal(SIGTERM);
+  ASSERT_EQ(Replica(1 - primary).Wait(30s), std::optional<int>(0)) << Logs();
+  EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "frames received"), kPushes)
+      << Replica(1 - primary).ReadLog();
+}
+
 TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart) {
   ASSERT_NO_FATAL_FAILURE(OpenPusher());
   ExactSumPusher pusher(*client_, table_);

@@ -117,7 +117,8 @@ ServerCommandLine::ServerCommandLine()
          "and unencrypted (without it such a shard refuses to start; loopback and ipc:// need "
          "no keys)");
   f.Bool("no-shm", &v.no_shm,
-         "refuse shared memory with workers on this host (everything through the socket)");
+         "no shared memory with workers or other replicas on this host (everything through the "
+         "socket)");
   f.Int("io-threads", &v.io_threads,
         "ZeroMQ I/O threads for the workers' connections (1 to 16): give as many as the workers' "
         "--stripes, with cores to spare, so that a striped push or pull is read in parallel");

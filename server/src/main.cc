@@ -143,16 +143,20 @@ class PeerWatch {
   // True if this replica must stop (the reason is logged).
   bool Check(const leash::server::Replica& r) {
     const int64_t now = SteadyMs();
+    // The peers' connections only send, so nothing else receives on them: a Receive that
+    // does not wait reads their handshake events into health() and a peer's answer to the
+    // shared-memory offer (the link turns on as it is read, so it is read every 10 ms, not
+    // once a second). Replicas answer on their own connections, so nothing else arrives.
+    if (now - last_read_ms_ >= 10) {
+      last_read_ms_ = now;
+      if (auto in = peers_.Receive(std::chrono::milliseconds(0)); in.ok() && in->has_value()) {
+        spdlog::debug("a message from replica {} on a send-only connection, dropped", (*in)->first);
+      }
+    }
     if (now - last_ms_ < 1000) return false;
     last_ms_ = now;
     const leash::ConnectionHealth* health = peers_.health();
     if (health == nullptr) return false;
-    // The peers' connections only send, so nothing else receives on them: a Receive that
-    // does not wait reads their handshake events into health(). Replicas answer on their
-    // own connections, so nothing else arrives here.
-    if (auto in = peers_.Receive(std::chrono::milliseconds(0)); in.ok() && in->has_value()) {
-      spdlog::debug("a message from replica {} on a send-only connection, dropped", (*in)->first);
-    }
     for (int p = 0; p < config_.replicas; ++p) {
       if (p == config_.replica) continue;
       const leash::Status st = health->ShardHealth(p);
@@ -187,6 +191,7 @@ class PeerWatch {
   leash::ClientTransport& peers_;
   std::vector<bool> warned_;
   int64_t last_ms_ = 0;
+  int64_t last_read_ms_ = 0;
 };
 
 // The name under which the shards' public key is authorized as a replica's client key.
@@ -277,6 +282,10 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     s.coordination = std::move(*coordination);
     leash::ZmqOptions po;
     po.max_message_bytes = int64_t{1} << 31;  // appends and snapshots carry many requests
+    // A replica on this host gets the appends' pushes through shared memory as a shard gets
+    // a worker's (one copy in, one out, no loopback TCP on either side's CPU); a replica on
+    // another host refuses the offer and everything goes through the socket.
+    po.shared_memory = c.shared_memory;
     if (s.curve) {
       // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
       // with the shards' own key pair, and every replica accepts that key as a client's
@@ -410,11 +419,13 @@ int Run(const ServerConfig& config) {
       "oversize, {} too many keys, {} too many parked pulls), {} CURVE keys refused, "
       "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
       "rejection lines not logged, {} error replies not sent over the per-peer limits); "
-      "striped: {} messages received, {} replies sent, {} dropped incomplete",
+      "striped: {} messages received, {} replies sent, {} dropped incomplete; shared memory: {} "
+      "frames received, {} sent",
       config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
       tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed,
-      tc.striped_received, tc.striped_sent, tc.striped_dropped);
+      tc.striped_received, tc.striped_sent, tc.striped_dropped, tc.shm_frames_received,
+      tc.shm_frames_sent);
   if (sc.pushes_dropped_stale > 0) {
     spdlog::warn(
         "shard {}: {} stale push(es) of backup workers dropped in all, {} applied (pushes more "
