@@ -276,22 +276,19 @@ class ZmqServer final : public ServerTransport {
   bool SendStriped(const stripes::Route& r, const Message& message,
                    const std::shared_ptr<std::atomic<int64_t>>& queued) {
     std::vector<Message> pieces = stripes::Split(message, reply_seq_++, r.count);
-    socket_.set(zmq::sockopt::router_mandatory, 1);
-    bool ok = true;
-    for (uint32_t k = 1; k < r.count && ok; ++k) {
+    auto send = [&](uint32_t k) {  // part k on connection k
       const std::string id = stripes::RoutingId(r.token, k, r.count);
       std::vector<zmq::message_t> parts;
       parts.emplace_back(id.data(), id.size());
       for (const Frame& f : pieces[k]) parts.push_back(zmq_util::ToZmqCounted(f, queued));
-      ok = zmq_util::SendAll(socket_, parts).ok();
-    }
+      return zmq_util::SendAll(socket_, parts);
+    };
+    socket_.set(zmq::sockopt::router_mandatory, 1);
+    bool ok = true;
+    for (uint32_t k = 1; k < r.count && ok; ++k) ok = send(k).ok();
     socket_.set(zmq::sockopt::router_mandatory, 0);
     if (!ok) return false;
-    const std::string id = stripes::RoutingId(r.token, 0, r.count);
-    std::vector<zmq::message_t> parts;
-    parts.emplace_back(id.data(), id.size());
-    for (const Frame& f : pieces[0]) parts.push_back(zmq_util::ToZmqCounted(f, queued));
-    (void)zmq_util::SendAll(socket_, parts);  // a vanished peer's reply is dropped, as ever
+    (void)send(0);  // a vanished peer's reply is dropped, as ever
     ++striped_sent_;
     return true;
   }
