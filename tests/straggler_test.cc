@@ -35,14 +35,27 @@ class StragglerTest : public ::testing::Test {
 
   // Runs w0 and w1 at full speed and w2 `factor` times slower, each with `flags`, to the
   // end of one epoch; returns false (with a failed expectation) if one did not finish.
-  bool RunJob(Cluster& cluster, double factor, const std::vector<std::string>& flags) {
-    std::vector<std::unique_ptr<Process>> workers;
-    for (int i = 0; i < 3; ++i) {
+  // Runs w0, w1 and the straggler w2 (`factor` times slower) to the end of the job's epoch.
+  // With `straggler_first`, w2 starts first and the others once it has registered: the job
+  // lasts about a second, and a straggler slow to start on a loaded machine could otherwise
+  // find every chunk taken and train nothing.
+  bool RunJob(Cluster& cluster, double factor, const std::vector<std::string>& flags,
+              bool straggler_first = false) {
+    std::vector<std::unique_ptr<Process>> workers(3);
+    for (int i : {2, 0, 1}) {
       std::vector<std::string> f = {"--epochs=1",       "--chunk-size=500", "--train-limit=24000",
                                     "--test-limit=500", "--no-eval",        "--log-every=0"};
       if (i == 2) f.push_back("--step-delay-factor=" + std::to_string(factor));
       f.insert(f.end(), flags.begin(), flags.end());
-      workers.push_back(cluster.StartWorker("w" + std::to_string(i), f));
+      auto& w = workers[static_cast<size_t>(i)];
+      w = cluster.StartWorker("w" + std::to_string(i), f);
+      if (i == 2 && straggler_first) {
+        const bool registered = testing::WaitFor(
+            [&] { return w->ReadLog().find("registered with") != std::string::npos; },
+            std::chrono::seconds(60));
+        EXPECT_TRUE(registered) << w->ReadLog();
+        if (!registered) return false;
+      }
     }
     bool ok = true;
     for (auto& w : workers) {
@@ -72,7 +85,7 @@ class StragglerTest : public ::testing::Test {
 
 TEST_F(StragglerTest, WithABackupWorkerTheFastWorkersAdvanceAtTheirOwnRate) {
   Cluster cluster(1, dir_.path(), {"--backup-workers=1"});
-  ASSERT_TRUE(RunJob(cluster, 30, {"--staleness=1"}));
+  ASSERT_TRUE(RunJob(cluster, 30, {"--staleness=1"}, /*straggler_first=*/true));
   const double fast0 = Metric(cluster, 0, "iterations");
   const double fast1 = Metric(cluster, 1, "iterations");
   const double slow = Metric(cluster, 2, "iterations");
