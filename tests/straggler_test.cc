@@ -4,6 +4,7 @@
 // coverage, never timings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -89,13 +90,20 @@ TEST_F(StragglerTest, WithABackupWorkerTheFastWorkersAdvanceAtTheirOwnRate) {
   const double fast0 = Metric(cluster, 0, "iterations");
   const double fast1 = Metric(cluster, 1, "iterations");
   const double slow = Metric(cluster, 2, "iterations");
-  std::printf("iterations: w0 %.0f, w1 %.0f, w2 (30x slower) %.0f; w2's final clock %.0f\n", fast0,
-              fast1, slow, Metric(cluster, 2, "final_clock"));
-  // Under SSP the fast workers would advance at the straggler's iteration rate, within the
-  // bound of its clock; with it left out of the minimum each trains at least twice as many
-  // iterations as the 30x slower one.
-  EXPECT_GE(fast0, 2 * slow) << "w0 " << fast0 << ", w2 " << slow;
-  EXPECT_GE(fast1, 2 * slow) << "w1 " << fast1 << ", w2 " << slow;
+  const double clock =
+      std::max(Metric(cluster, 0, "final_clock"), Metric(cluster, 1, "final_clock"));
+  std::printf(
+      "iterations: w0 %.0f, w1 %.0f, w2 (30x slower) %.0f; final clocks: the fast workers' %.0f, "
+      "w2's %.0f\n",
+      fast0, fast1, slow, clock, Metric(cluster, 2, "final_clock"));
+  // Under SSP the job's clock cannot pass the straggler's by more than the bound (1 here), and
+  // the fast workers train about as many iterations as it does. Left out of the minimum, it
+  // holds nobody back: the clock moves at the fast workers' pace, at least twice the
+  // straggler's count, and together they train at least three times its iterations. Not
+  // asserted per fast worker: on a loaded machine one of them can be starved of CPU (seen in
+  // CI: w0 104, w1 208, w2 72 iterations) while the clock still moves at the other's pace.
+  EXPECT_GE(clock, 2 * slow) << "clock " << clock << ", w2 " << slow;
+  EXPECT_GE(fast0 + fast1, 3 * slow) << "w0 " << fast0 << ", w1 " << fast1 << ", w2 " << slow;
   // The straggler caught up with the minimum rather than trailing it by its own count.
   EXPECT_GT(Metric(cluster, 2, "final_clock"), slow);
   // Coverage is exact: every sample trained once, by one worker or another.
