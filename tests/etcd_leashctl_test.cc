@@ -153,13 +153,15 @@ TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReports
                                 endpoints[1 - primary] + ", in sync; lag 0 entries (holds";
   int code = -1;
   std::string out;
-  EXPECT_TRUE(testing::WaitFor(
-      [&] {
-        std::tie(code, out) = Leashctl(status);
-        return code == 0 && out.find(caught_up) != std::string::npos;
-      },
-      30s))
-      << "exit " << code << ": " << out;
+  auto shows_caught_up = [&] {
+    return testing::WaitFor(
+        [&] {
+          std::tie(code, out) = Leashctl(status);
+          return code == 0 && out.find(caught_up) != std::string::npos;
+        },
+        30s);
+  };
+  EXPECT_TRUE(shows_caught_up()) << "exit " << code << ": " << out;
 
   // A stopped backup leaves the in-sync set, and the pushes acknowledged without it are
   // what it lacks: 30 entries, their bytes, the age of the oldest.
@@ -182,13 +184,7 @@ TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReports
 
   // Resumed, it catches up and joins the set again: no lag.
   ASSERT_TRUE(testing::WaitFor([&] { return in_sync() == 2; }, 60s)) << logs();
-  EXPECT_TRUE(testing::WaitFor(
-      [&] {
-        std::tie(code, out) = Leashctl(status);
-        return code == 0 && out.find(caught_up) != std::string::npos;
-      },
-      30s))
-      << "exit " << code << ": " << out;
+  EXPECT_TRUE(shows_caught_up()) << "exit " << code << ": " << out;
 }
 
 TEST_F(EtcdLeashctlTest, UnreachableEtcdIsReportedWithWhatToDo) {
