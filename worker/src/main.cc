@@ -311,6 +311,8 @@ int Train(const WorkerConfig& c, Worker& w) {
   std::vector<std::pair<std::string, double>> extra = {
       {"compute_seconds", results->compute_seconds},
       {"injected_delay_seconds", results->injected_delay_seconds},
+      {"pull_seconds", results->pull_seconds},
+      {"push_seconds", results->push_seconds},
       {"step_delay_factor", c.step_delay_factor},
       {"slow_spells_factor", c.slow_spells.factor},
       {"final_clock", static_cast<double>(w.params->clock())}};

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "leash/kernels/kernels.h"
 #include "leash/worker/model.h"
@@ -299,6 +300,129 @@ TEST(TrainerTest, StepDelayFactorSlowsTheWorkerByThatFactor) {
   for (const auto& e : r.epochs) step_seconds += e.train_seconds;
   EXPECT_GE(step_seconds, 3.0 * r.compute_seconds);
   EXPECT_GE(run.wall_seconds, 3.0 * r.compute_seconds);
+}
+
+// Forwards everything to a store; the tests' stores below change one behaviour each.
+class ForwardingParams : public ParamStore {
+ public:
+  explicit ForwardingParams(std::unique_ptr<ParamStore> inner) : inner_(std::move(inner)) {}
+  Status Setup(const std::vector<ParamSpec>& p, const OptimizerOptions& o) override {
+    return inner_->Setup(p, o);
+  }
+  Status PullAll(std::vector<std::vector<float>>* v) override { return inner_->PullAll(v); }
+  void Push(size_t i, const float* g) override { inner_->Push(i, g); }
+  Status EndIteration() override { return inner_->EndIteration(); }
+  Status Idle() override { return inner_->Idle(); }
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
+    return inner_->NextChunk(plan, done);
+  }
+  Status Finish() override { return inner_->Finish(); }
+  int64_t clock() const override { return inner_->clock(); }
+
+ private:
+  std::unique_ptr<ParamStore> inner_;
+};
+
+// A parameter store whose pulls and clocks take at least the given times: a shard that
+// makes the worker wait (the staleness bound) or a slow link.
+class SlowParams final : public ForwardingParams {
+ public:
+  SlowParams(std::unique_ptr<ParamStore> inner, std::chrono::milliseconds pull,
+             std::chrono::milliseconds push)
+      : ForwardingParams(std::move(inner)), pull_(pull), push_(push) {}
+  Status PullAll(std::vector<std::vector<float>>* v) override {
+    std::this_thread::sleep_for(pull_);
+    return ForwardingParams::PullAll(v);
+  }
+  Status EndIteration() override {
+    std::this_thread::sleep_for(push_);
+    return ForwardingParams::EndIteration();
+  }
+
+ private:
+  std::chrono::milliseconds pull_, push_;
+};
+
+// Work in proportion to speed as the shards would sum it: the cluster's speed is always
+// `global / share` times this worker's own, so its share of `global` is exactly `share`.
+class ShareParams final : public ForwardingParams {
+ public:
+  ShareParams(std::unique_ptr<ParamStore> inner, int64_t global, int64_t share)
+      : ForwardingParams(std::move(inner)), ratio_(static_cast<double>(global) / share) {}
+  void SetSamplesPerSecond(double rate) override { rate_ = rate; }
+  double cluster_samples_per_second() const override { return rate_ * ratio_; }
+
+ private:
+  double ratio_;
+  double rate_ = 0;
+};
+
+// The time an iteration spends in the parameter store is counted apart from its compute:
+// at least the store's delays (sleeps never end early), and the three together within the
+// epochs' step time.
+TEST(TrainerTest, CountsTheTimeInPullsAndPushesApartFromCompute) {
+  auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Dataset train = Synthetic(256);
+  auto model = MakeMlp(**ctx, train.features(), {64}, 10, 32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SlowParams params(MakeLocalParams(), std::chrono::milliseconds(4), std::chrono::milliseconds(2));
+  ASSERT_TRUE(params.Setup((*model)->params(), OptimizerOptions{}).ok());
+  TrainOptions o;
+  o.epochs = 1;
+  o.batch = 32;
+  o.chunk_size = 128;
+  o.log_every = 0;
+  o.evaluate = false;
+  auto r = Train(**model, params, train, nullptr, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->iterations, 256 / 32);
+  EXPECT_GE(r->pull_seconds, 0.004 * 8);
+  EXPECT_GE(r->push_seconds, 0.002 * 8);
+  EXPECT_LT(r->push_seconds, r->pull_seconds);
+  double step_seconds = 0;
+  for (const auto& e : r->epochs) step_seconds += e.train_seconds;
+  EXPECT_LE(r->pull_seconds + r->push_seconds + r->compute_seconds, step_seconds);
+}
+
+// With --global-batch every iteration trains exactly this worker's share (26 of 192, not a
+// multiple of the loader's 4-sample grains, which rounded up made it 28), once its speed is
+// known, except where a chunk ends; every sample of the epoch is trained once.
+TEST(TrainerTest, ProportionalWorkTrainsExactlyItsShareEachIteration) {
+  auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Dataset train = Synthetic(512);
+  auto model = MakeMlp(**ctx, train.features(), {32}, 10, 64);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ShareParams params(MakeLocalParams(), 192, 26);
+  ASSERT_TRUE(params.Setup((*model)->params(), OptimizerOptions{}).ok());
+  TrainOptions o;
+  o.epochs = 1;
+  o.batch = 64;
+  o.global_batch = 192;
+  o.chunk_size = 128;
+  o.log_every = 0;
+  o.evaluate = false;
+  std::vector<int64_t> sizes;
+  o.on_step = [&](const StepReport& r) { sizes.push_back(r.samples); };
+  auto r = Train(**model, params, train, nullptr, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_GE(sizes.size(), 2u);
+  // Its speed is unknown before the first iteration ends, and the second batch is taken
+  // during the first (staged while it computes): both are --batch.
+  EXPECT_EQ(sizes[0], 64);
+  EXPECT_EQ(sizes[1], 64);
+  int64_t total = 0, exact = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    total += sizes[i];
+    if (i > 1) {
+      EXPECT_LE(sizes[i], 26) << "iteration " << i;
+      if (sizes[i] == 26) ++exact;
+    }
+  }
+  EXPECT_EQ(total, 512);
+  // The first chunk of 128 is those two; the other three are 4 x 26 + 24 each.
+  EXPECT_EQ(exact, 12);
 }
 
 // Trains a tiny MLP for one epoch with `change` applied to the options, on 64 samples

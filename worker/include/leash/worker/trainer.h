@@ -103,8 +103,12 @@ struct TrainResult {
   int64_t chunks_trained = 0;       // data chunks this worker trained
   int64_t iterations = 0;           // pulls, pushes and clocks this worker made
   int64_t rejoins = 0;
-  double compute_seconds = 0;          // in forward/backward of training steps
-  double injected_delay_seconds = 0;   // slept because of step_delay_factor
+  double compute_seconds = 0;         // in forward/backward of training steps
+  double injected_delay_seconds = 0;  // slept because of step_delay_factor
+  // Iterations' time in the parameter store: waiting for and loading the pulled values
+  // (the staleness bound's wait included), and pushing with the clock.
+  double pull_seconds = 0;
+  double push_seconds = 0;
   std::vector<EvalPoint> evaluations;  // with eval_every, in order
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
