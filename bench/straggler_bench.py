@@ -56,6 +56,10 @@ MODES = {
                      ["--global-batch", str(GLOBAL_BATCH)], []),
     "proportional_s0": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH})", 0,
                         ["--global-batch", str(GLOBAL_BATCH)], []),
+    "proportional_s1": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH})", 1,
+                        ["--global-batch", str(GLOBAL_BATCH)], []),
+    "proportional_s0_c256": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --chunk-size 256)", 0,
+                             ["--global-batch", str(GLOBAL_BATCH), "--chunk-size", "256"], []),
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
     "ssp_spell": (f"SSP (s={SPELL_STALENESS})", SPELL_STALENESS, [], []),
 }
@@ -82,7 +86,7 @@ def config(quick):
     # no evaluation of the whole test set before the end; the transient MLP: 120000 samples,
     # several 1 s spells per run. PyTorch DDP and the staleness-0 cost are not rerun (carry):
     # their figures are the last run's.
-    return {"rounds": 3, "mlp": (30000, 2), "cnn": (30000, 1), "solo_fraction": 0.5, "cnn_solo_fraction": 0.2, "eval_every": 40,
+    return {"rounds": 3, "mlp": (60000, 1), "cnn": (30000, 1), "solo_fraction": 0.5, "cnn_solo_fraction": 0.2, "eval_every": 40,
             "eval_test_limit": 2000, "cnn_eval_test_limit": 1000, "transient": (60000, 2), "ps_cost": (30000, 1),
             "timeout": 900, "carry": ["persistent/mlp/ddp", "persistent/cnn/ddp", "ps_cost/mlp/s0"],
             "carry_from": "2026-11-24 13:03 UTC, 2 rounds, the CNN at 12000 samples"}
@@ -97,14 +101,30 @@ def _w0_evaluations(run):
     return sorted(points, key=lambda p: p["elapsed_seconds"])
 
 
-def _cluster(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None):
-    """3 workers + 1 shard under `mode`; worker_extra(i) gives worker i's own flags."""
+def _timed_and_curve(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None):
+    """The same job twice: timed (no evaluation before the end: an evaluating worker stops
+    its clock, and at a tight bound every worker waits for it) for samples/s and the
+    workers' time breakdown; and with w0's periodic evaluations for the time to 85%. Both
+    train the same samples; the final accuracy is the timed run's (w1's at the end), the
+    curve run's beside it."""
+    timed = _cluster(build, tmp, c, model, mode, tag + "-t", delay_factors, worker_extra, curve=False)
+    curve = _cluster(build, tmp, c, model, mode, tag + "-c", delay_factors, worker_extra, curve=True)
+    timed["time_to_85_seconds"] = curve["time_to_85_seconds"]
+    timed["fine_curve"] = curve["fine_curve"]
+    timed["curve_run"] = {k: curve[k] for k in ("samples_per_second", "final_test_accuracy", "w0_eval_seconds",
+                                                "train_end_seconds", "pushes_dropped")}
+    return timed
+
+
+def _cluster(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None, curve=True):
+    """3 workers + 1 shard under `mode`; worker_extra(i) gives worker i's own flags. With
+    curve, w0 evaluates every c["eval_every"] of its iterations."""
     label, s, wargs, sargs = MODES[mode]
     limit, epochs = c[model] if model in ("mlp", "cnn") else c["transient"]
     mdl = "mlp" if model not in ("mlp", "cnn") else model
-    w0 = ["--eval-every", str(c["eval_every"])]
+    w0 = ["--eval-every", str(c["eval_every"])] if curve else ["--no-eval"]
     test_limit = c.get("cnn_eval_test_limit", c["eval_test_limit"]) if mdl == "cnn" else c["eval_test_limit"]
-    if test_limit:
+    if test_limit and curve:
         w0 += ["--test-limit", str(test_limit)]
 
     def extra(i):  # w1 evaluates the whole test set at its ends of epochs, w2 never
@@ -136,9 +156,21 @@ def _cluster(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None):
             "time_to_85_seconds": time_to_accuracy(_w0_evaluations(out), TARGET_ACC),
             "samples_per_worker": [sum(e["samples"] for e in x["epochs"]) for x in ms],
             "iterations_per_worker": [x.get("iterations") for x in ms],
-            "w0_eval_seconds": ms[0].get("eval_seconds"), "fine_curve": out.get("fine_curve", []),
+            "w0_eval_seconds": ms[0].get("eval_seconds") if curve else None, "fine_curve": out.get("fine_curve", []),
             "pushes_dropped": dropped, "pushes_applied": applied,
-            "w0_seconds_per_iteration": w0_train / max(1, ms[0].get("iterations") or 1)}
+            "w0_seconds_per_iteration": w0_train / max(1, ms[0].get("iterations") or 1),
+            "per_iteration_us": [_breakdown(x) for x in ms]}
+
+
+def _breakdown(m):
+    """A worker's mean iteration in µs: its whole step, forward/backward, the injected delay,
+    the wait for and load of the pulled values (the staleness bound's wait), and the push
+    with the clock; the rest is batch loading and accounting."""
+    it = max(1, m.get("iterations") or 1)
+    step = sum(e["train_seconds"] for e in m["epochs"])
+    return {k: round(v / it * 1e6) for k, v in (
+        ("step", step), ("compute", m.get("compute_seconds", 0)), ("delay", m.get("injected_delay_seconds", 0)),
+        ("pull", m.get("pull_seconds", 0)), ("push", m.get("push_seconds", 0)))}
 
 
 def _solo(build, tmp, c, model, tag, factors):
@@ -229,7 +261,7 @@ def run(build, c, tmp, out_dir, log):
     configs = {}
     for m in models:
         for mode in PERSISTENT_MODES:
-            configs[f"persistent/{m}/{mode}"] = (lambda m, mode: lambda tag: _cluster(
+            configs[f"persistent/{m}/{mode}"] = (lambda m, mode: lambda tag: _timed_and_curve(
                 build, tmp, c, m, mode, tag, [1, 1, FACTOR]))(m, mode)
         configs[f"persistent/{m}/solo_alone"] = (lambda m: lambda tag: {
             "solo": [_solo(build, tmp, c, m, f"{tag}-f1", [1])[0], _solo(build, tmp, c, m, f"{tag}-f3", [FACTOR])[0]]})(m)
@@ -237,7 +269,7 @@ def run(build, c, tmp, out_dir, log):
             "solo": _solo(build, tmp, c, m, tag, [1, 1, FACTOR])})(m)
         configs[f"persistent/{m}/ddp"] = (lambda m: lambda tag: _ddp(c, tmp, m, tag))(m)
     for mode in TRANSIENT_MODES:
-        configs[f"transient/mlp/{mode}"] = (lambda mode: lambda tag: _cluster(
+        configs[f"transient/mlp/{mode}"] = (lambda mode: lambda tag: _timed_and_curve(
             build, tmp, c, "transient", mode, tag, [1, 1, 1],
             worker_extra=lambda i: ["--slow-spells", f"{SPELL_FACTOR},{SPELL_SECONDS},{i}/3,{tag_seed(tag)}"]))(mode)
     configs["ps_cost/mlp/s0"] = lambda tag: _ps_cost(build, tmp, c, tag)
@@ -253,6 +285,8 @@ def run(build, c, tmp, out_dir, log):
         prev_summary = prev.get("summary", {})
         carried_summary = {n: (prev_summary.get("ps_cost") if n.startswith("ps_cost/") else
                                prev_summary.get(n.rsplit("/", 1)[0], {}).get(n.rsplit("/", 1)[1])) for n in carried}
+    if c.get("only"):  # prefixes of configuration names, e.g. persistent/mlp
+        configs = {n: f for n, f in configs.items() if any(n.startswith(o) for o in c["only"])}
     names = list(configs)
     runs = {n: [] for n in names}
     t_start = time.monotonic()
@@ -311,13 +345,20 @@ def _per_round(runs, num, den, f):
 
 
 def _training_sps(x):
-    """Cluster samples/s over the job's time less w0's evaluations: while w0 evaluates the
-    others wait for it (within s clocks), and the solo jobs they are held against do not
-    evaluate (a CNN w0 spent 4-11 s of a 20-50 s job evaluating 1000 test samples here)."""
+    """Cluster samples/s of a run's training. A timed run (no evaluation before the end) as
+    measured; a run of before 2026-11-25, which timed the curve run itself, over the job's
+    time less w0's evaluations (while w0 evaluates the others wait for it within s clocks;
+    the solo jobs do not evaluate): a correction that overstated runs at s >= 1, whose
+    workers do not all wait for it."""
     if x.get("w0_eval_seconds") is None or not x.get("train_end_seconds"):
         return x.get("samples_per_second")
     samples = x["samples_per_second"] * x["train_end_seconds"]
     return samples / max(1e-9, x["train_end_seconds"] - x["w0_eval_seconds"])
+
+
+def _curve_sps(x):
+    """The samples/s of the run with w0's evaluations (the timed run's own for older runs)."""
+    return (x.get("curve_run") or x).get("samples_per_second")
 
 
 def summarize(res):
@@ -344,7 +385,7 @@ def summarize(res):
             t85 = [x["time_to_85_seconds"] for x in rs]
             row[mode] = {
                 "median_samples_per_second": median(sps(x) for x in rs),
-                "median_wall_samples_per_second": median(x["samples_per_second"] for x in rs),
+                "median_wall_samples_per_second": median(_curve_sps(x) for x in rs),
                 "median_final_test_accuracy": median(x["final_test_accuracy"] for x in rs),
                 "median_time_to_85_seconds": median(t85) if all(t is not None for t in t85) else None,
                 "time_to_85_seconds": t85,
@@ -467,15 +508,18 @@ def summary_md(res):
           f"{res['seconds'] / 60:.1f} min.", "",
           f"**Persistent straggler**: w2 runs `--step-delay-factor {res['factor']}`. MLP: {c['mlp'][1]} epoch(s) of "
           f"{c['mlp'][0]} samples; CNN: {c['cnn'][1]} of {c['cnn'][0]}. Cluster samples/s: all workers' samples over "
-          "the job's wall time to the last worker's end of training, less w0's evaluation time (the others wait for w0 while it evaluates; the solo jobs do not evaluate); in brackets without that correction. Every run trains the same samples; final accuracy: w1's evaluation on the whole "
-          "test set at the end (after equal samples); time to 85%: w0's first evaluation >= 85% "
+          "the job's wall time to the last worker's end of training, in a run where no worker evaluates before the end "
+          "(an evaluating worker stops its clock, and at a tight bound every worker waits for it; the solo jobs do not "
+          "evaluate); in brackets, the same job run again with w0's periodic evaluations, which gives the time to 85%. "
+          "Every run trains the same samples; final accuracy: w1's evaluation on the whole "
+          "test set at the end of the timed run (after equal samples); time to 85%: w0's first evaluation >= 85% "
           f"(every {c['eval_every']} of its iterations, on {c['eval_test_limit'] or 'all'} test samples, the CNN's on {c.get('cnn_eval_test_limit') or 'all'}). Solo "
           "speeds: each worker alone in a 1 worker + 1 shard job (alone: one job at a time, 2 cores for it; "
           "contended: the three jobs at once, as the cluster's three workers share the cores). PyTorch DDP: gloo, 3 "
           "processes, rank 2 3x slower (it sleeps 2x its forward/backward time, as leash-worker does); time to 85% "
           "at epoch ends only.", "",
           LR_RULE, "",
-          "| model | mode | median samples/s (wall: with w0's evaluations) | vs BSP (per round) | vs solo sum, contended | vs solo sum, alone | "
+          "| model | mode | median samples/s (with w0's evaluations) | vs BSP (per round) | vs solo sum, contended | vs solo sum, alone | "
           "final accuracy | minus BSP (points, per round) | time to 85% (s, per round) | pushes dropped |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     for m in ("mlp", "cnn"):
@@ -592,7 +636,7 @@ def summary_md(res):
     return md
 
 
-SHORT = {"bsp": "BSP", "ssp3": "SSP s=3", "proportional": "proportional s=3", "proportional_s0": "proportional s=0",
+SHORT = {"proportional_s1": "proportional s=1", "bsp": "BSP", "ssp3": "SSP s=3", "proportional": "proportional s=3", "proportional_s0": "proportional s=0",
          "backup": "backup s=3", "ssp_spell": f"SSP s={SPELL_STALENESS}", "ddp": "torch DDP"}
 
 
@@ -626,3 +670,29 @@ def plot(res, out_dir):
     fig.savefig(os.path.join(out_dir, "stragglers.png"), dpi=100)
     plt.close(fig)
     return "stragglers.png"
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="The straggler part alone, or some of its configurations.")
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
+    ap.add_argument("--out", required=True, help="results directory (stragglers.json)")
+    ap.add_argument("--only", default="", help="comma-separated prefixes of configuration names, "
+                    "e.g. persistent/mlp/bsp,persistent/mlp/solo_alone")
+    ap.add_argument("--modes", default="", help="the persistent modes (default: " + ",".join(PERSISTENT_MODES) + ")")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    cfg = config(a.quick)
+    cfg["carry"] = []
+    if a.rounds:
+        cfg["rounds"] = a.rounds
+    if a.only:
+        cfg["only"] = a.only.split(",")
+    if a.modes:
+        PERSISTENT_MODES[:] = a.modes.split(",")
+    os.makedirs(a.out, exist_ok=True)
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="leash-strag-") as tmp:
+        res = run(a.build, cfg, tmp, a.out, lambda m: print(m, flush=True))
+    print(json.dumps(res["summary"], indent=1, default=str)[:6000])
