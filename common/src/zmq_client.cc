@@ -179,7 +179,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (count_ < 2) {
       for (size_t k = 0; k < sockets_.size(); ++k) {
         size_t i = (next_ + k) % sockets_.size();
-        while (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+        while (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN) {
           next_ = i + 1;
           LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
           if (in) return in;
@@ -193,7 +193,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     for (size_t k = 0; k < sockets_.size(); ++k) {
       size_t i = (next_ + k) % sockets_.size();
       Stripe& st = stripe_[i];
-      while (sockets_[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+      while (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN) {
         next_ = i + 1;
         LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
         if (!in) continue;
@@ -203,7 +203,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           return Received(std::make_pair(static_cast<int>(i), std::move(*m)));
       }
       for (size_t e = 0; e < st.extra.size(); ++e) {
-        while (st.extra[e]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+        while (zmq_util::Events(*st.extra[e]) & ZMQ_POLLIN) {
           next_ = i + 1;
           std::vector<zmq::message_t> parts;
           LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*st.extra[e], &parts));
@@ -274,7 +274,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   // After an operation on socket `s`: a Receive polling now may have lost the edge of a
   // message that is there; wake it to look. Under mu_.
   void NudgeIfReadable(zmq::socket_t& s) {
-    if (polling_.load() && (s.get(zmq::sockopt::events) & ZMQ_POLLIN)) waker_.Wake();
+    if (polling_.load() && (zmq_util::Events(s) & ZMQ_POLLIN)) waker_.Wake();
   }
 
   std::string Describe(int shard) const {

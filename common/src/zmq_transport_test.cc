@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -394,6 +396,68 @@ TEST_F(ZmqTransportTest, AReceiveOnOneThreadGetsEveryReplyWhileAnotherThreadSend
   waiter.join();
   stop.store(true);
   echo.join();
+}
+
+// Signals that interrupt the client's ZeroMQ calls (EINTR from the ZMQ_EVENTS query or a
+// receive: what SIGTERM did to a worker in CI, which then aborted on cppzmq's exception)
+// are retried: every reply arrives, nothing throws. SIGUSR1 without SA_RESTART, sent to
+// the thread making the calls as fast as it goes.
+TEST_F(ZmqTransportTest, SignalsInterruptingTheClientsCallsLoseNothingAndThrowNothing) {
+  struct sigaction quiet {};
+  struct sigaction old {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;
+  ASSERT_EQ(sigaction(SIGUSR1, &quiet, &old), 0);
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::atomic<bool> stop{false};
+  std::thread echo([&] {
+    while (!stop.load()) {
+      auto in = (*server)->Receive(20ms);
+      if (in.ok() && in->has_value()) (void)(*server)->Send((*in)->peer, (*in)->message);
+    }
+  });
+  const pthread_t target = pthread_self();
+  std::atomic<int64_t> signals{0};
+  std::thread signaller([&] {
+    while (!stop.load()) {
+      pthread_kill(target, SIGUSR1);
+      signals.fetch_add(1);
+      std::this_thread::sleep_for(20us);
+    }
+  });
+  // At least 3000 round trips, and on until 5000 signals were sent.
+  constexpr int kMessages = 3000;
+  int sent = 0, answered = 0;
+  try {
+    for (int i = 0; (i < kMessages || signals.load() < 5000) && i < 1000000; ++i) {
+      ++sent;
+      ASSERT_TRUE((*client)->Send(0, {Frame::Copy(std::to_string(i))}).ok());
+      auto end = std::chrono::steady_clock::now() + 10s;
+      while (std::chrono::steady_clock::now() < end) {
+        auto in = (*client)->Receive(100ms);
+        ASSERT_TRUE(in.ok()) << in.status();
+        if (in->has_value()) {
+          EXPECT_EQ((*in)->second.at(0).view(), std::to_string(i));
+          ++answered;
+          break;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the client threw: " << e.what();
+  }
+  stop.store(true);
+  signaller.join();
+  echo.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_EQ(answered, sent);
+  EXPECT_GE(sent, kMessages);
+  EXPECT_GE(signals.load(), 5000);
 }
 
 // A peer that accepts TCP connections and closes them at once, so every handshake with it

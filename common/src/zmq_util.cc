@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 
@@ -79,33 +80,50 @@ void ApplyOptions(zmq::socket_t& s, const ZmqOptions& o) {
 }
 
 Status RecvAll(zmq::socket_t& s, std::vector<zmq::message_t>* parts) {
-  try {
-    while (true) {
-      zmq::message_t m;
+  while (true) {
+    zmq::message_t m;
+    try {
       auto r = s.recv(m, zmq::recv_flags::dontwait);
       if (!r) return Unavailable("socket reported readable but had no message");
-      bool more = m.more();
-      parts->push_back(std::move(m));
-      if (!more) return Status::Ok();
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;  // a signal interrupted ZeroMQ's command processing
+      return FromZmq(e, "zmq recv");
     }
-  } catch (const zmq::error_t& e) {
-    return FromZmq(e, "zmq recv");
+    bool more = m.more();
+    parts->push_back(std::move(m));
+    if (!more) return Status::Ok();
   }
 }
 
 Status SendAll(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
-  try {
-    for (size_t i = 0; i < parts.size(); ++i) {
-      auto flags = i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-      if (!s.send(std::move(parts[i]), flags | zmq::send_flags::dontwait)) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    auto flags = i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    try {
+      if (!s.send(parts[i], flags | zmq::send_flags::dontwait)) {
         return ResourceExhausted(
             "send queue full (high-water mark reached); the peer is not reading");
       }
+    } catch (const zmq::error_t& e) {
+      // A signal interrupted it: the part was not taken (ZeroMQ leaves it to the caller
+      // on failure), so it goes again.
+      if (e.num() == EINTR) {
+        --i;
+        continue;
+      }
+      return FromZmq(e, "zmq send");
     }
-    return Status::Ok();
-  } catch (const zmq::error_t& e) {
-    return FromZmq(e, "zmq send");
   }
+  return Status::Ok();
+}
+
+int Events(zmq::socket_t& s) {
+  int events = 0;
+  size_t size = sizeof events;
+  while (zmq_getsockopt(s.handle(), ZMQ_EVENTS, &events, &size) != 0) {
+    if (zmq_errno() != EINTR) return 0;
+    size = sizeof events;
+  }
+  return events;
 }
 
 Waker::Waker() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}

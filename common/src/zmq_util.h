@@ -39,6 +39,10 @@ void ApplyOptions(zmq::socket_t& s, const ZmqOptions& o);
 Status RecvAll(zmq::socket_t& s, std::vector<zmq::message_t>* parts);
 // Sends all parts without blocking; ResourceExhausted at the high-water mark.
 Status SendAll(zmq::socket_t& s, std::vector<zmq::message_t>& parts);
+// The socket's ZMQ_EVENTS (ZMQ_POLLIN, ZMQ_POLLOUT). Querying them runs ZeroMQ's pending
+// commands, which a signal can interrupt (EINTR: cppzmq's get() throws then, and a worker
+// stopped with SIGTERM aborted); this asks again instead. 0 if the socket cannot be asked.
+int Events(zmq::socket_t& s);
 
 // An eventfd that Wake() writes and the poll loop drains. Wake() is thread-safe.
 class Waker {
