@@ -435,6 +435,8 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
       if (p == nullptr) return InvalidArgument("chunk request has no data plan");
       r.plan = DataPlan{p->num_samples(), p->chunk_size(), p->epochs(), p->seed()};
       if (m->has_done()) r.done = ChunkDone{m->done_epoch(), m->done_chunk()};
+      r.samples_per_second = m->samples_per_second();
+      r.others_samples_per_second = m->others_samples_per_second();
       return Request(std::move(r));
     }
     default:
@@ -499,7 +501,8 @@ Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> p
                 return {wire::Body::ChunkRequest,
                         wire::CreateChunkRequest(fbb, r.worker_id, r.incarnation, plan,
                                                  r.done.has_value(), r.done ? r.done->epoch : 0,
-                                                 r.done ? r.done->chunk : 0)
+                                                 r.done ? r.done->chunk : 0, r.samples_per_second,
+                                                 r.others_samples_per_second)
                             .Union()};
               }
             },

@@ -299,6 +299,12 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(c2.incarnation, 8u);
   ASSERT_TRUE(c2.done.has_value());
   EXPECT_EQ(*c2.done, (ChunkDone{1, 17}));
+  EXPECT_EQ(c2.samples_per_second, 0.f);
+  cr.samples_per_second = 4100.5f;
+  cr.others_samples_per_second = 23000.f;
+  auto c3 = std::get<ChunkRequest>(RoundTrip(cr));
+  EXPECT_EQ(c3.samples_per_second, 4100.5f);
+  EXPECT_EQ(c3.others_samples_per_second, 23000.f);
 }
 
 // Encodes `reply` and decodes it again.

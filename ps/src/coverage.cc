@@ -2,6 +2,7 @@
 #include "leash/ps/coverage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -79,8 +80,8 @@ void DataCoverage::Advance() {
   }
 }
 
-ChunkGrant DataCoverage::Next(uint64_t worker) {
-  ChunkGrant g = Lease(worker);
+ChunkGrant DataCoverage::Next(uint64_t worker, const Speeds* speeds) {
+  ChunkGrant g = Lease(worker, speeds);
   CoverageProgress p = Progress();
   g.epochs_done = p.epochs_done;
   g.chunks_done = p.chunks_done;
@@ -88,7 +89,29 @@ ChunkGrant DataCoverage::Next(uint64_t worker) {
   return g;
 }
 
-ChunkGrant DataCoverage::Lease(uint64_t worker) {
+bool DataCoverage::HoldBack(const Speeds& speeds) const {
+  if (!(speeds.own > 0) || !(speeds.others > 0) || !std::isfinite(speeds.own) ||
+      !std::isfinite(speeds.others)) {
+    return false;
+  }
+  double pending = 0;
+  double leased = 0;
+  for (uint32_t e = current_; e < std::min(current_ + 2, plan_->epochs); ++e) {
+    auto it = epochs_.find(e);
+    if (it == epochs_.end()) {
+      pending += PlanNumChunks(*plan_);  // not opened yet: every chunk pending
+      continue;
+    }
+    pending += static_cast<double>(it->second.pending.size());
+    leased += static_cast<double>(it->second.leased.size());
+  }
+  // Someone else must be training a chunk: that worker asks again when done and takes what
+  // is left, so a worker that holds back never leaves the chunks to nobody (a worker that
+  // died holding one is evicted, its chunk pending again).
+  return leased > 0 && speeds.others / speeds.own > pending + leased / 2;
+}
+
+ChunkGrant DataCoverage::Lease(uint64_t worker, const Speeds* speeds) {
   ChunkGrant g;
   if (!plan_) return g;
   Advance();
@@ -102,6 +125,10 @@ ChunkGrant DataCoverage::Lease(uint64_t worker) {
     for (const auto& [c, holder] : open->second.leased) {
       if (holder == worker) return Grant(e, c);  // a resent request: the chunk it holds
     }
+  }
+  if (speeds != nullptr && HoldBack(*speeds)) {
+    ++held_back_;
+    return g;  // kWait: the others finish what is left sooner
   }
   for (uint32_t e = current_; e < std::min(current_ + 2, plan_->epochs); ++e) {
     Epoch& ep = Open(e);

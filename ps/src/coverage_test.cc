@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <optional>
 #include <set>
 
@@ -53,6 +54,71 @@ TEST(DataCoverageTest, NextEpochIsHandedOutOnceTheCurrentIsAllLeased) {
   EXPECT_EQ(d.Next(1).kind, ChunkGrant::Kind::kWait);  // no more than two epochs in flight
   d.Complete(b.epoch, b.chunk);
   EXPECT_EQ(d.Next(1).epoch, 2u);
+}
+
+// Work in proportion to speed: a 3x straggler (1 against the others' 6) takes chunks while
+// enough are left, then leaves the last ones to the others, who train every chunk once.
+TEST(DataCoverageTest, ASlowWorkerLeavesTheLastChunksToFasterOnes) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(30, 1, 1)).ok());  // 30 chunks of 1 sample
+  const DataCoverage::Speeds slow{1000, 6000};
+  const DataCoverage::Speeds fast{3000, 4000};  // the other fast one and the straggler
+  std::map<uint32_t, int> trained;
+  std::map<uint64_t, std::optional<ChunkGrant>> held;  // worker -> its chunk
+  int slow_chunks = 0;
+  bool finished = false;
+  // Each round the fast workers train 3 chunks each and the slow one at most 1.
+  for (int round = 0; round < 100 && !finished; ++round) {
+    finished = true;
+    for (uint64_t w : {1, 2, 3}) {
+      const int turns = w == 3 ? 1 : 3;
+      for (int k = 0; k < turns; ++k) {
+        auto& h = held[w];
+        if (h && h->kind == ChunkGrant::Kind::kChunk) {
+          ++trained[h->chunk];
+          d.Complete(h->epoch, h->chunk);
+        }
+        const uint32_t unfinished = d.Progress().num_chunks - d.Progress().chunks_done;
+        h = d.Next(w, w == 3 ? &slow : &fast);
+        if (w == 3 && h->kind == ChunkGrant::Kind::kChunk) {
+          ++slow_chunks;
+          // Leased only while 6 <= pending + (leased to others) / 2: 7 or more unfinished.
+          EXPECT_GE(unfinished, 7u) << "chunk " << h->chunk;
+        }
+        if (h->kind != ChunkGrant::Kind::kFinished) finished = false;
+      }
+    }
+  }
+  ASSERT_TRUE(finished);
+  EXPECT_GT(slow_chunks, 0);
+  EXPECT_GT(d.held_back(), 0u);
+  ASSERT_EQ(trained.size(), 30u);
+  for (const auto& [chunk, times] : trained) EXPECT_EQ(times, 1) << "chunk " << chunk;
+  EXPECT_EQ(d.Progress().epochs_done, 1u);
+}
+
+// With nobody else training a chunk, even the slowest worker takes what is left.
+TEST(DataCoverageTest, ASlowWorkerTakesTheLastChunkWhenNobodyElseIsTraining) {
+  DataCoverage d;
+  ASSERT_TRUE(d.SetPlan(Plan(1, 1, 1)).ok());
+  const DataCoverage::Speeds slow{1000, 6000};
+  ASSERT_EQ(d.Next(3, &slow).kind, ChunkGrant::Kind::kChunk);
+  EXPECT_EQ(d.held_back(), 0u);
+}
+
+// Equal workers, or unknown speeds, never hold back: the last chunk is leased.
+TEST(DataCoverageTest, EqualOrUnknownSpeedsLeaseTheLastChunk) {
+  for (const DataCoverage::Speeds s :
+       {DataCoverage::Speeds{3000, 6000}, DataCoverage::Speeds{0, 6000},
+        DataCoverage::Speeds{1000, 0}}) {
+    DataCoverage d;
+    ASSERT_TRUE(d.SetPlan(Plan(3, 1, 1)).ok());
+    ASSERT_EQ(d.Next(1).kind, ChunkGrant::Kind::kChunk);
+    ASSERT_EQ(d.Next(2).kind, ChunkGrant::Kind::kChunk);
+    // One pending, two in progress elsewhere: 6000 / 3000 = 2 <= 1 + 2 / 2.
+    EXPECT_EQ(d.Next(3, &s).kind, ChunkGrant::Kind::kChunk) << s.own << " " << s.others;
+    EXPECT_EQ(d.held_back(), 0u);
+  }
 }
 
 // Found by the docker test's replicated case: a chunk request resent after a failover (the

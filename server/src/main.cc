@@ -432,6 +432,12 @@ int Run(const ServerConfig& config) {
         "than their staleness bound behind the minimum clock, --backup-workers)",
         config.shard, sc.pushes_dropped_stale, sc.pushes_applied);
   }
+  if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
+    spdlog::info(
+        "shard {}: {} chunk request(s) of slower workers answered 'wait': the faster workers "
+        "finished the last chunks sooner (work in proportion to speed)",
+        config.shard, held);
+  }
   return 0;
 }
 

@@ -781,7 +781,16 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkReques
                  p.epochs);
   }
   if (m.done) coverage_.Complete(m.done->epoch, m.done->chunk);
-  out->push_back({peer, EncodeReply(rid, coverage_.Next(m.worker_id))});
+  const ps::DataCoverage::Speeds speeds{m.samples_per_second, m.others_samples_per_second};
+  const uint64_t held_back = coverage_.held_back();
+  ChunkGrant grant = coverage_.Next(m.worker_id, &speeds);
+  if (coverage_.held_back() != held_back) {
+    spdlog::debug(
+        "shard {}: worker {} '{}' ({:.0f} samples/s, the others {:.0f}) takes no new chunk: the "
+        "others finish what is left sooner",
+        options_.shard, w->worker_id, w->name, m.samples_per_second, m.others_samples_per_second);
+  }
+  out->push_back({peer, EncodeReply(rid, grant)});
   return Status::Ok();
 }
 

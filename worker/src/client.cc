@@ -882,13 +882,16 @@ Status Client::Rejoin() {
   return Register();
 }
 
-Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done) {
+Result<ChunkGrant> Client::NextChunk(const DataPlan& plan, const ChunkDone* done,
+                                     float samples_per_second, float others_samples_per_second) {
   auto grant = std::make_shared<ChunkGrant>();
   ChunkRequest request;
   request.worker_id = options_.worker_id;
   request.incarnation = incarnation_.load();
   request.plan = plan;
   if (done != nullptr) request.done = *done;
+  request.samples_per_second = samples_per_second;
+  request.others_samples_per_second = others_samples_per_second;
   auto fut = impl_->Submit(
       {0}, [&](int, uint64_t rid, uint64_t) { return EncodeRequest(rid, request); },
       [grant](int, const Reply& reply, std::span<const Frame>) -> Status {

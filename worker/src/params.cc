@@ -147,7 +147,9 @@ class RemoteParams final : public ParamStore {
     // After this iteration's pushes, in the same batch.
     // With a measured speed, an idle iteration reports -1: no data to train, so the
     // workers still training share the global batch among them.
-    clocks_.push_back(client_->Clock(idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_)));
+    const float speed = idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_);
+    clocks_.push_back(client_->Clock(speed));
+    reported_ = std::max(0.f, speed);
     holding_ = false;
     client_->FlushSends();
     // The previous iteration's pushes must be done before this one's go on: it bounds
@@ -186,15 +188,33 @@ class RemoteParams final : public ParamStore {
     return first.ok() ? leave : first;
   }
 
+  // An iteration without data: first waits, as a pull does, until the staleness bound lets
+  // this worker's clock move on (one row of a dense table: the bound's wait without the
+  // model's bytes), then clocks. An idle worker so follows the others' clocks as they move
+  // instead of holding the minimum back between fixed sleeps.
   Status Idle() override {
+    if (const TableHandle* t = BoundTable()) {
+      const uint64_t key = 0;
+      idle_row_.resize(t->cols);
+      LEASH_RETURN_IF_ERROR(client_->Pull(*t, std::span<const uint64_t>(&key, 1), idle_row_.data())
+                                .get()
+                                .WithContext("idle wait for the staleness bound"));
+    }
     idle_ = true;
     Status st = EndIteration();
     idle_ = false;
     return st;
   }
 
+  // With a measured speed, the shard may leave the job's last chunks to faster workers
+  // (DataCoverage::Next): it gets this worker's speed and the others' (the shards' last sum
+  // less what this worker put into it).
+  bool idle_waits_for_bound() const override { return BoundTable() != nullptr; }
+
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
-    return client_->NextChunk(plan, done);
+    const double others = client_->cluster_samples_per_second() - reported_;
+    return client_->NextChunk(plan, done, static_cast<float>(rate_),
+                              static_cast<float>(std::max(0.0, others)));
   }
 
   bool needs_rejoin() const override { return client_->needs_rejoin(); }
@@ -221,6 +241,14 @@ class RemoteParams final : public ParamStore {
   }
 
  private:
+  // The dense table whose first row Idle() pulls to wait for the bound; null if none.
+  const TableHandle* BoundTable() const {
+    for (const TableHandle& t : tables_) {
+      if (t.kind == TableKind::kDense && t.rows > 0) return &t;
+    }
+    return nullptr;
+  }
+
   // Pulls every table, and the sparse table's rows of `keys` into `rows` when there are
   // keys, in one message per shard.
   // `read` is lowered to the smallest minimum clock the dense replies reflect.
@@ -277,9 +305,11 @@ class RemoteParams final : public ParamStore {
   static constexpr int64_t kNoClock = INT64_MAX;
   std::atomic<int64_t> read_{kNoClock};       // the minimum clock the last pull reflects
   std::atomic<int64_t> next_read_{kNoClock};  // the same of the prefetch
-  PushWeight weight_;    // of this iteration's pushes (work in proportion to speed)
-  double rate_ = 0;      // this worker's speed, reported with its clocks; 0: not measured
-  bool idle_ = false;    // the iteration being ended trained nothing (Idle)
+  PushWeight weight_;            // of this iteration's pushes (work in proportion to speed)
+  double rate_ = 0;              // this worker's speed, reported with its clocks; 0: not measured
+  double reported_ = 0;          // the speed its last clock reported, 0 if idle
+  std::vector<float> idle_row_;  // Idle()'s one-row pull
+  bool idle_ = false;            // the iteration being ended trained nothing (Idle)
   size_t previous_ = 0;  // pushes at the front of pending_ that belong to the previous iteration
 };
 

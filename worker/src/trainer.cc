@@ -78,10 +78,14 @@ class Loop {
       LEASH_RETURN_IF_ERROR(ReportEpochs(*grant));
       if (grant->kind == ChunkGrant::Kind::kFinished) break;
       if (grant->kind == ChunkGrant::Kind::kWait) {
-        // Others hold the last chunks of the job; keep the clock moving so a tight
-        // staleness bound does not make them wait for this idle worker.
+        // Others hold the job's last chunks: keep the clock moving with theirs, so that a
+        // tight staleness bound never makes them wait for this idle worker. An idle
+        // iteration that waits for the bound (ParamStore::Idle) is paced by the workers
+        // still training, and the lease is asked for again after each; one that cannot
+        // wait is followed by a 50 ms sleep.
         LEASH_RETURN_IF_ERROR(Iterate([&] { return params_.Idle(); }));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (!params_.idle_waits_for_bound())
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
       auto trained = TrainChunk(*grant);

@@ -229,6 +229,10 @@ struct ChunkRequest {
   uint64_t incarnation = 0;
   DataPlan plan;
   std::optional<ChunkDone> done;  // a chunk trained, reported with this request
+  // Work in proportion to speed: this worker's samples/s and the others' together; 0
+  // where unknown (the shard then leases as usual).
+  float samples_per_second = 0;
+  float others_samples_per_second = 0;
 };
 
 using Request =

@@ -47,7 +47,27 @@ class DataCoverage {
   // at most one chunk: while it holds one (it asked again without reporting it: a request
   // resent after a lost reply, a reconnect or a failover), the answer is that chunk again,
   // so a resent request never leases a second chunk that nobody would ever train.
-  ChunkGrant Next(uint64_t worker);
+  //
+  // With `speeds` (work in proportion to speed: the asking worker's samples/s and the
+  // others' together, both positive), a worker too slow to finish a chunk before the
+  // others would finish all that is left is answered kWait instead of leased one, and
+  // the chunk is left to them: it takes the next chunk only while
+  //   others / own <= pending + leased_to_others / 2
+  // (in chunks: the pending chunks of the open epochs, and the others' chunks in
+  // progress, counted half done), and only while another worker has a chunk in progress
+  // (it will ask again when done, so what is left is never left to nobody). Equal workers
+  // never hold back (others / own is one less than their number); a 3x straggler among
+  // two full-speed workers (6) stops taking chunks once fewer than 5 are pending, so the
+  // job no longer ends with it training its last chunk alone. Coverage is unchanged:
+  // every chunk is still leased until trained. Deterministic in the request and this
+  // state (replicas agree).
+  struct Speeds {
+    double own = 0;
+    double others = 0;
+  };
+  ChunkGrant Next(uint64_t worker, const Speeds* speeds = nullptr);
+  // How many requests were answered kWait by the rule above.
+  uint64_t held_back() const { return held_back_; }
   // Marks a chunk trained (idempotent; a late report of a re-leased chunk counts once).
   void Complete(uint32_t epoch, uint32_t chunk);
   // Returns every chunk `worker` holds to the queue; the number returned.
@@ -74,7 +94,9 @@ class DataCoverage {
     std::deque<uint32_t> pending;         // not leased, not done
     std::map<uint32_t, uint64_t> leased;  // chunk -> worker
   };
-  ChunkGrant Lease(uint64_t worker);  // Next without the progress
+  ChunkGrant Lease(uint64_t worker, const Speeds* speeds);  // Next without the progress
+  // Whether a worker of `speeds` leaves the remaining chunks to the others (see Next).
+  bool HoldBack(const Speeds& speeds) const;
   ChunkGrant Grant(uint32_t epoch, uint32_t chunk) const;
   std::vector<uint8_t> Encode(bool exact) const;
   Epoch& Open(uint32_t e);
@@ -83,6 +105,7 @@ class DataCoverage {
   std::optional<DataPlan> plan_;
   uint32_t current_ = 0;              // first epoch not complete
   std::map<uint32_t, Epoch> epochs_;  // current_ and possibly current_ + 1
+  uint64_t held_back_ = 0;
 };
 
 }  // namespace leash::ps

@@ -189,7 +189,11 @@ class Client {
 
   // Reports the chunk `done` (if not null) as trained and leases the next chunk of the
   // job's data from shard 0. FailedPrecondition if `plan` differs from the job's.
-  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done);
+  // With samples_per_second and others_samples_per_second (work in proportion to speed),
+  // shard 0 may answer kWait to a worker too slow to finish one of the job's last chunks
+  // before the others finish them all (ps::DataCoverage::Next).
+  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done,
+                               float samples_per_second = 0, float others_samples_per_second = 0);
 
   // True once a shard has said it does not know this worker (it was evicted after its
   // lease expired, or the shard restarted without it). Rejoin() then registers again.

@@ -78,6 +78,10 @@ class ParamStore {
   // finish the last chunks of an epoch); under a tight staleness bound the others must
   // not wait for it.
   virtual Status Idle() = 0;
+  // Whether Idle() first waits, as a pull does, for the staleness bound to let this
+  // worker's clock move on (so idle iterations follow the others' clocks and may run back
+  // to back); if not, an idle worker clocks once per wait for a chunk.
+  virtual bool idle_waits_for_bound() const { return false; }
   // Reports `done` as trained and leases the next chunk of the job's data (from shard 0,
   // or from an in-process queue in local mode).
   virtual Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) = 0;
