@@ -133,23 +133,16 @@ struct SpyRun {
   SpyModel* spy = nullptr;
 };
 
-// RemoteParams (staleness 1, so it prefetches) over real shards on the in-memory
-// transport, counting the PullAlls that swapped a prefetch in instead of pulling.
-class SwapCountingParams final : public ParamStore {
+// Forwards everything to a store; the tests' stores below change one behaviour each.
+class ForwardingParams : public ParamStore {
  public:
-  SwapCountingParams(std::unique_ptr<ParamStore> inner, const Client* client)
-      : inner_(std::move(inner)), client_(client) {}
-  Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
-    return inner_->Setup(params, opt);
+  explicit ForwardingParams(std::unique_ptr<ParamStore> inner) : inner_(std::move(inner)) {}
+  Status Setup(const std::vector<ParamSpec>& p, const OptimizerOptions& o) override {
+    return inner_->Setup(p, o);
   }
-  Status PullAll(std::vector<std::vector<float>>* values) override {
-    uint64_t pulls = client_->counters().pulls;
-    Status st = inner_->PullAll(values);
-    if (st.ok() && client_->counters().pulls == pulls) ++swaps;
-    return st;
-  }
+  Status PullAll(std::vector<std::vector<float>>* v) override { return inner_->PullAll(v); }
   void Prefetch() override { inner_->Prefetch(); }
-  void Push(size_t i, const float* grad) override { inner_->Push(i, grad); }
+  void Push(size_t i, const float* g) override { inner_->Push(i, g); }
   Status EndIteration() override { return inner_->EndIteration(); }
   Status Idle() override { return inner_->Idle(); }
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
@@ -158,10 +151,26 @@ class SwapCountingParams final : public ParamStore {
   Status Finish() override { return inner_->Finish(); }
   int64_t clock() const override { return inner_->clock(); }
 
+ private:
+  std::unique_ptr<ParamStore> inner_;
+};
+
+// RemoteParams (staleness 1, so it prefetches) over real shards on the in-memory
+// transport, counting the PullAlls that swapped a prefetch in instead of pulling.
+class SwapCountingParams final : public ForwardingParams {
+ public:
+  SwapCountingParams(std::unique_ptr<ParamStore> inner, const Client* client)
+      : ForwardingParams(std::move(inner)), client_(client) {}
+  Status PullAll(std::vector<std::vector<float>>* values) override {
+    uint64_t pulls = client_->counters().pulls;
+    Status st = ForwardingParams::PullAll(values);
+    if (st.ok() && client_->counters().pulls == pulls) ++swaps;
+    return st;
+  }
+
   int64_t swaps = 0;
 
  private:
-  std::unique_ptr<ParamStore> inner_;
   const Client* client_;
 };
 
@@ -301,27 +310,6 @@ TEST(TrainerTest, StepDelayFactorSlowsTheWorkerByThatFactor) {
   EXPECT_GE(step_seconds, 3.0 * r.compute_seconds);
   EXPECT_GE(run.wall_seconds, 3.0 * r.compute_seconds);
 }
-
-// Forwards everything to a store; the tests' stores below change one behaviour each.
-class ForwardingParams : public ParamStore {
- public:
-  explicit ForwardingParams(std::unique_ptr<ParamStore> inner) : inner_(std::move(inner)) {}
-  Status Setup(const std::vector<ParamSpec>& p, const OptimizerOptions& o) override {
-    return inner_->Setup(p, o);
-  }
-  Status PullAll(std::vector<std::vector<float>>* v) override { return inner_->PullAll(v); }
-  void Push(size_t i, const float* g) override { inner_->Push(i, g); }
-  Status EndIteration() override { return inner_->EndIteration(); }
-  Status Idle() override { return inner_->Idle(); }
-  Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
-    return inner_->NextChunk(plan, done);
-  }
-  Status Finish() override { return inner_->Finish(); }
-  int64_t clock() const override { return inner_->clock(); }
-
- private:
-  std::unique_ptr<ParamStore> inner_;
-};
 
 // A parameter store whose pulls and clocks take at least the given times: a shard that
 // makes the worker wait (the staleness bound) or a slow link.
