@@ -206,11 +206,11 @@ class RemoteParams final : public ParamStore {
     return st;
   }
 
+  bool idle_waits_for_bound() const override { return BoundTable() != nullptr; }
+
   // With a measured speed, the shard may leave the job's last chunks to faster workers
   // (DataCoverage::Next): it gets this worker's speed and the others' (the shards' last sum
   // less what this worker put into it).
-  bool idle_waits_for_bound() const override { return BoundTable() != nullptr; }
-
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     const double others = client_->cluster_samples_per_second() - reported_;
     return client_->NextChunk(plan, done, static_cast<float>(rate_),
