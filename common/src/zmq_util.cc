@@ -98,19 +98,18 @@ Status RecvAll(zmq::socket_t& s, std::vector<zmq::message_t>* parts) {
 Status SendAll(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     auto flags = i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-    try {
-      if (!s.send(parts[i], flags | zmq::send_flags::dontwait)) {
-        return ResourceExhausted(
-            "send queue full (high-water mark reached); the peer is not reading");
+    while (true) {
+      try {
+        if (!s.send(parts[i], flags | zmq::send_flags::dontwait)) {
+          return ResourceExhausted(
+              "send queue full (high-water mark reached); the peer is not reading");
+        }
+        break;
+      } catch (const zmq::error_t& e) {
+        // A signal interrupted it: the part was not taken (ZeroMQ leaves it to the caller
+        // on failure), so it goes again.
+        if (e.num() != EINTR) return FromZmq(e, "zmq send");
       }
-    } catch (const zmq::error_t& e) {
-      // A signal interrupted it: the part was not taken (ZeroMQ leaves it to the caller
-      // on failure), so it goes again.
-      if (e.num() == EINTR) {
-        --i;
-        continue;
-      }
-      return FromZmq(e, "zmq send");
     }
   }
   return Status::Ok();
