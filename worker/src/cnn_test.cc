@@ -296,6 +296,40 @@ TEST_F(CnnTest, EvaluateInChunksEqualsEvaluatingAtOnce) {
   ExpectChunkedEvaluationMatchesWhole(*small, *large, images, labels, n, 1e-5);
 }
 
+// Work in proportion to speed trains batches of any size up to the one the model was built
+// for (a straggler's share may be 19 of 192): after a full batch of other samples, a
+// smaller batch's loss and gradients are those of a model built for exactly that batch.
+TEST_F(CnnTest, ASmallerBatchAfterAFullOneTrainsAsAModelBuiltForIt) {
+  constexpr int64_t kFull = 24, kSmall = 7;
+  std::mt19937 rng(23);
+  auto large = Make(kFull);
+  auto exact = Make(kSmall);
+  ASSERT_NE(large, nullptr);
+  ASSERT_NE(exact, nullptr);
+  const auto values = InitParams(*large, rng, true);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(exact->SetParam(i, values[i].data()).ok());
+  const auto first = NormalVector(kFull * kPixels, rng, 1.f);
+  const auto first_labels = RandomLabels(kFull, kClasses, rng);
+  ASSERT_TRUE(large->TrainStep(first.data(), first_labels.data(), kFull).ok());
+  const auto images = NormalVector(kSmall * kPixels, rng, 1.f);
+  const auto labels = RandomLabels(kSmall, kClasses, rng);
+  auto a = large->TrainStep(images.data(), labels.data(), kSmall);
+  auto b = exact->TrainStep(images.data(), labels.data(), kSmall);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NEAR(a->loss, b->loss, 1e-5);
+  EXPECT_EQ(a->correct, b->correct);
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::vector<float> ga(values[i].size()), gb(values[i].size());
+    ASSERT_TRUE(large->Gradient(i, ga.data()).ok());
+    ASSERT_TRUE(exact->Gradient(i, gb.data()).ok());
+    for (size_t e = 0; e < ga.size(); ++e) {
+      ASSERT_NEAR(ga[e], gb[e], 1e-6f + 1e-4f * std::abs(gb[e]))
+          << large->params()[i].name << " element " << e;
+    }
+  }
+}
+
 TEST_F(CnnTest, BadSizesAndArgumentsAreRejected) {
   EXPECT_EQ(MakeCnn(*ctx_, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCnn(*ctx_, -1).status().code(), StatusCode::kInvalidArgument);
