@@ -231,7 +231,9 @@ class Client::Impl final : public detail::OpWaiter {
     // A reply that comes within a round trip is read without going to sleep.
     const auto spin_end = start + std::chrono::microseconds(timeout_ms != 0 ? spin_us_ : 0);
     std::unique_lock<std::mutex> lock(io_mu_);
-    FlushLocked();  // a held request would never be answered
+    // A held request would never be answered; an op completed while this thread took
+    // io_mu_ needs nothing sent (what is held may wait for the next flush).
+    if (!op.done.load(std::memory_order_acquire)) FlushLocked();
     ++waiters_;
     bool kicked = false;
     while (!op.done.load(std::memory_order_acquire)) {

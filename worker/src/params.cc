@@ -143,15 +143,23 @@ class RemoteParams final : public ParamStore {
     }
   }
 
-  Status EndIteration() override {
-    // After this iteration's pushes, in the same batch.
+  Status EndIteration() override { return End(/*send=*/true); }
+
+  // The client keeps holding the pushes and the clock: the pull's StartPulls adds its
+  // requests to them and flushes the lot as one message per shard (any Wait flushes too).
+  Status EndIterationBeforePull() override { return End(/*send=*/false); }
+
+  // The iteration's clock, after its pushes in the same held batch; sent now, or with the
+  // next pull when !send.
+  Status End(bool send) {
     // With a measured speed, an idle iteration reports -1: no data to train, so the
     // workers still training share the global batch among them.
     const float speed = idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_);
+    if (!send && !holding_) client_->HoldSends();  // no push this iteration: the clock alone
     clocks_.push_back(client_->Clock(speed));
     reported_ = std::max(0.f, speed);
     holding_ = false;
-    client_->FlushSends();
+    if (send) client_->FlushSends();
     // The previous iteration's pushes must be done before this one's go on: it bounds
     // what is in flight to two iterations.
     Status first;

@@ -175,7 +175,10 @@ class Loop {
         }
         work = compute + InjectDelay(compute);
         auto e0 = Clock::now();
-        Status end = params_.EndIteration();
+        // With another batch of this chunk to train, the next call is its pull: the
+        // clock may go with it. A sparse model first takes the batch after it from the
+        // loader, which may wait: its clock goes now.
+        Status end = batch && !sparse_ ? params_.EndIterationBeforePull() : params_.EndIteration();
         result_.push_seconds += Seconds(e0, Clock::now());
         return end;
       }));

@@ -144,6 +144,7 @@ class ForwardingParams : public ParamStore {
   void Prefetch() override { inner_->Prefetch(); }
   void Push(size_t i, const float* g) override { inner_->Push(i, g); }
   Status EndIteration() override { return inner_->EndIteration(); }
+  Status EndIterationBeforePull() override { return inner_->EndIterationBeforePull(); }
   Status Idle() override { return inner_->Idle(); }
   Result<ChunkGrant> NextChunk(const DataPlan& plan, const ChunkDone* done) override {
     return inner_->NextChunk(plan, done);
@@ -325,6 +326,10 @@ class SlowParams final : public ForwardingParams {
   Status EndIteration() override {
     std::this_thread::sleep_for(push_);
     return ForwardingParams::EndIteration();
+  }
+  Status EndIterationBeforePull() override {
+    std::this_thread::sleep_for(push_);
+    return ForwardingParams::EndIterationBeforePull();
   }
 
  private:

@@ -74,6 +74,13 @@ class ParamStore {
   // Ends the iteration: every push of it is sent, then the clock advances. Returns the
   // first error of an earlier push.
   virtual Status EndIteration() = 0;
+  // EndIteration for a caller whose next call is PullAll or PullAllSparse, with nothing
+  // slow in between (the training loop between two batches of a chunk): the pushes and
+  // the clock may then wait for that pull and go in the same message per shard (at
+  // staleness 0 the pull itself, above it the prefetch that follows), one message and its
+  // wake-ups fewer per iteration. Anything that waits for a shard sends them first. The
+  // default is EndIteration().
+  virtual Status EndIterationBeforePull() { return EndIteration(); }
   // Ends an iteration in which this worker had no data to train (it waits for others to
   // finish the last chunks of an epoch); under a tight staleness bound the others must
   // not wait for it.
