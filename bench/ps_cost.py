@@ -41,11 +41,31 @@ def run_worker(args, build, out_json, extra):
         (SUITE_FLAGS if args.suite_flags else []) + extra
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
     with open(out_json) as f:
-        epochs = json.load(f)["epochs"]
+        m = json.load(f)
+    epochs = m["epochs"]
     samples = sum(e["samples"] for e in epochs)
     seconds = sum(e["train_seconds"] for e in epochs)
     return {"samples_per_second": samples / seconds, "test_accuracy": epochs[-1]["test_accuracy"],
-            "samples": samples}
+            "samples": samples, "per_iteration_us": breakdown(m, seconds)}
+
+
+# Where an iteration of the worker goes, in µs: the whole step, forward and backward, the
+# pull (in local mode the read of the values; in the cluster the wait for the bound, and
+# loading the values) and the push (local mode: the update; the cluster: encoding and
+# sending the gradient and the clock); the rest is batch loading and accounting.
+PARTS = ("step", "compute", "pull", "push", "rest")
+
+
+def breakdown(m, seconds):
+    it = max(1, m.get("iterations") or 1)
+    parts = {"step": seconds, "compute": m.get("compute_seconds", 0), "pull": m.get("pull_seconds", 0),
+             "push": m.get("push_seconds", 0)}
+    parts["rest"] = parts["step"] - parts["compute"] - parts["pull"] - parts["push"]
+    return {k: v / it * 1e6 for k, v in parts.items()}
+
+
+def median_breakdown(runs):
+    return {k: statistics.median(r["per_iteration_us"][k] for r in runs) for k in PARTS}
 
 
 def run_cluster(args, build, tmp, i):
@@ -109,6 +129,7 @@ def main():
         "median_local_samples_per_second": med_local,
         "median_cluster_samples_per_second": med_cluster,
         "cluster_over_local": med_cluster / med_local,
+        "median_per_iteration_us": {"local": median_breakdown(local), "cluster": median_breakdown(cluster)},
     }
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -126,7 +147,13 @@ def main():
           f"cluster / local = **{med_cluster / med_local:.3f}**\n\n"
           f"CPU seconds per run (all processes, start to end): local {cpu_local}; cluster {cpu_cluster} "
           f"(median ratio {result['cpu_seconds_cluster_over_local']:.2f}x); load average at the end "
-          f"{result['loadavg_at_end']:.1f}. Flags: {flags_text}.\n")
+          f"{result['loadavg_at_end']:.1f}. Flags: {flags_text}.\n\n"
+          "The worker's iteration (medians, µs): the pull is the read of the values in local mode, and in "
+          "the cluster the wait for the bound and loading the values; the push is the update in local mode, "
+          "and in the cluster encoding and sending the gradient and the clock; the rest is batch loading "
+          "and accounting.\n\n| mode | " + " | ".join(PARTS) + " |\n" + "|---" * (len(PARTS) + 1) + "|\n" +
+          "".join(f"| {name} | " + " | ".join(f"{result['median_per_iteration_us'][key][k]:.0f}" for k in PARTS) +
+                  " |\n" for name, key in (("local", "local"), ("1 worker + 1 shard", "cluster"))))
     with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write(md)
     print(md)

@@ -478,13 +478,13 @@ def targets(res, verdict):
             v = row.get(mode, {})
             name = {"proportional_s0": "proportional (s=0)", "proportional": "proportional (s=3)"}.get(mode, mode)
             r = v.get("median_over_solo_sum_contended")
-            rows.append((f"{m.upper()}, persistent 3x straggler: {name} >= 0.9x the sum of the workers' solo speeds "
+            rows.append((f"{m.upper()}, persistent {FACTOR}x straggler: {name} >= 0.9x the sum of the workers' solo speeds "
                          "(measured under the same contention)",
                          f"{fmt(r)}x (alone-measured sum: {fmt(v.get('median_over_solo_sum_alone'))}x; "
                          f"{fmt(v.get('median_over_bsp'))}x BSP)", *verdict(r, 0.9, True)))
             d = v.get("median_accuracy_minus_bsp_points")
             pr = ", ".join(fmt(x, "+.2f") for x in v.get("accuracy_minus_bsp_points_per_round", []))
-            rows.append((f"{m.upper()}, persistent 3x straggler: {name}'s accuracy after equal samples within 0.5 "
+            rows.append((f"{m.upper()}, persistent {FACTOR}x straggler: {name}'s accuracy after equal samples within 0.5 "
                          "points of BSP", fmt(d, "+.2f") + f" points (per round {pr})",
                          *(("n/a", "") if d is None else ("PASS" if d >= -0.5 else "MISS", ""))))
     t = s.get("transient/mlp", {})
@@ -682,7 +682,11 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="", help="the persistent modes (default: " + ",".join(PERSISTENT_MODES) + ")")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--factor", type=float, default=FACTOR,
+                    help="how much slower w2 computes in the persistent part; 1 is the control (equal workers), "
+                    "e.g. to tell what unequal shares of proportional work cost from what the mode costs")
     a = ap.parse_args()
+    FACTOR = a.factor if a.factor != int(a.factor) else int(a.factor)
     cfg = config(a.quick)
     cfg["carry"] = []
     if a.rounds:
