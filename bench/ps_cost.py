@@ -19,6 +19,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common.util import iteration_breakdown  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -46,7 +50,7 @@ def run_worker(args, build, out_json, extra):
     samples = sum(e["samples"] for e in epochs)
     seconds = sum(e["train_seconds"] for e in epochs)
     return {"samples_per_second": samples / seconds, "test_accuracy": epochs[-1]["test_accuracy"],
-            "samples": samples, "per_iteration_us": breakdown(m, seconds)}
+            "samples": samples, "per_iteration_us": breakdown(m)}
 
 
 # Where an iteration of the worker goes, in µs: the whole step, forward and backward, the
@@ -56,12 +60,10 @@ def run_worker(args, build, out_json, extra):
 PARTS = ("step", "compute", "pull", "push", "rest")
 
 
-def breakdown(m, seconds):
-    it = max(1, m.get("iterations") or 1)
-    parts = {"step": seconds, "compute": m.get("compute_seconds", 0), "pull": m.get("pull_seconds", 0),
-             "push": m.get("push_seconds", 0)}
-    parts["rest"] = parts["step"] - parts["compute"] - parts["pull"] - parts["push"]
-    return {k: v / it * 1e6 for k, v in parts.items()}
+def breakdown(m):
+    b = iteration_breakdown(m)
+    b["rest"] = b["step"] - b["compute"] - b["pull"] - b["push"]
+    return {k: b[k] for k in PARTS}
 
 
 def median_breakdown(runs):

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import leash as L  # noqa: E402
-from common.util import median, time_to_accuracy, write_json  # noqa: E402
+from common.util import iteration_breakdown, median, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 FACTOR = 3  # the persistent straggler
@@ -163,14 +163,9 @@ def _cluster(build, tmp, c, model, mode, tag, delay_factors, worker_extra=None, 
 
 
 def _breakdown(m):
-    """A worker's mean iteration in µs: its whole step, forward/backward, the injected delay,
-    the wait for and load of the pulled values (the staleness bound's wait), and the push
-    with the clock; the rest is batch loading and accounting."""
-    it = max(1, m.get("iterations") or 1)
-    step = sum(e["train_seconds"] for e in m["epochs"])
-    return {k: round(v / it * 1e6) for k, v in (
-        ("step", step), ("compute", m.get("compute_seconds", 0)), ("delay", m.get("injected_delay_seconds", 0)),
-        ("pull", m.get("pull_seconds", 0)), ("push", m.get("push_seconds", 0)))}
+    """A worker's mean iteration in whole µs (common.util.iteration_breakdown); the rest is
+    batch loading and accounting."""
+    return {k: round(v) for k, v in iteration_breakdown(m).items()}
 
 
 def _solo(build, tmp, c, model, tag, factors):

@@ -74,3 +74,15 @@ def verdict(measured, target, higher_is_better):
     else:
         by = f"{measured / target:.2f}x the limit" + ("" if ok else f" (over by {(measured / target - 1) * 100:.1f}%)")
     return ("PASS" if ok else "MISS"), by
+
+
+def iteration_breakdown(metrics):
+    """A worker's mean iteration in µs, from its --metrics-out: its whole step (the epochs'
+    train_seconds), forward/backward (compute), the injected delay, the pull (the staleness
+    bound's wait and loading the values) and the push with the clock."""
+    it = max(1, metrics.get("iterations") or 1)
+    step = sum(e["train_seconds"] for e in metrics["epochs"])
+    return {k: v / it * 1e6 for k, v in (
+        ("step", step), ("compute", metrics.get("compute_seconds", 0)),
+        ("delay", metrics.get("injected_delay_seconds", 0)), ("pull", metrics.get("pull_seconds", 0)),
+        ("push", metrics.get("push_seconds", 0)))}
