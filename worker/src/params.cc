@@ -149,34 +149,6 @@ class RemoteParams final : public ParamStore {
   // requests to them and flushes the lot as one message per shard (any Wait flushes too).
   Status EndIterationBeforePull() override { return End(/*send=*/false); }
 
-  // The iteration's clock, after its pushes in the same held batch; sent now, or with the
-  // next pull when !send.
-  Status End(bool send) {
-    // With a measured speed, an idle iteration reports -1: no data to train, so the
-    // workers still training share the global batch among them.
-    const float speed = idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_);
-    if (!send && !holding_) client_->HoldSends();  // no push this iteration: the clock alone
-    clocks_.push_back(client_->Clock(speed));
-    reported_ = std::max(0.f, speed);
-    holding_ = false;
-    if (send) client_->FlushSends();
-    // The previous iteration's pushes must be done before this one's go on: it bounds
-    // what is in flight to two iterations.
-    Status first;
-    for (size_t k = 0; k < previous_; ++k) {
-      Status st = pending_.front().get();
-      pending_.pop_front();
-      if (!st.ok() && first.ok()) first = st.WithContext("push");
-    }
-    previous_ = pending_.size();
-    while (clocks_.size() > 2) {
-      Status st = clocks_.front().get();
-      clocks_.pop_front();
-      if (!st.ok() && first.ok()) first = st.WithContext("clock");
-    }
-    return first;
-  }
-
   Status Finish() override {
     holding_ = false;
     client_->FlushSends();
@@ -271,6 +243,34 @@ class RemoteParams final : public ParamStore {
     }
     if (!keys.empty()) futs->push_back(client_->PullSparse(sparse_, keys, rows, for_clock));
     client_->FlushSends();
+  }
+
+  // The iteration's clock, after its pushes in the same held batch; sent now, or with the
+  // next pull when !send.
+  Status End(bool send) {
+    // With a measured speed, an idle iteration reports -1: no data to train, so the
+    // workers still training share the global batch among them.
+    const float speed = idle_ && rate_ > 0 ? -1.f : static_cast<float>(rate_);
+    if (!send && !holding_) client_->HoldSends();  // no push this iteration: the clock alone
+    clocks_.push_back(client_->Clock(speed));
+    reported_ = std::max(0.f, speed);
+    holding_ = false;
+    if (send) client_->FlushSends();
+    // The previous iteration's pushes must be done before this one's go on: it bounds
+    // what is in flight to two iterations.
+    Status first;
+    for (size_t k = 0; k < previous_; ++k) {
+      Status st = pending_.front().get();
+      pending_.pop_front();
+      if (!st.ok() && first.ok()) first = st.WithContext("push");
+    }
+    previous_ = pending_.size();
+    while (clocks_.size() > 2) {
+      Status st = clocks_.front().get();
+      clocks_.pop_front();
+      if (!st.ok() && first.ok()) first = st.WithContext("clock");
+    }
+    return first;
   }
 
   // Values read at minimum clock `read`, ahead of this worker's clock: the shards'

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "support/memory_cluster.h"
+#include "support/process.h"
 
 namespace leash::worker {
 namespace {
@@ -221,11 +222,7 @@ TEST_F(RemoteParamsTest, AHeldClockGoesWithThePrefetchOrWithAnyWait) {
     // In training the prefetch is answered while the batch computes; here, wait for it
     // (the first one reflects the same minimum clock as the pull before it: not told apart).
     if (iteration > 1) {
-      const auto deadline = std::chrono::steady_clock::now() + 10s;
-      while (client_->counters().pulled_min_clock != iteration - 1 &&
-             std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(1ms);
-      }
+      testing::WaitFor([&] { return client_->counters().pulled_min_clock == iteration - 1; }, 10s);
       ASSERT_EQ(client_->counters().pulled_min_clock, iteration - 1);
     }
     store_->Push(0, grad.data());
