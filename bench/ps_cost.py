@@ -71,8 +71,8 @@ def median_breakdown(runs):
 
 
 def run_cluster(args, build, tmp, i):
-    port = free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
+    endpoint = (f"ipc://{os.path.join(tmp, f'shard{i}.sock')}" if args.ipc
+                else f"tcp://127.0.0.1:{free_port()}")
     shard = subprocess.Popen([os.path.join(build, "server", "leash-server"), "--bind", endpoint,
                               "--data-dir", os.path.join(tmp, f"shard{i}"), "--checkpoint-interval", "0"] +
                              (["--log-level", "warn"] if args.suite_flags else []),
@@ -99,6 +99,8 @@ def main():
                         "warn) instead of the worker's defaults (plain SGD)")
     p.add_argument("--name", default="ps_cost", help="file name of the results (.json, .md) in --out")
     p.add_argument("--no-shm", action="store_true", help="the cluster's worker sends everything through the socket")
+    p.add_argument("--ipc", action="store_true",
+                   help="the shard binds a Unix-domain socket (ipc://) instead of loopback TCP")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
@@ -124,7 +126,7 @@ def main():
         "model": "MLP 784-256-128-10",
         "batch": args.batch, "epochs": args.epochs, "staleness": args.staleness, "blas_threads": 1,
         "nproc": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "loadavg_at_end": os.getloadavg()[0], "suite_flags": args.suite_flags, "no_shm": args.no_shm,
+        "loadavg_at_end": os.getloadavg()[0], "suite_flags": args.suite_flags, "no_shm": args.no_shm, "ipc": args.ipc,
         "cpu_seconds_cluster_over_local": statistics.median(c["cpu_seconds"] for c in cluster) /
         statistics.median(r["cpu_seconds"] for r in local),
         "local": local, "cluster": cluster,

@@ -185,6 +185,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
       spdlog::info("CURVE security on: key pair '{}' from {}", c.curve_client, c.curve_keys);
     }
     std::vector<std::string> servers = c.servers;
+    bool replicated = false;
     leash::ClientOptions co;
     if (!c.etcd.empty()) {
       leash::EtcdOptions eo;
@@ -202,6 +203,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
       servers = leash::PrimaryEndpoints(*view);
       spdlog::info("job '{}' in etcd: {} shard(s) x {} replica(s); following their primaries",
                    c.job, view->num_shards, view->replicas);
+      replicated = view->replicas > 1;
       co.directory_view = std::move(*view);
     }
     if (c.curve_keys.empty() &&
@@ -219,7 +221,8 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     auto client = leash::Client::Connect(std::move(*transport), co);
     if (!client.ok()) return Fail("cannot join the cluster", client.status());
     w.client = std::move(*client);
-    w.params = leash::worker::MakeRemoteParams(w.client.get(), c.staleness);
+    w.params = leash::worker::MakeRemoteParams(w.client.get(), c.staleness,
+                                               /*clock_with_pull=*/!replicated);
   }
   leash::worker::OptimizerOptions opt;
   opt.kind = c.optimizer;

@@ -39,7 +39,8 @@ namespace {
 
 class RemoteParams final : public ParamStore {
  public:
-  RemoteParams(Client* client, int64_t staleness) : client_(client), prefetch_(staleness >= 1) {}
+  RemoteParams(Client* client, int64_t staleness, bool clock_with_pull)
+      : client_(client), prefetch_(staleness >= 1), clock_with_pull_(clock_with_pull) {}
 
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
@@ -147,7 +148,10 @@ class RemoteParams final : public ParamStore {
 
   // The client keeps holding the pushes and the clock: the pull's StartPulls adds its
   // requests to them and flushes the lot as one message per shard (any Wait flushes too).
-  Status EndIterationBeforePull() override { return End(/*send=*/false); }
+  // Not with replicated shards: there a reply waits until everything logged before it has
+  // committed on the backups, so the pushes and the clock go at once to commit while the
+  // worker swaps its values in, and the pull that follows is not held up behind them.
+  Status EndIterationBeforePull() override { return End(/*send=*/!clock_with_pull_); }
 
   Status Finish() override {
     holding_ = false;
@@ -297,6 +301,7 @@ class RemoteParams final : public ParamStore {
 
   Client* client_;
   bool prefetch_;
+  bool clock_with_pull_;
   std::vector<TableHandle> tables_;
   TableHandle sparse_;               // the sparse table, with SetupSparse
   std::vector<uint64_t> next_keys_;  // the keys of the prefetched rows
@@ -403,8 +408,9 @@ class LocalParams final : public ParamStore {
 
 }  // namespace
 
-std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness) {
-  return std::make_unique<RemoteParams>(client, staleness);
+std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness,
+                                             bool clock_with_pull) {
+  return std::make_unique<RemoteParams>(client, staleness, clock_with_pull);
 }
 std::unique_ptr<ParamStore> MakeLocalParams() { return std::make_unique<LocalParams>(); }
 

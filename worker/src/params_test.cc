@@ -39,7 +39,8 @@ OptimizerOptions Sgd() {
 class RemoteParamsTest : public ::testing::Test {
  protected:
   // A worker of `cluster` with RemoteParams under `staleness`, set up with `params`.
-  void Open(MemoryCluster& cluster, int64_t staleness, const std::vector<ParamSpec>& params) {
+  void Open(MemoryCluster& cluster, int64_t staleness, const std::vector<ParamSpec>& params,
+            bool clock_with_pull = true) {
     ClientOptions o;
     o.name = "w";
     o.worker_id = 1;
@@ -48,7 +49,7 @@ class RemoteParamsTest : public ::testing::Test {
     auto c = cluster.Connect(o);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
-    store_ = MakeRemoteParams(client_.get(), staleness);
+    store_ = MakeRemoteParams(client_.get(), staleness, clock_with_pull);
     ASSERT_TRUE(store_->Setup(params, Sgd()).ok());
   }
 
@@ -202,6 +203,28 @@ TEST_F(RemoteParamsTest, AtStalenessZeroTheClockGoesInTheMessageOfTheNextPull) {
     EXPECT_EQ(store_->clock(), iteration);
     ASSERT_TRUE(store_->PullAll(&values).ok());
     EXPECT_EQ(large_.load(), before + iteration) << "one message: pushes, clock, pulls";
+    for (const auto& v : values) EXPECT_EQ(v.front(), -static_cast<float>(iteration));
+  }
+  EXPECT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& v) { return v.min_clock == 3; }));
+}
+
+// With replicated shards (clock_with_pull off) the pushes and the clock go at the end of the
+// iteration, and the pull in a message of its own: two messages per iteration.
+TEST_F(RemoteParamsTest, WithoutClockWithPullTheIterationEndsWithItsOwnMessage) {
+  MemoryCluster cluster(1);
+  Open(cluster, 0, {Param("a", 256, 4), Param("b", 256, 4)}, /*clock_with_pull=*/false);
+  CountLarge(cluster, 0);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(store_->PullAll(&values).ok());
+  const int before = large_.load();
+  std::vector<float> grad(1024, 1.f);
+  for (int iteration = 1; iteration <= 3; ++iteration) {
+    store_->Push(0, grad.data());
+    store_->Push(1, grad.data());
+    ASSERT_TRUE(store_->EndIterationBeforePull().ok());
+    EXPECT_EQ(large_.load(), before + 2 * iteration - 1) << "pushes and clock sent at once";
+    ASSERT_TRUE(store_->PullAll(&values).ok());
+    EXPECT_EQ(large_.load(), before + 2 * iteration) << "the pull alone";
     for (const auto& v : values) EXPECT_EQ(v.front(), -static_cast<float>(iteration));
   }
   EXPECT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& v) { return v.min_clock == 3; }));

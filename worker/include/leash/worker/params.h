@@ -106,8 +106,12 @@ class ParamStore {
   virtual int64_t clock() const = 0;
 };
 
-// `staleness` is the client's bound; prefetching is on when it is >= 1.
-std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness);
+// `staleness` is the client's bound; prefetching is on when it is >= 1. With
+// `clock_with_pull`, EndIterationBeforePull holds the iteration's pushes and clock for the
+// next pull's message (one message per iteration); without it they go at once, as
+// EndIteration sends them (for replicated shards, where replies wait for commits).
+std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness,
+                                             bool clock_with_pull = true);
 std::unique_ptr<ParamStore> MakeLocalParams();
 
 }  // namespace leash::worker
