@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "leash/common/curve_keys.h"
+#include "leash/common/wire.h"
+#include "leash/common/zmq_transport.h"
 #include "leash/worker/client.h"
 #include "support/cluster.h"
 #include "support/etcd_test.h"
@@ -506,6 +508,43 @@ TEST_F(SecureFailoverTest, ReplicasWithCurveKeysElectReplicateAndAcknowledgePush
   // The killed replica comes back with the keys and catches up over CURVE.
   StartReplica(killed);
   ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+}
+
+// A worker's key is authorized to connect, but not to replicate. Over real CURVE the
+// backup tells the key apart from the replicas' own: it refuses the worker's append and
+// names the key, while the primary's appends still reach it. (This append, at a later term
+// and from a replica the directory does not name, would also fail on its own; one at the
+// current term and the right index would add entries the primary never logged, which
+// ReplicaTest.AnAppendFromAWorkersKeyIsRefused shows.)
+TEST_F(SecureFailoverTest, AnAppendForgedWithAWorkersKeyIsRefused) {
+  auto v = View();
+  ASSERT_TRUE(v && v->primary);
+  const int primary = static_cast<int>(v->primary->replica), backup = 1 - primary;
+  auto keys = LoadCurveClientKeys(dir_.path() + "/keys", "client");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  ZmqOptions zo;
+  zo.curve = std::move(*keys);
+  ZmqContext ctx;
+  auto forger = ConnectZmqClient(ctx, {cluster_->endpoint(0, backup)}, zo);
+  ASSERT_TRUE(forger.ok()) << forger.status();
+  ReplAppendMsg m;
+  m.term = v->term + 5;
+  m.primary = static_cast<uint32_t>(backup);  // anything but the real primary would do
+  ASSERT_TRUE((*forger)->Send(0, EncodeReplication(m)).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Replica(backup).ReadLog().find("refused a replication message") != std::string::npos;
+      },
+      30s))
+      << Logs();
+  EXPECT_NE(Replica(backup).ReadLog().find("from client key 'client'"), std::string::npos)
+      << Logs();
+  // The backup still follows the real primary's term: pushes are acknowledged with it in sync.
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ASSERT_TRUE(PushRange(*client_, table_, 1, 50)) << Logs();
+  EXPECT_EQ(InSync(), 2) << Logs();
+  EXPECT_EQ(Primary(), primary);
+  EXPECT_EQ(View()->term, v->term);
 }
 
 TEST_F(SecureFailoverTest, AReplicaWithoutTheKeysCannotJoinTheLog) {

@@ -64,7 +64,7 @@ class Group {
     ASSERT_TRUE(n.server);
     std::vector<std::string> addrs;
     for (int i = 0; i < replicas_; ++i) addrs.push_back(Addr(i));
-    n.peers = net_.Connect(addrs);
+    n.peers = net_.Connect(addrs, ro_.replica_user);  // with keys, the replicas' own
     ASSERT_TRUE(n.coordinator->Join(0, {static_cast<uint32_t>(r), Addr(r), next_boot_++}).ok());
     ReplicaOptions ro = ro_;
     ro.replica = static_cast<uint32_t>(r);
@@ -99,7 +99,7 @@ class Group {
       auto in = n.server->Receive(0ms);
       ASSERT_TRUE(in.ok());
       if (!in->has_value()) break;
-      n.replica->Handle((*in)->peer, (*in)->message, &out);
+      n.replica->Handle((*in)->peer, (*in)->message, &out, (*in)->user);
     }
     n.replica->Tick(&out);
     for (auto& o : out) (void)n.server->Send(o.peer, std::move(o.message));
@@ -484,6 +484,49 @@ TEST_F(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
   EXPECT_FALSE(g.replica(0).needs_snapshot());
   EXPECT_EQ(TableValues(g.replica(1))[0], -grad[0]);
   ExpectIdentical(g.replica(1), g.replica(0));
+}
+
+// With keys (ReplicaOptions::replica_user), only the replicas' own key may send replication
+// messages: an append forged with a worker's key reaches neither the backup's log nor its
+// tables; the same append from the replicas' key is taken, so the key is what refused it.
+TEST_F(ReplicaTest, AnAppendFromAWorkersKeyIsRefused) {
+  ReplicaOptions ro;
+  ro.replica_user = "replica";
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  ASSERT_TRUE(Settle(g, 2));
+  const int p = *g.Primary(), b = 1 - p;
+  Replica& backup = g.replica(b);
+  const uint64_t last = backup.last_index(), term = backup.term();
+
+  ReplEntryWire e;
+  e.term = term;
+  e.index = last + 1;
+  e.now_ms = g.now();
+  e.kind = ReplEntryWire::kInput;
+  e.peer = "forged";
+  e.message = MakePush(1, 0, Rows::Range(0, 8), 1, 1, 99, DType::kF32,
+                       EncodeValues(IntGrad(7, 32), DType::kF32));
+  ReplAppendMsg m;
+  m.term = term;
+  m.primary = static_cast<uint32_t>(p);
+  m.prev_index = last;
+  m.prev_term = term;
+  m.commit = last + 1;
+  m.entries.push_back(e);
+  const std::vector<std::string> addrs{Addr(0), Addr(1)};
+
+  auto worker_key = g.net().Connect(addrs, "w0");
+  ASSERT_TRUE(worker_key->Send(b, EncodeReplication(m)).ok());
+  g.Turn(b);
+  EXPECT_EQ(backup.replication_refused(), 1u);
+  EXPECT_EQ(backup.last_index(), last) << "a worker's key appended to the log";
+  EXPECT_EQ(TableValues(backup)[0], 0.f);
+
+  auto replica_key = g.net().Connect(addrs, "replica");
+  ASSERT_TRUE(replica_key->Send(b, EncodeReplication(m)).ok());
+  g.Turn(b);
+  EXPECT_EQ(backup.replication_refused(), 1u);
+  EXPECT_EQ(backup.last_index(), last + 1) << "the replicas' key is accepted";
 }
 
 TEST_F(ReplicaTest, FailoversUnderLossLoseNoAcknowledgedPushAndApplyNoneTwice) {

@@ -188,6 +188,10 @@ class ZmqServer final : public ServerTransport {
     LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(socket_, &parts));
     Inbound in;
     in.peer = parts[0].to_string();
+    // Set by the CURVE authenticator (the name it gave the key) on the frames the peer sent,
+    // not on the routing id, which is the socket's own; absent without CURVE. (The name
+    // ZMQ_MSG_PROPERTY_USER_ID is behind libzmq's draft API.)
+    if (const char* user = zmq_msg_gets(parts.back().handle(), "User-Id")) in.user = user;
     std::optional<stripes::Route> route = stripes::ParseRoutingId(in.peer);
     if (route && route->index > 0) {  // a side connection of a striping client: parts only
       PeerId main = stripes::RoutingId(route->token, 0, route->count);
@@ -209,6 +213,7 @@ class ZmqServer final : public ServerTransport {
       if (answer) SendRaw(in.peer, std::move(*answer));
     }
     if (route) {  // a striping client's main connection: in its stream's order
+      users_[in.peer] = in.user;
       Feed(in.peer, Assembly(in.peer).OnMain(std::move(in.message), NowMs()));
       return std::optional<Inbound>();
     }
@@ -255,9 +260,15 @@ class ZmqServer final : public ServerTransport {
       }
       if (m) {
         striped_received_ += a.assembled() - assembled;
-        return Inbound{it->first, std::move(*m)};
+        auto user = users_.find(it->first);
+        return Inbound{it->first, std::move(*m), user == users_.end() ? "" : user->second};
       }
-      it = a.idle() ? striped_.erase(it) : std::next(it);
+      if (a.idle()) {
+        users_.erase(it->first);
+        it = striped_.erase(it);
+      } else {
+        ++it;
+      }
     }
     return std::nullopt;
   }
@@ -331,6 +342,7 @@ class ZmqServer final : public ServerTransport {
   shm::ServerLinks shm_;
   // Striping clients' streams, by main routing id, while something is held for them.
   std::map<PeerId, stripes::Assembler> striped_;
+  std::map<PeerId, std::string> users_;  // the authenticated user of each striping client
   std::atomic<uint64_t> striped_received_{0}, striped_sent_{0}, striped_dropped_{0};
   uint64_t reply_seq_ = 0;  // striped replies' numbers (unique in every client's stream)
   std::atomic<uint64_t> stripe_errors_{0};

@@ -304,6 +304,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     leash::server::ReplicaOptions rep;
     rep.replica = static_cast<uint32_t>(c.replica);
     rep.replicas = static_cast<uint32_t>(c.replicas);
+    // With keys, replication messages must come from the replicas' own key, not a worker's.
+    if (s.curve) rep.replica_user = kReplicaKeyName;
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());

@@ -221,12 +221,27 @@ bool Replica::ChangesState(const Message& message) const {
   return PeekChangesState(PeekRequest(message, shard_options_.limits), *shard_, shard_options_);
 }
 
-void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
+void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
+                     const std::string& user) {
   now_ = now_ms_();
   // The header is verified once here to route the message, and again by the shard.
   const bool batch = IsBatch(message);
   const RequestPeek peek = batch ? RequestPeek{} : PeekRequest(message, shard_options_.limits);
   if (peek.kind == RequestPeek::kReplication) {
+    if (!options_.replica_user.empty() && user != options_.replica_user) {
+      // Authenticated, but not with the replicas' key: a worker's key cannot append to the
+      // log, vote itself a term or acknowledge entries. Nothing is answered.
+      ++replication_refused_;
+      if (refused_logged_ms_ < 0 || now_ - refused_logged_ms_ >= 60000) {
+        refused_logged_ms_ = now_;
+        spdlog::warn(
+            "shard {}: refused a replication message from client key '{}': only the replicas' "
+            "own key (server.key) may send them ({} refused so far; logged at most once a "
+            "minute)",
+            shard_options_.shard, user.empty() ? "(none)" : user, replication_refused_);
+      }
+      return;
+    }
     OnReplication(peer, message);
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
@@ -1166,7 +1181,7 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
       result = in.status();
       break;
     }
-    if (in->has_value()) replica.Handle((*in)->peer, (*in)->message, &out);
+    if (in->has_value()) replica.Handle((*in)->peer, (*in)->message, &out, (*in)->user);
     wait_ms = replica.Tick(&out);
     if (after_tick) after_tick(replica);
   }

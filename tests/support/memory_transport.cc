@@ -26,6 +26,7 @@ struct Inbox {
     PeerId peer;          // the client connection's
     int shard = 0;
     Message message;
+    std::string user;  // the sending client's (to a shard)
   };
   std::multimap<std::pair<int64_t, uint64_t>, Item> items;
   std::condition_variable cv;
@@ -161,14 +162,15 @@ class MemoryServer final : public ServerTransport {
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) override {
     std::optional<Inbox::Item> item = state_->Take(inbox_, timeout);
     if (!item) return std::optional<Inbound>();
-    return std::optional<Inbound>(Inbound{std::move(item->peer), std::move(item->message)});
+    return std::optional<Inbound>(
+        Inbound{std::move(item->peer), std::move(item->message), std::move(item->user)});
   }
 
   Status Send(const PeerId& peer, Message message) override {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->clients.find(peer);
     Inbox* to = it == state_->clients.end() ? nullptr : it->second;
-    Inbox::Item item{address_, peer, to == nullptr ? 0 : ShardOf(peer), std::move(message)};
+    Inbox::Item item{address_, peer, to == nullptr ? 0 : ShardOf(peer), std::move(message), {}};
     Packet packet{Direction::kToClient, address_, peer, &item.message};
     state_->Route(packet, to, std::move(item));
     return Status::Ok();
@@ -189,8 +191,8 @@ class MemoryServer final : public ServerTransport {
 
 class MemoryClient final : public ClientTransport {
  public:
-  MemoryClient(std::shared_ptr<State> state, std::vector<std::string> addresses)
-      : state_(std::move(state)), addresses_(std::move(addresses)) {
+  MemoryClient(std::shared_ptr<State> state, std::vector<std::string> addresses, std::string user)
+      : state_(std::move(state)), addresses_(std::move(addresses)), user_(std::move(user)) {
     std::lock_guard<std::mutex> lock(state_->mu);
     client_ = state_->next_peer++;
     peers_.resize(addresses_.size());
@@ -209,7 +211,7 @@ class MemoryClient final : public ClientTransport {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->servers.find(addresses_.at(i));
     Inbox* to = it == state_->servers.end() ? nullptr : it->second;
-    Inbox::Item item{addresses_[i], peers_[i], shard, std::move(message)};
+    Inbox::Item item{addresses_[i], peers_[i], shard, std::move(message), user_};
     Packet packet{Direction::kToShard, addresses_[i], peers_[i], &item.message};
     state_->Route(packet, to, std::move(item));
     return Status::Ok();
@@ -244,6 +246,7 @@ class MemoryClient final : public ClientTransport {
 
   std::shared_ptr<State> state_;
   std::vector<std::string> addresses_;
+  std::string user_;
   uint64_t client_ = 0;
   uint64_t opened_ = 0;
   std::vector<PeerId> peers_;  // under state_->mu
@@ -266,8 +269,9 @@ std::unique_ptr<ServerTransport> MemoryNetwork::Bind(const std::string& address)
   return server;
 }
 
-std::unique_ptr<ClientTransport> MemoryNetwork::Connect(const std::vector<std::string>& addresses) {
-  return std::make_unique<MemoryClient>(state_, addresses);
+std::unique_ptr<ClientTransport> MemoryNetwork::Connect(const std::vector<std::string>& addresses,
+                                                        const std::string& user) {
+  return std::make_unique<MemoryClient>(state_, addresses, user);
 }
 
 void MemoryNetwork::SetFaults(Direction direction, const std::string& address, Faults faults) {

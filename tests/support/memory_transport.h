@@ -65,8 +65,10 @@ class MemoryNetwork {
   std::unique_ptr<ServerTransport> Bind(const std::string& address);
   // A client with one connection per address: shard i is addresses[i]. Connecting never
   // fails; an address nobody is bound at swallows what is sent to it. Reconnect(i) gives
-  // connection i a new peer id and drops what was queued on the old one.
-  std::unique_ptr<ClientTransport> Connect(const std::vector<std::string>& addresses);
+  // connection i a new peer id and drops what was queued on the old one. The shards see
+  // `user` as every message's Inbound::user (who the connection authenticated as).
+  std::unique_ptr<ClientTransport> Connect(const std::vector<std::string>& addresses,
+                                           const std::string& user = {});
 
   // Random faults for packets in `direction` to or from `address` ("" for any address;
   // an address's own setting wins).

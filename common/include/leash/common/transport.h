@@ -41,6 +41,10 @@ struct WritableFrame {
 struct Inbound {
   PeerId peer;
   Message message;
+  // Who the connection authenticated as: the name the shard's CURVE authenticator gave its
+  // key (the authorized/ file it came from, or the replicas' name for the shards' own key).
+  // Empty without CURVE, where nobody is authenticated.
+  std::string user;
 };
 
 // A shard's listening endpoint (a ROUTER socket in production). Used by one thread at a

@@ -56,6 +56,10 @@ struct ReplicaOptions {
   // A transfer the backup has acknowledged nothing of for this long is dropped (its image
   // released); a new one starts when the backup answers again.
   int64_t snapshot_timeout_ms = 10000;
+  // With CURVE: the authenticated user (Inbound::user) of the replicas' own key. Replication
+  // messages from any other user (a worker's key) are refused, counted and logged at most
+  // once a minute. Empty (no CURVE): not checked; nobody is authenticated then.
+  std::string replica_user;
 };
 
 enum class ReplicaRole { kBackup, kPrimary };
@@ -84,8 +88,10 @@ class Replica {
 
   // Handles one message from `peer`: a worker's request (a primary serves it; a backup
   // answers Unavailable naming the primary) or a message of another replica. Replies that
-  // may go out now are appended to `out`.
-  void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
+  // may go out now are appended to `out`. `user` is the connection's authenticated user
+  // (Inbound::user), checked against ReplicaOptions::replica_user for replication messages.
+  void Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
+              const std::string& user = {});
   // Elections, evictions, resends, heartbeats, the in-sync set and the commit index; replies
   // released by a commit go to `out`. Returns the milliseconds until it wants to run again.
   int64_t Tick(std::vector<Outgoing>* out);
@@ -118,6 +124,9 @@ class Replica {
   uint64_t snapshots_abandoned() const { return snapshots_abandoned_; }
   // Snapshot transfers this replica installed.
   uint64_t snapshots_installed() const { return snapshots_installed_; }
+  // Replication messages refused because their connection was not a replica's
+  // (ReplicaOptions::replica_user).
+  uint64_t replication_refused() const { return replication_refused_; }
   const Shard& shard() const { return *shard_; }
   Shard& mutable_shard() { return *shard_; }
   // Told each snapshot's duration, as Shard::set_snapshot_observer, by whichever Shard this
@@ -244,6 +253,8 @@ class Replica {
   std::unique_ptr<Staging> staging_;                  // backup
   bool state_dropped_ = false;
   uint64_t snapshots_abandoned_ = 0;
+  uint64_t replication_refused_ = 0;
+  int64_t refused_logged_ms_ = -1;
   uint64_t snapshots_installed_ = 0;
 };
 
