@@ -489,6 +489,61 @@ TEST_F(ReplicaTest, ADeposedPrimaryGathersNoAcknowledgementAndReleasesNoReply) {
 // With keys (ReplicaOptions::replica_user), only the replicas' own key may send replication
 // messages: an append forged with a worker's key reaches neither the backup's log nor its
 // tables; the same append from the replicas' key is taken, so the key is what refused it.
+// Under backup workers a shard judges a worker's pushes by the bound of its latest pull and
+// decides once per iteration whether they are dropped; under work in proportion to speed
+// it answers clocks with the speeds the workers reported. A replica that catches up from a
+// snapshot must hold all of that as the primary does, or the first pushes after it takes
+// over (or after the catch-up, mid-iteration) could be judged differently.
+TEST_F(ReplicaTest, ACaughtUpReplicaJudgesEachWorkerAsThePrimaryDoes) {
+  ReplicaOptions ro;
+  ro.max_log_entries = 8;
+  server::ShardOptions so;
+  so.backup_workers = 1;
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro, so, /*started=*/1);
+  Worker& a = worker();
+  Worker b(g, 2);
+  b.Register();
+  auto pull = [&](Worker& w, uint64_t id, int64_t clock, int64_t staleness) {
+    const uint64_t rid = w.NextRid();
+    auto r = w.Call(rid, MakePull(rid, 0, Rows::Range(0, 8), id, clock, staleness));
+    ASSERT_TRUE(r && std::holds_alternative<PullReply>(*r));
+  };
+  auto clock = [&](Worker& w, uint64_t id, int64_t c, float speed) {
+    const uint64_t rid = w.NextRid();
+    auto r = w.Call(rid, MakeClock(rid, id, c, speed));
+    ASSERT_TRUE(r && std::holds_alternative<ClockReply>(*r));
+  };
+  for (int i = 1; i <= 12; ++i) {
+    pull(a, 1, i - 1, 2);
+    pull(b, 2, i - 1, 3);
+    ASSERT_TRUE(a.Push(IntGrad(i, 32), 8));
+    ASSERT_TRUE(b.Push(IntGrad(100 + i, 32), 8));
+    clock(a, 1, i, 640.f + static_cast<float>(i));
+    clock(b, 2, i, 210.5f);
+  }
+  pull(a, 1, 12, 2);
+  ASSERT_TRUE(a.Push(IntGrad(13, 32), 8));  // iteration 13 decided, its clock not yet sent
+
+  g.Start(1);  // the log no longer holds the start: it catches up from a snapshot
+  ASSERT_TRUE(Settle(g, 2));
+  ASSERT_GE(g.replica(1).snapshots_installed(), 1u);
+  const server::ShardSnapshot x = g.replica(0).shard().Snapshot();
+  const server::ShardSnapshot y = g.replica(1).shard().Snapshot();
+  ASSERT_EQ(x.workers.size(), 2u);
+  ASSERT_EQ(y.workers.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE("worker " + std::to_string(x.workers[i].worker_id));
+    EXPECT_GE(x.workers[i].staleness, 2);
+    EXPECT_TRUE(x.workers[i].speed_reported);
+    EXPECT_EQ(y.workers[i].staleness, x.workers[i].staleness);
+    EXPECT_EQ(y.workers[i].samples_per_second, x.workers[i].samples_per_second);
+    EXPECT_EQ(y.workers[i].speed_reported, x.workers[i].speed_reported);
+    EXPECT_EQ(y.workers[i].push_decided_clock, x.workers[i].push_decided_clock);
+    EXPECT_EQ(y.workers[i].push_dropped, x.workers[i].push_dropped);
+  }
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
 TEST_F(ReplicaTest, AnAppendFromAWorkersKeyIsRefused) {
   ReplicaOptions ro;
   ro.replica_user = "replica";

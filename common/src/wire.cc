@@ -927,7 +927,9 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
       if (s->workers() != nullptr) {
         for (const wire::ReplWorker* w : *s->workers()) {
           m.workers.push_back({w->worker_id(), w->incarnation(), w->clock(), w->last_seq(),
-                               w->name() == nullptr ? std::string() : w->name()->str()});
+                               w->name() == nullptr ? std::string() : w->name()->str(),
+                               w->staleness(), w->samples_per_second(), w->speed_reported(),
+                               w->push_decided_clock(), w->push_dropped()});
         }
       }
       if (s->tables() != nullptr) {
@@ -1006,8 +1008,10 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                   -> std::pair<wire::Body, flatbuffers::Offset<void>> {
                 std::vector<flatbuffers::Offset<wire::ReplWorker>> workers;
                 for (const auto& w : m.workers) {
-                  workers.push_back(wire::CreateReplWorker(fbb, w.worker_id, w.incarnation, w.clock,
-                                                           w.last_seq, fbb.CreateString(w.name)));
+                  workers.push_back(wire::CreateReplWorker(
+                      fbb, w.worker_id, w.incarnation, w.clock, w.last_seq,
+                      fbb.CreateString(w.name), w.staleness, w.samples_per_second, w.speed_reported,
+                      w.push_decided_clock, w.push_dropped));
                 }
                 std::vector<flatbuffers::Offset<wire::ReplTable>> tables;
                 for (const auto& t : m.tables) {

@@ -468,8 +468,11 @@ void Replica::SendChunk(uint32_t r, uint32_t chunk) {
   if (chunk == 0) {
     const ShardSnapshot& snap = t.image->snapshot;
     m.min_clock = snap.min_clock;
-    for (const WorkerClock& w : snap.workers)
-      m.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name});
+    for (const WorkerClock& w : snap.workers) {
+      m.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name, w.staleness,
+                           w.samples_per_second, w.speed_reported, w.push_decided_clock,
+                           w.push_dropped});
+    }
     m.coverage = snap.coverage;
     for (const TableSnapshot& ts : snap.tables) {
       const uint64_t tier =
@@ -938,8 +941,11 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   snap.min_clock = m.min_clock;
   snap.sequence = m.index;
   snap.coverage = m.coverage;
-  for (const auto& w : m.workers)
-    snap.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name});
+  for (const auto& w : m.workers) {
+    snap.workers.push_back({w.worker_id, w.incarnation, w.clock, w.last_seq, w.name, w.staleness,
+                            w.samples_per_second, w.speed_reported, w.push_decided_clock,
+                            w.push_dropped});
+  }
   s->tiers.resize(m.tables.size());
   s->record_bytes.assign(m.tables.size(), 0);
   for (const auto& t : m.tables) {

@@ -10,7 +10,8 @@
 //   snap/manifest                               sequence, min_clock, unix_ms, chunk size,
 //                                               counts and the CRC32C of every other snap/ key
 //                                               below, then a CRC32C of itself.
-//   snap/workers                                every WorkerClock, then the data-coverage bytes.
+//   snap/workers                                every WorkerClock, the data-coverage bytes, then
+//                                               each worker's staleness, speed and push decision.
 //   snap/table/<id>/meta                        spec bytes, row range, cols, optimizer steps,
 //                                               slot count.
 //   snap/table/<id>/values/<chunk>              values, at most chunk_bytes per key.
@@ -371,7 +372,11 @@ bool DecodeTableMeta(std::string_view bytes, TableSnapshot* t, uint32_t* num_slo
   return true;
 }
 
-// The worker clocks, followed by the job's data-coverage state (opaque bytes).
+// The worker clocks, followed by the job's data-coverage state (opaque bytes), then how the
+// shard judges each worker's next requests (WorkerClock's staleness, speed and push
+// decision), one record per worker in the same order. Snapshots written before that last
+// part existed end after the coverage; their workers decode with the defaults (re-learned
+// from their next pull and clock).
 std::string EncodeWorkers(const std::vector<WorkerClock>& workers,
                           const std::vector<uint8_t>& coverage) {
   std::string out;
@@ -384,6 +389,13 @@ std::string EncodeWorkers(const std::vector<WorkerClock>& workers,
     PutBytes(&out, w.name);
   }
   PutBytes(&out, std::string_view(reinterpret_cast<const char*>(coverage.data()), coverage.size()));
+  PutU32(&out, static_cast<uint32_t>(workers.size()));
+  for (const WorkerClock& w : workers) {
+    PutI64(&out, w.staleness);
+    PutU64(&out, std::bit_cast<uint64_t>(w.samples_per_second));
+    PutI64(&out, w.push_decided_clock);
+    PutU32(&out, (w.speed_reported ? 1u : 0u) | (w.push_dropped ? 2u : 0u));
+  }
   return out;
 }
 
@@ -405,6 +417,20 @@ bool DecodeWorkers(std::string_view bytes, std::vector<WorkerClock>* workers,
   std::string_view cov;
   if (!d.Bytes(&cov)) return false;
   coverage->assign(cov.begin(), cov.end());
+  if (d.done()) return true;  // written before the judgement records existed
+  uint32_t m = 0;
+  if (!d.U32(&m) || m != n) return false;
+  for (WorkerClock& w : *workers) {
+    uint64_t speed = 0;
+    uint32_t flags = 0;
+    if (!d.I64(&w.staleness) || !d.U64(&speed) || !d.I64(&w.push_decided_clock) || !d.U32(&flags) ||
+        flags > 3) {
+      return false;
+    }
+    w.samples_per_second = std::bit_cast<double>(speed);
+    w.speed_reported = (flags & 1u) != 0;
+    w.push_dropped = (flags & 2u) != 0;
+  }
   return d.done();
 }
 

@@ -8,6 +8,7 @@
 #include <rocksdb/options.h>
 #include <stdlib.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -65,9 +66,9 @@ ShardSnapshot MakeSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequenc
   s.sequence = sequence;
   s.min_clock = -3 + static_cast<int64_t>(sequence);
   s.unix_ms = 1700000000123 + static_cast<int64_t>(sequence);
-  s.workers = {{7, 2, 41, 900, "worker-a"},
-               {0xffffffffffffffffull, 1, -1, 0, ""},
-               {3, 9, 40, 12, std::string("w\0b", 3)}};
+  s.workers = {{7, 2, 41, 900, "worker-a", 3, 1234.5678, true, 41, true},
+               {0xffffffffffffffffull, 1, -1, 0, "", -1, 0, false, -1, false},
+               {3, 9, 40, 12, std::string("w\0b", 3), 0, -1.0 / 3, true, 39, false}};
   s.coverage = {1, 0, 2, 255, 0, 7};
   return s;
 }
@@ -108,6 +109,12 @@ void ExpectSameSnapshot(const ShardSnapshot& want, const ShardSnapshot& got) {
     EXPECT_EQ(got.workers[i].clock, want.workers[i].clock);
     EXPECT_EQ(got.workers[i].last_seq, want.workers[i].last_seq);
     EXPECT_EQ(got.workers[i].name, want.workers[i].name);
+    EXPECT_EQ(got.workers[i].staleness, want.workers[i].staleness);
+    EXPECT_EQ(std::bit_cast<uint64_t>(got.workers[i].samples_per_second),
+              std::bit_cast<uint64_t>(want.workers[i].samples_per_second));
+    EXPECT_EQ(got.workers[i].speed_reported, want.workers[i].speed_reported);
+    EXPECT_EQ(got.workers[i].push_decided_clock, want.workers[i].push_decided_clock);
+    EXPECT_EQ(got.workers[i].push_dropped, want.workers[i].push_dropped);
   }
   EXPECT_EQ(got.coverage, want.coverage);
   ASSERT_EQ(got.tables.size(), want.tables.size());

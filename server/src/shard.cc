@@ -153,6 +153,11 @@ Result<int64_t> Shard::Recover() {
     w.name = wc.name;
     w.clock = wc.clock;
     w.last_seq = wc.last_seq;
+    w.staleness = wc.staleness;
+    w.samples_per_second = wc.samples_per_second;
+    w.speed_reported = wc.speed_reported;
+    w.push_decided_clock = wc.push_decided_clock;
+    w.push_dropped = wc.push_dropped;
     w.last_seen_ms = now;  // a fresh lease to come back
     clocks_.Restore(w);
   }
@@ -902,8 +907,11 @@ ShardSnapshot Shard::MakeSnapshot() const {
     t.cols = sparse_[id]->cols();
     s.tables.push_back(std::move(t));
   }
-  for (const auto& [id, w] : clocks_.workers())
-    s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name});
+  for (const auto& [id, w] : clocks_.workers()) {
+    s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name, w.staleness,
+                         w.samples_per_second, w.speed_reported, w.push_decided_clock,
+                         w.push_dropped});
+  }
   s.coverage = coverage_.Serialize();
   return s;
 }

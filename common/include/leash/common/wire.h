@@ -146,6 +146,11 @@ struct ReplSnapshotMsg {
     int64_t clock = 0;
     uint64_t last_seq = 0;
     std::string name;
+    int64_t staleness = -1;
+    double samples_per_second = 0;
+    bool speed_reported = false;
+    int64_t push_decided_clock = -1;
+    bool push_dropped = false;
   };
   struct Table {
     uint32_t table_id = 0;

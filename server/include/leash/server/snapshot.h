@@ -22,6 +22,15 @@ struct WorkerClock {
   int64_t clock = 0;
   uint64_t last_seq = 0;  // highest push sequence applied from this incarnation
   std::string name;
+  // What the shard decides this worker's next requests by (ps::LiveWorker's fields of the
+  // same names): the bound of its latest pull, its reported speed, and the backup-worker
+  // decision on its current iteration's pushes. Replicas must agree on them, so they
+  // travel in the snapshots a backup catches up from.
+  int64_t staleness = -1;
+  double samples_per_second = 0;
+  bool speed_reported = false;
+  int64_t push_decided_clock = -1;
+  bool push_dropped = false;
 };
 
 struct ShardSnapshot {
