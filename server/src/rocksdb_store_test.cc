@@ -550,6 +550,48 @@ TEST_F(RocksDbStoreTest, MissingManifestWithSnapshotKeysIsDataLoss) {
   EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss), HasSubstr("no manifest"));
 }
 
+// Snapshots written before the judgement records (each worker's staleness bound, speed and
+// push decision) existed end their worker record after the coverage bytes: they still
+// load, every worker with the defaults. Made here from a new one by cutting those records
+// off and sealing the manifest again, as that older code wrote it.
+TEST_F(RocksDbStoreTest, WorkerRecordsOfTheOlderFormatLoadWithTheDefaults) {
+  const ShardSnapshot snap = MakeSnapshot(0, 1, 1);
+  SaveAndClose(Options(), snap);
+  std::string workers = RawGet(Dir(), "snap/workers");
+  std::string manifest = RawGet(Dir(), "snap/manifest");
+  // The manifest: shard, num_shards (4 bytes each), sequence, min_clock, unix_ms (8 each),
+  // chunk size and worker count (4 each), then the workers' CRC32C; its own CRC32C last.
+  constexpr size_t kWorkersCrc = 4 + 4 + 8 + 8 + 8 + 4 + 4;
+  ASSERT_EQ(manifest.substr(kWorkersCrc, 4), LittleEndian32(ReferenceCrc32c(workers)));
+  const size_t records = 4 + snap.workers.size() * (8 + 8 + 8 + 4);
+  ASSERT_GT(workers.size(), records);
+  workers.resize(workers.size() - records);
+  manifest.replace(kWorkersCrc, 4, LittleEndian32(ReferenceCrc32c(workers)));
+  manifest.resize(manifest.size() - 4);
+  manifest += LittleEndian32(ReferenceCrc32c(manifest));
+  RawPut(Dir(), "snap/workers", workers);
+  RawPut(Dir(), "snap/manifest", manifest);
+
+  auto store = OpenRocksDbStore(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->has_value());
+  ASSERT_EQ((*loaded)->workers.size(), snap.workers.size());
+  for (size_t i = 0; i < snap.workers.size(); ++i) {
+    const WorkerClock& w = (*loaded)->workers[i];
+    EXPECT_EQ(w.worker_id, snap.workers[i].worker_id);
+    EXPECT_EQ(w.clock, snap.workers[i].clock);
+    EXPECT_EQ(w.last_seq, snap.workers[i].last_seq);
+    EXPECT_EQ(w.staleness, -1);
+    EXPECT_EQ(w.samples_per_second, 0.0);
+    EXPECT_FALSE(w.speed_reported);
+    EXPECT_EQ(w.push_decided_clock, -1);
+    EXPECT_FALSE(w.push_dropped);
+  }
+  EXPECT_EQ((*loaded)->coverage, snap.coverage);
+}
+
 TEST_F(RocksDbStoreTest, CorruptWorkerClocksAreDataLoss) {
   SaveAndClose(Options(), RichSnapshot(0, 1, 4));
   std::string workers = RawGet(Dir(), "snap/workers");
