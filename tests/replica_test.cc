@@ -544,6 +544,36 @@ TEST_F(ReplicaTest, ACaughtUpReplicaJudgesEachWorkerAsThePrimaryDoes) {
   ExpectIdentical(g.replica(0), g.replica(1));
 }
 
+// The primary writes its fp32 pull replies where the transport asks (shared memory with a
+// worker on this host, ServeReplica's ReservePayload); a backup applying the same logged
+// pull (logged under backup workers) never takes the transport's memory: it answers nobody.
+TEST_F(ReplicaTest, OnlyThePrimaryWritesPullRepliesIntoTheTransportsMemory) {
+  server::ShardOptions so;
+  so.backup_workers = 1;
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), {}, so);
+  Worker& w = worker();
+  ASSERT_TRUE(Settle(g, 2));
+  std::vector<int> asked(2, 0);
+  for (int r = 0; r < 2; ++r) {
+    g.replica(r).SetPayloadAllocator([&asked, r](const PeerId&, size_t bytes) {
+      ++asked[static_cast<size_t>(r)];
+      std::shared_ptr<uint8_t[]> memory(new uint8_t[bytes]);
+      uint8_t* data = memory.get();
+      return std::optional<WritableFrame>(WritableFrame{data, Frame::Wrap(data, bytes, memory)});
+    });
+  }
+  const std::vector<float> grad = IntGrad(3, 32);
+  ASSERT_TRUE(w.Push(grad, 8));
+  const uint64_t rid = w.NextRid();
+  auto reply = w.Call(rid, MakePull(rid, 0, Rows::Range(0, 8), 1, 0, 5));
+  ASSERT_TRUE(reply && std::holds_alternative<PullReply>(*reply));
+  ASSERT_TRUE(Settle(g, 2));
+  const int p = *g.Primary();
+  EXPECT_EQ(asked[static_cast<size_t>(p)], 1) << "the primary's reply";
+  EXPECT_EQ(asked[static_cast<size_t>(1 - p)], 0) << "the backup applied the logged pull";
+  EXPECT_EQ(g.replica(1 - p).shard().counters().pulls_served, 1u);
+}
+
 TEST_F(ReplicaTest, AnAppendFromAWorkersKeyIsRefused) {
   ReplicaOptions ro;
   ro.replica_user = "replica";

@@ -992,6 +992,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   shard_ = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
   shard_->set_snapshot_observer(snapshot_observer_);
+  AttachAllocator();
   for (size_t id = 0; id < tables; ++id) {
     if (Status st = sparse_->DropTable(static_cast<uint32_t>(id)); !st.ok()) {
       spdlog::error("shard {}: cannot clear the cold tier for a snapshot: {}", shard_options_.shard,
@@ -1059,6 +1060,7 @@ Status Replica::InstallStaging() {
   }
   shard_ = std::move(shard);
   shard_->set_snapshot_observer(snapshot_observer_);
+  AttachAllocator();
   log_.clear();
   log_bytes_ = 0;
   base_index_ = s.index;
@@ -1174,6 +1176,10 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
 Status ServeReplica(Replica& replica, ServerTransport& transport, const std::atomic<bool>& stop,
                     const std::function<void(const Replica&)>& after_tick) {
   std::vector<Outgoing> out;
+  // As Serve: the primary's pull replies go straight into a same-host worker's shared memory.
+  replica.SetPayloadAllocator([&transport](const PeerId& peer, size_t bytes) {
+    return transport.ReservePayload(peer, bytes);
+  });
   auto send = [&] {
     for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
     out.clear();

@@ -135,6 +135,13 @@ class Replica {
     snapshot_observer_ = std::move(observer);
     shard_->set_snapshot_observer(snapshot_observer_);
   }
+  // Where the primary's fp32 pull replies are written (Shard::SetPayloadAllocator: shared
+  // memory with a worker on this host), by whichever Shard this replica holds. A backup's
+  // shard writes to ordinary memory: what it answers while applying the log is dropped.
+  void SetPayloadAllocator(Shard::PayloadAllocator allocator) {
+    payload_allocator_ = std::move(allocator);
+    AttachAllocator();
+  }
   // Called (with the role change) whenever this replica becomes primary or stops being it.
   void set_role_observer(std::function<void(ReplicaRole, uint64_t term)> f) {
     role_observer_ = std::move(f);
@@ -214,6 +221,13 @@ class Replica {
   ClientTransport* peers_;
   std::unique_ptr<Shard> shard_;
   Shard::SnapshotObserver snapshot_observer_;
+  Shard::PayloadAllocator payload_allocator_;
+  void AttachAllocator() {
+    shard_->SetPayloadAllocator([this](const PeerId& peer, size_t bytes) {
+      return role_ == ReplicaRole::kPrimary && payload_allocator_ ? payload_allocator_(peer, bytes)
+                                                                  : std::optional<WritableFrame>();
+    });
+  }
   int64_t shard_now_ = 0;  // the clock the shard reads: the entry being applied's
   int64_t now_ = 0;        // this turn's steady clock
   uint64_t boot_id_ = 0;
