@@ -73,7 +73,10 @@ void CheckRows(const Rows& rows, size_t max_keys) {
     CHECK(rows.size() == rows.keys.size(), "Rows::size of explicit keys");
   }
   for (uint64_t table_rows : {uint64_t{1}, uint64_t{7}, uint64_t{1} << 40}) {
-    TableSpec spec{.name = "t", .rows = table_rows, .cols = 1};
+    TableSpec spec;
+    spec.name = "t";
+    spec.rows = table_rows;
+    spec.cols = 1;
     auto table = ps::Table::Create(0, spec, RowRange{0, 0});
     CHECK(table.ok(), "an empty share of a valid table is created");
     Status st = table->CheckInTable(rows);

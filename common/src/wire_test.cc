@@ -41,7 +41,11 @@ TEST(WireTest, RejectsEmptyShortAndGarbage) {
 }
 
 TEST(WireTest, EveryTruncationIsRejectedOrReadsTheSameRequest) {
-  Message m = MakeCreateTable(1, TableSpec{.name = "embedding", .rows = 10, .cols = 4});
+  TableSpec created;
+  created.name = "embedding";
+  created.rows = 10;
+  created.cols = 4;
+  Message m = MakeCreateTable(1, created);
   const Frame& h = m[0];
   int rejected = 0;
   for (size_t cut = 0; cut < h.size(); ++cut) {
@@ -95,7 +99,10 @@ TEST(WireTest, RejectsAMessageWithoutBody) {
 }
 
 TEST(WireTest, HeaderOverTheLimitIsResourceExhausted) {
-  TableSpec t{.name = std::string(5000, 'x'), .rows = 1, .cols = 1};
+  TableSpec t;
+  t.name = std::string(5000, 'x');
+  t.rows = 1;
+  t.cols = 1;
   WireLimits limits;
   limits.max_header_bytes = 1024;
   EXPECT_EQ(DecodeRequest(MakeCreateTable(1, t), limits).status().code(),
@@ -241,7 +248,10 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(reg.incarnation, 6u);
   EXPECT_EQ(reg.name, "alpha");
 
-  TableSpec spec{.name = "emb", .rows = 10, .cols = 4};
+  TableSpec spec;
+  spec.name = "emb";
+  spec.rows = 10;
+  spec.cols = 4;
   spec.optimizer = {OptimizerKind::kAdam, 0.5f, 0.8f, 0.7f, 0.6f, 1e-6f, 0.25f};
   spec.init = {InitKind::kNormal, 0.125f, 99};
   EXPECT_EQ(std::get<CreateTableRequest>(RoundTrip(CreateTableRequest{spec})).spec, spec);
@@ -425,7 +435,10 @@ TEST(WireTest, PullReplyPayloadsAreTheMessagesFrames) {
 // The snapshot store keeps a table spec as these bytes: they must not change, or data
 // directories of earlier releases would no longer recover.
 TEST(WireTest, TableSpecBytesRoundTripAndMatchTheSchema) {
-  TableSpec spec{.name = "w", .rows = 4, .cols = 3};
+  TableSpec spec;
+  spec.name = "w";
+  spec.rows = 4;
+  spec.cols = 3;
   spec.optimizer.kind = OptimizerKind::kMomentum;
   spec.optimizer.lr = 0.5f;
   spec.init = {InitKind::kUniform, 0.25f, 7};

@@ -754,11 +754,17 @@ TEST_F(RocksDbStoreTest, LoadsSnapshotV1Fixture) {
   EXPECT_EQ(snap.workers[0].name, "fixture");
 
   ASSERT_EQ(snap.tables.size(), 2u);
-  TableSpec sgd{.name = "dense_sgd", .rows = 4, .cols = 3};
+  TableSpec sgd;
+  sgd.name = "dense_sgd";
+  sgd.rows = 4;
+  sgd.cols = 3;
   sgd.optimizer.lr = 0.5f;
   sgd.init = {InitKind::kConstant, 1.f, 0};
   EXPECT_EQ(snap.tables[0].spec, sgd);
-  TableSpec adam{.name = "emb_adam", .rows = 5, .cols = 2};
+  TableSpec adam;
+  adam.name = "emb_adam";
+  adam.rows = 5;
+  adam.cols = 2;
   adam.optimizer.kind = OptimizerKind::kAdam;
   adam.optimizer.lr = 0.1f;
   adam.init = {InitKind::kUniform, 0.5f, 7};

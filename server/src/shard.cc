@@ -147,19 +147,7 @@ Result<int64_t> Shard::Recover() {
   clocks_ = ClockTable(snap->min_clock, options_.backup_workers);
   int64_t now = now_ms_();
   for (const WorkerClock& wc : snap->workers) {
-    LiveWorker w;
-    w.worker_id = wc.worker_id;
-    w.incarnation = wc.incarnation;
-    w.name = wc.name;
-    w.clock = wc.clock;
-    w.last_seq = wc.last_seq;
-    w.staleness = wc.staleness;
-    w.samples_per_second = wc.samples_per_second;
-    w.speed_reported = wc.speed_reported;
-    w.push_decided_clock = wc.push_decided_clock;
-    w.push_dropped = wc.push_dropped;
-    w.last_seen_ms = now;  // a fresh lease to come back
-    clocks_.Restore(w);
+    clocks_.Restore(ToLiveWorker(wc, now));  // a fresh lease to come back
   }
   recovered_clock_ = snap->min_clock;
   last_snapshot_clock_ = snap->min_clock;
@@ -907,11 +895,7 @@ ShardSnapshot Shard::MakeSnapshot() const {
     t.cols = sparse_[id]->cols();
     s.tables.push_back(std::move(t));
   }
-  for (const auto& [id, w] : clocks_.workers()) {
-    s.workers.push_back({id, w.incarnation, w.clock, w.last_seq, w.name, w.staleness,
-                         w.samples_per_second, w.speed_reported, w.push_decided_clock,
-                         w.push_dropped});
-  }
+  for (const auto& [id, w] : clocks_.workers()) s.workers.push_back(ToWorkerClock(id, w));
   s.coverage = coverage_.Serialize();
   return s;
 }

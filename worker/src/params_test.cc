@@ -54,6 +54,8 @@ class RemoteParamsTest : public ::testing::Test {
     ASSERT_TRUE(store_->Setup(params, Sgd()).ok());
   }
 
+  // Defined beside the tests that use it.
+  void ExpectMessagesPerIteration(bool clock_with_pull, int per_iteration);
   // Counts the messages to shards that carry more than `bytes` (gradients, not
   // heartbeats or clocks), and their bytes.
   void CountLarge(MemoryCluster& cluster, size_t bytes) {
@@ -188,12 +190,13 @@ TEST_F(RemoteParamsTest, APrefetchUnderStalenessOneIsSwappedInWithoutPullingAgai
   }
 }
 
-// Between two batches of a chunk the clock waits for the next pull: an iteration's
-// pushes, its clock and the next pull reach the shard as one message. At staleness 0 the
-// pull is answered after the clock, with the iteration's own push in.
-TEST_F(RemoteParamsTest, AtStalenessZeroTheClockGoesInTheMessageOfTheNextPull) {
+// Three iterations of two 4 KiB pushes at staleness 0 against one shard, counting the large
+// messages the shard receives: `per_iteration` in all, of which the pushes and the clock
+// (sent by EndIterationBeforePull) are the first. After each, the pull sees the iteration's
+// own pushes.
+void RemoteParamsTest::ExpectMessagesPerIteration(bool clock_with_pull, int per_iteration) {
   MemoryCluster cluster(1);
-  Open(cluster, 0, {Param("a", 256, 4), Param("b", 256, 4)});  // 4 KiB each
+  Open(cluster, 0, {Param("a", 256, 4), Param("b", 256, 4)}, clock_with_pull);
   CountLarge(cluster, 0);
   std::vector<std::vector<float>> values;
   ASSERT_TRUE(store_->PullAll(&values).ok());
@@ -203,35 +206,28 @@ TEST_F(RemoteParamsTest, AtStalenessZeroTheClockGoesInTheMessageOfTheNextPull) {
     store_->Push(0, grad.data());
     store_->Push(1, grad.data());
     ASSERT_TRUE(store_->EndIterationBeforePull().ok());
-    EXPECT_EQ(large_.load(), before + iteration - 1) << "the pushes and the clock are held";
+    EXPECT_EQ(large_.load(), before + per_iteration * iteration - 1)
+        << "after the clock, iteration " << iteration;
     EXPECT_EQ(store_->clock(), iteration);
     ASSERT_TRUE(store_->PullAll(&values).ok());
-    EXPECT_EQ(large_.load(), before + iteration) << "one message: pushes, clock, pulls";
+    EXPECT_EQ(large_.load(), before + per_iteration * iteration)
+        << "after the pull, iteration " << iteration;
     for (const auto& v : values) EXPECT_EQ(v.front(), -static_cast<float>(iteration));
   }
   EXPECT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& v) { return v.min_clock == 3; }));
 }
 
+// Between two batches of a chunk the clock waits for the next pull: an iteration's
+// pushes, its clock and the next pull reach the shard as one message. At staleness 0 the
+// pull is answered after the clock, with the iteration's own push in.
+TEST_F(RemoteParamsTest, AtStalenessZeroTheClockGoesInTheMessageOfTheNextPull) {
+  ExpectMessagesPerIteration(/*clock_with_pull=*/true, 1);
+}
+
 // With replicated shards (clock_with_pull off) the pushes and the clock go at the end of the
 // iteration, and the pull in a message of its own: two messages per iteration.
 TEST_F(RemoteParamsTest, WithoutClockWithPullTheIterationEndsWithItsOwnMessage) {
-  MemoryCluster cluster(1);
-  Open(cluster, 0, {Param("a", 256, 4), Param("b", 256, 4)}, /*clock_with_pull=*/false);
-  CountLarge(cluster, 0);
-  std::vector<std::vector<float>> values;
-  ASSERT_TRUE(store_->PullAll(&values).ok());
-  const int before = large_.load();
-  std::vector<float> grad(1024, 1.f);
-  for (int iteration = 1; iteration <= 3; ++iteration) {
-    store_->Push(0, grad.data());
-    store_->Push(1, grad.data());
-    ASSERT_TRUE(store_->EndIterationBeforePull().ok());
-    EXPECT_EQ(large_.load(), before + 2 * iteration - 1) << "pushes and clock sent at once";
-    ASSERT_TRUE(store_->PullAll(&values).ok());
-    EXPECT_EQ(large_.load(), before + 2 * iteration) << "the pull alone";
-    for (const auto& v : values) EXPECT_EQ(v.front(), -static_cast<float>(iteration));
-  }
-  EXPECT_TRUE(cluster.WaitFor(0, [](const MemoryCluster::View& v) { return v.min_clock == 3; }));
+  ExpectMessagesPerIteration(/*clock_with_pull=*/false, 2);
 }
 
 // Above staleness 0 the held clock goes with the prefetch (started after the pull that

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "leash/common/status.h"
+#include "leash/ps/clock_table.h"
 #include "leash/ps/table.h"
 
 namespace leash::server {
@@ -32,6 +33,29 @@ struct WorkerClock {
   int64_t push_decided_clock = -1;
   bool push_dropped = false;
 };
+
+// A live worker's record as a snapshot keeps it, and back: every field a snapshot carries
+// goes through these two, so a field added to both structs is added here once (brace lists:
+// -Wmissing-field-initializers names one left out).
+inline WorkerClock ToWorkerClock(uint64_t worker_id, const ps::LiveWorker& w) {
+  return {
+      worker_id,   w.incarnation,        w.clock,          w.last_seq,           w.name,
+      w.staleness, w.samples_per_second, w.speed_reported, w.push_decided_clock, w.push_dropped};
+}
+// `last_seen_ms`: when its lease starts again (a recovered worker gets a fresh one).
+inline ps::LiveWorker ToLiveWorker(const WorkerClock& wc, int64_t last_seen_ms) {
+  return {.worker_id = wc.worker_id,
+          .incarnation = wc.incarnation,
+          .name = wc.name,
+          .clock = wc.clock,
+          .last_seq = wc.last_seq,
+          .last_seen_ms = last_seen_ms,
+          .staleness = wc.staleness,
+          .samples_per_second = wc.samples_per_second,
+          .speed_reported = wc.speed_reported,
+          .push_decided_clock = wc.push_decided_clock,
+          .push_dropped = wc.push_dropped};
+}
 
 struct ShardSnapshot {
   uint32_t shard = 0;
