@@ -690,6 +690,28 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
 }
 
+// A same-host worker's payloads reach the shard lent from its shared memory, which it takes
+// back once the message is handled (here the network then fills them with 0xff: a NaN in
+// every float). The primary ships and applies them in place and a backup acknowledges them
+// in place, but both keep copies in their logs: a backup applies an entry only after a
+// later message commits it, and a replica that joins later is sent the primary's log.
+TEST_F(ReplicaTest, FramesTheTransportLendsAreCopiedBeforeTheLogKeepsThem) {
+  Group& g = SetUpGroup(3, Spec(OptimizerKind::kMomentum, 0.1f), {}, {}, /*started=*/2);
+  g.net().LendFrames(true);
+  Worker& w = worker();
+  for (int i = 1; i <= 30; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
+  g.Start(2);
+  for (int i = 31; i <= 60; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
+  ASSERT_TRUE(Settle(g, 3));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1, 2}));
+  for (int r = 0; r < 3; ++r) {
+    const auto& c = g.replica(r).shard().counters();
+    EXPECT_EQ(c.pushes_applied, 60u) << "replica " << r;
+    EXPECT_EQ(c.nonfinite_pushes, 0u) << "replica " << r << " applied bytes taken back";
+    if (r != 0) ExpectIdentical(g.replica(0), g.replica(r));
+  }
+}
+
 // Found by the docker test's replicated case: a backup caught up from a snapshot lost the
 // chunk leases (the snapshot held the progress only), so it granted other chunks than the
 // primary as it applied the log; after a failover a chunk stayed leased to a worker that

@@ -236,6 +236,21 @@ bool Replica::ChangesState(const Message& message) const {
 
 void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
                      const std::string& user) {
+  HandleOne(peer, message, out, user);
+  if (!lent_entries_.empty()) KeepLentEntries();
+}
+
+void Replica::KeepLentEntries() {
+  for (uint64_t index : lent_entries_) {
+    // An entry dropped since (a divergent tail, a compaction, a snapshot installed) is gone.
+    if (index <= base_index_ || index > last_index()) continue;
+    KeepLentFrames(&log_[index - base_index_ - 1].message);
+  }
+  lent_entries_.clear();
+}
+
+void Replica::HandleOne(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
+                        const std::string& user) {
   now_ = now_ms_();
   // The header is verified once here to route the message, and again by the shard.
   const bool batch = IsBatch(message);
@@ -301,6 +316,18 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
+  if (HasLentFrames(e.message)) {
+    lent_entries_.push_back(e.index);
+    // A backup on another host gets them through its socket, which copies lent frames
+    // anyway: copied once, here, instead.
+    const ClientSharedMemory* shm = peers_->shared_memory();
+    for (uint32_t r = 0; r < options_.replicas; ++r) {
+      if (r != options_.replica && (shm == nullptr || !shm->ActiveWith(static_cast<int>(r)))) {
+        KeepLentFrames(&e.message);
+        break;
+      }
+    }
+  }
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   // Shipped before it is applied here: the backups receive and acknowledge the entry while
@@ -868,6 +895,7 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
       }
     }
     log_bytes_ += EntryBytes(e);
+    if (HasLentFrames(e.message)) lent_entries_.push_back(e.index);
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());

@@ -43,6 +43,7 @@ struct MemoryNetwork::State {
   uint64_t next_peer = 0;
   std::map<std::string, Inbox*> servers;  // bound endpoints by address
   std::map<PeerId, Inbox*> clients;       // open connections by peer id
+  bool lend = false;                      // LendFrames
 
   const Faults& FaultsFor(Direction d, const std::string& address) {
     static const Faults kNone;
@@ -160,13 +161,31 @@ class MemoryServer final : public ServerTransport {
   Inbox* inbox() { return &inbox_; }
 
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) override {
+    // The previous message is handled: its lenders take their memory back.
+    for (const auto& buf : lent_) std::fill(buf->begin(), buf->end(), uint8_t{0xff});
+    lent_.clear();
     std::optional<Inbox::Item> item = state_->Take(inbox_, timeout);
     if (!item) return std::optional<Inbound>();
+    bool lend = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      lend = state_->lend;
+    }
+    if (lend) {
+      for (size_t i = 1; i < item->message.size(); ++i) {
+        const Frame& f = item->message[i];
+        if (f.empty()) continue;
+        auto buf = std::make_shared<std::vector<uint8_t>>(f.data(), f.data() + f.size());
+        lent_.push_back(buf);
+        item->message[i] = Frame::Lent(buf->data(), buf->size(), buf);
+      }
+    }
     return std::optional<Inbound>(
         Inbound{std::move(item->peer), std::move(item->message), std::move(item->user)});
   }
 
   Status Send(const PeerId& peer, Message message) override {
+    KeepLentFrames(&message);  // as a socket or a shared-memory ring: the bytes go, copied
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->clients.find(peer);
     Inbox* to = it == state_->clients.end() ? nullptr : it->second;
@@ -187,9 +206,10 @@ class MemoryServer final : public ServerTransport {
   std::shared_ptr<State> state_;
   std::string address_;
   Inbox inbox_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> lent_;  // the last message's lent frames
 };
 
-class MemoryClient final : public ClientTransport {
+class MemoryClient final : public ClientTransport, public ClientSharedMemory {
  public:
   MemoryClient(std::shared_ptr<State> state, std::vector<std::string> addresses, std::string user)
       : state_(std::move(state)), addresses_(std::move(addresses)), user_(std::move(user)) {
@@ -207,6 +227,7 @@ class MemoryClient final : public ClientTransport {
   int num_shards() const override { return static_cast<int>(addresses_.size()); }
 
   Status Send(int shard, Message message) override {
+    KeepLentFrames(&message);  // as a socket or a shared-memory ring: the bytes go, copied
     auto i = static_cast<size_t>(shard);
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->servers.find(addresses_.at(i));
@@ -226,6 +247,18 @@ class MemoryClient final : public ClientTransport {
   }
 
   void Wake() override { state_->Wake(inbox_); }
+
+  // While the network lends frames it stands for same-host shared memory: every shard is
+  // reached through it (no payload is reserved in it, though).
+  ClientSharedMemory* shared_memory() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->lend ? this : nullptr;
+  }
+  std::optional<WritableFrame> ReservePayload(int, size_t) override { return std::nullopt; }
+  bool ActiveWith(int) const override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->lend;
+  }
 
   Status Reconnect(int shard) override {
     auto i = static_cast<size_t>(shard);
@@ -287,6 +320,11 @@ void MemoryNetwork::AddRule(Rule rule) {
 void MemoryNetwork::ClearRules() {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->rules.clear();
+}
+
+void MemoryNetwork::LendFrames(bool on) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->lend = on;
 }
 
 NetworkStats MemoryNetwork::stats() const {

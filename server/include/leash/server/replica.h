@@ -167,6 +167,14 @@ class Replica {
 
   // Stats of a primary: the commit index and each backup's lag (leashctl status).
   void FillBackupLag(ShardStats* st) const;
+  // Handle's work; Handle then copies the lent frames the log took (KeepLentEntries).
+  void HandleOne(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
+                 const std::string& user);
+  // Frames the transport lent (a same-host peer's shared memory, Frame::Lent) are logged,
+  // shipped and applied in place, so neither the primary's shipping nor a backup's
+  // acknowledgement waits for a copy; the entries that hold them are copied here, before
+  // the next message (the log keeps them far longer than a lender lends).
+  void KeepLentEntries();
   void OnReplication(const PeerId& peer, const Message& message);
   void OnAppend(const ReplAppendMsg& m);
   void OnAck(const ReplAckMsg& m);
@@ -235,9 +243,10 @@ class Replica {
   ReplicaRole role_ = ReplicaRole::kBackup;
   uint64_t term_ = 0;
   std::optional<uint32_t> primary_;
-  std::deque<ReplEntryWire> log_;  // entries base_index_+1 .. last_index()
-  uint64_t base_index_ = 0;        // the entry before log_.front() (a snapshot's)
-  size_t log_bytes_ = 0;           // EntryBytes of every entry in log_
+  std::deque<ReplEntryWire> log_;       // entries base_index_+1 .. last_index()
+  uint64_t base_index_ = 0;             // the entry before log_.front() (a snapshot's)
+  size_t log_bytes_ = 0;                // EntryBytes of every entry in log_
+  std::vector<uint64_t> lent_entries_;  // indices of entries logged with lent frames
   uint64_t base_term_ = 0;
   uint64_t commit_index_ = 0;
   uint64_t applied_index_ = 0;
