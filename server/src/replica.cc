@@ -316,18 +316,10 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
-  if (HasLentFrames(e.message)) {
-    lent_entries_.push_back(e.index);
-    // A backup on another host gets them through its socket, which copies lent frames
-    // anyway: copied once, here, instead.
-    const ClientSharedMemory* shm = peers_->shared_memory();
-    for (uint32_t r = 0; r < options_.replicas; ++r) {
-      if (r != options_.replica && (shm == nullptr || !shm->ActiveWith(static_cast<int>(r)))) {
-        KeepLentFrames(&e.message);
-        break;
-      }
-    }
-  }
+  // Frames lent from a same-host worker's ring are copied first: every replica must get the
+  // bytes this one applies, whatever the worker writes into its ring later. The copy checks
+  // them for NaN and Inf in the same pass (Frame::Kept), and the update trusts that.
+  KeepLentFrames(&e.message);
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   // Shipped before it is applied here: the backups receive and acknowledge the entry while

@@ -209,7 +209,7 @@ class MemoryServer final : public ServerTransport {
   std::vector<std::shared_ptr<std::vector<uint8_t>>> lent_;  // the last message's lent frames
 };
 
-class MemoryClient final : public ClientTransport, public ClientSharedMemory {
+class MemoryClient final : public ClientTransport {
  public:
   MemoryClient(std::shared_ptr<State> state, std::vector<std::string> addresses, std::string user)
       : state_(std::move(state)), addresses_(std::move(addresses)), user_(std::move(user)) {
@@ -247,18 +247,6 @@ class MemoryClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   void Wake() override { state_->Wake(inbox_); }
-
-  // While the network lends frames it stands for same-host shared memory: every shard is
-  // reached through it (no payload is reserved in it, though).
-  ClientSharedMemory* shared_memory() override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->lend ? this : nullptr;
-  }
-  std::optional<WritableFrame> ReservePayload(int, size_t) override { return std::nullopt; }
-  bool ActiveWith(int) const override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->lend;
-  }
 
   Status Reconnect(int shard) override {
     auto i = static_cast<size_t>(shard);

@@ -83,8 +83,7 @@ class MemoryNetwork {
   // On: a shard receives the payload frames (all but frame 0) of each message lent
   // (Frame::Lent), as from a same-host client's shared memory, and the lender takes them
   // back as soon as the shard asks for its next message: their bytes become 0xff (a NaN
-  // in every float). Clients then report shared memory with every shard (ActiveWith).
-  // Sends copy lent frames, as a socket or a ring would.
+  // in every float). Sends copy lent frames, as a socket or a ring would.
   void LendFrames(bool on);
 
   NetworkStats stats() const;

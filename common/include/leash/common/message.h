@@ -41,8 +41,11 @@ class Frame {
     return f;
   }
   bool lent() const { return lent_; }
-  // This frame, or a copy of its bytes if it is lent.
-  Frame Kept() const { return lent_ ? Copy(data_, size_) : *this; }
+  // This frame, or a copy of its bytes if it is lent. The copy notes whether its bytes, read
+  // as fp32, are all finite (finite_floats), found in the same pass.
+  Frame Kept() const;
+  // Known to hold whole fp32 values, none NaN or Inf (a copy Kept made); false: not known.
+  bool finite_floats() const { return finite_floats_; }
 
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -56,6 +59,7 @@ class Frame {
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
   bool lent_ = false;
+  bool finite_floats_ = false;
 };
 
 // A multipart message: frame 0 is the header, the rest are payloads.

@@ -170,10 +170,12 @@ class Replica {
   // Handle's work; Handle then copies the lent frames the log took (KeepLentEntries).
   void HandleOne(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
                  const std::string& user);
-  // Frames the transport lent (a same-host peer's shared memory, Frame::Lent) are logged,
-  // shipped and applied in place, so neither the primary's shipping nor a backup's
-  // acknowledgement waits for a copy; the entries that hold them are copied here, before
-  // the next message (the log keeps them far longer than a lender lends).
+  // A backup acknowledges appended entries in the frames the transport lent (a same-host
+  // primary's shared memory, Frame::Lent), so its acknowledgement waits for no copy; the
+  // entries that hold them are copied here, after the message (the log keeps them far
+  // longer than a lender lends). The copies are checked for NaN and Inf in the same pass, so
+  // applying them later need not check again. (A primary copies a worker's lent frames
+  // before it logs them: see Log.)
   void KeepLentEntries();
   void OnReplication(const PeerId& peer, const Message& message);
   void OnAppend(const ReplAppendMsg& m);
@@ -246,7 +248,7 @@ class Replica {
   std::deque<ReplEntryWire> log_;       // entries base_index_+1 .. last_index()
   uint64_t base_index_ = 0;             // the entry before log_.front() (a snapshot's)
   size_t log_bytes_ = 0;                // EntryBytes of every entry in log_
-  std::vector<uint64_t> lent_entries_;  // indices of entries logged with lent frames
+  std::vector<uint64_t> lent_entries_;  // indices of appended entries with lent frames
   uint64_t base_term_ = 0;
   uint64_t commit_index_ = 0;
   uint64_t applied_index_ = 0;
