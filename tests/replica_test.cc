@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -689,34 +688,6 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
   ASSERT_EQ(g.Primary(), std::optional<int>(1));
   ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
-}
-
-// A same-host peer's payloads reach the shard lent from its shared memory, which it takes
-// back once the message is handled (here the network then fills them with 0xff: a NaN in
-// every float). The primary copies a worker's before logging them; a backup acknowledges an
-// append in the primary's lent frames and copies them after. Both logs must hold copies: a
-// backup applies an entry only after a later message commits it, and a replica that joins
-// later is sent the primary's log.
-TEST_F(ReplicaTest, FramesTheTransportLendsAreCopiedBeforeTheLogKeepsThem) {
-  Group& g = SetUpGroup(3, Spec(OptimizerKind::kMomentum, 0.1f), {}, {}, /*started=*/2);
-  g.net().LendFrames(true);
-  Worker& w = worker();
-  for (int i = 1; i <= 30; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
-  g.Start(2);
-  for (int i = 31; i <= 60; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 32), 8));
-  // The copies are checked for NaN and Inf as they are made, and applying them trusts that:
-  // a NaN is still refused everywhere.
-  std::vector<float> nan = IntGrad(61, 32);
-  nan[5] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_FALSE(w.Push(nan, 8));
-  ASSERT_TRUE(Settle(g, 3));
-  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1, 2}));
-  for (int r = 0; r < 3; ++r) {
-    const auto& c = g.replica(r).shard().counters();
-    EXPECT_EQ(c.pushes_applied, 60u) << "replica " << r;
-    EXPECT_EQ(c.nonfinite_pushes, 1u) << "replica " << r << " (more: it applied bytes taken back)";
-    if (r != 0) ExpectIdentical(g.replica(0), g.replica(r));
-  }
 }
 
 // Found by the docker test's replicated case: a backup caught up from a snapshot lost the

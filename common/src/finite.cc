@@ -57,30 +57,6 @@ __attribute__((target("avx2"))) bool AllFiniteAvx2(const float* p, size_t n) {
   return _mm256_testz_si256(bad, bad) != 0 && AllFiniteScalar(p + i, n - i);
 }
 
-__attribute__((target("avx2"))) bool CopyAllFiniteAvx2(float* dst, const float* src, size_t n) {
-  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kExp));
-  __m256i bad0 = _mm256_setzero_si256(), bad1 = bad0, bad2 = bad0, bad3 = bad0;
-  size_t i = 0;
-  // (A macro, not a lambda: a lambda would not inherit the function's AVX2 target.)
-#define LEASH_COPY8(bad, at)                                                            \
-  do {                                                                                  \
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (at))); \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (at)), v);                     \
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, mask), mask));    \
-  } while (0)
-  for (; i + 32 <= n; i += 32) {
-    LEASH_COPY8(bad0, i);
-    LEASH_COPY8(bad1, i + 8);
-    LEASH_COPY8(bad2, i + 16);
-    LEASH_COPY8(bad3, i + 24);
-  }
-  for (; i + 8 <= n; i += 8) LEASH_COPY8(bad0, i);
-#undef LEASH_COPY8
-  const __m256i bad = _mm256_or_si256(_mm256_or_si256(bad0, bad1), _mm256_or_si256(bad2, bad3));
-  if (i < n) std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
-  return _mm256_testz_si256(bad, bad) != 0 && AllFiniteScalar(dst + i, n - i);
-}
-
 // AVX2 in the CPU (CPUID leaf 7) and YMM state saved by the OS (OSXSAVE, then XGETBV).
 bool HasAvx2() {
   static const bool has = [] {
@@ -117,14 +93,6 @@ bool AllFinite(const float* p, size_t n) {
 #else
   return AllFiniteScalar(p, n);
 #endif
-}
-
-bool CopyAllFinite(float* dst, const float* src, size_t n) {
-#if defined(__x86_64__)
-  if (HasAvx2()) return CopyAllFiniteAvx2(dst, src, n);
-#endif
-  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
-  return AllFinite(dst, n);
 }
 
 }  // namespace leash

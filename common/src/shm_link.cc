@@ -59,11 +59,10 @@ std::optional<Placement> PlaceFrames(const Message& message, size_t min_bytes, S
   return p;
 }
 
-// Fills the frames a trailer names from `segment`, in place: borrowed from a ring whose
-// writer never reclaims (the shard's replies), lent from one whose writer does (the
-// client's requests). Frames that cannot be read stay empty, so the message fails its size
-// checks above with a clear error instead of being taken for something else.
-Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, bool lent,
+// Fills the frames a trailer names from `segment` (copied out, or borrowed in place).
+// Frames that cannot be read stay empty, so the message fails its size checks above
+// with a clear error instead of being taken for something else.
+Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, bool copy,
                   Message* message) {
   Status first;
   for (const auto& [index, d] : t.frames) {
@@ -73,7 +72,7 @@ Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, 
       }
       continue;
     }
-    Result<Frame> f = lent ? segment->Lend(segment, d) : segment->Borrow(segment, d);
+    Result<Frame> f = copy ? segment->CopyOut(d) : segment->Borrow(segment, d);
     if (!f.ok()) {
       if (first.ok()) first = f.status();
       continue;
@@ -245,7 +244,7 @@ Status ClientLink::Fill(const Trailer& t, Message* message) const {
   if (!segment || segment->token() != t.token) {
     return InvalidArgument("the shard used shared memory this client did not offer");
   }
-  return FillFrames(t, segment, /*lent=*/false, message);
+  return FillFrames(t, segment, /*copy=*/false, message);
 }
 
 // ------------------------------------------------------------------------------ server side
@@ -313,7 +312,7 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
       answer = EncodeAnswer(false, trailer->token, why.message());
     } else {
       peers_[peer] = trailer->name;
-      Status st = FillFrames(*trailer, link->segment, /*lent=*/true, message);
+      Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message);
       if (!st.ok()) {
         Warn("a shared-memory frame could not be read: " + st.ToString() + "; the request fails");
       }

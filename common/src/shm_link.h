@@ -114,10 +114,9 @@ class ServerLinks {
 
   // The answer to `peer`'s offer (the offer's bytes).
   std::string AnswerOffer(const PeerId& peer, const void* data, size_t size);
-  // Keeps `peer`'s segment alive and fills the frames `trailer` (if any) names, lent in
-  // place (Frame::Lent: the client reclaims granules held for a minute). Returns an answer to send
-  // `peer` when the trailer names a segment this shard cannot read (the client then stops using it;
-  // this request fails its size checks).
+  // Keeps `peer`'s segment alive and fills the frames `trailer` (if any) names, copied
+  // out. Returns an answer to send `peer` when the trailer names a segment this shard
+  // cannot read (the client then stops using it; this request fails its size checks).
   std::optional<std::string> OnMessage(const PeerId& peer, const Trailer* trailer,
                                        Message* message);
   // True while no client's segment is mapped.

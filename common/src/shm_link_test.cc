@@ -128,35 +128,6 @@ TEST(ShmLinkTest, AReservedPayloadIsSentInPlaceAndReadAgainWhenResent) {
   }
 }
 
-// The shard reads a client's frames in place, lent (the client reclaims granules held for a
-// minute): their granules stay taken while the shard holds them and go back when it drops
-// them. A kept copy does not hold them.
-TEST(ShmLinkTest, AShardReadsAClientsFramesInPlaceLentUntilItDropsThem) {
-  ClientLink client(kRing, kMin, "shard 0");  // 64 granules of 16 KiB
-  ServerLinks server(true, kMin);
-  Connect(client, server, "peer");
-  ASSERT_TRUE(client.on());
-  const Frame payload = Pattern(200'000, 9);  // 13 granules
-  std::vector<Message> held;
-  std::vector<Frame> kept;
-  for (int i = 0; i < 4; ++i) {
-    Wire up = Carry({Pattern(64, 1), payload}, client.Place({Pattern(64, 1), payload}), 0);
-    ASSERT_TRUE(up.trailer) << i;
-    EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
-    ASSERT_TRUE(up.message[1].lent()) << i;
-    EXPECT_FALSE(up.message[0].lent()) << "frames that came inline are the socket's";
-    EXPECT_TRUE(Same(up.message[1], payload)) << i;
-    kept.push_back(up.message[1].Kept());
-    EXPECT_FALSE(kept.back().lent());
-    held.push_back(std::move(up.message));
-  }
-  EXPECT_FALSE(client.Place({Pattern(64, 1), payload}))
-      << "four frames held in place leave no room for a fifth";
-  held.clear();
-  EXPECT_TRUE(client.Place({Pattern(64, 1), payload})) << "dropped, their granules went back";
-  for (const Frame& f : kept) EXPECT_TRUE(Same(f, payload));
-}
-
 TEST(ShmLinkTest, AShardWithSharedMemoryOffDeclinesAndTheClientStaysOff) {
   ClientLink client(kRing, kMin, "shard 0");
   ServerLinks server(/*enabled=*/false, kMin);

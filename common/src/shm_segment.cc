@@ -307,15 +307,6 @@ Result<Frame> ShmSegment::CopyOut(const Descriptor& d) {
 }
 
 Result<Frame> ShmSegment::Borrow(std::shared_ptr<ShmSegment> self, const Descriptor& d) {
-  return InPlace(std::move(self), d, /*lent=*/false);
-}
-
-Result<Frame> ShmSegment::Lend(std::shared_ptr<ShmSegment> self, const Descriptor& d) {
-  return InPlace(std::move(self), d, /*lent=*/true);
-}
-
-Result<Frame> ShmSegment::InPlace(std::shared_ptr<ShmSegment> self, const Descriptor& d,
-                                  bool lent) {
   LEASH_ASSIGN_OR_RETURN(const uint8_t* p, Check(d));
   struct Loan {
     Loan(std::shared_ptr<ShmSegment> s, const Descriptor& desc) : segment(std::move(s)), d(desc) {}
@@ -326,8 +317,7 @@ Result<Frame> ShmSegment::InPlace(std::shared_ptr<ShmSegment> self, const Descri
     Descriptor d;
   };
   auto loan = std::make_shared<Loan>(std::move(self), d);
-  std::shared_ptr<const void> owner(loan, loan.get());
-  return lent ? Frame::Lent(p, d.size, std::move(owner)) : Frame::Wrap(p, d.size, std::move(owner));
+  return Frame::Wrap(p, d.size, std::shared_ptr<const void>(loan, loan.get()));
 }
 
 // ---------------------------------------------------------------- ShmWriter

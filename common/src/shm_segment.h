@@ -98,10 +98,6 @@ class ShmSegment {
   // writer when the last copy of the Frame is destroyed. The writer must never reclaim
   // granules of this ring.
   Result<Frame> Borrow(std::shared_ptr<ShmSegment> self, const Descriptor& d);
-  // Reader side: as Borrow, for a ring whose writer reclaims granules held past its reclaim
-  // time: the Frame is lent (Frame::Lent), and whoever keeps it beyond handling its message
-  // keeps a copy (Frame::Kept).
-  Result<Frame> Lend(std::shared_ptr<ShmSegment> self, const Descriptor& d);
 
   // Removes the segment's name (creator, at exit); mappings stay valid.
   void Unlink();
@@ -111,8 +107,6 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   Status Map(int fd, size_t size, bool create);
-  // Borrow (lent false) and Lend (true).
-  Result<Frame> InPlace(std::shared_ptr<ShmSegment> self, const Descriptor& d, bool lent);
   size_t RingOffset(uint32_t ring) const;
 
   std::string name_;
@@ -134,8 +128,7 @@ class ShmSegment {
 class ShmWriter {
  public:
   // `reclaim_ms` > 0: granules a reader has not given back after that long are taken
-  // back (the reader died with them); readers of such a ring must CopyOut, or Lend and copy
-  // what they keep. 0: never.
+  // back (the reader died with them); readers of such a ring must CopyOut. 0: never.
   ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms);
 
   // Copies `frame` into the ring. nullopt if the ring has no room for it.

@@ -55,16 +55,14 @@ void ReleaseCounted(void* /*data*/, void* hint) {
 
 zmq::message_t ToZmq(const Frame& f) {
   // Small frames are cheaper to copy than to hand over with a free callback.
-  // A lent frame is copied: ZeroMQ may hold a message queued for longer than the lender
-  // lends (a peer that is away).
-  if (f.size() < 256 || !f.owner() || f.lent()) return zmq::message_t(f.data(), f.size());
+  if (f.size() < 256 || !f.owner()) return zmq::message_t(f.data(), f.size());
   auto* hint = new std::shared_ptr<const void>(f.owner());
   return zmq::message_t(const_cast<uint8_t*>(f.data()), f.size(), &ReleaseOwner, hint);
 }
 
 zmq::message_t ToZmqCounted(const Frame& f, const std::shared_ptr<std::atomic<int64_t>>& queued) {
   if (f.size() < 256) return zmq::message_t(f.data(), f.size());
-  Frame owned = f.owner() ? f.Kept() : Frame::Copy(f.data(), f.size());
+  Frame owned = f.owner() ? f : Frame::Copy(f.data(), f.size());
   auto* hint = new CountedFrame{owned.owner(), queued, static_cast<int64_t>(owned.size())};
   queued->fetch_add(hint->bytes);
   return zmq::message_t(const_cast<uint8_t*>(owned.data()), owned.size(), &ReleaseCounted, hint);

@@ -236,21 +236,6 @@ bool Replica::ChangesState(const Message& message) const {
 
 void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
                      const std::string& user) {
-  HandleOne(peer, message, out, user);
-  if (!lent_entries_.empty()) KeepLentEntries();
-}
-
-void Replica::KeepLentEntries() {
-  for (uint64_t index : lent_entries_) {
-    // An entry dropped since (a divergent tail, a compaction, a snapshot installed) is gone.
-    if (index <= base_index_ || index > last_index()) continue;
-    KeepLentFrames(&log_[index - base_index_ - 1].message);
-  }
-  lent_entries_.clear();
-}
-
-void Replica::HandleOne(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
-                        const std::string& user) {
   now_ = now_ms_();
   // The header is verified once here to route the message, and again by the shard.
   const bool batch = IsBatch(message);
@@ -316,10 +301,6 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
-  // Frames lent from a same-host worker's ring are copied first: every replica must get the
-  // bytes this one applies, whatever the worker writes into its ring later. The copy checks
-  // them for NaN and Inf in the same pass (Frame::Kept), and the update trusts that.
-  KeepLentFrames(&e.message);
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   // Shipped before it is applied here: the backups receive and acknowledge the entry while
@@ -887,7 +868,6 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
       }
     }
     log_bytes_ += EntryBytes(e);
-    if (HasLentFrames(e.message)) lent_entries_.push_back(e.index);
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());

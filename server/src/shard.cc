@@ -585,13 +585,9 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
     std::vector<float> grad;
     const float* g = nullptr;
     const Frame& payload = payloads[0];
-    // A replica's log keeps copies checked for NaN and Inf in the copying pass
-    // (Frame::Kept): a backup applying them need not read them once more to know.
-    bool known_finite = false;
     if (m.dtype == DType::kF32 && payload.size() == n * sizeof(float) &&
         reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
       g = reinterpret_cast<const float*>(payload.data());
-      known_finite = payload.finite_floats();
     } else {
       grad.resize(n);
       LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data())
@@ -609,10 +605,10 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
       }
       if (grad.empty()) grad.assign(g, g + n);  // the received frame is not written
       const float scale = static_cast<float>(m.samples) / static_cast<float>(m.global_batch);
-      for (float& v : grad) v *= scale;  // at most 1: finite values stay finite
+      for (float& v : grad) v *= scale;
       g = grad.data();
     }
-    if (!known_finite && !AllFinite(g, n)) {
+    if (!AllFinite(g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
         return InvalidArgument("push to table '" + name +
@@ -1003,13 +999,7 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
       result = in.status();
       break;
     }
-    if (in->has_value()) {
-      // Frames lent from a same-host worker's ring are copied before the shard reads them,
-      // so the worker cannot change a gradient between its NaN check and its update; the
-      // copy checks it in the same pass (Frame::Kept), and the update trusts that.
-      KeepLentFrames(&(*in)->message);
-      shard.Handle((*in)->peer, (*in)->message, &out);
-    }
+    if (in->has_value()) shard.Handle((*in)->peer, (*in)->message, &out);
     wait_ms = shard.Tick(&out);
     for (Outgoing& o : out) {
       Status st = transport.Send(o.peer, std::move(o.message));

@@ -43,7 +43,6 @@ struct MemoryNetwork::State {
   uint64_t next_peer = 0;
   std::map<std::string, Inbox*> servers;  // bound endpoints by address
   std::map<PeerId, Inbox*> clients;       // open connections by peer id
-  bool lend = false;                      // LendFrames
 
   const Faults& FaultsFor(Direction d, const std::string& address) {
     static const Faults kNone;
@@ -161,31 +160,13 @@ class MemoryServer final : public ServerTransport {
   Inbox* inbox() { return &inbox_; }
 
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) override {
-    // The previous message is handled: its lenders take their memory back.
-    for (const auto& buf : lent_) std::fill(buf->begin(), buf->end(), uint8_t{0xff});
-    lent_.clear();
     std::optional<Inbox::Item> item = state_->Take(inbox_, timeout);
     if (!item) return std::optional<Inbound>();
-    bool lend = false;
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      lend = state_->lend;
-    }
-    if (lend) {
-      for (size_t i = 1; i < item->message.size(); ++i) {
-        const Frame& f = item->message[i];
-        if (f.empty()) continue;
-        auto buf = std::make_shared<std::vector<uint8_t>>(f.data(), f.data() + f.size());
-        lent_.push_back(buf);
-        item->message[i] = Frame::Lent(buf->data(), buf->size(), buf);
-      }
-    }
     return std::optional<Inbound>(
         Inbound{std::move(item->peer), std::move(item->message), std::move(item->user)});
   }
 
   Status Send(const PeerId& peer, Message message) override {
-    KeepLentFrames(&message);  // as a socket or a shared-memory ring: the bytes go, copied
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->clients.find(peer);
     Inbox* to = it == state_->clients.end() ? nullptr : it->second;
@@ -206,7 +187,6 @@ class MemoryServer final : public ServerTransport {
   std::shared_ptr<State> state_;
   std::string address_;
   Inbox inbox_;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> lent_;  // the last message's lent frames
 };
 
 class MemoryClient final : public ClientTransport {
@@ -227,7 +207,6 @@ class MemoryClient final : public ClientTransport {
   int num_shards() const override { return static_cast<int>(addresses_.size()); }
 
   Status Send(int shard, Message message) override {
-    KeepLentFrames(&message);  // as a socket or a shared-memory ring: the bytes go, copied
     auto i = static_cast<size_t>(shard);
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->servers.find(addresses_.at(i));
@@ -308,11 +287,6 @@ void MemoryNetwork::AddRule(Rule rule) {
 void MemoryNetwork::ClearRules() {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->rules.clear();
-}
-
-void MemoryNetwork::LendFrames(bool on) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  state_->lend = on;
 }
 
 NetworkStats MemoryNetwork::stats() const {

@@ -80,12 +80,6 @@ class MemoryNetwork {
   void AddRule(Rule rule);
   void ClearRules();
 
-  // On: a shard receives the payload frames (all but frame 0) of each message lent
-  // (Frame::Lent), as from a same-host client's shared memory, and the lender takes them
-  // back as soon as the shard asks for its next message: their bytes become 0xff (a NaN
-  // in every float). Sends copy lent frames, as a socket or a ring would.
-  void LendFrames(bool on);
-
   NetworkStats stats() const;
 
   struct State;  // shared with the transports

@@ -9,10 +9,6 @@ namespace leash {
 
 bool AllFinite(const float* p, size_t n);
 
-// Copies `n` floats from `src` to `dst` (which must not overlap) and says whether they are
-// all finite: one pass over the values instead of a copy and AllFinite.
-bool CopyAllFinite(float* dst, const float* src, size_t n);
-
 // The portable loop AllFinite runs where no vector unit is used: the reference the tests
 // and leash-bench-decode16 hold the vector paths to.
 bool AllFiniteScalar(const float* p, size_t n);

@@ -32,21 +32,6 @@ class Frame {
     return f;
   }
 
-  // Refers to `data` that a transport lends (a same-host peer's shared memory, shm_segment.h):
-  // valid while held, as Wrap, but its sender takes the memory back after a while (a
-  // minute). Whoever keeps such a frame beyond handling its message keeps Kept() instead.
-  static Frame Lent(const void* data, size_t size, std::shared_ptr<const void> owner) {
-    Frame f = Wrap(data, size, std::move(owner));
-    f.lent_ = true;
-    return f;
-  }
-  bool lent() const { return lent_; }
-  // This frame, or a copy of its bytes if it is lent. The copy notes whether its bytes, read
-  // as fp32, are all finite (finite_floats), found in the same pass.
-  Frame Kept() const;
-  // Known to hold whole fp32 values, none NaN or Inf (a copy Kept made); false: not known.
-  bool finite_floats() const { return finite_floats_; }
-
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -58,27 +43,10 @@ class Frame {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
-  bool lent_ = false;
-  bool finite_floats_ = false;
 };
 
 // A multipart message: frame 0 is the header, the rest are payloads.
 using Message = std::vector<Frame>;
-
-// True if a frame of `m` is lent (Frame::Lent).
-inline bool HasLentFrames(const Message& m) {
-  for (const Frame& f : m) {
-    if (f.lent()) return true;
-  }
-  return false;
-}
-// Replaces the lent frames of `m` with copies (Frame::Kept), for a message kept beyond its
-// handling.
-inline void KeepLentFrames(Message* m) {
-  for (Frame& f : *m) {
-    if (f.lent()) f = f.Kept();
-  }
-}
 
 // The bytes of all of a message's frames.
 inline size_t MessageBytes(const Message& m) {

@@ -53,9 +53,6 @@ class ServerTransport {
  public:
   virtual ~ServerTransport() = default;
   // Waits up to `timeout` for the next message. Returns nullopt on timeout or Wake().
-  // Its frames may be lent (Frame::Lent: a same-host client's shared memory, which the
-  // client takes back a minute after it was sent): whoever keeps a frame beyond handling
-  // the message keeps Frame::Kept().
   virtual Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout) = 0;
   // Queues `message` for `peer`. A vanished peer's messages are dropped silently.
   virtual Status Send(const PeerId& peer, Message message) = 0;

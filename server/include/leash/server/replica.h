@@ -167,16 +167,6 @@ class Replica {
 
   // Stats of a primary: the commit index and each backup's lag (leashctl status).
   void FillBackupLag(ShardStats* st) const;
-  // Handle's work; Handle then copies the lent frames the log took (KeepLentEntries).
-  void HandleOne(const PeerId& peer, const Message& message, std::vector<Outgoing>* out,
-                 const std::string& user);
-  // A backup acknowledges appended entries in the frames the transport lent (a same-host
-  // primary's shared memory, Frame::Lent), so its acknowledgement waits for no copy; the
-  // entries that hold them are copied here, after the message (the log keeps them far
-  // longer than a lender lends). The copies are checked for NaN and Inf in the same pass, so
-  // applying them later need not check again. (A primary copies a worker's lent frames
-  // before it logs them: see Log.)
-  void KeepLentEntries();
   void OnReplication(const PeerId& peer, const Message& message);
   void OnAppend(const ReplAppendMsg& m);
   void OnAck(const ReplAckMsg& m);
@@ -245,10 +235,9 @@ class Replica {
   ReplicaRole role_ = ReplicaRole::kBackup;
   uint64_t term_ = 0;
   std::optional<uint32_t> primary_;
-  std::deque<ReplEntryWire> log_;       // entries base_index_+1 .. last_index()
-  uint64_t base_index_ = 0;             // the entry before log_.front() (a snapshot's)
-  size_t log_bytes_ = 0;                // EntryBytes of every entry in log_
-  std::vector<uint64_t> lent_entries_;  // indices of appended entries with lent frames
+  std::deque<ReplEntryWire> log_;  // entries base_index_+1 .. last_index()
+  uint64_t base_index_ = 0;        // the entry before log_.front() (a snapshot's)
+  size_t log_bytes_ = 0;           // EntryBytes of every entry in log_
   uint64_t base_term_ = 0;
   uint64_t commit_index_ = 0;
   uint64_t applied_index_ = 0;
