@@ -43,6 +43,11 @@ uint64_t DropNonFiniteRows(uint32_t cols, Rows* rows, std::vector<float>* grad) 
 // Rows the expiry sweep visits per sparse table and tier on each turn, and how often.
 constexpr size_t kExpireRowsPerSweep = 4096;
 constexpr int64_t kExpireEveryMs = 100;
+// Whether the expiry sweep visits the table in this slot of Shard::sparse_ (null for a dense
+// table): a sparse table whose rows expire.
+bool RowsExpire(const std::unique_ptr<ps::SparseTable>& t) {
+  return t != nullptr && t->spec().sparse.expire_after_clocks > 0;
+}
 // At most one log line about dropped stale pushes per this many milliseconds.
 constexpr int64_t kDroppedLogEveryMs = 10000;
 
@@ -838,16 +843,14 @@ bool Shard::ExpirySweepDue() const {
   // sweeps (a replicated primary logs each one, so a sweep for nothing is an entry shipped
   // to every backup ten times a second).
   if (now_ms_() < next_expire_ms_) return false;
-  return std::any_of(sparse_.begin(), sparse_.end(), [](const auto& t) {
-    return t != nullptr && t->spec().sparse.expire_after_clocks > 0;
-  });
+  return std::any_of(sparse_.begin(), sparse_.end(), RowsExpire);
 }
 
 void Shard::SweepExpiry() {
   // Expiry sweeps a bounded number of rows per turn, so a big table never stalls the loop.
   next_expire_ms_ = now_ms_() + kExpireEveryMs;
   for (auto& t : sparse_) {
-    if (!t || t->spec().sparse.expire_after_clocks <= 0) continue;
+    if (!RowsExpire(t)) continue;
     if (Status st = t->Expire(clocks_.MinClock(), kExpireRowsPerSweep); !st.ok()) {
       ++counters_.sparse_store_errors;
       spdlog::warn("shard {}: expiry sweep of sparse table '{}' failed: {}", options_.shard,
