@@ -273,9 +273,9 @@ TEST_F(FailoverTest, APrimaryStoppedWithSigtermResignsBeforeItsFinalSnapshot) {
   pusher.ExpectExactSums(*client_);
 }
 
-// Replicas on one host ship the appends' large pushes through shared memory (as a worker's
-// reach its shard), and what arrives that way is what was pushed: after the primary's
-// SIGKILL the backup serves the exact sums, and its final log line counts the frames.
+// Replicas on one host ship the appends through shared memory, whole messages with their
+// large pushes (as a worker's reach its shard), and what arrives that way is what was pushed: after
+// the primary's SIGKILL the backup serves the exact sums, and its final log line counts the frames.
 TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExactly) {
   auto client = Follower("big", /*register_worker=*/true);
   ASSERT_NE(client, nullptr);
@@ -290,7 +290,7 @@ TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExact
   const int primary = Primary();
   ASSERT_GE(primary, 0);
   const std::string reached =
-      "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: frames of";
+      "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: all messages";
   ASSERT_TRUE(
       WaitFor([&] { return Replica(primary).ReadLog().find(reached) != std::string::npos; }, 30s))
       << "the primary never said: " << reached << "\n"
@@ -313,6 +313,10 @@ TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExact
   Replica(1 - primary).Signal(SIGTERM);
   ASSERT_EQ(Replica(1 - primary).Wait(30s), std::optional<int>(0)) << Logs();
   EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "frames received"), kPushes)
+      << Replica(1 - primary).ReadLog();
+  // The appends themselves came through the backup's queue, not the socket.
+  EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "queued messages received"),
+            kPushes)
       << Replica(1 - primary).ReadLog();
 }
 

@@ -15,10 +15,15 @@ namespace {
 constexpr char kOfferMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'H', 'E', 'L'};
 constexpr char kAnswerMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'A', 'N', 'S'};
 constexpr char kTrailerMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'T', 'R', 'L'};
+constexpr char kNoticeMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'N', 'T', 'C'};
+constexpr char kChannelPrefix[5] = {'\xff', 'S', 'H', 'M', ':'};
+constexpr uint32_t kOfferMessages = 1;  // offer flag: whole messages wanted
+constexpr uint32_t kAnswerFrames = 1, kAnswerMessages = 2;
 constexpr size_t kTrailerHead = 8 + 8 + 2 + 2 + 4;
 constexpr size_t kTrailerEntry = 4 + 4 + 8 + 8;
-constexpr size_t kOfferHead = 8 + 4 + 8;   // magic, version, token; then the name
-constexpr size_t kAnswerHead = 8 + 4 + 8;  // magic, accepted, token; then the reason
+constexpr size_t kOfferHead = 8 + 4 + 8 + 4;  // magic, version, token, flags; then the name
+constexpr size_t kNoticeHead = 8 + 8;         // magic, token; then the name
+constexpr size_t kAnswerHead = 8 + 4 + 8;     // magic, accepted, token; then the reason
 
 bool HasMagic(const void* data, size_t size, const char (&magic)[8]) {
   return size >= 8 && std::memcmp(data, magic, 8) == 0;
@@ -33,9 +38,9 @@ int64_t NowMs() {
       .count();
 }
 
-std::string EncodeAnswer(bool accepted, uint64_t token, const std::string& reason) {
+std::string EncodeAnswer(uint32_t accepted, uint64_t token, const std::string& reason) {
   std::string a(kAnswerMagic, 8);
-  Put(&a, static_cast<uint32_t>(accepted ? 1 : 0));
+  Put(&a, accepted);
   Put(&a, token);
   a += reason;
   return a;
@@ -82,6 +87,56 @@ Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, 
   return first;
 }
 
+// The record in `slot` of `ring`'s queue: its frames; none for a pause.
+Result<Message> ReadRecord(ShmSegment& segment, uint32_t ring, const QueueSlot& slot) {
+  if (slot.generation == 0) {
+    if (slot.size > kSlotInline)
+      return InvalidArgument("inline record of " + std::to_string(slot.size) + " bytes");
+    if (IsPause(slot.bytes, slot.size)) return Message();
+    return DecodeRecord(slot.bytes, slot.size);
+  }
+  LEASH_ASSIGN_OR_RETURN(Frame f, segment.CopyOut({ring, slot.generation, slot.offset, slot.size}));
+  return DecodeRecord(f.data(), f.size());
+}
+
+// A record's frames as on the socket: the trailer (if last) taken off and its frames filled
+// from `ring` (copied out, or borrowed in place). How many it named; why one failed.
+size_t FillFromTrailer(const std::shared_ptr<ShmSegment>& segment, uint32_t ring, bool copy,
+                       Message* m, Status* why) {
+  if (m->size() < 2) return 0;
+  std::optional<Trailer> t = DecodeTrailer(m->back().data(), m->back().size(), ring);
+  if (!t) return 0;
+  m->pop_back();
+  *why = FillFrames(*t, segment, copy, m);
+  return t->frames.size();
+}
+
+enum class Queued { kQueued, kRing, kNoSlot, kNoRoom };  // kRing: ring the reader's bell
+
+// Puts `record` in `ring`'s queue: inline when it fits a slot, else as a frame of the ring.
+// kNoSlot: the queue is full; kNoRoom: the ring has no room for it.
+Queued QueueRecord(ShmSegment& segment, ShmWriter& writer, uint32_t ring,
+                   const std::string& record) {
+  ShmSegment::Posted posted = ShmSegment::Posted::kFull;
+  if (record.size() <= kSlotInline) {
+    posted = segment.Enqueue(ring, reinterpret_cast<const uint8_t*>(record.data()), record.size());
+  } else {
+    std::optional<Descriptor> d = writer.Put(Frame::Wrap(record.data(), record.size(), nullptr));
+    if (!d) return Queued::kNoRoom;
+    posted = segment.Enqueue(ring, *d);
+    if (posted == ShmSegment::Posted::kFull) segment.Release(*d);
+  }
+  switch (posted) {
+    case ShmSegment::Posted::kFull:
+      return Queued::kNoSlot;
+    case ShmSegment::Posted::kRing:
+      return Queued::kRing;
+    case ShmSegment::Posted::kQueued:
+      break;
+  }
+  return Queued::kQueued;
+}
+
 std::optional<WritableFrame> ToWritable(std::optional<Frame> f) {
   if (!f) return std::nullopt;
   return WritableFrame{const_cast<uint8_t*>(f->data()), std::move(*f)};
@@ -91,6 +146,54 @@ std::optional<WritableFrame> ToWritable(std::optional<Frame> f) {
 
 bool IsOffer(const void* data, size_t size) { return HasMagic(data, size, kOfferMagic); }
 bool IsAnswer(const void* data, size_t size) { return HasMagic(data, size, kAnswerMagic); }
+bool IsNotice(const void* data, size_t size) { return HasMagic(data, size, kNoticeMagic); }
+
+std::string EncodeRecord(const Message& frames) {
+  size_t n = 4;
+  for (const Frame& f : frames) n += 4 + f.size();
+  std::string r;
+  r.reserve(n);
+  Put(&r, static_cast<uint32_t>(frames.size()));
+  for (const Frame& f : frames) {
+    Put(&r, static_cast<uint32_t>(f.size()));
+    r.append(reinterpret_cast<const char*>(f.data()), f.size());
+  }
+  return r;
+}
+
+bool IsPause(const uint8_t* data, size_t size) { return size == 4 && Get<uint32_t>(data) == 0; }
+
+Result<Message> DecodeRecord(const uint8_t* data, size_t size) {
+  if (size < 4)
+    return InvalidArgument("shared-memory record of " + std::to_string(size) + " bytes");
+  const uint32_t count = Get<uint32_t>(data);
+  if (count == 0 || count > (size - 4) / 4)
+    return InvalidArgument("shared-memory record says " + std::to_string(count) + " frames");
+  Message m;
+  m.reserve(count);
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (size - at < 4)
+      return InvalidArgument("shared-memory record ends inside frame " + std::to_string(i));
+    const uint32_t n = Get<uint32_t>(data + at);
+    at += 4;
+    if (n > size - at)
+      return InvalidArgument("shared-memory record's frame " + std::to_string(i) + " overruns it");
+    m.push_back(n == 0 ? Frame() : Frame::Copy(data + at, n));
+    at += n;
+  }
+  if (at != size) return InvalidArgument("shared-memory record has bytes after its frames");
+  return m;
+}
+
+Message OnTheWire(const Message& message, const std::optional<Placement>& p) {
+  Message m = message;
+  if (p) {
+    for (const auto& moved : p->frames) m[moved.first] = Frame();
+    m.push_back(Frame::Copy(p->trailer));
+  }
+  return m;
+}
 
 std::string EncodeTrailer(uint64_t token, const std::string& name,
                           const std::vector<std::pair<uint32_t, Descriptor>>& frames) {
@@ -132,15 +235,54 @@ std::optional<Trailer> DecodeTrailer(const void* data, size_t size, uint32_t rin
 
 // ------------------------------------------------------------------------------ client side
 
-ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who)
-    : who_(std::move(who)), min_frame_bytes_(min_frame_bytes) {
-  auto seg = ShmSegment::Create(ring_bytes);
+ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages)
+    : who_(std::move(who)),
+      min_frame_bytes_(min_frame_bytes),
+      ring_bytes_(ring_bytes),
+      messages_wanted_(messages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Start();
+}
+
+void ClientLink::Renew() {
+  if (ring_bytes_ == 0) return;  // shared memory is not wanted
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.store(kOff);
+  messages_agreed_.store(false);
+  messages_on_.store(false);
+  writer_.reset();
+  segment_.reset();  // frames still in flight keep it mapped
+  for (auto& b : bells_) {
+    if (b) retired_bells_.push_back(std::move(b));
+  }
+  Start();
+}
+
+void ClientLink::Start() {
+  auto seg = ShmSegment::Create(ring_bytes_);
   if (!seg.ok()) {
     spdlog::warn("shared memory with {} is off: {}", who_, seg.status().ToString());
     return;
   }
   segment_ = *seg;
   writer_ = std::make_unique<ShmWriter>(segment_, 0, kReclaimMs);
+  if (messages_wanted_) {
+    Status st = segment_->MakeBells();
+    for (uint32_t r = 0; r < 2 && st.ok(); ++r) {
+      Result<int> fd = segment_->OpenBell(r);
+      if (fd.ok()) {
+        bells_[r] = std::make_unique<Bell>(*fd);
+      } else {
+        st = fd.status();
+      }
+    }
+    if (!st.ok()) {
+      spdlog::warn("messages through shared memory with {} are off (large frames still go): {}",
+                   who_, st.ToString());
+      bells_[0].reset();
+      bells_[1].reset();
+    }
+  }
   state_.store(kOffered);
 }
 
@@ -151,8 +293,84 @@ std::optional<std::string> ClientLink::Offer() const {
   std::string h(kOfferMagic, 8);
   Put(&h, kVersion);
   Put(&h, segment_->token());
+  Put(&h, bells_[1] ? kOfferMessages : 0u);
   h += segment_->name();
   return h;
+}
+
+std::optional<std::string> ClientLink::TakeNotice() {
+  if (!messages_agreed_.load() || messages_on_.load() || !on()) return std::nullopt;
+  messages_on_.store(true);
+  return Notice();
+}
+
+std::optional<std::string> ClientLink::Notice() const {
+  if (!messages_on_.load()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!segment_) return std::nullopt;
+  std::string n(kNoticeMagic, 8);
+  Put(&n, segment_->token());
+  n += segment_->name();
+  return n;
+}
+
+Result<bool> ClientLink::Post(const Message& message, const std::optional<Placement>& p) {
+  const std::string record = EncodeRecord(OnTheWire(message, p));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!segment_ || !messages_on_.load())
+    return Unavailable("shared memory with " + who_ + " turned off; the message is resent");
+  Queued q = QueueRecord(*segment_, *writer_, 0, record);
+  const bool detour = q == Queued::kNoRoom;
+  if (detour) q = QueueRecord(*segment_, *writer_, 0, EncodeRecord({}));  // the pause
+  if (q == Queued::kNoSlot) {
+    return Unavailable(who_ + " does not read its shared-memory queue (" +
+                       std::to_string(kQueueSlots) + " messages waiting)");
+  }
+  if (q == Queued::kRing) bells_[0]->Ring();
+  return !detour;
+}
+
+bool ClientLink::Doze() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !segment_ || !messages_on_.load() || segment_->Doze(1);
+}
+
+void ClientLink::Wake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (segment_) segment_->Wake(1);
+  if (bells_[1]) bells_[1]->Drain();
+}
+
+int ClientLink::bell_fd() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bells_[1] ? bells_[1]->fd() : -1;
+}
+
+Result<std::optional<Message>> ClientLink::Take() {
+  std::shared_ptr<ShmSegment> segment;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!messages_on_.load()) return std::optional<Message>();
+    segment = segment_;
+  }
+  if (!segment) return std::optional<Message>();
+  Result<const QueueSlot*> slot = segment->Front(1);
+  if (!slot.ok()) {
+    TurnOff();  // a corrupt queue is read no more: everything goes through the socket
+    return slot.status().WithContext("shared memory with " + who_ + " turned off");
+  }
+  if (*slot == nullptr) return std::optional<Message>();
+  Result<Message> parts = ReadRecord(*segment, 1, **slot);
+  segment->Pop(1);
+  if (!parts.ok()) return parts.status().WithContext("a reply from " + who_);
+  Message m = std::move(*parts);
+  if (m.empty()) return std::optional<Message>();  // a shard sends no pauses: ignored
+  Status st;
+  FillFromTrailer(segment, 1, /*copy=*/false, &m, &st);
+  if (!st.ok()) {
+    spdlog::warn("{}: a reply's shared-memory frame could not be read: {}", who_, st.ToString());
+  }
+  return std::optional<Message>(std::move(m));
 }
 
 void ClientLink::OnAnswer(const void* data, size_t size) {
@@ -161,7 +379,8 @@ void ClientLink::OnAnswer(const void* data, size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     if (size < kAnswerHead || !segment_ || Get<uint64_t>(p + 12) != segment_->token()) return;
   }
-  bool accepted = Get<uint32_t>(p + 8) == 1;
+  const uint32_t answer = Get<uint32_t>(p + 8);
+  bool accepted = answer == kAnswerFrames || answer == kAnswerMessages;
   std::string reason(reinterpret_cast<const char*>(p + kAnswerHead), size - kAnswerHead);
   if (accepted && state() == kOffered) {
     Status st;
@@ -176,9 +395,13 @@ void ClientLink::OnAnswer(const void* data, size_t size) {
       TurnOff();
       return;
     }
+    messages_agreed_.store(answer == kAnswerMessages && bells_[1] != nullptr);
     state_.store(kOn);
-    spdlog::info("{} is on this host: frames of {} KiB and more go through shared memory {}", who_,
-                 min_frame_bytes_ >> 10, name);
+    spdlog::info("{} is on this host: {} go through shared memory {}", who_,
+                 messages_agreed_.load()
+                     ? std::string("all messages")
+                     : "frames of " + std::to_string(min_frame_bytes_ >> 10) + " KiB and more",
+                 name);
   } else if (!accepted) {
     if (state() == kOn) {
       spdlog::warn(
@@ -196,6 +419,10 @@ void ClientLink::OnAnswer(const void* data, size_t size) {
 void ClientLink::TurnOff() {
   state_.store(kOff);
   std::lock_guard<std::mutex> lock(mu_);
+  // A shard that still reads the queue stops at a pause and takes the socket from then on.
+  if (messages_on_.exchange(false) && segment_ && writer_) {
+    if (QueueRecord(*segment_, *writer_, 0, EncodeRecord({})) == Queued::kRing) bells_[0]->Ring();
+  }
   writer_.reset();
   segment_.reset();
 }
@@ -249,8 +476,8 @@ Status ClientLink::Fill(const Trailer& t, Message* message) const {
 
 // ------------------------------------------------------------------------------ server side
 
-ServerLinks::ServerLinks(bool enabled, size_t min_frame_bytes)
-    : enabled_(enabled), min_frame_bytes_(min_frame_bytes) {}
+ServerLinks::ServerLinks(bool enabled, size_t min_frame_bytes, bool messages)
+    : enabled_(enabled), messages_(messages), min_frame_bytes_(min_frame_bytes) {}
 
 ServerLinks::Link* ServerLinks::LinkOf(const PeerId& peer) {
   if (peers_.empty()) return nullptr;
@@ -281,21 +508,196 @@ ServerLinks::Link* ServerLinks::Map(const std::string& name, uint64_t token, Sta
 std::string ServerLinks::AnswerOffer(const PeerId& peer, const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (size < kOfferHead || Get<uint32_t>(p + 8) != kVersion) {
-    return EncodeAnswer(false, 0, "unsupported shared-memory offer");
+    return EncodeAnswer(0, 0, "unsupported shared-memory offer");
   }
   uint64_t token = Get<uint64_t>(p + 12);
+  const bool wants_messages = (Get<uint32_t>(p + 20) & kOfferMessages) != 0;
   std::string name(reinterpret_cast<const char*>(p + kOfferHead), size - kOfferHead);
   Status why;
   Link* link = Map(name, token, &why);
   if (link == nullptr) {
     spdlog::debug("a client's shared-memory offer ({}) refused: {}", name, why.ToString());
-    return EncodeAnswer(false, token, why.message());
+    return EncodeAnswer(0, token, why.message());
   }
   link->last_used_ms = NowMs();
   peers_[peer] = name;
-  spdlog::info("a client on this host sends and receives large frames through shared memory {}",
-               name);
-  return EncodeAnswer(true, token, "");
+  const bool messages = wants_messages && messages_ && OpenBells(*link);
+  spdlog::info("a client on this host sends and receives {} through shared memory {}",
+               messages ? "all messages" : "large frames", name);
+  return EncodeAnswer(messages ? kAnswerMessages : kAnswerFrames, token, "");
+}
+
+bool ServerLinks::OpenBells(Link& link) {
+  for (uint32_t r = 0; r < 2; ++r) {
+    if (link.bells[r]) continue;
+    Result<int> fd = link.segment->OpenBell(r);
+    if (!fd.ok()) {
+      spdlog::debug("no messages through shared memory {}: {}", link.segment->name(),
+                    fd.status().ToString());
+      link.bells[0].reset();
+      return false;
+    }
+    link.bells[r] = std::make_unique<Bell>(*fd);
+  }
+  return true;
+}
+
+PeerId ServerLinks::ChannelPeer(uint64_t token) {
+  PeerId id(kChannelPrefix, sizeof kChannelPrefix);
+  Put(&id, token);
+  return id;
+}
+
+bool ServerLinks::IsChannelPeer(const PeerId& peer) {
+  return peer.size() == sizeof kChannelPrefix + 8 &&
+         std::memcmp(peer.data(), kChannelPrefix, sizeof kChannelPrefix) == 0;
+}
+
+std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::string& user,
+                                                 const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (size < kNoticeHead) return std::nullopt;
+  const uint64_t token = Get<uint64_t>(p + 8);
+  const std::string name(reinterpret_cast<const char*>(p + kNoticeHead), size - kNoticeHead);
+  Status why;
+  Link* link = Map(name, token, &why);
+  if (link != nullptr && !(messages_ && OpenBells(*link))) {
+    why = FailedPrecondition("this shard does not take messages through shared memory");
+    link = nullptr;
+  }
+  // A shard process that starts reading a queue (after a restart: the segment is mapped
+  // again) reads what the last one left unread, as ZeroMQ delivers what a client queued
+  // for a shard while it reconnected. Another process of the same shard is another
+  // endpoint, and the client gives it a segment of its own (ClientLink::Renew), so a queue
+  // has one reader at a time.
+  if (link == nullptr) {
+    Warn("a client sends its messages through shared memory " + name +
+         " that this shard cannot read (" + why.ToString() + "); told it to use the socket");
+    return EncodeAnswer(0, token, why.message());
+  }
+  link->last_used_ms = NowMs();
+  link->user = user;
+  if (!link->socket_peer.empty()) by_socket_.erase(link->socket_peer);
+  link->socket_peer = peer;
+  by_socket_[peer] = link;
+  if (!link->reading) {
+    link->reading = true;
+    link->paused = false;
+    link->peer = ChannelPeer(token);
+    peers_[link->peer] = name;
+    reading_.push_back(link);
+    spdlog::debug("reading the message queue of shared memory {}", name);
+  } else if (link->paused || !link->held.empty()) {
+    link->held.push_back({std::nullopt});  // ends a detour, in its turn
+  }
+  // Otherwise the queue is read already (a notice after a reconnect to this same process).
+  return std::nullopt;
+}
+
+bool ServerLinks::Hold(Inbound& in) {
+  if (by_socket_.empty()) return false;
+  auto it = by_socket_.find(in.peer);
+  if (it == by_socket_.end()) return false;
+  Link& link = *it->second;
+  if (!link.reading || (link.paused && link.held.empty())) return false;
+  link.held.push_back({std::move(in)});
+  return true;
+}
+
+void ServerLinks::AddBells(std::vector<int>* fds) const {
+  for (const Link* l : reading_) fds->push_back(l->bells[0]->fd());
+}
+
+bool ServerLinks::Doze() {
+  for (size_t i = 0; i < reading_.size(); ++i) {
+    Link& l = *reading_[i];
+    // A paused queue is not read until its notice: what is held decides.
+    const bool ready = l.paused ? !l.held.empty() : !l.segment->Doze(0);
+    if (ready) {
+      for (size_t k = 0; k < i; ++k) reading_[k]->segment->Wake(0);
+      return false;
+    }
+  }
+  return true;
+}
+
+void ServerLinks::Wake() {
+  for (Link* l : reading_) {
+    l->segment->Wake(0);
+    l->bells[0]->Drain();
+  }
+}
+
+std::optional<Inbound> ServerLinks::Take() {
+  for (size_t k = 0; k < reading_.size(); ++k) {
+    const size_t i = (next_ + k) % reading_.size();
+    if (std::optional<Inbound> in = TakeFrom(*reading_[i])) {
+      next_ = i + 1;
+      return in;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
+  while (true) {
+    if (link.paused) {
+      if (link.held.empty()) return std::nullopt;
+      Link::Held h = std::move(link.held.front());
+      link.held.pop_front();
+      if (h.in) return std::move(h.in);
+      link.paused = false;  // the notice: the queue again, from where the pause left it
+      continue;
+    }
+    Result<const QueueSlot*> slot = link.segment->Front(0);
+    if (!slot.ok()) {
+      Warn("stopped reading the message queue of shared memory " + link.segment->name() + ": " +
+           slot.status().ToString());
+      link.reading = false;
+      std::erase(reading_, &link);
+      return std::nullopt;
+    }
+    if (*slot == nullptr) return std::nullopt;
+    Result<Message> parts = ReadRecord(*link.segment, 0, **slot);
+    link.segment->Pop(0);
+    if (parts.ok() && parts->empty()) {
+      link.paused = true;
+      continue;
+    }
+    link.last_used_ms = NowMs();
+    if (!parts.ok()) {
+      Warn("a message in shared memory " + link.segment->name() +
+           " could not be read: " + parts.status().ToString() + "; it is dropped");
+      continue;
+    }
+    ++messages_received_;
+    Inbound in{link.peer, std::move(*parts), link.user};
+    Status st;
+    frames_received_ += FillFromTrailer(link.segment, 0, /*copy=*/true, &in.message, &st);
+    if (!st.ok()) {
+      Warn("a shared-memory frame could not be read: " + st.ToString() + "; the request fails");
+    }
+    return in;
+  }
+}
+
+Result<std::optional<std::pair<PeerId, Message>>> ServerLinks::Post(const PeerId& peer,
+                                                                    const Message& message) {
+  using Detour = std::optional<std::pair<PeerId, Message>>;
+  Link* link = LinkOf(peer);
+  if (link == nullptr || !link->reading)
+    return Unavailable("no shared-memory queue for this peer (the client is gone)");
+  std::optional<Placement> p = Place(peer, message);
+  Message wire = OnTheWire(message, p);
+  const Queued q = QueueRecord(*link->segment, *link->writer, 1, EncodeRecord(wire));
+  if (q == Queued::kNoSlot || q == Queued::kNoRoom) {
+    if (link->socket_peer.empty())
+      return Unavailable("the client's shared-memory queue is full and no socket is known");
+    return Detour(std::make_pair(link->socket_peer, std::move(wire)));
+  }
+  ++messages_sent_;
+  if (q == Queued::kRing) link->bells[1]->Ring();
+  return Detour();
 }
 
 std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trailer* trailer,
@@ -309,7 +711,7 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
       Warn("a client sent frames through shared memory " + trailer->name +
            " that this shard cannot read (" + why.ToString() +
            "); told it to use the socket, its request fails");
-      answer = EncodeAnswer(false, trailer->token, why.message());
+      answer = EncodeAnswer(0, trailer->token, why.message());
     } else {
       peers_[peer] = trailer->name;
       Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message);
@@ -324,8 +726,23 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
   }
   if (now - last_sweep_ms_ < 5000) return answer;
   last_sweep_ms_ = now;
+  bool erased = false;
   for (auto it = links_.begin(); it != links_.end();) {
-    it = now - it->second.last_used_ms > kIdleMs ? links_.erase(it) : std::next(it);
+    // A link whose queue is read stays while its client keeps the segment: it may be idle
+    // for long, and its next message would otherwise go unread.
+    const bool idle = now - it->second.last_used_ms > kIdleMs &&
+                      (!it->second.reading || it->second.segment->Abandoned());
+    erased |= idle;
+    it = idle ? links_.erase(it) : std::next(it);
+  }
+  if (erased) {
+    reading_.clear();
+    by_socket_.clear();
+    for (auto& [name, link] : links_) {
+      if (link.reading) reading_.push_back(&link);
+      if (!link.socket_peer.empty()) by_socket_[link.socket_peer] = &link;
+    }
+    next_ = 0;
   }
   for (auto it = peers_.begin(); it != peers_.end();) {
     it = links_.count(it->second) == 0 ? peers_.erase(it) : std::next(it);

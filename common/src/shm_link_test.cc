@@ -209,3 +209,127 @@ TEST(ShmLinkTest, MalformedTrailersAndAnswersAreNotTakenForGoodOnes) {
 
 }  // namespace
 }  // namespace leash::shm
+
+namespace leash::shm {
+namespace {
+
+TEST(ShmLinkTest, RecordsCarryAMessagesFramesAndMalformedOnesAreRefused) {
+  Message m = {Pattern(10, 1), Frame(), Pattern(3000, 2)};
+  std::string r = EncodeRecord(m);
+  auto back = DecodeRecord(reinterpret_cast<const uint8_t*>(r.data()), r.size());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 3u);
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(Same((*back)[i], m[i])) << i;
+  const auto* d = reinterpret_cast<const uint8_t*>(r.data());
+  EXPECT_FALSE(DecodeRecord(d, r.size() - 1).ok()) << "cut short";
+  EXPECT_FALSE(DecodeRecord(d, 3).ok());
+  std::string extra = r + "x";
+  EXPECT_FALSE(DecodeRecord(reinterpret_cast<const uint8_t*>(extra.data()), extra.size()).ok());
+  std::string huge = r;
+  const uint32_t many = 1u << 30;
+  std::memcpy(huge.data(), &many, 4);
+  EXPECT_FALSE(DecodeRecord(reinterpret_cast<const uint8_t*>(huge.data()), huge.size()).ok());
+  const std::string pause = EncodeRecord({});
+  EXPECT_TRUE(IsPause(reinterpret_cast<const uint8_t*>(pause.data()), pause.size()));
+  EXPECT_FALSE(IsPause(d, r.size()));
+  EXPECT_FALSE(DecodeRecord(reinterpret_cast<const uint8_t*>(pause.data()), pause.size()).ok())
+      << "a pause is no message";
+}
+
+// Whole messages through the segment, without sockets: the notice switches them to the
+// queue; a message with no room in the ring takes the detour (a pause, the socket, the
+// notice) and the shard still takes everything in the order sent.
+TEST(ShmLinkTest, ADetourThroughTheSocketIsTakenBetweenThePauseAndTheNotice) {
+  // The smallest rings (4 granules, 64 KiB): a 100 KB frame can never go through them.
+  ClientLink client(64 << 10, kMin, "shard 0", /*messages=*/true);
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  Connect(client, server, "socket-peer");
+  ASSERT_TRUE(client.on());
+  EXPECT_FALSE(client.messages()) << "not before the notice is taken";
+  std::optional<std::string> notice = client.TakeNotice();
+  ASSERT_TRUE(notice);
+  ASSERT_TRUE(IsNotice(notice->data(), notice->size()));
+  EXPECT_TRUE(client.messages());
+  EXPECT_FALSE(client.TakeNotice()) << "taken once";
+  EXPECT_FALSE(server.OnNotice("socket-peer", "alice", notice->data(), notice->size()));
+
+  auto post = [&](const Message& m) { return client.Post(m, client.Place(m)); };
+  auto queued = [](const Result<bool>& r) { return r.ok() && *r; };
+  ASSERT_TRUE(queued(post({Pattern(8, 1)})));
+  const Message big = {Pattern(8, 2), Pattern(100'000, 3)};
+  Result<bool> detour = post(big);
+  ASSERT_TRUE(detour.ok()) << detour.status();
+  ASSERT_FALSE(*detour) << "no room: the caller sends it on the socket";
+  // The socket: the message, then the notice again. Meanwhile the client queues more.
+  Inbound on_socket{"socket-peer", big, "alice"};
+  EXPECT_TRUE(server.Hold(on_socket)) << "held until the queue's pause";
+  std::optional<std::string> again = client.Notice();
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(server.OnNotice("socket-peer", "alice", again->data(), again->size()));
+  ASSERT_TRUE(queued(post({Pattern(8, 4)})));
+
+  std::vector<Inbound> got;
+  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
+  EXPECT_TRUE(Same(got[1].message.at(1), big[1]));
+  EXPECT_EQ(got[1].peer, "socket-peer");
+  EXPECT_TRUE(Same(got[2].message.at(0), Pattern(8, 4)));
+  EXPECT_TRUE(ServerLinks::IsChannelPeer(got[0].peer));
+  EXPECT_EQ(got[0].peer, got[2].peer);
+  EXPECT_EQ(got[2].user, "alice") << "the user the notice's connection authenticated as";
+  EXPECT_EQ(server.messages_received(), 2u);
+
+  // Messages from another connection are not held.
+  Inbound stranger{"another-peer", {Pattern(8, 5)}, ""};
+  EXPECT_FALSE(server.Hold(stranger));
+
+  // Replies: through queue 1, taken by the client in order.
+  for (uint8_t k = 0; k < 3; ++k) {
+    auto r = server.Post(got[0].peer, {Pattern(8, static_cast<uint8_t>(10 + k))});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(*r) << "queued, no detour";
+  }
+  for (uint8_t k = 0; k < 3; ++k) {
+    auto m = client.Take();
+    ASSERT_TRUE(m.ok() && *m) << k;
+    EXPECT_TRUE(Same((*m)->at(0), Pattern(8, static_cast<uint8_t>(10 + k))));
+  }
+  // A reply with no room in the ring goes to the notice's connection on the socket.
+  auto r = server.Post(got[0].peer, {Pattern(8, 20), Pattern(100'000, 21)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(*r);
+  EXPECT_EQ((*r)->first, "socket-peer");
+  EXPECT_TRUE(Same((*r)->second.at(1), Pattern(100'000, 21)));
+  EXPECT_FALSE(server.Post("unknown", {Pattern(8, 1)}).ok());
+}
+
+// A client that turns shared memory off while the shard reads its queue leaves a pause
+// there, so that what it sends on the socket from then on is not held forever.
+TEST(ShmLinkTest, AClientTurningOffLeavesAPauseSoItsSocketMessagesFlow) {
+  ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  Connect(client, server, "socket-peer");
+  std::optional<std::string> notice = client.TakeNotice();
+  ASSERT_TRUE(notice);
+  EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+  Result<bool> posted = client.Post({Pattern(8, 1)}, std::nullopt);
+  ASSERT_TRUE(posted.ok() && *posted) << posted.status();
+  // The shard that can no longer read it answers no (as to a notice); the client turns off.
+  std::string no("\xffLSHMANS", 8);
+  no += std::string(4, '\0');  // accepted: 0
+  no += notice->substr(8, 8);  // the segment's token, as the notice gave it
+  no += "cannot read it";
+  client.OnAnswer(no.data(), no.size());
+  EXPECT_FALSE(client.on());
+  EXPECT_FALSE(client.messages());
+  Inbound later{"socket-peer", {Pattern(8, 2)}, ""};
+  std::vector<Inbound> got;
+  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  EXPECT_FALSE(server.Hold(later)) << "paused with nothing held: taken at once";
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
+}
+
+}  // namespace
+}  // namespace leash::shm

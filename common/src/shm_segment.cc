@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 namespace leash::shm {
 namespace {
@@ -43,8 +44,17 @@ size_t StatesBytes(uint32_t granules) {
   return RoundUp(2 * static_cast<size_t>(granules) * sizeof(uint32_t), kPage);
 }
 
-// The header and the state words: reserved when the segment is created.
-size_t ControlBytes(uint32_t granules) { return kPage + StatesBytes(granules); }
+// One direction's message queue (ShmSegment::Enqueue): the writer's and the reader's
+// indices on lines of their own, then the slots.
+struct Queue {
+  alignas(64) std::atomic<uint64_t> head;    // slots written: only the writer stores it
+  alignas(64) std::atomic<uint64_t> tail;    // slots read: only the reader stores it
+  alignas(64) std::atomic<uint32_t> dozing;  // 1: the reader is about to wait on its bell
+  alignas(64) QueueSlot slots[kQueueSlots];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+size_t QueueBytes() { return RoundUp(sizeof(Queue), kPage); }
 
 size_t SegmentBytes(uint32_t granules) {
   return ControlBytes(granules) + 2 * static_cast<size_t>(granules) * kGranuleBytes;
@@ -87,7 +97,16 @@ bool ParseName(const std::string& name, long* pid) {
   return true;
 }
 
+constexpr std::string_view kBellSuffix = ".bell";
+
+// The FIFO that wakes the reader of `ring`'s queue of the segment `name`.
+std::string BellPath(const std::string& name, uint32_t ring) {
+  return "/dev/shm" + name + std::string(kBellSuffix) + std::to_string(ring);
+}
+
 }  // namespace
+
+size_t ControlBytes(uint32_t granules) { return kPage + 2 * QueueBytes() + StatesBytes(granules); }
 
 Status ShmSegment::Map(int fd, size_t size, bool create) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -103,9 +122,16 @@ Status ShmSegment::Map(int fd, size_t size, bool create) {
     h->granules = granules_;
     new (&h->ready) std::atomic<uint32_t>(0);
     for (auto& r : h->reserved) new (&r) std::atomic<uint32_t>(0);
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto* q = new (base_ + kPage + r * QueueBytes()) Queue;
+      q->head.store(0);
+      q->tail.store(0);
+      q->dozing.store(0);
+    }
   }
   for (uint32_t r = 0; r < 2; ++r) {
-    states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage) +
+    queues_[r] = base_ + kPage + r * QueueBytes();
+    states_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kPage + 2 * QueueBytes()) +
                  static_cast<size_t>(r) * granules_;
     rings_[r] = base_ + RingOffset(r);
   }
@@ -245,6 +271,123 @@ void ShmSegment::Unlink() {
   if (unlinked_) return;
   unlinked_ = true;
   ::shm_unlink(name_.c_str());
+  for (uint32_t r = 0; r < 2; ++r) ::unlink(BellPath(name_, r).c_str());
+}
+
+ShmSegment::Posted ShmSegment::Enqueue(uint32_t ring, const uint8_t* record, size_t size) {
+  LEASH_CHECK(ring <= 1 && size <= kSlotInline);
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  const uint64_t head = q->head.load(std::memory_order_relaxed);
+  if (head - q->tail.load(std::memory_order_acquire) >= kQueueSlots) return Posted::kFull;
+  QueueSlot& s = q->slots[head % kQueueSlots];
+  s.size = static_cast<uint32_t>(size);
+  s.generation = 0;
+  s.offset = 0;
+  std::memcpy(s.bytes, record, size);
+  return Publish(ring, head + 1);
+}
+
+ShmSegment::Posted ShmSegment::Enqueue(uint32_t ring, const Descriptor& frame) {
+  LEASH_CHECK(ring <= 1 && frame.ring == ring && frame.generation != 0);
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  const uint64_t head = q->head.load(std::memory_order_relaxed);
+  if (head - q->tail.load(std::memory_order_acquire) >= kQueueSlots) return Posted::kFull;
+  QueueSlot& s = q->slots[head % kQueueSlots];
+  s.size = static_cast<uint32_t>(frame.size);
+  s.generation = frame.generation;
+  s.offset = frame.offset;
+  return Publish(ring, head + 1);
+}
+
+ShmSegment::Posted ShmSegment::Publish(uint32_t ring, uint64_t head) {
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  q->head.store(head, std::memory_order_release);
+  // Against the reader's Doze: either it sees the new head, or this sees it dozing (both
+  // sides store, then load, with full fences between).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (q->dozing.load(std::memory_order_relaxed) == 0) return Posted::kQueued;
+  return q->dozing.exchange(0) == 1 ? Posted::kRing : Posted::kQueued;
+}
+
+Result<const QueueSlot*> ShmSegment::Front(uint32_t ring) {
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  const uint64_t tail = q->tail.load(std::memory_order_relaxed);
+  const uint64_t head = q->head.load(std::memory_order_acquire);
+  if (head == tail) return static_cast<const QueueSlot*>(nullptr);
+  if (head - tail > kQueueSlots) {
+    return InvalidArgument("the message queue of shared-memory segment " + name_ +
+                           " is corrupt (writer at " + std::to_string(head) + ", reader at " +
+                           std::to_string(tail) + ")");
+  }
+  return static_cast<const QueueSlot*>(&q->slots[tail % kQueueSlots]);
+}
+
+void ShmSegment::Pop(uint32_t ring) {
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  q->tail.store(q->tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+bool ShmSegment::Doze(uint32_t ring) {
+  auto* q = reinterpret_cast<Queue*>(queues_[ring]);
+  q->dozing.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (q->head.load(std::memory_order_relaxed) != q->tail.load(std::memory_order_relaxed)) {
+    q->dozing.store(0, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void ShmSegment::Wake(uint32_t ring) {
+  reinterpret_cast<Queue*>(queues_[ring])->dozing.store(0, std::memory_order_relaxed);
+}
+
+bool ShmSegment::Abandoned() const {
+  struct stat st {};
+  if (::stat(("/dev/shm" + name_).c_str(), &st) != 0 && errno == ENOENT) return true;
+  long pid = 0;
+  return ParseName(name_, &pid) && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+Status ShmSegment::MakeBells() {
+  if (!creator_) return FailedPrecondition("only the creator of " + name_ + " makes its bells");
+  for (uint32_t r = 0; r < 2; ++r) {
+    const std::string path = BellPath(name_, r);
+    if (::mkfifo(path.c_str(), 0600) != 0 && errno != EEXIST) return Errno("mkfifo " + path);
+  }
+  return Status::Ok();
+}
+
+Result<int> ShmSegment::OpenBell(uint32_t ring) const {
+  const std::string path = BellPath(name_, ring);
+  // O_RDWR: a FIFO opened so never blocks and never reads end-of-file (Linux).
+  int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("no bell " + path);
+    return Errno("open " + path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return InvalidArgument(path + " is not a FIFO of this user");
+  }
+  return fd;
+}
+
+Bell::~Bell() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Bell::Ring() {
+  const char b = 1;
+  // EAGAIN: the FIFO is full of rings not yet read, so the reader wakes anyway.
+  (void)!::write(fd_, &b, 1);
+}
+
+void Bell::Drain() {
+  char buf[64];
+  while (::read(fd_, buf, sizeof buf) == static_cast<ssize_t>(sizeof buf)) {
+  }
 }
 
 void ShmSegment::RemoveStale() {
@@ -252,12 +395,22 @@ void ShmSegment::RemoveStale() {
   if (d == nullptr) return;
   while (dirent* e = ::readdir(d)) {
     std::string name = std::string("/") + e->d_name;
+    const bool bell =
+        name.size() > kBellSuffix.size() + 1 &&
+        name.compare(name.size() - kBellSuffix.size() - 1, kBellSuffix.size(), kBellSuffix) == 0;
     long pid = 0;
-    if (!ParseName(name, &pid)) continue;
+    if (!ParseName(bell ? name.substr(0, name.size() - kBellSuffix.size() - 1) : name, &pid))
+      continue;
     struct stat st {};
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid())
       continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::shm_unlink(name.c_str());
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      if (bell) {
+        ::unlinkat(::dirfd(d), e->d_name, 0);
+      } else {
+        ::shm_unlink(name.c_str());
+      }
+    }
   }
   ::closedir(d);
 }

@@ -35,8 +35,19 @@
 
 namespace leash::shm {
 
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 inline constexpr size_t kGranuleBytes = 16 * 1024;
+// Each direction's message queue (Enqueue): slots, and the bytes a record may hold inline.
+inline constexpr uint64_t kQueueSlots = 256;
+inline constexpr size_t kSlotInline = 480;
+
+// One slot of a message queue: a record inline, or (generation != 0) a frame of the ring.
+struct QueueSlot {
+  uint32_t size;        // bytes of the record
+  uint32_t generation;  // 0: the record is in `bytes`; else it is the ring's frame at `offset`
+  uint64_t offset;
+  uint8_t bytes[kSlotInline];
+};
 
 // Where a frame lies in a ring, as sent beside the ZeroMQ message.
 struct Descriptor {
@@ -45,6 +56,10 @@ struct Descriptor {
   uint64_t offset = 0;      // from the start of the ring's data, a multiple of the granule
   uint64_t size = 0;        // bytes
 };
+
+// Bytes of a segment reserved from its creation on: a page of header, the message queues
+// and a state word per granule of each ring (shm_segment_test.cc checks what /dev/shm holds).
+size_t ControlBytes(uint32_t granules);
 
 class ShmSegment {
  public:
@@ -99,7 +114,34 @@ class ShmSegment {
   // granules of this ring.
   Result<Frame> Borrow(std::shared_ptr<ShmSegment> self, const Descriptor& d);
 
-  // Removes the segment's name (creator, at exit); mappings stay valid.
+  // The message queue of `ring` (same direction as the ring), for whole messages when
+  // both ends send them through the segment (shm_link.h): records in order, each inline
+  // in its slot or a frame of the ring (`frame`, from the ring's writer). One writer (the
+  // ring's), one reader. A reader about to wait says so (Doze); a writer that finds it
+  // dozing rings its bell (MakeBells), once.
+  enum class Posted { kFull, kQueued, kRing };  // kRing: the reader dozes, ring its bell
+  Posted Enqueue(uint32_t ring, const uint8_t* record, size_t size);
+  Posted Enqueue(uint32_t ring, const Descriptor& frame);
+  // Reader: the oldest record's slot, or nullptr if none. InvalidArgument if the writer's
+  // index is impossible (a corrupt or hostile segment).
+  Result<const QueueSlot*> Front(uint32_t ring);
+  // Reader: done with the slot Front() gave.
+  void Pop(uint32_t ring);
+  // Reader: about to wait on the bell. False (and not dozing) if a record is there.
+  bool Doze(uint32_t ring);
+  // Reader: awake again (after its wait, or when it decided not to wait).
+  void Wake(uint32_t ring);
+
+  // Creator: makes the FIFOs that wake each queue's reader, /dev/shm/<name>.bell<ring>.
+  Status MakeBells();
+  // Opens `ring`'s bell (non-blocking, both ends may use it) after checking that it is a
+  // FIFO of this user; the caller owns the descriptor. NotFound if there is none.
+  Result<int> OpenBell(uint32_t ring) const;
+
+  // True when the creator has let the segment go: its name is gone (the creator unlinked
+  // it, or exited), or the process of the pid in the name no longer exists.
+  bool Abandoned() const;
+  // Removes the segment's name and its bells (creator, at exit); mappings stay valid.
   void Unlink();
   // Unlinks segments of processes that no longer exist (left by crashed clients).
   static void RemoveStale();
@@ -107,6 +149,7 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   Status Map(int fd, size_t size, bool create);
+  Posted Publish(uint32_t ring, uint64_t head);
   size_t RingOffset(uint32_t ring) const;
 
   std::string name_;
@@ -118,7 +161,24 @@ class ShmSegment {
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
   std::atomic<uint32_t>* states_[2] = {nullptr, nullptr};
+  uint8_t* queues_[2] = {nullptr, nullptr};
   uint8_t* rings_[2] = {nullptr, nullptr};
+};
+
+// A bell: the descriptor of a FIFO a queue's writer rings to wake its reader, which polls it.
+class Bell {
+ public:
+  explicit Bell(int fd) : fd_(fd) {}
+  ~Bell();
+  Bell(const Bell&) = delete;
+  Bell& operator=(const Bell&) = delete;
+  int fd() const { return fd_; }
+  void Ring();
+  // Reads whatever rang, so that the descriptor polls quiet again.
+  void Drain();
+
+ private:
+  int fd_;
 };
 
 // The writing end of one ring. Frames are placed in the first free granules from the

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,8 +62,10 @@ constexpr size_t kMiB = size_t{1} << 20;
 TEST(ShmSegmentTest, ARingReservesOnlyWhatItsFramesInFlightNeed) {
   Pair p = MakePair(16 * kMiB);
   ASSERT_TRUE(p.shard);
-  // The header and the state words only: a page and 8 bytes for each of 1024 granules.
-  const size_t control = 4096 + 8192;
+  // The header, the message queues and the state words only: a page, two queues of 256
+  // slots, and 8 bytes for each of 1024 granules.
+  const size_t control = ControlBytes(1024);
+  EXPECT_EQ(control, 4096 + 2 * 128 * 1024 + 8192);
   EXPECT_EQ(HeldBytes(p.client->name()), control);
   ShmWriter w(p.client, 0, 0);
   EXPECT_EQ(w.reserved_bytes(), 0u);
@@ -355,6 +358,106 @@ TEST(ShmSegmentTest, MappedSegmentsHoldNoDescriptorsAndActivateOnlyOnce) {
   ASSERT_TRUE(got_back.ok());
   EXPECT_TRUE(SameBytes(*got_back, Bytes(2000, 4)));
   EXPECT_EQ(OpenDescriptors(), before);
+}
+
+// The message queue of a ring: records in order from the writer's mapping to the reader's,
+// a full queue says so, and the writer rings the bell only for a reader that dozes, once.
+TEST(ShmSegmentTest, TheMessageQueueKeepsOrderAndRingsOnlyForADozingReader) {
+  Pair p = MakePair(1 << 20);
+  ASSERT_TRUE(p.shard);
+  for (uint32_t i = 0; i < kQueueSlots; ++i) {
+    ASSERT_EQ(p.client->Enqueue(0, reinterpret_cast<const uint8_t*>(&i), sizeof i),
+              ShmSegment::Posted::kQueued)
+        << i;
+  }
+  uint32_t more = 7;
+  EXPECT_EQ(p.client->Enqueue(0, reinterpret_cast<const uint8_t*>(&more), sizeof more),
+            ShmSegment::Posted::kFull);
+  EXPECT_FALSE(p.shard->Doze(0)) << "records are waiting";
+  for (uint32_t i = 0; i < kQueueSlots; ++i) {
+    auto slot = p.shard->Front(0);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    ASSERT_NE(*slot, nullptr);
+    ASSERT_EQ((*slot)->generation, 0u);
+    ASSERT_EQ((*slot)->size, sizeof i);
+    uint32_t got = 0;
+    std::memcpy(&got, (*slot)->bytes, sizeof got);
+    EXPECT_EQ(got, i);
+    p.shard->Pop(0);
+  }
+  auto empty = p.shard->Front(0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, nullptr);
+
+  ASSERT_TRUE(p.shard->Doze(0));
+  EXPECT_EQ(p.client->Enqueue(0, reinterpret_cast<const uint8_t*>(&more), sizeof more),
+            ShmSegment::Posted::kRing);
+  EXPECT_EQ(p.client->Enqueue(0, reinterpret_cast<const uint8_t*>(&more), sizeof more),
+            ShmSegment::Posted::kQueued)
+      << "one ring per doze";
+  p.shard->Wake(0);
+
+  // A record too large for a slot travels as a frame of the ring.
+  ShmWriter w(p.client, 0, 0);
+  auto big = Bytes(5000, 3);
+  auto d = w.Put(FrameOf(big));
+  ASSERT_TRUE(d);
+  EXPECT_EQ(p.client->Enqueue(0, *d), ShmSegment::Posted::kQueued);
+  p.shard->Pop(0);
+  p.shard->Pop(0);
+  auto slot = p.shard->Front(0);
+  ASSERT_TRUE(slot.ok() && *slot != nullptr);
+  ASSERT_EQ((*slot)->generation, d->generation);
+  auto f = p.shard->CopyOut({0, (*slot)->generation, (*slot)->offset, (*slot)->size});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(SameBytes(*f, big));
+}
+
+TEST(ShmSegmentTest, AQueueWhoseWriterIndexIsImpossibleIsRefused) {
+  Pair p = MakePair(1 << 20);
+  ASSERT_TRUE(p.shard);
+  // The writer's index of queue 0 is the first word after the header's page.
+  int fd = ::shm_open(p.client->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint64_t bogus = 1'000'000;
+  ASSERT_EQ(::pwrite(fd, &bogus, sizeof bogus, 4096), static_cast<ssize_t>(sizeof bogus));
+  ::close(fd);
+  auto slot = p.shard->Front(0);
+  ASSERT_FALSE(slot.ok());
+  EXPECT_NE(slot.status().message().find("corrupt"), std::string::npos) << slot.status();
+}
+
+// Bells are FIFOs beside the segment: a ring wakes a poll, Drain quiets it, and they go
+// with the segment's name (and with a dead process's stale segments).
+TEST(ShmSegmentTest, BellsWakeAPollAndGoWithTheSegment) {
+  std::string name;
+  {
+    Pair p = MakePair(1 << 20);
+    ASSERT_TRUE(p.shard);
+    name = p.client->name();
+    EXPECT_EQ(p.shard->OpenBell(0).status().code(), StatusCode::kNotFound) << "none made yet";
+    EXPECT_FALSE(p.shard->MakeBells().ok()) << "only the creator makes them";
+    ASSERT_TRUE(p.client->MakeBells().ok());
+    auto reader = p.shard->OpenBell(0);
+    auto writer = p.client->OpenBell(0);
+    ASSERT_TRUE(reader.ok() && writer.ok());
+    Bell r(*reader), w(*writer);
+    pollfd fds{r.fd(), POLLIN, 0};
+    EXPECT_EQ(::poll(&fds, 1, 0), 0);
+    w.Ring();
+    w.Ring();
+    EXPECT_EQ(::poll(&fds, 1, 1000), 1);
+    r.Drain();
+    EXPECT_EQ(::poll(&fds, 1, 0), 0) << "drained";
+  }
+  struct stat st {};
+  EXPECT_NE(::stat(("/dev/shm" + name + ".bell0").c_str(), &st), 0);
+  EXPECT_NE(::stat(("/dev/shm" + name + ".bell1").c_str(), &st), 0);
+
+  const std::string dead = "/dev/shm/leash-shm-99999999-0123456789abcdef.bell1";
+  ASSERT_EQ(::mkfifo(dead.c_str(), 0600), 0);
+  ShmSegment::RemoveStale();
+  EXPECT_NE(::stat(dead.c_str(), &st), 0) << "a dead process's bell is removed";
 }
 
 TEST(ShmSegmentTest, SegmentsOfDeadProcessesAreRemoved) {

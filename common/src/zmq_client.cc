@@ -51,11 +51,13 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       sockets_.emplace_back();
       monitors_.emplace_back();
       stripe_.emplace_back();
-      shm_.push_back(options_.shared_memory ? std::make_unique<shm::ClientLink>(
-                                                  static_cast<size_t>(options_.shm_ring_bytes),
-                                                  static_cast<size_t>(options_.shm_min_frame_bytes),
-                                                  Describe(static_cast<int>(i)))
-                                            : std::make_unique<shm::ClientLink>());
+      notice_owed_.push_back(false);
+      shm_.push_back(options_.shared_memory
+                         ? std::make_unique<shm::ClientLink>(
+                               static_cast<size_t>(options_.shm_ring_bytes),
+                               static_cast<size_t>(options_.shm_min_frame_bytes),
+                               Describe(static_cast<int>(i)), options_.shm_messages)
+                         : std::make_unique<shm::ClientLink>());
       LEASH_RETURN_IF_ERROR(Open(static_cast<int>(i)));
     }
     return Status::Ok();
@@ -68,8 +70,22 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.send_delay_ms));
     }
     auto idx = static_cast<size_t>(shard);
-    std::optional<shm::Placement> p = shm_.at(idx)->Place(message);
-    if (!p && Striped(message)) return SendStriped(idx, message);
+    shm::ClientLink& link = *shm_.at(idx);
+    std::optional<shm::Placement> p = link.Place(message);
+    // Whether a message goes through the segment's queue or the socket is decided under mu_,
+    // where the notice that switches them is sent: the shard reads them in the order sent.
+    std::unique_lock<std::mutex> lock(mu_);
+    bool detour = false;
+    if (link.messages()) {
+      // A reconnect (to a shard that may be a new process) is noticed here too, not only
+      // by a receiving thread, so that the notice goes out before the queue fills.
+      ReadMonitors(zmq_util::NowMs());
+      if (notice_owed_[idx]) SendNotice(idx, link.Notice());
+      Result<bool> posted = link.Post(message, p);
+      if (!posted.ok() || *posted) return posted.status();
+      detour = true;  // no room in the ring: a pause is queued; the socket, then the notice
+    }
+    if (!detour && !p && Striped(message)) return SendStriped(idx, message);
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
     for (const Frame& f : message) parts.push_back(zmq_util::ToZmq(f));
@@ -77,8 +93,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       for (const auto& moved : p->frames) parts[moved.first] = zmq::message_t();
       parts.emplace_back(p->trailer.data(), p->trailer.size());
     }
-    std::lock_guard<std::mutex> lock(mu_);
     Status st = zmq_util::SendAll(*sockets_[idx], parts).WithContext(endpoints_[idx]);
+    if (detour) SendNotice(idx, link.Notice());
     NudgeIfReadable(*sockets_[idx]);
     return st;
   }
@@ -105,16 +121,38 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           if (int fd = m->fd(); fd >= 0) fds_.push_back({fd, POLLIN, 0});
         }
         fds_.push_back({waker_.fd(), POLLIN, 0});
+        // Replies through shared memory: a shard that queues one now rings the bell, or
+        // Doze sees it and this looks again without waiting.
+        dozing_.clear();
+        bool queued = false;
+        for (size_t i = 0; i < shm_.size() && !queued; ++i) {
+          if (!shm_[i]->messages() || shm_[i]->bell_fd() < 0) continue;
+          if (!shm_[i]->Doze()) {
+            queued = true;
+            break;
+          }
+          dozing_.push_back(i);
+          fds_.push_back({shm_[i]->bell_fd(), POLLIN, 0});
+        }
+        if (queued) {
+          for (size_t i : dozing_) shm_[i]->Wake();
+          continue;
+        }
         polling_.store(true);
       }
       auto left =
           std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() > 0) ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count()));
       polling_.store(false);
-      for (size_t k = socket_fds_; k + 1 < fds_.size(); ++k) {
+      const size_t waker = fds_.size() - dozing_.size() - 1;
+      for (size_t k = socket_fds_; k < waker; ++k) {
         if (fds_[k].revents & POLLIN) monitors_due_.store(true);
       }
-      if (fds_.back().revents & POLLIN) waker_.Drain();
+      if (fds_[waker].revents & POLLIN) waker_.Drain();
+      if (!dozing_.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i : dozing_) shm_[i]->Wake();
+      }
       if (std::chrono::steady_clock::now() >= deadline) timeout = std::chrono::milliseconds(0);
     }
   }
@@ -138,7 +176,10 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       endpoints_[idx] = old;  // the old socket is still open (Open replaces it only on success)
       return st;
     }
-    SendOffer(idx);                      // shared memory is offered to the new process afresh
+    // Another process: a segment of its own (the old process may still read the old one's
+    // queue), offered afresh.
+    shm_[idx]->Renew();
+    SendOffer(idx);
     if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old socket
     return Status::Ok();
   }
@@ -170,10 +211,18 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     // after a (re)connect, and every 100 ms, not on every message (each read costs a
     // poll and a getpid system call inside ZeroMQ).
     const int64_t now = zmq_util::NowMs();
-    if (monitors_due_.exchange(false) || now - monitors_read_ms_ >= 100) {
-      monitors_read_ms_ = now;
-      for (size_t i = 0; i < monitors_.size(); ++i) {
-        while (auto e = monitors_[i]->Next()) watch_.OnEvent(static_cast<int>(i), *e);
+    ReadMonitors(now);
+    for (size_t k = 0; k < shm_.size(); ++k) {
+      size_t i = (next_queue_ + k) % shm_.size();
+      if (!shm_[i]->messages()) continue;
+      Result<std::optional<Message>> m = shm_[i]->Take();
+      if (!m.ok()) {
+        spdlog::warn("{}: {}", Describe(static_cast<int>(i)), m.status().ToString());
+        continue;
+      }
+      if (*m) {
+        next_queue_ = i + 1;
+        return Received(std::make_pair(static_cast<int>(i), std::move(**m)));
       }
     }
     if (count_ < 2) {
@@ -218,6 +267,21 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return Received();
   }
 
+  // The monitors' events, when their descriptor said so, after a (re)connect, and every
+  // 100 ms. Under mu_.
+  void ReadMonitors(int64_t now) {
+    if (!monitors_due_.exchange(false) && now - monitors_read_ms_ < 100) return;
+    monitors_read_ms_ = now;
+    for (size_t i = 0; i < monitors_.size(); ++i) {
+      while (auto e = monitors_[i]->Next()) {
+        watch_.OnEvent(static_cast<int>(i), *e);
+        // A new connection may lead to a new shard process: it learns of the queue (a
+        // shard that reads it already ignores this).
+        if (e->event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) SendNotice(i, shm_[i]->Notice());
+      }
+    }
+  }
+
   // The next complete message of any shard's striped stream. Under mu_.
   Received PopAny(int64_t now) {
     for (size_t k = 0; k < stripe_.size(); ++k) {
@@ -248,8 +312,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   // A side connection that cannot take its part now (its queue is full) sends the message
   // whole on the main connection instead; the parts already sent are dropped on the other
   // side when their time is up.
+  // Under mu_.
   Status SendStriped(size_t idx, const Message& message) {
-    std::lock_guard<std::mutex> lock(mu_);
     Stripe& st = stripe_[idx];
     std::vector<Message> pieces = stripes::Split(message, st.seq++, count_);
     const Message* main = &pieces[0];
@@ -279,6 +343,17 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
 
   std::string Describe(int shard) const {
     return "shard " + std::to_string(shard) + " (" + endpoints_[static_cast<size_t>(shard)] + ")";
+  }
+
+  // Under mu_: the notice that switches shard i's messages to the segment's queue. One
+  // that cannot go now (no connection) is owed, and sent before the next message.
+  void SendNotice(size_t i, const std::optional<std::string>& notice) {
+    if (!notice) return;
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(notice->data(), notice->size());
+    Status st = zmq_util::SendAll(*sockets_[i], parts);
+    notice_owed_[i] = !st.ok();
+    if (!st.ok()) spdlog::debug("shared-memory notice to shard {} not sent: {}", i, st.ToString());
   }
 
   // Under mu_.
@@ -350,6 +425,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*sockets_[i], &parts));
     if (parts.size() == 1 && shm::IsAnswer(parts[0].data(), parts[0].size())) {
       shm_[i]->OnAnswer(parts[0].data(), parts[0].size());
+      SendNotice(i, shm_[i]->TakeNotice());
       return Received();
     }
     std::optional<shm::Trailer> trailer;
@@ -391,6 +467,9 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   std::atomic<bool> woken_{false};        // Wake() was called and no Receive returned for it yet
   std::atomic<bool> polling_{false};      // a Receive polls the descriptors (without mu_)
   std::vector<pollfd> fds_;               // the receiving thread's
+  std::vector<size_t> dozing_;            // the receiving thread's: shards whose bell it polls
+  size_t next_queue_ = 0;                 // under mu_
+  std::vector<bool> notice_owed_;         // per shard, under mu_
   size_t next_ = 0;                       // under mu_
   std::atomic<bool> monitors_due_{true};  // a monitor's descriptor was readable, or a reconnect
   int64_t monitors_read_ms_ = 0;          // under mu_

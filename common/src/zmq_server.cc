@@ -12,6 +12,8 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "leash/common/zmq_transport.h"
@@ -33,7 +35,7 @@ class ZmqServer final : public ServerTransport {
       : ctx_(ctx),
         options_(o),
         socket_(ctx, zmq::socket_type::router),
-        shm_(o.shared_memory, static_cast<size_t>(o.shm_min_frame_bytes)) {
+        shm_(o.shared_memory, static_cast<size_t>(o.shm_min_frame_bytes), o.shm_messages) {
     zmq_util::ApplyOptions(socket_, o);
     // A striping client's connection that comes back (under its own routing id) takes over
     // from the old one the shard may not have seen drop yet.
@@ -74,7 +76,16 @@ class ZmqServer final : public ServerTransport {
       if (!striped_.empty()) {
         if (std::optional<Inbound> in = PopStriped()) return in;
       }
+      // Messages through shared memory first, but the socket is looked at after every few.
+      if (queue_turns_ < kQueueTurns) {
+        if (std::optional<Inbound> in = shm_.Take()) {
+          ++queue_turns_;
+          return in;
+        }
+      }
+      queue_turns_ = 0;
       LEASH_ASSIGN_OR_RETURN(Wait w, WaitReadable(deadline));
+      if (w == Wait::kQueued) continue;
       if (w == Wait::kWoken) return std::optional<Inbound>();
       if (w == Wait::kTimeout) {
         if (!striped_.empty()) return PopStriped();
@@ -86,22 +97,28 @@ class ZmqServer final : public ServerTransport {
   }
 
   Status Send(const PeerId& peer, Message message) override {
+    if (shm::ServerLinks::IsChannelPeer(peer)) {
+      auto posted = shm_.Post(peer, message);
+      if (!posted.ok()) {
+        NoteDropped(posted.status().message());
+      } else if (*posted) {  // no room in shared memory: on the socket (its frames as placed)
+        std::vector<zmq::message_t> parts;
+        parts.reserve((*posted)->second.size() + 1);
+        parts.emplace_back((*posted)->first.data(), (*posted)->first.size());
+        for (const Frame& f : (*posted)->second) parts.push_back(zmq_util::ToZmq(f));
+        return zmq_util::SendAll(socket_, parts);
+      }
+      return Status::Ok();
+    }
     std::shared_ptr<std::atomic<int64_t>>& queued = queued_[peer];
     if (!queued) queued = std::make_shared<std::atomic<int64_t>>(0);
     if (options_.max_queued_bytes_per_peer > 0 &&
         queued->load() > options_.max_queued_bytes_per_peer) {
       // The peer does not read its replies: drop rather than buffer without bound. A
       // client that resends after silence gets the answer once it reads again.
-      uint64_t n = ++replies_dropped_;
-      int64_t now = NowMs();
-      if (now - last_drop_log_ms_ >= 60000) {
-        last_drop_log_ms_ = now;
-        spdlog::warn(
-            "dropped a reply: the client already has {} bytes of unread replies queued (limit {}; "
-            "{} replies "
-            "dropped so far; logged at most once a minute)",
-            queued->load(), options_.max_queued_bytes_per_peer, n);
-      }
+      NoteDropped("the client already has " + std::to_string(queued->load()) +
+                  " bytes of unread replies queued (limit " +
+                  std::to_string(options_.max_queued_bytes_per_peer) + ")");
       return Status::Ok();
     }
     std::optional<shm::Placement> p = shm_.Place(peer, message);
@@ -138,6 +155,8 @@ class ZmqServer final : public ServerTransport {
     c.handshake_failed = handshake_failed_.load();
     c.shm_frames_received = shm_.frames_received();
     c.shm_frames_sent = shm_.frames_sent();
+    c.shm_messages_received = shm_.messages_received();
+    c.shm_messages_sent = shm_.messages_sent();
     c.striped_received = striped_received_.load();
     c.striped_sent = striped_sent_.load();
     c.striped_dropped = striped_dropped_.load();
@@ -145,7 +164,17 @@ class ZmqServer final : public ServerTransport {
   }
 
  private:
-  enum class Wait { kReady, kTimeout, kWoken };
+  enum class Wait { kReady, kTimeout, kWoken, kQueued };
+  static constexpr int kQueueTurns = 8;
+
+  void NoteDropped(const std::string& why) {
+    uint64_t n = ++replies_dropped_;
+    int64_t now = NowMs();
+    if (now - last_drop_log_ms_ < 60000) return;
+    last_drop_log_ms_ = now;
+    spdlog::warn("dropped a reply: {} ({} replies dropped so far; logged at most once a minute)",
+                 why, n);
+  }
 
   // Until the ROUTER has a message, the deadline passes or Wake(). One ZMQ_EVENTS query when
   // a message is already there (a busy shard); otherwise a plain poll of the ROUTER's, the
@@ -155,19 +184,31 @@ class ZmqServer final : public ServerTransport {
   Result<Wait> WaitReadable(std::chrono::steady_clock::time_point deadline) {
     try {
       while (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) {
-        pollfd fds[] = {{socket_.get(zmq::sockopt::fd), POLLIN, 0},
-                        {waker_.fd(), POLLIN, 0},
-                        {monitor_->fd(), POLLIN, 0}};
+        fds_.assign({{socket_.get(zmq::sockopt::fd), POLLIN, 0},
+                     {waker_.fd(), POLLIN, 0},
+                     {monitor_->fd(), POLLIN, 0}});
+        bells_.clear();
+        shm_.AddBells(&bells_);
+        for (int fd : bells_) fds_.push_back({fd, POLLIN, 0});
+        // A client that queues a message now rings its bell, or this sees the message.
+        if (!bells_.empty() && !shm_.Doze()) return Wait::kQueued;
         auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline -
                                                                  std::chrono::steady_clock::now());
-        int n = left.count() > 0 ? ::poll(fds, 3, static_cast<int>(left.count())) : 0;
-        if (n < 0 && errno != EINTR) return Unavailable("poll: " + std::string(strerror(errno)));
-        if (fds[1].revents & POLLIN) {
+        int n =
+            left.count() > 0 ? ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count())) : 0;
+        const int poll_errno = errno;  // before the bells' reads
+        if (!bells_.empty()) shm_.Wake();
+        if (n < 0 && poll_errno != EINTR)
+          return Unavailable("poll: " + std::string(strerror(poll_errno)));
+        if (fds_[1].revents & POLLIN) {
           waker_.Drain();
           return Wait::kWoken;
         }
         // The monitor's descriptor, like the ROUTER's, stays readable until its events are read.
-        if (fds[2].revents & POLLIN) DrainMonitor();
+        if (fds_[2].revents & POLLIN) DrainMonitor();
+        for (size_t k = 3; k < fds_.size(); ++k) {
+          if (fds_[k].revents & POLLIN) return Wait::kQueued;
+        }
         if (n <= 0 && std::chrono::steady_clock::now() >= deadline) {
           DrainMonitor();  // at least once per timeout, whatever its descriptor said
           if (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLIN)) return Wait::kTimeout;
@@ -202,6 +243,13 @@ class ZmqServer final : public ServerTransport {
       SendRaw(in.peer, shm_.AnswerOffer(in.peer, parts[1].data(), parts[1].size()));
       return std::optional<Inbound>();
     }
+    if (parts.size() == 2 && shm::IsNotice(parts[1].data(), parts[1].size())) {
+      if (std::optional<std::string> answer =
+              shm_.OnNotice(in.peer, in.user, parts[1].data(), parts[1].size())) {
+        SendRaw(in.peer, *answer);
+      }
+      return std::optional<Inbound>();
+    }
     std::optional<shm::Trailer> trailer;
     if (parts.size() >= 3)
       trailer = shm::DecodeTrailer(parts.back().data(), parts.back().size(), 0);
@@ -212,6 +260,9 @@ class ZmqServer final : public ServerTransport {
           shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message);
       if (answer) SendRaw(in.peer, std::move(*answer));
     }
+    // A client whose messages come through its queue sent this one on a detour: it waits
+    // for the queue's pause.
+    if (shm_.Hold(in)) return std::optional<Inbound>();
     if (route) {  // a striping client's main connection: in its stream's order
       users_[in.peer] = in.user;
       Feed(in.peer, Assembly(in.peer).OnMain(std::move(in.message), NowMs()));
@@ -340,6 +391,9 @@ class ZmqServer final : public ServerTransport {
   std::atomic<uint64_t> handshake_failed_{0};
   int64_t last_failure_log_ms_ = -60000;
   shm::ServerLinks shm_;
+  int queue_turns_ = 0;      // messages taken from shared memory since the socket was read
+  std::vector<pollfd> fds_;  // WaitReadable's
+  std::vector<int> bells_;   // WaitReadable's
   // Striping clients' streams, by main routing id, while something is held for them.
   std::map<PeerId, stripes::Assembler> striped_;
   std::map<PeerId, std::string> users_;  // the authenticated user of each striping client

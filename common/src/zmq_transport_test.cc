@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -136,6 +137,19 @@ class ZmqTransportTest : public ::testing::Test {
       if (c.shared_memory() != nullptr && c.shared_memory()->ActiveWith(0)) return true;
     }
     return false;
+  }
+
+  // Lets the client switch its messages to the segment's queue (probes until one arrives
+  // that way), and reads whatever came; true once it did.
+  static bool AwaitQueue(ServerTransport& s, ClientTransport& c) {
+    if (!AwaitShm(s, c, 10s)) return false;
+    for (int k = 0; k < 100 && s.counters().shm_messages_received == 0; ++k) {
+      if (!c.Send(0, {Frame::Copy("probe", 5)}).ok()) return false;
+      (void)ServerGet(s, 10ms);
+    }
+    while (ServerGet(s, 50ms)) {
+    }
+    return s.counters().shm_messages_received > 0;
   }
 
   Dir dir_;
@@ -322,11 +336,199 @@ TEST_F(ZmqTransportTest, ARestartedShardMapsTheClientsSegmentAgain) {
   ASSERT_EQ(in->message.size(), 2u);
   EXPECT_TRUE(Same(in->message[1], big));
   EXPECT_GE((*second)->counters().shm_frames_received, 1u);
+  EXPECT_GE((*second)->counters().shm_messages_received, 1u)
+      << "the client's notice after the reconnect told the new shard of its queue";
   ASSERT_TRUE((*second)->Send(in->peer, {Frame::Copy("rep", 3), big}).ok());
   auto out = ClientGet(**client, 5s);
   ASSERT_TRUE(out);
   EXPECT_TRUE(Same((*out)[1], big));
   EXPECT_EQ((*second)->counters().shm_frames_sent, 1u);
+}
+
+// Messages sent from the moment the client connects, before and after it switches to the
+// segment's queue, arrive in the order sent and whole: small ones inline in a queue slot,
+// medium ones (a record over a slot) in the ring, large frames in the ring beside them.
+TEST_F(ZmqTransportTest, EveryMessageArrivesInOrderAcrossTheSwitchToTheSharedMemoryQueue) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto message = [](uint32_t i) {
+    Message m = {Frame::Copy(&i, sizeof i)};
+    if (i % 3 == 1) m.push_back(Pattern(2'000, static_cast<uint8_t>(i)));
+    if (i % 5 == 2) m.push_back(Pattern(100'000, static_cast<uint8_t>(i)));
+    return m;
+  };
+  constexpr uint32_t kMessages = 400;
+  std::vector<Inbound> got;
+  auto take = [&](std::chrono::milliseconds wait) {
+    auto in = (*server)->Receive(wait);
+    ASSERT_TRUE(in.ok()) << in.status();
+    if (in->has_value()) got.push_back(std::move(**in));
+  };
+  for (uint32_t i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*client)->Send(0, message(i)).ok()) << i;
+    (void)(*client)->Receive(0ms);  // reads the shard's answer when it comes
+    take(i % 40 == 0 ? 5ms : 0ms);
+  }
+  for (int k = 0; k < 2000 && got.size() < kMessages; ++k) take(10ms);
+  ASSERT_EQ(got.size(), kMessages);
+  for (uint32_t i = 0; i < kMessages; ++i) {
+    Message want = message(i);
+    ASSERT_EQ(got[i].message.size(), want.size()) << i;
+    for (size_t f = 0; f < want.size(); ++f) EXPECT_TRUE(Same(got[i].message[f], want[f])) << i;
+  }
+  const TransportCounters c = (*server)->counters();
+  EXPECT_GT(c.shm_messages_received, 0u) << "the client switched to the queue";
+  EXPECT_LT(c.shm_messages_received, kMessages) << "the first messages went before the answer";
+  EXPECT_EQ(got.back().peer.substr(1, 3), "SHM") << "queued messages come from the queue's peer";
+
+  // Replies to the queue's peer go through the client's queue; all arrive.
+  for (uint32_t i = 0; i < 300; ++i) {
+    ASSERT_TRUE((*server)->Send(got.back().peer, message(i)).ok());
+    if (i % 50 == 49) {
+      for (int k = 0; k < 50; ++k) ASSERT_TRUE(ClientGet(**client, 5s)) << i << " " << k;
+    }
+  }
+  EXPECT_EQ((*server)->counters().shm_messages_sent, 300u);
+  EXPECT_EQ((*server)->counters().replies_dropped, 0u);
+}
+
+// A ring of 1 MiB cannot hold every 400 KB frame the client sends before the shard reads:
+// those messages take the detour (a pause in the queue, the socket, the notice) and still
+// arrive in the order sent; replies that find no room go on the socket and all arrive.
+TEST_F(ZmqTransportTest, MessagesThatFindNoRoomTakeTheSocketAndKeepTheirOrder) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ZmqOptions small_ring = Shm(true);
+  small_ring.shm_ring_bytes = 1 << 20;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, small_ring);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitQueue(**server, **client));
+  auto message = [](uint32_t i) {
+    Message m = {Frame::Copy(&i, sizeof i)};
+    if (i % 2 == 0) m.push_back(Pattern(400'000, static_cast<uint8_t>(i)));
+    return m;
+  };
+  const uint64_t queued_before = (*server)->counters().shm_messages_received;
+  constexpr uint32_t kMessages = 60;
+  std::vector<Inbound> got;
+  for (uint32_t round = 0; round < kMessages / 10; ++round) {
+    for (uint32_t i = round * 10; i < round * 10 + 10; ++i) {
+      ASSERT_TRUE((*client)->Send(0, message(i)).ok()) << i;
+    }
+    for (int k = 0; k < 500 && got.size() < round * 10 + 10; ++k) {
+      if (auto in = ServerGet(**server, 10ms)) got.push_back(std::move(*in));
+    }
+  }
+  ASSERT_EQ(got.size(), kMessages);
+  for (uint32_t i = 0; i < kMessages; ++i) {
+    Message want = message(i);
+    ASSERT_EQ(got[i].message.size(), want.size()) << i;
+    for (size_t f = 0; f < want.size(); ++f) EXPECT_TRUE(Same(got[i].message[f], want[f])) << i;
+  }
+  const uint64_t queued = (*server)->counters().shm_messages_received - queued_before;
+  EXPECT_LT(queued, kMessages) << "some took the socket";
+  EXPECT_GT(queued, kMessages / 2) << "most took the queue";
+
+  PeerId queue_peer;
+  for (const Inbound& in : got) {
+    if (in.peer.substr(1, 3) == "SHM") queue_peer = in.peer;
+  }
+  ASSERT_FALSE(queue_peer.empty());
+  const uint64_t sent_before = (*server)->counters().shm_messages_sent;
+  for (uint32_t i = 0; i < 10; ++i) ASSERT_TRUE((*server)->Send(queue_peer, message(2 * i)).ok());
+  std::vector<Message> replies;
+  for (int k = 0; k < 10; ++k) {
+    auto out = ClientGet(**client, 5s);
+    ASSERT_TRUE(out) << k;
+    replies.push_back(std::move(*out));
+  }
+  std::vector<uint32_t> ids;
+  for (const Message& m : replies) {
+    uint32_t id = 0;
+    std::memcpy(&id, m.at(0).data(), sizeof id);
+    ids.push_back(id);
+    ASSERT_EQ(m.size(), 2u);
+    EXPECT_TRUE(Same(m[1], message(id)[1])) << id;
+  }
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t i = 0; i < 10; ++i) EXPECT_EQ(ids[i], 2 * i);
+  EXPECT_LT((*server)->counters().shm_messages_sent - sent_before, 10u)
+      << "replies beyond the ring's room took the socket";
+  EXPECT_EQ((*server)->counters().replies_dropped, 0u);
+}
+
+TEST_F(ZmqTransportTest, AShardWithMessagesOffStillTakesLargeFramesThroughSharedMemory) {
+  ZmqContext sctx, cctx;
+  ZmqOptions frames_only = Shm(true);
+  frames_only.shm_messages = false;
+  auto server = BindZmqServer(sctx, endpoint_, frames_only);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**server, **client, 10s));
+  Frame big = Pattern(200'000, 8);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
+  auto in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  EXPECT_TRUE(Same(in->message.at(1), big));
+  EXPECT_EQ((*server)->counters().shm_frames_received, 1u);
+  EXPECT_EQ((*server)->counters().shm_messages_received, 0u);
+  EXPECT_TRUE(RoundTrip(**server, **client, 5s));
+}
+
+// The shard does not read: the client's queue takes kQueueSlots messages and then says so
+// (the caller resends later), and takes more once the shard has read.
+TEST_F(ZmqTransportTest, AFullQueueRefusesTheSendUntilTheShardReads) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitQueue(**server, **client));
+  int sent = 0;
+  Status refused;
+  for (int k = 0; k < 1000 && refused.ok(); ++k) {
+    refused = (*client)->Send(0, {Frame::Copy("x", 1)});
+    if (refused.ok()) ++sent;
+  }
+  EXPECT_EQ(sent, 256);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused;
+  EXPECT_NE(refused.message().find("does not read"), std::string::npos) << refused;
+  ASSERT_TRUE(ServerGet(**server, 5s));
+  EXPECT_TRUE((*client)->Send(0, {Frame::Copy("y", 1)}).ok());
+  int read = 0;
+  while (ServerGet(**server, 100ms)) ++read;
+  EXPECT_EQ(read, 256);
+}
+
+// A client whose shard moves to one that cannot read its segment (another host, or
+// shared memory off) is told so when it sends its notice, and goes back to the socket.
+TEST_F(ZmqTransportTest, AShardThatCannotReadTheQueueSendsTheClientBackToTheSocket) {
+  ZmqContext sctx, cctx;
+  auto first = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**first, **client, 10s));
+  ASSERT_TRUE(RoundTrip(**first, **client, 5s));
+  const std::string other = "ipc://" + dir_.path() + "/other.sock";
+  auto second = BindZmqServer(sctx, other, Shm(false));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*client)->Retarget(0, other).ok());
+  std::optional<Inbound> in;
+  for (int attempt = 0; attempt < 100 && !in; ++attempt) {
+    (void)(*client)->Send(0, {Frame::Copy("req", 3)});  // queued ones are lost, as in a socket
+    (void)(*client)->Receive(0ms);
+    in = ServerGet(**second, 50ms);
+  }
+  ASSERT_TRUE(in);
+  EXPECT_FALSE((*client)->shared_memory()->ActiveWith(0));
+  EXPECT_TRUE(RoundTrip(**second, **client, 5s));
+  EXPECT_EQ((*second)->counters().shm_messages_received, 0u);
 }
 
 TEST_F(ZmqTransportTest, AForgedSharedMemoryTrailerIsStrippedAndItsFrameStaysEmpty) {

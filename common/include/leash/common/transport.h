@@ -22,14 +22,16 @@ using PeerId = std::string;
 
 // Connection-level events a transport counts (a shard's transport; zero elsewhere).
 struct TransportCounters {
-  uint64_t auth_refused = 0;         // CURVE clients whose key is not authorized (ZAP said no)
-  uint64_t handshake_failed = 0;     // other failed handshakes (no CURVE, wrong server key)
-  uint64_t replies_dropped = 0;      // replies to a peer over its queue limit (it does not read)
-  uint64_t shm_frames_received = 0;  // frames read from same-host shared memory
-  uint64_t shm_frames_sent = 0;      // frames written to same-host shared memory
-  uint64_t striped_received = 0;     // messages put back together from stripes (stripes.h)
-  uint64_t striped_sent = 0;         // replies sent striped
-  uint64_t striped_dropped = 0;      // striped messages whose parts did not all arrive in time
+  uint64_t auth_refused = 0;           // CURVE clients whose key is not authorized (ZAP said no)
+  uint64_t handshake_failed = 0;       // other failed handshakes (no CURVE, wrong server key)
+  uint64_t replies_dropped = 0;        // replies to a peer over its queue limit (it does not read)
+  uint64_t shm_frames_received = 0;    // frames read from same-host shared memory
+  uint64_t shm_frames_sent = 0;        // frames written to same-host shared memory
+  uint64_t shm_messages_received = 0;  // whole messages read from same-host queues
+  uint64_t shm_messages_sent = 0;      // whole messages written to same-host queues
+  uint64_t striped_received = 0;       // messages put back together from stripes (stripes.h)
+  uint64_t striped_sent = 0;           // replies sent striped
+  uint64_t striped_dropped = 0;        // striped messages whose parts did not all arrive in time
 };
 
 // Bytes a caller fills in place before sending them as a payload frame.

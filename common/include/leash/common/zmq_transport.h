@@ -48,6 +48,10 @@ struct ZmqOptions {
   // only as its frames in flight need it, in steps of 1 MiB.
   int64_t shm_ring_bytes = int64_t{16} << 20;
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
+  // With shared_memory on both ends: every message of a same-host connection goes through
+  // its segment too (a queue per direction, the reader woken through a FIFO), not only the
+  // large frames, so no ZeroMQ I/O thread hands it on. The socket keeps the handshake.
+  bool shm_messages = true;
   // Striping (common/src/stripes.h), for links faster than one connection carries: a
   // client with stripes >= 2 opens that many connections to each shard, each handled by
   // a ZeroMQ I/O thread of the context (give ZmqContext as many), and splits a message of
