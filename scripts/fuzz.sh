@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (fuzz/) with clang into ${LEASH_BUILD_DIR:-build-fuzz}
 # (CUDA off, tests off, LEASH_FUZZ=ON) and runs each for a bounded time:
 #   scripts/fuzz.sh [seconds-per-target] [target...]      (default 60 s; fuzz_wire fuzz_shard
-#   fuzz_stripes)
+#   fuzz_stripes fuzz_shm_record)
 # Each target starts from its committed seeds (fuzz/corpus/<target>/) plus what earlier
 # runs found (the working corpus $BUILD/corpus/<target>/, never committed) and uses
 # fuzz/<target>.dict when present. libFuzzer's final stats (executions, cov, ft) are
@@ -15,7 +15,7 @@ ROOT=$PWD
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(fuzz_wire fuzz_shard fuzz_stripes)
+((${#TARGETS[@]})) || TARGETS=(fuzz_wire fuzz_shard fuzz_stripes fuzz_shm_record)
 BUILD=${LEASH_BUILD_DIR:-build-fuzz}
 bash "$ROOT/scripts/install-deps.sh" fuzz
 GEN=()

@@ -66,7 +66,8 @@ std::optional<Placement> PlaceFrames(const Message& message, size_t min_bytes, S
 
 // Fills the frames a trailer names from `segment` (copied out, or borrowed in place).
 // Frames that cannot be read stay empty, so the message fails its size checks above
-// with a clear error instead of being taken for something else.
+// with a clear error instead of being taken for something else. NotFound or DataLoss:
+// a frame the sender has sent again since (Stale).
 Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, bool copy,
                   Message* message) {
   Status first;
@@ -135,6 +136,13 @@ Queued QueueRecord(ShmSegment& segment, ShmWriter& writer, uint32_t ring,
       break;
   }
   return Queued::kQueued;
+}
+
+// A message whose frame its sender has sent again since (restamped on a resend) or taken
+// back: an older copy of a request that a newer message carries. Dropped, not answered:
+// an error reply would answer the newer one.
+bool Stale(const Status& fill) {
+  return fill.code() == StatusCode::kNotFound || fill.code() == StatusCode::kDataLoss;
 }
 
 std::optional<WritableFrame> ToWritable(std::optional<Frame> f) {
@@ -674,6 +682,10 @@ std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
     Inbound in{link.peer, std::move(*parts), link.user};
     Status st;
     frames_received_ += FillFromTrailer(link.segment, 0, /*copy=*/true, &in.message, &st);
+    if (Stale(st)) {
+      ++stale_dropped_;
+      continue;
+    }
     if (!st.ok()) {
       Warn("a shared-memory frame could not be read: " + st.ToString() + "; the request fails");
     }
@@ -701,7 +713,7 @@ Result<std::optional<std::pair<PeerId, Message>>> ServerLinks::Post(const PeerId
 }
 
 std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trailer* trailer,
-                                                  Message* message) {
+                                                  Message* message, bool* stale) {
   std::optional<std::string> answer;
   int64_t now = NowMs();
   if (trailer != nullptr) {
@@ -715,7 +727,10 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
     } else {
       peers_[peer] = trailer->name;
       Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message);
-      if (!st.ok()) {
+      if (Stale(st) && stale != nullptr) {
+        *stale = true;
+        ++stale_dropped_;
+      } else if (!st.ok()) {
         Warn("a shared-memory frame could not be read: " + st.ToString() + "; the request fails");
       }
       frames_received_ += trailer->frames.size();

@@ -203,8 +203,12 @@ class ServerLinks {
   // Keeps `peer`'s segment alive and fills the frames `trailer` (if any) names, copied
   // out. Returns an answer to send `peer` when the trailer names a segment this shard
   // cannot read (the client then stops using it; this request fails its size checks).
-  std::optional<std::string> OnMessage(const PeerId& peer, const Trailer* trailer,
-                                       Message* message);
+  // Sets *stale when a frame was sent again since (this message is an older copy of one
+  // that follows): the caller drops it.
+  std::optional<std::string> OnMessage(const PeerId& peer, const Trailer* trailer, Message* message,
+                                       bool* stale = nullptr);
+  // Messages dropped as older copies of ones sent again (their frames restamped).
+  uint64_t stale_dropped() const { return stale_dropped_; }
   // True while no client's segment is mapped.
   bool empty() const { return links_.empty(); }
   // Room for `bytes` in `peer`'s ring 1, for a payload sent to `peer` only.
@@ -264,6 +268,7 @@ class ServerLinks {
   std::atomic<uint64_t> frames_received_{0};
   std::atomic<uint64_t> frames_sent_{0};
   std::atomic<uint64_t> messages_received_{0};
+  uint64_t stale_dropped_ = 0;
   std::atomic<uint64_t> messages_sent_{0};
   int64_t last_sweep_ms_ = 0;
   int64_t last_warn_ms_ = -60000;

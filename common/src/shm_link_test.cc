@@ -304,6 +304,32 @@ TEST(ShmLinkTest, ADetourThroughTheSocketIsTakenBetweenThePauseAndTheNotice) {
   EXPECT_FALSE(server.Post("unknown", {Pattern(8, 1)}).ok());
 }
 
+// A resend restamps a payload written in place, so a copy of the request still queued
+// (for a shard that died before reading it, say) names a generation that is gone: the shard
+// drops that copy instead of answering it with an error, and takes the resend.
+TEST(ShmLinkTest, AnOlderCopyOfAResentRequestIsDroppedNotAnswered) {
+  ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  Connect(client, server, "socket-peer");
+  std::optional<std::string> notice = client.TakeNotice();
+  ASSERT_TRUE(notice);
+  EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+  std::optional<WritableFrame> w = client.Reserve(100'000);
+  ASSERT_TRUE(w);
+  Frame payload = Pattern(100'000, 9);
+  std::memcpy(w->data, payload.data(), payload.size());
+  const Message push = {Pattern(8, 1), w->frame};
+  for (int send = 0; send < 2; ++send) {
+    Result<bool> posted = client.Post(push, client.Place(push));
+    ASSERT_TRUE(posted.ok() && *posted) << send;
+  }
+  std::vector<Inbound> got;
+  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(Same(got[0].message.at(1), payload));
+  EXPECT_EQ(server.stale_dropped(), 1u);
+}
+
 // A client that turns shared memory off while the shard reads its queue leaves a pause
 // there, so that what it sends on the socket from then on is not held forever.
 TEST(ShmLinkTest, AClientTurningOffLeavesAPauseSoItsSocketMessagesFlow) {

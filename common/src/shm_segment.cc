@@ -427,8 +427,8 @@ Result<const uint8_t*> ShmSegment::Check(const Descriptor& d) {
   std::atomic<uint32_t>* st = states(d.ring);
   for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {
     if (st[g].load(std::memory_order_acquire) != d.generation) {
-      return InvalidArgument("shared-memory frame at offset " + std::to_string(d.offset) +
-                             " is no longer there (generation changed)");
+      return NotFound("shared-memory frame at offset " + std::to_string(d.offset) +
+                      " is no longer there (generation changed: sent again, or taken back)");
     }
   }
   return static_cast<const uint8_t*>(data(d.ring) + d.offset);

@@ -101,8 +101,9 @@ class ShmSegment {
   std::atomic<uint32_t>* states(uint32_t ring) { return states_[ring]; }
 
   // Reader side. Checks `d` (ring, bounds within the reserved part of the ring, and that
-  // its granules hold its generation) and returns the frame's bytes, or InvalidArgument
-  // saying what is wrong.
+  // its granules hold its generation) and returns the frame's bytes, InvalidArgument saying
+  // what is wrong with it, or NotFound when its granules hold another generation (the
+  // writer sent the frame again, or took it back).
   Result<const uint8_t*> Check(const Descriptor& d);
   // Reader side: gives the granules of `d` back to the writer.
   void Release(const Descriptor& d);

@@ -256,9 +256,11 @@ class ZmqServer final : public ServerTransport {
     if (trailer) parts.pop_back();
     in.message = zmq_util::ToMessage(parts, 1);
     if (!shm_.empty() || trailer) {
+      bool stale = false;
       std::optional<std::string> answer =
-          shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message);
+          shm_.OnMessage(in.peer, trailer ? &*trailer : nullptr, &in.message, &stale);
       if (answer) SendRaw(in.peer, std::move(*answer));
+      if (stale) return std::optional<Inbound>();  // a newer copy follows
     }
     // A client whose messages come through its queue sent this one on a detour: it waits
     // for the queue's pause.
