@@ -176,8 +176,8 @@ WorkerCommandLine::WorkerCommandLine()
         "off (every worker trains --batch)");
   f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
   f.Bool("no-shm", &v.no_shm,
-         "send pushes and pulls through the socket even to a shard on this host (by default "
-         "large ones go through shared memory there)");
+         "send every message through the socket even to a shard on this host (by default "
+         "they all go through shared memory there)");
   f.Int("stripes", &v.stripes,
         "connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own: pushes and "
         "pulls of 1 MiB and more are split over them and put back together in order (for links "
