@@ -629,10 +629,10 @@ bool ServerLinks::Doze() {
   return true;
 }
 
-void ServerLinks::Wake() {
-  for (Link* l : reading_) {
-    l->segment->Wake(0);
-    l->bells[0]->Drain();
+void ServerLinks::Wake(const std::vector<bool>& rang) {
+  for (size_t i = 0; i < reading_.size(); ++i) {
+    reading_[i]->segment->Wake(0);
+    if (i < rang.size() && rang[i]) reading_[i]->bells[0]->Drain();
   }
 }
 

@@ -188,10 +188,11 @@ class ServerLinks {
   static PeerId ChannelPeer(uint64_t token);
   static bool IsChannelPeer(const PeerId& peer);
   // The bells of the queues read, to poll; Doze() before polling them (false: a message is
-  // there, do not wait), Wake() after.
+  // there, do not wait), Wake() after, with which of them rang (in AddBells' order): only
+  // those are read, so a wake-up costs one read however many clients there are.
   void AddBells(std::vector<int>* fds) const;
   bool Doze();
-  void Wake();
+  void Wake(const std::vector<bool>& rang);
   // The next message of a queue read (round-robin over clients), or nullopt. A queue found
   // corrupt is no longer read (and the error logged).
   std::optional<Inbound> Take();

@@ -197,7 +197,11 @@ class ZmqServer final : public ServerTransport {
         int n =
             left.count() > 0 ? ::poll(fds_.data(), fds_.size(), static_cast<int>(left.count())) : 0;
         const int poll_errno = errno;  // before the bells' reads
-        if (!bells_.empty()) shm_.Wake();
+        if (!bells_.empty()) {
+          rang_.assign(bells_.size(), false);
+          for (size_t k = 0; k < bells_.size(); ++k) rang_[k] = (fds_[3 + k].revents & POLLIN) != 0;
+          shm_.Wake(rang_);
+        }
         if (n < 0 && poll_errno != EINTR)
           return Unavailable("poll: " + std::string(strerror(poll_errno)));
         if (fds_[1].revents & POLLIN) {
@@ -396,6 +400,7 @@ class ZmqServer final : public ServerTransport {
   int queue_turns_ = 0;      // messages taken from shared memory since the socket was read
   std::vector<pollfd> fds_;  // WaitReadable's
   std::vector<int> bells_;   // WaitReadable's
+  std::vector<bool> rang_;   // WaitReadable's
   // Striping clients' streams, by main routing id, while something is held for them.
   std::map<PeerId, stripes::Assembler> striped_;
   std::map<PeerId, std::string> users_;  // the authenticated user of each striping client
