@@ -7,6 +7,7 @@
 // With --servers it measures running shards instead (bench/replication.py: a replicated
 // shard's primary). Writes JSON and a markdown summary. Single-threaded driver plus one
 // thread per worker.
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -29,6 +30,7 @@
 #include "leash/common/zmq_transport.h"
 #include "leash/ps/table.h"
 #include "leash/worker/client.h"
+#include "shm_segment.h"
 
 namespace {
 
@@ -322,6 +324,90 @@ Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, 
   return out;
 }
 
+// The oldest record of `ring`'s queue of `s`, waiting on `bell` as a Leash reader does
+// (dozing, then polling the FIFO); nullptr if the queue is corrupt.
+const leash::shm::QueueSlot* WaitFront(leash::shm::ShmSegment& s, uint32_t ring,
+                                       leash::shm::Bell& bell) {
+  while (true) {
+    auto f = s.Front(ring);
+    if (!f.ok()) return nullptr;
+    if (*f != nullptr) return *f;
+    if (!s.Doze(ring)) continue;
+    pollfd p{bell.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 1000);
+    s.Wake(ring);
+    bell.Drain();
+  }
+}
+
+// Raw same-host round trip through a shared-memory segment's queues, the path Leash's
+// same-host messages take (shm_segment.h), without Leash's messages: the payload one way
+// (inline in a slot when it fits, else a frame of the ring that the reader copies out, as a
+// shard does), an 8-byte acknowledgement back, a waiting side woken through its FIFO bell.
+// A forked process echoes, as a shard is another process.
+Sample RawShmRoundTrip(int64_t floats, double seconds) {
+  namespace shm = leash::shm;
+  Sample out{"round trip, 2 processes", "raw shm", floats, 1, 1, 1};
+  auto seg = shm::ShmSegment::Create(size_t{16} << 20);
+  if (!seg.ok() || !(*seg)->Activate().ok() || !(*seg)->MakeBells().ok()) {
+    std::fprintf(stderr, "raw shm row skipped: %s\n",
+                 seg.ok() ? "no bells" : seg.status().ToString().c_str());
+    return out;
+  }
+  std::shared_ptr<shm::ShmSegment> s = *seg;
+  const std::string name = s->name();
+  const uint64_t token = s->token();
+  pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    auto theirs = shm::ShmSegment::Open(name, token);
+    if (!theirs.ok()) _exit(1);
+    shm::Bell wake_me(*(*theirs)->OpenBell(0)), ring_them(*(*theirs)->OpenBell(1));
+    std::vector<uint8_t> sink(static_cast<size_t>(floats) * 4);
+    while (const shm::QueueSlot* slot = WaitFront(**theirs, 0, wake_me)) {
+      if (slot->generation == 0) {
+        std::memcpy(sink.data(), slot->bytes, std::min<size_t>(slot->size, sink.size()));
+      } else {
+        (void)(*theirs)->CopyOut({0, slot->generation, slot->offset, slot->size});
+      }
+      (*theirs)->Pop(0);
+      const uint64_t ack = 0;
+      if ((*theirs)->Enqueue(1, reinterpret_cast<const uint8_t*>(&ack), sizeof ack) ==
+          shm::ShmSegment::Posted::kRing)
+        ring_them.Ring();
+    }
+    _exit(0);
+  }
+  shm::ShmWriter writer(s, 0, /*reclaim_ms=*/0);
+  shm::Bell ring_them(*s->OpenBell(0)), wake_me(*s->OpenBell(1));
+  std::vector<uint8_t> payload(static_cast<size_t>(floats) * 4, 1);
+  std::vector<double> lat;
+  auto t0 = SteadyClock::now();
+  auto end = t0 + std::chrono::duration<double>(seconds);
+  while (SteadyClock::now() < end) {
+    auto sent = SteadyClock::now();
+    shm::ShmSegment::Posted posted = shm::ShmSegment::Posted::kFull;
+    if (payload.size() <= shm::kSlotInline) {
+      posted = s->Enqueue(0, payload.data(), payload.size());
+    } else if (auto d = writer.Put(leash::Frame::Wrap(payload.data(), payload.size(), nullptr))) {
+      posted = s->Enqueue(0, *d);
+    }
+    if (posted == shm::ShmSegment::Posted::kFull) break;  // cannot happen one at a time
+    if (posted == shm::ShmSegment::Posted::kRing) ring_them.Ring();
+    if (WaitFront(*s, 1, wake_me) == nullptr) break;
+    s->Pop(1);
+    lat.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - sent).count());
+  }
+  double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  out.ops_per_s = static_cast<double>(lat.size()) / secs;
+  out.mb_per_s = out.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
+  out.p50_us = Percentile(lat, 0.5);
+  out.p99_us = Percentile(lat, 0.99);
+  return out;
+}
+
 // Raw ZeroMQ one-way throughput: PUSH -> PULL stream, at most 8 messages queued by the
 // sender (the high-water mark), as 8 pushes in flight. The receiver is a thread sharing the
 // sender's context (and its one I/O thread), or, with `other_process`, a forked process
@@ -449,7 +535,7 @@ int main(int argc, char** argv) {
   std::string ops = "push,pull";
   std::string stripes = "2,4";
   bool raw = true;
-  std::string raw_rows = "rtt,rtt2,rtt2x8,oneway,oneway2,update";
+  std::string raw_rows = "rtt,rtt2,rtt2x8,shm2,oneway,oneway2,update";
   int64_t socket_buffer = 0;
   double seconds = 2;
   int64_t spin_us = 0;
@@ -475,7 +561,8 @@ int main(int argc, char** argv) {
   flags.Bool("raw", &raw, "measure the raw ZeroMQ rows and the update alone too");
   flags.String("raw-rows", &raw_rows,
                "which raw rows: rtt (same process), rtt2 (two processes), rtt2x8 (8 in flight), "
-               "oneway, oneway2 (with --stripes), update (the optimizer alone)");
+               "shm2 (two processes through a shared-memory segment's queues, as same-host Leash "
+               "messages go), oneway, oneway2 (with --stripes), update (the optimizer alone)");
   flags.String("stripes", &stripes,
                "raw one-way to another process over this many connections too, at sizes of "
                "65536 floats and more (empty: none)");
@@ -505,6 +592,7 @@ int main(int argc, char** argv) {
     };
     if (want("rtt")) samples.push_back(RawRoundTrip(floats, seconds));
     if (want("rtt2")) samples.push_back(RawRoundTrip(floats, seconds, /*other_process=*/true));
+    if (want("shm2")) samples.push_back(RawShmRoundTrip(floats, seconds));
     if (want("rtt2x8")) {
       samples.push_back(RawRoundTrip(floats, seconds, /*other_process=*/true, /*inflight=*/8));
     }
