@@ -1,7 +1,8 @@
 // The shared-memory side protocol of the ZeroMQ transport, on top of shm_segment.h: a
 // client offers each shard a segment, the shard maps it and answers, and from then on
 // large frames of a message travel in the segment while the message on the socket keeps
-// an empty frame in their place and gains a trailer saying where they are. Nothing here
+// an empty frame in their place and gains a trailer saying where they are; when both ends
+// agree, whole messages travel in the segment's queues as well (below). Nothing here
 // touches a socket: the adapter passes frames' bytes in and sends what comes out, so the
 // protocol is tested on its own (shm_link_test.cc).
 //
