@@ -235,7 +235,7 @@ class Client:
             shards, using the pair `curve_client` from it.
         wire_dtype: "fp32", "fp16" or "bf16": the encoding of pushes and pull replies.
         connect_timeout: seconds to wait for every shard to answer.
-        shared_memory: let shards on this host exchange large frames through /dev/shm.
+        shared_memory: exchange every message with shards on this host through /dev/shm.
         stripes: connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own;
             pushes and pulls of 1 MiB and more are split over them and put back together in
             order (leash-worker --stripes; give the shards --io-threads as many).
