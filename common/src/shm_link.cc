@@ -22,7 +22,8 @@ constexpr uint32_t kAnswerFrames = 1, kAnswerMessages = 2;
 constexpr size_t kTrailerHead = 8 + 8 + 2 + 2 + 4;
 constexpr size_t kTrailerEntry = 4 + 4 + 8 + 8;
 constexpr size_t kOfferHead = 8 + 4 + 8 + 4;  // magic, version, token, flags; then the name
-constexpr size_t kNoticeHead = 8 + 8;         // magic, token; then the name
+constexpr size_t kNoticeHead = 8 + 8 + 4;     // magic, token, kind; then the name
+constexpr uint32_t kResume = 0, kHello = 1;   // notice kinds
 constexpr size_t kAnswerHead = 8 + 4 + 8;     // magic, accepted, token; then the reason
 
 bool HasMagic(const void* data, size_t size, const char (&magic)[8]) {
@@ -312,12 +313,16 @@ std::optional<std::string> ClientLink::TakeNotice() {
   return Notice();
 }
 
-std::optional<std::string> ClientLink::Notice() const {
+std::optional<std::string> ClientLink::Notice() const { return MakeNotice(kResume); }
+std::optional<std::string> ClientLink::Hello() const { return MakeNotice(kHello); }
+
+std::optional<std::string> ClientLink::MakeNotice(uint32_t kind) const {
   if (!messages_on_.load()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   if (!segment_) return std::nullopt;
   std::string n(kNoticeMagic, 8);
   Put(&n, segment_->token());
+  Put(&n, kind);
   n += segment_->name();
   return n;
 }
@@ -566,6 +571,7 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
   const auto* p = static_cast<const uint8_t*>(data);
   if (size < kNoticeHead) return std::nullopt;
   const uint64_t token = Get<uint64_t>(p + 8);
+  const uint32_t kind = Get<uint32_t>(p + 16);
   const std::string name(reinterpret_cast<const char*>(p + kNoticeHead), size - kNoticeHead);
   Status why;
   Link* link = Map(name, token, &why);
@@ -585,9 +591,10 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
   }
   link->last_used_ms = NowMs();
   link->user = user;
-  if (!link->socket_peer.empty()) by_socket_.erase(link->socket_peer);
   link->socket_peer = peer;
-  by_socket_[peer] = link;
+  // Every connection it came on stays this client's: a detoured message sent on the old
+  // one may arrive after the new one's hello.
+  if (by_socket_.emplace(peer, link).second) link->socket_peers.push_back(peer);
   if (!link->reading) {
     link->reading = true;
     link->paused = false;
@@ -595,10 +602,10 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
     peers_[link->peer] = name;
     reading_.push_back(link);
     spdlog::debug("reading the message queue of shared memory {}", name);
-  } else if (link->paused || !link->held.empty()) {
+  } else if (kind == kResume && (link->paused || !link->held.empty())) {
     link->held.push_back({std::nullopt});  // ends a detour, in its turn
   }
-  // Otherwise the queue is read already (a notice after a reconnect to this same process).
+  // Otherwise the queue is read already: a hello, or a resume whose detour had nothing held.
   return std::nullopt;
 }
 
@@ -755,7 +762,7 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
     by_socket_.clear();
     for (auto& [name, link] : links_) {
       if (link.reading) reading_.push_back(&link);
-      if (!link.socket_peer.empty()) by_socket_[link.socket_peer] = &link;
+      for (const PeerId& p : link.socket_peers) by_socket_[p] = &link;
     }
     next_ = 0;
   }

@@ -12,9 +12,12 @@
 //            client would send whole messages through the segment), segment name
 //   answer   shard -> client, alone: magic, accepted u32 (0 no, 1 frames, 2 frames and
 //            messages), token u64, reason
-//   notice   client -> shard, alone: magic, token u64, segment name: every message after
-//            this one comes through the segment's queue (sent again after each reconnect,
-//            so that a restarted shard finds the queue, and after each detour, below)
+//   notice   client -> shard, alone: magic, token u64, kind u32, segment name. A *resume*
+//            notice (kind 0): every message after this one comes through the segment's
+//            queue (the first switch, and the end of each detour, below). A *hello* (kind 1)
+//            names the connection it comes on as this client's, and nothing else: sent
+//            after each handshake (so that a restarted shard finds the queue) and before
+//            each detoured message (so that the shard knows it, whatever connection it is on)
 //   trailer  the last frame of a message some of whose frames are in the segment:
 //            magic, token u64, name length u16, count u16, reserved u32, name, then per
 //            frame: index u32, generation u32, offset u64, size u64.
@@ -122,12 +125,16 @@ class ClientLink {
   // The notice to send when the shard agreed to messages and they are not on yet (they are
   // from now on), or nullopt.
   std::optional<std::string> TakeNotice();
-  // The notice again (after a reconnect), while messages are on.
+  // Notice() or Hello().
+  std::optional<std::string> MakeNotice(uint32_t kind) const;
+  // While messages are on: the resume notice (ends a detour), and the hello (after a
+  // handshake, and before a detoured message).
   std::optional<std::string> Notice() const;
+  std::optional<std::string> Hello() const;
   bool messages() const { return messages_on_.load(); }
   // Sends `message` (its large frames placed by `p`) as a record of queue 0 and rings the
   // shard's bell if it dozes: true. False when the record found no room in the ring: a
-  // pause was queued, and the caller sends the message on the socket, then Notice().
+  // pause was queued, and the caller sends Hello(), the message on the socket, then Notice().
   // Unavailable if the queue is full (the shard does not read it).
   Result<bool> Post(const Message& message, const std::optional<Placement>& p);
   // The receiving side of queue 1 (replies), for one thread: the bell to poll, Doze()
@@ -236,7 +243,8 @@ class ServerLinks {
     bool reading = false;
     PeerId peer;
     std::string user;
-    PeerId socket_peer;  // the connection the last notice came on
+    PeerId socket_peer;                // the connection the last notice came on
+    std::vector<PeerId> socket_peers;  // every connection a notice came on (in by_socket_)
     // After a pause: what came on the socket meanwhile, in order, up to the notice
     // (a Held without a message) that resumes the queue.
     bool paused = false;

@@ -304,6 +304,72 @@ TEST(ShmLinkTest, ADetourThroughTheSocketIsTakenBetweenThePauseAndTheNotice) {
   EXPECT_FALSE(server.Post("unknown", {Pattern(8, 1)}).ok());
 }
 
+// A reconnect while a message is on its detour: the connection changes under it. The hello
+// before the detoured message names the new connection, so the message is held until the
+// pause wherever it arrives from; and the reconnect's hello, arriving while the queue is
+// paused, does not end the detour (only the resume notice does).
+TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
+  ClientLink client(64 << 10, kMin, "shard 0", /*messages=*/true);
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  Connect(client, server, "old-connection");
+  std::optional<std::string> notice = client.TakeNotice();
+  ASSERT_TRUE(notice);
+  EXPECT_FALSE(server.OnNotice("old-connection", "", notice->data(), notice->size()));
+  auto post = [&](const Message& m) { return client.Post(m, client.Place(m)); };
+  auto queued = [](const Result<bool>& r) { return r.ok() && *r; };
+  auto take_all = [&] {
+    std::vector<Inbound> got;
+    while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+    return got;
+  };
+
+  // 1. Queued A; B takes the detour on a new connection: hello, B, resume; then C queued.
+  ASSERT_TRUE(queued(post({Pattern(8, 1)})));
+  const Message b = {Pattern(8, 2), Pattern(100'000, 3)};
+  Result<bool> detour = post(b);
+  ASSERT_TRUE(detour.ok() && !*detour);
+  std::optional<std::string> hello = client.Hello();
+  ASSERT_TRUE(hello);
+  EXPECT_FALSE(server.OnNotice("new-connection", "", hello->data(), hello->size()));
+  Inbound on_socket{"new-connection", b, ""};
+  EXPECT_TRUE(server.Hold(on_socket)) << "known by its hello: held until the pause";
+  std::optional<std::string> resume = client.Notice();
+  ASSERT_TRUE(resume);
+  EXPECT_FALSE(server.OnNotice("new-connection", "", resume->data(), resume->size()));
+  ASSERT_TRUE(queued(post({Pattern(8, 4)})));
+  std::vector<Inbound> got = take_all();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
+  EXPECT_TRUE(Same(got[1].message.at(1), b[1]));
+  EXPECT_TRUE(Same(got[2].message.at(0), Pattern(8, 4)));
+
+  // 2. A late message on the old connection is still this client's.
+  Inbound late{"old-connection", {Pattern(8, 5)}, ""};
+  EXPECT_TRUE(server.Hold(late)) << "reading, not paused: waits for a pause";
+  ASSERT_TRUE(queued(post({Pattern(8, 6)})));
+  // ... and the client's next detour brings the pause that lets it through.
+  detour = post(b);
+  ASSERT_TRUE(detour.ok() && !*detour);
+  got = take_all();
+  ASSERT_EQ(got.size(), 2u) << "the queue up to the pause, then what was held";
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 6)));
+  EXPECT_TRUE(Same(got[1].message.at(0), Pattern(8, 5)));
+
+  // 3. Paused now (B's second detour). A reconnect's hello arrives before the detoured B:
+  // it must not resume the queue, or D (queued after the detour) would overtake B.
+  hello = client.Hello();
+  EXPECT_FALSE(server.OnNotice("third-connection", "", hello->data(), hello->size()));
+  ASSERT_TRUE(queued(post({Pattern(8, 7)})));
+  EXPECT_TRUE(take_all().empty()) << "paused until the resume notice";
+  Inbound b_again{"third-connection", b, ""};
+  EXPECT_FALSE(server.Hold(b_again)) << "paused with nothing held: taken at once, in order";
+  resume = client.Notice();
+  EXPECT_FALSE(server.OnNotice("third-connection", "", resume->data(), resume->size()));
+  got = take_all();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 7)));
+}
+
 // A resend restamps a payload written in place, so a copy of the request still queued
 // (for a shard that died before reading it, say) names a generation that is gone: the shard
 // drops that copy instead of answering it with an error, and takes the resend.

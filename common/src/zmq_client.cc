@@ -86,6 +86,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       detour = true;  // no room in the ring: a pause is queued; the socket, then the notice
     }
     if (!detour && !p && Striped(message)) return SendStriped(idx, message);
+    if (detour) SendNotice(idx, link.Hello(), /*owed=*/false);
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
     for (const Frame& f : message) parts.push_back(zmq_util::ToZmq(f));
@@ -277,7 +278,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         watch_.OnEvent(static_cast<int>(i), *e);
         // A new connection may lead to a new shard process: it learns of the queue (a
         // shard that reads it already ignores this).
-        if (e->event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) SendNotice(i, shm_[i]->Notice());
+        if (e->event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) SendNotice(i, shm_[i]->Hello(), false);
       }
     }
   }
@@ -345,14 +346,16 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return "shard " + std::to_string(shard) + " (" + endpoints_[static_cast<size_t>(shard)] + ")";
   }
 
-  // Under mu_: the notice that switches shard i's messages to the segment's queue. One
-  // that cannot go now (no connection) is owed, and sent before the next message.
-  void SendNotice(size_t i, const std::optional<std::string>& notice) {
+  // Under mu_: a notice to shard i (shm_link.h). A resume notice (`owed`) that cannot go
+  // now (no connection) is owed, and sent before the next message: until it arrives the
+  // shard does not read the queue after a pause. A hello that cannot go is not owed: the
+  // next handshake sends one.
+  void SendNotice(size_t i, const std::optional<std::string>& notice, bool owed = true) {
     if (!notice) return;
     std::vector<zmq::message_t> parts;
     parts.emplace_back(notice->data(), notice->size());
     Status st = zmq_util::SendAll(*sockets_[i], parts);
-    notice_owed_[i] = !st.ok();
+    if (owed) notice_owed_[i] = !st.ok();
     if (!st.ok()) spdlog::debug("shared-memory notice to shard {} not sent: {}", i, st.ToString());
   }
 
