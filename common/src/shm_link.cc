@@ -172,6 +172,10 @@ std::string EncodeRecord(const Message& frames) {
 
 bool IsPause(const uint8_t* data, size_t size) { return size == 4 && Get<uint32_t>(data) == 0; }
 
+bool IsBye(const uint8_t* data, size_t size) {
+  return size == 4 && Get<uint32_t>(data) == 0xffffffffu;
+}
+
 Result<Message> DecodeRecord(const uint8_t* data, size_t size) {
   if (size < 4)
     return InvalidArgument("shared-memory record of " + std::to_string(size) + " bytes");
@@ -253,12 +257,28 @@ ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string wh
   Start();
 }
 
+ClientLink::~ClientLink() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!messages_on_.load() || !segment_) return;
+  std::string bye;
+  Put(&bye, 0xffffffffu);
+  if (segment_->Enqueue(0, reinterpret_cast<const uint8_t*>(bye.data()), bye.size()) ==
+      ShmSegment::Posted::kRing)
+    bells_[0]->Ring();
+}
+
 void ClientLink::Renew() {
   if (ring_bytes_ == 0) return;  // shared memory is not wanted
   std::lock_guard<std::mutex> lock(mu_);
   state_.store(kOff);
   messages_agreed_.store(false);
-  messages_on_.store(false);
+  if (messages_on_.exchange(false) && segment_) {  // the old process may close its end
+    std::string bye;
+    Put(&bye, 0xffffffffu);
+    if (segment_->Enqueue(0, reinterpret_cast<const uint8_t*>(bye.data()), bye.size()) ==
+        ShmSegment::Posted::kRing)
+      bells_[0]->Ring();
+  }
   writer_.reset();
   segment_.reset();  // frames still in flight keep it mapped
   for (auto& b : bells_) {
@@ -627,7 +647,7 @@ bool ServerLinks::Doze() {
   for (size_t i = 0; i < reading_.size(); ++i) {
     Link& l = *reading_[i];
     // A paused queue is not read until its notice: what is held decides.
-    const bool ready = l.paused ? !l.held.empty() : !l.segment->Doze(0);
+    const bool ready = l.closed ? false : l.paused ? !l.held.empty() : !l.segment->Doze(0);
     if (ready) {
       for (size_t k = 0; k < i; ++k) reading_[k]->segment->Wake(0);
       return false;
@@ -655,6 +675,7 @@ std::optional<Inbound> ServerLinks::Take() {
 }
 
 std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
+  if (link.closed) return std::nullopt;
   while (true) {
     if (link.paused) {
       if (link.held.empty()) return std::nullopt;
@@ -673,6 +694,13 @@ std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
       return std::nullopt;
     }
     if (*slot == nullptr) return std::nullopt;
+    if ((*slot)->generation == 0 && (*slot)->size <= kSlotInline &&
+        IsBye((*slot)->bytes, (*slot)->size)) {
+      link.segment->Pop(0);
+      link.closed = true;  // let go at the next sweep, which is now
+      sweep_due_ = true;
+      return std::nullopt;
+    }
     Result<Message> parts = ReadRecord(*link.segment, 0, **slot);
     link.segment->Pop(0);
     if (parts.ok() && parts->empty()) {
@@ -746,16 +774,29 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
   if (auto p = peers_.find(peer); p != peers_.end()) {
     if (auto l = links_.find(p->second); l != links_.end()) l->second.last_used_ms = now;
   }
-  if (now - last_sweep_ms_ < 5000) return answer;
+  Sweep(now);
+  return answer;
+}
+
+void ServerLinks::Sweep(int64_t now) {
+  if (!sweep_due_ && now - last_sweep_ms_ < kSweepMs) return;
+  sweep_due_ = false;
   last_sweep_ms_ = now;
   bool erased = false;
   for (auto it = links_.begin(); it != links_.end();) {
+    const Link& l = it->second;
     // A link whose queue is read stays while its client keeps the segment: it may be idle
-    // for long, and its next message would otherwise go unread.
-    const bool idle = now - it->second.last_used_ms > kIdleMs &&
-                      (!it->second.reading || it->second.segment->Abandoned());
-    erased |= idle;
-    it = idle ? links_.erase(it) : std::next(it);
+    // for long, and its next message would otherwise go unread. It goes at once when the
+    // client said bye or let the segment's name go (and nothing is left to read).
+    bool gone = l.closed;
+    if (!gone && l.reading) {
+      auto front = l.segment->Front(0);
+      gone = front.ok() && *front == nullptr && l.held.empty() && l.segment->NameGone();
+    }
+    if (!gone && now - l.last_used_ms > kIdleMs)
+      gone = !l.reading || l.segment->NameGone() || l.segment->CreatorDead();
+    erased |= gone;
+    it = gone ? links_.erase(it) : std::next(it);
   }
   if (erased) {
     reading_.clear();
@@ -769,7 +810,6 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
   for (auto it = peers_.begin(); it != peers_.end();) {
     it = links_.count(it->second) == 0 ? peers_.erase(it) : std::next(it);
   }
-  return answer;
 }
 
 std::optional<WritableFrame> ServerLinks::Reserve(const PeerId& peer, size_t bytes) {

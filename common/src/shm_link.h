@@ -80,6 +80,9 @@ struct Placement {
 // no room goes on the socket (a client matches replies by their request, in any order).
 std::string EncodeRecord(const Message& frames);
 bool IsPause(const uint8_t* data, size_t size);
+// The last record of a client that closes its link (count 0xffffffff): the shard lets the
+// segment and its bells go at once instead of when it finds the client gone.
+bool IsBye(const uint8_t* data, size_t size);
 Result<Message> DecodeRecord(const uint8_t* data, size_t size);
 // The frames of `message` as they go on the socket when `p` placed some in the ring.
 Message OnTheWire(const Message& message, const std::optional<Placement>& p);
@@ -97,6 +100,10 @@ class ClientLink {
   ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages = false);
   // A link that is off for good (shared memory not wanted).
   ClientLink() = default;
+  // Queues a bye when messages are on, so that the shard closes its end at once.
+  ~ClientLink();
+  ClientLink(const ClientLink&) = delete;
+  ClientLink& operator=(const ClientLink&) = delete;
 
   State state() const { return static_cast<State>(state_.load()); }
   bool on() const { return state() == kOn; }
@@ -216,6 +223,9 @@ class ServerLinks {
   // that follows): the caller drops it.
   std::optional<std::string> OnMessage(const PeerId& peer, const Trailer* trailer, Message* message,
                                        bool* stale = nullptr);
+  // Lets go of the segments (and their bells) of clients that said bye or are gone: when one
+  // said bye, otherwise at most every kSweepMs. The transport calls it on every turn.
+  void Sweep(int64_t now_ms);
   // Messages dropped as older copies of ones sent again (their frames restamped).
   uint64_t stale_dropped() const { return stale_dropped_; }
   // True while no client's segment is mapped.
@@ -248,6 +258,7 @@ class ServerLinks {
     // After a pause: what came on the socket meanwhile, in order, up to the notice
     // (a Held without a message) that resumes the queue.
     bool paused = false;
+    bool closed = false;  // its client said bye
     struct Held {
       std::optional<Inbound> in;  // none: the notice
     };
@@ -257,6 +268,7 @@ class ServerLinks {
   // client sends heartbeats far more often, and a client idle for longer has its
   // segment mapped again from its next trailer).
   static constexpr int64_t kIdleMs = 30000;
+  static constexpr int64_t kSweepMs = 1000;
 
   // The segment `peer`'s replies go through, or nullptr.
   Link* LinkOf(const PeerId& peer);
@@ -281,6 +293,7 @@ class ServerLinks {
   uint64_t stale_dropped_ = 0;
   std::atomic<uint64_t> messages_sent_{0};
   int64_t last_sweep_ms_ = 0;
+  bool sweep_due_ = false;
   int64_t last_warn_ms_ = -60000;
   std::vector<Link*> reading_;         // links whose queue 0 is read, in turn
   std::map<PeerId, Link*> by_socket_;  // socket_peer -> its link, for Hold

@@ -370,6 +370,31 @@ TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 7)));
 }
 
+// A client that closes its link leaves a bye in its queue: the shard lets the segment and
+// its bells go at the next sweep, not when it finds the client gone (a shard with many
+// short-lived workers would otherwise hold two descriptors for each).
+TEST(ShmLinkTest, AClientThatClosesSaysByeAndTheShardLetsItsSegmentGo) {
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  PeerId queue_peer;
+  {
+    ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
+    Connect(client, server, "socket-peer");
+    std::optional<std::string> notice = client.TakeNotice();
+    ASSERT_TRUE(notice);
+    EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+    Result<bool> posted = client.Post({Pattern(8, 1)}, std::nullopt);
+    ASSERT_TRUE(posted.ok() && *posted);
+    std::optional<Inbound> in = server.Take();
+    ASSERT_TRUE(in);
+    queue_peer = in->peer;
+    EXPECT_TRUE(server.Post(queue_peer, {Pattern(8, 2)}).ok()) << "the client is there";
+  }
+  EXPECT_FALSE(server.Take()) << "a bye is no message";
+  server.Sweep(0);  // due at once after a bye, whatever the time
+  EXPECT_FALSE(server.Post(queue_peer, {Pattern(8, 3)}).ok()) << "its link is gone";
+  EXPECT_FALSE(server.Take());
+}
+
 // A resend restamps a payload written in place, so a copy of the request still queued
 // (for a shard that died before reading it, say) names a generation that is gone: the shard
 // drops that copy instead of answering it with an error, and takes the resend.

@@ -342,9 +342,12 @@ void ShmSegment::Wake(uint32_t ring) {
   reinterpret_cast<Queue*>(queues_[ring])->dozing.store(0, std::memory_order_relaxed);
 }
 
-bool ShmSegment::Abandoned() const {
+bool ShmSegment::NameGone() const {
   struct stat st {};
-  if (::stat(("/dev/shm" + name_).c_str(), &st) != 0 && errno == ENOENT) return true;
+  return ::stat(("/dev/shm" + name_).c_str(), &st) != 0 && errno == ENOENT;
+}
+
+bool ShmSegment::CreatorDead() const {
   long pid = 0;
   return ParseName(name_, &pid) && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }

@@ -139,9 +139,10 @@ class ShmSegment {
   // FIFO of this user; the caller owns the descriptor. NotFound if there is none.
   Result<int> OpenBell(uint32_t ring) const;
 
-  // True when the creator has let the segment go: its name is gone (the creator unlinked
-  // it, or exited), or the process of the pid in the name no longer exists.
-  bool Abandoned() const;
+  // The creator let the segment go: its name is gone (unlinked at exit, or as a dead
+  // process's), or the process of the pid in its name no longer exists.
+  bool NameGone() const;
+  bool CreatorDead() const;
   // Removes the segment's name and its bells (creator, at exit); mappings stay valid.
   void Unlink();
   // Unlinks segments of processes that no longer exist (left by crashed clients).

@@ -76,6 +76,7 @@ class ZmqServer final : public ServerTransport {
       if (!striped_.empty()) {
         if (std::optional<Inbound> in = PopStriped()) return in;
       }
+      shm_.Sweep(NowMs());
       // Messages through shared memory first, but the socket is looked at after every few.
       if (queue_turns_ < kQueueTurns) {
         if (std::optional<Inbound> in = shm_.Take()) {
