@@ -24,7 +24,9 @@ constexpr size_t kTrailerEntry = 4 + 4 + 8 + 8;
 constexpr size_t kOfferHead = 8 + 4 + 8 + 4;  // magic, version, token, flags; then the name
 constexpr size_t kNoticeHead = 8 + 8 + 4;     // magic, token, kind; then the name
 constexpr uint32_t kResume = 0, kHello = 1;   // notice kinds
-constexpr size_t kAnswerHead = 8 + 4 + 8;     // magic, accepted, token; then the reason
+// Records of no frames that mark the queue (their count word alone).
+constexpr uint32_t kPauseMark = 0, kByeMark = 0xffffffffu;
+constexpr size_t kAnswerHead = 8 + 4 + 8;  // magic, accepted, token; then the reason
 
 bool HasMagic(const void* data, size_t size, const char (&magic)[8]) {
   return size >= 8 && std::memcmp(data, magic, 8) == 0;
@@ -170,10 +172,12 @@ std::string EncodeRecord(const Message& frames) {
   return r;
 }
 
-bool IsPause(const uint8_t* data, size_t size) { return size == 4 && Get<uint32_t>(data) == 0; }
+bool IsPause(const uint8_t* data, size_t size) {
+  return size == 4 && Get<uint32_t>(data) == kPauseMark;
+}
 
 bool IsBye(const uint8_t* data, size_t size) {
-  return size == 4 && Get<uint32_t>(data) == 0xffffffffu;
+  return size == 4 && Get<uint32_t>(data) == kByeMark;
 }
 
 Result<Message> DecodeRecord(const uint8_t* data, size_t size) {
@@ -259,12 +263,16 @@ ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string wh
 
 ClientLink::~ClientLink() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!messages_on_.load() || !segment_) return;
-  std::string bye;
-  Put(&bye, 0xffffffffu);
-  if (segment_->Enqueue(0, reinterpret_cast<const uint8_t*>(bye.data()), bye.size()) ==
-      ShmSegment::Posted::kRing)
-    bells_[0]->Ring();
+  if (messages_on_.load()) QueueMark(kByeMark);
+}
+
+bool ClientLink::QueueMark(uint32_t mark) {
+  if (!segment_ || !writer_) return false;
+  std::string record;
+  Put(&record, mark);
+  const Queued q = QueueRecord(*segment_, *writer_, 0, record);
+  if (q == Queued::kRing) bells_[0]->Ring();
+  return q == Queued::kQueued || q == Queued::kRing;
 }
 
 void ClientLink::Renew() {
@@ -272,13 +280,7 @@ void ClientLink::Renew() {
   std::lock_guard<std::mutex> lock(mu_);
   state_.store(kOff);
   messages_agreed_.store(false);
-  if (messages_on_.exchange(false) && segment_) {  // the old process may close its end
-    std::string bye;
-    Put(&bye, 0xffffffffu);
-    if (segment_->Enqueue(0, reinterpret_cast<const uint8_t*>(bye.data()), bye.size()) ==
-        ShmSegment::Posted::kRing)
-      bells_[0]->Ring();
-  }
+  if (messages_on_.exchange(false)) QueueMark(kByeMark);  // the old process may close its end
   writer_.reset();
   segment_.reset();  // frames still in flight keep it mapped
   for (auto& b : bells_) {
@@ -352,14 +354,13 @@ Result<bool> ClientLink::Post(const Message& message, const std::optional<Placem
   std::lock_guard<std::mutex> lock(mu_);
   if (!segment_ || !messages_on_.load())
     return Unavailable("shared memory with " + who_ + " turned off; the message is resent");
-  Queued q = QueueRecord(*segment_, *writer_, 0, record);
+  const Queued q = QueueRecord(*segment_, *writer_, 0, record);
+  if (q == Queued::kRing) bells_[0]->Ring();
   const bool detour = q == Queued::kNoRoom;
-  if (detour) q = QueueRecord(*segment_, *writer_, 0, EncodeRecord({}));  // the pause
-  if (q == Queued::kNoSlot) {
+  if (q == Queued::kNoSlot || (detour && !QueueMark(kPauseMark))) {
     return Unavailable(who_ + " does not read its shared-memory queue (" +
                        std::to_string(kQueueSlots) + " messages waiting)");
   }
-  if (q == Queued::kRing) bells_[0]->Ring();
   return !detour;
 }
 
@@ -453,9 +454,7 @@ void ClientLink::TurnOff() {
   state_.store(kOff);
   std::lock_guard<std::mutex> lock(mu_);
   // A shard that still reads the queue stops at a pause and takes the socket from then on.
-  if (messages_on_.exchange(false) && segment_ && writer_) {
-    if (QueueRecord(*segment_, *writer_, 0, EncodeRecord({})) == Queued::kRing) bells_[0]->Ring();
-  }
+  if (messages_on_.exchange(false)) QueueMark(kPauseMark);
   writer_.reset();
   segment_.reset();
 }
@@ -599,11 +598,6 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
     why = FailedPrecondition("this shard does not take messages through shared memory");
     link = nullptr;
   }
-  // A shard process that starts reading a queue (after a restart: the segment is mapped
-  // again) reads what the last one left unread, as ZeroMQ delivers what a client queued
-  // for a shard while it reconnected. Another process of the same shard is another
-  // endpoint, and the client gives it a segment of its own (ClientLink::Renew), so a queue
-  // has one reader at a time.
   if (link == nullptr) {
     Warn("a client sends its messages through shared memory " + name +
          " that this shard cannot read (" + why.ToString() + "); told it to use the socket");
@@ -616,6 +610,11 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
   // one may arrive after the new one's hello.
   if (by_socket_.emplace(peer, link).second) link->socket_peers.push_back(peer);
   if (!link->reading) {
+    // A shard process that starts reading a queue (after a restart: the segment is mapped
+    // again) reads what the last one left unread, as ZeroMQ delivers what a client queued
+    // for a shard while it reconnected. Another process of the same shard is another
+    // endpoint, and the client gives it a segment of its own (ClientLink::Renew), so a
+    // queue has one reader at a time.
     link->reading = true;
     link->paused = false;
     link->peer = ChannelPeer(token);

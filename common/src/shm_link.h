@@ -157,6 +157,9 @@ class ClientLink {
   void TurnOff();
   // Creates the segment (and its bells when messages are wanted). Under mu_.
   void Start();
+  // Queues a record of no frames, a pause or a bye (shm_link.cc), and rings the shard's bell
+  // if it dozes. False if the queue is full or there is none. Under mu_.
+  bool QueueMark(uint32_t mark);
   // Logs (at most once a minute) why ring 0 could not grow, if it just failed to. Under mu_.
   void NoteGrowthError();
 
