@@ -213,6 +213,24 @@ TEST(ShmLinkTest, MalformedTrailersAndAnswersAreNotTakenForGoodOnes) {
 namespace leash::shm {
 namespace {
 
+// Connect(), then the client's messages switched to the queue as the transport does it: its
+// notice taken and handed to the shard as come on `peer`. The notice, or "" on failure.
+std::string SwitchToQueue(ClientLink& client, ServerLinks& server, const PeerId& peer) {
+  Connect(client, server, peer);
+  std::optional<std::string> notice = client.TakeNotice();
+  EXPECT_TRUE(notice);
+  if (!notice) return "";
+  EXPECT_FALSE(server.OnNotice(peer, "", notice->data(), notice->size()));
+  return *notice;
+}
+
+// Everything the shard takes now, in order.
+std::vector<Inbound> TakeAll(ServerLinks& server) {
+  std::vector<Inbound> got;
+  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  return got;
+}
+
 TEST(ShmLinkTest, RecordsCarryAMessagesFramesAndMalformedOnesAreRefused) {
   Message m = {Pattern(10, 1), Frame(), Pattern(3000, 2)};
   std::string r = EncodeRecord(m);
@@ -268,8 +286,7 @@ TEST(ShmLinkTest, ADetourThroughTheSocketIsTakenBetweenThePauseAndTheNotice) {
   EXPECT_FALSE(server.OnNotice("socket-peer", "alice", again->data(), again->size()));
   ASSERT_TRUE(queued(post({Pattern(8, 4)})));
 
-  std::vector<Inbound> got;
-  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  std::vector<Inbound> got = TakeAll(server);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
   EXPECT_TRUE(Same(got[1].message.at(1), big[1]));
@@ -311,17 +328,9 @@ TEST(ShmLinkTest, ADetourThroughTheSocketIsTakenBetweenThePauseAndTheNotice) {
 TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
   ClientLink client(64 << 10, kMin, "shard 0", /*messages=*/true);
   ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
-  Connect(client, server, "old-connection");
-  std::optional<std::string> notice = client.TakeNotice();
-  ASSERT_TRUE(notice);
-  EXPECT_FALSE(server.OnNotice("old-connection", "", notice->data(), notice->size()));
+  ASSERT_FALSE(SwitchToQueue(client, server, "old-connection").empty());
   auto post = [&](const Message& m) { return client.Post(m, client.Place(m)); };
   auto queued = [](const Result<bool>& r) { return r.ok() && *r; };
-  auto take_all = [&] {
-    std::vector<Inbound> got;
-    while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
-    return got;
-  };
 
   // 1. Queued A; B takes the detour on a new connection: hello, B, resume; then C queued.
   ASSERT_TRUE(queued(post({Pattern(8, 1)})));
@@ -337,7 +346,7 @@ TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
   ASSERT_TRUE(resume);
   EXPECT_FALSE(server.OnNotice("new-connection", "", resume->data(), resume->size()));
   ASSERT_TRUE(queued(post({Pattern(8, 4)})));
-  std::vector<Inbound> got = take_all();
+  std::vector<Inbound> got = TakeAll(server);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
   EXPECT_TRUE(Same(got[1].message.at(1), b[1]));
@@ -350,7 +359,7 @@ TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
   // ... and the client's next detour brings the pause that lets it through.
   detour = post(b);
   ASSERT_TRUE(detour.ok() && !*detour);
-  got = take_all();
+  got = TakeAll(server);
   ASSERT_EQ(got.size(), 2u) << "the queue up to the pause, then what was held";
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 6)));
   EXPECT_TRUE(Same(got[1].message.at(0), Pattern(8, 5)));
@@ -360,12 +369,12 @@ TEST(ShmLinkTest, AReconnectDuringADetourNeitherLetsItOvertakeNorEndsItEarly) {
   hello = client.Hello();
   EXPECT_FALSE(server.OnNotice("third-connection", "", hello->data(), hello->size()));
   ASSERT_TRUE(queued(post({Pattern(8, 7)})));
-  EXPECT_TRUE(take_all().empty()) << "paused until the resume notice";
+  EXPECT_TRUE(TakeAll(server).empty()) << "paused until the resume notice";
   Inbound b_again{"third-connection", b, ""};
   EXPECT_FALSE(server.Hold(b_again)) << "paused with nothing held: taken at once, in order";
   resume = client.Notice();
   EXPECT_FALSE(server.OnNotice("third-connection", "", resume->data(), resume->size()));
-  got = take_all();
+  got = TakeAll(server);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 7)));
 }
@@ -378,10 +387,7 @@ TEST(ShmLinkTest, AClientThatClosesSaysByeAndTheShardLetsItsSegmentGo) {
   PeerId queue_peer;
   {
     ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
-    Connect(client, server, "socket-peer");
-    std::optional<std::string> notice = client.TakeNotice();
-    ASSERT_TRUE(notice);
-    EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+    ASSERT_FALSE(SwitchToQueue(client, server, "socket-peer").empty());
     Result<bool> posted = client.Post({Pattern(8, 1)}, std::nullopt);
     ASSERT_TRUE(posted.ok() && *posted);
     std::optional<Inbound> in = server.Take();
@@ -401,10 +407,7 @@ TEST(ShmLinkTest, AClientThatClosesSaysByeAndTheShardLetsItsSegmentGo) {
 TEST(ShmLinkTest, AnOlderCopyOfAResentRequestIsDroppedNotAnswered) {
   ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
   ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
-  Connect(client, server, "socket-peer");
-  std::optional<std::string> notice = client.TakeNotice();
-  ASSERT_TRUE(notice);
-  EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+  ASSERT_FALSE(SwitchToQueue(client, server, "socket-peer").empty());
   std::optional<WritableFrame> w = client.Reserve(100'000);
   ASSERT_TRUE(w);
   Frame payload = Pattern(100'000, 9);
@@ -414,8 +417,7 @@ TEST(ShmLinkTest, AnOlderCopyOfAResentRequestIsDroppedNotAnswered) {
     Result<bool> posted = client.Post(push, client.Place(push));
     ASSERT_TRUE(posted.ok() && *posted) << send;
   }
-  std::vector<Inbound> got;
-  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  std::vector<Inbound> got = TakeAll(server);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_TRUE(Same(got[0].message.at(1), payload));
   EXPECT_EQ(server.stale_dropped(), 1u);
@@ -426,23 +428,20 @@ TEST(ShmLinkTest, AnOlderCopyOfAResentRequestIsDroppedNotAnswered) {
 TEST(ShmLinkTest, AClientTurningOffLeavesAPauseSoItsSocketMessagesFlow) {
   ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
   ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
-  Connect(client, server, "socket-peer");
-  std::optional<std::string> notice = client.TakeNotice();
-  ASSERT_TRUE(notice);
-  EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+  const std::string notice = SwitchToQueue(client, server, "socket-peer");
+  ASSERT_FALSE(notice.empty());
   Result<bool> posted = client.Post({Pattern(8, 1)}, std::nullopt);
   ASSERT_TRUE(posted.ok() && *posted) << posted.status();
   // The shard that can no longer read it answers no (as to a notice); the client turns off.
   std::string no("\xffLSHMANS", 8);
   no += std::string(4, '\0');  // accepted: 0
-  no += notice->substr(8, 8);  // the segment's token, as the notice gave it
+  no += notice.substr(8, 8);   // the segment's token, as the notice gave it
   no += "cannot read it";
   client.OnAnswer(no.data(), no.size());
   EXPECT_FALSE(client.on());
   EXPECT_FALSE(client.messages());
   Inbound later{"socket-peer", {Pattern(8, 2)}, ""};
-  std::vector<Inbound> got;
-  while (std::optional<Inbound> in = server.Take()) got.push_back(std::move(*in));
+  std::vector<Inbound> got = TakeAll(server);
   EXPECT_FALSE(server.Hold(later)) << "paused with nothing held: taken at once";
   ASSERT_EQ(got.size(), 1u);
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
