@@ -49,6 +49,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "fuzz_util.h"
 #include "leash/common/wire.h"
 #include "leash/server/shard.h"
 #include "wire_format.h"
@@ -57,14 +58,6 @@ namespace {
 
 using namespace leash;
 using namespace leash::server;
-
-#define CHECK(cond, what)                                                           \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "fuzz_shard: invariant broken: %s (%s)\n", what, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 enum Op : uint8_t {
   kRegister,
@@ -766,13 +759,7 @@ void WriteSeeds(const std::string& dir) {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   spdlog::set_level(spdlog::level::off);
-  for (int i = 1; i < *argc; ++i) {
-    std::string_view a = (*argv)[i];
-    if (a.starts_with("--write-seeds=")) {
-      WriteSeeds(std::string(a.substr(14)));
-      std::exit(0);
-    }
-  }
+  leash::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }
 

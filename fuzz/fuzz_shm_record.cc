@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_util.h"
 #include "shm_link.h"
 
 namespace {
@@ -27,14 +28,6 @@ namespace {
 using leash::Frame;
 using leash::Message;
 namespace shm = leash::shm;
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                      \
-    }                                                                                    \
-  } while (0)
 
 void Forged(const uint8_t* p, size_t n) {
   std::vector<uint8_t> copy(p, p + n);
@@ -104,12 +97,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    std::string arg = (*argv)[i];
-    if (arg.rfind("--write-seeds=", 0) == 0) {
-      WriteSeeds(arg.substr(14));
-      std::exit(0);
-    }
-  }
+  leash::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_util.h"
 #include "stripes.h"
 
 namespace {
@@ -33,14 +34,6 @@ namespace stripes = leash::stripes;
 constexpr std::string_view kChunkMarker = "LFRM";
 constexpr std::string_view kFrameMarker = "LFRP";
 constexpr size_t kLimit = 1 << 20;
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                      \
-    }                                                                                    \
-  } while (0)
 
 std::vector<std::string_view> SplitAt(std::string_view s, std::string_view marker) {
   std::vector<std::string_view> out;
@@ -157,12 +150,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    std::string arg = (*argv)[i];
-    if (arg.rfind("--write-seeds=", 0) == 0) {
-      WriteSeeds(arg.substr(14));
-      std::exit(0);
-    }
-  }
+  leash::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }

@@ -32,6 +32,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "fuzz_util.h"
 #include "leash/common/partition.h"
 #include "leash/common/wire.h"
 #include "leash/ps/coverage.h"
@@ -43,14 +44,6 @@ namespace {
 using namespace leash;
 
 constexpr std::string_view kFrameMarker = "LFRM";
-
-#define CHECK(cond, what)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "fuzz_wire: invariant broken: %s (%s)\n", what, #cond); \
-      std::abort();                                                                \
-    }                                                                              \
-  } while (0)
 
 Message Split(const uint8_t* data, size_t size) {
   Message msg;
@@ -292,13 +285,7 @@ void WriteSeeds(const std::string& dir) {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   spdlog::set_level(spdlog::level::off);
-  for (int i = 1; i < *argc; ++i) {
-    std::string_view a = (*argv)[i];
-    if (a.starts_with("--write-seeds=")) {
-      WriteSeeds(std::string(a.substr(14)));
-      std::exit(0);
-    }
-  }
+  leash::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }
 
