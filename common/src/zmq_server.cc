@@ -103,11 +103,7 @@ class ZmqServer final : public ServerTransport {
       if (!posted.ok()) {
         NoteDropped(posted.status().message());
       } else if (*posted) {  // no room in shared memory: on the socket (its frames as placed)
-        std::vector<zmq::message_t> parts;
-        parts.reserve((*posted)->second.size() + 1);
-        parts.emplace_back((*posted)->first.data(), (*posted)->first.size());
-        for (const Frame& f : (*posted)->second) parts.push_back(zmq_util::ToZmq(f));
-        return zmq_util::SendAll(socket_, parts);
+        return SendRouted((*posted)->first, (*posted)->second);
       }
       return Status::Ok();
     }
@@ -130,15 +126,7 @@ class ZmqServer final : public ServerTransport {
         return Status::Ok();
       }
     }
-    std::vector<zmq::message_t> parts;
-    parts.reserve(message.size() + 2);
-    parts.emplace_back(peer.data(), peer.size());
-    for (const Frame& f : message) parts.push_back(zmq_util::ToZmqCounted(f, queued));
-    if (p) {
-      for (const auto& moved : p->frames) parts[1 + moved.first] = zmq::message_t();
-      parts.emplace_back(p->trailer.data(), p->trailer.size());
-    }
-    Status st = zmq_util::SendAll(socket_, parts);
+    Status st = SendRouted(peer, message, &queued, p ? &*p : nullptr);
     if (queued_.size() > 4096) Sweep();
     return st;
   }
@@ -331,6 +319,25 @@ class ZmqServer final : public ServerTransport {
     return std::nullopt;
   }
 
+  // One message through the ROUTER to `peer`: its routing id, then `frames`. With `queued`,
+  // each frame's bytes count there until ZeroMQ has written it. With `p`, the frames it
+  // placed in shared memory go as empty parts and its trailer goes last.
+  Status SendRouted(std::string_view peer, const Message& frames,
+                    const std::shared_ptr<std::atomic<int64_t>>* queued = nullptr,
+                    const shm::Placement* p = nullptr) {
+    std::vector<zmq::message_t> parts;
+    parts.reserve(frames.size() + 2);
+    parts.emplace_back(peer.data(), peer.size());
+    for (const Frame& f : frames) {
+      parts.push_back(queued ? zmq_util::ToZmqCounted(f, *queued) : zmq_util::ToZmq(f));
+    }
+    if (p) {
+      for (const auto& moved : p->frames) parts[1 + moved.first] = zmq::message_t();
+      parts.emplace_back(p->trailer.data(), p->trailer.size());
+    }
+    return zmq_util::SendAll(socket_, parts);
+  }
+
   void SendRaw(const PeerId& peer, const std::string& frame) {
     std::vector<zmq::message_t> parts;
     parts.emplace_back(peer.data(), peer.size());
@@ -346,11 +353,7 @@ class ZmqServer final : public ServerTransport {
                    const std::shared_ptr<std::atomic<int64_t>>& queued) {
     std::vector<Message> pieces = stripes::Split(message, reply_seq_++, r.count);
     auto send = [&](uint32_t k) {  // part k on connection k
-      const std::string id = stripes::RoutingId(r.token, k, r.count);
-      std::vector<zmq::message_t> parts;
-      parts.emplace_back(id.data(), id.size());
-      for (const Frame& f : pieces[k]) parts.push_back(zmq_util::ToZmqCounted(f, queued));
-      return zmq_util::SendAll(socket_, parts);
+      return SendRouted(stripes::RoutingId(r.token, k, r.count), pieces[k], &queued);
     };
     socket_.set(zmq::sockopt::router_mandatory, 1);
     bool ok = true;
