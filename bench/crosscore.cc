@@ -127,9 +127,10 @@ int main(int argc, char** argv) {
   b.join();
   const double s = Median(same), c = Median(cross);
   std::printf(
-      "{\"bytes\": %zu, \"rounds\": %d, \"shm\": %s, \"same_core_copy_us\": %.2f, \"cross_core_copy_us\": %.2f, "
+      "{\"bytes\": %zu, \"rounds\": %d, \"shm\": %s, \"same_core_copy_us\": %.2f, "
+      "\"cross_core_copy_us\": %.2f, "
       "\"same_core_gb_per_s\": %.2f, \"cross_core_gb_per_s\": %.2f, \"cross_over_same\": %.3f}\n",
-      bytes, rounds, shm ? "true" : "false", s, c, static_cast<double>(bytes) / s / 1e3, static_cast<double>(bytes) / c / 1e3,
-      c / s);
+      bytes, rounds, shm ? "true" : "false", s, c, static_cast<double>(bytes) / s / 1e3,
+      static_cast<double>(bytes) / c / 1e3, c / s);
   return 0;
 }
