@@ -66,8 +66,8 @@ def pin(pid, cpu):
 
 
 def pinned(cmd, c):
-    """`cmd` on CPU 0 when the cost part keeps the backup apart (see cost_one)."""
-    return (["taskset", "-c", "0"] + cmd) if c.get("backup_apart") else cmd
+    """`cmd` on CPU 0 when the cost part places processes (--backup-apart, --worker-apart; see cost_one)."""
+    return (["taskset", "-c", "0"] + cmd) if c.get("backup_apart") or c.get("worker_apart") else cmd
 
 
 def cpu_seconds(pid):
@@ -446,6 +446,14 @@ def cost_one(build, c, tmp, tag, replicas):
             if backup:
                 pin(backup.pid, 1)
                 pin(cl.etcd.proc.pid, 1)
+        if c.get("worker_apart"):
+            # The worker (and the pushing client) on CPU 0, every shard process (R=1's shard;
+            # R=2's primary, backup and etcd) on CPU 1: the training thread never shares its
+            # core with a shard woken by its own sends.
+            pin(primary.pid, 1)
+            if backup:
+                pin(backup.pid, 1)
+                pin(cl.etcd.proc.pid, 1)
         out = {}
         # What the replicas burn with no request (a backup's heartbeats and its polls of the
         # directory), over 1 s, so the per-iteration figures below can be read net of it.
@@ -480,13 +488,18 @@ def cost_one(build, c, tmp, tag, replicas):
 
 def part_cost(build, c, tmp, log):
     rounds = []
+    # With --worker-apart each round also runs R=1 with no placement: the fastest R=1 here,
+    # which R=2 with the worker apart is compared with as well.
+    configs = [("r1", 1, c), ("r2", 2, c)]
+    if c.get("worker_apart"):
+        configs.append(("r1_free", 1, {k: v for k, v in c.items() if k != "worker_apart"}))
     for r in range(c["rounds"]):
-        order = (1, 2) if r % 2 == 0 else (2, 1)
+        order = configs[r % len(configs):] + configs[:r % len(configs)]
         got = {}
-        for replicas in order:
-            got[f"r{replicas}"] = cost_one(build, c, tmp, f"cost{r}r{replicas}", replicas)
-            g = got[f"r{replicas}"]
-            log(f"  round {r + 1}/{c['rounds']} R={replicas}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
+        for key, replicas, cc in order:
+            got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
+            g = got[key]
+            log(f"  round {r + 1}/{c['rounds']} {key.upper()}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
                 f"4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, 4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s; "
                 f"backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
                 f"load {g['mlp']['load_before']:.1f}")
@@ -511,7 +524,12 @@ def part_cost(build, c, tmp, log):
                          "primary_cpu_us_per_iteration_r1": median(g["r1"][row].get("primary_cpu_us_per_iteration")
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
-    if not c.get("backup_apart"):  # the floor assumes everyone shares both cores
+        if c.get("worker_apart"):
+            free = [g["r2"][row][key] / g["r1_free"][row][key] for g in rounds]
+            summary[name]["r1_free"] = [g["r1_free"][row][key] for g in rounds]
+            summary[name]["r2_over_r1_free_per_round"] = free
+            summary[name]["median_cost_vs_r1_free"] = median([(1 - x) if higher else (x - 1) for x in free])
+    if not c.get("backup_apart") and not c.get("worker_apart"):  # the floor assumes everyone shares both cores
         summary["mlp_cpu_floor"] = cpu_floor(rounds)
     return {"rounds": rounds, "summary": summary}
 
@@ -592,6 +610,17 @@ def targets(res, verdict):
                  "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)"}
         for k, text in names.items():
             s = co["summary"][k]
+            if "median_cost_vs_r1_free" in s:
+                # Worker apart: judged against the faster of R=1 placed the same way and R=1 free.
+                cost, per = max((s["median_cost"], s["r2_over_r1_per_round"]),
+                                (s["median_cost_vs_r1_free"], s["r2_over_r1_free_per_round"]),
+                                key=lambda x: x[0])
+                what = "R=1 placed alike" if per is s["r2_over_r1_per_round"] else "R=1 free"
+                rows.append((f"R=2 (worker apart) cost against the faster R=1: {text} <= 25%",
+                             f"{cost * 100:.1f}% (against {what}; per round "
+                             f"{', '.join(f'{x:.2f}' for x in per)})",
+                             *verdict(cost if cost > 0 else 0.0, 0.25, False)))
+                continue
             rows.append((f"R=2 cost against R=1: {text} <= 25%",
                          f"{s['median_cost'] * 100:.1f}% (R=2/R=1 per round "
                          f"{', '.join(f'{x:.2f}' for x in s['r2_over_r1_per_round'])})",
@@ -652,6 +681,10 @@ def summary_md(res):
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
                    "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
                    "runs on one core here. " if res["config"].get("backup_apart") else
+                   "**Worker apart**: the worker and the pushing client are pinned to CPU 0, every shard process "
+                   "(R=1: the shard; R=2: the primary, the backup and etcd) to CPU 1 (`taskset`); each round also "
+                   "runs R=1 with no placement (R=1 free), the fastest R=1 here. " if res["config"].get("worker_apart")
+                   else
                    "On this 2-core machine the backup competes with the worker and the primary for the same "
                    "cores. ") + "CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
                "| figure | R=1 per round | R=2 per round | R=2/R=1 per round | median cost | backup CPU per "
@@ -665,6 +698,14 @@ def summary_md(res):
                       f"| {v['backup_cpu_us_per_iteration'] or 0:.0f} us | "
                       f"{v['primary_cpu_us_per_iteration_r1'] or 0:.0f} → {v['primary_cpu_us_per_iteration_r2'] or 0:.0f} us"
                       f" | {', '.join(f'{x:.1f}' for x in v['load_r1'])} / {', '.join(f'{x:.1f}' for x in v['load_r2'])} |")
+        if "r1_free" in s["mlp_samples_per_second"]:
+            md += ["", "Against R=1 with no placement (R=1 free), in the same rounds:", "",
+                   "| figure | R=1 free per round | R=2/R=1 free per round | median cost |", "|---|---|---|---|"]
+            for k, text in names.items():
+                v = s[k]
+                md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r1_free'])} | "
+                          f"{', '.join(f'{x:.2f}' for x in v['r2_over_r1_free_per_round'])} | "
+                          f"**{v['median_cost_vs_r1_free'] * 100:.1f}%** |")
         fl = s.get("mlp_cpu_floor")
         if fl and fl.get("floor_cost_here") is not None:
             md += ["", f"Where the MLP's cost comes from (medians over the rounds): an R=1 iteration took "
@@ -747,6 +788,9 @@ def main():
     p.add_argument("--backup-apart", action="store_true",
                    help="cost part: pin the worker, the primary (or R=1's shard) and the pushing client to CPU 0 "
                         "and the backup and etcd to CPU 1, as if the backup ran on another host")
+    p.add_argument("--worker-apart", action="store_true",
+                   help="cost part: pin the worker and the pushing client to CPU 0 and every shard process (R=1's "
+                        "shard; R=2's primary, backup and etcd) to CPU 1, and also run R=1 with no placement")
     p.add_argument("--keep-tmp", action="store_true")
     p.add_argument("--summary-only", action="store_true",
                    help="rewrite replication.md and replication.png from --out/replication.json")
@@ -758,7 +802,9 @@ def main():
         plot(res, a.out)
         return 0
     c = config(a.quick)
-    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart"):
+    if a.backup_apart and a.worker_apart:
+        p.error("--backup-apart and --worker-apart place the processes differently: give one")
+    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
