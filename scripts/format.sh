@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Formats Leash's C++ and CUDA sources with clang-format and the repository's .clang-format.
-#   bash scripts/format.sh           formats every tracked source in place
+#   bash scripts/format.sh           formats every source in place
 #   bash scripts/format.sh --check   changes nothing; lists the files that differ, exits 1 if any
-# Covers the tracked *.h, *.cc, *.cu and *.cuh files (git ls-files), so generated code
-# (the FlatBuffers headers are written into build/) and build folders are never touched.
+# Covers the *.h, *.cc, *.cu and *.cuh files git tracks or would track (new files not yet
+# added included; what .gitignore leaves out excluded), so generated code (the FlatBuffers
+# headers are written into build/) and build folders are never touched.
 # CLANG_FORMAT picks the binary (default: clang-format; scripts/install-deps.sh format).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,8 @@ command -v "$CLANG_FORMAT" >/dev/null || {
   exit 2
 }
 
-mapfile -t files < <(git ls-files -- '*.h' '*.cc' '*.cu' '*.cuh' | grep -v '_generated\.h$')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.h' '*.cc' '*.cu' '*.cuh' |
+  grep -v '_generated\.h$')
 if ((${#files[@]} == 0)); then
   echo "leash: no C++ or CUDA sources found" >&2
   exit 2
