@@ -499,7 +499,8 @@ def part_cost(build, c, tmp, log):
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
             g = got[key]
-            log(f"  round {r + 1}/{c['rounds']} {key.upper()}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
+            name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free"}[key]
+            log(f"  round {r + 1}/{c['rounds']} {name}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
                 f"4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, 4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s; "
                 f"backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
                 f"load {g['mlp']['load_before']:.1f}")
