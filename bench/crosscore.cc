@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "leash/common/flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -68,26 +70,27 @@ float* MapShared(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t bytes = 942080;
-  int rounds = 400;
+  int64_t bytes_flag = 942080;
+  int64_t rounds_flag = 400;
   bool shm = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--shm") {
-      shm = true;
-    } else if (a == "--bytes" && i + 1 < argc) {
-      bytes = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--bytes N] [--rounds R] [--shm]\n", argv[0]);
-      return 2;
-    }
+  leash::Flags flags("leash-bench-crosscore",
+                     "One core copying what another has just written, against the same copy "
+                     "from its own cache (JSON on stdout)");
+  flags.Int("bytes", &bytes_flag, "bytes copied per round (the default is the MLP's model)");
+  flags.Int("rounds", &rounds_flag, "rounds, each timing both copies");
+  flags.Bool("shm", &shm, "the written buffer is a POSIX shared-memory mapping, as a ring is");
+  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
+    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
+    return st.ok() ? 0 : 2;
   }
-  if (bytes < sizeof(float) || rounds < 1) {
-    std::fprintf(stderr, "--bytes must be at least 4 and --rounds at least 1\n");
+  if (bytes_flag < static_cast<int64_t>(sizeof(float)) || rounds_flag < 1 ||
+      rounds_flag > 1000000) {
+    std::fprintf(stderr, "--bytes must be at least 4 and --rounds in [1, 1000000]\n");
     return 2;
   }
+  const auto bytes = static_cast<size_t>(bytes_flag);
+  const auto rounds = static_cast<int>(rounds_flag);
   if (std::thread::hardware_concurrency() < 2) {
     std::fprintf(stderr, "needs two CPUs (found %u)\n", std::thread::hardware_concurrency());
     return 1;

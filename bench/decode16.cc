@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "leash/common/finite.h"
+#include "leash/common/flags.h"
 #include "leash/common/half.h"
 
 namespace {
@@ -80,23 +81,24 @@ void Scalar32To16(const std::vector<float>& in, std::vector<uint8_t>& out, F f) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t values = 234000;  // about the MLP's parameters
-  int rounds = 5;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--values" && i + 1 < argc) {
-      values = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--values N] [--rounds R]\n", argv[0]);
-      return 2;
-    }
+  int64_t values_flag = 234000;  // about the MLP's parameters
+  int64_t rounds_flag = 5;
+  leash::Flags flags("leash-bench-decode16",
+                     "16-bit conversions and the NaN/Inf check, bulk against scalar, "
+                     "interleaved (JSON on stdout)");
+  flags.Int("values", &values_flag, "values per conversion");
+  flags.Int("rounds", &rounds_flag, "rounds, each timing every variant");
+  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
+    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
+    return st.ok() ? 0 : 2;
   }
-  if (values == 0 || rounds <= 0) {
-    std::fprintf(stderr, "--values and --rounds must be positive\n");
+  if (values_flag <= 0 || rounds_flag <= 0 || rounds_flag > 1000000) {
+    std::fprintf(stderr, "--values and --rounds must be positive (--rounds at most 1000000)\n");
     return 2;
   }
+  const auto values = static_cast<size_t>(values_flag);
+  const auto rounds = static_cast<int>(rounds_flag);
   // Gradient-like values: small normal floats, and as a worker would send them narrowed.
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.01f);
