@@ -140,8 +140,9 @@ class ShmSegment {
   Result<int> OpenBell(uint32_t ring) const;
 
   // The creator let the segment go: its name is gone (unlinked at exit, or as a dead
-  // process's), or the process of the pid in its name no longer exists.
+  // process's).
   bool NameGone() const;
+  // The process of the pid in the segment's name no longer exists.
   bool CreatorDead() const;
   // Removes the segment's name and its bells (creator, at exit); mappings stay valid.
   void Unlink();
