@@ -439,18 +439,13 @@ def cost_one(build, c, tmp, tag, replicas):
             endpoint, where = p["endpoint"], ["--etcd", cl.etcd.url, "--job", cl.job]
         else:
             primary, backup, endpoint, where = cl.proc, None, cl.endpoint, ["--servers", cl.endpoint]
-        if c.get("backup_apart"):
-            # The backup as on another host: the worker, the primary and the pushing client
-            # share CPU 0; the backup (and etcd) have CPU 1 to themselves. R=1 uses CPU 0 only.
-            pin(primary.pid, 0)
-            if backup:
-                pin(backup.pid, 1)
-                pin(cl.etcd.proc.pid, 1)
-        if c.get("worker_apart"):
-            # The worker (and the pushing client) on CPU 0, every shard process (R=1's shard;
-            # R=2's primary, backup and etcd) on CPU 1: the training thread never shares its
-            # core with a shard woken by its own sends.
-            pin(primary.pid, 1)
+        if c.get("backup_apart") or c.get("worker_apart"):
+            # Backup apart (as on another host): the worker, the primary and the pushing
+            # client share CPU 0; the backup and etcd have CPU 1. R=1 uses CPU 0 only.
+            # Worker apart: the worker and the pushing client on CPU 0, every shard process
+            # (R=1's shard; R=2's primary, backup and etcd) on CPU 1, so the training thread
+            # never shares its core with a shard woken by its own sends.
+            pin(primary.pid, 1 if c.get("worker_apart") else 0)
             if backup:
                 pin(backup.pid, 1)
                 pin(cl.etcd.proc.pid, 1)
@@ -673,7 +668,10 @@ def summary_md(res):
     if co:
         s = co["summary"]
         md += ["## Cost of R=2 against R=1", "",
-               f"{len(co['rounds'])} rounds, R=1 and R=2 interleaved pair by pair (R=1 first in even rounds), each on "
+               f"{len(co['rounds'])} rounds, " + ("R=1, R=2 and R=1 free interleaved, the order rotated each round"
+                                                  if res["config"].get("worker_apart") else
+                                                  "R=1 and R=2 interleaved pair by pair (R=1 first in even rounds)") +
+               ", each on "
                "a fresh cluster: leash-worker MLP 1 worker + 1 shard at staleness 1 (samples/s over training time; "
                f"wire {res['config'].get('wire_dtype', 'fp32')}: the pushes the primary forwards to its backup as "
                "they came), "
