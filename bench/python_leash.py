@@ -53,6 +53,7 @@ if _early_threads() > 0:
     os.environ["OPENBLAS_NUM_THREADS"] = str(_early_threads())
 
 import numpy as np  # noqa: E402
+import common  # noqa: E402,F401  (sets OPENBLAS_CORETYPE where needed, before torch loads OpenBLAS)
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 

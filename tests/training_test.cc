@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "leash/kernels/blas_core.h"
 #include "support/files.h"
 #include "support/process.h"
 
@@ -144,6 +145,49 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
 // --eval-every under staleness 1, where every iteration prefetches the next one's pull:
 // the evaluations within epochs take that prefetch, and the job still trains every
 // sample once per epoch and learns.
+// The OpenBLAS kernels a worker logs it computes with ("OpenBLAS X kernels", or after a
+// restart "... computes with those" naming OPENBLAS_CORETYPE=X), from a short --local run
+// under `env` with `env_args` (e.g. -u OPENBLAS_CORETYPE). Empty if the run failed.
+std::string WorkerBlasKernels(const std::vector<std::string>& env_args, const std::string& dir,
+                              std::string* log) {
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  argv.insert(argv.end(), env_args.begin(), env_args.end());
+  for (const char* a : {LEASH_WORKER_BIN, "--local", "--epochs=1", "--train-limit=640", "--no-eval",
+                        "--threads=1", "--chunk-size=320"}) {
+    argv.emplace_back(a);
+  }
+  auto [code, out] = testing::RunToCompletion(argv, dir, std::chrono::seconds(120));
+  *log = out;
+  if (code != 0) return "";
+  for (const std::string marker : {"with OPENBLAS_CORETYPE=", "OpenBLAS "}) {
+    const size_t at = out.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t from = at + marker.size();
+    const size_t to = out.find_first_of(" \n", from);
+    return out.substr(from, to == std::string::npos ? std::string::npos : to - from);
+  }
+  return "";
+}
+
+TEST_F(TrainingTest, AWorkerComputesWithKernelsForItsCpuNotOpenBlasFallback) {
+  // Debian bookworm's OpenBLAS takes CPUs newer than itself (Intel family 6 model 207) for
+  // pre-AVX ones; the worker then restarts itself with kernels for its vectors.
+  std::string log;
+  const std::string core = WorkerBlasKernels({"-u", "OPENBLAS_CORETYPE"}, dir_.path(), &log);
+  ASSERT_FALSE(core.empty()) << log;
+  namespace cpu = leash::kernels::cpu;
+  EXPECT_EQ(cpu::BetterOpenBlasCore(core, cpu::HostIsa()), "")
+      << "the worker computes with OpenBLAS's " << core << " kernels on a CPU with wider vectors:\n"
+      << log;
+}
+
+TEST_F(TrainingTest, AWorkerKeepsTheOpenBlasKernelsTheUserChose) {
+  std::string log;
+  EXPECT_EQ(WorkerBlasKernels({"OPENBLAS_CORETYPE=Prescott"}, dir_.path(), &log), "Prescott")
+      << log;
+  EXPECT_EQ(log.find("restarted"), std::string::npos) << log;
+}
+
 TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--eval-every=10", "--no-eval"});
   auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--no-eval"});

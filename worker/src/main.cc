@@ -7,11 +7,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "config.h"
@@ -21,6 +25,7 @@
 #include "leash/common/metrics.h"
 #include "leash/common/wire.h"
 #include "leash/common/zmq_transport.h"
+#include "leash/kernels/blas_core.h"
 #include "leash/kernels/kernels.h"
 #include "leash/worker/client.h"
 #include "leash/worker/dataset.h"
@@ -37,6 +42,56 @@ using leash::worker::WorkerConfig;
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
+
+// Set by UseTheCpusBlasKernels for the process it restarts: the kernels OpenBLAS chose first.
+constexpr const char* kBlasFellBackTo = "LEASH_OPENBLAS_FELL_BACK_TO";
+
+// OpenBLAS picks its kernels when it loads, before main; on a CPU it does not know it takes
+// its pre-AVX ones (blas_core.h). Then, unless the user chose them (OPENBLAS_CORETYPE), this
+// process restarts itself (same PID, arguments and environment) with OPENBLAS_CORETYPE naming
+// the kernels for the CPU's widest vectors. If the restart fails, training goes on as it is.
+void UseTheCpusBlasKernels(char** argv) {
+  namespace cpu = leash::kernels::cpu;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or ours already
+  const std::string core = cpu::OpenBlasCore();
+  const std::string better = cpu::BetterOpenBlasCore(core, cpu::HostIsa());
+  if (better.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  ::setenv(kBlasFellBackTo, core.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  const int err = errno;  // still here: say so once logging is up (LogBlasKernels)
+  ::unsetenv("OPENBLAS_CORETYPE");
+  ::setenv(kBlasFellBackTo, ("!" + std::string(std::strerror(err))).c_str(), 1);
+}
+
+// What UseTheCpusBlasKernels did, and the kernels in use, for a worker computing on the CPU.
+void LogBlasKernels() {
+  namespace cpu = leash::kernels::cpu;
+  const std::string core = cpu::OpenBlasCore();
+  const char* fell = std::getenv(kBlasFellBackTo);
+  const std::string first = fell != nullptr ? fell : "";
+  ::unsetenv(kBlasFellBackTo);
+  if (!first.empty() && first[0] == '!') {
+    spdlog::warn(
+        "OpenBLAS took this CPU for one without AVX and computes with its {} kernels, about 3x "
+        "slower; restarting with better ones failed ({}). Set OPENBLAS_CORETYPE={} in the "
+        "environment",
+        core, first.substr(1), cpu::BetterOpenBlasCore(core, cpu::HostIsa()));
+  } else if (!first.empty() && !cpu::BetterOpenBlasCore(core, cpu::HostIsa()).empty()) {
+    spdlog::warn(
+        "OpenBLAS fell back to its {} kernels on this CPU and ignored OPENBLAS_CORETYPE={} (a "
+        "build without them?); its matrix products run about 3x slower than they could",
+        core, std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "");
+  } else if (!first.empty()) {
+    spdlog::info(
+        "OpenBLAS did not know this CPU and took its {} kernels (no AVX); leash-worker restarted "
+        "itself with OPENBLAS_CORETYPE={} and computes with those (set OPENBLAS_CORETYPE to "
+        "choose others)",
+        first, core);
+  } else {
+    spdlog::info("OpenBLAS {} kernels", core);
+  }
+}
 
 // After SIGTERM/SIGINT the worker finishes its step, pushes and leaves. If that cannot
 // happen in `grace_s` (a shard is unreachable and a pull or push waits for it), it exits
@@ -133,6 +188,7 @@ std::optional<Failure> BuildCompute(const WorkerConfig& c, Worker& w) {
   } else {
     spdlog::info("computing on {}", leash::kernels::DeviceName(*dev));
   }
+  if (dev->type == leash::kernels::DeviceType::kCpu) LogBlasKernels();
 
   if (c.model == leash::worker::ModelKind::kCtr) {
     // --data left at its (Fashion-MNIST) default means MovieLens' own default.
@@ -383,6 +439,7 @@ int Run(const WorkerConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  UseTheCpusBlasKernels(argv);
   leash::worker::WorkerCommandLine line;
   auto start = leash::RunPrologue<WorkerConfig>(line.cli(), argc, argv, "worker",
                                                 [&] { return line.Config(); });
