@@ -418,15 +418,51 @@ def mlp(build, tmp, tag, c, where):
 def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes",
                                str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", "socket",
                                "--raw=false", "--seconds", str(seconds), "--out", out], c),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pushing client's (its start and connect too)
     if p.returncode != 0:
         raise L.RunError(f"leash-bench-pushpull --servers {endpoint} exited {p.returncode}: {p.stderr[-1000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
         s = json.load(f)["samples"][0]
-    return {"p50_us": s["p50_us"], "mb_per_s": s["mb_per_s"], "ops": s["ops_per_s"] * seconds}
+    ops = s["ops_per_s"] * seconds
+    client = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"p50_us": s["p50_us"], "mb_per_s": s["mb_per_s"], "ops": ops, "ops_per_s": s["ops_per_s"],
+            "client_cpu_us_per_iteration": client / ops * 1e6 if ops else None}
+
+
+def least_work(build, tmp, tag, floats=1048576):
+    """What any R=2 must add to one push of `floats` values, measured alone on this machine: the
+    backup's optimizer update (momentum, as the pushed table's; leash-bench-pushpull's update row,
+    p50) and one copy of the push into memory the backup can read (leash-bench-crosscore, the
+    copy's median). The backup's receive and its NaN check, the acknowledgement and every wake-up
+    are left out, so it is a lower bound. And for a 4 KB push's latency, the raw round trip
+    between two processes through a shared-memory segment's queues (as a primary reaches a
+    same-host backup; the shm2 row, p50): a push acknowledged once the backup holds it waits for
+    at least that."""
+    out = os.path.join(tmp, tag)
+    os.makedirs(out, exist_ok=True)
+    p = subprocess.run([L._bin(build, "bench", "leash-bench-pushpull"), "--sizes", f"1024,{floats}", "--raw-rows",
+                        "update,shm2", "--modes", "", "--seconds", "1", "--out", out],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+    if p.returncode != 0:
+        raise L.RunError(f"leash-bench-pushpull (update and raw shm rows) exited {p.returncode}: {p.stderr[-1000:]}")
+    with open(os.path.join(out, "pushpull.json")) as f:
+        rows = json.load(f)["samples"]
+    update = [x for x in rows if x.get("system") == "shard update" and x.get("floats") == floats]
+    shm = [x for x in rows if x.get("system") == "raw shm" and x.get("floats") == 1024]
+    if not update or not shm:
+        raise L.RunError(f"leash-bench-pushpull wrote no update or raw shm row ({out}/pushpull.json)")
+    q = subprocess.run([L._bin(build, "bench", "leash-bench-crosscore"), "--bytes", str(floats * 4),
+                        "--rounds", "100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if q.returncode != 0:
+        raise L.RunError(f"leash-bench-crosscore exited {q.returncode}: {q.stderr[-1000:]}")
+    copy = json.loads(q.stdout)
+    return {"floats": floats, "update_us": update[0]["p50_us"], "copy_us": copy["same_core_copy_us"],
+            "shm_rtt_4KB_us": shm[0]["p50_us"]}
 
 
 def cost_one(build, c, tmp, tag, replicas):
@@ -490,7 +526,7 @@ def part_cost(build, c, tmp, log):
         configs.append(("r1_free", 1, {k: v for k, v in c.items() if k != "worker_apart"}))
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
-        got = {}
+        got = {"least_work_4MB": least_work(build, tmp, f"least{r}")}
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
             g = got[key]
@@ -527,7 +563,55 @@ def part_cost(build, c, tmp, log):
             summary[name]["median_cost_vs_r1_free"] = median([(1 - x) if higher else (x - 1) for x in free])
     if not c.get("backup_apart") and not c.get("worker_apart"):  # the floor assumes everyone shares both cores
         summary["mlp_cpu_floor"] = cpu_floor(rounds)
+        summary["push_4MB_floor"] = push_floor(rounds)
+        lat = [{"r1_us": g["r1"]["push_4KB"]["p50_us"], "r2_us": g["r2"]["push_4KB"]["p50_us"],
+                "shm_rtt_us": g["least_work_4MB"]["shm_rtt_4KB_us"]} for g in rounds if g.get("least_work_4MB")]
+        if lat:
+            summary["push_4KB_floor"] = {
+                "per_round": lat, "r1_us": median(x["r1_us"] for x in lat), "r2_us": median(x["r2_us"] for x in lat),
+                "shm_rtt_us": median(x["shm_rtt_us"] for x in lat),
+                # R=1's push plus one raw round trip to the backup, against R=1's push
+                "floor_cost": median(x["shm_rtt_us"] / x["r1_us"] for x in lat)}
     return {"rounds": rounds, "summary": summary}
+
+
+def push_floor(rounds, cores=2):
+    """The least R=2 can cost the 4 MB push row on this machine, from CPU. R=1's pushes already
+    take the pushing client's and the shard's CPU per push (measured); R=2 adds at least the
+    backup's update and one copy of the push (least_work, measured in the same round). With the
+    cores busy, a push then takes at least all of that CPU over the cores, so R=2's time per push
+    is at least max(R=1's, (client + shard + update + copy) / cores). Also what R=2 measured: its
+    CPU per push (client + primary + backup) over the cores against its time per push, which says
+    how CPU-bound it ran, and the CPU it added beyond the least. R=1's CPU is capped at the cores'
+    time (the client's figure includes its start)."""
+    out = {"cores": cores, "per_round": []}
+    for g in rounds:
+        r1, r2, lw = g["r1"]["push_4MB"], g["r2"]["push_4MB"], g.get("least_work_4MB")
+        c1, s1 = r1.get("client_cpu_us_per_iteration"), r1.get("primary_cpu_us_per_iteration")
+        c2, p2, b2 = (r2.get("client_cpu_us_per_iteration"), r2.get("primary_cpu_us_per_iteration"),
+                      r2.get("backup_cpu_us_per_iteration"))
+        if None in (c1, s1, c2, p2, b2) or not lw or not r1.get("ops_per_s") or not r2.get("ops_per_s"):
+            continue
+        t1, t2 = 1e6 / r1["ops_per_s"], 1e6 / r2["ops_per_s"]
+        least = lw["update_us"] + lw["copy_us"]
+        # The client's figure includes its start, so R=1 may seem to use more than the cores:
+        # capped, the bound stays a bound (busy cores: every added microsecond of CPU adds 1/cores).
+        floor_t2 = max(t1, (min(c1 + s1, cores * t1) + least) / cores)
+        out["per_round"].append({
+            "r1_push_us": t1, "r2_push_us": t2, "r1_client_us": c1, "r1_shard_us": s1,
+            "r1_cpu_busy": (c1 + s1) / (cores * t1), "update_us": lw["update_us"], "copy_us": lw["copy_us"],
+            "least_added_us": least, "floor_cost": 1 - t1 / floor_t2,
+            "r2_client_us": c2, "r2_primary_us": p2, "r2_backup_us": b2,
+            "r2_cpu_busy": (c2 + p2 + b2) / (cores * t2),
+            "r2_added_cpu_us": (c2 + p2 + b2) - (c1 + s1),
+            # Backup on a host of its own: the client and the primary keep these cores, the backup
+            # must keep up with the pushes on its own core.
+            "backup_apart_estimate_cost": 1 - t1 / max(t1, b2, (c2 + p2) / cores)})
+    for k in ("floor_cost", "r1_push_us", "r2_push_us", "r1_client_us", "r1_shard_us", "r1_cpu_busy", "update_us",
+              "copy_us", "least_added_us", "r2_client_us", "r2_primary_us", "r2_backup_us", "r2_cpu_busy",
+              "r2_added_cpu_us", "backup_apart_estimate_cost"):
+        out[k] = median(x[k] for x in out["per_round"]) if out["per_round"] else None
+    return out
 
 
 def cpu_floor(rounds, cores=2):
@@ -715,6 +799,31 @@ def summary_md(res):
                    f"machine, and at least {fl['floor_cost_backup_apart'] * 100:.1f}% with the backup on cores of "
                    "its own (another host); the rest is waiting: the backup's round trip on the pulls' path and "
                    "three processes' threads taking turns on two cores."]
+        pf = s.get("push_4MB_floor")
+        if pf and pf.get("floor_cost") is not None:
+            md += ["", f"Where the 4 MB push row's cost comes from (medians over the rounds, per push): at R=1 a push "
+                   f"took {pf['r1_push_us']:.0f} us, the pushing client used {pf['r1_client_us']:.0f} us of CPU and "
+                   f"the shard {pf['r1_shard_us']:.0f} us, so the {pf['cores']} cores were "
+                   f"{pf['r1_cpu_busy'] * 100:.0f}% busy (the client's start included; counted as at most 100%). "
+                   f"Any R=2 adds at least the backup's momentum update of the "
+                   f"push ({pf['update_us']:.0f} us, `leash-bench-pushpull`'s update row) and one copy of it into "
+                   f"memory the backup reads ({pf['copy_us']:.0f} us, `leash-bench-crosscore`), both measured alone "
+                   f"in each round; so from CPU the cost of R=2 is at least **{pf['floor_cost'] * 100:.1f}%** here "
+                   f"(R=1's CPU plus those {pf['least_added_us']:.0f} us over {pf['cores']} cores, against R=1's time). "
+                   f"Measured at R=2: {pf['r2_push_us']:.0f} us per push, the client {pf['r2_client_us']:.0f}, the "
+                   f"primary {pf['r2_primary_us']:.0f} and the backup {pf['r2_backup_us']:.0f} us of CPU "
+                   f"({pf['r2_cpu_busy'] * 100:.0f}% of the cores), {pf['r2_added_cpu_us']:.0f} us more than R=1, "
+                   f"{pf['r2_added_cpu_us'] / pf['least_added_us']:.1f}x the least. With the backup on a host of its "
+                   f"own (its CPU per push on its own core, the client's and the primary's on these two) the cost "
+                   f"would be about {pf['backup_apart_estimate_cost'] * 100:.0f}%."]
+        lf = s.get("push_4KB_floor")
+        if lf:
+            md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, an R=2 push waits at least "
+                   f"for R=1's ({lf['r1_us']:.0f} us p50) plus a raw round trip to the backup through shared memory "
+                   f"({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s shm2 row, measured alone in each round): "
+                   f"a cost of at least **{lf['floor_cost'] * 100:.1f}%**. Measured at R=2: {lf['r2_us']:.0f} us, "
+                   f"{lf['r2_us'] - lf['r1_us']:.0f} us more than R=1, "
+                   f"{(lf['r2_us'] - lf['r1_us']) / lf['shm_rtt_us']:.1f}x the raw round trip."]
         idle = s["mlp_samples_per_second"]["backup_idle_cpu_ms_per_s"]
         md += ["", f"With no request the backup burns {idle or 0:.0f} ms of CPU per second (median over 1 s windows, "
                "/proc's 10 ms ticks; its heartbeats and its polls of the directory), counted in its per-iteration "
