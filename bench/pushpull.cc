@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -26,6 +27,7 @@
 #include <zmq.hpp>
 
 #include "leash/common/curve_keys.h"
+#include "leash/common/finite.h"
 #include "leash/common/flags.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/ps/table.h"
@@ -250,12 +252,21 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   return out;
 }
 
-void Echo(zmq::socket_t& router, const std::atomic<bool>& stop) {
+// With `check`, the echo reads every payload it receives once, checking it for NaN and Inf
+// as a shard checks each gradient before applying it (leash::AllFinite): what any server must
+// pay to touch the bytes the kernel just wrote, which the plain echo never reads.
+void Echo(zmq::socket_t& router, const std::atomic<bool>& stop, bool check = false) {
   router.set(zmq::sockopt::rcvtimeo, 100);
+  bool warned = false;
   while (!stop) {
     zmq::message_t id, body;
     if (!router.recv(id)) continue;
     (void)router.recv(body);
+    if (check && !leash::AllFinite(static_cast<const float*>(body.data()), body.size() / 4) &&
+        !warned) {
+      std::fprintf(stderr, "raw echo: the payload is not all finite (the bench's own bug)\n");
+      warned = true;
+    }
     router.send(id, zmq::send_flags::sndmore);
     zmq::message_t small(8);
     router.send(small, zmq::send_flags::none);  // an acknowledgement, as a push gets
@@ -265,7 +276,8 @@ void Echo(zmq::socket_t& router, const std::atomic<bool>& stop) {
 // Raw ZeroMQ round trip: DEALER -> ROUTER echo, `inflight` messages outstanding. The echo
 // is a thread sharing the client's context (and its one ZeroMQ I/O thread), or, with
 // `other_process`, a forked process with its own context, as a Leash shard is.
-Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, int inflight = 1) {
+Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, int inflight = 1,
+                    bool check = false) {
   std::string ep = "tcp://127.0.0.1:" + std::to_string(FreePort());
   pid_t child = -1;
   if (other_process) {
@@ -277,7 +289,7 @@ Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, 
       Tune(router);
       router.bind(ep);
       std::atomic<bool> never{false};
-      Echo(router, never);
+      Echo(router, never, check);
       _exit(0);
     }
   }
@@ -286,7 +298,7 @@ Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, 
   if (!other_process) router.bind(ep);
   std::atomic<bool> stop{false};
   std::thread echo([&] {
-    if (!other_process) Echo(router, stop);
+    if (!other_process) Echo(router, stop, check);
   });
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
   Tune(dealer);
@@ -315,8 +327,9 @@ Sample RawRoundTrip(int64_t floats, double seconds, bool other_process = false, 
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
   }
-  Sample out{
-      other_process ? "round trip, 2 processes" : "round trip", "raw zmq", floats, 1, 1, inflight};
+  std::string op = other_process ? "round trip, 2 processes" : "round trip";
+  if (check) op += ", payload checked";
+  Sample out{op, "raw zmq", floats, 1, 1, inflight};
   out.ops_per_s = static_cast<double>(lat.size()) / secs;
   out.mb_per_s = out.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
   out.p50_us = Percentile(lat, 0.5);
@@ -535,7 +548,7 @@ int main(int argc, char** argv) {
   std::string ops = "push,pull";
   std::string stripes = "2,4";
   bool raw = true;
-  std::string raw_rows = "rtt,rtt2,rtt2x8,shm2,oneway,oneway2,update";
+  std::string raw_rows = "rtt,rtt2,rtt2check,rtt2x8,shm2,oneway,oneway2,update";
   int64_t socket_buffer = 0;
   double seconds = 2;
   int64_t spin_us = 0;
@@ -560,7 +573,9 @@ int main(int argc, char** argv) {
   flags.String("ops", &ops, "Leash cells: push and/or pull");
   flags.Bool("raw", &raw, "measure the raw ZeroMQ rows and the update alone too");
   flags.String("raw-rows", &raw_rows,
-               "which raw rows: rtt (same process), rtt2 (two processes), rtt2x8 (8 in flight), "
+               "which raw rows: rtt (same process), rtt2 (two processes), rtt2check (two "
+               "processes, the echo checking each payload for NaN/Inf as a shard does), rtt2x8 "
+               "(8 in flight), "
                "shm2 (two processes through a shared-memory segment's queues, as same-host Leash "
                "messages go), oneway, oneway2 (with --stripes), update (the optimizer alone)");
   flags.String("stripes", &stripes,
@@ -592,6 +607,10 @@ int main(int argc, char** argv) {
     };
     if (want("rtt")) samples.push_back(RawRoundTrip(floats, seconds));
     if (want("rtt2")) samples.push_back(RawRoundTrip(floats, seconds, /*other_process=*/true));
+    if (want("rtt2check")) {
+      samples.push_back(RawRoundTrip(floats, seconds, /*other_process=*/true, /*inflight=*/1,
+                                     /*check=*/true));
+    }
     if (want("shm2")) samples.push_back(RawShmRoundTrip(floats, seconds));
     if (want("rtt2x8")) {
       samples.push_back(RawRoundTrip(floats, seconds, /*other_process=*/true, /*inflight=*/8));
@@ -691,6 +710,7 @@ int main(int argc, char** argv) {
   const Sample* rtt4k = find("raw zmq", "round trip, 2 processes", 1024, 1, 1);
   const Sample* rtt256k = find("raw zmq", "round trip, 2 processes", 65536, 1, 1);
   const Sample* upd256k = find("shard update", "momentum update", 65536, 1, 1);
+  const Sample* chk256k = find("raw zmq", "round trip, 2 processes, payload checked", 65536, 1, 1);
   const Sample* one4m = find("raw zmq", "one-way, 2 processes", 1048576, 1, 8);
   for (const char* op : {"push", "pull"}) {
     std::string o = op;
@@ -707,6 +727,18 @@ int main(int argc, char** argv) {
                 " us over raw round trip " + std::to_string(rtt256k->p50_us) + " us" +
                 (o == "push" ? " + update " + std::to_string(upd256k->p50_us) + " us" : "") +
                 " (target <= 1x)");
+    }
+    // The same bound with the echo reading its payload once (rtt2check): the part of the
+    // gap that is touching the received bytes, which the plain echo never does.
+    if (auto* l = find("leash", o, 65536, 1, 1); l && chk256k && upd256k && o == "push") {
+      double bound = chk256k->p50_us + upd256k->p50_us;
+      ratio("push_256KB_p50_over_raw_checked_rtt_plus_update", l->p50_us / bound,
+            "256 KB push, 1 in flight: p50 " + std::to_string(l->p50_us) +
+                " us over the raw round trip with the echo checking the payload " +
+                std::to_string(chk256k->p50_us) + " us + update " +
+                std::to_string(upd256k->p50_us) +
+                " us (what the target leaves out: reading "
+                "the gradient once)");
     }
     if (auto* l = find("leash", o, 1048576, 1, 8); l && one4m) {
       ratio(o + "_4MB_8inflight_over_raw_oneway", l->mb_per_s / one4m->mb_per_s,
@@ -729,8 +761,16 @@ int main(int argc, char** argv) {
     }
   }
   js << "}\n}\n";
-  std::ofstream(out + "/pushpull.json") << js.str();
-  std::ofstream(out + "/pushpull.md") << md.str();
   std::fputs(md.str().c_str(), stdout);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  std::ofstream json_file(out + "/pushpull.json");
+  std::ofstream md_file(out + "/pushpull.md");
+  if (ec || !(json_file << js.str()) || !(md_file << md.str())) {
+    std::fprintf(stderr,
+                 "leash-bench-pushpull: cannot write pushpull.json and pushpull.md in %s%s%s\n",
+                 out.c_str(), ec ? ": " : "", ec ? ec.message().c_str() : "");
+    return 1;
+  }
   return 0;
 }
