@@ -56,10 +56,20 @@ void UseTheCpusBlasKernels(char** argv) {
   const std::string core = cpu::OpenBlasCore();
   const std::string better = cpu::BetterOpenBlasCore(core, cpu::HostIsa());
   if (better.empty()) return;
-  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-  ::setenv(kBlasFellBackTo, core.c_str(), 1);
-  ::execv("/proc/self/exe", argv);
-  const int err = errno;  // still here: say so once logging is up (LogBlasKernels)
+  // The executable's path, not /proc/self/exe itself: tools that run the worker (valgrind)
+  // answer readlink with the worker's path, while /proc/self/exe is their own binary.
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  int err = ENOENT;
+  if (len > 0) {
+    self[len] = '\0';
+    ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+    ::setenv(kBlasFellBackTo, core.c_str(), 1);
+    ::execv(self, argv);
+    err = errno;  // still here: say so once logging is up (LogBlasKernels)
+  } else if (len < 0) {
+    err = errno;
+  }
   ::unsetenv("OPENBLAS_CORETYPE");
   ::setenv(kBlasFellBackTo, ("!" + std::string(std::strerror(err))).c_str(), 1);
 }
