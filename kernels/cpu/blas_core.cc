@@ -1,7 +1,7 @@
-// blas_core.h: OpenBLAS's choice of kernels, and a better one where it fell back.
+// blas_core.h: a better choice of OpenBLAS kernels where OpenBLAS fell back. No OpenBLAS
+// here (leash_blas_core), so the Python extension can ask it too; OpenBlasCore is in
+// cpu_kernels.cc.
 #include "leash/kernels/blas_core.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <array>
@@ -20,11 +20,6 @@ CpuIsa HostIsa() {
                __builtin_cpu_supports("avx512vl");
 #endif
   return isa;
-}
-
-std::string OpenBlasCore() {
-  const char* name = openblas_get_corename();
-  return name != nullptr ? name : "";
 }
 
 std::string BetterOpenBlasCore(std::string_view core, const CpuIsa& isa) {

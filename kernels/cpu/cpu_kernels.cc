@@ -7,11 +7,17 @@
 #include <cstring>
 
 #include "leash/common/half.h"
+#include "leash/kernels/blas_core.h"
 #include "leash/kernels/cpu.h"
 
 namespace leash::kernels::cpu {
 
 void SetCpuThreads(int threads) { openblas_set_num_threads(threads); }
+
+std::string OpenBlasCore() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "";
+}
 
 void Gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           const float* b, float beta, float* c) {

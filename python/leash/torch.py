@@ -15,13 +15,51 @@ leash-worker. One training thread per Parameters; not thread-safe.
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
+from . import _leash
 from .client import Chunk, Client, DataPlan, Table
 from .errors import InvalidArgumentError, NotRegisteredError, WrongDTypeError
+
+
+def openblas_fallback() -> Optional[Tuple[str, str]]:
+    """(kernels, better) when an OpenBLAS loaded in this process (Debian's PyTorch and numpy
+    compute through it) took its pre-AVX kernels on a CPU with AVX or more, as Debian
+    bookworm's OpenBLAS 0.3.21 does on CPUs newer than itself: CPU training then runs ~2.5x
+    slower. `better` is the OPENBLAS_CORETYPE to start Python with. None otherwise, and when
+    OPENBLAS_CORETYPE is set (the user's choice)."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "openblas" in ln and ln.split()[-1].startswith("/")}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            name = ctypes.CDLL(path).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        name.restype = ctypes.c_char_p
+        core = (name() or b"").decode(errors="replace")
+        better = _leash.better_openblas_core(core)
+        if better:
+            return core, better
+    return None
+
+
+_fallback = openblas_fallback()
+if _fallback:
+    warnings.warn(f"OpenBLAS, which this PyTorch computes through on the CPU, did not know this CPU and took its "
+                  f"{_fallback[0]} kernels (no AVX): CPU training runs about 2.5x slower. Start Python with "
+                  f"OPENBLAS_CORETYPE={_fallback[1]} in the environment (docs/running.md)", RuntimeWarning,
+                  stacklevel=2)
 
 InitFn = Callable[[str, torch.nn.Parameter], Tuple[str, float]]
 

@@ -34,6 +34,7 @@
 #include "leash/common/logging.h"
 #include "leash/common/status.h"
 #include "leash/common/zmq_transport.h"
+#include "leash/kernels/blas_core.h"
 #include "leash/worker/client.h"
 
 namespace py = pybind11;
@@ -1491,6 +1492,15 @@ PYBIND11_MODULE(_leash, m) {
         return d;
       },
       "Leash's status codes: {number: name}, as leash/common/status.h defines them.");
+  m.def(
+      "better_openblas_core",
+      [](const std::string& core) {
+        return kernels::cpu::BetterOpenBlasCore(core, kernels::cpu::HostIsa());
+      },
+      py::arg("core"),
+      "The OPENBLAS_CORETYPE to use on this CPU instead of OpenBLAS's kernels `core` "
+      "(openblas_get_corename()), or '' where OpenBLAS's own choice stands: only a pre-AVX "
+      "fallback on a CPU with AVX or more is replaced (leash/kernels/blas_core.h).");
   m.def(
       "init_logging",
       [](const std::string& level) { ThrowIfError(InitLogging("leash", level), "log level"); },

@@ -3,7 +3,12 @@ zero initial values, so after a push of g every value is exactly -g. Covers the 
 makes, pull before / push after a step, the prefetch under staleness 1 (a step sees the
 values from before the previous step's push), gradient accumulation (the mean is pushed
 once per k micro-batches), a 16-bit wire, opening another worker's tables, and its
-argument errors."""
+argument errors; and the warning leash.torch gives where OpenBLAS fell back to pre-AVX
+kernels."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -233,3 +238,44 @@ def test_a_cuda_module_goes_through_pinned_buffers(cluster):
         out = torch.empty(2, 3, device="cuda")
         c.pull(t, out=out)
         assert torch.equal(out.cpu(), -torch.ones(2, 3))
+
+
+def _cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        return next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+
+
+def test_better_openblas_core_replaces_only_a_pre_avx_fallback():
+    flags = _cpu_flags()
+    if all(x in flags for x in ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")):
+        widest = "SkylakeX"
+    elif "avx2" in flags and "fma" in flags:
+        widest = "Haswell"
+    elif "avx" in flags:
+        widest = "Sandybridge"
+    else:
+        widest = ""
+    better = leash._leash.better_openblas_core
+    assert better("Prescott") == widest
+    assert better("nehalem") == widest
+    for kept in ("SkylakeX", "Haswell", "Zen", "ARMV8", ""):
+        assert better(kept) == "", kept
+
+
+def test_importing_leash_torch_warns_exactly_when_openblas_fell_back():
+    """A child imports torch and leash.torch: with OPENBLAS_CORETYPE set nothing is probed or
+    warned; without it the RuntimeWarning comes exactly when openblas_fallback() finds one."""
+    code = "import torch, leash.torch as lt; print(repr(lt.openblas_fallback()))"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(leash.__file__)))
+    env.pop("OPENBLAS_CORETYPE", None)
+    free = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert free.returncode == 0, free.stderr
+    warned = "RuntimeWarning: OpenBLAS" in free.stderr
+    assert warned == (free.stdout.strip() != "None"), (free.stdout, free.stderr)
+    if warned:
+        assert "OPENBLAS_CORETYPE=" in free.stderr
+    chosen = subprocess.run([sys.executable, "-c", code], env=dict(env, OPENBLAS_CORETYPE="Prescott"),
+                            capture_output=True, text=True, timeout=120)
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.strip() == "None"
+    assert "RuntimeWarning" not in chosen.stderr

@@ -22,6 +22,7 @@ struct CpuIsa {
 CpuIsa HostIsa();
 
 // The kernels OpenBLAS chose in this process, as it names them ("SkylakeX", "Prescott").
+// In leash_kernels_cpu (which links OpenBLAS); the other two are in leash_blas_core.
 std::string OpenBlasCore();
 
 // What OPENBLAS_CORETYPE should name instead of `core` on a CPU with `isa`: the kernels for
