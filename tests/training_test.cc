@@ -190,6 +190,12 @@ TEST_F(TrainingTest, AWorkerKeepsTheOpenBlasKernelsTheUserChose) {
 
 TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--eval-every=10", "--no-eval"});
+  // w1 starts once w0 trains: the job's 12,000 samples take a worker well under a second, so
+  // one that started first under load could otherwise lease every chunk before w0 began.
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return w0->ReadLog().find("training MLP") != std::string::npos; },
+                       std::chrono::seconds(60)))
+      << w0->ReadLog();
   auto w1 = Worker(1, {"--epochs=2", "--staleness=1", "--no-eval"});
   ASSERT_EQ(w0->Wait(std::chrono::minutes(4)), 0) << w0->ReadLog();
   ASSERT_EQ(w1->Wait(std::chrono::minutes(4)), 0) << w1->ReadLog();
