@@ -142,9 +142,6 @@ TEST_F(TrainingTest, TwoWorkersTrainTheMlpAndAccuracyRises) {
   EXPECT_NE(log.find("final test accuracy"), std::string::npos);
 }
 
-// --eval-every under staleness 1, where every iteration prefetches the next one's pull:
-// the evaluations within epochs take that prefetch, and the job still trains every
-// sample once per epoch and learns.
 // The OpenBLAS kernels a worker logs it computes with ("OpenBLAS X kernels", or after a
 // restart "... computes with those" naming OPENBLAS_CORETYPE=X), from a short --local run
 // under `env` with `env_args` (e.g. -u OPENBLAS_CORETYPE). Empty if the run failed.
@@ -188,6 +185,9 @@ TEST_F(TrainingTest, AWorkerKeepsTheOpenBlasKernelsTheUserChose) {
   EXPECT_EQ(log.find("restarted"), std::string::npos) << log;
 }
 
+// --eval-every under staleness 1, where every iteration prefetches the next one's pull:
+// the evaluations within epochs take that prefetch, and the job still trains every
+// sample once per epoch and learns.
 TEST_F(TrainingTest, EvalEveryEvaluatesWithinEpochsWithoutBreakingThePrefetch) {
   auto w0 = Worker(0, {"--epochs=2", "--staleness=1", "--eval-every=10", "--no-eval"});
   // w1 starts once w0 trains: the job's 12,000 samples take a worker well under a second, so
