@@ -79,11 +79,7 @@ int main(int argc, char** argv) {
   flags.Int("bytes", &bytes_flag, "bytes copied per round (the default is the MLP's model)");
   flags.Int("rounds", &rounds_flag, "rounds, each timing both copies");
   flags.Bool("shm", &shm, "the written buffer is a POSIX shared-memory mapping, as a ring is");
-  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
-    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
-    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
-    return st.ok() ? 0 : 2;
-  }
+  if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   if (bytes_flag < static_cast<int64_t>(sizeof(float)) || rounds_flag < 1 ||
       rounds_flag > 1000000) {
     std::fprintf(stderr, "--bytes must be at least 4 and --rounds in [1, 1000000]\n");

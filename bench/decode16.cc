@@ -88,11 +88,7 @@ int main(int argc, char** argv) {
                      "interleaved (JSON on stdout)");
   flags.Int("values", &values_flag, "values per conversion");
   flags.Int("rounds", &rounds_flag, "rounds, each timing every variant");
-  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
-    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
-    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
-    return st.ok() ? 0 : 2;
-  }
+  if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   if (values_flag <= 0 || rounds_flag <= 0 || rounds_flag > 1000000) {
     std::fprintf(stderr, "--values and --rounds must be positive (--rounds at most 1000000)\n");
     return 2;

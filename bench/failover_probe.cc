@@ -63,10 +63,7 @@ int main(int argc, char** argv) {
   flags.Double("seconds", &seconds, "stop after this long at the latest (SIGTERM stops it too)");
   flags.Int("gap-ms", &gap_ms, "report gaps between acknowledgements longer than this");
   flags.Double("rate", &rate, "at most this many pushes per second (0: as fast as acknowledged)");
-  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
-    return st.ok() ? 0 : 2;
-  }
+  if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   if (etcd.empty() == servers.empty() || floats < 64 || floats % 64 != 0) {
     std::fprintf(stderr,
                  "leash-bench-failover: pass one of --etcd or --servers, and --floats a "

@@ -588,10 +588,7 @@ int main(int argc, char** argv) {
                "number");
   flags.Int("socket-buffer", &socket_buffer,
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
-  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
-    return st.ok() ? 0 : 2;
-  }
+  if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   g_socket_buffer = static_cast<int>(socket_buffer);
   g_servers = leash::SplitList(servers);
   if (!g_servers.empty()) shard_counts = std::to_string(g_servers.size());

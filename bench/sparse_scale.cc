@@ -107,10 +107,7 @@ int main(int argc, char** argv) {
   flags.Int("touch-every", &touch_every, "touch: one row in this many");
   flags.Double("alpha", &alpha, "power-law exponent of the key ranks");
   flags.Double("seconds", &seconds, "run: duration");
-  if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), st.ok() ? stdout : stderr);
-    return st.ok() ? 0 : 2;
-  }
+  if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   if (servers.empty() || keys < fields || fields < 1 || batch < 1 || dim < 1 || alpha <= 0) {
     std::fprintf(stderr,
                  "leash-bench-sparse: need --servers, keys >= fields >= 1, batch, dim, "

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -148,6 +149,20 @@ Status Flags::Parse(int argc, const char* const* argv) {
     LEASH_RETURN_IF_ERROR(Set(name, value, "--" + name));
   }
   return Status::Ok();
+}
+
+std::optional<int> Flags::ParseOrExitCode(int argc, const char* const* argv) {
+  const Status st = Parse(argc, argv);
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program_.c_str(), st.message().c_str());
+    std::fputs(Usage().c_str(), stderr);
+    return 2;
+  }
+  if (help_requested_) {
+    std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  return std::nullopt;
 }
 
 std::string Flags::Usage() const {

@@ -74,6 +74,26 @@ TEST(FlagsTest, HelpAndPositionalArguments) {
   EXPECT_NE(f->Usage().find("LEASH_SERVERS"), std::string::npos);
 }
 
+TEST(FlagsTest, ParseOrExitCodeGoesOnOrGivesTheExitCode) {
+  int64_t n = 0;
+  auto run = [&n](std::vector<const char*> args) {
+    Flags f("t", "test");
+    f.Int("n", &n, "");
+    args.insert(args.begin(), "prog");
+    return f.ParseOrExitCode(static_cast<int>(args.size()), args.data());
+  };
+  EXPECT_EQ(run({"--n=3"}), std::nullopt);
+  EXPECT_EQ(n, 3);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run({"--n=three"}), 2);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("t: bad value for --n"), std::string::npos) << err;  // the error, named
+  EXPECT_NE(err.find("usage: t"), std::string::npos) << err;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run({"--help"}), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: t"), std::string::npos);
+}
+
 TEST(FlagsTest, SplitListAndDurations) {
   EXPECT_EQ(SplitList(" a, b ,,c "), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(*ParseDurationMs("250ms"), 250);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ class Flags {
   // values. Sets help_requested() for --help / -h.
   Status Parse(int argc, const char* const* argv);
   bool help_requested() const { return help_requested_; }
+  // Parse() for a program that needs nothing more (the benchmarks): nullopt to go on, or
+  // the exit code after --help's usage on stdout (0) or the error, then the usage, on
+  // stderr (2).
+  std::optional<int> ParseOrExitCode(int argc, const char* const* argv);
   std::string Usage() const;
   const std::vector<std::string>& positional() const { return positional_; }
 
