@@ -45,6 +45,8 @@ void OnSignal(int) { g_stop.store(true); }
 
 // Set by UseTheCpusBlasKernels for the process it restarts: the kernels OpenBLAS chose first.
 constexpr const char* kBlasFellBackTo = "LEASH_OPENBLAS_FELL_BACK_TO";
+// Why UseTheCpusBlasKernels could not restart this process (then it goes on as it is).
+std::string g_blas_restart_error;
 
 // OpenBLAS picks its kernels when it loads, before main; on a CPU it does not know it takes
 // its pre-AVX ones (blas_core.h). Then, unless the user chose them (OPENBLAS_CORETYPE), this
@@ -60,38 +62,38 @@ void UseTheCpusBlasKernels(char** argv) {
   // answer readlink with the worker's path, while /proc/self/exe is their own binary.
   char self[4096];
   const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  int err = ENOENT;
-  if (len > 0) {
-    self[len] = '\0';
-    ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-    ::setenv(kBlasFellBackTo, core.c_str(), 1);
-    ::execv(self, argv);
-    err = errno;  // still here: say so once logging is up (LogBlasKernels)
-  } else if (len < 0) {
-    err = errno;
+  if (len <= 0) {
+    g_blas_restart_error = len < 0 ? std::strerror(errno) : "empty path";
+    return;
   }
+  self[len] = '\0';
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  ::setenv(kBlasFellBackTo, core.c_str(), 1);
+  ::execv(self, argv);
+  g_blas_restart_error = std::strerror(errno);  // still here: LogBlasKernels says so
   ::unsetenv("OPENBLAS_CORETYPE");
-  ::setenv(kBlasFellBackTo, ("!" + std::string(std::strerror(err))).c_str(), 1);
+  ::unsetenv(kBlasFellBackTo);
 }
 
 // What UseTheCpusBlasKernels did, and the kernels in use, for a worker computing on the CPU.
 void LogBlasKernels() {
   namespace cpu = leash::kernels::cpu;
   const std::string core = cpu::OpenBlasCore();
+  const std::string better = cpu::BetterOpenBlasCore(core, cpu::HostIsa());
   const char* fell = std::getenv(kBlasFellBackTo);
   const std::string first = fell != nullptr ? fell : "";
   ::unsetenv(kBlasFellBackTo);
-  if (!first.empty() && first[0] == '!') {
+  if (!g_blas_restart_error.empty()) {
     spdlog::warn(
-        "OpenBLAS took this CPU for one without AVX and computes with its {} kernels, about 3x "
+        "OpenBLAS took this CPU for one without AVX and computes with its {} kernels, about 2.5x "
         "slower; restarting with better ones failed ({}). Set OPENBLAS_CORETYPE={} in the "
         "environment",
-        core, first.substr(1), cpu::BetterOpenBlasCore(core, cpu::HostIsa()));
-  } else if (!first.empty() && !cpu::BetterOpenBlasCore(core, cpu::HostIsa()).empty()) {
+        core, g_blas_restart_error, better);
+  } else if (!first.empty() && !better.empty()) {
     spdlog::warn(
         "OpenBLAS fell back to its {} kernels on this CPU and ignored OPENBLAS_CORETYPE={} (a "
-        "build without them?); its matrix products run about 3x slower than they could",
-        core, std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "");
+        "build without them?); its matrix products run about 2.5x slower than they could",
+        core, better);
   } else if (!first.empty()) {
     spdlog::info(
         "OpenBLAS did not know this CPU and took its {} kernels (no AVX); leash-worker restarted "
