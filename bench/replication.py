@@ -80,6 +80,13 @@ def cpu_seconds(pid):
         return None
 
 
+def children_cpu_seconds():
+    """utime + stime of every child waited for so far (getrusage(RUSAGE_CHILDREN)); the
+    difference around one subprocess.run is that child's."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def log_time(line):
     """The wall-clock time (s) of a spdlog line "[YYYY-MM-DD HH:MM:SS.mmm] ...", or None."""
     m = re.match(r"\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)", line)
@@ -399,17 +406,16 @@ def mlp(build, tmp, tag, c, where):
     cmd = pinned(L._worker_cmd(build, "mlp", c["mlp_epochs"], metrics, c["mlp_train_limit"], 0, True,
                                where + ["--staleness", "1", "--name", "w0", "--wire-dtype",
                                         c.get("wire_dtype", "fp32")]), c)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu_seconds()
     with open(os.path.join(tmp, f"{tag}.log"), "w") as lf:
         rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600).returncode
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker's, the only child waited for
+    worker_cpu = children_cpu_seconds() - before  # the worker's, the only child waited for
     if rc != 0:
         raise L.RunError(f"{tag}: leash-worker exited {rc} (log {tmp}/{tag}.log)")
     with open(metrics) as f:
         m = json.load(f)
     samples = sum(e["samples"] for e in m["epochs"])
     seconds = sum(e["train_seconds"] for e in m["epochs"])
-    worker_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"samples_per_second": samples / seconds, "iterations": samples / 64,
             # the whole run's (data loading and evaluation too) per training iteration: an upper bound
             "worker_cpu_us_per_iteration": worker_cpu / (samples / 64) * 1e6}
@@ -418,18 +424,17 @@ def mlp(build, tmp, tag, c, where):
 def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu_seconds()
     p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes",
                                str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", "socket",
                                "--raw=false", "--seconds", str(seconds), "--out", out], c),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pushing client's (its start and connect too)
+    client = children_cpu_seconds() - before  # the pushing client's (its start and connect too)
     if p.returncode != 0:
         raise L.RunError(f"leash-bench-pushpull --servers {endpoint} exited {p.returncode}: {p.stderr[-1000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
         s = json.load(f)["samples"][0]
     ops = s["ops_per_s"] * seconds
-    client = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"p50_us": s["p50_us"], "mb_per_s": s["mb_per_s"], "ops": ops, "ops_per_s": s["ops_per_s"],
             "client_cpu_us_per_iteration": client / ops * 1e6 if ops else None}
 
@@ -524,9 +529,11 @@ def part_cost(build, c, tmp, log):
     configs = [("r1", 1, c), ("r2", 2, c)]
     if c.get("worker_apart"):
         configs.append(("r1_free", 1, {k: v for k, v in c.items() if k != "worker_apart"}))
+    placed = c.get("backup_apart") or c.get("worker_apart")
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
-        got = {"least_work_4MB": least_work(build, tmp, f"least{r}")}
+        # The floors below assume every process shares both cores: measured only then.
+        got = {} if placed else {"least_work": least_work(build, tmp, f"least{r}")}
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
             g = got[key]
@@ -561,11 +568,11 @@ def part_cost(build, c, tmp, log):
             summary[name]["r1_free"] = [g["r1_free"][row][key] for g in rounds]
             summary[name]["r2_over_r1_free_per_round"] = free
             summary[name]["median_cost_vs_r1_free"] = median([(1 - x) if higher else (x - 1) for x in free])
-    if not c.get("backup_apart") and not c.get("worker_apart"):  # the floor assumes everyone shares both cores
+    if not placed:
         summary["mlp_cpu_floor"] = cpu_floor(rounds)
         summary["push_4MB_floor"] = push_floor(rounds)
         lat = [{"r1_us": g["r1"]["push_4KB"]["p50_us"], "r2_us": g["r2"]["push_4KB"]["p50_us"],
-                "shm_rtt_us": g["least_work_4MB"]["shm_rtt_4KB_us"]} for g in rounds if g.get("least_work_4MB")]
+                "shm_rtt_us": g["least_work"]["shm_rtt_4KB_us"]} for g in rounds if g.get("least_work")]
         if lat:
             summary["push_4KB_floor"] = {
                 "per_round": lat, "r1_us": median(x["r1_us"] for x in lat), "r2_us": median(x["r2_us"] for x in lat),
@@ -586,7 +593,7 @@ def push_floor(rounds, cores=2):
     time (the client's figure includes its start)."""
     out = {"cores": cores, "per_round": []}
     for g in rounds:
-        r1, r2, lw = g["r1"]["push_4MB"], g["r2"]["push_4MB"], g.get("least_work_4MB")
+        r1, r2, lw = g["r1"]["push_4MB"], g["r2"]["push_4MB"], g.get("least_work")
         c1, s1 = r1.get("client_cpu_us_per_iteration"), r1.get("primary_cpu_us_per_iteration")
         c2, p2, b2 = (r2.get("client_cpu_us_per_iteration"), r2.get("primary_cpu_us_per_iteration"),
                       r2.get("backup_cpu_us_per_iteration"))

@@ -16,7 +16,7 @@ _PRE_AVX = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom", "
 def openblas_coretype():
     """The OPENBLAS_CORETYPE this machine's Python peers need, or None. Debian's PyTorch and numpy
     compute through OpenBLAS, which picks its kernels when it loads; on a CPU newer than the library
-    (bookworm's 0.3.21 on Intel family 6 model 207) it takes its pre-AVX kernels, ~3x slower, and a
+    (bookworm's 0.3.21 on Intel family 6 model 207) it takes its pre-AVX kernels, ~2.5x slower, and a
     peer would be measured at that speed. leash-worker restarts itself with better ones
     (blas_core.h); the peers get them from the environment set here, before they load OpenBLAS.
     Asked of a child process, so this one never loads OpenBLAS with the wrong kernels."""

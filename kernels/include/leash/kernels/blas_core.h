@@ -1,7 +1,7 @@
 // Which OpenBLAS kernels compute the CPU's matrix products, and a better choice where
 // OpenBLAS did not recognise the CPU. OpenBLAS built for many CPUs (Debian's) picks its
 // kernels by CPU model at load; a model newer than the library (Debian bookworm's 0.3.21 on
-// Intel Xeon family 6 model 207) falls back to its SSE3 "Prescott" kernels, about 3x slower
+// Intel Xeon family 6 model 207) falls back to its SSE3 "Prescott" kernels, about 2.5x slower
 // for the MLP than its AVX-512 ones. OPENBLAS_CORETYPE, read when the library loads,
 // chooses others (docs/running.md, "OpenBLAS on CPUs it does not know").
 #pragma once
