@@ -71,8 +71,12 @@ std::string DescribeServerHandshakeFailure(const SocketMonitor::Event& e, bool c
          (curve ? "): a client without CURVE keys, or with another cluster's server.pub?" : ")");
 }
 
-HandshakeWatch::HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options)
-    : endpoints_(std::move(endpoints)), options_(options), health_(endpoints_.size()) {}
+HandshakeWatch::HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options,
+                               int64_t grace_ms)
+    : endpoints_(std::move(endpoints)),
+      options_(options),
+      grace_ms_(grace_ms),
+      health_(endpoints_.size()) {}
 
 void HandshakeWatch::Reconnecting(int shard) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -127,18 +131,26 @@ void HandshakeWatch::OnEvent(int shard, const SocketMonitor::Event& e) {
                          : std::string());
       }
       break;
-    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-      // Typically the shard closed the connection during the handshake.
-      failure = Describe(shard) + " did not complete the " + (curve ? "CURVE " : "") +
-                "handshake (" + zmq_strerror(static_cast<int>(e.value)) + "): " +
-                (curve ? "is " + KeyHint() + " in the shard's authorized keys, is " +
-                             options_.curve->dir +
-                             "/server.pub the shards' public key, and does the shard run with "
-                             "--curve-keys?"
-                       : std::string("if the shards use CURVE security, pass --curve-keys DIR (or "
-                                     "LEASH_CURVE_KEYS) holding this client's key pair and the "
-                                     "shards' server.pub"));
-      break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: {
+      // Typically the shard closed the connection during the handshake: a refusal of a CURVE
+      // client, or a shard starting, stopping or failing over. Held until it persists.
+      std::string broken =
+          Describe(shard) + " did not complete the " + (curve ? "CURVE " : "") + "handshake (" +
+          zmq_strerror(static_cast<int>(e.value)) + "): " +
+          (curve
+               ? "is " + KeyHint() + " in the shard's authorized keys, is " + options_.curve->dir +
+                     "/server.pub the shards' public key, and does the shard run with "
+                     "--curve-keys?"
+               : std::string("if the shards use CURVE security, pass --curve-keys DIR (or "
+                             "LEASH_CURVE_KEYS) holding this client's key pair and the "
+                             "shards' server.pub"));
+      std::lock_guard<std::mutex> lock(mu_);
+      Health& h = health_[i];
+      if (h.broken_since_ms < 0) h.broken_since_ms = NowMs();
+      if (h.broken != broken) spdlog::debug("{} (ZeroMQ reconnects)", broken);
+      h.broken = std::move(broken);
+      return;
+    }
     default:
       return;
   }
@@ -155,14 +167,16 @@ Status HandshakeWatch::ShardHealth(int shard) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Health& h = health_.at(static_cast<size_t>(shard));
   if (!h.failure.empty()) return Unavailable(h.failure);
+  if (!h.broken.empty() && NowMs() - h.broken_since_ms > grace_ms_) {
+    return Unavailable(h.broken + " (no handshake has succeeded for " +
+                       std::to_string(NowMs() - h.broken_since_ms) + " ms since)");
+  }
   // A CURVE server that cannot decrypt our HELLO (wrong server key) just closes the
   // connection: connections that never finish the handshake are the only sign.
-  if (options_.curve && h.unsecured_since_ms >= 0 &&
-      NowMs() - h.unsecured_since_ms > kHandshakeGraceMs) {
+  if (options_.curve && h.unsecured_since_ms >= 0 && NowMs() - h.unsecured_since_ms > grace_ms_) {
     return Unavailable(Describe(shard) + " did not complete the CURVE handshake within " +
-                       std::to_string(kHandshakeGraceMs / 1000) + " s of connecting: is " +
-                       KeyHint() + " in the shard's authorized keys, and is " +
-                       options_.curve->dir +
+                       std::to_string(grace_ms_) + " ms of connecting: is " + KeyHint() +
+                       " in the shard's authorized keys, and is " + options_.curve->dir +
                        "/server.pub the public key of the shards' server.key?");
   }
   return Status::Ok();

@@ -58,7 +58,11 @@ std::string DescribeServerHandshakeFailure(const SocketMonitor::Event& e, bool c
 // decrypt the client's HELLO just closes the connection).
 class HandshakeWatch final : public ConnectionHealth {
  public:
-  HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options);
+  // `grace_ms`: how long connections may fail to finish a handshake without a definite
+  // refusal (a CURVE HELLO the shard cannot decrypt, a connection reset mid-handshake)
+  // before the shard is reported unavailable.
+  HandshakeWatch(std::vector<std::string> endpoints, const ZmqOptions& options,
+                 int64_t grace_ms = kHandshakeGraceMs);
 
   // A new connection to `shard` is being set up (a failure seen before is kept until a
   // handshake succeeds).
@@ -66,19 +70,27 @@ class HandshakeWatch final : public ConnectionHealth {
   // An event of `shard`'s socket monitor; a new failure is logged once.
   void OnEvent(int shard, const SocketMonitor::Event& e);
   // Unavailable with what to do if `shard` cannot be talked to; Ok if nothing is known.
+  // A refusal (a key the shard does not accept, CURVE on one side only, a protocol error)
+  // counts at once. A connection the shard closed or reset during the handshake counts only
+  // once no handshake has succeeded for the grace period since: ZeroMQ reconnects, and a shard
+  // that is starting or failing over drops connections it then accepts.
   Status ShardHealth(int shard) const override;
 
- private:
   static constexpr int64_t kHandshakeGraceMs = 3000;
+
+ private:
   struct Health {
     int64_t unsecured_since_ms = -1;  // first connection since the last good handshake
-    std::string failure;              // the last handshake failure, until one succeeds
+    std::string failure;              // the last refusal, until a handshake succeeds
+    std::string broken;               // the last connection broken mid-handshake, until then
+    int64_t broken_since_ms = -1;     // when the first of those broke
   };
   std::string Describe(int shard) const;
   std::string KeyHint() const;
 
   const std::vector<std::string> endpoints_;
   const ZmqOptions options_;
+  const int64_t grace_ms_;
   mutable std::mutex mu_;
   std::vector<Health> health_;  // guarded by mu_
 };

@@ -1,6 +1,7 @@
 // Tests of the ZeroMQ transport adapter in one process over ipc:// sockets: plain round
 // trips, CURVE with an authorized key, a refused key reported by health() and counted by
-// the shard's transport, a plain client against a CURVE server, loopback endpoints, and
+// the shard's transport, a plain client against a CURVE server, handshakes reset mid-way
+// (retried, reported only when they persist), loopback endpoints, and
 // same-host shared memory (frames through it both ways, a shard that declines it, a
 // restarted shard, a forged trailer), a client receiving on one thread while another
 // sends or wakes it, and striping over several connections.
@@ -23,6 +24,7 @@
 #include <zmq.hpp>
 
 #include "leash/common/curve_keys.h"
+#include "socket_monitor.h"
 #include "stripes.h"
 
 namespace leash {
@@ -96,6 +98,18 @@ class ZmqTransportTest : public ::testing::Test {
       }
     }
     return false;
+  }
+
+  // Shard 0's health once the client reports it unavailable (reading the monitors' events
+  // as a worker does), or Ok if it did not within `wait`.
+  static Status UnhealthyWithin(ClientTransport& client, std::chrono::milliseconds wait) {
+    auto end = std::chrono::steady_clock::now() + wait;
+    Status health = client.health()->ShardHealth(0);
+    while (health.ok() && std::chrono::steady_clock::now() < end) {
+      (void)client.Receive(20ms);
+      health = client.health()->ShardHealth(0);
+    }
+    return health;
   }
 
   static Frame Pattern(size_t n, uint8_t seed) {
@@ -220,7 +234,9 @@ TEST_F(ZmqTransportTest, PlainClientOfACurveServerIsToldToUseKeys) {
   auto client = ConnectZmqClient(cctx, {endpoint_});
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE(RoundTrip(**server, **client, 2s));
-  Status health = (*client)->health()->ShardHealth(0);
+  // The client learns it from the mismatch itself, or, when the shard closed the connection
+  // before the client read why, once its handshakes have broken for the grace period.
+  Status health = UnhealthyWithin(**client, 10s);
   EXPECT_FALSE(health.ok());
   EXPECT_NE(health.message().find("--curve-keys"), std::string::npos) << health;
   EXPECT_GE((*server)->counters().handshake_failed, 1u);
@@ -712,6 +728,83 @@ TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShard
   }
   EXPECT_GT(accepted.load(), 10);
   EXPECT_TRUE(RoundTrip(**server, **client, 10s));
+}
+
+// A connection the shard closes or resets mid-handshake is what a shard that is starting,
+// stopping or failing over does, and ZeroMQ reconnects: it counts against the shard only
+// once no handshake has succeeded for the grace period. A refusal counts at once.
+TEST(HandshakeWatchTest, ABrokenHandshakeCountsOnlyOnceItPersistsARefusalAtOnce) {
+  HandshakeWatch watch({"tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"}, ZmqOptions{},
+                       /*grace_ms=*/150);
+  const SocketMonitor::Event broken{ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                    static_cast<uint32_t>(ECONNRESET)};
+  watch.OnEvent(0, broken);
+  EXPECT_TRUE(watch.ShardHealth(0).ok()) << watch.ShardHealth(0);
+  std::this_thread::sleep_for(250ms);
+  watch.OnEvent(0, broken);  // still breaking: the grace runs from the first
+  Status st = watch.ShardHealth(0);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("shard 0 (tcp://127.0.0.1:7000) did not complete the handshake"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("no handshake has succeeded for"), std::string::npos) << st;
+  EXPECT_TRUE(watch.ShardHealth(1).ok()) << "only the shard whose handshakes broke";
+
+  watch.OnEvent(0, {ZMQ_EVENT_HANDSHAKE_SUCCEEDED, 0});
+  EXPECT_TRUE(watch.ShardHealth(0).ok()) << watch.ShardHealth(0);
+  std::this_thread::sleep_for(250ms);
+  EXPECT_TRUE(watch.ShardHealth(0).ok()) << "a success clears the broken handshake for good";
+
+  watch.OnEvent(1,
+                {ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL, ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH});
+  st = watch.ShardHealth(1);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("--curve-keys"), std::string::npos) << st;
+}
+
+// A peer that resets the client's first connections during the handshake, then hands its port
+// to a real shard (a shard process restarting in place): the client reconnects, its health
+// never reports the shard unavailable, and the round trip completes.
+TEST_F(ZmqTransportTest, AConnectionResetMidHandshakeIsRetriedNotReported) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  const int one = 1;
+  ASSERT_EQ(::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(::listen(listener, 64), 0);
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  ZmqContext sctx, cctx;
+  auto client = ConnectZmqClient(cctx, {endpoint});
+  ASSERT_TRUE(client.ok()) << client.status();
+  int reset = 0;
+  auto end = std::chrono::steady_clock::now() + 10s;
+  while (reset < 3 && std::chrono::steady_clock::now() < end) {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 20) > 0) {
+      int c = ::accept(listener, nullptr, nullptr);
+      if (c >= 0) {
+        const linger rst{1, 0};  // close with a reset, not a FIN
+        ::setsockopt(c, SOL_SOCKET, SO_LINGER, &rst, sizeof rst);
+        ::close(c);
+        ++reset;
+      }
+    }
+    (void)(*client)->Receive(1ms);  // reads the monitors' events, as a worker does
+    Status health = (*client)->health()->ShardHealth(0);
+    ASSERT_TRUE(health.ok()) << "after " << reset << " reset(s): " << health;
+  }
+  ASSERT_EQ(reset, 3);
+  ::close(listener);
+  auto server = BindZmqServer(sctx, endpoint);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(RoundTrip(**server, **client, 10s));
+  EXPECT_TRUE((*client)->health()->ShardHealth(0).ok()) << (*client)->health()->ShardHealth(0);
 }
 
 TEST_F(ZmqTransportTest, AServerReceivesABurstInOrderWhetherOrNotItWaited) {
