@@ -5,9 +5,14 @@ For every round, in the order A B B A (then B A A B, ...), it measures with each
 - the MLP in local mode and with 1 worker + 1 shard at staleness 1 (samples/s, 1 epoch),
 - leash-bench-pushpull's 4 KB push p50 (1 in flight) and 4 MB push throughput (8 in
   flight), 1 shard and 1 worker.
+With --replicated it measures a shard of 2 replicas instead (etcd, as bench/replication.py
+starts them), each build on a cluster of its own: the 4 KB push p50 (1 in flight) and the
+1 MB and 4 MB push throughput (8 in flight) against the primary, with the primary's, the
+backup's and the pushing client's CPU time per push.
 It reports per-round figures, medians, and B/A ratios of the medians, as JSON and Markdown.
 
-Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--out DIR]
+Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--replicated]
+                   [--name ab] [--out DIR]
 Each BUILD is a CMake build directory (server/leash-server, worker/leash-worker,
 bench/leash-bench-pushpull inside).
 """
@@ -46,6 +51,31 @@ def pushpull(build, tmp, seconds):
     return {"push_4KB_p50_us": cell(1024, 1)["p50_us"], "push_4MB_8_inflight_mb_per_s": cell(1048576, 8)["mb_per_s"]}
 
 
+def replicated(build, tmp, tag, seconds):
+    """The R=2 push rows of one build, on a cluster of its own (bench/replication.py's)."""
+    import replication as R  # noqa: E402  (etcd and the replicas, started and stopped there)
+    c = dict(R.config(False), pushpull_seconds=seconds)
+    cl = R.Replicated(build, tmp, tag, c["ttl"])
+    got = {}
+    try:
+        p = cl.primary()
+        primary, backup = cl.procs[p["replica"]], cl.procs[1 - p["replica"]]
+        for name, floats, inflight in (("4KB", 1024, 1), ("1MB", 262144, 8), ("4MB", 1048576, 8)):
+            cpu0 = [R.cpu_seconds(x.pid) for x in (primary, backup)]
+            r = R.pushpull(build, c, tmp, f"{tag}-{name}", p["endpoint"], floats, inflight, seconds)
+            cpu1 = [R.cpu_seconds(x.pid) for x in (primary, backup)]
+            if name == "4KB":
+                got["push_4KB_p50_us"] = r["p50_us"]
+            else:
+                got[f"push_{name}_8_inflight_mb_per_s"] = r["mb_per_s"]
+            for who, a, b in zip(("primary", "backup"), cpu0, cpu1):
+                got[f"push_{name}_{who}_cpu_us"] = (b - a) / r["ops"] * 1e6
+            got[f"push_{name}_client_cpu_us"] = r["client_cpu_us_per_iteration"]
+    finally:
+        cl.stop()
+    return got
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", required=True, help="build directory of A (the reference)")
@@ -54,6 +84,9 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seconds", type=float, default=1.0, help="duration of each push/pull measurement")
+    p.add_argument("--replicated", action="store_true",
+                   help="measure R=2's push rows and the replicas' CPU per push instead")
+    p.add_argument("--name", default="ab", help="writes NAME.json and NAME.md (default ab)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     for b in (args.a, args.b):
@@ -70,6 +103,11 @@ def main():
             got = {"a": {}, "b": {}}
             for k, which in enumerate(order):
                 build = getattr(args, which)
+                if args.replicated:
+                    if not got[which]:  # one cluster per build per round
+                        got[which] = replicated(build, tmp, f"r{r}{k}", args.seconds)
+                        print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
+                    continue
                 if "local" not in got[which]:
                     got[which]["local"] = ps_cost.run_worker(run_args, build, os.path.join(tmp, f"l{r}{k}.json"),
                                                              ["--local"])["samples_per_second"]
@@ -78,23 +116,32 @@ def main():
                     got[which].update(pushpull(build, tmp, args.seconds))
                 print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
             for which in ("a", "b"):
-                got[which]["cluster_over_local"] = got[which]["cluster"] / got[which]["local"]
+                if not args.replicated:
+                    got[which]["cluster_over_local"] = got[which]["cluster"] / got[which]["local"]
                 rows[which].append(got[which])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     keys = ["local", "cluster", "cluster_over_local", "push_4KB_p50_us", "push_4MB_8_inflight_mb_per_s"]
+    if args.replicated:
+        keys = list(rows["a"][0])
     med = {w: {k: statistics.median(x[k] for x in rows[w]) for k in keys} for w in ("a", "b")}
     ratio = {k: med["b"][k] / med["a"][k] for k in keys}
-    result = {"benchmark": "ab", "a": os.path.abspath(args.a), "b": os.path.abspath(args.b),
-              "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    result = {"benchmark": "ab", "replicated": args.replicated, "a": os.path.abspath(args.a),
+              "b": os.path.abspath(args.b), "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "nproc": os.cpu_count(), "runs": rows, "median": med, "b_over_a": ratio}
-    with open(os.path.join(args.out, "ab.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     names = {"local": "MLP local samples/s", "cluster": "MLP 1+1 s=1 samples/s",
              "cluster_over_local": "MLP 1+1 s=1 / local", "push_4KB_p50_us": "4 KB push p50 (us, lower is better)",
-             "push_4MB_8_inflight_mb_per_s": "4 MB push, 8 in flight (MB/s)"}
+             "push_4MB_8_inflight_mb_per_s": "4 MB push, 8 in flight (MB/s)",
+             "push_1MB_8_inflight_mb_per_s": "1 MB push, 8 in flight (MB/s)"}
+    for size in ("4KB", "1MB", "4MB"):
+        for who in ("primary", "backup", "client"):
+            names[f"push_{size}_{who}_cpu_us"] = f"{size} push: the {who}'s CPU per push (us)"
+    what = ("R=2 (2 replicas and etcd; the push rows against the primary)" if args.replicated else
+            f"{args.epochs} epoch(s) each")
     md = [f"# A/B: {args.a} (A) against {args.b} (B)", "",
-          f"{args.rounds} rounds, interleaved (A B B A, then B A A B), {args.epochs} epoch(s) each, "
+          f"{args.rounds} rounds, interleaved (A B B A, then B A A B), {what}, "
           f"{os.cpu_count()} cores.", "", "| figure | A median | B median | B/A | A runs | B runs |",
           "|---|---|---|---|---|---|"]
     for k in keys:
@@ -102,7 +149,7 @@ def main():
         rb = ", ".join(f"{x[k]:.3g}" for x in rows["b"])
         md.append(f"| {names[k]} | {med['a'][k]:.4g} | {med['b'][k]:.4g} | {ratio[k]:.3f} | {ra} | {rb} |")
     text = "\n".join(md) + "\n"
-    with open(os.path.join(args.out, "ab.md"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write(text)
     print(text)
 

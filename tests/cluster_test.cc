@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <variant>
 #include <zmq.hpp>
@@ -160,6 +161,41 @@ TEST(ClusterTest, HalfPrecisionOnTheWireHalvesTheBytesAndKeepsFp32Masters) {
     ASSERT_TRUE(half->Pull(*t, hv.data()).get().ok());
     for (size_t i = 0; i < v.size(); i += 97) EXPECT_NEAR(hv[i], v[i], std::fabs(v[i]) / 100);
   }
+}
+
+// A same-host push comes out of shared memory through a copy that checks it for NaN and Inf
+// (so the shard does not read it again): a gradient with a NaN or an Inf anywhere is still
+// refused with a clear error and applies nothing, and finite ones sum exactly.
+TEST(ClusterTest, NonFinitePushesThroughSharedMemoryAreRefusedAndApplyNothing) {
+  TempDir dir;
+  Cluster cluster(1, dir.path());
+  ZmqOptions shm;
+  shm.shared_memory = true;
+  auto c = cluster.Connect("a", true, shm);
+  ASSERT_TRUE(c);
+  constexpr uint64_t kRows = 1024;
+  auto t = c->CreateTable(Sgd1("w", kRows, 64));  // 256 KB a push: over the 32 KB of shm frames
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<float> g(t->size(), 0.25f);
+  ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {size_t{0}, g.size() / 2 + 3, g.size() - 1}) {
+      std::vector<float> b = g;
+      b[at] = bad;
+      Status st = c->Push(*t, b.data()).get();
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "bad value at " << at << ": " << st;
+      EXPECT_NE(st.message().find("NaN or Inf"), std::string::npos) << st;
+    }
+  }
+  ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+  std::vector<float> v(t->size());
+  ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], -0.5f) << "value " << i;
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ((*stats)[0].pushes_applied, 2u);
+  EXPECT_TRUE(c->Leave().ok());
 }
 
 TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {

@@ -123,6 +123,9 @@ TEST(MetricsEndToEndTest, ShardAndWorkerPublishTrainingProgress) {
   EXPECT_GE(Value(s, "leash_shard_staleness_iterations", "shard", "0"), 0);
   EXPECT_GE(Value(s, "leash_shard_parked_pulls", "shard", "0"), 0);
   EXPECT_EQ(Value(s, "leash_shard_errors_total", "shard", "0"), 0);
+  // The worker is on this host: its pushes (0.94 MB) come through shared memory, whose copy
+  // out checks them for NaN and Inf, so the shard does not read them again.
+  EXPECT_GT(Value(s, "leash_shard_pushes_checked_in_copy_total", "shard", "0"), 0);
   // The histogram observes a snapshot in the same step that counts it.
   EXPECT_GE(Value(s, "leash_shard_snapshot_duration_seconds_count", "shard", "0"), 1);
 

@@ -1,5 +1,6 @@
-// AllFinite (finite.h): the vector paths against the scalar reference, at every length
-// around the vector widths and with the bad value at every position.
+// AllFinite and CopyAllFinite (finite.h): the vector paths against the scalar reference, at
+// every length around the vector widths and with the bad value at every position; and the
+// frames that learn from their copy that they hold finite floats (message.h).
 #include "leash/common/finite.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "leash/common/message.h"
 
 namespace leash {
 namespace {
@@ -66,6 +69,67 @@ TEST(FiniteTest, ExtremeFiniteValuesAreFinite) {
   v[999] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(AllFinite(v.data(), v.size()));
   EXPECT_TRUE(AllFinite(v.data(), 999)) << "the bad value lies past the length";
+}
+
+// Every byte is copied, at every length (past two 128-byte blocks, and lengths that are not
+// whole floats) and every misalignment of source and destination; the answer is AllFinite's
+// of the copy, with each bad value at each position.
+TEST(FiniteTest, CopyAllFiniteCopiesEveryByteAndFindsEveryBadValue) {
+  const std::vector<uint32_t> bad = {0x7fc00000u, 0xffc00000u, 0x7fa00000u, 0x7f800000u,
+                                     0xff800000u, 0x7f800001u, 0xffffffffu};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 100.f);
+  for (size_t bytes = 0; bytes <= 300; ++bytes) {
+    for (size_t src_off = 0; src_off < 4; src_off += 3) {
+      for (size_t dst_off = 0; dst_off < 4; dst_off += 1) {
+        std::vector<uint8_t> src(bytes + 8), dst(bytes + 8, 0xaa);
+        for (size_t i = 0; i + 4 <= src.size(); i += 4) {
+          const float f = normal(rng);
+          std::memcpy(&src[i], &f, 4);
+        }
+        uint8_t* s = src.data() + src_off;
+        uint8_t* d = dst.data() + dst_off;
+        auto reference = [&] {
+          std::vector<float> floats(bytes / 4);
+          if (!floats.empty()) std::memcpy(floats.data(), s, floats.size() * 4);
+          return bytes % 4 == 0 && AllFiniteScalar(floats.data(), floats.size());
+        };
+        const bool got = CopyAllFinite(d, s, bytes);
+        ASSERT_EQ(got, reference()) << bytes << " bytes, offsets " << src_off << "/" << dst_off;
+        ASSERT_EQ(bytes == 0 || std::memcmp(d, s, bytes) == 0, true) << bytes;
+        ASSERT_EQ(dst[dst_off + bytes], 0xaa) << "nothing past the end is written";
+        if (dst_off > 0) {
+          ASSERT_EQ(dst[dst_off - 1], 0xaa) << "nor before the start";
+        }
+        if (dst_off != 1 || bytes % 4 != 0) continue;  // bad values: one layout is enough
+        for (size_t at = 0; at + 4 <= bytes; at += 4) {
+          for (uint32_t b : bad) {
+            uint8_t keep[4];
+            std::memcpy(keep, s + at, 4);
+            std::memcpy(s + at, &b, 4);
+            ASSERT_FALSE(CopyAllFinite(d, s, bytes)) << bytes << " bytes, bad at " << at;
+            ASSERT_EQ(std::memcmp(d, s, bytes), 0);
+            std::memcpy(s + at, keep, 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FiniteTest, AFrameKnowsItsFloatsAreFiniteOnlyFromTheCopyThatCheckedThem) {
+  std::vector<float> v(1000, 0.5f);
+  Frame checked = Frame::CopyCheckingFinite(v.data(), v.size() * 4);
+  EXPECT_TRUE(checked.finite_f32());
+  EXPECT_EQ(std::memcmp(checked.data(), v.data(), v.size() * 4), 0);
+  Frame same = checked;  // a fact about the bytes: every copy of the frame keeps it
+  EXPECT_TRUE(same.finite_f32());
+  EXPECT_FALSE(Frame::Copy(v.data(), v.size() * 4).finite_f32()) << "not checked: not known";
+  EXPECT_FALSE(Frame::CopyCheckingFinite(v.data(), 6).finite_f32()) << "not whole floats";
+  EXPECT_FALSE(Frame::CopyCheckingFinite(v.data(), 0).finite_f32()) << "no floats";
+  v[999] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(Frame::CopyCheckingFinite(v.data(), v.size() * 4).finite_f32());
+  EXPECT_TRUE(Frame::CopyCheckingFinite(v.data(), 999 * 4).finite_f32());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Frame constructors. Thread-safe (no shared state).
 #include "leash/common/message.h"
 
+#include "leash/common/finite.h"
+
 namespace leash {
 
 Frame Frame::Copy(const void* data, size_t size) {
@@ -9,6 +11,15 @@ Frame Frame::Copy(const void* data, size_t size) {
   uint8_t* p = buf.get();
   if (size > 0) std::memcpy(p, data, size);
   return Wrap(p, size, std::move(buf));
+}
+
+Frame Frame::CopyCheckingFinite(const void* data, size_t size) {
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[size]);
+  uint8_t* p = buf.get();
+  const bool finite = size > 0 && CopyAllFinite(p, data, size);
+  Frame f = Wrap(p, size, std::move(buf));
+  f.finite_f32_ = finite;
+  return f;
 }
 
 Frame Frame::Own(std::vector<uint8_t> bytes) {

@@ -1,7 +1,8 @@
 // Tests of the same-host shared-memory segments and rings: a writer and a reader on two
 // mappings of one real POSIX segment (as a client and a shard have), rings that reserve
 // /dev/shm only as their frames need it, a full ring, reserved frames and resends,
-// granules taken back from a dead reader, bad descriptors, and what Open refuses.
+// granules taken back from a dead reader, bad descriptors, what Open refuses, and copies out
+// that learn whether a frame holds finite floats.
 #include "shm_segment.h"
 
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -58,6 +60,29 @@ size_t HeldBytes(const std::string& name) {
 }
 
 constexpr size_t kMiB = size_t{1} << 20;
+
+// The copy out of the ring says whether the frame holds finite floats (a shard then does not
+// read a pushed gradient again to check it); a NaN anywhere, or bytes that are not whole
+// floats, leave it unknown.
+TEST(ShmSegmentTest, ACopyOutKnowsWhetherTheFrameHoldsFiniteFloats) {
+  Pair p = MakePair(16 * kMiB);
+  ASSERT_TRUE(p.shard);
+  ShmWriter w(p.client, 0, 0);
+  std::vector<float> grad(300'000, -0.25f);
+  auto put = [&](size_t bytes) {
+    auto d = w.Put(Frame::Copy(grad.data(), bytes));
+    EXPECT_TRUE(d);
+    auto f = p.shard->CopyOut(*d);
+    EXPECT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(std::memcmp(f->data(), grad.data(), bytes), 0);
+    return f->finite_f32();
+  };
+  EXPECT_TRUE(put(grad.size() * 4));
+  EXPECT_FALSE(put(grad.size() * 4 - 2));
+  grad[123'457] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(put(grad.size() * 4));
+  EXPECT_TRUE(put(123'457 * 4)) << "the Inf lies past the frame";
+}
 
 TEST(ShmSegmentTest, ARingReservesOnlyWhatItsFramesInFlightNeed) {
   Pair p = MakePair(16 * kMiB);

@@ -590,9 +590,13 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
     std::vector<float> grad;
     const float* g = nullptr;
     const Frame& payload = payloads[0];
+    // Whether g is known to hold no NaN or Inf: the fp32 payload was checked by the copy
+    // that brought it out of shared memory (a same-host push, or a backup's log entry).
+    bool finite = false;
     if (m.dtype == DType::kF32 && payload.size() == n * sizeof(float) &&
         reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
       g = reinterpret_cast<const float*>(payload.data());
+      finite = payload.finite_f32();
     } else {
       grad.resize(n);
       LEASH_RETURN_IF_ERROR(DecodeValues(payload, m.dtype, n, grad.data())
@@ -609,11 +613,14 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
                                "; need 0 < samples <= global batch");
       }
       if (grad.empty()) grad.assign(g, g + n);  // the received frame is not written
+      // 0 < scale <= 1: finite values stay finite.
       const float scale = static_cast<float>(m.samples) / static_cast<float>(m.global_batch);
       for (float& v : grad) v *= scale;
       g = grad.data();
     }
-    if (!AllFinite(g, n)) {
+    if (finite) {
+      ++counters_.pushes_checked_in_copy;
+    } else if (!AllFinite(g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
         return InvalidArgument("push to table '" + name +

@@ -50,6 +50,8 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
       "Requests refused for exceeding a limit (message size, keys, parked pulls per connection).");
   mirror(&ShardCounters::nonfinite_pushes, "leash_shard_nonfinite_pushes_total",
          "Pushes holding NaN or Inf.");
+  mirror(&ShardCounters::pushes_checked_in_copy, "leash_shard_pushes_checked_in_copy_total",
+         "Pushes whose NaN/Inf check was made by the copy out of shared memory, not again.");
   mirror(&ShardCounters::nonfinite_rows_skipped, "leash_shard_nonfinite_rows_skipped_total",
          "Rows of pushes skipped for holding NaN or Inf (--nonfinite skip-rows).");
   mirror(&ShardCounters::evictions, "leash_shard_evictions_total",

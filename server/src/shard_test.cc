@@ -331,6 +331,34 @@ TEST_F(ShardTest, NonFiniteGradientsAreRejectedAndNotApplied) {
   EXPECT_EQ(Pull(id, Range(0, 1)), (std::vector<float>{0, 0, 0}));
 }
 
+// A payload copied out of shared memory was checked for NaN and Inf by that copy: the shard
+// applies it without reading it again (counted). The copy's check is the only way to skip
+// the shard's: a payload it found a NaN in is refused as any other, and one it did not
+// check (from the socket) is checked by the shard.
+TEST_F(ShardTest, APushCheckedByItsCopyIsNotCheckedAgainAndNothingElseSkipsTheCheck) {
+  uint32_t id = Create(Spec("w", 2, 2));
+  Register(1);
+  auto push = [&](std::vector<float> g, uint64_t seq, bool checked) -> Status {
+    Frame plain = EncodeValues(g, DType::kF32);
+    Frame payload = checked ? Frame::CopyCheckingFinite(plain.data(), plain.size()) : plain;
+    const Decoded<Reply>* e =
+        One("w1", MakePush(4, id, Range(0, 2), 1, 1, seq, DType::kF32, payload));
+    if (e == nullptr) return Internal("no reply");
+    return StatusOf(e->value);
+  };
+  ASSERT_TRUE(push({1, 2, 3, 4}, 1, true).ok());
+  EXPECT_EQ(shard_->counters().pushes_checked_in_copy, 1u);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Status st = push({1, nan, 3, 4}, 2, true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  st = push({1, 2, std::numeric_limits<float>::infinity(), 4}, 3, false);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  ASSERT_TRUE(push({1, 1, 1, 1}, 4, false).ok());
+  EXPECT_EQ(shard_->counters().pushes_checked_in_copy, 1u);
+  EXPECT_EQ(shard_->counters().nonfinite_pushes, 2u);
+  EXPECT_EQ(Pull(id, Range(0, 2)), (std::vector<float>{-2, -3, -4, -5}));
+}
+
 TEST_F(ShardTest, SkipRowsPolicyAppliesOnlyTheFiniteRows) {
   ShardOptions o;
   o.nonfinite = NonFinitePolicy::kSkipRows;

@@ -21,6 +21,9 @@ class Frame {
   // Copies `size` bytes.
   static Frame Copy(const void* data, size_t size);
   static Frame Copy(std::string_view s) { return Copy(s.data(), s.size()); }
+  // Copies `size` bytes and, in the same pass, learns whether they are float32 values none
+  // of which is NaN or Inf (finite_f32()).
+  static Frame CopyCheckingFinite(const void* data, size_t size);
   // Takes the bytes of `bytes` without copying.
   static Frame Own(std::vector<uint8_t> bytes);
   // Refers to `data` without copying; `owner` keeps it alive.
@@ -38,11 +41,16 @@ class Frame {
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
   const std::shared_ptr<const void>& owner() const { return owner_; }
+  // True: the bytes are whole float32 values, every one finite, as found by the copy that
+  // made this frame (CopyCheckingFinite). False: not known. A fact about immutable bytes,
+  // so every copy of the frame keeps it; nothing else can set it.
+  bool finite_f32() const { return finite_f32_; }
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
+  bool finite_f32_ = false;
 };
 
 // A multipart message: frame 0 is the header, the rest are payloads.

@@ -121,6 +121,8 @@ struct ShardCounters {
   uint64_t errors = 0;
   uint64_t evictions = 0;
   uint64_t nonfinite_pushes = 0;  // pushes that held NaN or Inf
+  // pushes whose NaN/Inf check the copy out of shared memory made (Frame::finite_f32)
+  uint64_t pushes_checked_in_copy = 0;
   uint64_t nonfinite_rows_skipped = 0;
   uint64_t limit_rejections =
       0;  // requests refused for exceeding a limit (the sum of the next three)
