@@ -273,6 +273,34 @@ TEST_F(FailoverTest, APrimaryStoppedWithSigtermResignsBeforeItsFinalSnapshot) {
   pusher.ExpectExactSums(*client_);
 }
 
+// Every replica SIGTERMed at once while a worker pushes (compose down and up, a node
+// rebooted): each keeps the log it held with its final snapshot, so started again the group
+// elects a primary by itself, the pusher (which waited meanwhile) goes on, and nothing
+// acknowledged is lost or applied twice. Before, restarted replicas came back empty, none
+// could lead, and the job waited for a person.
+TEST_F(FailoverTest, AGroupStoppedAllAtOnceStartsAgainByItselfAndLosesNothing) {
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  const uint64_t term = View()->term;
+  Replica(0).Signal(SIGTERM);
+  Replica(1).Signal(SIGTERM);
+  ASSERT_EQ(Replica(0).Wait(30s), std::optional<int>(0)) << Logs();
+  ASSERT_EQ(Replica(1).Wait(30s), std::optional<int>(0)) << Logs();
+  StartReplica(1);
+  StartReplica(0);
+  ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+  EXPECT_GT(View()->term, term);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(Replica(r).ReadLog().find("starts where it stopped cleanly"), std::string::npos)
+        << "replica " << r << "\n"
+        << Logs();
+  }
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client_);
+}
+
 // Replicas on one host ship the appends through shared memory, whole messages with their
 // large pushes (as a worker's reach its shard), and what arrives that way is what was pushed: after
 // the primary's SIGKILL the backup serves the exact sums, and its final log line counts the frames.

@@ -37,8 +37,8 @@ class Group {
         ro_(ro),
         so_(so),
         net_(seed),
-        coord_(
-            1, replicas, [this] { return now_; }, /*ttl_ms=*/1000),
+        coord_(std::make_unique<MemoryCoordinatorService>(
+            1, replicas, [this] { return now_; }, /*ttl_ms=*/1000)),
         nodes_(replicas) {
     ro_.replicas = static_cast<uint32_t>(replicas);
     so_.checkpoint_interval_ms = 0;
@@ -50,16 +50,20 @@ class Group {
     std::unique_ptr<ShardDirectory> directory;
     std::unique_ptr<ServerTransport> server;
     std::unique_ptr<ClientTransport> peers;
-    server::MemorySnapshotStore store;
+    std::unique_ptr<server::MemorySnapshotStore> store =
+        std::make_unique<server::MemorySnapshotStore>();
     std::unique_ptr<Replica> replica;
   };
 
-  // Starts replica r as a fresh process (empty store).
-  void Start(int r) {
+  // Starts replica r as a fresh process (empty store), or on `store` (a data directory kept
+  // from before): then it restores what a clean stop left there (RestoreAfterCleanStop).
+  void Start(int r, std::unique_ptr<server::MemorySnapshotStore> store = nullptr) {
     nodes_[r] = std::make_unique<Node>();
     Node& n = *nodes_[r];
-    n.coordinator = coord_.Connect();
-    n.directory = coord_.Directory();
+    const bool restart = store != nullptr;
+    if (restart) n.store = std::move(store);
+    n.coordinator = coord_->Connect();
+    n.directory = coord_->Directory();
     n.server = net_.Bind(Addr(r));
     ASSERT_TRUE(n.server);
     std::vector<std::string> addrs;
@@ -69,9 +73,37 @@ class Group {
     ReplicaOptions ro = ro_;
     ro.replica = static_cast<uint32_t>(r);
     n.replica = std::make_unique<Replica>(
-        ro, so_, &n.store, [this] { return now_; }, n.coordinator.get(), n.directory.get(),
+        ro, so_, n.store.get(), [this] { return now_; }, n.coordinator.get(), n.directory.get(),
         n.peers.get());
+    if (restart) {
+      auto restored = n.replica->RestoreAfterCleanStop();
+      ASSERT_TRUE(restored.ok()) << restored.status();
+      restored_[r] = *restored;
+    }
   }
+  // Stops replica r as SIGTERM does (ServeReplica's way out: its stop record, resigning, the
+  // final snapshot with the record) and leaves the coordinator cleanly. Returns its store,
+  // the data directory to Start it on again.
+  std::unique_ptr<server::MemorySnapshotStore> Stop(int r) {
+    Node& n = *nodes_[r];
+    std::string record = n.replica->StopRecord();
+    n.replica->Resign();
+    if (n.replica->has_state()) {
+      EXPECT_TRUE(n.replica->mutable_shard().Checkpoint(record).ok());
+    }
+    auto store = std::move(n.store);
+    nodes_[r].reset();
+    return store;
+  }
+  // Kills replica r (as Kill) and returns its store, as a SIGKILLed process leaves its data
+  // directory.
+  std::unique_ptr<server::MemorySnapshotStore> KillKeepingStore(int r) {
+    auto store = std::move(nodes_[r]->store);
+    Kill(r);
+    return store;
+  }
+  // Whether replica r's last Start took its state and log back from a clean stop.
+  bool restored(int r) const { return restored_.count(r) != 0 && restored_.at(r); }
   void StartAll() {
     for (int r = 0; r < replicas_; ++r) Start(r);
   }
@@ -86,7 +118,15 @@ class Group {
   bool up(int r) const { return nodes_[r] != nullptr; }
   Replica& replica(int r) { return *nodes_[r]->replica; }
   MemoryNetwork& net() { return net_; }
-  MemoryCoordinatorService& coordinator() { return coord_; }
+  MemoryCoordinatorService& coordinator() { return *coord_; }
+  // A new coordinator that knows nothing of the group (a new etcd), once every replica is
+  // down.
+  void NewCoordinator() {
+    for (const auto& n : nodes_) ASSERT_EQ(n, nullptr);
+    graveyard_.clear();
+    coord_ = std::make_unique<MemoryCoordinatorService>(
+        1, replicas_, [this] { return now_; }, /*ttl_ms=*/1000);
+  }
   Coordinator& handle(int r) { return *nodes_[r]->coordinator; }
   int64_t& now() { return now_; }
 
@@ -114,7 +154,7 @@ class Group {
   void set_real_sleep(bool on) { real_sleep_ = on; }
 
   std::optional<int> Primary() {
-    ShardView v = coord_.View(0);
+    ShardView v = coord_->View(0);
     if (!v.primary) return std::nullopt;
     return static_cast<int>(v.primary->replica);
   }
@@ -125,9 +165,10 @@ class Group {
   server::ShardOptions so_;
   int64_t now_ = 1000;
   MemoryNetwork net_;
-  MemoryCoordinatorService coord_;
+  std::unique_ptr<MemoryCoordinatorService> coord_;
   std::vector<std::unique_ptr<Coordinator>> graveyard_;
   std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<int, bool> restored_;
   uint64_t next_boot_ = 1;
   bool real_sleep_ = false;
 };
@@ -782,6 +823,136 @@ TEST_F(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp
   g.coordinator().ExpireLease(0, 0);
   for (int s = 0; s < 500; ++s) g.Step();
   EXPECT_FALSE(g.Primary()) << "an emptied replica took over and would lose the push";
+}
+
+// Every replica stopped cleanly at once (compose down and up, a node rebooted): each keeps
+// its log with its final snapshot, so the group elects a primary by itself and loses nothing
+// acknowledged, a backup's entries past its applied state included.
+TEST_F(ReplicaTest, AGroupStoppedCleanlyAllAtOnceStartsAgainWithItsLogsAndLosesNothing) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
+  std::vector<float> sum(32, 0.f);
+  auto push = [&](uint64_t i) {
+    if (!w.Push(IntGrad(i, 32), 8)) return false;
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
+    return true;
+  };
+  for (uint64_t i = 1; i <= 10; ++i) ASSERT_TRUE(push(i));
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  // The last push acknowledged is applied by the primary; the backup holds it but has not
+  // heard it committed yet (the commit index comes with the primary's next append).
+  ASSERT_GT(g.replica(p).last_index(), g.replica(b).applied_index());
+  EXPECT_EQ(g.replica(b).last_index(), g.replica(p).last_index());
+  auto store_p = g.Stop(p);
+  auto store_b = g.Stop(b);
+  g.Start(b, std::move(store_b));
+  g.Start(p, std::move(store_p));
+  EXPECT_TRUE(g.restored(p));
+  EXPECT_TRUE(g.restored(b));
+  Elect(g);
+  ASSERT_TRUE(push(11)) << "no push acknowledged after the group started again";
+  ASSERT_TRUE(Settle(g, 2));
+  const int q = *g.Primary();
+  EXPECT_EQ(g.replica(q).term(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float> got = TableValues(g.replica(r));
+    for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "replica " << r;
+  }
+  ExpectIdentical(g.replica(0), g.replica(1));
+  EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+}
+
+// The primary stops first and the backup goes on alone (leaving it out of the in-sync set)
+// before it stops too. Started again, only the replica that went on may lead, whatever order
+// they start in: the other's log lacks what it acknowledged alone.
+TEST_F(ReplicaTest, AfterCleanStopsOnlyTheReplicaThatWentOnLastMayLead) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
+  std::vector<float> sum(32, 0.f);
+  auto push = [&](uint64_t i) {
+    if (!w.Push(IntGrad(i, 32), 8)) return false;
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
+    return true;
+  };
+  ASSERT_TRUE(push(1));
+  const int first = *g.Primary();
+  const int last = 1 - first;
+  auto store_first = g.Stop(first);  // resigns: the backup takes over without it
+  ASSERT_TRUE(push(2));
+  ASSERT_EQ(g.Primary(), std::optional<int>(last));
+  ASSERT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{static_cast<uint32_t>(last)}));
+  auto store_last = g.Stop(last);
+  g.Start(first, std::move(store_first));
+  EXPECT_TRUE(g.restored(first)) << "it kept its log, though it may not lead with it";
+  for (int s = 0; s < 500; ++s) g.Step();
+  EXPECT_FALSE(g.Primary()) << "the replica the group went on without took over";
+  g.Start(last, std::move(store_last));
+  Elect(g);
+  EXPECT_EQ(g.Primary(), std::optional<int>(last));
+  ASSERT_TRUE(push(3));
+  ASSERT_TRUE(Settle(g, 2));
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float> got = TableValues(g.replica(r));
+    for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "replica " << r;
+  }
+}
+
+// A stop record is used once: started again from it, the replica writes a snapshot without
+// it at once, so if it is then killed (and acknowledged more meanwhile), its next start does
+// not bring the old log back; it starts empty and is caught up.
+TEST_F(ReplicaTest, AStopRecordIsUsedOnceAndAKillAfterwardsStartsEmpty) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  Worker& w = worker();
+  ASSERT_TRUE(w.Push(IntGrad(1, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  const int b = 1 - *g.Primary();
+  auto store = g.Stop(b);
+  ASSERT_FALSE(store->Load().value()->replica_stop.empty()) << "a clean stop keeps its log";
+  g.Start(b, std::move(store));
+  ASSERT_TRUE(g.restored(b));
+  ASSERT_TRUE(w.Push(IntGrad(2, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  store = g.KillKeepingStore(b);
+  EXPECT_TRUE(store->Load().value()->replica_stop.empty());
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(b));
+  g.Start(b, std::move(store));
+  EXPECT_FALSE(g.restored(b));
+  EXPECT_EQ(g.replica(b).applied_index(), 0u);
+  ASSERT_TRUE(w.Push(IntGrad(3, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
+// A clean stop's log means something only to the coordinator that saw it: against a new
+// one (compose `down` and `up` recreates etcd: a new job), the replicas start empty, as they
+// always did, and the new job's terms are not refused as older than the old job's.
+TEST_F(ReplicaTest, AStopRecordIsNotUsedWithACoordinatorThatForgotTheGroup) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
+  ASSERT_TRUE(worker().Push(IntGrad(1, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  const int p = *g.Primary();
+  g.Kill(p);  // a failover first, so the records are of term 2
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+  Elect(g);
+  auto kept = g.Stop(1 - p);
+  ASSERT_FALSE(kept->Load().value()->replica_stop.empty());
+  g.NewCoordinator();
+  g.Start(0);  // the other replica's data is gone: it starts empty and leads term 1
+  Elect(g);
+  g.Start(1, std::move(kept));
+  EXPECT_FALSE(g.restored(1));
+  EXPECT_EQ(g.replica(1).applied_index(), 0u);
+  Worker w(g, 2);
+  w.CreateTable(Spec(OptimizerKind::kSgd, 1.f));
+  w.Register();
+  ASSERT_TRUE(w.Push(IntGrad(5, 32), 8));
+  ASSERT_TRUE(Settle(g, 2));
+  const std::vector<float> want = IntGrad(5, 32);
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float> got = TableValues(g.replica(r));
+    for (size_t k = 0; k < want.size(); ++k) ASSERT_EQ(got[k], -want[k]) << "replica " << r;
+  }
 }
 
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {

@@ -309,6 +309,13 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());
+    // A replica stopped cleanly takes its state and log back from its final snapshot; any
+    // other starts empty and is caught up by the primary.
+    if (auto restored = s.replica->RestoreAfterCleanStop(); !restored.ok()) {
+      spdlog::error("cannot restore replica {} of shard {} from {}: {}", c.replica, c.shard,
+                    c.data_dir, restored.status().ToString());
+      return 1;
+    }
   } else {
     s.shard = std::make_unique<leash::server::Shard>(opts, s.store.get(), SteadyMs, s.sparse.get());
     auto recovered = s.shard->Recover();

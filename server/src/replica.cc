@@ -34,6 +34,50 @@ WorkerClock FromWire(const ReplSnapshotMsg::Worker& w) {
       w.staleness, w.samples_per_second, w.speed_reported, w.push_decided_clock, w.push_dropped};
 }
 
+// A stop record (Replica::StopRecord) is the append a primary would send to bring an empty
+// log to this replica's, its frames end to end: a magic, the frame count (u32), then each
+// frame's size (u64) and bytes, integers little-endian.
+constexpr std::string_view kStopMagic = "leash-replica-stop-1";
+
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+bool GetLe(std::string_view* in, int bytes, uint64_t* v) {
+  if (in->size() < static_cast<size_t>(bytes)) return false;
+  *v = 0;
+  for (int i = 0; i < bytes; ++i)
+    *v |= static_cast<uint64_t>(static_cast<uint8_t>((*in)[static_cast<size_t>(i)])) << (8 * i);
+  in->remove_prefix(static_cast<size_t>(bytes));
+  return true;
+}
+
+std::string EncodeStopRecord(const Message& m) {
+  std::string out(kStopMagic);
+  PutLe(&out, m.size(), 4);
+  for (const Frame& f : m) {
+    PutLe(&out, f.size(), 8);
+    out.append(f.view());
+  }
+  return out;
+}
+
+Result<Message> DecodeStopRecord(std::string_view in) {
+  if (!in.starts_with(kStopMagic)) return InvalidArgument("not a stop record (no magic)");
+  in.remove_prefix(kStopMagic.size());
+  uint64_t count = 0;
+  if (!GetLe(&in, 4, &count)) return InvalidArgument("stop record cut short");
+  Message m;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t size = 0;
+    if (!GetLe(&in, 8, &size) || size > in.size())
+      return InvalidArgument("stop record cut short in frame " + std::to_string(i));
+    m.push_back(Frame::Copy(in.data(), static_cast<size_t>(size)));
+    in.remove_prefix(static_cast<size_t>(size));
+  }
+  if (!in.empty()) return InvalidArgument("stop record has bytes past its frames");
+  return m;
+}
+
 }  // namespace
 
 // ---- catch-up by snapshot: the state of a transfer on each side ---------------------------
@@ -791,6 +835,117 @@ void Replica::Resign() {
                shard_options_.shard, options_.replica, term);
 }
 
+// ---- stopping and starting again --------------------------------------------------------
+
+std::string Replica::StopRecord() const {
+  // It may lead again only as it may now: a primary, or a backup that has held everything
+  // its primary committed (not one whose state is being replaced or must be).
+  const bool could_lead = role_ == ReplicaRole::kPrimary || (caught_up_ && !needs_snapshot_);
+  if (!could_lead || !has_state() || staging_ != nullptr || applied_index_ < base_index_) return {};
+  ReplAppendMsg m;
+  m.term = term_;
+  m.primary = options_.replica;  // whose record it is
+  m.prev_index = applied_index_;
+  m.prev_term = TermAt(applied_index_);
+  m.commit = commit_index_;
+  for (uint64_t i = applied_index_ + 1; i <= last_index(); ++i) m.entries.push_back(EntryAt(i));
+  return EncodeStopRecord(EncodeReplication(m));
+}
+
+Result<bool> Replica::RestoreAfterCleanStop() {
+  const uint32_t shard = shard_options_.shard;
+  Result<std::string> stored = store_->LoadReplicaStop();
+  if (!stored.ok()) {
+    spdlog::warn(
+        "shard {}: replica {} cannot read its stop record in {} ({}); it starts empty "
+        "and catches up from the primary",
+        shard, options_.replica, store_->Describe(), stored.status().ToString());
+    return false;
+  }
+  if (stored->empty()) return false;
+  const std::string& record = *stored;
+  auto unusable = [&](const std::string& why) -> Result<bool> {
+    spdlog::warn(
+        "shard {}: replica {} does not use the stop record in {}: {}; it starts empty "
+        "and catches up from the primary",
+        shard, options_.replica, store_->Describe(), why);
+    return false;
+  };
+  Result<Message> frames = DecodeStopRecord(record);
+  if (!frames.ok()) return unusable(frames.status().message());
+  auto decoded = DecodeReplication(*frames, shard_options_.limits);
+  if (!decoded.ok()) return unusable(decoded.status().message());
+  auto* m = std::get_if<ReplAppendMsg>(&decoded->value);
+  if (m == nullptr) return unusable("it is not a log");
+  if (m->primary != options_.replica) {
+    return unusable("it is replica " + std::to_string(m->primary) + "'s, not this one's");
+  }
+  for (size_t i = 0; i < m->entries.size(); ++i) {
+    if (m->entries[i].index != m->prev_index + 1 + i || m->entries[i].term > m->term)
+      return unusable("its entries are out of order");
+  }
+  // The log means something only to a coordinator that remembers this group: its in-sync
+  // set, and terms that only grow. A new etcd (compose `down` and `up`, a new job) knows
+  // neither: the replica then starts empty, as the others do, in a new job.
+  if (directory_ != nullptr) {
+    Result<ClusterView> view = directory_->WaitForChange(0, std::chrono::seconds(10));
+    if (!view.ok() && view.status().code() != StatusCode::kNotFound) {
+      return view.status().WithContext("replica " + std::to_string(options_.replica) +
+                                       " of shard " + std::to_string(shard) +
+                                       " checking the coordinator before using its stop record");
+    }
+    const ShardView* sv = view.ok() && shard < view->shards.size() ? &view->shards[shard] : nullptr;
+    const bool remembered =
+        sv != nullptr && (sv->primary ? sv->term >= m->term : !sv->in_sync.empty());
+    if (!remembered) {
+      spdlog::info(
+          "shard {}: replica {} does not use its stop record (term {}): the "
+          "coordinator does not remember the group (a new etcd or a new job); it "
+          "starts empty",
+          shard, options_.replica, m->term);
+      return false;
+    }
+  }
+  LEASH_RETURN_IF_ERROR(shard_->Recover().status());
+  if (shard_->recovered_replica_stop() != record) {
+    // Not the snapshot the record was read from: the store changed in between. Start empty.
+    shard_ = std::make_unique<Shard>(
+        shard_options_, store_, [this] { return shard_now_; }, sparse_);
+    shard_->set_snapshot_observer(snapshot_observer_);
+    AttachAllocator();
+    return unusable("the snapshot changed while it was read");
+  }
+  shard_->set_snapshot_observer(snapshot_observer_);
+  AttachAllocator();
+  term_ = m->term;
+  base_index_ = applied_index_ = m->prev_index;
+  base_term_ = m->prev_term;
+  commit_index_ = m->commit;
+  log_.clear();
+  log_bytes_ = 0;
+  for (ReplEntryWire& e : m->entries) {
+    log_bytes_ += EntryBytes(e);
+    log_.push_back(std::move(e));
+  }
+  caught_up_ = true;
+  needs_snapshot_ = false;
+  role_ = ReplicaRole::kBackup;
+  primary_.reset();
+  SetShardNow(now_);
+  ApplyCommitted();
+  // The record is used up: a snapshot without it goes in its place before anything else
+  // happens, so that a later crash does not bring this log back.
+  if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
+    return c.status().WithContext("replica " + std::to_string(options_.replica) + " of shard " +
+                                  std::to_string(shard) + " restored its clean stop");
+  }
+  spdlog::info(
+      "shard {}: replica {} starts where it stopped cleanly: term {}, state at entry {}, {} "
+      "entries of log past it, commit {}; it may lead if the in-sync set lists it",
+      shard, options_.replica, term_, applied_index_, log_.size(), commit_index_);
+  return true;
+}
+
 // ---- backups ----------------------------------------------------------------------------
 
 void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
@@ -1118,12 +1273,17 @@ void Replica::MaybeCampaign() {
   if (s.primary) {
     // Heard of through the directory; its appends will say the same.
     if (!primary_ || s.term > term_) primary_ = s.primary->replica;
+    no_primary_since_ms_ = -1;
     return;
   }
+  if (no_primary_since_ms_ < 0) no_primary_since_ms_ = now_;
   const bool listed = std::binary_search(s.in_sync.begin(), s.in_sync.end(), options_.replica);
   // A replica listed in sync that restarted lost its log: it may lead only once a primary
   // has caught it up again (or while no entry was ever acknowledged).
-  if (!s.in_sync.empty() && !(listed && caught_up_)) return;
+  if (!s.in_sync.empty() && !(listed && caught_up_)) {
+    WarnCannotLead(s, listed);
+    return;
+  }
   auto won = coordinator_->Campaign();
   if (!won.ok()) {
     spdlog::warn("shard {}: replica {} could not campaign: {}", shard_options_.shard,
@@ -1131,6 +1291,35 @@ void Replica::MaybeCampaign() {
     return;
   }
   if (*won) BecomePrimary(**won);
+}
+
+void Replica::WarnCannotLead(const ShardView& s, bool listed) {
+  // Not during an ordinary failover (a member takes over within the lease TTL).
+  if (now_ - no_primary_since_ms_ < 10000) return;
+  if (cannot_lead_warned_ms_ >= 0 && now_ - cannot_lead_warned_ms_ < 30000) return;
+  cannot_lead_warned_ms_ = now_;
+  std::string members, missing;
+  for (uint32_t r : s.in_sync) {
+    members += (members.empty() ? "" : ", ") + std::to_string(r);
+    const bool live = std::any_of(s.live.begin(), s.live.end(),
+                                  [r](const ReplicaAddress& a) { return a.replica == r; });
+    if (!live && r != options_.replica)
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  spdlog::warn(
+      "shard {} has had no primary for {} s, and replica {} may not lead: {}. Only a replica of "
+      "the in-sync "
+      "set [{}] holds every acknowledged update; {}. A replica stopped cleanly (SIGTERM) starts "
+      "again with its log and may lead; one that was killed has only its last snapshot. "
+      "(logged every 30 s while this lasts)",
+      shard_options_.shard, (now_ - no_primary_since_ms_) / 1000, options_.replica,
+      listed ? "it started without the log it held (killed, not stopped cleanly)"
+             : "it is not in the in-sync set",
+      members,
+      missing.empty()
+          ? std::string("all of them run, and none that started without its log may lead (see "
+                        "docs/replication.md, \"Stopping and starting again\")")
+          : "waiting for replica(s) " + missing + " to start again");
 }
 
 int64_t Replica::Tick(std::vector<Outgoing>* out) {
@@ -1203,9 +1392,12 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
     if (after_tick) after_tick(replica);
   }
   send();  // what the last round released
+  // Taken before resigning, while a primary's log is still the shard's: kept with the final
+  // snapshot, it lets this replica start again with its log (RestoreAfterCleanStop).
+  std::string record = replica.StopRecord();
   replica.Resign();
   if (replica.has_state()) {  // not a replica midway through catching up
-    auto snap = replica.mutable_shard().Checkpoint();
+    auto snap = replica.mutable_shard().Checkpoint(std::move(record));
     if (!snap.ok() && result.ok()) result = snap.status();
   }
   return result;

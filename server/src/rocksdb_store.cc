@@ -68,6 +68,8 @@ constexpr std::string_view kSnapshotPrefix = "snap/";
 constexpr std::string_view kSnapshotEnd = "snap0";  // '0' follows '/': the end of the snap/ range
 constexpr std::string_view kManifestKey = "snap/manifest";
 constexpr std::string_view kWorkersKey = "snap/workers";
+// Only in a replica's final snapshot (ShardSnapshot::replica_stop): its CRC32C, then the record.
+constexpr std::string_view kReplicaStopKey = "snap/replica_stop";
 // Snapshots smaller than this share the memtable until it holds this many bytes.
 constexpr uint64_t kMinFlushBytes = 4u << 20;
 
@@ -117,6 +119,22 @@ uint32_t Crc32c(const void* data, size_t n) {
 }
 
 uint32_t Crc32c(std::string_view bytes) { return Crc32c(bytes.data(), bytes.size()); }
+
+// A replica's stop record as stored: its CRC32C (little-endian), then the record.
+std::string EncodeReplicaStop(const std::string& record) {
+  std::string out(4, '\0');
+  const uint32_t crc = Crc32c(record);
+  for (size_t i = 0; i < 4; ++i) out[i] = static_cast<char>(crc >> (8 * i));
+  return out + record;
+}
+Result<std::string> DecodeReplicaStop(std::string_view stored) {
+  uint32_t crc = 0;
+  for (size_t i = 0; i < 4 && i < stored.size(); ++i)
+    crc |= static_cast<uint32_t>(static_cast<uint8_t>(stored[i])) << (8 * i);
+  if (stored.size() <= 4 || Crc32c(stored.substr(4)) != crc)
+    return DataLoss("the replica's stop record (key snap/replica_stop) fails its checksum");
+  return std::string(stored.substr(4));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Little-endian encoding.
@@ -506,6 +524,7 @@ class RocksDbStore final : public SnapshotStore {
       : options_(std::move(options)), db_(std::move(db)), memtable_bytes_(memtable_bytes) {}
 
   Result<std::optional<ShardSnapshot>> Load() override;
+  Result<std::string> LoadReplicaStop() override;
   Status Save(const ShardSnapshot& snapshot) override;
   std::string Describe() const override { return "rocksdb:" + options_.path; }
 
@@ -619,6 +638,8 @@ Status RocksDbStore::BuildBatch(const ShardSnapshot& s, rocksdb::WriteBatch* bat
   const std::string workers = EncodeWorkers(s.workers, s.coverage);
   m.workers_crc = Crc32c(workers);
   LEASH_RETURN_IF_ERROR(put(std::string(kWorkersKey), workers));
+  if (!s.replica_stop.empty())
+    LEASH_RETURN_IF_ERROR(put(std::string(kReplicaStopKey), EncodeReplicaStop(s.replica_stop)));
   return put(std::string(kManifestKey), EncodeManifest(m));
 }
 
@@ -691,6 +712,21 @@ Status RocksDbStore::ReadArray(const rocksdb::ReadOptions& ro, const Manifest& m
   return Status::Ok();
 }
 
+Result<std::string> RocksDbStore::LoadReplicaStop() {
+  ReadSnapshot snap(db_.get());
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap.get();
+  ro.verify_checksums = true;
+  std::string bytes;
+  rocksdb::Status s = db_->Get(ro, std::string(kManifestKey), &bytes);
+  if (s.IsNotFound()) return std::string();  // no snapshot (Load says whether that is damage)
+  LEASH_RETURN_IF_ERROR(FromRocksDb(s, options_.path, "reading snapshot manifest from"));
+  s = db_->Get(ro, std::string(kReplicaStopKey), &bytes);
+  if (s.IsNotFound()) return std::string();
+  LEASH_RETURN_IF_ERROR(FromRocksDb(s, options_.path, "reading the replica's stop record from"));
+  return DecodeReplicaStop(bytes);
+}
+
 Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
   ReadSnapshot snap(db_.get());
   rocksdb::ReadOptions ro;
@@ -746,6 +782,14 @@ Result<std::optional<ShardSnapshot>> RocksDbStore::Load() {
   if (Crc32c(record) != m.workers_crc) return Damaged(m, "the worker clocks fail their checksum");
   if (!DecodeWorkers(record, &out.workers, &out.coverage) || out.workers.size() != m.num_workers) {
     return Damaged(m, "the worker clocks record is malformed");
+  }
+
+  s = db_->Get(ro, std::string(kReplicaStopKey), &record);
+  if (!s.IsNotFound()) {
+    LEASH_RETURN_IF_ERROR(FromRocksDb(s, path, "reading the replica's stop record from"));
+    Result<std::string> stop = DecodeReplicaStop(record);
+    if (!stop.ok()) return Damaged(m, stop.status().message());
+    out.replica_stop = std::move(*stop);
   }
 
   out.tables.reserve(m.tables.size());

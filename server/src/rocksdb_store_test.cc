@@ -536,6 +536,40 @@ TEST_F(RocksDbStoreTest, MissingTableRecordIsDataLoss) {
   EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss), HasSubstr("table 5 record"));
 }
 
+// A replica's stop record goes with the snapshot it was saved with: read back with it (and
+// alone, by LoadReplicaStop), gone with the next snapshot saved without one, and a damaged
+// one is DataLoss, never a record taken for good.
+TEST_F(RocksDbStoreTest, AReplicaStopRecordLivesAndDiesWithItsSnapshot) {
+  ShardSnapshot snap = RichSnapshot(0, 1, 4);
+  snap.replica_stop = std::string("log\0tail", 8) + std::string(5000, 'x');
+  SaveAndClose(Options(), snap);
+  {
+    auto store = OpenRocksDbStore(Options());
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto alone = (*store)->LoadReplicaStop();
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(*alone, snap.replica_stop);
+    auto loaded = (*store)->Load();
+    ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status();
+    EXPECT_EQ((*loaded)->replica_stop, snap.replica_stop);
+    ExpectSameSnapshot(snap, **loaded);
+    ASSERT_TRUE((*store)->Save(RichSnapshot(0, 1, 5)).ok());
+    alone = (*store)->LoadReplicaStop();
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(*alone, "") << "a later snapshot without a record leaves none";
+    EXPECT_TRUE((*store)->Load().value()->replica_stop.empty());
+    ASSERT_TRUE((*store)->Save(snap).ok());
+  }
+  std::string stored = RawGet(Dir(), "snap/replica_stop");
+  ASSERT_EQ(stored.size(), 4 + snap.replica_stop.size());
+  stored[100] ^= 0x08;
+  RawPut(Dir(), "snap/replica_stop", stored);
+  EXPECT_THAT(LoadError(Options(), StatusCode::kDataLoss), HasSubstr("stop record"));
+  auto store = OpenRocksDbStore(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->LoadReplicaStop().status().code(), StatusCode::kDataLoss);
+}
+
 TEST_F(RocksDbStoreTest, CorruptManifestIsDataLoss) {
   SaveAndClose(Options(), RichSnapshot(0, 1, 4));
   std::string manifest = RawGet(Dir(), "snap/manifest");

@@ -117,6 +117,7 @@ Result<int64_t> Shard::Recover() {
   tables_.clear();
   sparse_.clear();
   table_by_name_.clear();
+  recovered_replica_stop_ = std::move(snap->replica_stop);
   // Both tiers go back to the instant of the snapshot: the cold store to the checkpoint
   // taken just before it was saved (rows evicted since are discarded).
   const bool has_sparse =
@@ -945,9 +946,10 @@ Status Shard::ImportSparseTier(uint32_t id, std::span<const uint8_t> layout) {
   return t->ImportTier(layout);
 }
 
-Result<int64_t> Shard::Checkpoint() {
+Result<int64_t> Shard::Checkpoint(std::string replica_stop) {
   auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = MakeSnapshot();
+  snap.replica_stop = std::move(replica_stop);
   // Sparse rows: the changed rows to the cold store, then its checkpoint under the snapshot's
   // sequence, then the snapshot. A crash before the save leaves the previous pair.
   const bool has_sparse =

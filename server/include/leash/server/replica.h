@@ -99,6 +99,19 @@ class Replica {
   // backup takes over now rather than when the lease expires. Replies not yet committed are
   // never sent; the workers resend those requests to the successor. No-op on a backup.
   void Resign();
+  // A clean stop (docs/replication.md, "Stopping and starting again"): what this replica
+  // keeps with its final snapshot so that it starts again with the log it held, and may lead
+  // if the in-sync set still lists it: its term, the index and term of the entry its state
+  // has applied, the commit index and the entries it holds past the applied one. Empty when
+  // it could not lead now either (catching up, or started without its log and not caught up
+  // since). Call before Resign(); the snapshot must be of the state as it is now.
+  std::string StopRecord() const;
+  // Before serving: if the store's snapshot carries a stop record of this replica, takes the
+  // snapshot's state, the term and the log back, and at once writes a snapshot without the
+  // record, so that a crash later cannot bring back a log this replica has moved past. True
+  // then; false (and this replica starts empty, to be caught up) when there is none or it
+  // cannot be used (logged). Errors of the store's snapshot, or of that write.
+  Result<bool> RestoreAfterCleanStop();
 
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
@@ -209,6 +222,8 @@ class Replica {
   // its term is still current; if the term is over, steps down still eligible to lead.
   void CheckTermAlone();
   void MaybeCampaign();
+  // Why this replica may not lead while the shard has no primary (at most every 30 s).
+  void WarnCannotLead(const ShardView& s, bool listed);
   void SetShardNow(int64_t ms) { shard_now_ = ms; }
 
   ReplicaOptions options_;
@@ -246,6 +261,8 @@ class Replica {
   // lead (a restarted replica lost its log and must be caught up first).
   bool caught_up_ = false;
   int64_t last_campaign_ms_ = -1;
+  int64_t cannot_lead_warned_ms_ = -1;  // MaybeCampaign's warning, at most every 30 s
+  int64_t no_primary_since_ms_ = -1;    // since when the directory names no primary
   // A term this replica won but whose in-sync set it could not write yet (the coordinator
   // did not answer): it holds the primary key, so nobody else can lead; tried again.
   std::optional<uint64_t> won_term_;

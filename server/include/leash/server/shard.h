@@ -187,8 +187,11 @@ class Shard {
   // The shard's state as a snapshot (what Checkpoint saves), without saving it.
   ShardSnapshot Snapshot() const { return MakeSnapshot(); }
 
-  // Writes a snapshot now. Returns its minimum clock.
-  Result<int64_t> Checkpoint();
+  // Writes a snapshot now. Returns its minimum clock. `replica_stop`: a replica's record of
+  // its clean stop, saved with this snapshot (ShardSnapshot::replica_stop).
+  Result<int64_t> Checkpoint(std::string replica_stop = {});
+  // The stop record of the snapshot the last Recover() loaded (empty if none).
+  const std::string& recovered_replica_stop() const { return recovered_replica_stop_; }
 
   // A point-in-time image of the shard for a replica catching up (replica.cc): the
   // snapshot (dense tables copied), each sparse table's memory-tier layout (ExportTier;
@@ -311,6 +314,7 @@ class Shard {
   PayloadAllocator payload_allocator_;
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
+  std::string recovered_replica_stop_;
   uint64_t snapshot_sequence_ = 0;
   int64_t next_snapshot_ms_ = 0;
   int64_t last_snapshot_ms_ = -1;

@@ -66,6 +66,9 @@ struct ShardSnapshot {
   std::vector<TableSnapshot> tables;
   std::vector<WorkerClock> workers;
   std::vector<uint8_t> coverage;  // data-coverage state of the job (shard 0), serialized
+  // A replica's record of its clean stop (Replica::StopRecord: its term and the log it held
+  // past this state), saved with the final snapshot it goes with; empty in any other snapshot.
+  std::string replica_stop;
 };
 
 class SnapshotStore {
@@ -76,6 +79,13 @@ class SnapshotStore {
   virtual Result<std::optional<ShardSnapshot>> Load() = 0;
   // Replaces the stored snapshot atomically: a crash during Save leaves the previous one.
   virtual Status Save(const ShardSnapshot& snapshot) = 0;
+  // The stored snapshot's stop record (ShardSnapshot::replica_stop), empty if it has none or
+  // there is no snapshot. Stores that can read it alone override this, so that a replica
+  // finds out whether it stopped cleanly without loading its tables.
+  virtual Result<std::string> LoadReplicaStop() {
+    LEASH_ASSIGN_OR_RETURN(std::optional<ShardSnapshot> snap, Load());
+    return snap ? snap->replica_stop : std::string();
+  }
   // Human-readable location for logs ("rocksdb:/data/shard0").
   virtual std::string Describe() const = 0;
 };
