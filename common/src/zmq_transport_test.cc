@@ -678,19 +678,30 @@ TEST_F(ZmqTransportTest, SignalsInterruptingTheClientsCallsLoseNothingAndThrowNo
   EXPECT_GE(signals.load(), 5000);
 }
 
+// A TCP listener on a free loopback port (SO_REUSEADDR, so that a ZeroMQ shard can bind the
+// port once it is closed).
+void ListenOnLoopback(int* listener, uint16_t* port) {
+  *listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(*listener, 0);
+  const int one = 1;
+  ASSERT_EQ(::setsockopt(*listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(*listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(*listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(::listen(*listener, 64), 0);
+  *port = ntohs(addr.sin_port);
+}
+
 // A peer that accepts TCP connections and closes them at once, so every handshake with it
 // breaks (a monitor event each time) while the client keeps replacing its socket. No event
 // may block the client's ZeroMQ I/O thread: its other connection still carries messages.
 TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShards) {
-  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  ASSERT_EQ(::listen(listener, 64), 0);
+  int listener = -1;
+  uint16_t port = 0;
+  ASSERT_NO_FATAL_FAILURE(ListenOnLoopback(&listener, &port));
   std::atomic<bool> stop{false};
   std::atomic<int> accepted{0};
   struct Cleanup {
@@ -716,7 +727,7 @@ TEST_F(ZmqTransportTest, ReconnectsDuringBrokenHandshakesNeverStallTheOtherShard
   ZmqContext sctx, cctx;
   auto server = BindZmqServer(sctx, endpoint_);
   ASSERT_TRUE(server.ok()) << server.status();
-  const std::string hostile = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const std::string hostile = "tcp://127.0.0.1:" + std::to_string(port);
   auto client = ConnectZmqClient(cctx, {endpoint_, hostile});
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(RoundTrip(**server, **client, 10s));
@@ -766,18 +777,10 @@ TEST(HandshakeWatchTest, ABrokenHandshakeCountsOnlyOnceItPersistsARefusalAtOnce)
 // to a real shard (a shard process restarting in place): the client reconnects, its health
 // never reports the shard unavailable, and the round trip completes.
 TEST_F(ZmqTransportTest, AConnectionResetMidHandshakeIsRetriedNotReported) {
-  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  const int one = 1;
-  ASSERT_EQ(::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  ASSERT_EQ(::listen(listener, 64), 0);
-  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  int listener = -1;
+  uint16_t port = 0;
+  ASSERT_NO_FATAL_FAILURE(ListenOnLoopback(&listener, &port));
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
 
   ZmqContext sctx, cctx;
   auto client = ConnectZmqClient(cctx, {endpoint});

@@ -68,7 +68,7 @@ constexpr std::string_view kSnapshotPrefix = "snap/";
 constexpr std::string_view kSnapshotEnd = "snap0";  // '0' follows '/': the end of the snap/ range
 constexpr std::string_view kManifestKey = "snap/manifest";
 constexpr std::string_view kWorkersKey = "snap/workers";
-// Only in a replica's final snapshot (ShardSnapshot::replica_stop): its CRC32C, then the record.
+// Only in a replica's final snapshot (ShardSnapshot::replica_stop), sealed with its CRC32C.
 constexpr std::string_view kReplicaStopKey = "snap/replica_stop";
 // Snapshots smaller than this share the memtable until it holds this many bytes.
 constexpr uint64_t kMinFlushBytes = 4u << 20;
@@ -119,22 +119,6 @@ uint32_t Crc32c(const void* data, size_t n) {
 }
 
 uint32_t Crc32c(std::string_view bytes) { return Crc32c(bytes.data(), bytes.size()); }
-
-// A replica's stop record as stored: its CRC32C (little-endian), then the record.
-std::string EncodeReplicaStop(const std::string& record) {
-  std::string out(4, '\0');
-  const uint32_t crc = Crc32c(record);
-  for (size_t i = 0; i < 4; ++i) out[i] = static_cast<char>(crc >> (8 * i));
-  return out + record;
-}
-Result<std::string> DecodeReplicaStop(std::string_view stored) {
-  uint32_t crc = 0;
-  for (size_t i = 0; i < 4 && i < stored.size(); ++i)
-    crc |= static_cast<uint32_t>(static_cast<uint8_t>(stored[i])) << (8 * i);
-  if (stored.size() <= 4 || Crc32c(stored.substr(4)) != crc)
-    return DataLoss("the replica's stop record (key snap/replica_stop) fails its checksum");
-  return std::string(stored.substr(4));
-}
 
 // ---------------------------------------------------------------------------------------------
 // Little-endian encoding.
@@ -208,6 +192,19 @@ class Decoder {
   std::string_view in_;
   bool ok_ = true;
 };
+
+// A replica's stop record as stored: the record sealed with its CRC32C, as the other records.
+std::string EncodeReplicaStop(const std::string& record) {
+  std::string out = record;
+  SealWithCrc(&out);
+  return out;
+}
+Result<std::string> DecodeReplicaStop(std::string_view stored) {
+  Decoder d(stored);
+  if (!d.StripCrc() || d.remaining() == 0)
+    return DataLoss("the replica's stop record (key snap/replica_stop) fails its checksum");
+  return std::string(stored.substr(0, d.remaining()));
+}
 
 // Floats travel as little-endian IEEE-754 bit patterns (NaN payloads and -0 survive).
 void EncodeFloats(std::span<const float> in, std::string* out) {
