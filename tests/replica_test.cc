@@ -335,6 +335,31 @@ std::vector<float> IntGrad(uint64_t seed, size_t n) {
   return g;
 }
 
+// Replica r's table 0 holds minus `sum`, exactly (SGD at learning rate 1).
+void ExpectMinus(Replica& r, const std::vector<float>& sum) {
+  const std::vector<float> got = TableValues(r);
+  ASSERT_GE(got.size(), sum.size());
+  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
+}
+
+// Pushes IntGrad(i, 32) to rows [0, 8) of table 0 through a worker and keeps their sum.
+class SummedPushes {
+ public:
+  explicit SummedPushes(Worker& w) : w_(w) {}
+  // True once acknowledged (then counted in sum()).
+  bool Push(uint64_t i) {
+    const std::vector<float> grad = IntGrad(i, 32);
+    if (!w_.Push(grad, 8)) return false;
+    for (size_t k = 0; k < sum_.size(); ++k) sum_[k] += grad[k];
+    return true;
+  }
+  const std::vector<float>& sum() const { return sum_; }
+
+ private:
+  Worker& w_;
+  std::vector<float> sum_ = std::vector<float>(32, 0.f);
+};
+
 void Elect(Group& g) {
   for (int i = 0; i < 2000 && !g.Primary(); ++i) g.Step();
   ASSERT_TRUE(g.Primary());
@@ -831,12 +856,8 @@ TEST_F(ReplicaTest, ARestartedReplicaThatLostItsLogDoesNotLeadBeforeItIsCaughtUp
 TEST_F(ReplicaTest, AGroupStoppedCleanlyAllAtOnceStartsAgainWithItsLogsAndLosesNothing) {
   Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
   Worker& w = worker();
-  std::vector<float> sum(32, 0.f);
-  auto push = [&](uint64_t i) {
-    if (!w.Push(IntGrad(i, 32), 8)) return false;
-    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
-    return true;
-  };
+  SummedPushes pushes(w);
+  auto push = [&](uint64_t i) { return pushes.Push(i); };
   for (uint64_t i = 1; i <= 10; ++i) ASSERT_TRUE(push(i));
   const int p = *g.Primary();
   const int b = 1 - p;
@@ -855,10 +876,8 @@ TEST_F(ReplicaTest, AGroupStoppedCleanlyAllAtOnceStartsAgainWithItsLogsAndLosesN
   ASSERT_TRUE(Settle(g, 2));
   const int q = *g.Primary();
   EXPECT_EQ(g.replica(q).term(), 2u);
-  for (int r = 0; r < 2; ++r) {
-    const std::vector<float> got = TableValues(g.replica(r));
-    for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "replica " << r;
-  }
+  for (int r = 0; r < 2; ++r)
+    ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), pushes.sum())) << "replica " << r;
   ExpectIdentical(g.replica(0), g.replica(1));
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
 }
@@ -869,12 +888,8 @@ TEST_F(ReplicaTest, AGroupStoppedCleanlyAllAtOnceStartsAgainWithItsLogsAndLosesN
 TEST_F(ReplicaTest, AfterCleanStopsOnlyTheReplicaThatWentOnLastMayLead) {
   Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
   Worker& w = worker();
-  std::vector<float> sum(32, 0.f);
-  auto push = [&](uint64_t i) {
-    if (!w.Push(IntGrad(i, 32), 8)) return false;
-    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
-    return true;
-  };
+  SummedPushes pushes(w);
+  auto push = [&](uint64_t i) { return pushes.Push(i); };
   ASSERT_TRUE(push(1));
   const int first = *g.Primary();
   const int last = 1 - first;
@@ -892,10 +907,8 @@ TEST_F(ReplicaTest, AfterCleanStopsOnlyTheReplicaThatWentOnLastMayLead) {
   EXPECT_EQ(g.Primary(), std::optional<int>(last));
   ASSERT_TRUE(push(3));
   ASSERT_TRUE(Settle(g, 2));
-  for (int r = 0; r < 2; ++r) {
-    const std::vector<float> got = TableValues(g.replica(r));
-    for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "replica " << r;
-  }
+  for (int r = 0; r < 2; ++r)
+    ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), pushes.sum())) << "replica " << r;
 }
 
 // A stop record is used once: started again from it, the replica writes a snapshot without
@@ -948,11 +961,8 @@ TEST_F(ReplicaTest, AStopRecordIsNotUsedWithACoordinatorThatForgotTheGroup) {
   w.Register();
   ASSERT_TRUE(w.Push(IntGrad(5, 32), 8));
   ASSERT_TRUE(Settle(g, 2));
-  const std::vector<float> want = IntGrad(5, 32);
-  for (int r = 0; r < 2; ++r) {
-    const std::vector<float> got = TableValues(g.replica(r));
-    for (size_t k = 0; k < want.size(); ++k) ASSERT_EQ(got[k], -want[k]) << "replica " << r;
-  }
+  for (int r = 0; r < 2; ++r)
+    ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), IntGrad(5, 32))) << "replica " << r;
 }
 
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
@@ -987,12 +997,8 @@ TEST_F(ReplicaTest, APrimaryAloneWhoseLeaseEndedLeadsAgainInANewTerm) {
   Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
   Worker& w = worker();
   const int p = *g.Primary();
-  std::vector<float> sum(32, 0.f);
-  auto push = [&](uint64_t i) {
-    if (!w.Push(IntGrad(i, 32), 8)) return false;
-    for (size_t k = 0; k < sum.size(); ++k) sum[k] += IntGrad(i, 32)[k];
-    return true;
-  };
+  SummedPushes pushes(w);
+  auto push = [&](uint64_t i) { return pushes.Push(i); };
   ASSERT_TRUE(push(1));
   // The backup dies: the primary drops it from the in-sync set and goes on alone.
   g.Kill(1 - p);
@@ -1008,8 +1014,7 @@ TEST_F(ReplicaTest, APrimaryAloneWhoseLeaseEndedLeadsAgainInANewTerm) {
   EXPECT_EQ(g.Primary(), std::optional<int>(p));
   EXPECT_EQ(g.replica(p).role(), ReplicaRole::kPrimary);
   EXPECT_EQ(g.replica(p).term(), 2u);
-  const std::vector<float> got = TableValues(g.replica(p));
-  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
+  ExpectMinus(g.replica(p), pushes.sum());
 }
 
 TEST_F(ReplicaTest, ANewPrimaryThatCouldNotWriteItsInSyncSetTriesAgain) {
