@@ -304,6 +304,31 @@ TEST_F(FailoverTest, AGroupStoppedAllAtOnceStartsAgainByItselfAndLosesNothing) {
 // Replicas on one host ship the appends through shared memory, whole messages with their
 // large pushes (as a worker's reach its shard), and what arrives that way is what was pushed: after
 // the primary's SIGKILL the backup serves the exact sums, and its final log line counts the frames.
+int PortOf(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+// A replica connects to the other replicas of its shard, never to itself (a connection to
+// its own socket cost two descriptors and, on one host, a shared-memory ring to itself).
+TEST_F(FailoverTest, EachReplicaConnectsToTheOtherButNeverToItself) {
+  // ZeroMQ retries a refused connection within 2 s (reconnect_ivl_max): a connection to
+  // itself refused at its start, before it listened, would be there by now.
+  std::this_thread::sleep_for(3s);
+  for (int r = 0; r < 2; ++r) {
+    const int own = PortOf(cluster_->endpoint(0, r));
+    const int other = PortOf(cluster_->endpoint(0, 1 - r));
+    int to_other = 0;
+    for (const testing::TcpSocket& s : testing::TcpSocketsOf(Replica(r).pid())) {
+      if (!s.established) continue;
+      EXPECT_NE(s.remote_port, own) << "replica " << r << " is connected to itself (port " << own
+                                    << ") from port " << s.local_port;
+      to_other += s.remote_port == other;
+    }
+    EXPECT_GE(to_other, 1) << "replica " << r << " has no connection to replica " << 1 - r
+                           << " (port " << other << ")";
+  }
+}
+
 TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExactly) {
   auto client = Follower("big", /*register_worker=*/true);
   ASSERT_NE(client, nullptr);

@@ -29,6 +29,7 @@
 #include "leash/server/rocksdb_store.h"
 #include "leash/server/shard.h"
 #include "leash/server/shard_metrics.h"
+#include "other_replicas.h"
 
 namespace {
 
@@ -295,12 +296,14 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     }
     s.peers_zmq =
         std::make_unique<leash::ZmqContext>(static_cast<int>(std::max<int64_t>(1, c.replicas)));
-    auto peers = leash::ConnectZmqClient(*s.peers_zmq, c.peers, po);
+    std::vector<std::string> others = c.peers;
+    others.erase(others.begin() + c.replica);  // no connection to itself (other_replicas.h)
+    auto peers = leash::ConnectZmqClient(*s.peers_zmq, others, po);
     if (!peers.ok()) {
       spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
       return 1;
     }
-    s.peers = std::move(*peers);
+    s.peers = std::make_unique<leash::server::OtherReplicas>(std::move(*peers), c.replica);
     leash::server::ReplicaOptions rep;
     rep.replica = static_cast<uint32_t>(c.replica);
     rep.replicas = static_cast<uint32_t>(c.replicas);

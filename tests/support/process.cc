@@ -154,6 +154,38 @@ int FreePort() {
 
 std::string Endpoint(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
+std::vector<TcpSocket> TcpSocketsOf(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator(proc + "/fd", ec)) {
+    std::error_code gone;  // closed while listing
+    const std::string target = std::filesystem::read_symlink(fd.path(), gone).string();
+    if (!gone && target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<TcpSocket> out;
+  auto port = [](const std::string& address) {
+    return std::stoi(address.substr(address.rfind(':') + 1), nullptr, 16);
+  };
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream f(proc + table);
+    std::string line;
+    std::getline(f, line);  // the header
+    while (std::getline(f, line)) {
+      // sl local rem st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (!inodes.count(inode)) continue;
+      out.push_back({port(local), port(remote), state == "01", inode});  // 01: ESTABLISHED
+    }
+  }
+  return out;
+}
+
 TempDir::TempDir() {
   std::string base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
   std::string tmpl = base + "/leash-test-XXXXXX";

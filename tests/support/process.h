@@ -50,6 +50,16 @@ std::pair<int, std::string> RunToCompletion(std::vector<std::string> argv,
 int FreePort();
 std::string Endpoint(int port);
 
+// The TCP sockets (IPv4 and IPv6) among the open descriptors of process `pid`, from its
+// network namespace's /proc/PID/net/tcp{,6}: listeners and connections in every state.
+struct TcpSocket {
+  int local_port = 0;
+  int remote_port = 0;  // 0 for a listener
+  bool established = false;
+  std::string inode;  // as in the descriptor's "socket:[INODE]"
+};
+std::vector<TcpSocket> TcpSocketsOf(pid_t pid);
+
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.
 class TempDir {
  public:
