@@ -17,8 +17,8 @@ class OtherReplicas final : public ClientTransport,
                             public ClientSharedMemory,
                             public ConnectionHealth {
  public:
-  // `others` connects to the replicas other than `self`, in order (replica r is its
-  // connection r, or r - 1 past `self`); `replicas` is their number with this one.
+  // `others` connects to the replicas other than `self`, in order: replica r is its
+  // connection r below `self`, r - 1 above it.
   OtherReplicas(std::unique_ptr<ClientTransport> others, int self);
 
   int num_shards() const override { return others_->num_shards() + 1; }
