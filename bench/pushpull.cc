@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // --socket-buffer: SO_SNDBUF and SO_RCVBUF of the raw sockets (0: the kernel's autotuning).
 int g_socket_buffer = 0;
+// Push rows: Push(const float*) (the client copies the gradient) instead of handing it over.
+bool g_push_copy = false;
 
 void Tune(zmq::socket_t& s) {
   if (g_socket_buffer > 0) {
@@ -59,7 +62,16 @@ struct Sample {
   double mb_per_s = 0;
   double p50_us = 0;
   double p99_us = 0;
+  double client_cpu_us = -1;  // Leash rows: the clients' process CPU (all threads) per op
 };
+
+// This process's CPU time (user and system, all threads) in µs.
+double ProcessCpuUs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -217,16 +229,22 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     std::vector<int64_t> ops(static_cast<size_t>(n));
     std::vector<std::thread> threads;
     auto t0 = SteadyClock::now();
+    const double cpu0 = ProcessCpuUs();
     for (int w = 0; w < n; ++w) {
       threads.emplace_back([&, w] {
-        std::vector<float> buf(static_cast<size_t>(floats), 1e-3f);
+        // The gradient handed over (Push of a shared_ptr: sent from these floats, never
+        // changed), or with --push-copy copied by every Push.
+        auto owned = std::make_shared<std::vector<float>>(static_cast<size_t>(floats), 1e-3f);
+        const std::shared_ptr<const float> grad(owned, owned->data());
+        const std::vector<float>& buf = *owned;
         leash::Client* c = clients[static_cast<size_t>(w)].get();
         std::vector<std::vector<float>> outs(static_cast<size_t>(inflight),
                                              std::vector<float>(static_cast<size_t>(floats)));
         size_t k = 0;
         lat[static_cast<size_t>(w)] = Drive(
             [&] {
-              if (op == "push") return c->Push(table, buf.data());
+              if (op == "push")
+                return g_push_copy ? c->Push(table, buf.data()) : c->Push(table, grad);
               return c->Pull(table, outs[k++ % outs.size()].data());
             },
             inflight, seconds, &ops[static_cast<size_t>(w)]);
@@ -247,6 +265,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     s.mb_per_s = s.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
     s.p50_us = Percentile(all, 0.5);
     s.p99_us = Percentile(all, 0.99);
+    if (total > 0) s.client_cpu_us = (ProcessCpuUs() - cpu0) / static_cast<double>(total);
     out.push_back(s);
   }
   return out;
@@ -586,6 +605,9 @@ int main(int argc, char** argv) {
                "measure these running shards (comma-separated endpoints, e.g. a replicated "
                "shard's primary) instead of starting leash-server; --shards is then their "
                "number");
+  flags.Bool("push-copy", &g_push_copy,
+             "Leash push rows: Push(const float*), which copies the gradient, instead of "
+             "handing it over (Push of a shared_ptr, sent from the caller's floats)");
   flags.Int("socket-buffer", &socket_buffer,
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
   if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
@@ -676,12 +698,16 @@ int main(int argc, char** argv) {
         "striped over N connections per shard (`leash striped N`, --stripes N, the shards with "
         "--io-threads N); raw ZeroMQ and the update alone measured in the same run. "
      << seconds << " s per cell, " << std::thread::hardware_concurrency() << " cores, load average "
-     << load[0] << " at the end, client reply spin " << spin_us << " us.\n\n"
+     << load[0] << " at the end, client reply spin " << spin_us << " us, pushes "
+     << (g_push_copy ? "copied by the client (Push(const float*))"
+                     : "handed over (Push of a shared_ptr: sent from the caller's floats)")
+     << ".\n\n"
      << "| system | op | floats | shards x workers | in flight | ops/s | MB/s | p50 us | p99 us "
         "|\n|---|---|---|---|---|---|---|---|---|\n";
   js << "{\n  \"benchmark\": \"pushpull\",\n  \"seconds\": " << seconds
      << ",\n  \"loadavg\": " << load[0]
-     << ",\n  \"curve\": " << (g_curve_keys.empty() ? "false" : "true") << ",\n  \"samples\": [\n";
+     << ",\n  \"curve\": " << (g_curve_keys.empty() ? "false" : "true")
+     << ",\n  \"push_copy\": " << (g_push_copy ? "true" : "false") << ",\n  \"samples\": [\n";
   for (size_t i = 0; i < samples.size(); ++i) {
     const Sample& s = samples[i];
     char row[320];
@@ -693,7 +719,8 @@ int main(int argc, char** argv) {
        << "\", \"floats\": " << s.floats << ", \"shards\": " << s.shards
        << ", \"workers\": " << s.workers << ", \"inflight\": " << s.inflight
        << ", \"ops_per_s\": " << s.ops_per_s << ", \"mb_per_s\": " << s.mb_per_s
-       << ", \"p50_us\": " << s.p50_us << ", \"p99_us\": " << s.p99_us << "}"
+       << ", \"p50_us\": " << s.p50_us << ", \"p99_us\": " << s.p99_us
+       << ", \"client_cpu_us\": " << s.client_cpu_us << "}"
        << (i + 1 < samples.size() ? ",\n" : "\n");
   }
   js << "  ],\n  \"ratios\": {";

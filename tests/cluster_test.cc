@@ -232,13 +232,17 @@ TEST(ClusterTest, StripedPushesAndPullsSumExactlyAcrossTwoShards) {
   auto tb = b->CreateTable(spec);
   ASSERT_TRUE(ta.ok() && tb.ok()) << ta.status() << tb.status();
   constexpr int kSteps = 6;
-  auto run = [&](Client* c, const TableHandle& t, float scale) {
-    std::vector<float> g(t.size());
+  // Worker b hands its gradient over (Push of a shared_ptr: sent from its floats, striped
+  // over the socket without a copy); worker a's is copied.
+  auto run = [&](Client* c, const TableHandle& t, float scale, bool owned) {
+    auto floats = std::make_shared<std::vector<float>>(t.size());
+    std::vector<float>& g = *floats;
     for (size_t i = 0; i < g.size(); ++i) g[i] = scale * static_cast<float>(i % 97 + 1);
+    const std::shared_ptr<const float> grad(floats, floats->data());
     std::vector<float> seen(t.size());
     for (int step = 0; step < kSteps; ++step) {
-      auto p1 = c->Push(t, g.data());
-      auto p2 = c->Push(t, g.data());
+      auto p1 = owned ? c->Push(t, grad) : c->Push(t, g.data());
+      auto p2 = owned ? c->Push(t, grad) : c->Push(t, g.data());
       auto pull = c->Pull(t, seen.data());
       ASSERT_TRUE(p1.get().ok());
       ASSERT_TRUE(p2.get().ok());
@@ -252,8 +256,8 @@ TEST(ClusterTest, StripedPushesAndPullsSumExactlyAcrossTwoShards) {
       ASSERT_TRUE(c->Clock().get().ok());
     }
   };
-  std::thread ra(run, a.get(), *ta, 1.f);
-  std::thread rb(run, b.get(), *tb, 0.5f);
+  std::thread ra(run, a.get(), *ta, 1.f, false);
+  std::thread rb(run, b.get(), *tb, 0.5f, true);
   ra.join();
   rb.join();
   std::vector<float> v(ta->size());

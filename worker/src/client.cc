@@ -1164,6 +1164,20 @@ Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, fl
 }
 
 Future Client::Push(const TableHandle& table, const float* grad, PushWeight weight) {
+  return PushDense(table, grad, nullptr, weight);
+}
+
+Future Client::Push(const TableHandle& table, std::shared_ptr<const float> grad,
+                    PushWeight weight) {
+  if (grad == nullptr) {
+    return Ready(InvalidArgument("Push of table '" + table.name + "': the gradient is null"));
+  }
+  const float* data = grad.get();
+  return PushDense(table, data, grad, weight);
+}
+
+Future Client::PushDense(const TableHandle& table, const float* grad,
+                         const std::shared_ptr<const float>& owner, PushWeight weight) {
   if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Push"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
@@ -1177,6 +1191,11 @@ Future Client::Push(const TableHandle& table, const float* grad, PushWeight weig
     if (auto w = impl_->ReservePayload(s, values.size() * DTypeSize(options_.wire_dtype))) {
       EncodeValuesInto(values, options_.wire_dtype, w->data);
       payloads[static_cast<size_t>(s)] = std::move(w->frame);
+    } else if (owner != nullptr && options_.wire_dtype == DType::kF32) {
+      // The caller's floats are the wire's bytes: the frame refers to them and keeps their
+      // owner (the socket's message too, until ZeroMQ has sent it).
+      payloads[static_cast<size_t>(s)] =
+          Frame::Wrap(values.data(), values.size_bytes(), std::shared_ptr<const void>(owner));
     } else {
       payloads[static_cast<size_t>(s)] = EncodeValues(values, options_.wire_dtype);
     }

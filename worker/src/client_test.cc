@@ -120,23 +120,30 @@ TEST(ClientTest, DuplicatedMessagesApplyEachPushExactlyOnce) {
   EXPECT_GT(cluster.network().stats().duplicated, 0u);
 }
 
+// Once `cut` is set, every reply on the next connection a client uses to shard `shard` is
+// lost (its requests still reach the shard): the client finds the shard silent, reconnects
+// and resends.
+void LoseRepliesOnTheNextConnection(MemoryCluster& cluster, int shard, std::atomic<bool>& cut) {
+  auto lost = std::make_shared<PeerId>();  // touched by the rule only
+  cluster.network().AddRule([&cut, lost, shard](const Packet& p) -> std::optional<Verdict> {
+    if (cut.load() && lost->empty() && p.direction == Direction::kToShard &&
+        p.address == MemoryCluster::Address(shard)) {
+      *lost = p.peer;
+    }
+    if (!lost->empty() && p.direction == Direction::kToClient && p.peer == *lost) {
+      return Verdict{Verdict::kDrop};
+    }
+    return std::nullopt;
+  });
+}
+
 // Replies on the connection to shard 1 are lost (requests still reach the shard): the
 // client finds the shard silent, reconnects, resends, and the shard skips the push it
 // has already applied.
 TEST(ClientTest, APushWhoseReplyWasLostIsResentAndAppliedOnce) {
   MemoryCluster cluster(2);
   std::atomic<bool> cut{false};
-  PeerId lost;  // the connection whose replies are lost; touched by the rule only
-  cluster.network().AddRule([&cut, &lost](const Packet& p) -> std::optional<Verdict> {
-    if (cut.load() && lost.empty() && p.direction == Direction::kToShard &&
-        p.address == MemoryCluster::Address(1)) {
-      lost = p.peer;
-    }
-    if (!lost.empty() && p.direction == Direction::kToClient && p.peer == lost) {
-      return Verdict{Verdict::kDrop};
-    }
-    return std::nullopt;
-  });
+  LoseRepliesOnTheNextConnection(cluster, 1, cut);
   auto c = MustConnect(cluster, Worker("w", 1));
   ASSERT_TRUE(c);
   auto t = c->CreateTable(Table("t", 4, 4));
@@ -244,6 +251,105 @@ TEST(ClientTest, HeldRequestsGoOutAsOneMessagePerShardWhenFlushed) {
   ASSERT_TRUE(pa.get().ok() && pb.get().ok() && clock.get().ok());
   EXPECT_EQ(large.load(), 2) << "one batch per shard";
   ExpectAll(PullAll(*c, *a), -1.f);
+}
+
+// Counts the frames sent to shards whose bytes lie inside [begin, end).
+std::shared_ptr<std::atomic<int>> CountFramesFrom(MemoryCluster& cluster, const void* begin,
+                                                  const void* end) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  const auto* b = static_cast<const uint8_t*>(begin);
+  const auto* e = static_cast<const uint8_t*>(end);
+  cluster.network().AddRule([count, b, e](const Packet& p) -> std::optional<Verdict> {
+    if (p.direction != Direction::kToShard) return std::nullopt;
+    for (const Frame& f : *p.message) {
+      if (!f.empty() && f.data() >= b && f.data() + f.size() <= e) ++*count;
+    }
+    return std::nullopt;
+  });
+  return count;
+}
+
+// A gradient handed over with its owner travels as the caller's own floats (no copy), one
+// frame per shard; the owner is released once every shard has answered. The plain Push
+// copies: no frame refers to the caller's buffer.
+TEST(ClientTest, AnOwnedGradientIsSentFromTheCallersFloatsAndReleasedOnceAnswered) {
+  MemoryCluster cluster(2);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 8, 1000));  // 16 KB of gradient per shard
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto floats = std::make_shared<std::vector<float>>(t->size(), 0.25f);
+  std::shared_ptr<const float> grad(floats, floats->data());
+  const float* begin = floats->data();
+  auto from_buffer = CountFramesFrom(cluster, begin, begin + floats->size());
+  std::weak_ptr<const float> held = grad;
+  floats.reset();
+  Future push = c->Push(*t, std::move(grad));
+  ASSERT_TRUE(push.get().ok()) << push.get();
+  ASSERT_TRUE(c->Clock().get().ok());
+  EXPECT_EQ(from_buffer->load(), 2) << "one frame of the caller's floats per shard";
+  ExpectAll(PullAll(*c, *t), -0.25f);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!held.expired() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(held.expired()) << "the client still holds the gradient after both answers";
+
+  std::vector<float> copied(t->size(), 0.25f);
+  auto from_copied = CountFramesFrom(cluster, copied.data(), copied.data() + copied.size());
+  ASSERT_TRUE(c->Push(*t, copied.data()).get().ok());
+  EXPECT_EQ(from_copied->load(), 0) << "Push(const float*) sends a copy";
+  ExpectAll(PullAll(*c, *t), -0.5f);
+}
+
+// A push whose answer is lost is resent from the same floats (the client kept them, the
+// caller did not), and the shard applies it once; then the floats are released.
+TEST(ClientTest, AnOwnedGradientIsResentFromTheSameFloatsAndAppliedOnce) {
+  MemoryCluster cluster(2);
+  std::atomic<bool> cut{false};
+  LoseRepliesOnTheNextConnection(cluster, 1, cut);
+  auto c = MustConnect(cluster, Worker("w", 1));
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 8, 1000));
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto floats = std::make_shared<const std::vector<float>>(t->size(), 1.f);
+  const float* begin = floats->data();
+  auto from_buffer = CountFramesFrom(cluster, begin, begin + floats->size());
+  std::weak_ptr<const float> held = std::shared_ptr<const float>(floats, begin);
+  cut.store(true);
+  Future push = c->Push(*t, std::shared_ptr<const float>(floats, begin));
+  floats.reset();  // from here only the client holds the gradient
+  ASSERT_TRUE(push.get().ok()) << push.get();
+  EXPECT_GT(c->counters().resends, 0u);
+  EXPECT_GE(from_buffer->load(), 3) << "shard 0's frame, shard 1's, and shard 1's resend";
+  ASSERT_TRUE(c->Clock().get().ok());
+  ExpectAll(PullAll(*c, *t), -1.f);
+  EXPECT_TRUE(cluster.WaitFor(1, [](const MemoryCluster::View& v) {
+    return v.counters.pushes_duplicate >= 1;
+  })) << "the resent push reached shard 1, which had applied it";
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!held.expired() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(held.expired()) << "the client still holds the gradient after both answers";
+}
+
+// A 16-bit wire converts the owned floats (the caller's bytes are not the wire's), with the
+// same result; a null gradient is refused by name.
+TEST(ClientTest, AnOwnedGradientOnA16BitWireIsConvertedAndANullOneRefused) {
+  MemoryCluster cluster(1);
+  ClientOptions o = Worker("w", 1);
+  o.wire_dtype = DType::kF16;
+  auto c = MustConnect(cluster, o);
+  ASSERT_TRUE(c);
+  auto t = c->CreateTable(Table("t", 4, 1000));
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto floats = std::make_shared<const std::vector<float>>(t->size(), 0.5f);
+  auto from_buffer = CountFramesFrom(cluster, floats->data(), floats->data() + floats->size());
+  ASSERT_TRUE(c->Push(*t, std::shared_ptr<const float>(floats, floats->data())).get().ok());
+  EXPECT_EQ(from_buffer->load(), 0);
+  ExpectAll(PullAll(*c, *t), -0.5f);
+  Status null = c->Push(*t, std::shared_ptr<const float>()).get();
+  EXPECT_EQ(null.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(null.message().find("'t'"), std::string::npos) << null;
 }
 
 TableSpec SparseTable(const std::string& name, uint32_t dim) {

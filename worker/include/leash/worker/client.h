@@ -148,6 +148,15 @@ class Client {
   // `weight` (work in proportion to speed): the samples behind the gradient and the job's
   // global batch; the shards weight it by their ratio. Default: unweighted.
   Future Push(const TableHandle& table, const float* grad, PushWeight weight = {});
+  // The same, sent from `grad` itself instead of a copy (table.size() floats at
+  // grad.get()): the caller hands the floats over and must not change them after the call;
+  // the client keeps a reference to their owner until no shard's message (or resend) can
+  // still read them, so the buffer may be reused once the caller holds the last reference
+  // (use_count() == 1 after the future is ready and the client has sent it). With a float32
+  // wire over the socket no byte of the gradient is copied in user space; a 16-bit wire
+  // converts it, and a shard on this host gets it through shared memory (one copy either
+  // way). InvalidArgument for a null `grad`.
+  Future Push(const TableHandle& table, std::shared_ptr<const float> grad, PushWeight weight = {});
   Future Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
 
   // Sparse tables (TableKind::kSparse): rows addressed by any 64-bit keys, each on the
@@ -220,6 +229,9 @@ class Client {
   int num_shards_;
   Status Register();
   Status WaitForShards(Future& fut, const std::vector<bool>& answered);
+  // Push of a dense table; `owner` (or null: copied) keeps `grad` for the frames.
+  Future PushDense(const TableHandle& table, const float* grad,
+                   const std::shared_ptr<const float>& owner, PushWeight weight);
   // fut's status, or Cancelled once options_.interrupted says so.
   Status Await(const Future& fut) const;
 
