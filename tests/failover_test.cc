@@ -14,6 +14,7 @@
 #include <csignal>
 
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -371,6 +372,51 @@ TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExact
   EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "queued messages received"),
             kPushes)
       << Replica(1 - primary).ReadLog();
+}
+
+// The primary copies each large push into its backup's ring itself and checks it for NaN
+// and Inf in that copy; its shard then does not check the push again (and the backup's copy
+// out of the ring checks it on its side). A push with a NaN is refused by both and applied
+// by neither: the sums stay exact.
+TEST_F(FailoverTest, APrimaryChecksAPushInItsCopyForTheBackupAndRefusesANaNOnce) {
+  auto client = Follower("big", /*register_worker=*/true);
+  ASSERT_NE(client, nullptr);
+  constexpr uint64_t kValues = 16384;  // 64 KiB pushes: over the 32 KiB threshold
+  auto table = client->CreateTable(testing::Sgd1("big", kValues, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  const int primary = Primary();
+  ASSERT_GE(primary, 0);
+  const std::string reached =
+      "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: all messages";
+  ASSERT_TRUE(
+      WaitFor([&] { return Replica(primary).ReadLog().find(reached) != std::string::npos; }, 30s))
+      << "the primary never said: " << reached << "\n"
+      << Logs();
+  std::vector<float> grad(kValues);
+  for (uint64_t i = 0; i < kValues; ++i) grad[i] = static_cast<float>(i % 5);
+  constexpr int kPushes = 10;
+  for (int p = 0; p < kPushes; ++p) {
+    Status st = client->Push(*table, grad.data()).get();
+    ASSERT_TRUE(st.ok()) << st << Logs();
+  }
+  std::vector<float> bad = grad;
+  bad[kValues / 2] = std::nanf("");
+  Status refused = client->Push(*table, bad.data()).get();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused;
+  std::vector<float> values(kValues);
+  ASSERT_TRUE(client->Pull(*table, values.data()).get().ok());
+  for (uint64_t i = 0; i < kValues; ++i)
+    ASSERT_EQ(values[i], -static_cast<float>(kPushes * static_cast<int>(i % 5))) << "value " << i;
+  client.reset();
+  ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 30s)) << Logs();
+  for (int r : {primary, 1 - primary}) {
+    Replica(r).Signal(SIGTERM);
+    ASSERT_EQ(Replica(r).Wait(30s), std::optional<int>(0)) << Logs();
+    // Every finite push was checked by a copy: the primary's into the ring, the backup's out.
+    EXPECT_GE(testing::CountInFinalLog(Replica(r).ReadLog(), "pushes checked for NaN/Inf"), kPushes)
+        << "replica " << r << (r == primary ? " (primary)" : " (backup)") << "\n"
+        << Replica(r).ReadLog();
+  }
 }
 
 TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart) {

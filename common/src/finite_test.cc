@@ -132,5 +132,27 @@ TEST(FiniteTest, AFrameKnowsItsFloatsAreFiniteOnlyFromTheCopyThatCheckedThem) {
   EXPECT_TRUE(Frame::CopyCheckingFinite(v.data(), 999 * 4).finite_f32());
 }
 
+// Copying a frame somewhere else (a backup's ring) checks it on the way: the frame it returns
+// is the source itself (same bytes, same storage) knowing the fact, or not knowing it.
+TEST(FiniteTest, CopyingAFrameElsewhereTeachesTheFrameItsFloatsAreFinite) {
+  std::vector<float> v(1000, -2.f);
+  const Frame plain = Frame::Copy(v.data(), v.size() * 4);
+  ASSERT_FALSE(plain.finite_f32());
+  std::vector<float> ring(1000, 7.f);
+  Frame known = Frame::CopyToCheckingFinite(plain, ring.data());
+  EXPECT_TRUE(known.finite_f32());
+  EXPECT_EQ(known.data(), plain.data()) << "the source's storage, not the copy's";
+  EXPECT_EQ(known.size(), plain.size());
+  EXPECT_EQ(ring, v) << "every byte copied";
+  EXPECT_FALSE(plain.finite_f32()) << "the source object itself is not changed";
+
+  v[500] = -std::numeric_limits<float>::infinity();
+  const Frame bad = Frame::Copy(v.data(), v.size() * 4);
+  EXPECT_FALSE(Frame::CopyToCheckingFinite(bad, ring.data()).finite_f32());
+  EXPECT_EQ(ring, v) << "copied whole even when a value is not finite";
+  EXPECT_FALSE(Frame::CopyToCheckingFinite(Frame::Copy(v.data(), 6), ring.data()).finite_f32())
+      << "not whole floats";
+}
+
 }  // namespace
 }  // namespace leash

@@ -22,6 +22,12 @@ Frame Frame::CopyCheckingFinite(const void* data, size_t size) {
   return f;
 }
 
+Frame Frame::CopyToCheckingFinite(const Frame& src, void* dst) {
+  Frame f = src;
+  if (src.size() > 0 && CopyAllFinite(dst, src.data(), src.size())) f.finite_f32_ = true;
+  return f;
+}
+
 Frame Frame::Own(std::vector<uint8_t> bytes) {
   auto holder = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
   const uint8_t* p = holder->data();

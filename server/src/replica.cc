@@ -407,7 +407,31 @@ void Replica::SendAppend(uint32_t r) {
   for (uint64_t i = p.next_index; i <= last; ++i) m.entries.push_back(EntryAt(i));
   p.next_index = last + 1;
   p.sent_ms = now_;
+  CopyIntoRing(r, &m);
   (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(m)));
+}
+
+void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
+  ClientSharedMemory* shm = peers_->shared_memory();
+  if (shm == nullptr || !shm->ActiveWith(static_cast<int>(r))) return;
+  for (ReplEntryWire& e : m->entries) {
+    // The logged entry, whose frames the shard applies (entries resent after a compaction
+    // are not there any more: only the copy is made then).
+    ReplEntryWire* logged = e.index > base_index_ && e.index <= last_index()
+                                ? &log_[static_cast<size_t>(e.index - base_index_ - 1)]
+                                : nullptr;
+    for (size_t f = 0; f < e.message.size(); ++f) {
+      Frame& frame = e.message[f];
+      // nullopt below the ring's smallest frame or without room: the transport decides.
+      std::optional<WritableFrame> w = shm->ReservePayload(static_cast<int>(r), frame.size());
+      if (!w) continue;
+      Frame checked = Frame::CopyToCheckingFinite(frame, w->data);
+      if (logged != nullptr && checked.finite_f32() && !logged->message[f].finite_f32()) {
+        logged->message[f] = std::move(checked);
+      }
+      frame = std::move(w->frame);
+    }
+  }
 }
 
 void Replica::SendSnapshot(uint32_t r) {

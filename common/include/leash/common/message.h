@@ -24,6 +24,10 @@ class Frame {
   // Copies `size` bytes and, in the same pass, learns whether they are float32 values none
   // of which is NaN or Inf (finite_f32()).
   static Frame CopyCheckingFinite(const void* data, size_t size);
+  // Copies the bytes of `src` to `dst` (src.size() bytes, not overlapping them) and, in the
+  // same pass, learns whether they are float32 values none of which is NaN or Inf: returns
+  // `src` itself (the same storage) knowing that fact, as CopyCheckingFinite's copy would.
+  static Frame CopyToCheckingFinite(const Frame& src, void* dst);
   // Takes the bytes of `bytes` without copying.
   static Frame Own(std::vector<uint8_t> bytes);
   // Refers to `data` without copying; `owner` keeps it alive.
@@ -42,8 +46,9 @@ class Frame {
   std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
   const std::shared_ptr<const void>& owner() const { return owner_; }
   // True: the bytes are whole float32 values, every one finite, as found by the copy that
-  // made this frame (CopyCheckingFinite). False: not known. A fact about immutable bytes,
-  // so every copy of the frame keeps it; nothing else can set it.
+  // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite). False: not
+  // known. A fact about immutable bytes, so every copy of the frame keeps it; nothing else
+  // can set it.
   bool finite_f32() const { return finite_f32_; }
 
  private:

@@ -197,6 +197,11 @@ class Replica {
   static size_t EntryBytes(const ReplEntryWire& e);
   const ReplEntryWire& EntryAt(uint64_t index) const;
   void SendAppend(uint32_t r);
+  // Primary: copies the frames of `m` that backup r gets through shared memory into its ring
+  // here (the transport then passes them as they are), checking their floats as it copies:
+  // a logged frame found to hold finite float32 values is marked so (Frame::finite_f32), and
+  // this replica's shard does not check that push again. Nothing if r is not on this host.
+  void CopyIntoRing(uint32_t r, ReplAppendMsg* m);
   // Primary: starts a snapshot transfer to backup r (at most every snapshot_every_ms) or
   // goes on with the one in flight: the chunks within the window, again from where the
   // backup stands if it has acknowledged nothing for resend_ms.
