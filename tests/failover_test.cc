@@ -170,6 +170,18 @@ class FailoverTest : public testing::EtcdTest {
     table_ = std::move(*t);
   }
 
+  // Waits until `primary` says it reaches its backup through shared memory: the primary's
+  // connection reads the backup's answer to its offer in its own time, and until then
+  // appends go through the socket.
+  void WaitUntilBackupReachedThroughSharedMemory(int primary) {
+    const std::string reached =
+        "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: all messages";
+    ASSERT_TRUE(
+        WaitFor([&] { return Replica(primary).ReadLog().find(reached) != std::string::npos; }, 30s))
+        << "the primary never said: " << reached << "\n"
+        << Logs();
+  }
+
   int64_t MinClock(Client& observer) {
     auto s = observer.Stats();
     return s.ok() ? (*s)[0].min_clock : -1;
@@ -343,12 +355,7 @@ TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExact
   // this test counts). Push once it says the backup is reached through shared memory.
   const int primary = Primary();
   ASSERT_GE(primary, 0);
-  const std::string reached =
-      "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: all messages";
-  ASSERT_TRUE(
-      WaitFor([&] { return Replica(primary).ReadLog().find(reached) != std::string::npos; }, 30s))
-      << "the primary never said: " << reached << "\n"
-      << Logs();
+  ASSERT_NO_FATAL_FAILURE(WaitUntilBackupReachedThroughSharedMemory(primary));
   constexpr int kPushes = 20;
   for (int p = 0; p < kPushes; ++p) {
     Status st = client->Push(*table, grad.data()).get();
@@ -386,12 +393,7 @@ TEST_F(FailoverTest, APrimaryChecksAPushInItsCopyForTheBackupAndRefusesANaNOnce)
   ASSERT_TRUE(table.ok()) << table.status();
   const int primary = Primary();
   ASSERT_GE(primary, 0);
-  const std::string reached =
-      "(" + cluster_->endpoint(0, 1 - primary) + ") is on this host: all messages";
-  ASSERT_TRUE(
-      WaitFor([&] { return Replica(primary).ReadLog().find(reached) != std::string::npos; }, 30s))
-      << "the primary never said: " << reached << "\n"
-      << Logs();
+  ASSERT_NO_FATAL_FAILURE(WaitUntilBackupReachedThroughSharedMemory(primary));
   std::vector<float> grad(kValues);
   for (uint64_t i = 0; i < kValues; ++i) grad[i] = static_cast<float>(i % 5);
   constexpr int kPushes = 10;
