@@ -11,8 +11,8 @@ starts them), each build on a cluster of its own: the 4 KB push p50 (1 in flight
 backup's and the pushing client's CPU time per push.
 It reports per-round figures, medians, and B/A ratios of the medians, as JSON and Markdown.
 
-Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--replicated]
-                   [--name ab] [--out DIR]
+Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--replicated | --no-shm]
+                   [--suite-flags] [--name ab] [--out DIR]
 Each BUILD is a CMake build directory (server/leash-server, worker/leash-worker,
 bench/leash-bench-pushpull inside).
 """
@@ -86,6 +86,10 @@ def main():
     p.add_argument("--seconds", type=float, default=1.0, help="duration of each push/pull measurement")
     p.add_argument("--replicated", action="store_true",
                    help="measure R=2's push rows and the replicas' CPU per push instead")
+    p.add_argument("--no-shm", action="store_true",
+                   help="the MLP's 1+1 cluster sends everything through the socket (as between hosts)")
+    p.add_argument("--suite-flags", action="store_true",
+                   help="the MLP with the suite's flags (momentum 0.9, lr 0.01) instead of the worker's defaults")
     p.add_argument("--name", default="ab", help="writes NAME.json and NAME.md (default ab)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -94,7 +98,8 @@ def main():
             if not os.access(os.path.join(b, exe), os.X_OK):
                 sys.exit(f"ab.py: {os.path.join(b, exe)} is missing: build it first (scripts/build.sh)")
     os.makedirs(args.out, exist_ok=True)
-    run_args = argparse.Namespace(epochs=args.epochs, batch=args.batch, staleness=1)
+    run_args = argparse.Namespace(epochs=args.epochs, batch=args.batch, staleness=1, suite_flags=args.suite_flags,
+                                  no_shm=args.no_shm, ipc=False)
     tmp = tempfile.mkdtemp(prefix="leash-ab-")
     rows = {"a": [], "b": []}
     try:
@@ -139,7 +144,8 @@ def main():
         for who in ("primary", "backup", "client"):
             names[f"push_{size}_{who}_cpu_us"] = f"{size} push: the {who}'s CPU per push (us)"
     what = ("R=2 (2 replicas and etcd; the push rows against the primary)" if args.replicated else
-            f"{args.epochs} epoch(s) each")
+            f"{args.epochs} epoch(s) each" + (", the cluster over the socket only (--no-shm)" if args.no_shm else "")
+            + (", the suite's worker flags" if args.suite_flags else ""))
     md = [f"# A/B: {args.a} (A) against {args.b} (B)", "",
           f"{args.rounds} rounds, interleaved (A B B A, then B A A B), {what}, "
           f"{os.cpu_count()} cores.", "", "| figure | A median | B median | B/A | A runs | B runs |",

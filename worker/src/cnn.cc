@@ -130,12 +130,11 @@ class Cnn final : public KernelModel {
     for (int l = 1; l >= 0; --l) {
       const DenseLayer& d = dense_[l];
       const auto pi = static_cast<size_t>(2 + l);  // its weights(pi)
-      Weights& p = weights(pi);
       const float* x = l == 0 ? conv_[1].pooled.data() : dense_[0].act.data();
       // dW = x^T dz (in x out), db = column sums of dz.
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, d.in, d.out,
-                                          batch, 1.f, x, dz->data(), 0.f, p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, d.out, dz->data(), p.db.data()));
+                                          batch, 1.f, x, dz->data(), 0.f, WeightGradOut(pi)));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, d.out, dz->data(), BiasGradOut(pi)));
       GradientsReady(2 + static_cast<size_t>(l), on_grad);
       // dx = dz W^T (batch x in); through the ReLU that produced x for the upper layer
       // (the pooled features' ReLU came before pooling, so it is undone below).
@@ -150,7 +149,6 @@ class Cnn final : public KernelModel {
     // Convolutions, last first; dz holds dL/d(pooled output) of layer l.
     for (int l = 1; l >= 0; --l) {
       const ConvLayer& c = conv_[l];
-      Weights& p = weights(static_cast<size_t>(l));
       const int64_t pixels = c.size * c.size;
       const float* x = l == 0 ? input : conv_[0].pooled.data();
       // Back through the pooling and the ReLU into dnext = dL/d(convolution + bias).
@@ -161,9 +159,9 @@ class Cnn final : public KernelModel {
                                                   dnext->data(), dnext->data()));
       LEASH_RETURN_IF_ERROR(kernels::Conv2dBackwardWeight(ctx(), batch, c.c_in, c.size, c.size,
                                                           c.c_out, kKernel, kPad, x, dnext->data(),
-                                                          p.dw.data()));
-      LEASH_RETURN_IF_ERROR(
-          kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(), p.db.data()));
+                                                          WeightGradOut(static_cast<size_t>(l))));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGradChannels(ctx(), batch, c.c_out, pixels, dnext->data(),
+                                                      BiasGradOut(static_cast<size_t>(l))));
       GradientsReady(static_cast<size_t>(l), on_grad);
       if (l == 0) break;  // nobody needs the gradient of the input
       LEASH_RETURN_IF_ERROR(

@@ -351,6 +351,14 @@ TEST_F(CnnTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
   ExpectBoundParamsTrainLikeCopiedOnes(*copied, *bound, 3, 6);
 }
 
+TEST_F(CnnTest, BoundGradientsAreWrittenWhereBoundForOneStep) {
+  auto own = Make(3);
+  auto bound = Make(3);
+  ASSERT_NE(own, nullptr);
+  ASSERT_NE(bound, nullptr);
+  ExpectBoundGradientsAreWrittenWhereBoundForOneStep(*own, *bound, 3, 8);
+}
+
 #else  // LEASH_CNN_CUDA_TEST
 
 TEST(CnnTest, CudaModelMatchesCpuModel) {

@@ -36,6 +36,8 @@ Status KernelModel::InitBuffers(size_t widest) {
   LEASH_RETURN_IF_ERROR(stager_.Init(ctx_, max_batch_, input_size_, num_classes_));
   grad_ready_.assign(params_.size(), false);
   bindings_.Init(params_.size());
+  grad_bound_.assign(params_.size(), nullptr);
+  grad_at_.assign(params_.size(), nullptr);
   return Status::Ok();
 }
 
@@ -57,6 +59,10 @@ Result<StepStats> KernelModel::TrainStep(const float* images_host, const int32_t
                                          int64_t batch,
                                          const std::function<void(size_t)>& on_grad) {
   std::fill(grad_ready_.begin(), grad_ready_.end(), false);
+  // This step writes into the arrays bound for it; the next one into the own buffers
+  // unless bound again.
+  grad_at_.swap(grad_bound_);
+  std::fill(grad_bound_.begin(), grad_bound_.end(), nullptr);
   LEASH_ASSIGN_OR_RETURN(BatchStager::Staged in,
                          stager_.Stage("TrainStep", images_host, labels_host, batch));
   LEASH_ASSIGN_OR_RETURN(const float* logits, Forward(in.x, batch));
@@ -81,7 +87,24 @@ Status KernelModel::Gradient(size_t index, float* out_host) {
     return FailedPrecondition("Gradient: no gradient of " + params_[index].name +
                               " yet; call TrainStep first (and wait for its on_grad)");
   }
+  if (grad_at_[index] != nullptr) {
+    std::copy_n(grad_at_[index], params_[index].size(), out_host);
+    return Status::Ok();
+  }
   return Grad(index).CopyToHost(ctx_, out_host, params_[index].size());
+}
+
+Status KernelModel::BindGradient(size_t index, float* host) {
+  LEASH_RETURN_IF_ERROR(CheckParamIndex("BindGradient", index, params_.size()));
+  if (host == nullptr)
+    return InvalidArgument("BindGradient: the array for " + params_[index].name + " is null");
+  if (ctx_.device().type != kernels::DeviceType::kCpu) {
+    return FailedPrecondition("BindGradient: the model computes on " +
+                              kernels::DeviceName(ctx_.device()) + ", which cannot write " +
+                              params_[index].name + "'s gradient to host memory; use Gradient");
+  }
+  grad_bound_[index] = host;
+  return Status::Ok();
 }
 
 Result<const float*> KernelModel::HostGradient(size_t index) {
@@ -90,6 +113,7 @@ Result<const float*> KernelModel::HostGradient(size_t index) {
     return FailedPrecondition("HostGradient: no gradient of " + params_[index].name +
                               " yet; call TrainStep first (and wait for its on_grad)");
   }
+  if (grad_at_[index] != nullptr) return static_cast<const float*>(grad_at_[index]);
   // Only the CPU's buffers are host memory.
   if (ctx_.device().type != kernels::DeviceType::kCpu) {
     return static_cast<const float*>(nullptr);

@@ -36,6 +36,7 @@ class KernelModel : public Model {
   StagingStats staging() const final { return {stager_.staged_ahead(), stager_.used_ahead()}; }
   Status Gradient(size_t index, float* out_host) final;
   Result<const float*> HostGradient(size_t index) final;
+  Status BindGradient(size_t index, float* host) final;
   Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host, int64_t n) final;
 
  protected:
@@ -79,6 +80,10 @@ class KernelModel : public Model {
   // buffer.
   const float* Weight(size_t layer) const { return bindings_.Read(2 * layer, weights_[layer].w); }
   const float* Bias(size_t layer) const { return bindings_.Read(2 * layer + 1, weights_[layer].b); }
+  // Where Backward writes layer `layer`'s weight and bias gradients in the step under way:
+  // an array bound for it (BindGradient), else the own buffer.
+  float* WeightGradOut(size_t layer) { return GradOut(2 * layer); }
+  float* BiasGradOut(size_t layer) { return GradOut(2 * layer + 1); }
 
  private:
   kernels::Buffer& Value(size_t index) {
@@ -86,6 +91,9 @@ class KernelModel : public Model {
   }
   kernels::Buffer& Grad(size_t index) {
     return index % 2 == 0 ? weights_[index / 2].dw : weights_[index / 2].db;
+  }
+  float* GradOut(size_t index) {
+    return grad_at_[index] != nullptr ? grad_at_[index] : Grad(index).data();
   }
 
   kernels::Context& ctx_;
@@ -98,6 +106,9 @@ class KernelModel : public Model {
   BatchStager stager_;
   std::vector<bool> grad_ready_;
   ParamBindings bindings_;
+  // BindGradient's arrays: for the next step, and where the step under way (or the last)
+  // writes each gradient (nullptr: the own buffer).
+  std::vector<float*> grad_bound_, grad_at_;
 };
 
 }  // namespace leash::worker

@@ -384,6 +384,8 @@ int Train(const WorkerConfig& c, Worker& w) {
       {"injected_delay_seconds", results->injected_delay_seconds},
       {"pull_seconds", results->pull_seconds},
       {"push_seconds", results->push_seconds},
+      {"pushes_handed_over", static_cast<double>(results->pushes_handed_over)},
+      {"gradient_buffers", static_cast<double>(results->gradient_buffers)},
       {"step_delay_factor", c.step_delay_factor},
       {"slow_spells_factor", c.slow_spells.factor},
       {"final_clock", static_cast<double>(w.params->clock())}};

@@ -84,12 +84,12 @@ class Mlp final : public KernelModel {
                   const std::function<void(size_t)>& on_grad) override {
     for (size_t l = layers_.size(); l-- > 0;) {
       Layer& layer = layers_[l];
-      Weights& p = weights(l);
       const float* x = l == 0 ? input : layers_[l - 1].act.data();
       // dW = x^T dz (in x out), db = column sums of dz.
       LEASH_RETURN_IF_ERROR(kernels::Gemm(ctx(), Transpose::kYes, Transpose::kNo, layer.in,
-                                          layer.out, batch, 1.f, x, dz->data(), 0.f, p.dw.data()));
-      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, layer.out, dz->data(), p.db.data()));
+                                          layer.out, batch, 1.f, x, dz->data(), 0.f,
+                                          WeightGradOut(l)));
+      LEASH_RETURN_IF_ERROR(kernels::BiasGrad(ctx(), batch, layer.out, dz->data(), BiasGradOut(l)));
       GradientsReady(l, on_grad);
       if (l == 0) break;  // nobody needs the gradient of the input
       // dx = dz W^T (batch x in), then through the ReLU that produced x.

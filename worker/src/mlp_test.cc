@@ -331,6 +331,14 @@ TEST_F(MlpTest, BoundParamsTrainBitIdenticallyToCopiedOnes) {
   ExpectBoundParamsTrainLikeCopiedOnes(*copied, *bound, 12, 5);
 }
 
+TEST_F(MlpTest, BoundGradientsAreWrittenWhereBoundForOneStep) {
+  auto own = Make(33, {24, 16}, 10, 12);
+  auto bound = Make(33, {24, 16}, 10, 12);
+  ASSERT_NE(own, nullptr);
+  ASSERT_NE(bound, nullptr);
+  ExpectBoundGradientsAreWrittenWhereBoundForOneStep(*own, *bound, 12, 7);
+}
+
 TEST_F(MlpTest, CudaModelRefusesBindingAndHasNoHostGradient) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
   auto gpu_ctx = Context::Create(Device{DeviceType::kCuda, 0});
@@ -339,6 +347,7 @@ TEST_F(MlpTest, CudaModelRefusesBindingAndHasNoHostGradient) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> w(20, 0.1f);
   EXPECT_EQ((*gpu)->BindParam(0, w.data()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*gpu)->BindGradient(0, w.data()).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*gpu)->HostGradient(0).status().code(),
             StatusCode::kFailedPrecondition);  // not trained yet
   std::vector<float> images(2 * 5, 0.1f);

@@ -18,6 +18,14 @@ Result<const float*> Model::HostGradient(size_t index) {
   return static_cast<const float*>(nullptr);
 }
 
+Status Model::BindGradient(size_t index, float* host) {
+  LEASH_RETURN_IF_ERROR(CheckParamIndex("BindGradient", index, params().size()));
+  if (host == nullptr)
+    return InvalidArgument("BindGradient: the array for " + params()[index].name + " is null");
+  return FailedPrecondition(
+      "BindGradient: this model writes its gradients into its own buffers; use Gradient");
+}
+
 Result<std::span<const uint64_t>> Model::SparseKeys(const uint64_t*, int64_t, int64_t) {
   return FailedPrecondition("SparseKeys: this model has no embeddings (no sparse table)");
 }

@@ -1,6 +1,6 @@
 // Test helpers shared by mlp_test and cnn_test: checks a model's zero-copy paths
-// (BindParam, HostGradient) against its copying ones (SetParam, Gradient), and its chunked
-// evaluation against a whole one. Single-threaded.
+// (BindParam, HostGradient, BindGradient) against its copying ones (SetParam, Gradient), and
+// its chunked evaluation against a whole one. Single-threaded.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -103,6 +103,73 @@ inline void ExpectBoundParamsTrainLikeCopiedOnes(Model& copied, Model& bound, in
   EXPECT_EQ(bound.BindParam(n, any.data()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bound.BindParam(0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bound.HostGradient(n).status().code(), StatusCode::kInvalidArgument);
+}
+
+// `own` and `bound` are two models of the same architecture and parameters on the CPU.
+// Trains both on the same batches, `bound` with every gradient bound to an array of ours
+// (BindGradient) for its first step only, and expects: the arrays hold `own`'s gradients
+// bit for bit, announced in place (HostGradient is the array in on_grad); the binding
+// covers that one step (the second step writes `bound`'s own buffers and leaves the arrays
+// as they were); and bad arguments are refused.
+inline void ExpectBoundGradientsAreWrittenWhereBoundForOneStep(Model& own, Model& bound,
+                                                               int64_t batch, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t n = own.params().size();
+  std::uniform_real_distribution<float> pixel(0.f, 1.f);
+  std::uniform_int_distribution<int32_t> label(0, static_cast<int32_t>(own.num_classes() - 1));
+  std::vector<float> images(static_cast<size_t>(batch * own.input_size()));
+  for (float& v : images) v = pixel(rng);
+  std::vector<int32_t> labels(static_cast<size_t>(batch));
+  for (int32_t& l : labels) l = label(rng);
+
+  std::vector<std::vector<float>> arrays;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> values(own.params()[i].size());
+    std::uniform_real_distribution<float> dist(-0.3f, 0.3f);
+    for (float& v : values) v = dist(rng);
+    ASSERT_TRUE(own.SetParam(i, values.data()).ok());
+    ASSERT_TRUE(bound.SetParam(i, values.data()).ok());
+    arrays.emplace_back(values.size(), -3.f);
+    ASSERT_TRUE(bound.BindGradient(i, arrays[i].data()).ok()) << i;
+  }
+  std::vector<bool> announced(n, false);
+  ASSERT_TRUE(own.TrainStep(images.data(), labels.data(), batch).ok());
+  auto b = bound.TrainStep(images.data(), labels.data(), batch, [&](size_t i) {
+    announced[i] = true;
+    Result<const float*> g = bound.HostGradient(i);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(*g, arrays[i].data()) << "gradient " << i << " is not where it was bound";
+  });
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(announced[i]) << i;
+    std::vector<float> want(arrays[i].size()), got(arrays[i].size());
+    ASSERT_TRUE(own.Gradient(i, want.data()).ok());
+    EXPECT_TRUE(SameBits(arrays[i].data(), want.data(), want.size())) << "bound gradient " << i;
+    ASSERT_TRUE(bound.Gradient(i, got.data()).ok());
+    EXPECT_TRUE(SameBits(got.data(), want.data(), want.size())) << "Gradient() of bound " << i;
+  }
+
+  // The binding covered one step: the next writes the model's own buffers, the arrays (the
+  // caller's to send or reuse by now) keep the first step's gradients.
+  std::vector<std::vector<float>> first = arrays;
+  ASSERT_TRUE(own.TrainStep(images.data(), labels.data(), batch).ok());
+  ASSERT_TRUE(bound.TrainStep(images.data(), labels.data(), batch).ok());
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(SameBits(arrays[i].data(), first[i].data(), first[i].size()))
+        << "the second step wrote gradient " << i << " into the array bound for the first";
+    std::vector<float> want(arrays[i].size()), got(arrays[i].size());
+    ASSERT_TRUE(own.Gradient(i, want.data()).ok());
+    ASSERT_TRUE(bound.Gradient(i, got.data()).ok());
+    EXPECT_TRUE(SameBits(got.data(), want.data(), want.size())) << "second step, gradient " << i;
+    Result<const float*> host = bound.HostGradient(i);
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_NE(*host, arrays[i].data()) << i;
+  }
+
+  std::vector<float> any(1);
+  EXPECT_EQ(bound.BindGradient(n, any.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bound.BindGradient(0, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 // `small` and `large` are two models of the same architecture and parameters whose

@@ -105,11 +105,7 @@ class RemoteParams final : public ParamStore {
 
   void PushSparse(std::span<const uint64_t> keys, const float* grad) override {
     if (keys.empty()) return;
-    if (!holding_) {
-      client_->HoldSends();
-      holding_ = true;
-      held_bytes_ = 0;
-    }
+    Hold();
     pending_.push_back(client_->PushSparse(sparse_, keys, grad, weight_));
     held_bytes_ += keys.size() * sparse_.cols * sizeof(float);
   }
@@ -130,18 +126,15 @@ class RemoteParams final : public ParamStore {
   // that backward produces early (the CNN's dense layer) still travels while the layers
   // below compute, as in DDP's gradient buckets.
   void Push(size_t i, const float* grad) override {
-    if (!holding_) {
-      client_->HoldSends();
-      holding_ = true;
-      held_bytes_ = 0;
-    }
+    Hold();
     pending_.push_back(client_->Push(tables_[i], grad, weight_));
-    held_bytes_ += tables_[i].size() * sizeof(float);
-    if (held_bytes_ >= kPushBucketBytes) {
-      client_->FlushSends();
-      client_->HoldSends();
-      held_bytes_ = 0;
-    }
+    Held(tables_[i].size() * sizeof(float));
+  }
+
+  void PushHandedOver(size_t i, std::shared_ptr<const float> grad) override {
+    Hold();
+    pending_.push_back(client_->Push(tables_[i], std::move(grad), weight_));
+    Held(tables_[i].size() * sizeof(float));
   }
 
   Status EndIteration() override { return End(/*send=*/true); }
@@ -225,6 +218,22 @@ class RemoteParams final : public ParamStore {
   }
 
  private:
+  void Hold() {
+    if (holding_) return;
+    client_->HoldSends();
+    holding_ = true;
+    held_bytes_ = 0;
+  }
+  // A dense push of `bytes` joined the held ones: a bucket's worth goes at once.
+  void Held(size_t bytes) {
+    held_bytes_ += bytes;
+    if (held_bytes_ >= kPushBucketBytes) {
+      client_->FlushSends();
+      client_->HoldSends();
+      held_bytes_ = 0;
+    }
+  }
+
   // The dense table whose first row Idle() pulls to wait for the bound; null if none.
   const TableHandle* BoundTable() const {
     for (const TableHandle& t : tables_) {

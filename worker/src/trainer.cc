@@ -12,7 +12,9 @@
 #include <optional>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 
+#include "gradient_pool.h"
 #include "proportional.h"
 
 namespace leash::worker {
@@ -43,9 +45,11 @@ class Loop {
         test_(test),
         o_(o),
         stop_(stop),
-        sparse_(model.sparse_param() != nullptr) {
+        sparse_(model.sparse_param() != nullptr),
+        pool_(Sizes(model)) {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
     sums_.resize(grads_.size());
+    bound_.assign(grads_.size(), nullptr);
   }
 
   // The model must not read values_ once the loop is gone: copies the last values into
@@ -96,6 +100,8 @@ class Loop {
       }
     }
     result_.iterations = steps_;
+    result_.pushes_handed_over = pool_.handed_over();
+    for (size_t i = 0; i < bound_.size(); ++i) result_.gradient_buffers += pool_.allocated(i);
     return std::move(result_);
   }
 
@@ -409,48 +415,83 @@ class Loop {
   }
 
   // Forward and backward of micro-batch `micro` of an iteration; on the `last` one each
-  // parameter's (averaged) gradient is pushed as soon as backward produces it.
+  // parameter's (averaged) gradient is pushed as soon as backward produces it. Pushed
+  // gradients are handed to the client in buffers of pool_ (sent from there, not copied):
+  // with a single micro-batch a CPU model writes them there itself (BindGradient); a GPU
+  // model's are copied to host into one, and micro-batches average into one.
   Result<StepStats> MicroStep(const Batch& batch, int64_t micro, bool last) {
+    const bool single = micro == 0 && last;
+    if (single) BindGradients();
     Status grad_status;
+    auto failed = [&](Status s) {
+      if (grad_status.ok()) grad_status = std::move(s);
+    };
     auto st = model_.TrainStep(batch.images.data(), batch.labels.data(), batch.size, [&](size_t i) {
-      if (micro == 0 && last) {
-        // A single micro-batch: push the model's gradient in place where it is in host
-        // memory (Push copies it before returning, so the next step may overwrite it).
+      if (single) {
+        if (bound_[i] != nullptr) {
+          params_.PushHandedOver(i, pool_.HandOver(i, std::exchange(bound_[i], nullptr)));
+          return;
+        }
+        // A model that cannot write into our buffers but keeps its gradient in host
+        // memory: pushed from there (Push copies it before returning).
         Result<const float*> host = model_.HostGradient(i);
-        if (!host.ok()) {
-          if (grad_status.ok()) grad_status = host.status();
-          return;
+        if (!host.ok()) return failed(host.status());
+        if (*host != nullptr) return params_.Push(i, *host);
+        float* buf = pool_.Take(i);
+        if (Status gs = model_.Gradient(i, buf); !gs.ok()) {
+          pool_.Return(i, buf);
+          return failed(gs);
         }
-        if (*host != nullptr) {
-          params_.Push(i, *host);
-          return;
-        }
-      }
-      Status gs = model_.Gradient(i, grads_[i].data());
-      if (!gs.ok()) {
-        if (grad_status.ok()) grad_status = gs;
-        return;
+        return params_.PushHandedOver(i, pool_.HandOver(i, buf));
       }
       std::vector<float>& g = grads_[i];
-      if (micro > 0 || !last) {
-        std::vector<float>& sum = sums_[i];
-        if (micro == 0) {
-          sum = g;
-        } else {
-          for (size_t j = 0; j < g.size(); ++j) sum[j] += g[j];
-        }
-        if (!last) return;
-        float scale = 1.f / static_cast<float>(micro + 1);
-        for (size_t j = 0; j < g.size(); ++j) g[j] = sum[j] * scale;
+      if (Status gs = model_.Gradient(i, g.data()); !gs.ok()) return failed(gs);
+      std::vector<float>& sum = sums_[i];
+      if (micro == 0) {
+        sum = g;
+      } else {
+        for (size_t j = 0; j < g.size(); ++j) sum[j] += g[j];
       }
-      params_.Push(i, g.data());
+      if (!last) return;
+      float* buf = pool_.Take(i);
+      const float scale = 1.f / static_cast<float>(micro + 1);
+      for (size_t j = 0; j < g.size(); ++j) buf[j] = sum[j] * scale;
+      params_.PushHandedOver(i, pool_.HandOver(i, buf));
     });
+    // Buffers bound for gradients the step did not announce (it failed): back to the pool.
+    for (size_t i = 0; i < bound_.size(); ++i) {
+      if (bound_[i] != nullptr) pool_.Return(i, std::exchange(bound_[i], nullptr));
+    }
     LEASH_RETURN_IF_ERROR(grad_status);
     if (st.ok() && sparse_) {
       LEASH_ASSIGN_OR_RETURN(const float* rows_grad, model_.SparseGradient());
       params_.PushSparse(sparse_keys_, rows_grad);
     }
     return st;
+  }
+
+  static std::vector<size_t> Sizes(const Model& model) {
+    std::vector<size_t> sizes;
+    for (const auto& p : model.params()) sizes.push_back(p.size());
+    return sizes;
+  }
+
+  // Gives the model a free buffer of the pool for each gradient of the next step.
+  void BindGradients() {
+    if (!bind_gradients_) return;
+    for (size_t i = 0; i < bound_.size(); ++i) {
+      float* buf = pool_.Take(i);
+      if (Status st = model_.BindGradient(i, buf); !st.ok()) {
+        pool_.Return(i, buf);
+        spdlog::debug(
+            "gradients are copied out of the model, not written where they are sent "
+            "from: {}",
+            st.ToString());
+        bind_gradients_ = false;
+        return;
+      }
+      bound_[i] = buf;
+    }
   }
 
   void Progress(const ChunkGrant& g) {
@@ -536,6 +577,9 @@ class Loop {
   bool bound_any_ = false;                  // some parameter may be bound to values_
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> sums_;  // gradient sums over an iteration's micro-batches
+  GradientPool pool_;
+  std::vector<float*> bound_;   // the pool's buffers the model writes this step's gradients into
+  bool bind_gradients_ = true;  // until the model refuses (a GPU, or a model that always copies)
   std::map<uint32_t, EpochAcc> epochs_;
   uint32_t epochs_reported_ = 0;
   TrainResult result_;

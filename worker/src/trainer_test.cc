@@ -110,6 +110,12 @@ class SpyModel final : public Model {
     if (g.ok() && *g != nullptr) ++host_gradients;
     return g;
   }
+  Status BindGradient(size_t index, float* host) override {
+    if (!zero_copy_) return Model::BindGradient(index, host);
+    Status st = inner_.BindGradient(index, host);
+    if (st.ok()) ++gradient_binds;
+    return st;
+  }
   Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host,
                              int64_t n) override {
     return inner_.Evaluate(images_host, labels_host, n);
@@ -119,6 +125,7 @@ class SpyModel final : public Model {
   int64_t bind_calls = 0;
   int64_t gradient_copies = 0;
   int64_t host_gradients = 0;
+  int64_t gradient_binds = 0;
   std::vector<bool> bound;
 
  private:
@@ -143,6 +150,9 @@ class ForwardingParams : public ParamStore {
   Status PullAll(std::vector<std::vector<float>>* v) override { return inner_->PullAll(v); }
   void Prefetch() override { inner_->Prefetch(); }
   void Push(size_t i, const float* g) override { inner_->Push(i, g); }
+  void PushHandedOver(size_t i, std::shared_ptr<const float> g) override {
+    inner_->PushHandedOver(i, std::move(g));
+  }
   Status EndIteration() override { return inner_->EndIteration(); }
   Status EndIterationBeforePull() override { return inner_->EndIterationBeforePull(); }
   Status Idle() override { return inner_->Idle(); }
@@ -255,10 +265,19 @@ TEST(TrainerTest, BoundParamsAndHostGradientsTrainBitIdenticallyToCopies) {
   // The copying run copied every parameter and gradient of every iteration.
   EXPECT_EQ(copying.spy->bind_calls, 0);
   EXPECT_GT(copying.spy->gradient_copies, 0);
-  // The zero-copy run bound instead, and pushed every gradient in place.
+  // The zero-copy run bound instead, and the model wrote every gradient into the buffer
+  // it was pushed from (not read in place and copied by the push).
   EXPECT_GT(zero_copy.spy->bind_calls, 0);
   EXPECT_EQ(zero_copy.spy->gradient_copies, 0);
-  EXPECT_EQ(zero_copy.spy->host_gradients, copying.spy->gradient_copies);
+  EXPECT_EQ(zero_copy.spy->host_gradients, 0);
+  EXPECT_EQ(zero_copy.spy->gradient_binds, copying.spy->gradient_copies);
+  // Either way every gradient was handed to the store in a pooled buffer (the copying
+  // model's copied into one), and the buffers were reused step after step.
+  EXPECT_EQ(zero_copy.result.pushes_handed_over, copying.spy->gradient_copies);
+  EXPECT_EQ(copying.result.pushes_handed_over, copying.spy->gradient_copies);
+  const auto params = static_cast<int64_t>(zero_copy.final_params.size());
+  EXPECT_LE(zero_copy.result.gradient_buffers, 2 * params);
+  EXPECT_LE(copying.result.gradient_buffers, 2 * params);
 }
 
 TEST(TrainerTest, AccumulatedMicroBatchesStillCopyGradientsAndMatch) {
@@ -267,8 +286,10 @@ TEST(TrainerTest, AccumulatedMicroBatchesStillCopyGradientsAndMatch) {
   SpyRun zero_copy = TrainSpied(true, 2, &zero_model);
   ExpectSameTraining(copying, zero_copy);
   EXPECT_GT(zero_copy.spy->gradient_copies, 0);
-  // 96-sample chunks of 32-sample batches end on a one-micro-batch iteration: in place.
-  EXPECT_GT(zero_copy.spy->host_gradients, 0);
+  // 96-sample chunks of 32-sample batches end on a one-micro-batch iteration: written
+  // where it is pushed from.
+  EXPECT_GT(zero_copy.spy->gradient_binds, 0);
+  EXPECT_EQ(zero_copy.spy->host_gradients, 0);
 }
 
 // The model is bound only to the arrays PullAll returned, never to those RemoteParams'
@@ -280,6 +301,14 @@ TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
   SpyRun zero_copy = TrainSpied(true, 1, &zero_model, /*prefetching=*/true);
   ExpectSameTraining(copying, zero_copy);
   EXPECT_GT(zero_copy.spy->bind_calls, 0);
+  // Over the client every gradient went out from the buffer backward wrote it into, and a
+  // buffer came back to the pool once its push was answered: with staleness 1 and replies
+  // a millisecond late, a few buffers per parameter serve the whole run.
+  EXPECT_EQ(zero_copy.spy->gradient_binds, copying.spy->gradient_copies);
+  EXPECT_EQ(zero_copy.result.pushes_handed_over, copying.spy->gradient_copies);
+  const auto params = static_cast<int64_t>(zero_copy.final_params.size());
+  EXPECT_GT(zero_copy.result.gradient_buffers, params);  // a push in flight at the next step
+  EXPECT_LE(zero_copy.result.gradient_buffers, 4 * params);
 }
 
 TEST(TrainerTest, ModelIsBoundToNothingAfterTrain) {

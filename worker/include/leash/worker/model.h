@@ -91,6 +91,17 @@ class Model {
   // default implementation checks only the index and returns nullptr.
   virtual Result<const float*> HostGradient(size_t index);
 
+  // Makes the next TrainStep write the gradient of parameter `index` into `host` (size()
+  // floats) instead of the model's own buffer, so the caller can send it from there
+  // without a copy. The binding covers that one step: the step after it writes into the
+  // model's own buffer again unless bound anew, so an array handed on after its step is
+  // never written by the model again. After the bound step, Gradient and HostGradient read
+  // `host` (the caller keeps it alive while it calls them). InvalidArgument for a bad index
+  // or a null `host`; FailedPrecondition where the model's kernels cannot write host memory
+  // (a GPU) or the model always writes its own buffers (the default implementation):
+  // nothing is bound then, and the caller copies with Gradient or reads HostGradient.
+  virtual Status BindGradient(size_t index, float* host);
+
   // Loss and correct predictions over `n` examples (evaluated in chunks).
   virtual Result<StepStats> Evaluate(const float* images_host, const int32_t* labels_host,
                                      int64_t n) = 0;

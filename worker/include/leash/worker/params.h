@@ -51,6 +51,10 @@ class ParamStore {
   // Sends the gradient of parameter i (read or copied before returning, so `grad` may
   // change right after).
   virtual void Push(size_t i, const float* grad) = 0;
+  // The same, sent from `grad`'s floats themselves where the store can (Client::Push of a
+  // shared_ptr): the caller hands them over, must not change them, and may reuse the array
+  // once it holds the last reference. The default reads them as Push(i, grad.get()).
+  virtual void PushHandedOver(size_t i, std::shared_ptr<const float> grad) { Push(i, grad.get()); }
 
   // Models with embeddings (Model::sparse_param): creates (or finds) the sparse table,
   // after Setup. Unimplemented in a store without sparse tables.

@@ -109,6 +109,11 @@ struct TrainResult {
   // (the staleness bound's wait included), and pushing with the clock.
   double pull_seconds = 0;
   double push_seconds = 0;
+  // Gradients sent from the buffer they were computed or averaged into (Client::Push of a
+  // shared_ptr), and the buffers the worker allocated for that: they come back once a push
+  // is answered, so their number stays near the pushes in flight.
+  int64_t pushes_handed_over = 0;
+  int64_t gradient_buffers = 0;
   std::vector<EvalPoint> evaluations;  // with eval_every, in order
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
