@@ -303,12 +303,15 @@ TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
   EXPECT_GT(zero_copy.spy->bind_calls, 0);
   // Over the client every gradient went out from the buffer backward wrote it into, and a
   // buffer came back to the pool once its push was answered: with staleness 1 and replies
-  // a millisecond late, a few buffers per parameter serve the whole run.
+  // a millisecond late, a few buffers per parameter serve the whole run (how many depends
+  // on how many pushes were still unanswered at a step's start; with none reused there
+  // would be one per step).
   EXPECT_EQ(zero_copy.spy->gradient_binds, copying.spy->gradient_copies);
   EXPECT_EQ(zero_copy.result.pushes_handed_over, copying.spy->gradient_copies);
   const auto params = static_cast<int64_t>(zero_copy.final_params.size());
-  EXPECT_GT(zero_copy.result.gradient_buffers, params);  // a push in flight at the next step
-  EXPECT_LE(zero_copy.result.gradient_buffers, 4 * params);
+  ASSERT_GE(zero_copy.result.iterations, 20);
+  EXPECT_GE(zero_copy.result.gradient_buffers, params);
+  EXPECT_LE(zero_copy.result.gradient_buffers, zero_copy.result.iterations * params / 4);
 }
 
 TEST(TrainerTest, ModelIsBoundToNothingAfterTrain) {
