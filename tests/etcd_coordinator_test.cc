@@ -15,6 +15,7 @@
 #include "leash/common/etcd_coordinator.h"
 #include "support/etcd_test.h"
 #include "support/memory_coordinator.h"
+#include "support/scrape.h"
 
 namespace leash {
 namespace {
@@ -429,6 +430,56 @@ TEST_F(EtcdCoordinatorTest, EtcdDownGivesUnavailableAndTheCoordinatorRecoversAft
   EXPECT_EQ(back->shards[0].primary, Replica(0));
   EXPECT_EQ(back->shards[0].term, 1u);
   EXPECT_TRUE(a->SetInSync(1, {0}).ok());
+}
+
+// Watch streams etcd has started so far (each watch request through its JSON gateway opens
+// one), from etcd's own metrics.
+double WatchesStarted(const std::string& endpoint) {
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  auto body = testing::HttpGet(port, "/metrics");
+  EXPECT_TRUE(body.ok()) << body.status();
+  if (!body.ok()) return -1;
+  auto scrape = testing::ParsePrometheusText(*body);
+  EXPECT_TRUE(scrape.ok()) << scrape.status();
+  if (!scrape.ok()) return -1;
+  auto n = scrape->Find("grpc_server_started_total", "grpc_service", "etcdserverpb.Watch");
+  EXPECT_TRUE(n.has_value()) << "etcd's metrics have no grpc_server_started_total of Watch";
+  return n.value_or(-1);
+}
+
+// A follower that waits in a loop, as a worker's client and a replica's directory do,
+// holds one watch open instead of opening one per wait (before: one per wait, and a new
+// connection each time, as a watch that times out closes its connection), and still wakes
+// at once on a change.
+TEST_F(EtcdCoordinatorTest, AFollowerWaitingInALoopHoldsOneWatchOpenAndWakesOnAChange) {
+  auto a = Joined(0);
+  auto dir = NewEtcdShardDirectory(options_);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto view = (*dir)->View();
+  ASSERT_TRUE(view.ok()) << view.status();
+  const double before = WatchesStarted(etcd_->endpoint());
+  int64_t revision = view->revision;
+  for (int i = 0; i < 12; ++i) {
+    auto v = (*dir)->WaitForChange(revision, milliseconds(100));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->shards, view->shards) << "nothing changed, yet the view did";
+    EXPECT_GE(v->revision, revision);
+    revision = v->revision;
+  }
+  EXPECT_LE(WatchesStarted(etcd_->endpoint()) - before, 2)
+      << "12 waits of 100 ms opened a watch each";
+
+  // A change wakes the waiter long before its timeout, with the new view.
+  auto waiting = std::async(std::launch::async,
+                            [&] { return (*dir)->WaitForChange(revision, milliseconds(60000)); });
+  ASSERT_EQ(*a->Campaign(), std::optional<uint64_t>(1));
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the change did not wake the waiter";
+  auto changed = waiting.get();
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_GT(changed->revision, revision);
+  EXPECT_EQ(changed->shards[0].primary, Replica(0));
+  EXPECT_EQ(changed->shards[0].term, 1u);
 }
 
 TEST_F(EtcdCoordinatorTest, ReplicaCutOffForTheTtlRegistersAgainButItsTermIsOver) {

@@ -498,16 +498,16 @@ Status Client::LeaseRevoke(int64_t id) {
   return Status::Ok();
 }
 
-Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revision,
-                                  std::chrono::milliseconds timeout,
-                                  const std::atomic<bool>* cancel) {
+Status Client::WatchStream(const std::string& prefix, int64_t start_revision,
+                           std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                           const std::function<bool(const WatchResult&)>& on_response) {
   constexpr std::string_view kPath = "/v3/watch";
   json create = KeyRange(prefix, true);
   create["start_revision"] = std::to_string(start_revision);
   json body = {{"create_request", create}};
-  WatchResult out;
   Status failed;
   bool created = false;
+  bool ended = false;  // by on_response or a compaction
   std::function<bool(std::string_view)> on_line = [&](std::string_view line) {
     Result<json> j = ParseJson(line, options_.endpoints[0], kPath);
     if (!j.ok()) {
@@ -515,9 +515,8 @@ Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revis
       return false;
     }
     const json result = j->value("result", json::object());
-    if (auto h = result.find("header"); h != result.end()) {
-      out.revision = std::max(out.revision, Int(*h, "revision"));
-    }
+    WatchResult out;
+    if (auto h = result.find("header"); h != result.end()) out.revision = Int(*h, "revision");
     created = created || Bool(result, "created");
     if (Bool(result, "canceled")) {
       out.compact_revision = Int(result, "compact_revision");
@@ -525,7 +524,10 @@ Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revis
       if (!out.compacted) {
         failed = Unavailable("etcd cancelled the watch of " + prefix + ": " +
                              Str(result, "cancel_reason"));
+        return false;
       }
+      ended = true;
+      (void)on_response(out);
       return false;
     }
     if (auto events = result.find("events"); events != result.end() && events->is_array()) {
@@ -541,13 +543,32 @@ Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revis
         out.events.push_back(std::move(ev));
       }
     }
-    return out.events.empty();
+    if (!on_response(out)) {
+      ended = true;
+      return false;
+    }
+    return true;
   };
   LEASH_ASSIGN_OR_RETURN(Response r, Post(kPath, body.dump(), timeout, &on_line, cancel));
   if (!failed.ok()) return failed;
-  if (r.timed_out || r.cancelled || out.compacted || !out.events.empty()) return out;
+  if (r.timed_out || r.cancelled || ended) return Status::Ok();
   return Unavailable("etcd at " + r.endpoint + " closed the watch of " + prefix +
                      (created ? "" : " before it started") + "; is etcd shutting down?");
+}
+
+Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revision,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>* cancel) {
+  WatchResult out;
+  LEASH_RETURN_IF_ERROR(
+      WatchStream(prefix, start_revision, timeout, cancel, [&](const WatchResult& r) {
+        out.revision = std::max(out.revision, r.revision);
+        out.compacted = r.compacted;
+        out.compact_revision = r.compact_revision;
+        out.events.insert(out.events.end(), r.events.begin(), r.events.end());
+        return out.events.empty();  // the first events end it
+      }));
+  return out;
 }
 
 }  // namespace leash::etcd

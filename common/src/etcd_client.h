@@ -129,6 +129,15 @@ class Client {
   Result<WatchResult> Watch(const std::string& prefix, int64_t start_revision,
                             std::chrono::milliseconds timeout,
                             const std::atomic<bool>* cancel = nullptr);
+  // The same watch kept open: calls `on_response` with each message etcd sends (its
+  // creation first, then each batch of events; `revision` is the message's store revision,
+  // up to which every change is reported) until `timeout` passes, `*cancel` turns true,
+  // `on_response` returns false, or etcd reports the start revision compacted (one last
+  // call with `compacted` set). Ok in all those cases; Unavailable if etcd cannot be
+  // reached or closes the watch.
+  Status WatchStream(const std::string& prefix, int64_t start_revision,
+                     std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                     const std::function<bool(const WatchResult&)>& on_response);
 
   // "http://a:2379,http://b:2379", for messages.
   std::string EndpointsString() const;

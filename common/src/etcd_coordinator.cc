@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -664,29 +665,122 @@ Status EtcdCoordinator::Resign(uint64_t term) {
 
 namespace {
 
+// A job's directory in etcd. View() reads the job's keys (one range request). WaitForChange
+// asks etcd nothing per call: a thread of its own (started by the first WaitForChange)
+// keeps one watch of the job's keys open, re-opened every kWatchOpen or after an error
+// from the revision it had reached, and wakes the waiters on each change it reports; they
+// then read the view anew. With no change a waiter gets the last view read as it stands
+// (the open watch vouches for it up to the revision etcd last reported). So a follower
+// that waits in a loop costs etcd one range per change and one watch per kWatchOpen,
+// instead of a watch (and, as a timed-out watch closes its connection, a new connection)
+// per wait.
 class EtcdShardDirectory final : public ShardDirectory {
  public:
-  EtcdShardDirectory(std::string job, std::unique_ptr<etcd::Client> client)
-      : job_(std::move(job)), client_(std::move(client)) {
+  static constexpr milliseconds kWatchOpen{30000};
+  static constexpr milliseconds kRetry{200};
+
+  EtcdShardDirectory(std::string job, std::unique_ptr<etcd::Client> client,
+                     std::unique_ptr<etcd::Client> watch_client)
+      : job_(std::move(job)), client_(std::move(client)), watch_client_(std::move(watch_client)) {
     keys_.prefix = EtcdJobPrefix(job_);
+  }
+
+  ~EtcdShardDirectory() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_.store(true);
+    }
+    cv_.notify_all();
+    // The watch notices within about a second (libcurl's progress callback).
+    if (thread_.joinable()) thread_.join();
   }
 
   Result<ClusterView> View() override {
     LEASH_ASSIGN_OR_RETURN(etcd::RangeResult r, client_->Range(keys_.prefix, true));
-    return BuildView(keys_, job_, r);
+    LEASH_ASSIGN_OR_RETURN(ClusterView v, BuildView(keys_, job_, r));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cached_ || v.revision >= cached_->revision) cached_ = v;
+    return v;
   }
 
   Result<ClusterView> WaitForChange(int64_t after_revision, milliseconds timeout) override {
-    LEASH_ASSIGN_OR_RETURN(etcd::WatchResult w, client_->Watch(keys_.prefix, after_revision + 1,
-                                                               std::max(timeout, milliseconds(1))));
-    (void)w;  // a change (or a compacted start): read the whole view anew
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) {
+      // Every change from after_revision + 1 on is reported.
+      covered_from_ = after_revision + 1;
+      thread_ = std::thread([this, from = after_revision + 1] { Follow(from); });
+    } else if (after_revision + 1 < covered_from_) {
+      // Older than what the watch covers: whether it changed since is not known here.
+      lock.unlock();
+      return View();
+    }
+    cv_.wait_for(lock, timeout,
+                 [&] { return stop_.load() || changed_ > after_revision || failing_; });
+    // Unchanged, as far as an open watch that missed nothing says: the last view stands.
+    if (changed_ <= after_revision && open_ && !failing_ && cached_ &&
+        cached_->revision + 1 >= covered_from_ && changed_ <= cached_->revision) {
+      ClusterView v = *cached_;
+      v.revision = std::max(v.revision, reached_);
+      return v;
+    }
+    lock.unlock();
     return View();
   }
 
  private:
+  void Follow(int64_t from) {
+    while (!stop_.load()) {
+      Status st = watch_client_->WatchStream(keys_.prefix, from, kWatchOpen, &stop_,
+                                             [&](const etcd::WatchResult& r) {
+                                               std::lock_guard<std::mutex> lock(mu_);
+                                               failing_ = false;
+                                               if (r.compacted) {
+                                                 // What changed before the oldest kept revision is
+                                                 // lost to the watch: waiters read the view anew,
+                                                 // and the watch goes on from there.
+                                                 open_ = false;
+                                                 from = r.compact_revision;
+                                                 covered_from_ = from;
+                                                 changed_ = std::max(changed_, from);
+                                                 cv_.notify_all();
+                                                 return false;
+                                               }
+                                               open_ = true;
+                                               reached_ = std::max(reached_, r.revision);
+                                               if (!r.events.empty()) {
+                                                 changed_ = std::max(changed_, r.revision);
+                                                 cv_.notify_all();
+                                               }
+                                               from = std::max(from, r.revision + 1);
+                                               return true;
+                                             });
+      std::unique_lock<std::mutex> lock(mu_);
+      open_ = false;
+      if (st.ok()) continue;  // the watch's time was up (or compacted): open it again
+      if (!failing_) {
+        spdlog::debug("etcd watch of {} failed (retrying every {} ms): {}", keys_.prefix,
+                      kRetry.count(), st.ToString());
+      }
+      failing_ = true;  // waiters read the view (and get etcd's error) instead of waiting
+      cv_.notify_all();
+      cv_.wait_for(lock, kRetry, [this] { return stop_.load(); });
+    }
+  }
+
   std::string job_;
   Keys keys_;
   std::unique_ptr<etcd::Client> client_;
+  std::unique_ptr<etcd::Client> watch_client_;  // its own connection, held by the watch
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::optional<ClusterView> cached_;  // the newest view View() read
+  int64_t covered_from_ = 0;           // the watch reports every change from this revision
+  int64_t changed_ = 0;                // the newest revision with a change the watch reported
+  int64_t reached_ = 0;                // the watch has reported every change up to here
+  bool open_ = false;                  // a watch is open and has answered
+  bool failing_ = false;               // the last attempt to watch failed
 };
 
 }  // namespace
@@ -694,7 +788,9 @@ class EtcdShardDirectory final : public ShardDirectory {
 Result<std::unique_ptr<ShardDirectory>> NewEtcdShardDirectory(const EtcdOptions& options) {
   LEASH_RETURN_IF_ERROR(CheckJob(options.job));
   LEASH_ASSIGN_OR_RETURN(auto client, NewClient(options, options.request_timeout));
-  return std::unique_ptr<ShardDirectory>(new EtcdShardDirectory(options.job, std::move(client)));
+  LEASH_ASSIGN_OR_RETURN(auto watch_client, NewClient(options, options.request_timeout));
+  return std::unique_ptr<ShardDirectory>(
+      new EtcdShardDirectory(options.job, std::move(client), std::move(watch_client)));
 }
 
 }  // namespace leash
