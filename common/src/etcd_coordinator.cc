@@ -704,6 +704,7 @@ class EtcdShardDirectory final : public ShardDirectory {
   }
 
   Result<ClusterView> WaitForChange(int64_t after_revision, milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mu_);
     if (!thread_.joinable()) {
       // Every change from after_revision + 1 on is reported.
@@ -714,8 +715,8 @@ class EtcdShardDirectory final : public ShardDirectory {
       lock.unlock();
       return View();
     }
-    cv_.wait_for(lock, timeout,
-                 [&] { return stop_.load() || changed_ > after_revision || failing_; });
+    cv_.wait_until(lock, deadline,
+                   [&] { return stop_.load() || changed_ > after_revision || failing_; });
     // Unchanged, as far as an open watch that missed nothing says: the last view stands.
     if (changed_ <= after_revision && open_ && !failing_ && cached_ &&
         cached_->revision + 1 >= covered_from_ && changed_ <= cached_->revision) {
@@ -723,8 +724,18 @@ class EtcdShardDirectory final : public ShardDirectory {
       v.revision = std::max(v.revision, reached_);
       return v;
     }
+    const bool failing = failing_;
     lock.unlock();
-    return View();
+    Result<ClusterView> v = View();
+    if (failing && v.ok()) {
+      // etcd answers again but the watch has not reopened yet: the caller would be back at
+      // once and read again, in a loop, every follower at the moment etcd returns. Held
+      // until the watch is open again (its next try is at most kRetry away), or the timeout.
+      lock.lock();
+      cv_.wait_until(lock, std::min(deadline, Clock::now() + 3 * kRetry),
+                     [&] { return stop_.load() || open_; });
+    }
+    return v;
   }
 
  private:
