@@ -679,9 +679,8 @@ class EtcdShardDirectory final : public ShardDirectory {
   static constexpr milliseconds kWatchOpen{30000};
   static constexpr milliseconds kRetry{200};
 
-  EtcdShardDirectory(std::string job, std::unique_ptr<etcd::Client> client,
-                     std::unique_ptr<etcd::Client> watch_client)
-      : job_(std::move(job)), client_(std::move(client)), watch_client_(std::move(watch_client)) {
+  EtcdShardDirectory(std::string job, std::unique_ptr<etcd::Client> client)
+      : job_(std::move(job)), client_(std::move(client)) {
     keys_.prefix = EtcdJobPrefix(job_);
   }
 
@@ -741,30 +740,9 @@ class EtcdShardDirectory final : public ShardDirectory {
  private:
   void Follow(int64_t from) {
     while (!stop_.load()) {
-      Status st = watch_client_->WatchStream(keys_.prefix, from, kWatchOpen, &stop_,
-                                             [&](const etcd::WatchResult& r) {
-                                               std::lock_guard<std::mutex> lock(mu_);
-                                               failing_ = false;
-                                               if (r.compacted) {
-                                                 // What changed before the oldest kept revision is
-                                                 // lost to the watch: waiters read the view anew,
-                                                 // and the watch goes on from there.
-                                                 open_ = false;
-                                                 from = r.compact_revision;
-                                                 covered_from_ = from;
-                                                 changed_ = std::max(changed_, from);
-                                                 cv_.notify_all();
-                                                 return false;
-                                               }
-                                               open_ = true;
-                                               reached_ = std::max(reached_, r.revision);
-                                               if (!r.events.empty()) {
-                                                 changed_ = std::max(changed_, r.revision);
-                                                 cv_.notify_all();
-                                               }
-                                               from = std::max(from, r.revision + 1);
-                                               return true;
-                                             });
+      Status st = client_->WatchStream(
+          keys_.prefix, from, kWatchOpen, &stop_,
+          [&](const etcd::WatchResult& r) { return OnWatchResponse(r, &from); });
       std::unique_lock<std::mutex> lock(mu_);
       open_ = false;
       if (st.ok()) continue;  // the watch's time was up (or compacted): open it again
@@ -778,10 +756,33 @@ class EtcdShardDirectory final : public ShardDirectory {
     }
   }
 
+  // One message of the open watch; `*from` is where the next watch starts. False ends it.
+  bool OnWatchResponse(const etcd::WatchResult& r, int64_t* from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failing_ = false;
+    if (r.compacted) {
+      // What changed before the oldest kept revision is lost to the watch: waiters read the
+      // view anew, and the watch goes on from there.
+      open_ = false;
+      *from = r.compact_revision;
+      covered_from_ = *from;
+      changed_ = std::max(changed_, *from);
+      cv_.notify_all();
+      return false;
+    }
+    open_ = true;
+    reached_ = std::max(reached_, r.revision);
+    if (!r.events.empty()) {
+      changed_ = std::max(changed_, r.revision);
+      cv_.notify_all();
+    }
+    *from = std::max(*from, r.revision + 1);
+    return true;
+  }
+
   std::string job_;
   Keys keys_;
-  std::unique_ptr<etcd::Client> client_;
-  std::unique_ptr<etcd::Client> watch_client_;  // its own connection, held by the watch
+  std::unique_ptr<etcd::Client> client_;  // the watch holds a connection of its pool
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
@@ -799,9 +800,7 @@ class EtcdShardDirectory final : public ShardDirectory {
 Result<std::unique_ptr<ShardDirectory>> NewEtcdShardDirectory(const EtcdOptions& options) {
   LEASH_RETURN_IF_ERROR(CheckJob(options.job));
   LEASH_ASSIGN_OR_RETURN(auto client, NewClient(options, options.request_timeout));
-  LEASH_ASSIGN_OR_RETURN(auto watch_client, NewClient(options, options.request_timeout));
-  return std::unique_ptr<ShardDirectory>(
-      new EtcdShardDirectory(options.job, std::move(client), std::move(watch_client)));
+  return std::unique_ptr<ShardDirectory>(new EtcdShardDirectory(options.job, std::move(client)));
 }
 
 }  // namespace leash
