@@ -52,8 +52,10 @@ def _early_threads():
 if _early_threads() > 0:
     os.environ["OPENBLAS_NUM_THREADS"] = str(_early_threads())
 
+# common first: it sets OPENBLAS_CORETYPE where needed, before numpy or torch loads OpenBLAS
+# (numpy links it too: imported first, it fixed the pre-AVX kernels for the whole process).
+import common  # noqa: E402,F401
 import numpy as np  # noqa: E402
-import common  # noqa: E402,F401  (sets OPENBLAS_CORETYPE where needed, before torch loads OpenBLAS)
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
@@ -144,6 +146,7 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
 
 
 PUSH_IN_BACKWARD = None  # leash.torch's default; --no-push-in-backward: False
+SHARED_MEMORY = True  # --no-shm: False
 
 
 def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed, staleness):
@@ -151,7 +154,8 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
     torch.manual_seed(seed)
     model = make_model(model_name)
     before_client = set(thread_switches(os.getpid()))
-    with leash.Client(servers, name=f"bench-{tag}", staleness=staleness) as client:
+    with leash.Client(servers, name=f"bench-{tag}", staleness=staleness,
+                      shared_memory=SHARED_MEMORY) as client:
         roles = {threading.get_native_id(): "training thread"}
         for tid, (name, *_) in thread_switches(os.getpid()).items():
             if tid not in before_client:  # the client's threads: the sender is named
@@ -216,7 +220,8 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                 "python_layer_of_pull_push": calls_us - wait_us - (binding_us - hooks_us),
                 "sender_thread_busy": bt["sender_ns"] / steps / 1e3,
             },
-            "values_per_iteration": (bt["values_pulled"] + bt["values_pushed"]) / steps}
+            "values_per_iteration": (bt["values_pulled"] + bt["values_pushed"]) / steps,
+            "pushes_handed_over": bt.get("pushes_handed_over")}
 
 
 def start_shard(build, data_dir):
@@ -291,6 +296,12 @@ def main():
                          "0: the defaults (every core)")
     ap.add_argument("--no-push-in-backward", action="store_true",
                     help="push the gradients after backward (leash.torch push_in_backward=False)")
+    ap.add_argument("--no-shm", action="store_true",
+                    help="the client reaches the shard over the socket only (shared_memory=False), "
+                         "as between hosts")
+    ap.add_argument("--package", default="",
+                    help="directory holding the leash package (default: BUILD/python); "
+                         "bench/python_ab.py compares two")
     ap.add_argument("--pairs", default="", help="models for the 2-process comparison (e.g. mlp)")
     ap.add_argument("--pairs-train-limit", type=int, default=30000)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "python_leash.json"))
@@ -298,7 +309,9 @@ def main():
     global PUSH_IN_BACKWARD
     if a.no_push_in_backward:
         PUSH_IN_BACKWARD = False
-    sys.path.insert(0, os.path.join(a.build, "python"))
+    global SHARED_MEMORY
+    SHARED_MEMORY = not a.no_shm
+    sys.path.insert(0, a.package or os.path.join(a.build, "python"))
     import leash
 
     if a.threads > 0:

@@ -25,8 +25,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# common first: it sets OPENBLAS_CORETYPE where needed, before numpy or torch loads OpenBLAS
+# (numpy links it too: imported first, it fixed the pre-AVX kernels for the whole process).
+import common  # noqa: E402,F401
 import numpy as np  # noqa: E402
-import common  # noqa: E402,F401  (sets OPENBLAS_CORETYPE where needed, before torch loads OpenBLAS)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
