@@ -71,8 +71,9 @@ class Client:
     def push(self, table: Table, grad: npt.NDArray[np.float32], wait: bool) -> None: ...
     def push_tensor(self, table: Table, tensor: Any) -> None:
         """Hands a CPU float32 contiguous torch.Tensor of the table's size to the sender
-        thread, which copies and sends it; it must not be written any more. Errors come
-        with a later clock() or wait()."""
+        thread, which sends it (from the tensor's memory over the socket with a float32
+        wire; kept until the shards have answered); it must not be written any more.
+        Errors come with a later clock() or wait()."""
     def push_sparse_tensor(self, table: Table, keys: Any,
                            grads: npt.NDArray[np.float32]) -> None:
         """push_sparse for gradient rows nobody writes any more: while the sender holds

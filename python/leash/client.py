@@ -600,8 +600,9 @@ class Client:
     def binding_times(self) -> Dict[str, int]:
         """Time spent in the binding (ns): total, waiting with the GIL released, taking
         the GIL back, inside the C++ client's calls, inside push_tensor (leash.torch's
-        gradient hooks), and the sender thread's time copying and sending handed-over
-        gradients (off the calling thread); and call counts."""
+        gradient hooks), and the sender thread's time encoding and sending handed-over
+        gradients (off the calling thread); call counts, pushes_handed_over and
+        tensors_held (handed-over arrays the binding still keeps alive)."""
         return self._c.binding_times()
 
     def reset_binding_times(self) -> None:

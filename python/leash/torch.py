@@ -150,7 +150,7 @@ class Parameters:
         create: False opens tables another worker created (waiting up to open_timeout s).
         prefetch: overlap the next pull with the step (default: when staleness >= 1).
         push_in_backward: send each parameter's gradient as soon as backward() has made it
-            (a hook per parameter), copied and sent by the client's sender thread while
+            (a hook per parameter), handed to the client's sender thread and sent while
             backward goes on; push() then only ends the iteration. Default: True for a CPU
             module. The gradients are read as backward() leaves them: a loop that changes
             .grad between backward() and push() (gradient clipping, a second backward()
@@ -348,7 +348,7 @@ class Parameters:
                     if p.grad is not g or g._version != version:
                         raise InvalidArgumentError(
                             f"the gradient of '{self.names[i]}' changed after backward() had pushed it "
-                            "(clipped or scaled in place?): the shard got it unchanged. Pass "
+                            "(clipped or scaled in place?): the shard may have got it as it was before or after. Pass "
                             "push_in_backward=False to leash.torch.Parameters to push "
                             "gradients as they are at push()")
                     p.grad = None

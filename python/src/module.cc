@@ -117,6 +117,7 @@ struct BindingStats {
   int64_t tensor_ns = 0;  // inside push_tensor (called from gradient hooks during backward)
   uint64_t values_pulled = 0;
   uint64_t values_pushed = 0;
+  uint64_t pushes_handed_over = 0;  // push_tensor's, sent from the tensor where the wire allows
 };
 
 class ScopedTimer {
@@ -349,12 +350,14 @@ struct PushState {
 };
 
 // Runs a client's handed-over pushes (push_tensor: a gradient nobody writes any more) and
-// the clocks queued behind them on its own thread, in order: the copy and encoding of a
-// gradient and the wait for the previous iteration's acknowledgements happen there, off
-// the training thread, while backward() goes on. Every other push or clock runs on the
-// caller's thread once the queue is empty (Drain), under exec_mu like the jobs, so the
-// order of pushes and clocks is the order of the calls. Never touches Python objects:
-// the arrays it reads are kept alive by the caller until done_seq() passes their job.
+// the clocks queued behind them on its own thread, in order: the encoding of a gradient
+// (and its copy, where the wire or shared memory needs one) and the wait for the previous
+// iteration's acknowledgements happen there, off the training thread, while backward()
+// goes on. Every other push or clock runs on the caller's thread once the queue is empty
+// (Drain), under exec_mu like the jobs, so the order of pushes and clocks is the order of
+// the calls. Never touches Python objects: the arrays it reads are kept alive by the
+// caller until done_seq() passes their job, and a job's `owned` floats until the client
+// drops its last reference to them (PushTensor's release flag).
 class Sender {
  public:
   struct Job {
@@ -363,6 +366,9 @@ class Sender {
     const float* data = nullptr;
     size_t values = 0;
     std::vector<uint64_t> keys;  // a sparse table's rows (len(keys) x dim values at `data`)
+    // A dense push's floats handed over to the client (Client::Push of a shared_ptr): sent
+    // from `data` itself where the wire carries float32 over the socket, no copy.
+    std::shared_ptr<const float> owned;
   };
 
   explicit Sender(leash::Client* client) : client_(client) {
@@ -498,15 +504,19 @@ class Sender {
     }
   }
 
-  Status RunPush(const Job& job) {
+  Status RunPush(Job& job) {
     PushState& s = state;
     if (!s.holding) {
       client_->HoldSends();
       s.holding = true;
       s.held_bytes = 0;
     }
-    s.pending.push_back(job.keys.empty() ? client_->Push(*job.table, job.data)
-                                         : client_->PushSparse(*job.table, job.keys, job.data));
+    if (job.owned != nullptr) {
+      s.pending.push_back(client_->Push(*job.table, std::move(job.owned)));
+    } else {
+      s.pending.push_back(job.keys.empty() ? client_->Push(*job.table, job.data)
+                                           : client_->PushSparse(*job.table, job.keys, job.data));
+    }
     s.held_bytes += job.values * sizeof(float);
     if (s.held_bytes >= kPushBucketBytes) {
       client_->FlushSends();
@@ -937,8 +947,12 @@ class Client {
   }
 
   // Hands a CPU float32 torch tensor of the table's size over to the sender thread, which
-  // copies and sends it: the caller must not write it any more (a gradient that backward()
-  // just made). Returns at once; errors come with a later clock() or wait().
+  // sends it: the caller must not write it any more (a gradient that backward() just
+  // made). Over the socket with a float32 wire the messages to the shards are the
+  // tensor's own memory (no copy), so the tensor is kept until every shard has answered
+  // and no resend can need it; a 16-bit wire or a shard on this host reached through
+  // shared memory gets a copy, and the tensor is let go once made. Returns at once;
+  // errors come with a later clock() or wait().
   void PushTensor(py::object table, py::object tensor) {
     ScopedTimer total(&shared_->stats.total_ns);
     ScopedTimer in_hooks(&shared_->stats.tensor_ns);
@@ -954,8 +968,15 @@ class Client {
     job.table = &t.handle;
     job.data = data;
     job.values = t.size();
+    // The client's last reference going (on whichever thread drops it: the sender's, or
+    // ZeroMQ's I/O thread once the last message is sent) only sets a flag: the tensor
+    // itself is let go under the GIL, by ReapOwned.
+    auto released = std::make_shared<std::atomic<bool>>(false);
+    job.owned = std::shared_ptr<const float>(
+        data, [released](const float*) { released->store(true, std::memory_order_release); });
     uint64_t seq = sender_->Enqueue(std::move(job));
-    owned_.push_back({seq, std::move(table), std::move(tensor)});
+    owned_.push_back({seq, std::move(table), std::move(tensor), std::move(released)});
+    ++shared_->stats.pushes_handed_over;
     ++shared_->stats.pushes;
     shared_->stats.values_pushed += t.size();
     ReapOwned();
@@ -1043,7 +1064,7 @@ class Client {
     job.data = static_cast<const float*>(a.data());
     job.values = n;
     uint64_t seq = sender_->Enqueue(std::move(job));
-    owned_.push_back({seq, std::move(table), std::move(a)});
+    owned_.push_back({seq, std::move(table), std::move(a), nullptr});
     ++shared_->stats.pushes;
     shared_->stats.values_pushed += n;
     ReapOwned();
@@ -1238,7 +1259,8 @@ class Client {
     return d;
   }
 
-  py::dict BindingTimes() const {
+  py::dict BindingTimes() {
+    if (sender_ != nullptr) ReapOwned();
     const BindingStats& s = shared_->stats;
     py::dict d;
     d["pulls"] = s.pulls;
@@ -1253,6 +1275,8 @@ class Client {
     d["sender_ns"] = sender_ ? sender_->busy_ns() : 0;
     d["values_pulled"] = s.values_pulled;
     d["values_pushed"] = s.values_pushed;
+    d["pushes_handed_over"] = s.pushes_handed_over;
+    d["tensors_held"] = owned_.size();  // handed-over arrays not let go yet
     return d;
   }
   void ResetBindingTimes() {
@@ -1383,10 +1407,14 @@ class Client {
     }
   }
 
-  // Drops the arrays of handed-over pushes the sender has copied.
+  // Drops the arrays of handed-over pushes nothing reads any more: the sender has run
+  // their job and, for a tensor handed over to the client, the client has let it go.
   void ReapOwned() {
     const uint64_t done = sender_->done_seq();
-    while (!owned_.empty() && owned_.front().seq <= done) owned_.pop_front();
+    std::erase_if(owned_, [done](const Owned& o) {
+      return o.seq <= done &&
+             (o.released == nullptr || o.released->load(std::memory_order_acquire));
+    });
   }
 
   // The data of `tensor`, a CPU, C-contiguous float32 torch.Tensor of t.size() values.
@@ -1452,10 +1480,10 @@ class Client {
     shared_->closed = true;
     shared_->client = nullptr;
     sender_.reset();  // stops its thread (the jobs still queued are dropped)
-    owned_.clear();
     client_.reset();  // stops the I/O thread: no reply writes into an array any more
     shared_->graveyard.entries.clear();
-    ctx_.reset();
+    ctx_.reset();  // frees the messages still queued, which may read handed-over tensors
+    owned_.clear();
   }
 
   std::unique_ptr<ZmqContext> ctx_;
@@ -1465,11 +1493,12 @@ class Client {
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
   std::unique_ptr<Sender> sender_;  // while open; destroyed before client_
   int64_t clock_ = 0;  // this worker's clock, counting the clocks the sender still holds
-  // Handed-over pushes' tables and arrays, kept until the sender has copied them.
+  // Handed-over pushes' tables and arrays, kept until nothing reads them (ReapOwned).
   struct Owned {
     uint64_t seq;
     py::object table;
     py::object array;
+    std::shared_ptr<std::atomic<bool>> released;  // null: read only by the sender's job
   };
   std::deque<Owned> owned_;
 };

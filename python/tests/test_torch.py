@@ -2,12 +2,15 @@
 zero initial values, so after a push of g every value is exactly -g. Covers the tables it
 makes, pull before / push after a step, the prefetch under staleness 1 (a step sees the
 values from before the previous step's push), gradient accumulation (the mean is pushed
-once per k micro-batches), a 16-bit wire, opening another worker's tables, and its
-argument errors; and the warning leash.torch gives where OpenBLAS fell back to pre-AVX
+once per k micro-batches), a 16-bit wire, opening another worker's tables, the life of a
+handed-over gradient, and its argument errors; and the warning leash.torch gives where OpenBLAS fell back to pre-AVX
 kernels."""
 import os
+import signal
 import subprocess
 import sys
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -148,6 +151,45 @@ def test_push_tensor_refuses_what_it_cannot_send(cluster):
         c.clock()
         c.wait()
         np.testing.assert_array_equal(c.pull(t), -np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["socket", "shm"])
+def test_a_handed_over_tensor_is_kept_while_a_shard_may_still_read_it(cluster2, shared_memory):
+    """Over the socket the frames to both shards are the tensor's own memory: the binding
+    keeps it until the last shard has answered (here: shard 1, stopped, after shard 0).
+    Through shared memory the client copies it into the ring and it is let go at once."""
+    with leash.Client(cluster2.servers, staleness=0, shared_memory=shared_memory) as c:
+        t = c.create_table("t", (64, 256), optimizer="sgd", lr=1.0, init="zeros")
+        c.pull(t)  # both shards answered once: their shared-memory links are up
+        assert c.counters()["shared_memory_shards"] == (2 if shared_memory else 0)
+        g = torch.full((64, 256), 0.5)
+        alive = weakref.ref(g)
+        shard1 = cluster2.procs[1]
+        os.kill(shard1.pid, signal.SIGSTOP)
+        try:
+            c._c.push_tensor(t, g)
+            del g  # from here only the binding can keep it
+            c.clock()  # queued behind the push: sends it to both shards
+            time.sleep(0.3)  # the sender has run the push (shard 0 answers it)
+            held = c.binding_times()["tensors_held"]
+            if shared_memory:
+                deadline = time.monotonic() + 10
+                while alive() is not None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    c.binding_times()
+                assert alive() is None, "copied into both rings, the tensor is let go"
+            else:
+                assert held == 1 and alive() is not None, "shard 1 may still read it"
+        finally:
+            os.kill(shard1.pid, signal.SIGCONT)
+        c.wait()
+        deadline = time.monotonic() + 10
+        while c.binding_times()["tensors_held"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.binding_times()["tensors_held"] == 0
+        assert alive() is None, "both shards answered: nothing reads the tensor any more"
+        assert c.binding_times()["pushes_handed_over"] == 1
+        np.testing.assert_array_equal(c.pull(t), np.full((64, 256), -0.5, np.float32))
 
 
 def test_gradient_accumulation_pushes_the_mean_once_per_group(cluster):
