@@ -191,54 +191,32 @@ size_t WriteStream(char* data, size_t size, size_t n, void* user) {
 
 }  // namespace
 
-struct Client::Handle {
-  CURL* curl = nullptr;
-  curl_slist* headers = nullptr;
-  char error[CURL_ERROR_SIZE] = {};
-  ~Handle() {
-    if (headers != nullptr) curl_slist_free_all(headers);
-    if (curl != nullptr) curl_easy_cleanup(curl);
-  }
-};
-
-std::unique_ptr<Client::Handle> Client::NewHandle() {
-  auto h = std::make_unique<Handle>();
-  h->curl = curl_easy_init();
-  LEASH_CHECK(h->curl != nullptr);
-  h->headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  return h;
-}
-
-Cancellation::Cancellation() = default;
-
-Cancellation::~Cancellation() {
-  // The handle was taken off the multi handle after each request; the connection the
-  // multi handle kept is closed here.
-  if (multi_ != nullptr) curl_multi_cleanup(static_cast<CURLM*>(multi_));
-}
-
 void Cancellation::Cancel() {
   cancelled_.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mu_);
-  // Thread-safe by libcurl's contract: ends the request's curl_multi_poll at once (or the
-  // next one's, which then finds the cancellation).
+  // Thread-safe by libcurl's contract: ends the request's curl_multi_poll at once.
   if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
 }
 
-int Cancellation::Perform() {
-  if (cancelled()) return CURLE_ABORTED_BY_CALLBACK;
-  CURLM* m = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (multi_ == nullptr) multi_ = curl_multi_init();
-    m = static_cast<CURLM*>(multi_);
-  }
+namespace {
+
+// curl_easy_perform of `c`, on a multi handle `cancel` can wake: CURLE_ABORTED_BY_CALLBACK
+// once cancelled (libcurl's own timeouts and write-callback aborts come back as usual).
+CURLcode PerformCancellable(CURL* c, Cancellation* cancel, std::mutex* mu, void** multi) {
+  if (cancel->cancelled()) return CURLE_ABORTED_BY_CALLBACK;
+  CURLM* m = curl_multi_init();
   if (m == nullptr) return CURLE_OUT_OF_MEMORY;
-  CURL* c = handle_->curl;
-  if (curl_multi_add_handle(m, c) != CURLM_OK) return CURLE_FAILED_INIT;
+  if (curl_multi_add_handle(m, c) != CURLM_OK) {
+    curl_multi_cleanup(m);
+    return CURLE_FAILED_INIT;
+  }
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    *multi = m;
+  }
   CURLcode rc = CURLE_OK;
   while (true) {
-    if (cancelled()) {
+    if (cancel->cancelled()) {
       rc = CURLE_ABORTED_BY_CALLBACK;
       break;
     }
@@ -258,9 +236,26 @@ int Cancellation::Perform() {
       break;
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    *multi = nullptr;
+  }
   curl_multi_remove_handle(m, c);
+  curl_multi_cleanup(m);
   return rc;
 }
+
+}  // namespace
+
+struct Client::Handle {
+  CURL* curl = nullptr;
+  curl_slist* headers = nullptr;
+  char error[CURL_ERROR_SIZE] = {};
+  ~Handle() {
+    if (headers != nullptr) curl_slist_free_all(headers);
+    if (curl != nullptr) curl_easy_cleanup(curl);
+  }
+};
 
 Compare Compare::CreateRevision(std::string key, int64_t revision, Op op) {
   return {std::move(key), Target::kCreateRevision, op, revision, {}};
@@ -355,7 +350,11 @@ std::unique_ptr<Client::Handle> Client::Acquire() {
       return h;
     }
   }
-  return NewHandle();
+  auto h = std::make_unique<Handle>();
+  h->curl = curl_easy_init();
+  LEASH_CHECK(h->curl != nullptr);
+  h->headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  return h;
 }
 
 void Client::Release(std::unique_ptr<Handle> handle) {
@@ -374,17 +373,7 @@ Result<Client::Response> Client::Post(std::string_view path, const std::string& 
     const size_t index = (first + i) % n;
     const std::string& endpoint = options_.endpoints[index];
     const std::string url = endpoint + std::string(path);
-    // A cancellable request (a watch, open for long) runs on its Cancellation's own handle,
-    // the others on one of the pool's.
-    std::unique_ptr<Handle> pooled;
-    Handle* h = nullptr;
-    if (cancel != nullptr) {
-      if (cancel->handle_ == nullptr) cancel->handle_ = NewHandle();
-      h = cancel->handle_.get();
-    } else {
-      pooled = Acquire();
-      h = pooled.get();
-    }
+    std::unique_ptr<Handle> h = Acquire();
     CURL* c = h->curl;
     curl_easy_reset(c);
     h->error[0] = '\0';
@@ -407,14 +396,14 @@ Result<Client::Response> Client::Post(std::string_view path, const std::string& 
       curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, WriteBody);
       curl_easy_setopt(c, CURLOPT_WRITEDATA, &response.body);
     }
-    CURLcode rc =
-        cancel != nullptr ? static_cast<CURLcode>(cancel->Perform()) : curl_easy_perform(c);
+    CURLcode rc = cancel != nullptr ? PerformCancellable(c, cancel, &cancel->mu_, &cancel->multi_)
+                                    : curl_easy_perform(c);
     long http = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
     curl_off_t connect_us = 0;
     curl_easy_getinfo(c, CURLINFO_CONNECT_TIME_T, &connect_us);
     std::string detail = h->error[0] != '\0' ? h->error : curl_easy_strerror(rc);
-    if (pooled != nullptr) Release(std::move(pooled));
+    Release(std::move(h));
 
     if (on_line != nullptr && rc == CURLE_OK && !stream.buffer.empty() && !stream.stopped) {
       (*on_line)(stream.buffer);  // a last message without its newline

@@ -19,7 +19,20 @@
 
 namespace leash::etcd {
 
-class Cancellation;
+// Ends a request in flight from another thread (a watch waiting for events): after Cancel()
+// the request returns at once, as cancelled, and so does every later request given this
+// object. At most one request uses it at a time.
+class Cancellation {
+ public:
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+ private:
+  friend class Client;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  void* multi_ = nullptr;  // the running request's libcurl multi handle (CURLM*), under mu_
+};
 
 // One key as etcd stores it (mvccpb.KeyValue); revisions are etcd's store revisions.
 struct KeyValue {
@@ -101,7 +114,6 @@ struct ClientOptions {
 
 class Client {
  public:
-  friend class Cancellation;
   // Checks the endpoints (non-empty, each "http://host:port" or "https://..."); contacts
   // nothing.
   static Result<std::unique_ptr<Client>> Create(ClientOptions options);
@@ -167,39 +179,10 @@ class Client {
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> handle);
 
-  static std::unique_ptr<Handle> NewHandle();
-
   ClientOptions options_;
   std::atomic<size_t> preferred_{0};  // index of the endpoint that answered last
   std::mutex mu_;
   std::vector<std::unique_ptr<Handle>> idle_;  // guarded by mu_
-};
-
-// Ends a request in flight from another thread (a watch waiting for events): after Cancel()
-// the request returns at once, as cancelled, and so does every later request given this
-// object. Its requests run on a libcurl handle of its own (not the client's pool) on a
-// multi handle that Cancel() wakes; both are kept between requests, so a watch opened
-// again reuses its connection. At most one request uses it at a time.
-class Cancellation {
- public:
-  Cancellation();
-  ~Cancellation();
-  Cancellation(const Cancellation&) = delete;
-  Cancellation& operator=(const Cancellation&) = delete;
-
-  void Cancel();
-  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
-
- private:
-  friend class Client;
-  // curl_easy_perform of this object's handle on its multi handle: a CURLcode, and
-  // CURLE_ABORTED_BY_CALLBACK once cancelled.
-  int Perform();
-
-  std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  void* multi_ = nullptr;                   // CURLM*, made by the first request; under mu_
-  std::unique_ptr<Client::Handle> handle_;  // made by the first request
 };
 
 // Base64 (etcd's JSON encoding of bytes), through OpenSSL.
