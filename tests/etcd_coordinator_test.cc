@@ -12,7 +12,6 @@
 #include <ostream>
 #include <thread>
 
-#include "etcd_client.h"
 #include "leash/common/etcd_coordinator.h"
 #include "support/etcd_test.h"
 #include "support/memory_coordinator.h"
@@ -519,39 +518,6 @@ TEST_F(EtcdCoordinatorTest, ReplicaCutOffForTheTtlRegistersAgainButItsTermIsOver
   // ...until it has heard so; then it is a live backup with a valid lease.
   EXPECT_TRUE(WaitFor([&] { return a->LeaseValid(); }, 3 * kTtl));
   EXPECT_EQ(*a->Campaign(), std::nullopt);
-}
-
-// A watch cancelled from another thread returns, as cancelled (what a directory's
-// destructor does to its open watch, instead of waiting for libcurl's next progress call);
-// the cancellation holds for later requests, which contact nobody.
-TEST_F(EtcdCoordinatorTest, ACancelledWatchReturnsAndLaterRequestsWithItContactNobody) {
-  auto client = etcd::Client::Create({.endpoints = {etcd_->endpoint()}});
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto put = (*client)->Put("cancel-test/a", "1");
-  ASSERT_TRUE(put.ok()) << put.status();
-  etcd::Cancellation cancel;
-  std::atomic<int> responses{0};
-  auto watching = std::async(std::launch::async, [&] {
-    return (*client)->WatchStream("cancel-test/", *put + 1, milliseconds(60000), &cancel,
-                                  [&](const etcd::WatchResult&) {
-                                    ++responses;
-                                    return true;
-                                  });
-  });
-  ASSERT_TRUE(WaitFor([&] { return responses.load() >= 1; }, 10 * kTtl))
-      << "the watch never opened";
-  cancel.Cancel();
-  ASSERT_EQ(watching.wait_for(std::chrono::seconds(30)), std::future_status::ready)
-      << "a cancelled watch ran on";
-  Status st = watching.get();
-  EXPECT_TRUE(st.ok()) << st;
-
-  auto nowhere = etcd::Client::Create(
-      {.endpoints = {"http://127.0.0.1:" + std::to_string(testing::FreePort())}});
-  ASSERT_TRUE(nowhere.ok()) << nowhere.status();
-  auto w = (*nowhere)->Watch("cancel-test/", 1, milliseconds(60000), &cancel);
-  ASSERT_TRUE(w.ok()) << "a cancelled request tried to connect: " << w.status();
-  EXPECT_TRUE(w->events.empty());
 }
 
 TEST_F(EtcdCoordinatorTest, UnreachableEtcdSaysWhereAndWhatToDo) {

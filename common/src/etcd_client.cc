@@ -189,60 +189,9 @@ size_t WriteStream(char* data, size_t size, size_t n, void* user) {
   return size * n;
 }
 
-}  // namespace
-
-void Cancellation::Cancel() {
-  cancelled_.store(true, std::memory_order_release);
-  std::lock_guard<std::mutex> lock(mu_);
-  // Thread-safe by libcurl's contract: ends the request's curl_multi_poll at once.
-  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
-}
-
-namespace {
-
-// curl_easy_perform of `c`, on a multi handle `cancel` can wake: CURLE_ABORTED_BY_CALLBACK
-// once cancelled (libcurl's own timeouts and write-callback aborts come back as usual).
-CURLcode PerformCancellable(CURL* c, Cancellation* cancel, std::mutex* mu, void** multi) {
-  if (cancel->cancelled()) return CURLE_ABORTED_BY_CALLBACK;
-  CURLM* m = curl_multi_init();
-  if (m == nullptr) return CURLE_OUT_OF_MEMORY;
-  if (curl_multi_add_handle(m, c) != CURLM_OK) {
-    curl_multi_cleanup(m);
-    return CURLE_FAILED_INIT;
-  }
-  {
-    std::lock_guard<std::mutex> lock(*mu);
-    *multi = m;
-  }
-  CURLcode rc = CURLE_OK;
-  while (true) {
-    if (cancel->cancelled()) {
-      rc = CURLE_ABORTED_BY_CALLBACK;
-      break;
-    }
-    int running = 0;
-    CURLMcode mc = curl_multi_perform(m, &running);
-    if (mc == CURLM_OK && running == 0) {
-      int left = 0;
-      while (CURLMsg* msg = curl_multi_info_read(m, &left)) {
-        if (msg->msg == CURLMSG_DONE) rc = msg->data.result;
-      }
-      break;
-    }
-    // Returns when the socket is ready, libcurl's next timeout is due, or Cancel woke it.
-    if (mc == CURLM_OK) mc = curl_multi_poll(m, nullptr, 0, 1000, nullptr);
-    if (mc != CURLM_OK) {
-      rc = CURLE_RECV_ERROR;
-      break;
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(*mu);
-    *multi = nullptr;
-  }
-  curl_multi_remove_handle(m, c);
-  curl_multi_cleanup(m);
-  return rc;
+int Progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* cancel = static_cast<const std::atomic<bool>*>(user);
+  return cancel != nullptr && cancel->load(std::memory_order_relaxed) ? 1 : 0;
 }
 
 }  // namespace
@@ -365,7 +314,7 @@ void Client::Release(std::unique_ptr<Handle> handle) {
 Result<Client::Response> Client::Post(std::string_view path, const std::string& body,
                                       std::chrono::milliseconds timeout,
                                       const std::function<bool(std::string_view)>* on_line,
-                                      Cancellation* cancel) {
+                                      const std::atomic<bool>* cancel) {
   const size_t n = options_.endpoints.size();
   const size_t first = preferred_.load(std::memory_order_relaxed) % n;
   std::string tried;
@@ -396,8 +345,12 @@ Result<Client::Response> Client::Post(std::string_view path, const std::string& 
       curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, WriteBody);
       curl_easy_setopt(c, CURLOPT_WRITEDATA, &response.body);
     }
-    CURLcode rc = cancel != nullptr ? PerformCancellable(c, cancel, &cancel->mu_, &cancel->multi_)
-                                    : curl_easy_perform(c);
+    if (cancel != nullptr) {
+      curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, Progress);
+      curl_easy_setopt(c, CURLOPT_XFERINFODATA, cancel);
+    }
+    CURLcode rc = curl_easy_perform(c);
     long http = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
     curl_off_t connect_us = 0;
@@ -417,7 +370,7 @@ Result<Client::Response> Client::Post(std::string_view path, const std::string& 
     }
     response.endpoint = endpoint;
     if (rc == CURLE_WRITE_ERROR && stream.stopped) rc = CURLE_OK;
-    if (rc == CURLE_ABORTED_BY_CALLBACK && cancel != nullptr && cancel->cancelled()) {
+    if (rc == CURLE_ABORTED_BY_CALLBACK && cancel != nullptr && cancel->load()) {
       response.cancelled = true;
       rc = CURLE_OK;
     }
@@ -546,7 +499,7 @@ Status Client::LeaseRevoke(int64_t id) {
 }
 
 Status Client::WatchStream(const std::string& prefix, int64_t start_revision,
-                           std::chrono::milliseconds timeout, Cancellation* cancel,
+                           std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
                            const std::function<bool(const WatchResult&)>& on_response) {
   constexpr std::string_view kPath = "/v3/watch";
   json create = KeyRange(prefix, true);
@@ -604,7 +557,8 @@ Status Client::WatchStream(const std::string& prefix, int64_t start_revision,
 }
 
 Result<WatchResult> Client::Watch(const std::string& prefix, int64_t start_revision,
-                                  std::chrono::milliseconds timeout, Cancellation* cancel) {
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>* cancel) {
   WatchResult out;
   LEASH_RETURN_IF_ERROR(
       WatchStream(prefix, start_revision, timeout, cancel, [&](const WatchResult& r) {

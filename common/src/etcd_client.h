@@ -19,21 +19,6 @@
 
 namespace leash::etcd {
 
-// Ends a request in flight from another thread (a watch waiting for events): after Cancel()
-// the request returns at once, as cancelled, and so does every later request given this
-// object. At most one request uses it at a time.
-class Cancellation {
- public:
-  void Cancel();
-  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
-
- private:
-  friend class Client;
-  std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  void* multi_ = nullptr;  // the running request's libcurl multi handle (CURLM*), under mu_
-};
-
 // One key as etcd stores it (mvccpb.KeyValue); revisions are etcd's store revisions.
 struct KeyValue {
   std::string key;
@@ -138,19 +123,20 @@ class Client {
   Status LeaseRevoke(int64_t id);
 
   // Watches every key starting with `prefix` from `start_revision` (inclusive) until the
-  // first events arrive, `timeout` passes or `cancel` is cancelled; returns the events
-  // (none on timeout or cancellation). Unavailable if etcd cannot be reached or closes the
-  // watch.
+  // first events arrive, `timeout` passes or `*cancel` turns true (polled at least once a
+  // second); returns the events (none on timeout or cancellation). Unavailable if etcd
+  // cannot be reached or closes the watch.
   Result<WatchResult> Watch(const std::string& prefix, int64_t start_revision,
-                            std::chrono::milliseconds timeout, Cancellation* cancel = nullptr);
+                            std::chrono::milliseconds timeout,
+                            const std::atomic<bool>* cancel = nullptr);
   // The same watch kept open: calls `on_response` with each message etcd sends (its
   // creation first, then each batch of events; `revision` is the message's store revision,
-  // up to which every change is reported) until `timeout` passes, `cancel` is cancelled,
+  // up to which every change is reported) until `timeout` passes, `*cancel` turns true,
   // `on_response` returns false, or etcd reports the start revision compacted (one last
   // call with `compacted` set). Ok in all those cases; Unavailable if etcd cannot be
   // reached or closes the watch.
   Status WatchStream(const std::string& prefix, int64_t start_revision,
-                     std::chrono::milliseconds timeout, Cancellation* cancel,
+                     std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
                      const std::function<bool(const WatchResult&)>& on_response);
 
   // "http://a:2379,http://b:2379", for messages.
@@ -162,7 +148,7 @@ class Client {
   struct Response {
     std::string body;        // unary answers only
     bool timed_out = false;  // a streamed answer reached its timeout
-    bool cancelled = false;  // the request's Cancellation was cancelled
+    bool cancelled = false;  // *cancel turned true
     std::string endpoint;    // who answered
   };
   explicit Client(ClientOptions options);
@@ -170,12 +156,11 @@ class Client {
   // POSTs `body` (JSON) to `path` on the endpoints in turn (moving on only when one cannot
   // be connected to, so that no write is applied twice). `on_line` receives each
   // newline-terminated message of a streamed answer and returns false to end the transfer;
-  // without it the whole body is returned. With `cancel` the transfer runs on a libcurl
-  // multi handle that Cancellation::Cancel wakes.
+  // without it the whole body is returned.
   Result<Response> Post(std::string_view path, const std::string& body,
                         std::chrono::milliseconds timeout,
                         const std::function<bool(std::string_view)>* on_line = nullptr,
-                        Cancellation* cancel = nullptr);
+                        const std::atomic<bool>* cancel = nullptr);
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> handle);
 

@@ -690,7 +690,7 @@ class EtcdShardDirectory final : public ShardDirectory {
       stop_.store(true);
     }
     cv_.notify_all();
-    watch_cancel_.Cancel();  // the open watch returns at once
+    // The watch notices within about a second (libcurl's progress callback).
     if (thread_.joinable()) thread_.join();
   }
 
@@ -741,7 +741,7 @@ class EtcdShardDirectory final : public ShardDirectory {
   void Follow(int64_t from) {
     while (!stop_.load()) {
       Status st = client_->WatchStream(
-          keys_.prefix, from, kWatchOpen, &watch_cancel_,
+          keys_.prefix, from, kWatchOpen, &stop_,
           [&](const etcd::WatchResult& r) { return OnWatchResponse(r, &from); });
       std::unique_lock<std::mutex> lock(mu_);
       open_ = false;
@@ -786,7 +786,6 @@ class EtcdShardDirectory final : public ShardDirectory {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
-  etcd::Cancellation watch_cancel_;  // ends the watch when the directory goes
   std::thread thread_;
   std::optional<ClusterView> cached_;  // the newest view View() read
   int64_t covered_from_ = 0;           // the watch reports every change from this revision
