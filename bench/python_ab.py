@@ -58,12 +58,12 @@ def one(a, pkg, tmp, tag):
     }
 
 
-FIGURES = [("leash_samples_per_second", "Leash samples/s", True),
-           ("leash_over_local", "Leash/local", True),
-           ("training_thread_cpu_us", "training thread CPU per iteration, us", False),
-           ("sender_cpu_us", "sender thread CPU per iteration, us", False),
-           ("sender_busy_us", "sender busy per iteration, us", False),
-           ("binding_gil_held_us", "binding GIL held per iteration, us", False)]
+FIGURES = [("leash_samples_per_second", "Leash samples/s"),
+           ("leash_over_local", "Leash/local"),
+           ("training_thread_cpu_us", "training thread CPU per iteration, us"),
+           ("sender_cpu_us", "sender thread CPU per iteration, us"),
+           ("sender_busy_us", "sender busy per iteration, us"),
+           ("binding_gil_held_us", "binding GIL held per iteration, us")]
 
 
 def main():
@@ -99,9 +99,9 @@ def main():
                       f"{res['training_thread_cpu_us']:.0f} us, sender "
                       f"{res['sender_cpu_us'] or 0:.0f} us CPU per iteration, load "
                       f"{res['load_average']:.1f}", flush=True)
-    med = {s: {k: statistics.median(x[k] for x in v if x[k] is not None) for k, _, _ in FIGURES}
+    med = {s: {k: statistics.median(x[k] for x in v if x[k] is not None) for k, _ in FIGURES}
            for s, v in runs.items()}
-    ratio = {k: med["b"][k] / med["a"][k] for k, _, _ in FIGURES if med["a"][k]}
+    ratio = {k: med["b"][k] / med["a"][k] for k, _ in FIGURES if med["a"][k]}
     out = {"config": vars(a) | {"cpus": os.cpu_count(), "minutes": (time.time() - t0) / 60},
            "runs": runs, "medians": med, "b_over_a": ratio}
     os.makedirs(a.out, exist_ok=True)
@@ -117,7 +117,7 @@ def main():
              f"{out['config']['minutes']:.1f} min. Raw: `{a.name}.json`.", "",
              "| figure | A (median) | B (median) | B/A | A per invocation | B per invocation |",
              "|---|---|---|---|---|---|"]
-    for k, label, _ in FIGURES:
+    for k, label in FIGURES:
         fa = ", ".join(f"{x[k]:.3g}" for x in runs["a"] if x[k] is not None)
         fb = ", ".join(f"{x[k]:.3g}" for x in runs["b"] if x[k] is not None)
         lines.append(f"| {label} | {med['a'][k]:.4g} | {med['b'][k]:.4g} | "
@@ -133,7 +133,7 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-        for ax, (k, label, _) in zip(axes, [FIGURES[0], FIGURES[2], FIGURES[3]]):
+        for ax, (k, label) in zip(axes, [FIGURES[0], FIGURES[2], FIGURES[3]]):
             for s, c in (("a", "tab:gray"), ("b", "tab:blue")):
                 xs = [x["round"] for x in runs[s] if x[k] is not None]
                 ys = [x[k] for x in runs[s] if x[k] is not None]
