@@ -58,6 +58,8 @@ MODES = {
                         ["--global-batch", str(GLOBAL_BATCH)], []),
     "proportional_s1": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH})", 1,
                         ["--global-batch", str(GLOBAL_BATCH)], []),
+    "proportional_s0_per_push": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, a step per push)", 0,
+                                 ["--global-batch", str(GLOBAL_BATCH), "--clock-steps=false"], []),
     "proportional_s0_c256": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --chunk-size 256)", 0,
                              ["--global-batch", str(GLOBAL_BATCH), "--chunk-size", "256"], []),
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),

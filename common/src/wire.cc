@@ -408,6 +408,7 @@ Result<Request> ReadRequest(const wire::Envelope* env, size_t payloads, const Wi
       r.clock_after = m->clock_after();
       r.samples = m->samples();
       r.global_batch = m->global_batch();
+      r.clock_step = m->clock_step();
       return Request(std::move(r));
     }
     case wire::Body::ClockUpdate: {
@@ -477,7 +478,8 @@ Message EncodeRequest(uint64_t rid, const Request& request, std::vector<Frame> p
                 auto rs = BuildRows(fbb, r.rows);
                 return {wire::Body::Push,
                         wire::CreatePush(fbb, r.table_id, rs, r.worker_id, r.incarnation, r.seq,
-                                         ToWire(r.dtype), r.clock_after, r.samples, r.global_batch)
+                                         ToWire(r.dtype), r.clock_after, r.samples, r.global_batch,
+                                         r.clock_step)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ClockRequest>) {
                 return {wire::Body::ClockUpdate,
@@ -759,7 +761,7 @@ Message MakePush(uint64_t rid, uint32_t table_id, const Rows& rows, uint64_t wor
   payloads.push_back(std::move(payload));
   return EncodeRequest(rid,
                        PushRequest{table_id, rows, worker_id, incarnation, seq, dtype, -1,
-                                   weight.samples, weight.global_batch},
+                                   weight.samples, weight.global_batch, weight.clock_step},
                        std::move(payloads));
 }
 
@@ -934,8 +936,13 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
       }
       if (s->tables() != nullptr) {
         for (const wire::ReplTable* t : *s->tables()) {
+          std::vector<int64_t> pending;
+          if (t->pending_clocks() != nullptr) {
+            pending.assign(t->pending_clocks()->begin(), t->pending_clocks()->end());
+          }
           m.tables.push_back({t->table_id(), BytesToVector(t->spec()), t->row_begin(), t->row_end(),
-                              t->cols(), t->slots(), t->optimizer_steps(), t->tier_bytes()});
+                              t->cols(), t->slots(), t->optimizer_steps(), t->tier_bytes(),
+                              std::move(pending)});
         }
       }
       m.coverage = BytesToVector(s->coverage());
@@ -1015,9 +1022,10 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                 }
                 std::vector<flatbuffers::Offset<wire::ReplTable>> tables;
                 for (const auto& t : m.tables) {
-                  tables.push_back(wire::CreateReplTable(fbb, t.table_id, fbb.CreateVector(t.spec),
-                                                         t.row_begin, t.row_end, t.cols, t.slots,
-                                                         t.optimizer_steps, t.tier_bytes));
+                  tables.push_back(wire::CreateReplTable(
+                      fbb, t.table_id, fbb.CreateVector(t.spec), t.row_begin, t.row_end, t.cols,
+                      t.slots, t.optimizer_steps, t.tier_bytes,
+                      t.pending_clocks.empty() ? 0 : fbb.CreateVector(t.pending_clocks)));
                 }
                 auto wv = fbb.CreateVector(workers);
                 auto tv = fbb.CreateVector(tables);

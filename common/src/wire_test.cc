@@ -266,7 +266,8 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(pull.staleness, 2);
   EXPECT_EQ(pull.dtype, DType::kBF16);
 
-  Message pm = EncodeRequest(12, PushRequest{2, Rows::Range(3, 5), 7, 8, 9, DType::kF16, 4},
+  Message pm = EncodeRequest(12,
+                             PushRequest{2, Rows::Range(3, 5), 7, 8, 9, DType::kF16, 4, 48, 192, true},
                              {EncodeValues(std::vector<float>{1, 2}, DType::kF16)});
   auto pd = DecodeRequest(pm);
   ASSERT_TRUE(pd.ok()) << pd.status();
@@ -280,6 +281,9 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(push.seq, 9u);
   EXPECT_EQ(push.dtype, DType::kF16);
   EXPECT_EQ(push.clock_after, 4);
+  EXPECT_EQ(push.samples, 48u);
+  EXPECT_EQ(push.global_batch, 192u);
+  EXPECT_TRUE(push.clock_step);
   ASSERT_EQ(pd->payloads.size(), 1u);
   EXPECT_EQ(pd->payloads[0].data(), pm[1].data())
       << "the payload is the message's frame, not a copy";
@@ -564,6 +568,17 @@ TEST(WireTest, SnapshotChunksAndTheirAcknowledgementsRoundTrip) {
   ReplSnapshotMsg header;
   header.transfer = 77;
   EXPECT_TRUE(DecodeReplication(EncodeReplication(header, {})).ok());
+  // A table's pending clock steps travel with its header (none: an empty list).
+  header.tables.push_back({0, {}, 0, 8, 4, 3, 12, 0, {-1, 12}});
+  header.tables.push_back({1, {}, 0, 8, 4, 1, 5, 0, {}});
+  auto dh = DecodeReplication(EncodeReplication(header, {}));
+  ASSERT_TRUE(dh.ok()) << dh.status().ToString();
+  const auto& gh = std::get<ReplSnapshotMsg>(dh->value);
+  ASSERT_EQ(gh.tables.size(), 2u);
+  EXPECT_EQ(gh.tables[0].pending_clocks, (std::vector<int64_t>{-1, 12}));
+  EXPECT_EQ(gh.tables[0].slots, 3u);
+  EXPECT_TRUE(gh.tables[1].pending_clocks.empty());
+  header.tables.clear();
   EXPECT_FALSE(DecodeReplication(EncodeReplication(header, {Frame::Copy("x")})).ok());
 
   ReplAckMsg a{3, 2, false, 9, true, 11, 77, 6};

@@ -2,6 +2,7 @@
 #include "leash/ps/table.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -303,7 +304,8 @@ Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
   size_t n = static_cast<size_t>(t.range_.size()) * t.cols_;
   if (snap.cols != t.cols_ || snap.row_end < snap.row_begin || snap.row_end > t.rows() ||
       snap.values.size() != n ||
-      snap.slots.size() != static_cast<size_t>(OptimizerSlots(t.opt_.kind))) {
+      snap.slots.size() !=
+          static_cast<size_t>(OptimizerSlots(t.opt_.kind)) + snap.pending_clocks.size()) {
     return DataLoss("table '" + t.name() + "' in the snapshot has inconsistent sizes");
   }
   for (const auto& s : snap.slots) {
@@ -311,7 +313,14 @@ Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
       return DataLoss("table '" + t.name() + "' has an optimizer slot of the wrong size");
   }
   t.values_ = snap.values;
-  t.slots_ = snap.slots;
+  const size_t optimizer_slots = static_cast<size_t>(OptimizerSlots(t.opt_.kind));
+  t.slots_.assign(snap.slots.begin(), snap.slots.begin() + optimizer_slots);
+  for (size_t i = 0; i < snap.pending_clocks.size(); ++i) {
+    if (i > 0 && snap.pending_clocks[i] <= snap.pending_clocks[i - 1]) {
+      return DataLoss("table '" + t.name() + "' has pending clock steps out of order");
+    }
+    t.pending_[snap.pending_clocks[i]] = snap.slots[optimizer_slots + i];
+  }
   t.steps_ = snap.optimizer_steps;
   return t;
 }
@@ -326,6 +335,10 @@ TableSnapshot Table::ToSnapshot() const {
   s.values = values_;
   s.slots = slots_;
   s.optimizer_steps = steps_;
+  for (const auto& [clock, sum] : pending_) {
+    s.pending_clocks.push_back(clock);
+    s.slots.push_back(sum);
+  }
   return s;
 }
 
@@ -403,18 +416,64 @@ void Table::ApplyRow(size_t offset, size_t n, const float* g) {
   }
 }
 
-void Table::Apply(const Rows& rows, const float* grad) {
+void Table::ApplyRowScaled(size_t offset, size_t n, const float* g, float scale) {
+  // Every optimizer here is elementwise, so updating block by block is the whole update.
+  constexpr size_t kBlock = 2048;  // 8 KB of scaled gradient
+  std::array<float, kBlock> scaled;
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t len = std::min(kBlock, n - i);
+    for (size_t j = 0; j < len; ++j) scaled[j] = g[i + j] * scale;
+    ApplyRow(offset + i, len, scaled.data());
+  }
+}
+
+void Table::Apply(const Rows& rows, const float* grad, float scale) {
   // Optimizer state decaying without gradient must not sink into the subnormal range.
   ScopedFlushDenormals flush;
   ++steps_;
+  auto apply = [&](size_t offset, size_t n, const float* g) {
+    if (scale == 1.f) {
+      ApplyRow(offset, n, g);
+    } else {
+      ApplyRowScaled(offset, n, g, scale);
+    }
+  };
   if (rows.explicit_keys) {
     for (size_t i = 0; i < rows.keys.size(); ++i) {
-      ApplyRow((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
+      apply((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
     }
     return;
   }
-  ApplyRow((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
-           grad);
+  apply((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
+        grad);
+}
+
+void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale) {
+  auto [it, fresh] = pending_.try_emplace(clock);
+  std::vector<float>& sum = it->second;
+  if (fresh) sum.assign(values_.size(), 0.f);
+  auto add = [&](size_t offset, size_t n, const float* g) {
+    float* d = sum.data() + offset;
+    for (size_t i = 0; i < n; ++i) d[i] += g[i] * scale;
+  };
+  if (rows.explicit_keys) {
+    for (size_t i = 0; i < rows.keys.size(); ++i) {
+      add((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
+    }
+    return;
+  }
+  add((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
+      grad);
+}
+
+size_t Table::ApplyPendingBefore(int64_t clock) {
+  size_t steps = 0;
+  while (!pending_.empty() && pending_.begin()->first < clock) {
+    Apply(Rows::Range(range_.begin, range_.end), pending_.begin()->second.data());
+    pending_.erase(pending_.begin());
+    ++steps;
+  }
+  return steps;
 }
 
 }  // namespace leash::ps

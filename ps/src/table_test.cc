@@ -1,8 +1,11 @@
 // Tests of the dense table's optimizer arithmetic that the shard tests do not reach: optimizer
-// state decaying without gradient flushes to zero instead of turning subnormal.
+// state decaying without gradient flushes to zero instead of turning subnormal; a weighted
+// gradient applied as it came is bit for bit a scaled copy applied.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "leash/ps/table.h"
@@ -56,6 +59,112 @@ TEST(TableTest, TheFlushIsScopedToTheUpdateAndTheCallersModeComesBack) {
   volatile float half = 0.01f;
   float product = tiny * half;  // 1e-39: subnormal unless this thread flushes
   EXPECT_EQ(std::fpclassify(product), FP_SUBNORMAL);
+}
+
+// A push weighted by its samples (work in proportion to speed) is scaled block by block as
+// it is applied. Rows of 3000 floats span blocks and a partial one; weight decay reads the
+// values too. Each optimizer, by range and by keys, over three steps.
+TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam,
+                             OptimizerKind::kAdagrad}) {
+    for (bool by_keys : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "optimizer " << static_cast<int>(kind)
+                                      << (by_keys ? ", by keys" : ", by range"));
+      TableSpec spec;
+      spec.name = "w";
+      spec.rows = 4;
+      spec.cols = 3000;
+      spec.optimizer.kind = kind;
+      spec.optimizer.lr = 0.01f;
+      spec.optimizer.weight_decay = 0.001f;
+      spec.init.kind = InitKind::kUniform;
+      spec.init.scale = 0.5f;
+      auto scaled = Table::Create(1, spec, RowRange{0, 4});
+      auto copied = Table::Create(1, spec, RowRange{0, 4});
+      ASSERT_TRUE(scaled.ok() && copied.ok()) << scaled.status().ToString();
+      const Rows rows = by_keys ? Rows::Keys({3, 1, 2}) : Rows::Range(1, 4);
+      for (float scale : {0.3f, 1.f / 3, 0.75f}) {
+        std::vector<float> g(rows.size() * spec.cols);
+        for (float& v : g) v = normal(rng);
+        std::vector<float> copy = g;
+        for (float& v : copy) v *= scale;
+        scaled->Apply(rows, g.data(), scale);
+        copied->Apply(rows, copy.data());
+      }
+      const TableSnapshot a = scaled->ToSnapshot();
+      const TableSnapshot b = copied->ToSnapshot();
+      ASSERT_EQ(a.values.size(), b.values.size());
+      EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0);
+      ASSERT_EQ(a.slots.size(), b.slots.size());
+      for (size_t i = 0; i < a.slots.size(); ++i) {
+        EXPECT_EQ(
+            std::memcmp(a.slots[i].data(), b.slots[i].data(), a.slots[i].size() * sizeof(float)),
+            0)
+            << "slot " << i;
+      }
+      // And the weight moved: row 0 was never pushed, the others were.
+      auto fresh = Table::Create(1, spec, RowRange{0, 4});
+      const TableSnapshot f = fresh->ToSnapshot();
+      EXPECT_EQ(std::memcmp(a.values.data(), f.values.data(), spec.cols * sizeof(float)), 0);
+      EXPECT_NE(std::memcmp(a.values.data() + spec.cols, f.values.data() + spec.cols,
+                            spec.cols * sizeof(float)),
+                0);
+    }
+  }
+}
+
+// Clock steps: pushes summed into an iteration are one optimizer step on their sum, taken in
+// iteration order, and a snapshot carries the sums not yet applied.
+TEST(TableTest, SummedPushesAreOneStepPerIterationAndASnapshotKeepsThePendingSums) {
+  TableSpec spec;
+  spec.name = "w";
+  spec.rows = 3;
+  spec.cols = 2;
+  spec.optimizer.kind = OptimizerKind::kAdam;
+  spec.optimizer.lr = 0.1f;
+  auto t = Table::Create(1, spec, RowRange{0, 3});
+  auto ref = Table::Create(1, spec, RowRange{0, 3});
+  ASSERT_TRUE(t.ok() && ref.ok());
+  // Iteration 4: rows 0-1 by range (scale 0.5), row 2 by key (scale 0.25). Iteration 5: row 1.
+  const std::vector<float> a = {1, 2, 3, 4};
+  const std::vector<float> b = {8, -8};
+  const std::vector<float> c = {5, 6};
+  t->Accumulate(4, Rows::Range(0, 2), a.data(), 0.5f);
+  t->Accumulate(4, Rows::Keys({2}), b.data(), 0.25f);
+  t->Accumulate(5, Rows::Keys({1}), c.data(), 1.f);
+  EXPECT_EQ(t->pending(), 2u);
+  EXPECT_EQ(t->ApplyPendingBefore(4), 0u);  // iteration 4 not finished
+  EXPECT_EQ(t->steps(), 0u);
+
+  // A snapshot now, restored, carries on as the original does.
+  const TableSnapshot snap = t->ToSnapshot();
+  EXPECT_EQ(snap.pending_clocks, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(snap.slots.size(), 2u + 2u);  // Adam's m and v, then the two sums
+  auto restored = Table::FromSnapshot(snap);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+
+  const std::vector<float> step4 = {0.5f, 1, 1.5f, 2, 2, -2};
+  const std::vector<float> step5 = {0, 0, 5, 6, 0, 0};
+  ref->Apply(Rows::Range(0, 3), step4.data());
+  ref->Apply(Rows::Range(0, 3), step5.data());
+  for (Table* x : {&*t, &*restored}) {
+    EXPECT_EQ(x->ApplyPendingBefore(6), 2u);
+    EXPECT_EQ(x->pending(), 0u);
+    EXPECT_EQ(x->steps(), 2u);
+    std::vector<float> got(6), want(6);
+    x->Read(Rows::Range(0, 3), got.data());
+    ref->Read(Rows::Range(0, 3), want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * 6), 0);
+  }
+  // A snapshot whose pending clocks do not match its arrays is refused.
+  TableSnapshot bad = snap;
+  bad.pending_clocks.push_back(9);
+  EXPECT_EQ(Table::FromSnapshot(bad).status().code(), StatusCode::kDataLoss);
+  bad = snap;
+  bad.pending_clocks = {5, 4};
+  EXPECT_EQ(Table::FromSnapshot(bad).status().code(), StatusCode::kDataLoss);
 }
 
 }  // namespace

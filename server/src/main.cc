@@ -446,6 +446,12 @@ int Run(const ServerConfig& config) {
         "than their staleness bound behind the minimum clock, --backup-workers)",
         config.shard, sc.pushes_dropped_stale, sc.pushes_applied);
   }
+  if (sc.pushes_summed > 0) {
+    spdlog::info(
+        "shard {}: {} weighted push(es) summed into {} clock step(s), one optimizer step per "
+        "iteration (work in proportion to speed)",
+        config.shard, sc.pushes_summed, sc.clock_steps);
+  }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(
         "shard {}: {} chunk request(s) of slower workers answered 'wait': the faster workers "

@@ -555,7 +555,8 @@ void Replica::SendChunk(uint32_t r, uint32_t chunk) {
       const uint64_t tier =
           ts.spec.kind == TableKind::kSparse ? t.image->tiers.at(ts.table_id).size() : 0;
       m.tables.push_back({ts.table_id, EncodeTableSpec(ts.spec), ts.row_begin, ts.row_end, ts.cols,
-                          static_cast<uint32_t>(ts.slots.size()), ts.optimizer_steps, tier});
+                          static_cast<uint32_t>(ts.slots.size()), ts.optimizer_steps, tier,
+                          ts.pending_clocks});
     }
     m.last = t.last && *t.last == 0;
   } else {
@@ -1149,6 +1150,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
     ts.row_end = t.row_end;
     ts.cols = t.cols;
     ts.optimizer_steps = t.optimizer_steps;
+    ts.pending_clocks = t.pending_clocks;
     snap.tables.push_back(std::move(ts));
   }
   // The arrays' memory, once the table list no longer moves.

@@ -370,6 +370,12 @@ std::string EncodeTableMeta(const TableSnapshot& t) {
   // The spec as the codec serializes it, the bytes every release so far has written.
   std::vector<uint8_t> spec = EncodeTableSpec(t.spec);
   PutBytes(&out, std::string_view(reinterpret_cast<const char*>(spec.data()), spec.size()));
+  // The iterations of the pending clock steps, the last of `slots` (TableSnapshot). Written
+  // only when there are some, so a table without them is stored as before they existed.
+  if (!t.pending_clocks.empty()) {
+    PutU32(&out, static_cast<uint32_t>(t.pending_clocks.size()));
+    for (int64_t c : t.pending_clocks) PutI64(&out, c);
+  }
   return out;
 }
 
@@ -377,8 +383,15 @@ bool DecodeTableMeta(std::string_view bytes, TableSnapshot* t, uint32_t* num_slo
   Decoder d(bytes);
   std::string_view spec;
   if (!d.U32(&t->table_id) || !d.U64(&t->row_begin) || !d.U64(&t->row_end) || !d.U32(&t->cols) ||
-      !d.U64(&t->optimizer_steps) || !d.U32(num_slots) || !d.Bytes(&spec) || !d.done()) {
+      !d.U64(&t->optimizer_steps) || !d.U32(num_slots) || !d.Bytes(&spec)) {
     return false;
+  }
+  if (!d.done()) {
+    uint32_t pending = 0;
+    if (!d.U32(&pending) || pending > *num_slots || pending > d.remaining() / 8) return false;
+    t->pending_clocks.resize(pending);
+    for (int64_t& c : t->pending_clocks) d.I64(&c);
+    if (!d.done()) return false;
   }
   auto decoded =
       DecodeTableSpec(std::span(reinterpret_cast<const uint8_t*>(spec.data()), spec.size()));

@@ -73,12 +73,17 @@ ShardSnapshot MakeSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequenc
   return s;
 }
 
-// Several tables: plain SGD (no slots), momentum (1 slot) spanning several chunks, Adam
-// (2 slots) with special float values, and an empty range.
+// Several tables: plain SGD (no slots), momentum (1 slot and 2 pending clock steps) spanning
+// several chunks, Adam (2 slots) with special float values, and an empty range.
 ShardSnapshot RichSnapshot(uint32_t shard, uint32_t num_shards, uint64_t sequence) {
   ShardSnapshot s = MakeSnapshot(shard, num_shards, sequence);
   s.tables.push_back(MakeTable(0, 0, 10, 4, 0, 1.f));
-  s.tables.push_back(MakeTable(1, 500, 1000, 300, 1, 2.f));  // 1.2 MB per array: 2 chunks
+  // 1.2 MB per array: 2 chunks; with two pending clock steps after its momentum slot.
+  TableSnapshot momentum = MakeTable(1, 500, 1000, 300, 1, 2.f);
+  momentum.slots.push_back(Ramp(1000 * 300, 7.f));
+  momentum.slots.push_back(Ramp(1000 * 300, -9.f));
+  momentum.pending_clocks = {-2, 7};
+  s.tables.push_back(std::move(momentum));
   TableSnapshot adam = MakeTable(5, 7, 3, 3, 2, 3.f);
   adam.values[0] = std::numeric_limits<float>::quiet_NaN();
   adam.values[1] = -0.f;
@@ -128,6 +133,7 @@ void ExpectSameSnapshot(const ShardSnapshot& want, const ShardSnapshot& got) {
     EXPECT_EQ(g.row_end, w.row_end);
     EXPECT_EQ(g.cols, w.cols);
     EXPECT_EQ(g.optimizer_steps, w.optimizer_steps);
+    EXPECT_EQ(g.pending_clocks, w.pending_clocks);
     EXPECT_TRUE(SameBits(g.values, w.values));
     ASSERT_EQ(g.slots.size(), w.slots.size());
     for (size_t s = 0; s < w.slots.size(); ++s)

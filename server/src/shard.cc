@@ -604,20 +604,20 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
                                 .WithContext("push to table '" + name + "'"));
       g = grad.data();
     }
+    // Work in proportion to speed: the gradient is the mean over `samples`; weighted by
+    // samples / global_batch, the pushes of one clock add up to the global batch's mean.
+    // 0 < scale <= 1, so a value is finite exactly when its scaled value is: the check
+    // below reads the gradient as it came, and a dense table scales it as it applies it
+    // (no copy of the whole gradient).
+    float scale = 1.f;
     if (m.samples > 0 || m.global_batch > 0) {
-      // Work in proportion to speed: the gradient is the mean over `samples`; weighted by
-      // samples / global_batch, the pushes of one clock add up to the global batch's mean.
       if (m.samples == 0 || m.samples > m.global_batch) {
         return InvalidArgument("push to table '" + name + "' weighted by " +
                                std::to_string(m.samples) + " samples of a global batch of " +
                                std::to_string(m.global_batch) +
                                "; need 0 < samples <= global batch");
       }
-      if (grad.empty()) grad.assign(g, g + n);  // the received frame is not written
-      // 0 < scale <= 1: finite values stay finite.
-      const float scale = static_cast<float>(m.samples) / static_cast<float>(m.global_batch);
-      for (float& v : grad) v *= scale;
-      g = grad.data();
+      scale = static_cast<float>(m.samples) / static_cast<float>(m.global_batch);
     }
     if (finite) {
       ++counters_.pushes_checked_in_copy;
@@ -633,6 +633,11 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
       g = grad.data();
     }
     if (sparse != nullptr) {
+      if (scale != 1.f) {
+        if (grad.empty()) grad.assign(g, g + rows.size() * cols);  // the frame is not written
+        for (float& v : grad) v *= scale;
+        g = grad.data();
+      }
       // The cold store may fail (disk): nothing is applied then, and the push is not
       // marked seen, so the client's retry applies it once.
       if (Status st = sparse->Apply(rows.keys, g, clocks_.MinClock()); !st.ok()) {
@@ -640,7 +645,12 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
         return st.WithContext("push to sparse table '" + name + "'");
       }
     } else if (rows.size() > 0) {
-      table->Apply(rows, g);
+      if (m.clock_step && m.global_batch > 0 && SumsIntoClockStep(*w)) {
+        table->Accumulate(w->clock, rows, g, scale);
+        ++counters_.pushes_summed;
+      } else {
+        table->Apply(rows, g, scale);
+      }
     }
     counters_.nonfinite_rows_skipped += skipped;
     w->last_seq = m.seq;
@@ -800,7 +810,23 @@ Status Shard::OnChunkRequest(const PeerId& peer, uint64_t rid, const ChunkReques
   return Status::Ok();
 }
 
+bool Shard::SumsIntoClockStep(const LiveWorker& w) const {
+  // An iteration the minimum has passed (a backup worker's late push) was stepped already:
+  // such a push is applied on its own. An iteration far ahead would hold one more sum of
+  // the table for each clock: beyond kMaxClockSteps ahead of the minimum, likewise.
+  return w.clock >= clocks_.MinClock() && w.clock < clocks_.MinClock() + kMaxClockSteps;
+}
+
+void Shard::ApplyClockSteps() {
+  const int64_t min = clocks_.MinClock();
+  for (auto& t : tables_) {
+    if (t && t->pending() > 0) counters_.clock_steps += t->ApplyPendingBefore(min);
+  }
+}
+
 void Shard::ReleasePulls(std::vector<Outgoing>* out) {
+  // Every move of the minimum clock comes here before any pull it allows is answered.
+  ApplyClockSteps();
   for (ParkedPull& p : parked_.Release(clocks_.MinClock())) {
     if (auto it = parked_per_peer_.find(p.peer);
         it != parked_per_peer_.end() && --it->second == 0) {

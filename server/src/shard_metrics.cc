@@ -32,6 +32,11 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
   mirror(&ShardCounters::pushes_dropped_stale, "leash_shard_stale_pushes_dropped_total",
          "Pushes of backup workers (--backup-workers) dropped for lagging the minimum clock by "
          "more than their staleness bound.");
+  mirror(&ShardCounters::pushes_summed, "leash_shard_pushes_summed_total",
+         "Weighted pushes (work in proportion to speed) summed into their iteration's clock "
+         "step instead of applied on their own.");
+  mirror(&ShardCounters::clock_steps, "leash_shard_clock_steps_total",
+         "Clock steps applied: one optimizer step per table on an iteration's summed pushes.");
   mirror(&ShardCounters::pulls_served, "leash_shard_pulls_total",
          "Pulls answered (at once or after being parked).");
   mirror(&ShardCounters::pulls_parked, "leash_shard_parked_pulls_total",

@@ -736,6 +736,123 @@ TEST_F(ShardTest, PushesAreWeightedByTheirSamplesToOneLargeBatchsUpdate) {
   EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.5f);
 }
 
+// Clock steps: the weighted pushes of one iteration are one optimizer step on their sum,
+// taken when the minimum clock passes the iteration and before any pull it releases is
+// answered. Adam, whose step depends on the step count and not on the gradient's scale,
+// shows it: three pushes applied one by one would take three steps.
+TEST_F(ShardTest, WeightedPushesOfAnIterationAreOneOptimizerStepOnTheirSum) {
+  for (bool clock_steps : {true, false}) {
+    SCOPED_TRACE(clock_steps ? "clock steps" : "a step per push");
+    Reset();
+    TableSpec spec = Spec("w", 2, 3, 0.1f);
+    spec.optimizer.kind = OptimizerKind::kAdam;
+    uint32_t id = Create(spec);
+    for (uint64_t w = 1; w <= 3; ++w) Register(w);
+    // Worker 3 parks its pull for iteration 1 at staleness 0.
+    ASSERT_EQ(Send("w3", MakePull(40, id, Range(0, 2), 3, 1, 0)).size(), 0u);
+    const std::vector<std::vector<float>> grads = {
+        {1, 2, 3, 4, 5, 6}, {-1, 0.5f, 2, 0, 1, -3}, {0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f}};
+    const uint32_t samples[] = {80, 80, 32};  // a global batch of 192
+    std::vector<float> sum(6, 0.f);
+    for (uint64_t w = 1; w <= 3; ++w) {
+      const std::vector<float>& g = grads[w - 1];
+      const float scale = static_cast<float>(samples[w - 1]) / 192.f;
+      for (size_t i = 0; i < 6; ++i) sum[i] += g[i] * scale;
+      const Decoded<Reply>* e =
+          One("w" + std::to_string(w), MakePush(41, id, Range(0, 2), w, 1, 1, DType::kF32,
+                                                EncodeValues(g, DType::kF32),
+                                                {samples[w - 1], 192, clock_steps}));
+      ASSERT_NE(e, nullptr);
+      ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
+    }
+    EXPECT_EQ(shard_->counters().pushes_summed, clock_steps ? 3u : 0u);
+    Send("w1", MakeClock(42, 1, 1));
+    Send("w2", MakeClock(42, 2, 1));
+    // The last worker's clock moves the minimum: the step, then worker 3's parked pull.
+    std::vector<Outgoing> released = Send("w3", MakeClock(42, 3, 1));
+    ASSERT_EQ(released.size(), 2u);
+    EXPECT_EQ(shard_->counters().clock_steps, clock_steps ? 1u : 0u);
+    const std::vector<float> got = ReadReply(released[0]);
+
+    // The reference: a table that took one Adam step on the sum (or three, one per push).
+    auto ref = ps::Table::Create(0, spec, RowRange{0, 2});
+    ASSERT_TRUE(ref.ok());
+    if (clock_steps) {
+      ref->Apply(Range(0, 2), sum.data());
+    } else {
+      for (uint64_t w = 1; w <= 3; ++w) {
+        ref->Apply(Range(0, 2), grads[w - 1].data(), static_cast<float>(samples[w - 1]) / 192.f);
+      }
+    }
+    std::vector<float> want(6);
+    ref->Read(Range(0, 2), want.data());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "value " << i;
+    EXPECT_EQ(ref->steps(), clock_steps ? 1u : 3u);
+  }
+}
+
+// A backup worker's push for an iteration the minimum has passed is applied on its own at
+// once (its iteration's step was taken); unweighted pushes are never summed.
+TEST_F(ShardTest, LatePushesAndUnweightedPushesAreAppliedOnTheirOwn) {
+  ShardOptions o;
+  o.backup_workers = 1;
+  Reset(o);
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  // Worker 2 reads at staleness 5, so its pushes within 5 clocks of the minimum count.
+  Send("w2", MakePull(50, id, Range(0, 1), 2, 0, 5));
+  Send("w1", MakeClock(51, 1, 2));
+  ASSERT_EQ(shard_->min_clock(), 2);  // worker 2, the slowest, is the backup
+  auto push = [&](uint64_t worker, uint64_t seq, float g, uint32_t samples) {
+    const Decoded<Reply>* e = One(
+        "w" + std::to_string(worker),
+        MakePush(52, id, Range(0, 1), worker, 1, seq, DType::kF32,
+                 EncodeValues(std::vector<float>{g}, DType::kF32), {samples, 64, true}));
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
+  };
+  push(2, 1, 4.f, 16);  // iteration 0, passed: applied now, 4 * 16 / 64 = 1
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
+  push(1, 1, 2.f, 48);  // iteration 2: summed, 2 * 48 / 64 = 1.5
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.f);
+  EXPECT_TRUE(Push(id, Range(0, 1), {0.5f}, 1, 2).ok());  // unweighted: applied now
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -1.5f);
+  Send("w1", MakeClock(53, 1, 3));
+  Send("w2", MakeClock(53, 2, 3));
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);
+  EXPECT_EQ(shard_->counters().pushes_summed, 1u);
+  EXPECT_EQ(shard_->counters().clock_steps, 1u);
+}
+
+// A pending clock step is state like any other: a snapshot taken before the iteration ends
+// keeps it, and the shard recovered from it takes the step when the iteration ends there.
+TEST_F(ShardTest, APendingClockStepSurvivesASnapshotAndIsTakenAfterRecovery) {
+  uint32_t id = Create(Spec("w", 1, 2));
+  Register(1);
+  Register(2);
+  ASSERT_TRUE(One("w1", MakePush(60, id, Range(0, 1), 1, 1, 1, DType::kF32,
+                                 EncodeValues(std::vector<float>{2.f, -2.f}, DType::kF32),
+                                 {32, 64, true})) != nullptr);
+  ASSERT_TRUE(shard_->Checkpoint().ok());
+  Reset(options_);
+  ASSERT_TRUE(shard_->Recover().ok());
+  id = 0;
+  Register(1);
+  Register(2);
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], 0.f);
+  ASSERT_TRUE(One("w2", MakePush(61, id, Range(0, 1), 2, 1, 1, DType::kF32,
+                                 EncodeValues(std::vector<float>{4.f, 0.f}, DType::kF32),
+                                 {32, 64, true})) != nullptr);
+  Send("w1", MakeClock(62, 1, 1));
+  Send("w2", MakeClock(62, 2, 1));
+  std::vector<float> v = Pull(id, Range(0, 1));
+  EXPECT_FLOAT_EQ(v[0], -3.f);  // (2 * 32 + 4 * 32) / 64
+  EXPECT_FLOAT_EQ(v[1], 1.f);
+  EXPECT_EQ(shard_->counters().clock_steps, 1u);
+}
+
 TEST_F(ShardTest, ClockRepliesSumTheSpeedsOfTheLiveWorkers) {
   Register(1);
   Register(2);

@@ -1074,7 +1074,8 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
                              PushRequest{table.shard_ids[static_cast<size_t>(s)],
                                          Rows::Keys(split.unique[static_cast<size_t>(s)]),
                                          options_.worker_id, incarnation_, seq, options_.wire_dtype,
-                                         -1, weight.samples, weight.global_batch},
+                                         -1, weight.samples, weight.global_batch,
+                                         weight.clock_step},
                              {payloads[static_cast<size_t>(s)]});
       },
       nullptr, /*is_push=*/true);

@@ -89,6 +89,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.step_delay_factor = d.step_delay_factor;
   v.slow_spells = "";  // off
   v.global_batch = d.global_batch;
+  v.clock_steps = d.clock_steps;
   v.metrics_out = d.metrics_out;
   v.metrics_bind = d.metrics_bind;
   return v;
@@ -174,6 +175,11 @@ WorkerCommandLine::WorkerCommandLine()
         "its step per sample; with --staleness 0 a clock's update is BSP's). --batch is the "
         "batch until the speeds are known. A job setting: give every worker the same value. 0: "
         "off (every worker trains --batch)");
+  f.Bool("clock-steps", &v.clock_steps,
+         "with --global-batch: the shards sum an iteration's weighted pushes to a dense table "
+         "and take one optimizer step on the sum once every counted worker has finished it, "
+         "the update of one batch of --global-batch (momentum and Adam keep state per step); "
+         "false: one step per push. A job setting: give every worker the same value");
   f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
   f.Bool("no-shm", &v.no_shm,
          "send every message through the socket even to a shard on this host (by default "
@@ -321,6 +327,7 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
                    "--accumulate 1");
   }
   c.global_batch = v.global_batch;
+  c.clock_steps = v.clock_steps;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
   c.wait_when_done = v.wait_when_done;

@@ -70,6 +70,7 @@ struct WorkerConfig {
   double step_delay_factor = 1;
   leash::worker::SlowSpells slow_spells;  // transient straggler injection; off by default
   int64_t global_batch = 0;  // > 0: work in proportion to speed, this many samples per clock
+  bool clock_steps = true;   // with global_batch: one optimizer step per clock (TrainOptions)
   std::string metrics_out;
   std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
   std::string log_level = "info";
@@ -102,7 +103,7 @@ class WorkerCommandLine {
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim, send_delay_ms, global_batch, stripes;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
-    bool local, no_eval, no_shm, insecure, wait_when_done;
+    bool local, no_eval, no_shm, insecure, wait_when_done, clock_steps;
   };
   // The flags' defaults: `defaults` as the flags write it.
   static Values ValuesOf(const WorkerConfig& defaults);

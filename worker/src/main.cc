@@ -301,7 +301,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   // --lr and --weight-decay are per push of a --batch mean gradient; under work in
   // proportion to speed the shards' optimizers get the rates that keep that step per sample.
   const leash::worker::OptimizerOptions dense_opt =
-      leash::worker::ProportionalOptimizer(opt, c.global_batch, c.batch);
+      leash::worker::ProportionalOptimizer(opt, c.global_batch, c.batch, c.clock_steps);
   if (auto st = w.params->Setup(w.model->params(), dense_opt); !st.ok()) {
     return Fail("creating tables", st);
   }
@@ -309,7 +309,8 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     leash::worker::OptimizerOptions sopt = opt;
     sopt.kind = c.sparse_optimizer;
     if (c.sparse_lr > 0) sopt.learning_rate = static_cast<float>(c.sparse_lr);
-    sopt = leash::worker::ProportionalOptimizer(sopt, c.global_batch, c.batch);
+    // A sparse table takes a step per push: its rows are summed by no clock step.
+    sopt = leash::worker::ProportionalOptimizer(sopt, c.global_batch, c.batch, false);
     if (auto st = w.params->SetupSparse(*sparse, sopt); !st.ok()) {
       return Fail("creating the sparse table", st);
     }
@@ -332,14 +333,17 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
                  c.slow_spells.seconds);
   }
   to.global_batch = c.global_batch;
+  to.clock_steps = c.clock_steps;
   if (c.global_batch > 0) {
     spdlog::info(
         "work in proportion to speed: the job trains {} samples per clock, this worker its "
         "share ({} until the speeds are known); the shards' {} at learning rate {}, weight "
-        "decay {}, on pushes weighted by their share (--lr {} and --weight-decay {} are per "
-        "batch of {}: the same step per sample)",
+        "decay {}, on pushes weighted by their share, {} (--lr {} and --weight-decay {} are "
+        "per batch of {}: the same step per sample)",
         c.global_batch, c.batch, leash::OptimizerName(c.optimizer), dense_opt.learning_rate,
-        dense_opt.weight_decay, c.lr, c.weight_decay, c.batch);
+        dense_opt.weight_decay,
+        c.clock_steps ? "one step per clock on their sum" : "one step per push", c.lr,
+        c.weight_decay, c.batch);
   }
   if (c.step_delay_factor > 1) {
     spdlog::warn("--step-delay-factor {}: this worker sleeps to compute {}x slower",

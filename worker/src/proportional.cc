@@ -21,7 +21,8 @@ int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, 
   return std::clamp<int64_t>(std::llround(share), 1, most);
 }
 
-OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch) {
+OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch,
+                                       bool clock_steps) {
   if (global_batch <= 0 || batch <= 0) return opt;
   const double up = static_cast<double>(global_batch) / static_cast<double>(batch);
   switch (opt.kind) {
@@ -34,7 +35,7 @@ OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batc
     case OptimizerKind::kFtrl:
       break;
   }
-  opt.weight_decay = static_cast<float>(opt.weight_decay / up);
+  if (!clock_steps) opt.weight_decay = static_cast<float>(opt.weight_decay / up);
   return opt;
 }
 

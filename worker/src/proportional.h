@@ -39,10 +39,13 @@ int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, 
 // batch's mean gradient). SGD and momentum steps scale with the gradient, so their rate is
 // multiplied by global_batch / batch (the linear-scaling rule: with global_batch = W x batch,
 // a clock applies BSP's update to the same samples, no warmup needed); Adam and Adagrad
-// divide the gradient's scale out, so theirs stays (one step per push either way). Weight
-// decay adds wd x w to the weighted gradient on every push, so it is multiplied by batch /
-// global_batch for every kind (for SGD and momentum lr x wd per push stays BSP's). `opt` as
-// given when either batch is not positive.
-OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch);
+// divide the gradient's scale out, so theirs stays. Weight decay adds wd x w to the gradient
+// of every step. With `clock_steps` (one step per clock on the summed pushes) it stays: SGD
+// and momentum then decay by lr x global_batch / batch x wd per clock, BSP's global_batch /
+// batch pushes' worth. Without (a step per push) it is multiplied by batch / global_batch
+// for every kind (lr x wd per push stays BSP's). `opt` as given when either batch is not
+// positive.
+OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batch, int64_t batch,
+                                       bool clock_steps);
 
 }  // namespace leash::worker

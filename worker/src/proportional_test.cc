@@ -78,7 +78,9 @@ TEST(ProportionalOptimizerTest, KeepsBspSgdUpdatePerClock) {
   for (int begin : {0, 64, 128}) bsp += lr * (mean(begin, 64) + wd * w);
   // Proportional work: the same 192 samples split 82 : 82 : 28 by speed; each push is the
   // mean over its samples, weighted by samples / 192 on the shard, at the derived options.
-  const OptimizerOptions o = ProportionalOptimizer(Opt(OptimizerKind::kSgd, lr, wd), 192, 64);
+  // A step per push: each push steps with weight decay.
+  const OptimizerOptions o =
+      ProportionalOptimizer(Opt(OptimizerKind::kSgd, lr, wd), 192, 64, /*clock_steps=*/false);
   EXPECT_FLOAT_EQ(o.learning_rate, 0.03f);
   double proportional = 0;
   int begin = 0;
@@ -87,22 +89,41 @@ TEST(ProportionalOptimizerTest, KeepsBspSgdUpdatePerClock) {
     begin += n;
   }
   EXPECT_NEAR(proportional, bsp, 1e-5);
+  // Clock steps: one step on the weighted sum of the three pushes, with weight decay once.
+  const OptimizerOptions c =
+      ProportionalOptimizer(Opt(OptimizerKind::kSgd, lr, wd), 192, 64, /*clock_steps=*/true);
+  EXPECT_FLOAT_EQ(c.learning_rate, 0.03f);
+  EXPECT_FLOAT_EQ(c.weight_decay, wd);
+  double sum = 0;
+  begin = 0;
+  for (int n : {82, 82, 28}) {
+    sum += (n / 192.0) * mean(begin, n);
+    begin += n;
+  }
+  EXPECT_NEAR(c.learning_rate * (sum + c.weight_decay * w), bsp, 1e-5);
   // Momentum scales alike; a global batch of 512 over --batch 64 is 8 BSP steps' worth.
   EXPECT_FLOAT_EQ(
-      ProportionalOptimizer(Opt(OptimizerKind::kMomentum, 0.01f), 512, 64).learning_rate, 0.08f);
+      ProportionalOptimizer(Opt(OptimizerKind::kMomentum, 0.01f), 512, 64, true).learning_rate,
+      0.08f);
 }
 
 TEST(ProportionalOptimizerTest, LeavesScaleFreeRatesAndOffAlone) {
   // Adam and Adagrad divide the gradient's scale out: the weighting does not shrink their
-  // steps, so the rate stays; weight decay, added to the weighted gradient, is scaled down.
+  // steps, so the rate stays; weight decay, added to the weighted gradient of every push, is
+  // scaled down with a step per push and stays with one step per clock.
   const OptimizerOptions adam =
-      ProportionalOptimizer(Opt(OptimizerKind::kAdam, 0.001f, 0.3f), 192, 64);
+      ProportionalOptimizer(Opt(OptimizerKind::kAdam, 0.001f, 0.3f), 192, 64, false);
   EXPECT_FLOAT_EQ(adam.learning_rate, 0.001f);
   EXPECT_FLOAT_EQ(adam.weight_decay, 0.1f);
-  EXPECT_FLOAT_EQ(ProportionalOptimizer(Opt(OptimizerKind::kAdagrad, 0.05f), 192, 64).learning_rate,
-                  0.05f);
+  EXPECT_FLOAT_EQ(
+      ProportionalOptimizer(Opt(OptimizerKind::kAdam, 0.001f, 0.3f), 192, 64, true).weight_decay,
+      0.3f);
+  EXPECT_FLOAT_EQ(
+      ProportionalOptimizer(Opt(OptimizerKind::kAdagrad, 0.05f), 192, 64, false).learning_rate,
+      0.05f);
   // Work in proportion to speed off (global batch 0): the options as given.
-  const OptimizerOptions off = ProportionalOptimizer(Opt(OptimizerKind::kSgd, 0.01f, 0.3f), 0, 64);
+  const OptimizerOptions off =
+      ProportionalOptimizer(Opt(OptimizerKind::kSgd, 0.01f, 0.3f), 0, 64, true);
   EXPECT_FLOAT_EQ(off.learning_rate, 0.01f);
   EXPECT_FLOAT_EQ(off.weight_decay, 0.3f);
 }

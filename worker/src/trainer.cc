@@ -158,8 +158,8 @@ class Loop {
         LEASH_RETURN_IF_ERROR(BeginIteration(&*batch, ahead ? &*ahead : nullptr));
         result_.pull_seconds += Seconds(p0, Clock::now());
         if (proportional()) {
-          params_.SetPushWeight(
-              {static_cast<uint32_t>(batch->size), static_cast<uint32_t>(o_.global_batch)});
+          params_.SetPushWeight({static_cast<uint32_t>(batch->size),
+                                 static_cast<uint32_t>(o_.global_batch), o_.clock_steps});
         }
         double compute = 0;
         while (batch && micro < k) {

@@ -203,11 +203,15 @@ struct PushRequest {
   // batch per clock; the shard applies it weighted by samples / global_batch. 0: unweighted.
   uint32_t samples = 0;
   uint32_t global_batch = 0;
+  // Weighted: summed with the iteration's other such pushes into one optimizer step, taken
+  // when the minimum clock passes the iteration (a clock step); false: a step of its own.
+  bool clock_step = false;
 };
 // The weight of a push under work in proportion to speed (PushRequest).
 struct PushWeight {
   uint32_t samples = 0;
   uint32_t global_batch = 0;
+  bool clock_step = false;
 };
 struct ClockRequest {
   uint64_t worker_id = 0;

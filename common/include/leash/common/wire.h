@@ -161,6 +161,7 @@ struct ReplSnapshotMsg {
     uint32_t slots = 0;
     uint64_t optimizer_steps = 0;
     uint64_t tier_bytes = 0;
+    std::vector<int64_t> pending_clocks;  // the last `slots` are these iterations' clock steps
   };
   uint64_t term = 0;
   uint32_t primary = 0;

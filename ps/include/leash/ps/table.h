@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,12 @@ struct TableSnapshot {
   uint64_t row_end = 0;
   uint32_t cols = 0;
   std::vector<float> values;              // (row_end - row_begin) * cols
-  std::vector<std::vector<float>> slots;  // optimizer state, each the size of values
-  uint64_t optimizer_steps = 0;           // updates applied (Adam bias correction)
+  // Optimizer state, each the size of values, followed by the table's pending clock steps
+  // (Table::Accumulate): the summed weighted gradient of each, the size of values too.
+  std::vector<std::vector<float>> slots;
+  uint64_t optimizer_steps = 0;  // updates applied (Adam bias correction)
+  // The iterations of the pending clock steps at the end of `slots`, ascending.
+  std::vector<int64_t> pending_clocks;
 };
 
 // Number of optimizer state slots each optimizer keeps per value.
@@ -77,12 +82,28 @@ class Table {
   Status CheckOwned(const Rows& rows) const;
   // Copies the values of `rows` (row-major) into out (rows.size() * cols floats).
   void Read(const Rows& rows, float* out) const;
-  // Applies one gradient (rows.size() * cols floats, finite) with the optimizer.
-  void Apply(const Rows& rows, const float* grad);
+  // Applies one gradient (rows.size() * cols floats, finite) with the optimizer, each value
+  // multiplied by `scale` first (a push weighted by its samples; 0 < scale <= 1). The result
+  // is bit for bit that of applying a copy of grad so multiplied, without making the copy.
+  void Apply(const Rows& rows, const float* grad, float scale = 1.f);
+
+  // Clock steps (work in proportion to speed): adds grad * scale into the summed gradient
+  // of iteration `clock`, applied later by ApplyPendingBefore as one optimizer step, so the
+  // weighted pushes of one iteration update the table exactly as one push of their sum
+  // (one momentum or Adam step on the global batch). Rows no push of the iteration named
+  // get a zero gradient in that step, as a dense model's rows do in one large batch.
+  void Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale);
+  // Applies the pending sum of every iteration before `clock`, oldest first, each as one
+  // step over the table's rows; returns how many steps it took.
+  size_t ApplyPendingBefore(int64_t clock);
+  // Iterations with a pending sum.
+  size_t pending() const { return pending_.size(); }
 
  private:
   Table() = default;
   void ApplyRow(size_t offset, size_t n, const float* g);
+  // ApplyRow of g * scale, scaled a block at a time into a buffer that stays in L1.
+  void ApplyRowScaled(size_t offset, size_t n, const float* g, float scale);
 
   uint32_t id_ = 0;
   TableSpec spec_;
@@ -92,6 +113,8 @@ class Table {
   std::vector<float> values_;
   std::vector<std::vector<float>> slots_;
   uint64_t steps_ = 0;
+  // Accumulate's sums by iteration, each the size of values_.
+  std::map<int64_t, std::vector<float>> pending_;
 };
 
 }  // namespace leash::ps

@@ -133,6 +133,8 @@ struct ShardCounters {
   uint64_t snapshot_failures = 0;
   uint64_t sparse_store_errors = 0;   // sparse pulls/pushes failed by the cold store
   uint64_t pushes_dropped_stale = 0;  // backup workers' pushes beyond the staleness bound
+  uint64_t pushes_summed = 0;         // weighted pushes added into a clock step (clock_steps)
+  uint64_t clock_steps = 0;           // clock steps applied, one optimizer step each
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
@@ -282,8 +284,18 @@ class Shard {
   // The pull reply for `rows` of `table`, its values read straight into the frame sent.
   Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
                         DType dtype);
-  // Answers every parked pull the current minimum clock allows.
+  // Applies the clock steps of every iteration the minimum clock has passed, then answers
+  // every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
+  // Clock steps (PushRequest::clock_step): whether a weighted push of `w` asking for one
+  // now is summed into the step of its iteration rather than applied on its own (not when
+  // that step was taken already: a backup worker's late push); and applying the steps of
+  // the iterations before the minimum clock.
+  bool SumsIntoClockStep(const LiveWorker& w) const;
+  void ApplyClockSteps();
+  // Iterations ahead of the minimum clock with a clock step open, at most: each holds a sum
+  // the size of the table.
+  static constexpr int64_t kMaxClockSteps = 8;
   void Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out);
   // Counts a push of `w` dropped as too stale (ClockTable::TooStale), with a log line at
   // most every kDroppedLogEveryMs.

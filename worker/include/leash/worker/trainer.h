@@ -60,6 +60,9 @@ struct TrainOptions {
   // pushes carry their sample count so the shards weight them to the global batch's mean.
   // `batch` is the batch until the speeds are known. Needs accumulate 1. 0: off.
   int64_t global_batch = 0;
+  // With global_batch: the pushes ask for clock steps (PushRequest::clock_step), one
+  // optimizer step per iteration on the sum of the workers' weighted pushes to a dense table.
+  bool clock_steps = true;
   std::string label;  // prefix of progress lines, e.g. "worker 0"
   // Called on the training thread after every iteration and every completed job epoch
   // (leash-worker publishes its metrics there). Optional; must not block for long.
