@@ -135,12 +135,52 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
   EXPECT_LT(samples[2], 0.6 * samples[1]) << samples[2] << " vs " << samples[1];
   // Coverage is exact.
   EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
+  // A step per push (the default): nothing summed.
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->at(0).clock_steps, 0u);
+  EXPECT_EQ(stats->at(0).pushes_summed, 0u);
   // --lr (0.01, momentum, the defaults) keeps its step per sample: every worker gives the
   // shard's optimizer 0.01 x 192 / 64 for the pushes weighted by samples / 192.
   for (int i = 0; i < 3; ++i) {
     std::ifstream in(std::string(dir_.path()) + "/w" + std::to_string(i) + ".log");
     std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(log.find("the shards' momentum at learning rate 0.03,"), std::string::npos) << log;
+  }
+}
+
+// With --clock-steps the shard sums the weighted pushes of each iteration into one step per
+// table (at most one per table and clock the job reached), not one step per push, and the
+// workers give its momentum the decay of global-batch / batch pushes.
+TEST_F(StragglerTest, WithClockStepsTheShardStepsOncePerTableAndClock) {
+  Cluster cluster(1, dir_.path());
+  ASSERT_TRUE(RunJob(cluster, 4,
+                     {"--staleness=0", "--global-batch=192", "--batch=64", "--clock-steps"}));
+  double clock[3], samples[3];
+  for (int i = 0; i < 3; ++i) {
+    clock[i] = Metric(cluster, i, "final_clock");
+    samples[i] = Metric(cluster, i, "samples");
+  }
+  EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
+  auto stats = cluster.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const ShardStats& st = stats->at(0);
+  const double last_clock = std::max({clock[0], clock[1], clock[2]});
+  std::printf("clock steps %llu on %llu pushes summed, %zu tables, last clock %.0f\n",
+              static_cast<unsigned long long>(st.clock_steps),
+              static_cast<unsigned long long>(st.pushes_summed), st.tables.size(), last_clock);
+  EXPECT_GT(st.clock_steps, 0u);
+  EXPECT_LE(static_cast<double>(st.clock_steps),
+            last_clock * static_cast<double>(st.tables.size()));
+  EXPECT_GT(st.pushes_summed, st.clock_steps);  // steps that summed more than one push
+  for (int i = 0; i < 3; ++i) {
+    std::ifstream in(std::string(dir_.path()) + "/w" + std::to_string(i) + ".log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // 0.01 x 3 x (1 - 0.9^3) / (1 - 0.9) and 0.9^3.
+    EXPECT_NE(log.find("the shards' momentum at learning rate 0.0813, momentum 0.729,"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("one step per clock on their sum"), std::string::npos);
   }
 }
 

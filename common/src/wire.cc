@@ -586,7 +586,8 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                             p.num_chunks, p.chunks_leased, r.snapshot_age_ms, r.memory_budget_bytes,
                             r.memory_used_bytes, r.resident_bytes, r.backup_workers,
                             r.stale_pushes_dropped, r.replicas, r.replica, r.term, r.log_index,
-                            r.replication_lag, r.replicas_in_sync, r.commit_index, bv)
+                            r.replication_lag, r.replicas_in_sync, r.commit_index, bv,
+                            r.pushes_summed, r.clock_steps)
                             .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -662,6 +663,8 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.resident_bytes = r->resident_bytes();
       o.backup_workers = r->backup_workers();
       o.stale_pushes_dropped = r->stale_pushes_dropped();
+      o.pushes_summed = r->pushes_summed();
+      o.clock_steps = r->clock_steps();
       o.replicas = r->replicas();
       o.replica = r->replica();
       o.term = r->term();

@@ -751,6 +751,8 @@ Status Shard::OnStats(const PeerId& peer, uint64_t rid, std::vector<Outgoing>* o
   st.resident_bytes = options_.resident_bytes ? options_.resident_bytes() : 0;
   st.backup_workers = options_.backup_workers;
   st.stale_pushes_dropped = counters_.pushes_dropped_stale;
+  st.pushes_summed = counters_.pushes_summed;
+  st.clock_steps = counters_.clock_steps;
   if (options_.replication_stats) options_.replication_stats(&st);
   for (size_t id = 0; id < tables_.size(); ++id) {
     if (const Table* t = tables_[id].get()) {

@@ -52,9 +52,12 @@ int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
             static_cast<unsigned long long>(wk.ms_since_heartbeat));
       }
       std::printf(
-          "], \"backup_workers\": %u, \"stale_pushes_dropped\": %llu, \"memory_budget_bytes\": "
+          "], \"backup_workers\": %u, \"stale_pushes_dropped\": %llu, \"pushes_summed\": %llu, "
+          "\"clock_steps\": %llu, \"memory_budget_bytes\": "
           "%llu, \"memory_used_bytes\": %llu, \"resident_bytes\": %llu, \"sparse_tables\": [",
           s.backup_workers, static_cast<unsigned long long>(s.stale_pushes_dropped),
+          static_cast<unsigned long long>(s.pushes_summed),
+          static_cast<unsigned long long>(s.clock_steps),
           static_cast<unsigned long long>(s.memory_budget_bytes),
           static_cast<unsigned long long>(s.memory_used_bytes),
           static_cast<unsigned long long>(s.resident_bytes));
@@ -111,6 +114,11 @@ int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
     if (s.backup_workers > 0) {
       std::printf("  backup workers %u: %llu stale pushes dropped\n", s.backup_workers,
                   static_cast<unsigned long long>(s.stale_pushes_dropped));
+    }
+    if (s.clock_steps > 0 || s.pushes_summed > 0) {
+      std::printf("  clock steps: %llu, on %llu weighted pushes summed\n",
+                  static_cast<unsigned long long>(s.clock_steps),
+                  static_cast<unsigned long long>(s.pushes_summed));
     }
     for (const auto& w : s.workers) {
       std::printf("  worker %-28s id %016llx clock %lld, heard from %llu ms ago\n", w.name.c_str(),

@@ -178,8 +178,10 @@ WorkerCommandLine::WorkerCommandLine()
   f.Bool("clock-steps", &v.clock_steps,
          "with --global-batch: the shards sum an iteration's weighted pushes to a dense table "
          "and take one optimizer step on the sum once every counted worker has finished it, "
-         "the update of one batch of --global-batch (momentum and Adam keep state per step); "
-         "false: one step per push. A job setting: give every worker the same value");
+         "exactly the update of one batch of --global-batch for every optimizer (momentum then "
+         "runs at momentum^(global-batch/batch)); false: one step per push, exact for sgd only "
+         "(measured 0.4-0.5 points more accurate after equal samples, docs/semantics.md). A job "
+         "setting: give every worker the same value");
   f.Bool("no-eval", &v.no_eval, "skip the test-set evaluation after each epoch");
   f.Bool("no-shm", &v.no_shm,
          "send every message through the socket even to a shard on this host (by default "

@@ -70,7 +70,7 @@ struct WorkerConfig {
   double step_delay_factor = 1;
   leash::worker::SlowSpells slow_spells;  // transient straggler injection; off by default
   int64_t global_batch = 0;  // > 0: work in proportion to speed, this many samples per clock
-  bool clock_steps = true;   // with global_batch: one optimizer step per clock (TrainOptions)
+  bool clock_steps = false;  // with global_batch: one optimizer step per clock (TrainOptions)
   std::string metrics_out;
   std::string metrics_bind;  // HOST:PORT, checked; empty: no metrics
   std::string log_level = "info";

@@ -337,10 +337,13 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   if (c.global_batch > 0) {
     spdlog::info(
         "work in proportion to speed: the job trains {} samples per clock, this worker its "
-        "share ({} until the speeds are known); the shards' {} at learning rate {}, weight "
+        "share ({} until the speeds are known); the shards' {} at learning rate {},{} weight "
         "decay {}, on pushes weighted by their share, {} (--lr {} and --weight-decay {} are "
         "per batch of {}: the same step per sample)",
         c.global_batch, c.batch, leash::OptimizerName(c.optimizer), dense_opt.learning_rate,
+        c.optimizer == leash::OptimizerKind::kMomentum
+            ? fmt::format(" momentum {:.4g},", dense_opt.momentum)
+            : std::string(),
         dense_opt.weight_decay,
         c.clock_steps ? "one step per clock on their sum" : "one step per push", c.lr,
         c.weight_decay, c.batch);

@@ -27,8 +27,20 @@ OptimizerOptions ProportionalOptimizer(OptimizerOptions opt, int64_t global_batc
   const double up = static_cast<double>(global_batch) / static_cast<double>(batch);
   switch (opt.kind) {
     case OptimizerKind::kSgd:
-    case OptimizerKind::kMomentum:
       opt.learning_rate = static_cast<float>(opt.learning_rate * up);
+      break;
+    case OptimizerKind::kMomentum:
+      if (clock_steps && opt.momentum > 0 && opt.momentum < 1) {
+        // One step per clock stands for `up` BSP pushes: the velocity decays by mu^up per
+        // step, as it does over that many pushes, and the rate keeps the steady step per
+        // sample, lr x up / (1 - mu) per clock, with the new decay.
+        const double mu = opt.momentum;
+        const double mu_up = std::pow(mu, up);
+        opt.learning_rate = static_cast<float>(opt.learning_rate * up * (1 - mu_up) / (1 - mu));
+        opt.momentum = static_cast<float>(mu_up);
+      } else {
+        opt.learning_rate = static_cast<float>(opt.learning_rate * up);
+      }
       break;
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdagrad:

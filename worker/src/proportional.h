@@ -39,7 +39,10 @@ int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, 
 // batch's mean gradient). SGD and momentum steps scale with the gradient, so their rate is
 // multiplied by global_batch / batch (the linear-scaling rule: with global_batch = W x batch,
 // a clock applies BSP's update to the same samples, no warmup needed); Adam and Adagrad
-// divide the gradient's scale out, so theirs stays. Weight decay adds wd x w to the gradient
+// divide the gradient's scale out, so theirs stays. Momentum with `clock_steps` (one step
+// per clock standing for global_batch / batch = k BSP pushes) gets momentum mu^k, the decay
+// of k pushes, and rate lr x k x (1 - mu^k) / (1 - mu), which keeps BSP's steady step per
+// sample (lr x k / (1 - mu) per clock). Weight decay adds wd x w to the gradient
 // of every step. With `clock_steps` (one step per clock on the summed pushes) it stays: SGD
 // and momentum then decay by lr x global_batch / batch x wd per clock, BSP's global_batch /
 // batch pushes' worth. Without (a step per push) it is multiplied by batch / global_batch

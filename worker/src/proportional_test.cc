@@ -101,10 +101,40 @@ TEST(ProportionalOptimizerTest, KeepsBspSgdUpdatePerClock) {
     begin += n;
   }
   EXPECT_NEAR(c.learning_rate * (sum + c.weight_decay * w), bsp, 1e-5);
-  // Momentum scales alike; a global batch of 512 over --batch 64 is 8 BSP steps' worth.
+  // Momentum with a step per push scales alike; a global batch of 512 over --batch 64 is 8
+  // BSP steps' worth.
   EXPECT_FLOAT_EQ(
-      ProportionalOptimizer(Opt(OptimizerKind::kMomentum, 0.01f), 512, 64, true).learning_rate,
+      ProportionalOptimizer(Opt(OptimizerKind::kMomentum, 0.01f), 512, 64, false).learning_rate,
       0.08f);
+}
+
+// Momentum with clock steps: one step per clock stands for global_batch / batch BSP pushes.
+// The velocity decays per clock as it does over those pushes (mu^3 for 3), and the step per
+// clock under a steady gradient is BSP's; the weights follow BSP's path clock by clock
+// under a constant gradient to within the first clocks' transient.
+TEST(ProportionalOptimizerTest, MomentumWithClockStepsKeepsBspsDecayAndStepPerSample) {
+  OptimizerOptions bsp = Opt(OptimizerKind::kMomentum, 0.01f);
+  bsp.momentum = 0.9f;
+  const OptimizerOptions c = ProportionalOptimizer(bsp, 192, 64, /*clock_steps=*/true);
+  EXPECT_NEAR(c.momentum, 0.729f, 1e-6);
+  EXPECT_NEAR(c.learning_rate, 0.01f * 3 * (1 - 0.729f) / (1 - 0.9f), 1e-6);
+  // Under a constant gradient g the displacement per clock tends to BSP's 3 pushes' worth.
+  const double g = 1;
+  double v_bsp = 0, w_bsp = 0, v_c = 0, w_c = 0;
+  for (int clock = 0; clock < 200; ++clock) {
+    for (int push = 0; push < 3; ++push) {
+      v_bsp = bsp.momentum * v_bsp + g;
+      w_bsp -= bsp.learning_rate * v_bsp;
+    }
+    v_c = c.momentum * v_c + g;  // the clock's weighted pushes sum to the mean gradient g
+    w_c -= c.learning_rate * v_c;
+  }
+  const double step_bsp = 3 * bsp.learning_rate * g / (1 - bsp.momentum);
+  EXPECT_NEAR(c.learning_rate * v_c, step_bsp, 1e-4);
+  EXPECT_NEAR(w_c / w_bsp, 1.0, 0.02);
+  // With a step per push, the momentum stays (each push is one BSP push's step).
+  EXPECT_FLOAT_EQ(ProportionalOptimizer(bsp, 192, 64, false).momentum, 0.9f);
+  EXPECT_FLOAT_EQ(ProportionalOptimizer(bsp, 192, 64, false).learning_rate, 0.03f);
 }
 
 TEST(ProportionalOptimizerTest, LeavesScaleFreeRatesAndOffAlone) {

@@ -300,6 +300,8 @@ struct ShardStats {
   uint64_t resident_bytes = 0;        // the shard process's resident memory (VmRSS); 0: unknown
   uint32_t backup_workers = 0;        // --backup-workers
   uint64_t stale_pushes_dropped = 0;  // backup workers' pushes dropped as too stale
+  uint64_t pushes_summed = 0;         // weighted pushes summed into clock steps
+  uint64_t clock_steps = 0;           // clock steps applied
   // A replicated shard's primary (docs/replication.md); replicas 0: not replicated.
   uint32_t replicas = 0;
   uint32_t replica = 0;

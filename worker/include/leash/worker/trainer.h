@@ -62,7 +62,7 @@ struct TrainOptions {
   int64_t global_batch = 0;
   // With global_batch: the pushes ask for clock steps (PushRequest::clock_step), one
   // optimizer step per iteration on the sum of the workers' weighted pushes to a dense table.
-  bool clock_steps = true;
+  bool clock_steps = false;
   std::string label;  // prefix of progress lines, e.g. "worker 0"
   // Called on the training thread after every iteration and every completed job epoch
   // (leash-worker publishes its metrics there). Optional; must not block for long.
