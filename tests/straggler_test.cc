@@ -154,8 +154,8 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
 // workers give its momentum the decay of global-batch / batch pushes.
 TEST_F(StragglerTest, WithClockStepsTheShardStepsOncePerTableAndClock) {
   Cluster cluster(1, dir_.path());
-  ASSERT_TRUE(RunJob(cluster, 4,
-                     {"--staleness=0", "--global-batch=192", "--batch=64", "--clock-steps"}));
+  ASSERT_TRUE(
+      RunJob(cluster, 4, {"--staleness=0", "--global-batch=192", "--batch=64", "--clock-steps"}));
   double clock[3], samples[3];
   for (int i = 0; i < 3; ++i) {
     clock[i] = Metric(cluster, i, "final_clock");

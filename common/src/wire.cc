@@ -578,17 +578,17 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                 }
                 auto bv = fbb.CreateVector(backups);
                 const CoverageProgress& p = r.coverage;
-                return {wire::Body::StatsReply,
-                        wire::CreateStatsReply(
-                            fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls,
-                            r.pushes_applied, r.pulls_served, r.errors, r.last_snapshot_clock,
-                            r.recovered_clock, wv, tv, p.epochs_done, p.epochs, p.chunks_done,
-                            p.num_chunks, p.chunks_leased, r.snapshot_age_ms, r.memory_budget_bytes,
-                            r.memory_used_bytes, r.resident_bytes, r.backup_workers,
-                            r.stale_pushes_dropped, r.replicas, r.replica, r.term, r.log_index,
-                            r.replication_lag, r.replicas_in_sync, r.commit_index, bv,
-                            r.pushes_summed, r.clock_steps)
-                            .Union()};
+                return {
+                    wire::Body::StatsReply,
+                    wire::CreateStatsReply(
+                        fbb, r.shard, r.num_shards, r.min_clock, r.parked_pulls, r.pushes_applied,
+                        r.pulls_served, r.errors, r.last_snapshot_clock, r.recovered_clock, wv, tv,
+                        p.epochs_done, p.epochs, p.chunks_done, p.num_chunks, p.chunks_leased,
+                        r.snapshot_age_ms, r.memory_budget_bytes, r.memory_used_bytes,
+                        r.resident_bytes, r.backup_workers, r.stale_pushes_dropped, r.replicas,
+                        r.replica, r.term, r.log_index, r.replication_lag, r.replicas_in_sync,
+                        r.commit_index, bv, r.pushes_summed, r.clock_steps)
+                        .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
                         wire::CreateChunkGrant(fbb, static_cast<wire::GrantKind>(r.kind), r.epoch,

@@ -266,9 +266,9 @@ TEST(WireTest, EveryRequestRoundTrips) {
   EXPECT_EQ(pull.staleness, 2);
   EXPECT_EQ(pull.dtype, DType::kBF16);
 
-  Message pm = EncodeRequest(12,
-                             PushRequest{2, Rows::Range(3, 5), 7, 8, 9, DType::kF16, 4, 48, 192, true},
-                             {EncodeValues(std::vector<float>{1, 2}, DType::kF16)});
+  Message pm =
+      EncodeRequest(12, PushRequest{2, Rows::Range(3, 5), 7, 8, 9, DType::kF16, 4, 48, 192, true},
+                    {EncodeValues(std::vector<float>{1, 2}, DType::kF16)});
   auto pd = DecodeRequest(pm);
   ASSERT_TRUE(pd.ok()) << pd.status();
   const auto& push = std::get<PushRequest>(pd->value);

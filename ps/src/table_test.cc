@@ -100,8 +100,7 @@ TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
       ASSERT_EQ(a.slots.size(), b.slots.size());
       for (size_t i = 0; i < a.slots.size(); ++i) {
         EXPECT_EQ(
-            std::memcmp(a.slots[i].data(), b.slots[i].data(), a.slots[i].size() * sizeof(float)),
-            0)
+            std::memcmp(a.slots[i].data(), b.slots[i].data(), a.slots[i].size() * sizeof(float)), 0)
             << "slot " << i;
       }
       // And the weight moved: row 0 was never pushed, the others were.

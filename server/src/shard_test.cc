@@ -759,9 +759,9 @@ TEST_F(ShardTest, WeightedPushesOfAnIterationAreOneOptimizerStepOnTheirSum) {
       const float scale = static_cast<float>(samples[w - 1]) / 192.f;
       for (size_t i = 0; i < 6; ++i) sum[i] += g[i] * scale;
       const Decoded<Reply>* e =
-          One("w" + std::to_string(w), MakePush(41, id, Range(0, 2), w, 1, 1, DType::kF32,
-                                                EncodeValues(g, DType::kF32),
-                                                {samples[w - 1], 192, clock_steps}));
+          One("w" + std::to_string(w),
+              MakePush(41, id, Range(0, 2), w, 1, 1, DType::kF32, EncodeValues(g, DType::kF32),
+                       {samples[w - 1], 192, clock_steps}));
       ASSERT_NE(e, nullptr);
       ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
     }
@@ -806,10 +806,10 @@ TEST_F(ShardTest, LatePushesAndUnweightedPushesAreAppliedOnTheirOwn) {
   Send("w1", MakeClock(51, 1, 2));
   ASSERT_EQ(shard_->min_clock(), 2);  // worker 2, the slowest, is the backup
   auto push = [&](uint64_t worker, uint64_t seq, float g, uint32_t samples) {
-    const Decoded<Reply>* e = One(
-        "w" + std::to_string(worker),
-        MakePush(52, id, Range(0, 1), worker, 1, seq, DType::kF32,
-                 EncodeValues(std::vector<float>{g}, DType::kF32), {samples, 64, true}));
+    const Decoded<Reply>* e =
+        One("w" + std::to_string(worker),
+            MakePush(52, id, Range(0, 1), worker, 1, seq, DType::kF32,
+                     EncodeValues(std::vector<float>{g}, DType::kF32), {samples, 64, true}));
     ASSERT_NE(e, nullptr);
     ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
   };

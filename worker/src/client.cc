@@ -1070,13 +1070,13 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
   return impl_->Submit(
       split.shards,
       [&](int s, uint64_t rid, uint64_t seq) {
-        return EncodeRequest(rid,
-                             PushRequest{table.shard_ids[static_cast<size_t>(s)],
-                                         Rows::Keys(split.unique[static_cast<size_t>(s)]),
-                                         options_.worker_id, incarnation_, seq, options_.wire_dtype,
-                                         -1, weight.samples, weight.global_batch,
-                                         weight.clock_step},
-                             {payloads[static_cast<size_t>(s)]});
+        return EncodeRequest(
+            rid,
+            PushRequest{table.shard_ids[static_cast<size_t>(s)],
+                        Rows::Keys(split.unique[static_cast<size_t>(s)]), options_.worker_id,
+                        incarnation_, seq, options_.wire_dtype, -1, weight.samples,
+                        weight.global_batch, weight.clock_step},
+            {payloads[static_cast<size_t>(s)]});
       },
       nullptr, /*is_push=*/true);
 }

@@ -22,7 +22,7 @@ struct TableSnapshot {
   uint64_t row_begin = 0;  // rows [row_begin, row_end) of the table live on this shard
   uint64_t row_end = 0;
   uint32_t cols = 0;
-  std::vector<float> values;              // (row_end - row_begin) * cols
+  std::vector<float> values;  // (row_end - row_begin) * cols
   // Optimizer state, each the size of values, followed by the table's pending clock steps
   // (Table::Accumulate): the summed weighted gradient of each, the size of values too.
   std::vector<std::vector<float>> slots;
