@@ -9,7 +9,9 @@ cluster's samples/s and the accuracy on the whole test set after the same sample
   python3 bench/clock_steps_ab.py --out DIR [--models mlp,cnn] [--rounds 4]
 
 Writes DIR/clock_steps_ab.json and DIR/clock_steps_ab.md: per model the medians and the
-per-round ratios (clock steps / a step per push) and accuracy differences.
+per-round ratios (clock steps / a step per push) and accuracy differences; and, where
+matplotlib is installed, DIR/clock_steps_ab.png. `--plot OUT.png A.json [B.json ...]` draws
+the plot of earlier results only (several models' files together).
 """
 import argparse
 import json
@@ -26,7 +28,48 @@ from common.util import median, write_json  # noqa: E402
 MODES = {"clock": "proportional_s0_clock_steps", "push": "proportional_s0", "bsp": "bsp"}
 
 
+LABELS = (("push", "a step per push"), ("clock", "clock steps"), ("bsp", "BSP"))
+
+
+def plot(runs, path):
+    """Samples/s and accuracy of every run, by model and mode (a dot per run, a bar at the
+    median). Returns False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = list(runs)
+    fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 6.5), squeeze=False)
+    for col, model in enumerate(models):
+        for row, (key, title, scale) in enumerate((("samples_per_second", "samples/s", 1),
+                                                  ("final_test_accuracy", "test accuracy (%)", 100))):
+            ax = axes[row][col]
+            for i, (k, label) in enumerate(LABELS):
+                ys = [scale * x[key] for x in runs[model].get(k, []) if x.get(key) is not None]
+                if not ys:
+                    continue
+                ax.bar(i, median(ys), color="#c8d8ea", width=0.6)
+                ax.plot([i] * len(ys), ys, "o", color="#1f4e79", markersize=4)
+            ax.set_xticks(range(len(LABELS)), [label for _, label in LABELS])
+            ax.set_title(f"{model}: {title}")
+            if row == 1:
+                vals = [scale * x[key] for k, _ in LABELS for x in runs[model].get(k, [])]
+                ax.set_ylim(min(vals) - 1, max(vals) + 0.5)
+    fig.suptitle("3 workers (one 3x slower) + 1 shard, --global-batch 192, s=0: bars at the median")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--plot":
+        runs = {}
+        for f in sys.argv[3:]:
+            with open(f) as fh:
+                runs.update(json.load(fh)["runs"])
+        sys.exit(0 if plot(runs, sys.argv[2]) else "matplotlib is not installed (scripts/install-deps.sh bench)")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
     ap.add_argument("--out", required=True)
@@ -60,7 +103,7 @@ def main():
           "|---|---|---|---|---|---|"]
     summary = {}
     for model, by in runs.items():
-        for k, label in (("clock", "clock steps"), ("push", "a step per push"), ("bsp", "BSP")):
+        for k, label in LABELS:
             xs = by[k]
             if not xs:
                 continue
@@ -87,6 +130,8 @@ def main():
     with open(os.path.join(a.out, "clock_steps_ab.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
+    if plot(runs, os.path.join(a.out, "clock_steps_ab.png")):
+        print(f"plot: {os.path.join(a.out, 'clock_steps_ab.png')}")
 
 
 if __name__ == "__main__":

@@ -431,39 +431,23 @@ void Table::Apply(const Rows& rows, const float* grad, float scale) {
   // Optimizer state decaying without gradient must not sink into the subnormal range.
   ScopedFlushDenormals flush;
   ++steps_;
-  auto apply = [&](size_t offset, size_t n, const float* g) {
+  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
     if (scale == 1.f) {
       ApplyRow(offset, n, g);
     } else {
       ApplyRowScaled(offset, n, g, scale);
     }
-  };
-  if (rows.explicit_keys) {
-    for (size_t i = 0; i < rows.keys.size(); ++i) {
-      apply((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
-    }
-    return;
-  }
-  apply((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
-        grad);
+  });
 }
 
 void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale) {
   auto [it, fresh] = pending_.try_emplace(clock);
   std::vector<float>& sum = it->second;
   if (fresh) sum.assign(values_.size(), 0.f);
-  auto add = [&](size_t offset, size_t n, const float* g) {
+  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
     float* d = sum.data() + offset;
     for (size_t i = 0; i < n; ++i) d[i] += g[i] * scale;
-  };
-  if (rows.explicit_keys) {
-    for (size_t i = 0; i < rows.keys.size(); ++i) {
-      add((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
-    }
-    return;
-  }
-  add((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
-      grad);
+  });
 }
 
 size_t Table::ApplyPendingBefore(int64_t clock) {

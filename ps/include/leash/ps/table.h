@@ -104,6 +104,19 @@ class Table {
   void ApplyRow(size_t offset, size_t n, const float* g);
   // ApplyRow of g * scale, scaled a block at a time into a buffer that stays in L1.
   void ApplyRowScaled(size_t offset, size_t n, const float* g, float scale);
+  // Calls fn(offset into values_, floats, their gradient) for each contiguous span of `rows`
+  // (one per key, or the range whole), `grad` holding rows.size() * cols floats.
+  template <typename Fn>
+  void ForEachSpan(const Rows& rows, const float* grad, Fn fn) const {
+    if (rows.explicit_keys) {
+      for (size_t i = 0; i < rows.keys.size(); ++i) {
+        fn((rows.keys[i] - range_.begin) * cols_, cols_, grad + i * cols_);
+      }
+      return;
+    }
+    fn((rows.begin - range_.begin) * cols_, static_cast<size_t>(rows.end - rows.begin) * cols_,
+       grad);
+  }
 
   uint32_t id_ = 0;
   TableSpec spec_;
