@@ -373,6 +373,14 @@ class Harness {
         std::vector<float> grad(n);
         for (float& g : grad) g = (mode & 2) ? in.F32() : Pick(kGrad, in.U8());
         p->bounded = !(mode & 2);
+        // Work in proportion to speed: weighted by samples of a global batch of 64 (a
+        // weight byte past 64: refused), summed into a clock step with bit 5.
+        uint32_t samples = 0, global_batch = 0;
+        if (mode & 16) {
+          samples = in.U8() % 80;
+          global_batch = 64;
+        }
+        const bool clock_step = (mode & 32) != 0;
         if (trace_) {
           std::fprintf(stderr, "  push table %u rows %zu grads", table, rows.size());
           for (float g : grad) std::fprintf(stderr, " %g", g);
@@ -387,9 +395,10 @@ class Harness {
             rid,
             [&](flatbuffers::FlatBufferBuilder& fbb) {
               auto rs = BuildRows(fbb, rows);
-              return std::make_pair(
-                  wire::Body::Push,
-                  wire::CreatePush(fbb, table, rs, worker, inc, seq, dtype, clock_after).Union());
+              return std::make_pair(wire::Body::Push,
+                                    wire::CreatePush(fbb, table, rs, worker, inc, seq, dtype,
+                                                     clock_after, samples, global_batch, clock_step)
+                                        .Union());
             },
             std::move(frames));
         p->request = wire::Body::Push;
@@ -645,15 +654,18 @@ class Script {
     return Op(kPush).U8(peer).U8(worker).U8(inc).U8(table);
   }
   // seq, dtype, clock_after (-1: none), then one gradient byte per value.
-  Script& PushTail(int seq, int dtype, int clock_after, std::initializer_list<int> grads) {
+  // `samples` >= 0: weighted by samples of 64 and summed into its iteration's clock step.
+  Script& PushTail(int seq, int dtype, int clock_after, std::initializer_list<int> grads,
+                   int samples = -1) {
     U8(seq).U8(dtype);
     if (clock_after < 0) {
       U8(0xff);
     } else {
       U8(0).U8(clock_after);
     }
-    U8(0);  // mode: bounded, right size
+    U8(samples < 0 ? 0 : 16 | 32);  // mode: bounded, right size, weighted and summed or not
     for (int g : grads) U8(g);
+    if (samples >= 0) U8(samples);
     return *this;
   }
   Script& Clock(int peer, int worker, int delta) {
@@ -704,6 +716,20 @@ std::vector<std::pair<std::string, Script>> Seeds() {
   }
   opt.Op(kCheckpoint).U8(3);
   s.emplace_back("optimizers", opt);
+  // Work in proportion to speed with clock steps: two workers' weighted pushes of one
+  // iteration summed, a snapshot with the sum pending, a pull parked until both clock (the
+  // step), an unweighted push and a refused weight beside them.
+  Script steps(0);
+  steps.Register(0, 1, 1).Register(1, 2, 1).Create(2, 2, 8, 3, 2);
+  steps.Push(0, 1, 1, 0).Range(0, 2).PushTail(1, 0, -1, {1, 2, 3, 4, 5, 6}, 48);
+  steps.Op(kCheckpoint).U8(3);
+  steps.Pull(0, 1, 0).Range(0, 8).PullTail(1, 0, 0);
+  steps.Push(1, 2, 1, 0).Range(0, 2).PushTail(1, 0, 1, {6, 5, 4, 3, 2, 1}, 16);
+  steps.Push(1, 2, 1, 0).Range(0, 2).PushTail(2, 0, -1, {1, 1, 1, 1, 1, 1}, 70);
+  steps.Clock(0, 1, 1);
+  steps.Push(0, 1, 1, 0).Range(0, 2).PushTail(2, 0, -1, {1, 2, 3, 4, 5, 6});
+  steps.Op(kStats).U8(3);
+  s.emplace_back("clock_steps", steps);
   // A worker dies (lease expires), a parked pull is released by the eviction, a restart.
   Script lease(0);
   lease.Register(0, 1, 1).Register(1, 2, 1).Create(3, 1, 4, 4, 2);

@@ -130,9 +130,12 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
   // three train) ...
   for (int i = 1; i < 3; ++i) EXPECT_LE(std::abs(clock[i] - clock[0]), 3) << "w" << i;
   // ... while the 4x slower worker trains a smaller share of the samples: with equal
-  // batches it would train as many as each fast one.
-  EXPECT_LT(samples[2], 0.6 * samples[0]) << samples[2] << " vs " << samples[0];
-  EXPECT_LT(samples[2], 0.6 * samples[1]) << samples[2] << " vs " << samples[1];
+  // batches it would train as many as each fast one. Held against the fast workers' mean,
+  // not each: on a loaded machine one of them can be starved of CPU, measure itself slow
+  // and rightly train a small share too (seen with the other straggler test beside it:
+  // w0 4500, w1 16000, w2 3500 samples).
+  const double fast_mean = (samples[0] + samples[1]) / 2;
+  EXPECT_LT(samples[2], 0.6 * fast_mean) << samples[2] << " vs " << fast_mean;
   // Coverage is exact.
   EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
   // A step per push (the default): nothing summed.
