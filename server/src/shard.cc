@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <type_traits>
 #include <variant>
@@ -820,9 +821,13 @@ bool Shard::SumsIntoClockStep(const LiveWorker& w) const {
 }
 
 void Shard::ApplyClockSteps() {
-  const int64_t min = clocks_.MinClock();
+  // With no live worker left (the last one left or was evicted before the minimum passed
+  // its last iteration) nobody can add to a pending sum or move the minimum: its steps are
+  // taken now, so the tables hold every acknowledged push.
+  const int64_t before =
+      clocks_.live() == 0 ? std::numeric_limits<int64_t>::max() : clocks_.MinClock();
   for (auto& t : tables_) {
-    if (t && t->pending() > 0) counters_.clock_steps += t->ApplyPendingBefore(min);
+    if (t && t->pending() > 0) counters_.clock_steps += t->ApplyPendingBefore(before);
   }
 }
 

@@ -826,6 +826,27 @@ TEST_F(ShardTest, LatePushesAndUnweightedPushesAreAppliedOnTheirOwn) {
   EXPECT_EQ(shard_->counters().clock_steps, 1u);
 }
 
+// The last live worker leaving before the minimum passed its iteration: nobody else can add
+// to the sum or move the minimum, so the step is taken as it leaves.
+TEST_F(ShardTest, AClockStepIsTakenWhenTheLastLiveWorkerLeavesBeforeItsClock) {
+  uint32_t id = Create(Spec("w", 1, 1));
+  Register(1);
+  Register(2);
+  auto push = [&](uint64_t worker, float g) {
+    ASSERT_TRUE(One("w" + std::to_string(worker),
+                    MakePush(70, id, Range(0, 1), worker, 1, 1, DType::kF32,
+                             EncodeValues(std::vector<float>{g}, DType::kF32), {32, 64, true})) !=
+                nullptr);
+  };
+  push(1, 2.f);
+  push(2, 4.f);
+  One("w1", MakeLeave(71, 1, 1));
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], 0.f);  // worker 2 may still clock: pending
+  One("w2", MakeLeave(72, 2, 1));
+  EXPECT_FLOAT_EQ(Pull(id, Range(0, 1))[0], -3.f);  // (2 * 32 + 4 * 32) / 64
+  EXPECT_EQ(shard_->counters().clock_steps, 1u);
+}
+
 // A pending clock step is state like any other: a snapshot taken before the iteration ends
 // keeps it, and the shard recovered from it takes the step when the iteration ends there.
 TEST_F(ShardTest, APendingClockStepSurvivesASnapshotAndIsTakenAfterRecovery) {

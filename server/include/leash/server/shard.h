@@ -290,7 +290,7 @@ class Shard {
   // Clock steps (PushRequest::clock_step): whether a weighted push of `w` asking for one
   // now is summed into the step of its iteration rather than applied on its own (not when
   // that step was taken already: a backup worker's late push); and applying the steps of
-  // the iterations before the minimum clock.
+  // the iterations before the minimum clock (all of them once no worker is live).
   bool SumsIntoClockStep(const LiveWorker& w) const;
   void ApplyClockSteps();
   // Iterations ahead of the minimum clock with a clock step open, at most: each holds a sum
