@@ -65,7 +65,7 @@ MODES = {
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
     "ssp_spell": (f"SSP (s={SPELL_STALENESS})", SPELL_STALENESS, [], []),
 }
-PERSISTENT_MODES = ["bsp", "ssp3", "proportional", "proportional_s0", "backup"]
+PERSISTENT_MODES = ["bsp", "ssp3", "proportional", "proportional_s0", "proportional_s0_clock_steps", "backup"]
 TRANSIENT_MODES = ["bsp", "ssp3", "ssp_spell", "backup", "proportional", "proportional_s0"]
 # Configurations not rerun (config "carry"): their runs are taken from the last
 # stragglers.json in the results directory, marked with when they were measured.
@@ -471,9 +471,12 @@ def targets(res, verdict):
     s = res.get("summary", {})
     for m in ("mlp", "cnn"):
         row = s.get(f"persistent/{m}", {})
-        for mode in ("proportional", "proportional_s0", "backup"):
+        for mode in ("proportional", "proportional_s0", "proportional_s0_clock_steps", "backup"):
             v = row.get(mode, {})
-            name = {"proportional_s0": "proportional (s=0)", "proportional": "proportional (s=3)"}.get(mode, mode)
+            if not v:
+                continue  # not run (--modes)
+            name = {"proportional_s0": "proportional (s=0)", "proportional": "proportional (s=3)",
+                    "proportional_s0_clock_steps": "proportional (s=0, clock steps)"}.get(mode, mode)
             r = v.get("median_over_solo_sum_contended")
             rows.append((f"{m.upper()}, persistent {FACTOR}x straggler: {name} >= 0.9x the sum of the workers' solo speeds "
                          "(measured under the same contention)",
@@ -634,6 +637,7 @@ def summary_md(res):
 
 
 SHORT = {"proportional_s1": "proportional s=1", "bsp": "BSP", "ssp3": "SSP s=3", "proportional": "proportional s=3", "proportional_s0": "proportional s=0",
+         "proportional_s0_clock_steps": "proportional s=0, clock steps",
          "backup": "backup s=3", "ssp_spell": f"SSP s={SPELL_STALENESS}", "ddp": "torch DDP"}
 
 
