@@ -222,21 +222,12 @@ class Worker {
     auto r = Call(rid, MakeCreateTable(rid, spec));
     ASSERT_TRUE(r && std::holds_alternative<TableCreated>(*r));
   }
-  // Pushes `grad` to rows [0, rows) of table 0; true once acknowledged.
-  bool Push(const std::vector<float>& grad, uint64_t rows) {
+  // Pushes `grad` to rows [0, rows) of table 0, with `weight` (work in proportion to speed;
+  // none by default); true once acknowledged.
+  bool Push(const std::vector<float>& grad, uint64_t rows, PushWeight weight = {}) {
     const uint64_t rid = NextRid();
     Message m = MakePush(rid, 0, Rows::Range(0, rows), id_, 1, ++seq_, DType::kF32,
-                         EncodeValues(grad, DType::kF32));
-    auto r = Call(rid, m);
-    return r && std::holds_alternative<PushReply>(*r);
-  }
-  // The same, weighted by `samples` of `global_batch` and summed into its iteration's clock
-  // step (work in proportion to speed).
-  bool PushWeighted(const std::vector<float>& grad, uint64_t rows, uint32_t samples,
-                    uint32_t global_batch) {
-    const uint64_t rid = NextRid();
-    Message m = MakePush(rid, 0, Rows::Range(0, rows), id_, 1, ++seq_, DType::kF32,
-                         EncodeValues(grad, DType::kF32), {samples, global_batch, true});
+                         EncodeValues(grad, DType::kF32), weight);
     auto r = Call(rid, m);
     return r && std::holds_alternative<PushReply>(*r);
   }
@@ -344,6 +335,15 @@ std::vector<float> IntGrad(uint64_t seed, size_t n) {
   for (size_t i = 0; i < n; ++i)
     g[i] = static_cast<float>(static_cast<int>((seed * 7 + i) % 9) - 4);
   return g;
+}
+
+// Kills replica `from` (the primary) and ends its etcd lease at once, then turns the group
+// until replica `to` leads, for at most `max_steps`; returns the primary then.
+std::optional<int> FailOver(Group& g, int from, int to, int max_steps = 2000) {
+  g.Kill(from);
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(from));
+  for (int s = 0; s < max_steps && g.Primary() != std::optional<int>(to); ++s) g.Step();
+  return g.Primary();
 }
 
 // Replica r's table 0 holds minus `sum`, exactly (SGD at learning rate 1).
@@ -659,12 +659,12 @@ TEST_F(ReplicaTest, PendingClockStepsReachACaughtUpBackupAndEveryReplicaStepsAli
   Worker b(g, 2);
   b.Register();
   for (int i = 1; i <= 12; ++i) {
-    ASSERT_TRUE(a.PushWeighted(IntGrad(i, 32), 8, 48, 64));
-    ASSERT_TRUE(b.PushWeighted(IntGrad(100 + i, 32), 8, 16, 64));
+    ASSERT_TRUE(a.Push(IntGrad(i, 32), 8, {48, 64, true}));
+    ASSERT_TRUE(b.Push(IntGrad(100 + i, 32), 8, {16, 64, true}));
     ASSERT_TRUE(a.Clock(i));
     ASSERT_TRUE(b.Clock(i));
   }
-  ASSERT_TRUE(a.PushWeighted(IntGrad(13, 32), 8, 48, 64));  // iteration 12's sum is pending
+  ASSERT_TRUE(a.Push(IntGrad(13, 32), 8, {48, 64, true}));  // iteration 12's sum is pending
 
   g.Start(1);  // the log no longer holds the start: it catches up from a snapshot
   ASSERT_TRUE(Settle(g, 2));
@@ -673,7 +673,7 @@ TEST_F(ReplicaTest, PendingClockStepsReachACaughtUpBackupAndEveryReplicaStepsAli
             (std::vector<int64_t>{12}));
   ExpectIdentical(g.replica(0), g.replica(1));
 
-  ASSERT_TRUE(b.PushWeighted(IntGrad(113, 32), 8, 16, 64));
+  ASSERT_TRUE(b.Push(IntGrad(113, 32), 8, {16, 64, true}));
   ASSERT_TRUE(a.Clock(13));
   ASSERT_TRUE(b.Clock(13));
   ASSERT_TRUE(Settle(g, 2));
@@ -681,12 +681,9 @@ TEST_F(ReplicaTest, PendingClockStepsReachACaughtUpBackupAndEveryReplicaStepsAli
   EXPECT_EQ(g.replica(0).shard().Snapshot().tables.at(0).optimizer_steps, 13u);
   ExpectIdentical(g.replica(0), g.replica(1));
 
-  g.Kill(0);
-  g.coordinator().ExpireLease(0, 0);
-  for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
-  ASSERT_EQ(g.Primary(), std::optional<int>(1));
-  ASSERT_TRUE(a.PushWeighted(IntGrad(14, 32), 8, 48, 64));
-  ASSERT_TRUE(b.PushWeighted(IntGrad(114, 32), 8, 16, 64));
+  ASSERT_EQ(FailOver(g, 0, 1), std::optional<int>(1));
+  ASSERT_TRUE(a.Push(IntGrad(14, 32), 8, {48, 64, true}));
+  ASSERT_TRUE(b.Push(IntGrad(114, 32), 8, {16, 64, true}));
   ASSERT_TRUE(a.Clock(14));
   ASSERT_TRUE(b.Clock(14));
   EXPECT_EQ(g.replica(1).shard().Snapshot().tables.at(0).optimizer_steps, 14u);
@@ -831,10 +828,7 @@ TEST_F(ReplicaTest, ANewReplicaCatchesUpFromASnapshotAndTheLogTailWhilePushesGoO
   ASSERT_TRUE(Settle(g, 2));
   EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
   ExpectIdentical(g.replica(0), g.replica(1));
-  g.Kill(0);
-  g.coordinator().ExpireLease(0, 0);
-  for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
-  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  ASSERT_EQ(FailOver(g, 0, 1), std::optional<int>(1));
   ASSERT_TRUE(w.Push(IntGrad(181, 32), 8));
 }
 
@@ -875,10 +869,7 @@ TEST_F(ReplicaTest,
   step(other, theirs);
   ASSERT_TRUE(Settle(g, 2));
   ExpectIdentical(g.replica(0), g.replica(1));
-  g.Kill(0);
-  g.coordinator().ExpireLease(0, 0);
-  for (int s = 0; s < 2000 && g.Primary() != std::optional<int>(1); ++s) g.Step();
-  ASSERT_EQ(g.Primary(), std::optional<int>(1));
+  ASSERT_EQ(FailOver(g, 0, 1), std::optional<int>(1));
   for (int i = 0; i < 40 && !(mine->kind == ChunkGrant::Kind::kFinished &&
                               theirs->kind == ChunkGrant::Kind::kFinished);
        ++i) {

@@ -13,15 +13,27 @@
 namespace leash::ps {
 namespace {
 
-TableSpec MomentumSpec() {
+// A table "w" of rows x cols under optimizer `kind` at rate `lr`.
+TableSpec Spec(OptimizerKind kind, uint64_t rows, uint32_t cols, float lr) {
   TableSpec s;
   s.name = "w";
-  s.rows = 2;
-  s.cols = 4;
-  s.optimizer.kind = OptimizerKind::kMomentum;
-  s.optimizer.lr = 0.5f;
+  s.rows = rows;
+  s.cols = cols;
+  s.optimizer.kind = kind;
+  s.optimizer.lr = lr;
+  return s;
+}
+
+TableSpec MomentumSpec() {
+  TableSpec s = Spec(OptimizerKind::kMomentum, 2, 4, 0.5f);
   s.optimizer.momentum = 0.9f;
   return s;
+}
+
+// Bit for bit, so that a NaN or -0 would count as different from a number or +0.
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 int Subnormals(const std::vector<float>& v) {
@@ -72,12 +84,7 @@ TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
     for (bool by_keys : {false, true}) {
       SCOPED_TRACE(testing::Message() << "optimizer " << static_cast<int>(kind)
                                       << (by_keys ? ", by keys" : ", by range"));
-      TableSpec spec;
-      spec.name = "w";
-      spec.rows = 4;
-      spec.cols = 3000;
-      spec.optimizer.kind = kind;
-      spec.optimizer.lr = 0.01f;
+      TableSpec spec = Spec(kind, 4, 3000, 0.01f);
       spec.optimizer.weight_decay = 0.001f;
       spec.init.kind = InitKind::kUniform;
       spec.init.scale = 0.5f;
@@ -95,13 +102,10 @@ TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
       }
       const TableSnapshot a = scaled->ToSnapshot();
       const TableSnapshot b = copied->ToSnapshot();
-      ASSERT_EQ(a.values.size(), b.values.size());
-      EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0);
+      EXPECT_TRUE(SameBits(a.values, b.values));
       ASSERT_EQ(a.slots.size(), b.slots.size());
       for (size_t i = 0; i < a.slots.size(); ++i) {
-        EXPECT_EQ(
-            std::memcmp(a.slots[i].data(), b.slots[i].data(), a.slots[i].size() * sizeof(float)), 0)
-            << "slot " << i;
+        EXPECT_TRUE(SameBits(a.slots[i], b.slots[i])) << "slot " << i;
       }
       // And the weight moved: row 0 was never pushed, the others were.
       auto fresh = Table::Create(1, spec, RowRange{0, 4});
@@ -117,12 +121,7 @@ TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
 // Clock steps: pushes summed into an iteration are one optimizer step on their sum, taken in
 // iteration order, and a snapshot carries the sums not yet applied.
 TEST(TableTest, SummedPushesAreOneStepPerIterationAndASnapshotKeepsThePendingSums) {
-  TableSpec spec;
-  spec.name = "w";
-  spec.rows = 3;
-  spec.cols = 2;
-  spec.optimizer.kind = OptimizerKind::kAdam;
-  spec.optimizer.lr = 0.1f;
+  const TableSpec spec = Spec(OptimizerKind::kAdam, 3, 2, 0.1f);
   auto t = Table::Create(1, spec, RowRange{0, 3});
   auto ref = Table::Create(1, spec, RowRange{0, 3});
   ASSERT_TRUE(t.ok() && ref.ok());
@@ -155,7 +154,7 @@ TEST(TableTest, SummedPushesAreOneStepPerIterationAndASnapshotKeepsThePendingSum
     std::vector<float> got(6), want(6);
     x->Read(Rows::Range(0, 3), got.data());
     ref->Read(Rows::Range(0, 3), want.data());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * 6), 0);
+    EXPECT_TRUE(SameBits(got, want));
   }
   // A snapshot whose pending clocks do not match its arrays is refused.
   TableSnapshot bad = snap;
