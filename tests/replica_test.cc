@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -56,7 +57,9 @@ class Group {
   };
 
   // Starts replica r as a fresh process (empty store), or on `store` (a data directory kept
-  // from before): then it restores what a clean stop left there (RestoreAfterCleanStop).
+  // from before): then it restores what a clean stop or its durable log left there
+  // (Restore). With ReplicaOptions::durable_log_dir, replica r's durable log is in its
+  // subdirectory r<r>, removed for a fresh start (a new data directory).
   void Start(int r, std::unique_ptr<server::MemorySnapshotStore> store = nullptr) {
     nodes_[r] = std::make_unique<Node>();
     Node& n = *nodes_[r];
@@ -72,11 +75,15 @@ class Group {
     ASSERT_TRUE(n.coordinator->Join(0, {static_cast<uint32_t>(r), Addr(r), next_boot_++}).ok());
     ReplicaOptions ro = ro_;
     ro.replica = static_cast<uint32_t>(r);
+    if (!ro_.durable_log_dir.empty()) {
+      ro.durable_log_dir = DurableDir(r);
+      if (!restart) std::filesystem::remove_all(ro.durable_log_dir);
+    }
     n.replica = std::make_unique<Replica>(
         ro, so_, n.store.get(), [this] { return now_; }, n.coordinator.get(), n.directory.get(),
         n.peers.get());
-    if (restart) {
-      auto restored = n.replica->RestoreAfterCleanStop();
+    if (restart || !ro_.durable_log_dir.empty()) {
+      auto restored = n.replica->Restore();
       ASSERT_TRUE(restored.ok()) << restored.status();
       restored_[r] = *restored;
     }
@@ -116,6 +123,7 @@ class Group {
     nodes_[r].reset();
   }
   bool up(int r) const { return nodes_[r] != nullptr; }
+  std::string DurableDir(int r) const { return ro_.durable_log_dir + "/r" + std::to_string(r); }
   Replica& replica(int r) { return *nodes_[r]->replica; }
   MemoryNetwork& net() { return net_; }
   MemoryCoordinatorService& coordinator() { return *coord_; }
@@ -1010,6 +1018,114 @@ TEST_F(ReplicaTest, AStopRecordIsNotUsedWithACoordinatorThatForgotTheGroup) {
   ASSERT_TRUE(Settle(g, 2));
   for (int r = 0; r < 2; ++r)
     ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), IntGrad(5, 32))) << "replica " << r;
+}
+
+// A durable log directory of the test's own, removed with it.
+class DurableDir {
+ public:
+  DurableDir()
+      : path_(std::filesystem::path(::testing::TempDir()) /
+              ("replica_durable_" + std::to_string(::getpid()) + "_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    std::filesystem::remove_all(path_);
+  }
+  ~DurableDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Every replica SIGKILLed at once (a power cut of the host they share, an OOM kill of
+// both), with durable logs: each starts again from its last snapshot and the log written
+// since, either may lead, and nothing acknowledged is lost or applied twice. The files are
+// cut by snapshots as they grow (a small bound here), so what a replica starts from is a
+// snapshot, a file begun with it, and the backup's entries not yet known committed. Twice:
+// the second time from what the first restart wrote.
+TEST_F(ReplicaTest, AGroupKilledAllAtOnceStartsAgainFromItsDurableLogsAndLosesNothing) {
+  DurableDir dir;
+  ReplicaOptions ro;
+  ro.durable_log_dir = dir.path();
+  ro.durable_log_max_bytes = 4096;
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  Worker& w = worker();
+  SummedPushes pushes(w);
+  uint64_t i = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 0; k < 40; ++k) ASSERT_TRUE(pushes.Push(++i));
+    const int p = *g.Primary();
+    const int b = 1 - p;
+    ASSERT_GT(g.replica(p).last_index(), g.replica(b).applied_index())
+        << "the backup holds the last push without knowing it committed";
+    EXPECT_GT(g.replica(p).durable_records(), 40u);
+    EXPECT_GT(g.replica(b).shard().counters().snapshots, 0u) << "the files were cut";
+    auto store_p = g.KillKeepingStore(p);
+    auto store_b = g.KillKeepingStore(b);
+    g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+    g.coordinator().ExpireLease(0, static_cast<uint32_t>(b));
+    for (const int r : {p, b}) {
+      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(g.DurableDir(r)),
+                              std::filesystem::directory_iterator()),
+                1)
+          << "one file per replica: the snapshots deleted the older ones";
+    }
+    // The former backup first, alone: it may lead by itself (it held every acknowledged push).
+    g.Start(b, std::move(store_b));
+    EXPECT_TRUE(g.restored(b));
+    Elect(g);
+    EXPECT_EQ(g.Primary(), std::optional<int>(b));
+    ASSERT_TRUE(pushes.Push(++i)) << "no push acknowledged after the group started again";
+    g.Start(p, std::move(store_p));
+    EXPECT_TRUE(g.restored(p));
+    ASSERT_TRUE(Settle(g, 2));
+    for (int s = 0; s < 3000 && g.coordinator().View(0).in_sync.size() < 2; ++s) g.Step();
+    for (int r = 0; r < 2; ++r)
+      ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), pushes.sum())) << "replica " << r;
+    ExpectIdentical(g.replica(0), g.replica(1));
+    EXPECT_EQ(g.coordinator().View(0).in_sync, (std::vector<uint32_t>{0, 1}));
+  }
+}
+
+// A replica that was being caught up when the group was killed (it could not lead then)
+// starts empty again from its durable log and does not lead; the other, which could and is
+// the in-sync set, leads alone from its own.
+TEST_F(ReplicaTest, AReplicaKilledWhileItCouldNotLeadDoesNotLeadFromItsDurableLog) {
+  DurableDir dir;
+  ReplicaOptions ro;
+  ro.durable_log_dir = dir.path();
+  ro.max_log_entries = 4;  // a backup more than 4 entries behind is caught up by a snapshot
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  Worker& w = worker();
+  SummedPushes pushes(w);
+  for (uint64_t i = 1; i <= 5; ++i) ASSERT_TRUE(pushes.Push(i));
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  g.Kill(b);  // a new, empty backup: the primary goes on without it, then catches it up
+  for (uint64_t i = 6; i <= 30; ++i) ASSERT_TRUE(pushes.Push(i));
+  g.net().AddRule([addr = Addr(b)](const Packet& pk) -> std::optional<Verdict> {
+    if (pk.direction != Direction::kToShard || pk.address != addr) return std::nullopt;
+    auto d = DecodeReplication(*pk.message);
+    if (d.ok() && std::holds_alternative<ReplSnapshotMsg>(d->value)) return Verdict{Verdict::kDrop};
+    return std::nullopt;
+  });
+  g.Start(b);
+  for (int s = 0; s < 500; ++s) g.Step();
+  ASSERT_FALSE(g.replica(b).has_state() && g.replica(b).applied_index() > 0)
+      << "the snapshot transfer was to be held back";
+  auto store_p = g.KillKeepingStore(p);
+  auto store_b = g.KillKeepingStore(b);
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(b));
+  g.Start(b, std::move(store_b));
+  EXPECT_FALSE(g.restored(b)) << "it could not lead when it was killed";
+  for (int s = 0; s < 500; ++s) g.Step();
+  EXPECT_FALSE(g.Primary()) << "it is not in the in-sync set and lacks the log";
+  g.Start(p, std::move(store_p));
+  EXPECT_TRUE(g.restored(p));
+  Elect(g);
+  EXPECT_EQ(g.Primary(), std::optional<int>(p));
+  ASSERT_TRUE(pushes.Push(31));
+  ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(p), pushes.sum()));
 }
 
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {

@@ -86,6 +86,7 @@ ServerCommandLine::ServerCommandLine()
   v.etcd = d.etcd;
   v.job = d.job;
   v.etcd_ttl_s = d.etcd_ttl_s;
+  v.durable_log = d.durable_log;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -150,6 +151,11 @@ ServerCommandLine::ServerCommandLine()
   f.Int("etcd-ttl", &v.etcd_ttl_s,
         "seconds: a replica cut off from etcd (or dead) this long loses its registration, and a "
         "backup takes over from such a primary (etcd raises it to its minimum, about 2 s)");
+  f.String("durable-log", &v.durable_log,
+           "a replica's log on disk under DATA_DIR/replica-log, each entry written before it is "
+           "acknowledged, so that replicas killed all at once start again losing nothing: off, "
+           "write (survives the processes: SIGKILL, OOM kills) or fsync (survives the host: a "
+           "power cut; slower). --replicas > 1 only");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -249,6 +255,15 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return bad_int("etcd-ttl", v.etcd_ttl_s, "need whole seconds in [1, 3600]");
   }
   c.etcd_ttl_s = v.etcd_ttl_s;
+  if (v.durable_log != "off" && v.durable_log != "write" && v.durable_log != "fsync") {
+    return cli_.BadValue("durable-log", v.durable_log, "use off, write or fsync");
+  }
+  if (v.durable_log != "off" && v.replicas < 2) {
+    return cli_.BadValue("durable-log", v.durable_log,
+                         "the durable log is a replicated shard's (--replicas > 1); an "
+                         "unreplicated shard keeps its snapshots (--checkpoint-interval)");
+  }
+  c.durable_log = v.durable_log;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

@@ -46,6 +46,9 @@ struct ServerConfig {
   std::string etcd;
   std::string job = "leash";
   int64_t etcd_ttl_s = 5;  // the replicas' etcd lease TTL: failover comes this long after a death
+  // A replica's log on disk as it runs (docs/replication.md): off, write (before each
+  // acknowledgement: survives the process) or fsync (survives the host too).
+  std::string durable_log = "off";
 };
 
 // Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
@@ -70,7 +73,7 @@ class ServerCommandLine {
   // The flags as read, before validation.
   struct Values {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
-    std::string memory_budget, peers, etcd, job;
+    std::string memory_budget, peers, etcd, job, durable_log;
     int64_t replicas, replica, etcd_ttl_s;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers, io_threads;

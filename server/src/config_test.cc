@@ -274,6 +274,18 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_EQ(c->etcd_ttl_s, 5);
   EXPECT_EQ(Parse({"--etcd-ttl=2"})->etcd_ttl_s, 2);
   EXPECT_NE(Error({"--etcd-ttl=0"}).find("whole seconds"), std::string::npos);
+  EXPECT_EQ(c->durable_log, "off");
+  const std::vector<std::string> replicated = {"--replicas=2", "--peers=tcp://a:7000,tcp://b:7000",
+                                               "--etcd=http://e:2379"};
+  auto with = [&](std::string flag) {
+    std::vector<std::string> args = replicated;
+    args.push_back(std::move(flag));
+    return args;
+  };
+  for (const char* mode : {"off", "write", "fsync"})
+    EXPECT_EQ(Parse(with(std::string("--durable-log=") + mode))->durable_log, mode);
+  EXPECT_NE(Error(with("--durable-log=always")).find("use off, write or fsync"), std::string::npos);
+  EXPECT_NE(Error({"--durable-log=write"}).find("--replicas > 1"), std::string::npos);
 }
 
 }  // namespace

@@ -309,12 +309,17 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     rep.replicas = static_cast<uint32_t>(c.replicas);
     // With keys, replication messages must come from the replicas' own key, not a worker's.
     if (s.curve) rep.replica_user = kReplicaKeyName;
+    if (c.durable_log != "off") {
+      rep.durable_log_dir = c.data_dir + "/replica-log";
+      rep.durable_log_fsync = c.durable_log == "fsync";
+    }
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());
-    // A replica stopped cleanly takes its state and log back from its final snapshot; any
-    // other starts empty and is caught up by the primary.
-    if (auto restored = s.replica->RestoreAfterCleanStop(); !restored.ok()) {
+    // A replica stopped cleanly takes its state and log back from its final snapshot, one
+    // killed from its durable log (--durable-log); any other starts empty and is caught up
+    // by the primary.
+    if (auto restored = s.replica->Restore(); !restored.ok()) {
       spdlog::error("cannot restore replica {} of shard {} from {}: {}", c.replica, c.shard,
                     c.data_dir, restored.status().ToString());
       return 1;
@@ -451,6 +456,11 @@ int Run(const ServerConfig& config) {
         "shard {}: {} weighted push(es) summed into {} clock step(s), one optimizer step per "
         "iteration (work in proportion to speed)",
         config.shard, sc.pushes_summed, sc.clock_steps);
+  }
+  if (s.replica && config.durable_log != "off") {
+    spdlog::info("shard {}: replica {} wrote {} durable log record(s), {} MiB ({}{})", config.shard,
+                 config.replica, s.replica->durable_records(), s.replica->durable_bytes() >> 20,
+                 config.durable_log, s.replica->durable_failed() ? "; FAILED" : "");
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(

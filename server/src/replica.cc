@@ -11,6 +11,7 @@
 #include <random>
 #include <variant>
 
+#include "durable_log.h"
 #include "leash/ps/sparse_table.h"
 
 namespace leash::server {
@@ -182,6 +183,53 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
   shard_now_ = now_;
   shard_ = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
+  AttachShard();
+}
+
+void Replica::ResetShard() {
+  shard_ = std::make_unique<Shard>(
+      shard_options_, store_, [this] { return shard_now_; }, sparse_);
+  AttachShard();
+}
+
+void Replica::AttachShard() {
+  shard_->set_snapshot_observer(snapshot_observer_);
+  shard_->SetPayloadAllocator([this](const PeerId& peer, size_t bytes) {
+    return role_ == ReplicaRole::kPrimary && payload_allocator_ ? payload_allocator_(peer, bytes)
+                                                                : std::optional<WritableFrame>();
+  });
+  // Every snapshot this replica's shard saves begins a durable log file: first where the
+  // snapshot's state stands in the log, then what follows it.
+  shard_->set_checkpoint_hooks(
+      {[this](const ShardSnapshot& snap) -> Status {
+         if (durable_ == nullptr || durable_broken_) return Status::Ok();
+         // Where the state stands: after the entry being applied if a request of its own
+         // takes the snapshot (a table's creation, a checkpoint request: the last thing it
+         // does), else after the last entry applied.
+         uint64_t at = applied_index_;
+         if (applying_ != nullptr) {
+           if (IsBatch(applying_->message)) {
+             return FailedPrecondition(
+                 "a snapshot in the middle of a logged batch is not taken with a durable log "
+                 "(its state is between two entries; the log holds the batch); send the "
+                 "checkpoint request on its own");
+           }
+           at = applying_->index;
+         }
+         LEASH_CHECK(at >= base_index_);
+         if (Status st =
+                 durable_->Begin({snap.sequence, snap.unix_ms}, CouldLead(), LogSince(at + 1));
+             !st.ok()) {
+           BreakDurable(st);
+         }
+         return Status::Ok();
+       },
+       [this](bool saved) {
+         if (durable_ == nullptr || durable_broken_) return;
+         if (!saved) return durable_->Abort();
+         if (Status st = durable_->Commit(); !st.ok()) return BreakDurable(st);
+         MarkPersisted(CouldLead());
+       }});
 }
 
 size_t Replica::EntryBytes(const ReplEntryWire& e) {
@@ -300,6 +348,7 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
       return;
     }
     OnReplication(peer, message);
+    (void)Persist();  // a term or whether it may lead, changed on the way
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
       Release(out);
@@ -321,6 +370,7 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
   }
   if (batch ? ChangesState(message) : PeekChangesState(peek, *shard_, shard_options_)) {
     Log(ReplEntryWire::kInput, peer, 0, message);
+    if (role_ != ReplicaRole::kPrimary) return;  // its durable log failed
   } else {
     // Read-only: served from the primary's state, which holds every entry logged so far;
     // the reply waits for those entries to commit, so no reply shows a value a failover
@@ -337,6 +387,7 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
 
 void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_id,
                   const Message& message) {
+  if (role_ != ReplicaRole::kPrimary) return;  // stepped down on the way (its durable log)
   ReplEntryWire e;
   e.term = term_;
   e.index = last_index() + 1;
@@ -350,6 +401,8 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   // Shipped before it is applied here: the backups receive and acknowledge the entry while
   // this replica applies it (the update is most of an entry's cost), instead of after.
   ReplicateAll();
+  // On disk before it is applied and so before any reply it releases can go out.
+  if (!Persist()) return;  // this replica stepped down
   scratch_.clear();
   Apply(log_.back(), &scratch_);
   applied_index_ = log_.back().index;
@@ -361,7 +414,9 @@ void Replica::Apply(const ReplEntryWire& e, std::vector<Outgoing>* out) {
   SetShardNow(e.now_ms);
   switch (e.kind) {
     case ReplEntryWire::kInput:
+      applying_ = &e;
       shard_->Handle(e.peer, e.message, out);
+      applying_ = nullptr;
       break;
     case ReplEntryWire::kEvict:
       shard_->EvictWorker(e.worker_id, out);
@@ -842,6 +897,7 @@ void Replica::StepDown(uint64_t term, const char* why) {
   caught_up_ = false;
   // It applied entries the new primary may lack: its state must come from a snapshot.
   if (applied_index_ > commit_index_) needs_snapshot_ = true;
+  (void)Persist();  // that it may not lead now is on disk before anything else happens
   if (role_observer_) role_observer_(role_, term_);
 }
 
@@ -862,19 +918,202 @@ void Replica::Resign() {
 
 // ---- stopping and starting again --------------------------------------------------------
 
-std::string Replica::StopRecord() const {
+bool Replica::CouldLead() const {
   // It may lead again only as it may now: a primary, or a backup that has held everything
   // its primary committed (not one whose state is being replaced or must be).
   const bool could_lead = role_ == ReplicaRole::kPrimary || (caught_up_ && !needs_snapshot_);
-  if (!could_lead || !has_state() || staging_ != nullptr || applied_index_ < base_index_) return {};
+  return could_lead && has_state() && staging_ == nullptr && applied_index_ >= base_index_;
+}
+
+Message Replica::LogSince(uint64_t from) const {
   ReplAppendMsg m;
   m.term = term_;
-  m.primary = options_.replica;  // whose record it is
-  m.prev_index = applied_index_;
-  m.prev_term = TermAt(applied_index_);
+  m.primary = options_.replica;  // whose log it is
+  m.prev_index = from - 1;
+  m.prev_term = TermAt(from - 1);
   m.commit = commit_index_;
-  for (uint64_t i = applied_index_ + 1; i <= last_index(); ++i) m.entries.push_back(EntryAt(i));
-  return EncodeStopRecord(EncodeReplication(m));
+  for (uint64_t i = from; i <= last_index(); ++i) m.entries.push_back(EntryAt(i));
+  return EncodeReplication(m);
+}
+
+std::string Replica::StopRecord() const {
+  if (!CouldLead()) return {};
+  return EncodeStopRecord(LogSince(applied_index_ + 1));
+}
+
+// ---- the durable log ----------------------------------------------------------------------
+
+uint64_t Replica::durable_records() const {
+  return durable_ == nullptr ? 0 : durable_->records_written();
+}
+uint64_t Replica::durable_bytes() const {
+  return durable_ == nullptr ? 0 : durable_->bytes_written();
+}
+
+void Replica::MarkPersisted(bool could_lead) {
+  persisted_last_ = last_index();
+  dirty_from_ = UINT64_MAX;
+  persisted_term_ = term_;
+  persisted_could_lead_ = could_lead;
+}
+
+bool Replica::Persist() {
+  if (durable_ == nullptr) return true;
+  if (durable_broken_) return false;
+  const bool could_lead = CouldLead();
+  // From the first entry the file does not hold as the log now has it.
+  const uint64_t from = std::max(std::min(dirty_from_, persisted_last_ + 1), base_index_ + 1);
+  if (from > last_index() && term_ == persisted_term_ && could_lead == persisted_could_lead_)
+    return true;
+  if (Status st = durable_->Append(could_lead, LogSince(from)); !st.ok()) {
+    BreakDurable(st);
+    return false;
+  }
+  MarkPersisted(could_lead);
+  return true;
+}
+
+void Replica::BreakDurable(const Status& st) {
+  if (durable_broken_) return;
+  durable_broken_ = true;
+  durable_->Abort();
+  spdlog::error(
+      "shard {}: replica {}'s durable log in {} failed: {}. It acknowledges nothing more and "
+      "will not lead; the other replicas go on without it. Free the disk (or fix the "
+      "directory) and restart it: it starts empty and is caught up.",
+      shard_options_.shard, options_.replica, durable_->dir(), st.ToString());
+  if (role_ == ReplicaRole::kPrimary) {
+    const uint64_t term = term_;
+    StepDown(term, "its durable log failed");
+    if (Status r = coordinator_->Resign(term); !r.ok()) {
+      spdlog::warn(
+          "shard {}: replica {} could not give up term {} ({}); a backup takes over "
+          "when its lease expires",
+          shard_options_.shard, options_.replica, term, r.ToString());
+    }
+  }
+}
+
+Result<bool> Replica::Restore() {
+  if (!options_.durable_log_dir.empty() && durable_ == nullptr) {
+    LEASH_ASSIGN_OR_RETURN(
+        durable_, DurableLog::Open(options_.durable_log_dir, options_.durable_log_fsync
+                                                                 ? DurableLog::Sync::kFsync
+                                                                 : DurableLog::Sync::kWrite));
+  }
+  LEASH_ASSIGN_OR_RETURN(bool clean, RestoreAfterCleanStop());
+  if (clean || durable_ == nullptr) return clean;  // its snapshot began a durable log file
+  LEASH_ASSIGN_OR_RETURN(bool logged, RestoreFromDurableLog());
+  if (logged) return true;
+  // Empty: a file for the empty state (the first snapshot follows with its own).
+  LEASH_RETURN_IF_ERROR(durable_->Begin({}, CouldLead(), LogSince(last_index() + 1)));
+  LEASH_RETURN_IF_ERROR(durable_->Commit());
+  MarkPersisted(CouldLead());
+  return false;
+}
+
+Result<bool> Replica::RestoreFromDurableLog() {
+  const uint32_t shard = shard_options_.shard;
+  LEASH_RETURN_IF_ERROR(shard_->Recover().status());  // the store's snapshot, if any
+  const auto [sequence, unix_ms] = shard_->snapshot_id();
+  auto start_empty = [&](const std::string& why) -> Result<bool> {
+    spdlog::warn(
+        "shard {}: replica {} does not use its durable log in {}: {}; it starts empty and "
+        "catches up from the primary",
+        shard, options_.replica, durable_->dir(), why);
+    ResetShard();
+    return false;
+  };
+  Result<std::vector<DurableLogRecord>> records = durable_->Read({sequence, unix_ms});
+  if (!records.ok()) {
+    if (records.status().code() == StatusCode::kNotFound && sequence == 0) {
+      ResetShard();
+      return false;  // a first start
+    }
+    return start_empty(records.status().message());
+  }
+  // The records replayed: the first is where the snapshot stands, each later one the log
+  // from its prev_index on as it then was.
+  uint64_t term = 0, base = 0, base_term = 0, commit = 0;
+  bool could_lead = false;
+  std::deque<ReplEntryWire> log;
+  for (size_t i = 0; i < records->size(); ++i) {
+    auto decoded = DecodeReplication((*records)[i].append, shard_options_.limits);
+    const std::string which = "record " + std::to_string(i);
+    if (!decoded.ok()) return start_empty(which + ": " + decoded.status().message());
+    auto* m = std::get_if<ReplAppendMsg>(&decoded->value);
+    if (m == nullptr || m->primary != options_.replica) {
+      return start_empty(which + " is not this replica's log");
+    }
+    if (i == 0) {
+      base = m->prev_index;
+      base_term = m->prev_term;
+    } else if (m->prev_index < base || m->prev_index > base + log.size()) {
+      return start_empty(which + " does not continue the log before it");
+    }
+    log.resize(static_cast<size_t>(m->prev_index - base));
+    for (size_t k = 0; k < m->entries.size(); ++k) {
+      if (m->entries[k].index != m->prev_index + 1 + k || m->entries[k].term > m->term)
+        return start_empty(which + " holds entries out of order");
+      log.push_back(std::move(m->entries[k]));
+    }
+    term = std::max(term, m->term);
+    commit = std::max(commit, m->commit);
+    could_lead = (*records)[i].could_lead;
+  }
+  if (records->empty()) return start_empty("its file is empty");
+  if (!could_lead) {
+    return start_empty("it could not lead when it stopped (it was being caught up)");
+  }
+  LEASH_ASSIGN_OR_RETURN(bool remembered, GroupRemembered(term));
+  if (!remembered) {
+    spdlog::info(
+        "shard {}: replica {} does not use its durable log (term {}): the coordinator does not "
+        "remember the group (a new etcd or a new job); it starts empty",
+        shard, options_.replica, term);
+    ResetShard();
+    return false;
+  }
+  term_ = term;
+  base_index_ = applied_index_ = base;
+  base_term_ = base_term;
+  commit_index_ = std::min<uint64_t>(commit, base + log.size());
+  log_ = std::move(log);
+  log_bytes_ = 0;
+  for (const ReplEntryWire& e : log_) log_bytes_ += EntryBytes(e);
+  caught_up_ = true;
+  needs_snapshot_ = false;
+  role_ = ReplicaRole::kBackup;
+  primary_.reset();
+  SetShardNow(now_);
+  ApplyCommitted();
+  // A snapshot now, which begins a new file from here.
+  if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
+    return c.status().WithContext("replica " + std::to_string(options_.replica) + " of shard " +
+                                  std::to_string(shard) + " restored its durable log");
+  }
+  spdlog::info(
+      "shard {}: replica {} starts again from its durable log: term {}, state at entry {}, {} "
+      "entries of log past it, commit {} ({} records replayed); it may lead if the in-sync set "
+      "lists it",
+      shard, options_.replica, term_, applied_index_, log_.size(), commit_index_, records->size());
+  return true;
+}
+
+Result<bool> Replica::GroupRemembered(uint64_t term) {
+  // A log means something only to a coordinator that remembers this group: its in-sync set,
+  // and terms that only grow. A new etcd (compose `down` and `up`, a new job) knows neither:
+  // the replica then starts empty, as the others do, in a new job.
+  if (directory_ == nullptr) return true;
+  const uint32_t shard = shard_options_.shard;
+  Result<ClusterView> view = directory_->WaitForChange(0, std::chrono::seconds(10));
+  if (!view.ok() && view.status().code() != StatusCode::kNotFound) {
+    return view.status().WithContext("replica " + std::to_string(options_.replica) + " of shard " +
+                                     std::to_string(shard) +
+                                     " checking the coordinator before using its log");
+  }
+  const ShardView* sv = view.ok() && shard < view->shards.size() ? &view->shards[shard] : nullptr;
+  return sv != nullptr && (sv->primary ? sv->term >= term : !sv->in_sync.empty());
 }
 
 Result<bool> Replica::RestoreAfterCleanStop() {
@@ -909,19 +1148,8 @@ Result<bool> Replica::RestoreAfterCleanStop() {
     if (m->entries[i].index != m->prev_index + 1 + i || m->entries[i].term > m->term)
       return unusable("its entries are out of order");
   }
-  // The log means something only to a coordinator that remembers this group: its in-sync
-  // set, and terms that only grow. A new etcd (compose `down` and `up`, a new job) knows
-  // neither: the replica then starts empty, as the others do, in a new job.
-  if (directory_ != nullptr) {
-    Result<ClusterView> view = directory_->WaitForChange(0, std::chrono::seconds(10));
-    if (!view.ok() && view.status().code() != StatusCode::kNotFound) {
-      return view.status().WithContext("replica " + std::to_string(options_.replica) +
-                                       " of shard " + std::to_string(shard) +
-                                       " checking the coordinator before using its stop record");
-    }
-    const ShardView* sv = view.ok() && shard < view->shards.size() ? &view->shards[shard] : nullptr;
-    const bool remembered =
-        sv != nullptr && (sv->primary ? sv->term >= m->term : !sv->in_sync.empty());
+  {
+    LEASH_ASSIGN_OR_RETURN(bool remembered, GroupRemembered(m->term));
     if (!remembered) {
       spdlog::info(
           "shard {}: replica {} does not use its stop record (term {}): the "
@@ -934,14 +1162,9 @@ Result<bool> Replica::RestoreAfterCleanStop() {
   LEASH_RETURN_IF_ERROR(shard_->Recover().status());
   if (shard_->recovered_replica_stop() != record) {
     // Not the snapshot the record was read from: the store changed in between. Start empty.
-    shard_ = std::make_unique<Shard>(
-        shard_options_, store_, [this] { return shard_now_; }, sparse_);
-    shard_->set_snapshot_observer(snapshot_observer_);
-    AttachAllocator();
+    ResetShard();
     return unusable("the snapshot changed while it was read");
   }
-  shard_->set_snapshot_observer(snapshot_observer_);
-  AttachAllocator();
   term_ = m->term;
   base_index_ = applied_index_ = m->prev_index;
   base_term_ = m->prev_term;
@@ -992,6 +1215,8 @@ void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
 
 void Replica::SendAck(bool ok, uint64_t last) {
   if (!primary_) return;
+  // What it acknowledges is on disk first (with a durable log); if that fails, nothing is.
+  if (!Persist()) return;
   ReplAckMsg a{term_, options_.replica, ok, last, needs_snapshot_, boot_id_, 0, 0};
   (void)peers_->Send(static_cast<int>(*primary_), EncodeReplication(a));
 }
@@ -1042,6 +1267,7 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
         return SendAck(false, applied_index_);
       }
       // A divergent tail no primary acknowledged: dropped (never applied).
+      dirty_from_ = std::min(dirty_from_, index);
       while (last_index() >= index) {
         log_bytes_ -= EntryBytes(log_.back());
         log_.pop_back();
@@ -1175,10 +1401,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   // with its sparse rows in the cold tier, which receives the snapshot's. Its own last
   // snapshot and the cold tier's checkpoints stay as they were until the new one installs.
   const size_t tables = std::max(shard_->num_tables(), snap.tables.size());
-  shard_ = std::make_unique<Shard>(
-      shard_options_, store_, [this] { return shard_now_; }, sparse_);
-  shard_->set_snapshot_observer(snapshot_observer_);
-  AttachAllocator();
+  ResetShard();
   for (size_t id = 0; id < tables; ++id) {
     if (Status st = sparse_->DropTable(static_cast<uint32_t>(id)); !st.ok()) {
       spdlog::error("shard {}: cannot clear the cold tier for a snapshot: {}", shard_options_.shard,
@@ -1189,6 +1412,7 @@ bool Replica::BeginStaging(const ReplSnapshotMsg& m) {
   state_dropped_ = true;
   needs_snapshot_ = true;
   caught_up_ = false;
+  (void)Persist();
   log_.clear();
   log_bytes_ = 0;
   staging_ = std::move(s);
@@ -1230,7 +1454,24 @@ Status Replica::InstallStaging() {
   // As a shard's own snapshot: the cold tier's checkpoint of that number, then the snapshot;
   // Recover puts both back as the state.
   if (has_sparse) LEASH_RETURN_IF_ERROR(sparse_->Checkpoint(s.snap.sequence));
-  LEASH_RETURN_IF_ERROR(store_->Save(s.snap));
+  // The durable log starts again at the installed snapshot, which is where the log stands.
+  const bool could_lead = caught_up_;
+  if (durable_ != nullptr && !durable_broken_) {
+    ReplAppendMsg base{term_, options_.replica, s.index, s.index_term, std::min(s.commit, s.index),
+                       {}};
+    if (Status st =
+            durable_->Begin({s.snap.sequence, s.snap.unix_ms}, could_lead, EncodeReplication(base));
+        !st.ok()) {
+      BreakDurable(st);
+    }
+  }
+  if (Status st = store_->Save(s.snap); !st.ok()) {
+    if (durable_ != nullptr && !durable_broken_) durable_->Abort();
+    return st;
+  }
+  if (durable_ != nullptr && !durable_broken_) {
+    if (Status st = durable_->Commit(); !st.ok()) BreakDurable(st);
+  }
   auto shard = std::make_unique<Shard>(
       shard_options_, store_, [this] { return shard_now_; }, sparse_);
   LEASH_RETURN_IF_ERROR(shard->Recover().status());
@@ -1245,8 +1486,7 @@ Status Replica::InstallStaging() {
     }
   }
   shard_ = std::move(shard);
-  shard_->set_snapshot_observer(snapshot_observer_);
-  AttachAllocator();
+  AttachShard();
   log_.clear();
   log_bytes_ = 0;
   base_index_ = s.index;
@@ -1259,6 +1499,7 @@ Status Replica::InstallStaging() {
   spdlog::info("shard {}: replica {} installed a snapshot at entry {} (term {}; {} sparse rows)",
                shard_options_.shard, options_.replica, s.index, s.term, s.rows);
   staging_.reset();
+  if (durable_ != nullptr && !durable_broken_) MarkPersisted(could_lead);
   return Status::Ok();
 }
 
@@ -1288,7 +1529,7 @@ void Replica::CheckTermAlone() {
 }
 
 void Replica::MaybeCampaign() {
-  if (needs_snapshot_) return;
+  if (needs_snapshot_ || durable_broken_) return;
   if (last_campaign_ms_ >= 0 && now_ - last_campaign_ms_ < options_.campaign_ms) return;
   last_campaign_ms_ = now_;
   if (won_term_) return BecomePrimary(*won_term_);  // its in-sync set, written again
@@ -1390,6 +1631,20 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
     }
     wait = std::min(wait, options_.campaign_ms);
   }
+  // The durable log is cut by a snapshot once it holds durable_log_max_bytes.
+  if (durable_ != nullptr && !durable_broken_ && durable_->has_current() &&
+      durable_->current_bytes() > options_.durable_log_max_bytes && has_state() &&
+      staging_ == nullptr && now_ >= next_durable_cut_ms_) {
+    if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
+      next_durable_cut_ms_ = now_ + 1000;
+      spdlog::warn(
+          "shard {}: replica {}'s durable log holds {} MiB and the snapshot that would cut it "
+          "failed (tried again in 1 s): {}",
+          shard_options_.shard, options_.replica, durable_->current_bytes() >> 20,
+          c.status().ToString());
+    }
+  }
+  (void)Persist();
   return std::max<int64_t>(1, wait);
 }
 

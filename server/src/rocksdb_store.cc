@@ -24,6 +24,8 @@
 // is refused (damaged, foreign, another shard's) is left byte for byte as it was.
 #include "leash/server/rocksdb_store.h"
 
+#include "leash/common/crc32c.h"
+
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/options.h>
@@ -74,51 +76,6 @@ constexpr std::string_view kReplicaStopKey = "snap/replica_stop";
 constexpr uint64_t kMinFlushBytes = 4u << 20;
 
 // What a person can do about a damaged snapshot.
-
-// ---------------------------------------------------------------------------------------------
-// CRC32C (Castagnoli), slice-by-8. RocksDB's own crc32c is not part of its public API.
-
-struct Crc32cTables {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-};
-
-constexpr Crc32cTables MakeCrc32cTables() {
-  Crc32cTables tables;
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    tables.t[0][i] = c;
-  }
-  for (size_t s = 1; s < 8; ++s) {
-    for (size_t i = 0; i < 256; ++i) {
-      const uint32_t prev = tables.t[s - 1][i];
-      tables.t[s][i] = (prev >> 8) ^ tables.t[0][prev & 0xffu];
-    }
-  }
-  return tables;
-}
-
-constexpr Crc32cTables kCrc = MakeCrc32cTables();
-
-uint32_t Crc32c(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint32_t crc = ~0u;
-  const auto& t = kCrc.t;
-  while (n >= 8) {
-    const uint32_t lo =
-        crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
-    const uint32_t hi =
-        uint32_t{p[4]} | uint32_t{p[5]} << 8 | uint32_t{p[6]} << 16 | uint32_t{p[7]} << 24;
-    crc = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) crc = t[0][(crc ^ *p++) & 0xffu] ^ (crc >> 8);
-  return ~crc;
-}
-
-uint32_t Crc32c(std::string_view bytes) { return Crc32c(bytes.data(), bytes.size()); }
 
 // ---------------------------------------------------------------------------------------------
 // Little-endian encoding.

@@ -159,6 +159,7 @@ Result<int64_t> Shard::Recover() {
   recovered_clock_ = snap->min_clock;
   last_snapshot_clock_ = snap->min_clock;
   snapshot_sequence_ = snap->sequence;
+  snapshot_unix_ms_ = snap->unix_ms;
   spdlog::info("shard {}/{}: recovered snapshot #{} from {} at clock {}: {} tables, {} workers",
                options_.shard, options_.num_shards, snap->sequence, store_->Describe(),
                snap->min_clock, tables_.size(), snap->workers.size());
@@ -1006,10 +1007,18 @@ Result<int64_t> Shard::Checkpoint(std::string replica_stop) {
                             sparse_store_->Describe());
     }
   }
+  if (checkpoint_hooks_.before) {
+    if (Status st = checkpoint_hooks_.before(snap); !st.ok()) {
+      ++counters_.snapshot_failures;
+      return st.WithContext("snapshot #" + std::to_string(snap.sequence));
+    }
+  }
   if (Status st = store_->Save(snap); !st.ok()) {
     ++counters_.snapshot_failures;
+    if (checkpoint_hooks_.after) checkpoint_hooks_.after(false);
     return st.WithContext("snapshot to " + store_->Describe());
   }
+  if (checkpoint_hooks_.after) checkpoint_hooks_.after(true);
   if (has_sparse) {
     if (Status st = sparse_store_->Prune(snap.sequence); !st.ok()) {
       spdlog::warn("shard {}: old sparse checkpoints not deleted: {}", options_.shard,
@@ -1017,6 +1026,7 @@ Result<int64_t> Shard::Checkpoint(std::string replica_stop) {
     }
   }
   snapshot_sequence_ = snap.sequence;
+  snapshot_unix_ms_ = snap.unix_ms;
   last_snapshot_clock_ = snap.min_clock;
   last_snapshot_ms_ = now_ms_();
   ++counters_.snapshots;

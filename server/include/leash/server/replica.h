@@ -56,6 +56,15 @@ struct ReplicaOptions {
   // A transfer the backup has acknowledged nothing of for this long is dropped (its image
   // released); a new one starts when the backup answers again.
   int64_t snapshot_timeout_ms = 10000;
+  // The replica's log on disk as it runs (leash-server --durable-log; durable_log.h): every
+  // entry is written there before this replica acknowledges it, so that a replica killed
+  // (every replica of the shard at once, even) starts again with its log and may lead.
+  // Empty: none (a replica killed starts empty and is caught up). Opened by Restore().
+  std::string durable_log_dir;
+  bool durable_log_fsync = false;  // fdatasync each record as well: survives a power cut
+  // Once the current file holds this many bytes a snapshot is taken, and the file starts
+  // again from it (the log of a parameter server is its gradient traffic).
+  uint64_t durable_log_max_bytes = uint64_t{256} << 20;
   // With CURVE: the authenticated user (Inbound::user) of the replicas' own key. Replication
   // messages from any other user (a worker's key) are refused, counted and logged at most
   // once a minute. Empty (no CURVE): not checked; nobody is authenticated then.
@@ -63,6 +72,8 @@ struct ReplicaOptions {
 };
 
 enum class ReplicaRole { kBackup, kPrimary };
+
+class DurableLog;  // durable_log.h
 
 // What the primary knows of one backup.
 struct BackupProgress {
@@ -112,6 +123,18 @@ class Replica {
   // then; false (and this replica starts empty, to be caught up) when there is none or it
   // cannot be used (logged). Errors of the store's snapshot, or of that write.
   Result<bool> RestoreAfterCleanStop();
+  // Before serving, what leash-server calls: RestoreAfterCleanStop; failing that, with a
+  // durable log (ReplicaOptions::durable_log_dir), the store's snapshot and the log file
+  // that follows it, used as a stop record is (the replica may lead if the in-sync set
+  // lists it and it could lead when it stopped); failing both it starts empty (and begins
+  // a durable log for the empty state). True if it took its state and log back. Errors:
+  // the durable log's directory, the store's snapshot, writes that must succeed.
+  Result<bool> Restore();
+  // Records and bytes written to the durable log, and whether it failed (nothing is
+  // acknowledged by this replica after a failed write; it leads no more).
+  uint64_t durable_records() const;
+  uint64_t durable_bytes() const;
+  bool durable_failed() const { return durable_broken_; }
 
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
@@ -153,7 +176,7 @@ class Replica {
   // shard writes to ordinary memory: what it answers while applying the log is dropped.
   void SetPayloadAllocator(Shard::PayloadAllocator allocator) {
     payload_allocator_ = std::move(allocator);
-    AttachAllocator();
+    AttachShard();
   }
   // Called (with the role change) whenever this replica becomes primary or stops being it.
   void set_role_observer(std::function<void(ReplicaRole, uint64_t term)> f) {
@@ -242,12 +265,27 @@ class Replica {
   std::unique_ptr<Shard> shard_;
   Shard::SnapshotObserver snapshot_observer_;
   Shard::PayloadAllocator payload_allocator_;
-  void AttachAllocator() {
-    shard_->SetPayloadAllocator([this](const PeerId& peer, size_t bytes) {
-      return role_ == ReplicaRole::kPrimary && payload_allocator_ ? payload_allocator_(peer, bytes)
-                                                                  : std::optional<WritableFrame>();
-    });
-  }
+  // Gives the shard this replica holds its payload allocator, snapshot observer and
+  // checkpoint hooks (the durable log's files begin at its snapshots).
+  void AttachShard();
+  // A new, empty shard in place of the one held.
+  void ResetShard();
+  // Whether this replica could lead with the log and state it holds now (StopRecord's rule).
+  bool CouldLead() const;
+  // The log from entry `from` on as an append of this replica's (the form a stop record and
+  // the durable log's records take).
+  Message LogSince(uint64_t from) const;
+  // Writes what changed in the log (entries appended, a tail cut, the term, CouldLead) to
+  // the durable log. False if that failed (nothing may be acknowledged then).
+  bool Persist();
+  void MarkPersisted(bool could_lead);
+  // A durable log write failed: said once, a primary resigns, and this replica acknowledges
+  // and leads no more.
+  void BreakDurable(const Status& st);
+  Result<bool> RestoreFromDurableLog();
+  // Whether the coordinator remembers this group (a stop record or durable log of `term`
+  // means something only then).
+  Result<bool> GroupRemembered(uint64_t term);
   int64_t shard_now_ = 0;  // the clock the shard reads: the entry being applied's
   int64_t now_ = 0;        // this turn's steady clock
   uint64_t boot_id_ = 0;
@@ -292,6 +330,16 @@ class Replica {
   uint64_t replication_refused_ = 0;
   int64_t refused_logged_ms_ = -1;
   uint64_t snapshots_installed_ = 0;
+
+  // The durable log (ReplicaOptions::durable_log_dir), and how far it holds the log.
+  std::unique_ptr<DurableLog> durable_;
+  uint64_t persisted_last_ = 0;       // it holds the log up to here...
+  uint64_t dirty_from_ = UINT64_MAX;  // ...except from here on (a tail cut since)
+  uint64_t persisted_term_ = 0;
+  bool persisted_could_lead_ = false;
+  bool durable_broken_ = false;
+  int64_t next_durable_cut_ms_ = 0;          // after a failed snapshot to cut the file
+  const ReplEntryWire* applying_ = nullptr;  // the entry Apply is applying
 };
 
 // Runs `replica` on `transport` until `stop`: receives, handles, ticks and sends, like

@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "leash/common/message.h"
@@ -194,6 +195,19 @@ class Shard {
   Result<int64_t> Checkpoint(std::string replica_stop = {});
   // The stop record of the snapshot the last Recover() loaded (empty if none).
   const std::string& recovered_replica_stop() const { return recovered_replica_stop_; }
+  // The sequence and wall time of the snapshot last saved or loaded by Recover; {0, 0} if
+  // none (a replica's durable log names the snapshot each of its files follows).
+  std::pair<uint64_t, int64_t> snapshot_id() const {
+    return {snapshot_sequence_, snapshot_unix_ms_};
+  }
+  // Called around the save of every snapshot Checkpoint writes (a replica's durable log,
+  // replica.h): `before` with the snapshot about to be saved (an error refuses it: nothing is
+  // saved and Checkpoint returns that error), `after` with whether it was saved.
+  struct CheckpointHooks {
+    std::function<Status(const ShardSnapshot&)> before;
+    std::function<void(bool saved)> after;
+  };
+  void set_checkpoint_hooks(CheckpointHooks hooks) { checkpoint_hooks_ = std::move(hooks); }
 
   // A point-in-time image of the shard for a replica catching up (replica.cc): the
   // snapshot (dense tables copied), each sparse table's memory-tier layout (ExportTier;
@@ -327,6 +341,8 @@ class Shard {
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
   std::string recovered_replica_stop_;
+  int64_t snapshot_unix_ms_ = 0;
+  CheckpointHooks checkpoint_hooks_;
   uint64_t snapshot_sequence_ = 0;
   int64_t next_snapshot_ms_ = 0;
   int64_t last_snapshot_ms_ = -1;
