@@ -470,9 +470,10 @@ def least_work(build, tmp, tag, floats=1048576):
             "shm_rtt_4KB_us": shm[0]["p50_us"]}
 
 
-def cost_one(build, c, tmp, tag, replicas):
-    """One configuration's figures: the MLP, then the two push rows, on one cluster."""
-    cl = Replicated(build, tmp, tag, c["ttl"]) if replicas == 2 else Single(build, tmp, tag)
+def cost_one(build, c, tmp, tag, replicas, extra=()):
+    """One configuration's figures: the MLP, then the two push rows, on one cluster (`extra`:
+    more flags for R=2's replicas)."""
+    cl = Replicated(build, tmp, tag, c["ttl"], extra) if replicas == 2 else Single(build, tmp, tag)
     try:
         if replicas == 2:
             p = cl.primary()

@@ -1064,10 +1064,10 @@ TEST_F(ReplicaTest, AGroupKilledAllAtOnceStartsAgainFromItsDurableLogsAndLosesNo
     g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
     g.coordinator().ExpireLease(0, static_cast<uint32_t>(b));
     for (const int r : {p, b}) {
-      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(g.DurableDir(r)),
-                              std::filesystem::directory_iterator()),
-                1)
-          << "one file per replica: the snapshots deleted the older ones";
+      int files = 0;
+      for (const auto& e : std::filesystem::directory_iterator(g.DurableDir(r)))
+        files += e.path().filename().string().starts_with("log-");
+      EXPECT_EQ(files, 1) << "one file per replica (and the spare): the snapshots deleted the rest";
     }
     // The former backup first, alone: it may lead by itself (it held every acknowledged push).
     g.Start(b, std::move(store_b));

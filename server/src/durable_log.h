@@ -9,11 +9,17 @@
 //
 // On disk: DIR/log-<sequence>-<unix_ms> for the snapshot of that sequence and time
 // (DIR/log-0-0: no snapshot, the empty state), DIR/log-...new while the snapshot it follows is
-// being saved. A record is a 24-byte header (magic, flags, frame count, CRC32C, body bytes),
-// each frame's size (u64) and the frames: an encoded ReplAppendMsg. The CRC covers the header,
-// the sizes and the first frame (the append's header, every entry's index, term and kind);
-// the requests' own bytes are checked again when they are applied. A record cut short at the
-// end was never acknowledged and is dropped; any other damage makes the file unusable.
+// being saved, and DIR/spare, the file before the current one, which the next snapshot's
+// file reuses: overwriting pages the page cache holds costs half of writing new ones (and far
+// less when the kernel must first reclaim memory for them), as RocksDB's and PostgreSQL's
+// recycled logs do. A record is a 40-byte header (magic, flags, frame count, CRC32C, body
+// bytes, the snapshot's sequence and time), each frame's size (u64), the frames (an encoded
+// ReplAppendMsg) and a 16-byte trailer (magic, CRC, the record's offset). The header's CRC
+// covers the header, the sizes and the first frame (the append's header: every entry's index,
+// term and kind); with kFsync the trailer's CRC covers the whole record. The log ends at the
+// first record that does not verify: one cut short by the process's death (a write that
+// stops early leaves a prefix, so its trailer is missing) or an older file's bytes (another
+// snapshot's id, or no record at all). Such a record was never acknowledged.
 // Not thread-safe (the replica's serving loop).
 #pragma once
 
@@ -51,20 +57,24 @@ class DurableLog {
   DurableLog(const DurableLog&) = delete;
   DurableLog& operator=(const DurableLog&) = delete;
 
-  // The records of the file that follows snapshot `id`, in order. A record cut short at the
-  // end is dropped (logged). NotFound: no such file. DataLoss: a damaged record before the
-  // end (nothing of the file can be trusted to hold every acknowledged entry).
+  // The records of the file that follows snapshot `id`, in order, up to its end (above;
+  // where it ended before the file's size is logged). NotFound: no such file. IOError.
   Result<std::vector<DurableLogRecord>> Read(DurableSnapshotId id) const;
-  // Starts the file that follows snapshot `id`, `base` its first record. Called before that
-  // snapshot is saved; appends go on to the current file until Commit.
+  // Starts the file that follows snapshot `id` (in the spare file if there is one), `base`
+  // its first record. Called before that snapshot is saved; appends go on to the current
+  // file until Commit.
   Status Begin(DurableSnapshotId id, bool could_lead, const Message& base);
-  // The snapshot was saved: the file begun becomes the current one, every other is deleted.
+  // The snapshot was saved: the file begun becomes the current one, the current one the
+  // spare, and every other is deleted.
   Status Commit();
   // The snapshot was not saved: the file begun is deleted.
   void Abort();
-  // Appends a record to the current file; written (kFsync: on the disk) when it returns.
-  // FailedPrecondition without a current file.
+  // Appends a record to the current file, written when it returns. FailedPrecondition
+  // without a current file.
   Status Append(bool could_lead, const Message& append);
+  // kFsync: every record appended so far is on the disk when it returns (one fdatasync for
+  // all of them: a primary syncs once before it releases replies). kWrite: nothing to do.
+  Status MakeDurable();
 
   bool has_current() const { return fd_ >= 0; }
   // Bytes of the current file (what a restart would read).
@@ -76,16 +86,19 @@ class DurableLog {
  private:
   DurableLog(std::string dir, Sync sync) : dir_(std::move(dir)), sync_(sync) {}
   std::string PathOf(DurableSnapshotId id, bool pending) const;
-  // Writes one record at the end of `fd` (at `*offset`, which it moves).
-  Status WriteRecord(int fd, uint64_t* offset, bool could_lead, const Message& append,
-                     const std::string& path);
+  // Writes one record of the file of snapshot `id` at `*offset` of `fd` (and moves it).
+  Status WriteRecord(int fd, DurableSnapshotId id, uint64_t* offset, bool could_lead,
+                     const Message& append, const std::string& path);
 
   std::string dir_;
   Sync sync_;
   int fd_ = -1;  // the current file
   std::string path_;
+  DurableSnapshotId id_;
   uint64_t current_bytes_ = 0;
-  int next_fd_ = -1;  // the file begun
+  bool unsynced_ = false;  // records appended since the last fdatasync
+  int next_fd_ = -1;       // the file begun
+  DurableSnapshotId next_id_;
   std::string next_path_;
   std::string next_final_path_;
   uint64_t next_bytes_ = 0;

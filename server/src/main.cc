@@ -458,9 +458,10 @@ int Run(const ServerConfig& config) {
         config.shard, sc.pushes_summed, sc.clock_steps);
   }
   if (s.replica && config.durable_log != "off") {
-    spdlog::info("shard {}: replica {} wrote {} durable log record(s), {} MiB ({}{})", config.shard,
-                 config.replica, s.replica->durable_records(), s.replica->durable_bytes() >> 20,
-                 config.durable_log, s.replica->durable_failed() ? "; FAILED" : "");
+    spdlog::info("shard {}: replica {} wrote {} durable log record(s), {:.1f} MiB ({}{})",
+                 config.shard, config.replica, s.replica->durable_records(),
+                 static_cast<double>(s.replica->durable_bytes()) / (1 << 20), config.durable_log,
+                 s.replica->durable_failed() ? "; FAILED" : "");
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(

@@ -217,6 +217,11 @@ void Replica::AttachShard() {
            at = applying_->index;
          }
          LEASH_CHECK(at >= base_index_);
+         durable_state_bytes_ = 0;
+         for (const TableSnapshot& t : snap.tables) {
+           durable_state_bytes_ += t.values.size() * sizeof(float);
+           for (const auto& slot : t.slots) durable_state_bytes_ += slot.size() * sizeof(float);
+         }
          if (Status st =
                  durable_->Begin({snap.sequence, snap.unix_ms}, CouldLead(), LogSince(at + 1));
              !st.ok()) {
@@ -801,6 +806,12 @@ void Replica::AdvanceCommit() {
 }
 
 void Replica::Release(std::vector<Outgoing>* out) {
+  if (held_.empty() || held_.front().index > commit_index_) return;
+  // With fsync, what this primary wrote is on its disk before any reply goes (one
+  // fdatasync for every entry written since the last).
+  if (durable_ != nullptr && !durable_broken_) {
+    if (Status st = durable_->MakeDurable(); !st.ok()) return BreakDurable(st);
+  }
   while (!held_.empty() && held_.front().index <= commit_index_) {
     out->push_back(std::move(held_.front().reply));
     held_.pop_front();
@@ -1217,6 +1228,9 @@ void Replica::SendAck(bool ok, uint64_t last) {
   if (!primary_) return;
   // What it acknowledges is on disk first (with a durable log); if that fails, nothing is.
   if (!Persist()) return;
+  if (durable_ != nullptr) {
+    if (Status st = durable_->MakeDurable(); !st.ok()) return BreakDurable(st);
+  }
   ReplAckMsg a{term_, options_.replica, ok, last, needs_snapshot_, boot_id_, 0, 0};
   (void)peers_->Send(static_cast<int>(*primary_), EncodeReplication(a));
 }
@@ -1631,10 +1645,12 @@ int64_t Replica::Tick(std::vector<Outgoing>* out) {
     }
     wait = std::min(wait, options_.campaign_ms);
   }
-  // The durable log is cut by a snapshot once it holds durable_log_max_bytes.
+  // The durable log is cut by a snapshot once it holds durable_log_max_bytes, or twice the
+  // state.
   if (durable_ != nullptr && !durable_broken_ && durable_->has_current() &&
-      durable_->current_bytes() > options_.durable_log_max_bytes && has_state() &&
-      staging_ == nullptr && now_ >= next_durable_cut_ms_) {
+      durable_->current_bytes() >
+          std::max(options_.durable_log_max_bytes, 2 * durable_state_bytes_) &&
+      has_state() && staging_ == nullptr && now_ >= next_durable_cut_ms_) {
     if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
       next_durable_cut_ms_ = now_ + 1000;
       spdlog::warn(

@@ -62,9 +62,11 @@ struct ReplicaOptions {
   // Empty: none (a replica killed starts empty and is caught up). Opened by Restore().
   std::string durable_log_dir;
   bool durable_log_fsync = false;  // fdatasync each record as well: survives a power cut
-  // Once the current file holds this many bytes a snapshot is taken, and the file starts
-  // again from it (the log of a parameter server is its gradient traffic).
-  uint64_t durable_log_max_bytes = uint64_t{256} << 20;
+  // Once the current file holds this many bytes, or twice the dense tables' bytes (their
+  // values and optimizer state) if that is more, a snapshot is taken and the file starts
+  // again from it over the spare (the log of a parameter server is its gradient traffic;
+  // a pair of small files is reused while its pages are in memory).
+  uint64_t durable_log_max_bytes = uint64_t{64} << 20;
   // With CURVE: the authenticated user (Inbound::user) of the replicas' own key. Replication
   // messages from any other user (a worker's key) are refused, counted and logged at most
   // once a minute. Empty (no CURVE): not checked; nobody is authenticated then.
@@ -339,6 +341,7 @@ class Replica {
   bool persisted_could_lead_ = false;
   bool durable_broken_ = false;
   int64_t next_durable_cut_ms_ = 0;          // after a failed snapshot to cut the file
+  uint64_t durable_state_bytes_ = 0;         // the dense tables' bytes at the last snapshot
   const ReplEntryWire* applying_ = nullptr;  // the entry Apply is applying
 };
 
