@@ -1085,6 +1085,18 @@ Result<bool> Replica::RestoreFromDurableLog() {
     ResetShard();
     return false;
   }
+  // A snapshot at once, which begins a new file from here.
+  LEASH_RETURN_IF_ERROR(TakeLogBack(term, base, base_term, commit, std::move(log), "durable log"));
+  spdlog::info(
+      "shard {}: replica {} starts again from its durable log: term {}, state at entry {}, {} "
+      "entries of log past it, commit {} ({} records replayed); it may lead if the in-sync set "
+      "lists it",
+      shard, options_.replica, term_, applied_index_, log_.size(), commit_index_, records->size());
+  return true;
+}
+
+Status Replica::TakeLogBack(uint64_t term, uint64_t base, uint64_t base_term, uint64_t commit,
+                            std::deque<ReplEntryWire> log, const char* from) {
   term_ = term;
   base_index_ = applied_index_ = base;
   base_term_ = base_term;
@@ -1098,17 +1110,11 @@ Result<bool> Replica::RestoreFromDurableLog() {
   primary_.reset();
   SetShardNow(now_);
   ApplyCommitted();
-  // A snapshot now, which begins a new file from here.
   if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
     return c.status().WithContext("replica " + std::to_string(options_.replica) + " of shard " +
-                                  std::to_string(shard) + " restored its durable log");
+                                  std::to_string(shard_options_.shard) + " restored its " + from);
   }
-  spdlog::info(
-      "shard {}: replica {} starts again from its durable log: term {}, state at entry {}, {} "
-      "entries of log past it, commit {} ({} records replayed); it may lead if the in-sync set "
-      "lists it",
-      shard, options_.replica, term_, applied_index_, log_.size(), commit_index_, records->size());
-  return true;
+  return Status::Ok();
 }
 
 Result<bool> Replica::GroupRemembered(uint64_t term) {
@@ -1176,28 +1182,12 @@ Result<bool> Replica::RestoreAfterCleanStop() {
     ResetShard();
     return unusable("the snapshot changed while it was read");
   }
-  term_ = m->term;
-  base_index_ = applied_index_ = m->prev_index;
-  base_term_ = m->prev_term;
-  commit_index_ = m->commit;
-  log_.clear();
-  log_bytes_ = 0;
-  for (ReplEntryWire& e : m->entries) {
-    log_bytes_ += EntryBytes(e);
-    log_.push_back(std::move(e));
-  }
-  caught_up_ = true;
-  needs_snapshot_ = false;
-  role_ = ReplicaRole::kBackup;
-  primary_.reset();
-  SetShardNow(now_);
-  ApplyCommitted();
-  // The record is used up: a snapshot without it goes in its place before anything else
-  // happens, so that a later crash does not bring this log back.
-  if (Result<int64_t> c = shard_->Checkpoint(); !c.ok()) {
-    return c.status().WithContext("replica " + std::to_string(options_.replica) + " of shard " +
-                                  std::to_string(shard) + " restored its clean stop");
-  }
+  // The record is used up: the snapshot TakeLogBack writes without it goes in its place
+  // before anything else happens, so that a later crash does not bring this log back.
+  LEASH_RETURN_IF_ERROR(TakeLogBack(
+      m->term, m->prev_index, m->prev_term, m->commit,
+      {std::make_move_iterator(m->entries.begin()), std::make_move_iterator(m->entries.end())},
+      "clean stop"));
   spdlog::info(
       "shard {}: replica {} starts where it stopped cleanly: term {}, state at entry {}, {} "
       "entries of log past it, commit {}; it may lead if the in-sync set lists it",

@@ -285,6 +285,12 @@ class Replica {
   // and leads no more.
   void BreakDurable(const Status& st);
   Result<bool> RestoreFromDurableLog();
+  // Takes a log back as this replica's (a clean stop's record or the durable log, `from`):
+  // its term, the entry the shard's state stands at, the commit index it knew and the
+  // entries past it; applies what is committed and writes a snapshot at once. It may then
+  // lead if the in-sync set lists it.
+  Status TakeLogBack(uint64_t term, uint64_t base, uint64_t base_term, uint64_t commit,
+                     std::deque<ReplEntryWire> log, const char* from);
   // Whether the coordinator remembers this group (a stop record or durable log of `term`
   // means something only then).
   Result<bool> GroupRemembered(uint64_t term);
