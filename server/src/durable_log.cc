@@ -4,12 +4,8 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -67,34 +63,6 @@ uint32_t HeaderCrc(const uint8_t* header, const uint8_t* sizes, size_t sizes_byt
   return Crc32c(first, first_bytes, crc);             // the append's header
 }
 
-// Copies `n` bytes to `dst` with non-temporal stores where it can (x86-64: 16-byte SSE2
-// streaming stores on the aligned middle): the bytes go to memory without displacing the
-// CPU's caches. Elsewhere, and for small copies, memcpy.
-void CopyStreaming(uint8_t* dst, const uint8_t* src, size_t n) {
-#if defined(__x86_64__)
-  if (n >= 4096) {
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-    std::memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    auto* d = reinterpret_cast<__m128i*>(dst);
-    const auto* s = reinterpret_cast<const __m128i*>(src);
-    const size_t blocks = n / 16;
-    for (size_t i = 0; i < blocks; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-    std::memcpy(dst + 16 * blocks, src + 16 * blocks, n - 16 * blocks);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
-
-void StoreFence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-}
-
 Status SyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open the directory", dir);
@@ -118,35 +86,7 @@ Result<std::unique_ptr<DurableLog>> DurableLog::Open(std::string dir, Sync sync)
 
 DurableLog::~DurableLog() {
   if (next_fd_ >= 0) Abort();
-  Unmap();
   if (fd_ >= 0) ::close(fd_);
-}
-
-void DurableLog::Unmap() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
-}
-
-void DurableLog::MapCurrent() {
-  if (sync_ != Sync::kWrite || fd_ < 0) return;
-  // Blocks reserved first: a store into a mapped page the disk has no room for would be a
-  // SIGBUS, not an error.
-  const int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(kMappedBytes));
-  void* m = r == 0 ? ::mmap(nullptr, kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0)
-                   : MAP_FAILED;
-  if (m == MAP_FAILED) {
-    if (!map_failed_said_) {
-      map_failed_said_ = true;
-      spdlog::warn(
-          "durable log {}: cannot reserve and map its first {} MiB ({}); records are written "
-          "with pwritev instead",
-          path_, kMappedBytes >> 20, std::strerror(r != 0 ? r : errno));
-    }
-    return;
-  }
-  map_ = static_cast<uint8_t*>(m);
-  map_bytes_ = kMappedBytes;
 }
 
 std::string DurableLog::PathOf(DurableSnapshotId id, bool pending) const {
@@ -157,8 +97,7 @@ std::string DurableLog::PathOf(DurableSnapshotId id, bool pending) const {
 }
 
 Status DurableLog::WriteRecord(int fd, DurableSnapshotId id, uint64_t* offset, bool could_lead,
-                               const Message& append, const std::string& path, uint8_t* map,
-                               uint64_t map_bytes) {
+                               const Message& append, const std::string& path) {
   if (append.empty() || append.size() > kMaxFrames) {
     return InvalidArgument("a durable log record needs 1 to 2^24 frames");
   }
@@ -197,20 +136,6 @@ Status DurableLog::WriteRecord(int fd, DurableSnapshotId id, uint64_t* offset, b
   }
   iov.push_back({trailer, kTrailerBytes});
   const uint64_t total = kHeaderBytes + body + kTrailerBytes;
-  if (map != nullptr && *offset + total <= map_bytes) {
-    // The trailer last: a process killed in the copy leaves the record without it.
-    uint8_t* at = map + *offset;
-    for (const iovec& v : iov) {
-      CopyStreaming(at, static_cast<const uint8_t*>(v.iov_base), v.iov_len);
-      at += v.iov_len;
-    }
-    StoreFence();
-    *offset += total;
-    ++records_written_;
-    ++records_mapped_;
-    bytes_written_ += total;
-    return Status::Ok();
-  }
   uint64_t done = 0;
   size_t at = 0;  // the first iovec not yet written whole
   while (at < iov.size()) {
@@ -242,7 +167,7 @@ Status DurableLog::Begin(DurableSnapshotId id, bool could_lead, const Message& b
   next_path_ = PathOf(id, true);
   // The spare file if there is one: its pages are overwritten in place.
   const std::string spare = (fs::path(dir_) / kSpare).string();
-  int flags = O_RDWR | O_CREAT | O_CLOEXEC;  // read too: a MAP_SHARED writable mapping needs it
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
   if (::rename(spare.c_str(), next_path_.c_str()) != 0) flags |= O_TRUNC;
   next_fd_ = ::open(next_path_.c_str(), flags, 0644);
   if (next_fd_ < 0) return Errno("cannot create the durable log", next_path_);
@@ -266,7 +191,6 @@ Status DurableLog::Commit() {
     return st;
   }
   if (sync_ == Sync::kFsync) LEASH_RETURN_IF_ERROR(SyncDir(dir_));
-  Unmap();
   if (fd_ >= 0) {
     ::close(fd_);
     // The file before becomes the spare the next snapshot's file is written over.
@@ -282,7 +206,6 @@ Status DurableLog::Commit() {
   id_ = next_id_;
   path_ = next_final_path_;
   current_bytes_ = next_bytes_;
-  MapCurrent();
   // Every other file follows an older snapshot (or none the store still has).
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
@@ -304,8 +227,7 @@ void DurableLog::Abort() {
 
 Status DurableLog::Append(bool could_lead, const Message& append) {
   if (fd_ < 0) return FailedPrecondition("durable log: no current file (no snapshot begun one)");
-  LEASH_RETURN_IF_ERROR(
-      WriteRecord(fd_, id_, &current_bytes_, could_lead, append, path_, map_, map_bytes_));
+  LEASH_RETURN_IF_ERROR(WriteRecord(fd_, id_, &current_bytes_, could_lead, append, path_));
   unsynced_ = true;
   return Status::Ok();
 }

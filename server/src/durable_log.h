@@ -11,23 +11,15 @@
 // (DIR/log-0-0: no snapshot, the empty state), DIR/log-...new while the snapshot it follows is
 // being saved, and DIR/spare, the file before the current one, which the next snapshot's
 // file reuses: overwriting pages the page cache holds costs half of writing new ones (and far
-// less when the kernel must first find pages for them), as RocksDB's and PostgreSQL's
-// recycled logs do.
-//
-// A record is a 40-byte header (magic, flags, frame count, CRC32C, body bytes, the
-// snapshot's sequence and time), each frame's size (u64), the frames (an encoded
+// less when the kernel must first reclaim memory for them), as RocksDB's and PostgreSQL's
+// recycled logs do. A record is a 40-byte header (magic, flags, frame count, CRC32C, body
+// bytes, the snapshot's sequence and time), each frame's size (u64), the frames (an encoded
 // ReplAppendMsg) and a 16-byte trailer (magic, CRC, the record's offset). The header's CRC
-// covers the header, the sizes and the first frame (the append's header: every entry's
-// index, term and kind); with kFsync the trailer's CRC covers the whole record. The log ends
-// at the first record that does not verify: one cut short by the process's death (a copy
-// that stops early leaves a prefix, so its trailer is missing) or an older file's bytes
-// (another snapshot's id, or no record at all). Such a record was never acknowledged.
-//
-// With kWrite the current file's first kMappedBytes are reserved on the disk (fallocate: a
-// full disk is an error here, never a SIGBUS later) and mapped, and records are copied into
-// the mapping with non-temporal stores: into the page cache without the write(2) path's
-// work per page, and without evicting from the CPU's caches the tables the replica updates
-// next. Records past the mapping, and every record with kFsync, are written with pwritev.
+// covers the header, the sizes and the first frame (the append's header: every entry's index,
+// term and kind); with kFsync the trailer's CRC covers the whole record. The log ends at the
+// first record that does not verify: one cut short by the process's death (a write that
+// stops early leaves a prefix, so its trailer is missing) or an older file's bytes (another
+// snapshot's id, or no record at all). Such a record was never acknowledged.
 // Not thread-safe (the replica's serving loop).
 #pragma once
 
@@ -84,12 +76,7 @@ class DurableLog {
   // all of them: a primary syncs once before it releases replies). kWrite: nothing to do.
   Status MakeDurable();
 
-  // The part of the current file a kWrite log maps (see above).
-  static constexpr uint64_t kMappedBytes = uint64_t{128} << 20;
-
   bool has_current() const { return fd_ >= 0; }
-  // Records copied into the mapping (the rest were written with pwritev).
-  uint64_t records_mapped() const { return records_mapped_; }
   // Bytes of the current file (what a restart would read).
   uint64_t current_bytes() const { return current_bytes_; }
   uint64_t records_written() const { return records_written_; }
@@ -99,15 +86,9 @@ class DurableLog {
  private:
   DurableLog(std::string dir, Sync sync) : dir_(std::move(dir)), sync_(sync) {}
   std::string PathOf(DurableSnapshotId id, bool pending) const;
-  // Writes one record of the file of snapshot `id` at `*offset` of `fd` (and moves it),
-  // into `map` (the file's first `map_bytes`) if it fits there.
+  // Writes one record of the file of snapshot `id` at `*offset` of `fd` (and moves it).
   Status WriteRecord(int fd, DurableSnapshotId id, uint64_t* offset, bool could_lead,
-                     const Message& append, const std::string& path, uint8_t* map = nullptr,
-                     uint64_t map_bytes = 0);
-  // kWrite: reserves and maps the current file's first kMappedBytes (nothing if that fails:
-  // said once, and records are written with pwritev).
-  void MapCurrent();
-  void Unmap();
+                     const Message& append, const std::string& path);
 
   std::string dir_;
   Sync sync_;
@@ -115,10 +96,6 @@ class DurableLog {
   std::string path_;
   DurableSnapshotId id_;
   uint64_t current_bytes_ = 0;
-  uint8_t* map_ = nullptr;  // the current file's mapping (kWrite)
-  uint64_t map_bytes_ = 0;
-  bool map_failed_said_ = false;
-  uint64_t records_mapped_ = 0;
   bool unsynced_ = false;  // records appended since the last fdatasync
   int next_fd_ = -1;       // the file begun
   DurableSnapshotId next_id_;
