@@ -1128,6 +1128,45 @@ TEST_F(ReplicaTest, AReplicaKilledWhileItCouldNotLeadDoesNotLeadFromItsDurableLo
   ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(p), pushes.sum()));
 }
 
+// A backup caught up from a snapshot begins its durable log at that snapshot: killed with
+// its primary afterwards, it starts again from the installed snapshot and the entries it
+// acknowledged since, and may lead alone.
+TEST_F(ReplicaTest, ABackupCaughtUpByASnapshotKeepsItsDurableLogFromThere) {
+  DurableDir dir;
+  ReplicaOptions ro;
+  ro.durable_log_dir = dir.path();
+  ro.max_log_entries = 4;  // a backup more than 4 entries behind is caught up by a snapshot
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  Worker& w = worker();
+  SummedPushes pushes(w);
+  for (uint64_t i = 1; i <= 5; ++i) ASSERT_TRUE(pushes.Push(i));
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  g.Kill(b);
+  for (uint64_t i = 6; i <= 30; ++i) ASSERT_TRUE(pushes.Push(i));
+  g.Start(b);  // empty: caught up from a snapshot
+  for (int s = 0; s < 5000 && g.coordinator().View(0).in_sync.size() < 2; ++s) g.Step();
+  ASSERT_EQ(g.coordinator().View(0).in_sync.size(), 2u);
+  EXPECT_EQ(g.replica(b).snapshots_installed(), 1u);
+  for (uint64_t i = 31; i <= 35; ++i) ASSERT_TRUE(pushes.Push(i));
+  auto store_p = g.KillKeepingStore(p);
+  auto store_b = g.KillKeepingStore(b);
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(b));
+  g.Start(b, std::move(store_b));
+  EXPECT_TRUE(g.restored(b));
+  Elect(g);
+  EXPECT_EQ(g.Primary(), std::optional<int>(b));
+  ASSERT_TRUE(pushes.Push(36));
+  ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(b), pushes.sum()));
+  g.Start(p, std::move(store_p));
+  EXPECT_TRUE(g.restored(p));
+  ASSERT_TRUE(Settle(g, 2));
+  for (int r = 0; r < 2; ++r)
+    ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), pushes.sum())) << "replica " << r;
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {
   Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f));
   Worker& w = worker();
