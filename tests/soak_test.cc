@@ -72,14 +72,17 @@ int OpenFds(pid_t pid) {
 
 // The open file descriptors of `pid` by kind: "files under <dir>" (a shard's RocksDB table,
 // log and manifest files: their number follows flushes and compactions, not the job),
-// "TCP socket" (connections and listeners), "other socket" (socket pairs: each etcd client
-// handle's libcurl keeps one), and everything else by its target with any number stripped
-// ("anon_inode:[eventfd]", "pipe:[]", "/dev/shm/leash-shm-.bell"). Empty if it is gone.
-std::map<std::string, int> FdKinds(pid_t pid, const std::string& dir) {
+// "TCP socket to etcd" (connections to port `etcd_port`: each etcd client handle's libcurl
+// keeps one alive), "TCP socket" (every other connection and listener), "other socket"
+// (socket pairs: each etcd client handle's libcurl keeps one), and everything else by its
+// target with any number stripped ("anon_inode:[eventfd]", "pipe:[]",
+// "/dev/shm/leash-shm-.bell"). Empty if it is gone.
+std::map<std::string, int> FdKinds(pid_t pid, const std::string& dir, int etcd_port) {
   std::map<std::string, int> kinds;
   const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
-  std::set<std::string> tcp;
-  for (const testing::TcpSocket& s : testing::TcpSocketsOf(pid)) tcp.insert(s.inode);
+  std::set<std::string> tcp, to_etcd;
+  for (const testing::TcpSocket& s : testing::TcpSocketsOf(pid))
+    (s.remote_port == etcd_port ? to_etcd : tcp).insert(s.inode);
   DIR* d = opendir(fd_dir.c_str());
   if (d == nullptr) return kinds;
   while (dirent* e = readdir(d)) {
@@ -91,7 +94,10 @@ std::map<std::string, int> FdKinds(pid_t pid, const std::string& dir) {
     if (t.rfind(dir, 0) == 0) {
       t = "files under " + dir;
     } else if (t.rfind("socket:[", 0) == 0) {
-      t = tcp.count(t.substr(8, t.size() - 9)) ? "TCP socket" : "other socket";
+      const std::string inode = t.substr(8, t.size() - 9);
+      t = tcp.count(inode)       ? "TCP socket"
+          : to_etcd.count(inode) ? "TCP socket to etcd"
+                                 : "other socket";
     } else {
       t = std::regex_replace(t, std::regex(R"([0-9]+)"), "");
     }
@@ -107,11 +113,15 @@ int Count(const std::map<std::string, int>& kinds, const std::string& kind) {
 }
 
 // The descriptors that must come back to their number at rest: all but RocksDB's files and
-// the socket pairs of the etcd client's pooled handles, both bounded apart.
+// the etcd client's pooled handles (their socket pairs and their connections to etcd), both
+// bounded apart.
 int FdsBackAtRest(const std::map<std::string, int>& kinds, const std::string& dir) {
   int n = 0;
-  for (const auto& [kind, count] : kinds)
-    n += kind == "files under " + dir || kind == "other socket" ? 0 : count;
+  for (const auto& [kind, count] : kinds) {
+    const bool apart =
+        kind == "files under " + dir || kind == "other socket" || kind == "TCP socket to etcd";
+    n += apart ? 0 : count;
+  }
   return n;
 }
 
@@ -247,8 +257,10 @@ TEST(SoakTest, JobSurvivesRandomWorkerKillsAndRepeatedPrimaryKillsWithoutLeaks) 
 
   // Shard 0's replicas are never killed: their fds at rest (peers connected, no worker).
   const std::array<pid_t, 2> shard0 = {cluster.replica(0, 0).pid(), cluster.replica(0, 1).pid()};
-  const std::array<std::map<std::string, int>, 2> rest_fds = {FdKinds(shard0[0], dir.path()),
-                                                              FdKinds(shard0[1], dir.path())};
+  const std::string& etcd_url = etcd.endpoint();
+  const int etcd_port = std::stoi(etcd_url.substr(etcd_url.rfind(':') + 1));
+  const std::array<std::map<std::string, int>, 2> rest_fds = {
+      FdKinds(shard0[0], dir.path(), etcd_port), FdKinds(shard0[1], dir.path(), etcd_port)};
 
   // Slot 0 is never killed (a long-lived worker to measure); slots 1..3 are churned.
   constexpr int kSlots = 4;
@@ -442,14 +454,15 @@ TEST(SoakTest, JobSurvivesRandomWorkerKillsAndRepeatedPrimaryKillsWithoutLeaks) 
   // had before any worker came (a worker's connection closes on the shard's side a moment
   // after the worker exits, and the etcd watch reconnects now and then: waited for). Bounded
   // apart: RocksDB's files follow flushes and compactions (a snapshot every 5 s), and the etcd
-  // client keeps up to 4 idle handles, each with libcurl's socket pair.
+  // client keeps up to 4 idle handles, each with libcurl's socket pair and its connection to
+  // etcd kept alive (how many it holds after a busy spell is the pool's business).
   for (int r = 0; r < 2; ++r) {
     const std::string name = "shard0 r" + std::to_string(r);
     const int rest = FdsBackAtRest(rest_fds[r], dir.path());
     std::map<std::string, int> now;
     WaitFor(
         [&] {
-          now = FdKinds(shard0[r], dir.path());
+          now = FdKinds(shard0[r], dir.path(), etcd_port);
           return FdsBackAtRest(now, dir.path()) == rest;
         },
         20s);
@@ -459,6 +472,9 @@ TEST(SoakTest, JobSurvivesRandomWorkerKillsAndRepeatedPrimaryKillsWithoutLeaks) 
         << name << ": connections, pipes or shared-memory segments left open after the job";
     EXPECT_LE(Count(now, "other socket"), Count(rest_fds[r], "other socket") + 8)
         << name << ": socket pairs beyond the etcd client's pool of handles";
+    // Up to 4 idle handles, each with its connection kept alive, and the watch's.
+    EXPECT_LE(Count(now, "TCP socket to etcd"), Count(rest_fds[r], "TCP socket to etcd") + 5)
+        << name << ": connections to etcd beyond the etcd client's pool of handles";
     const std::string files = "files under " + dir.path();
     EXPECT_LE(Count(now, files), Count(rest_fds[r], files) + 16)
         << name << ": RocksDB's open files grew past what compaction bounds";
