@@ -912,10 +912,12 @@ void Replica::StepDown(uint64_t term, const char* why) {
   if (role_observer_) role_observer_(role_, term_);
 }
 
-void Replica::Resign() {
+void Replica::Resign() { GiveUpTerm("stopping"); }
+
+void Replica::GiveUpTerm(const char* why) {
   if (role_ != ReplicaRole::kPrimary) return;
   const uint64_t term = term_;
-  StepDown(term, "stopping");
+  StepDown(term, why);
   if (Status st = coordinator_->Resign(term); !st.ok()) {
     spdlog::warn(
         "shard {}: replica {} could not give up term {} in the coordinator ({}); a backup takes "
@@ -993,16 +995,7 @@ void Replica::BreakDurable(const Status& st) {
       "will not lead; the other replicas go on without it. Free the disk (or fix the "
       "directory) and restart it: it starts empty and is caught up.",
       shard_options_.shard, options_.replica, durable_->dir(), st.ToString());
-  if (role_ == ReplicaRole::kPrimary) {
-    const uint64_t term = term_;
-    StepDown(term, "its durable log failed");
-    if (Status r = coordinator_->Resign(term); !r.ok()) {
-      spdlog::warn(
-          "shard {}: replica {} could not give up term {} ({}); a backup takes over "
-          "when its lease expires",
-          shard_options_.shard, options_.replica, term, r.ToString());
-    }
-  }
+  GiveUpTerm("its durable log failed");
 }
 
 Result<bool> Replica::Restore() {

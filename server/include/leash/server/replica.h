@@ -284,6 +284,10 @@ class Replica {
   // A durable log write failed: said once, a primary resigns, and this replica acknowledges
   // and leads no more.
   void BreakDurable(const Status& st);
+  // A primary steps down (`why`) and gives its term up in the coordinator, so that a backup
+  // takes over now rather than when the lease expires (Resign, BreakDurable). No-op on a
+  // backup.
+  void GiveUpTerm(const char* why);
   Result<bool> RestoreFromDurableLog();
   // Takes a log back as this replica's (a clean stop's record or the durable log, `from`):
   // its term, the entry the shard's state stands at, the commit index it knew and the
