@@ -1036,6 +1036,25 @@ class DurableDir {
   std::filesystem::path path_;
 };
 
+// A group's options with durable logs in `dir`; a backup more than 4 entries behind is
+// caught up by a snapshot.
+ReplicaOptions DurableBehindByFour(const DurableDir& dir) {
+  ReplicaOptions ro;
+  ro.durable_log_dir = dir.path();
+  ro.max_log_entries = 4;
+  return ro;
+}
+
+// Pushes 1-5, kills the backup and pushes 6-30 without it (the primary goes on alone), so
+// that a backup started again is caught up by a snapshot. Returns the primary.
+int PushWhileTheBackupIsDown(Group& g, SummedPushes& pushes) {
+  for (uint64_t i = 1; i <= 5; ++i) EXPECT_TRUE(pushes.Push(i));
+  const int p = *g.Primary();
+  g.Kill(1 - p);
+  for (uint64_t i = 6; i <= 30; ++i) EXPECT_TRUE(pushes.Push(i));
+  return p;
+}
+
 // Every replica SIGKILLed at once (a power cut of the host they share, an OOM kill of
 // both), with durable logs: each starts again from its last snapshot and the log written
 // since, either may lead, and nothing acknowledged is lost or applied twice. The files are
@@ -1091,17 +1110,11 @@ TEST_F(ReplicaTest, AGroupKilledAllAtOnceStartsAgainFromItsDurableLogsAndLosesNo
 // the in-sync set, leads alone from its own.
 TEST_F(ReplicaTest, AReplicaKilledWhileItCouldNotLeadDoesNotLeadFromItsDurableLog) {
   DurableDir dir;
-  ReplicaOptions ro;
-  ro.durable_log_dir = dir.path();
-  ro.max_log_entries = 4;  // a backup more than 4 entries behind is caught up by a snapshot
-  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
-  Worker& w = worker();
-  SummedPushes pushes(w);
-  for (uint64_t i = 1; i <= 5; ++i) ASSERT_TRUE(pushes.Push(i));
-  const int p = *g.Primary();
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), DurableBehindByFour(dir));
+  SummedPushes pushes(worker());
+  const int p = PushWhileTheBackupIsDown(g, pushes);
+  ASSERT_FALSE(HasFailure());
   const int b = 1 - p;
-  g.Kill(b);  // a new, empty backup: the primary goes on without it, then catches it up
-  for (uint64_t i = 6; i <= 30; ++i) ASSERT_TRUE(pushes.Push(i));
   g.net().AddRule([addr = Addr(b)](const Packet& pk) -> std::optional<Verdict> {
     if (pk.direction != Direction::kToShard || pk.address != addr) return std::nullopt;
     auto d = DecodeReplication(*pk.message);
@@ -1133,17 +1146,11 @@ TEST_F(ReplicaTest, AReplicaKilledWhileItCouldNotLeadDoesNotLeadFromItsDurableLo
 // acknowledged since, and may lead alone.
 TEST_F(ReplicaTest, ABackupCaughtUpByASnapshotKeepsItsDurableLogFromThere) {
   DurableDir dir;
-  ReplicaOptions ro;
-  ro.durable_log_dir = dir.path();
-  ro.max_log_entries = 4;  // a backup more than 4 entries behind is caught up by a snapshot
-  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
-  Worker& w = worker();
-  SummedPushes pushes(w);
-  for (uint64_t i = 1; i <= 5; ++i) ASSERT_TRUE(pushes.Push(i));
-  const int p = *g.Primary();
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), DurableBehindByFour(dir));
+  SummedPushes pushes(worker());
+  const int p = PushWhileTheBackupIsDown(g, pushes);
+  ASSERT_FALSE(HasFailure());
   const int b = 1 - p;
-  g.Kill(b);
-  for (uint64_t i = 6; i <= 30; ++i) ASSERT_TRUE(pushes.Push(i));
   g.Start(b);  // empty: caught up from a snapshot
   for (int s = 0; s < 5000 && g.coordinator().View(0).in_sync.size() < 2; ++s) g.Step();
   ASSERT_EQ(g.coordinator().View(0).in_sync.size(), 2u);
