@@ -17,7 +17,6 @@ Writes durable_log.json and durable_log.md to --out (default bench/results). Eve
 started here and stopped by its handle.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -100,21 +99,15 @@ def part_cost(build, c, tmp, log):
             got[mode] = R.cost_one(build, c, tmp, tag, 2, [f"--durable-log={mode}"])
             got[mode]["written"] = written(tmp, tag)
             g = got[mode]
-            log(f"  round {r + 1}/{c['rounds']} {mode}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
-                f"4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, 4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s; "
-                f"primary CPU/iteration {g['mlp'].get('primary_cpu_us_per_iteration', 0):.0f} us, backup "
+            log(f"  round {r + 1}/{c['rounds']} {mode}: {R.rows_line(g)}; primary CPU/iteration {g['mlp'].get('primary_cpu_us_per_iteration', 0):.0f} us, backup "
                 f"{g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; log {g['written']['mib']:.0f} MiB; "
                 f"load {g['mlp']['load_before']:.1f}")
         rounds.append(got)
-    figures = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
-               "push_4KB_p50_us": ("push_4KB", "p50_us", False),
-               "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True)}
     summary = {}
-    for name, (row, key, higher) in figures.items():
+    for name, (row, key, higher) in R.COST_FIGURES.items():
         summary[name] = {"off": [g["off"][row][key] for g in rounds], "higher_is_better": higher}
         for mode in MODES[1:]:
-            ratios = [g[mode][row][key] / g["off"][row][key] for g in rounds]
-            costs = [(1 - x) if higher else (x - 1) for x in ratios]
+            ratios, costs = R.per_round(rounds, mode, "off", row, key, higher)
             summary[name][mode] = [g[mode][row][key] for g in rounds]
             summary[name][f"{mode}_over_off_per_round"] = ratios
             summary[name][f"{mode}_median_cost"] = median(costs)

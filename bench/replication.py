@@ -470,6 +470,25 @@ def least_work(build, tmp, tag, floats=1048576):
             "shm_rtt_4KB_us": shm[0]["p50_us"]}
 
 
+# The cost rows: each figure's row of cost_one's result, its key, and whether higher is better.
+COST_FIGURES = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
+                "push_4KB_p50_us": ("push_4KB", "p50_us", False),
+                "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True)}
+
+
+def per_round(rounds, new, base, row, key, higher):
+    """Configuration `new` against `base` in each round: the ratios, and the costs (throughput
+    lost, or latency added)."""
+    ratios = [g[new][row][key] / g[base][row][key] for g in rounds]
+    return ratios, [(1 - x) if higher else (x - 1) for x in ratios]
+
+
+def rows_line(g):
+    """One configuration's cost rows, for a round's progress line."""
+    return (f"MLP {g['mlp']['samples_per_second']:.0f} samples/s, 4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, "
+            f"4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s")
+
+
 def cost_one(build, c, tmp, tag, replicas, extra=()):
     """One configuration's figures: the MLP, then the two push rows, on one cluster (`extra`:
     more flags for R=2's replicas)."""
@@ -539,21 +558,15 @@ def part_cost(build, c, tmp, log):
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
             g = got[key]
             name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free"}[key]
-            log(f"  round {r + 1}/{c['rounds']} {name}: MLP {g['mlp']['samples_per_second']:.0f} samples/s, "
-                f"4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, 4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s; "
-                f"backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
+            log(f"  round {r + 1}/{c['rounds']} {name}: {rows_line(g)}; backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
                 f"load {g['mlp']['load_before']:.1f}")
         rounds.append(got)
-    figures = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
-               "push_4KB_p50_us": ("push_4KB", "p50_us", False),
-               "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True)}
     summary = {}
-    for name, (row, key, higher) in figures.items():
-        per_round = [g["r2"][row][key] / g["r1"][row][key] for g in rounds]
+    for name, (row, key, higher) in COST_FIGURES.items():
         # cost: how much worse R=2 is than R=1 in the same round (throughput lost, latency added)
-        costs = [(1 - x) if higher else (x - 1) for x in per_round]
+        ratios, costs = per_round(rounds, "r2", "r1", row, key, higher)
         summary[name] = {"r1": [g["r1"][row][key] for g in rounds], "r2": [g["r2"][row][key] for g in rounds],
-                         "r2_over_r1_per_round": per_round, "median_r2_over_r1": median(per_round),
+                         "r2_over_r1_per_round": ratios, "median_r2_over_r1": median(ratios),
                          "cost_per_round": costs, "median_cost": median(costs), "higher_is_better": higher,
                          "load_r1": [g["r1"][row]["load_before"] for g in rounds],
                          "load_r2": [g["r2"][row]["load_before"] for g in rounds],
@@ -565,10 +578,10 @@ def part_cost(build, c, tmp, log):
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
         if c.get("worker_apart"):
-            free = [g["r2"][row][key] / g["r1_free"][row][key] for g in rounds]
+            free, free_costs = per_round(rounds, "r2", "r1_free", row, key, higher)
             summary[name]["r1_free"] = [g["r1_free"][row][key] for g in rounds]
             summary[name]["r2_over_r1_free_per_round"] = free
-            summary[name]["median_cost_vs_r1_free"] = median([(1 - x) if higher else (x - 1) for x in free])
+            summary[name]["median_cost_vs_r1_free"] = median(free_costs)
     if not placed:
         summary["mlp_cpu_floor"] = cpu_floor(rounds)
         summary["push_4MB_floor"] = push_floor(rounds)
