@@ -61,7 +61,7 @@ struct ReplicaOptions {
   // (every replica of the shard at once, even) starts again with its log and may lead.
   // Empty: none (a replica killed starts empty and is caught up). Opened by Restore().
   std::string durable_log_dir;
-  bool durable_log_fsync = false;  // fdatasync each record as well: survives a power cut
+  bool durable_log_fsync = false;  // fdatasync before each acknowledgement: survives a power cut
   // Once the current file holds this many bytes, or twice the dense tables' bytes (their
   // values and optimizer state) if that is more, a snapshot is taken and the file starts
   // again from it over the spare (the log of a parameter server is its gradient traffic;
