@@ -17,6 +17,7 @@
 #include "support/etcd_process.h"
 #include "support/etcd_test.h"
 #include "support/process.h"
+#include "support/scrape.h"
 
 namespace leash {
 namespace {
@@ -104,18 +105,23 @@ int64_t JsonNumber(const std::string& json, const std::string& key) {
   return std::stoll(m[1]);
 }
 
+// ... and the primary's durable log in the status, and each replica's own view in its
+// Prometheus metrics: the primary's of the stopped backup, the backup's of itself.
 TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReportsIt) {
-  // A real replicated shard: two leash-server replicas registered in etcd.
+  // A real replicated shard: two leash-server replicas registered in etcd, with durable
+  // logs and metrics.
   const std::vector<std::string> endpoints = {Endpoint(FreePort()), Endpoint(FreePort())};
+  const std::vector<int> metrics = {FreePort(), FreePort()};
   std::vector<std::unique_ptr<Process>> replicas;
   for (int r = 0; r < 2; ++r) {
     replicas.push_back(std::make_unique<Process>(
-        std::vector<std::string>{LEASH_SERVER_BIN, "--bind=" + endpoints[static_cast<size_t>(r)],
-                                 "--data-dir=" + dir_.path() + "/r" + std::to_string(r),
-                                 "--replicas=2", "--replica=" + std::to_string(r),
-                                 "--peers=" + endpoints[0] + "," + endpoints[1],
-                                 "--etcd=" + etcd_->endpoint(), "--job=ctl", "--etcd-ttl=2",
-                                 "--no-sync", "--lease-timeout=10s"},
+        std::vector<std::string>{
+            LEASH_SERVER_BIN, "--bind=" + endpoints[static_cast<size_t>(r)],
+            "--data-dir=" + dir_.path() + "/r" + std::to_string(r), "--replicas=2",
+            "--replica=" + std::to_string(r), "--peers=" + endpoints[0] + "," + endpoints[1],
+            "--etcd=" + etcd_->endpoint(), "--job=ctl", "--etcd-ttl=2", "--no-sync",
+            "--lease-timeout=10s", "--durable-log=write",
+            "--metrics-bind=127.0.0.1:" + std::to_string(metrics[static_cast<size_t>(r)])},
         dir_.path() + "/r" + std::to_string(r) + ".log"));
   }
   auto logs = [&] { return replicas[0]->ReadLog() + replicas[1]->ReadLog(); };
@@ -162,6 +168,9 @@ TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReports
         30s);
   };
   EXPECT_TRUE(shows_caught_up()) << "exit " << code << ": " << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("; durable log write, [0-9.]+ [KM]?i?B written")))
+      << out;
+  const std::string b = std::to_string(1 - primary);
 
   // A stopped backup leaves the in-sync set, and the pushes acknowledged without it are
   // what it lacks: 30 entries, their bytes, the age of the oldest.
@@ -170,7 +179,22 @@ TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReports
   auto json = status;
   json.push_back("--json");
   std::tie(code, out) = Leashctl(json);
+  // The primary's metrics show the same, while the backup is still stopped: out of the set,
+  // 30 entries behind.
+  auto scrape = testing::ScrapeWhen(
+      metrics[primary],
+      [&](const testing::Scrape& x) {
+        return x.Find("leash_replica_backup_entries_behind", "backup", b).value_or(0) >= 30;
+      },
+      60s);
   backup.Signal(SIGCONT);
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_EQ(scrape->Find("leash_replica_primary"), 1.0);
+  EXPECT_EQ(scrape->Find("leash_replica_backup_in_sync", "backup", b), 0.0);
+  EXPECT_EQ(scrape->Find("leash_replica_in_sync_replicas"), 1.0);
+  EXPECT_GT(scrape->Find("leash_replica_durable_log_bytes_total").value_or(0), 35 * 256 * 4);
+  EXPECT_EQ(scrape->Find("leash_replica_durable_log_mode", "mode", "write"), 1.0);
+  EXPECT_EQ(scrape->Find("leash_replica_durable_log_failed"), 0.0);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(
       out.find("\"lag\": [{\"replica\": " + std::to_string(1 - primary) + ", \"in_sync\": false"),
@@ -181,10 +205,26 @@ TEST_F(EtcdLeashctlTest, StatusShowsEachBackupsReplicationLagAsItsPrimaryReports
   EXPECT_GE(JsonNumber(out, "bytes_behind"), 30 * 256 * 4) << out;  // the pushes' gradients
   EXPECT_GT(JsonNumber(out, "ms_behind"), 0) << out;
   EXPECT_GT(JsonNumber(out, "log_index"), JsonNumber(out, "match_index")) << out;
+  EXPECT_NE(out.find("\"durable_log\": \"write\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"durable_log_failed\": false"), std::string::npos) << out;
+  EXPECT_GE(JsonNumber(out, "durable_log_bytes"), 35 * 256 * 4) << out;  // every push logged
 
-  // Resumed, it catches up and joins the set again: no lag.
+  // Resumed, it catches up and joins the set again: no lag. Its own metrics: a backup in the
+  // primary's term that has applied the whole log and written it to its durable log.
   ASSERT_TRUE(testing::WaitFor([&] { return in_sync() == 2; }, 60s)) << logs();
   EXPECT_TRUE(shows_caught_up()) << "exit " << code << ": " << out;
+  const int64_t last = JsonNumber(out, "log_index");
+  auto own = testing::ScrapeWhen(
+      metrics[1 - primary],
+      [&](const testing::Scrape& x) {
+        return x.Find("leash_replica_applied_index").value_or(0) >= static_cast<double>(last);
+      },
+      60s);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->Find("leash_replica_primary"), 0.0);
+  EXPECT_EQ(own->Find("leash_replica_terms_led_total"), 0.0);
+  EXPECT_EQ(own->Find("leash_replica_term"), scrape->Find("leash_replica_term"));
+  EXPECT_GT(own->Find("leash_replica_durable_log_records_total").value_or(0), 35);
 }
 
 TEST_F(EtcdLeashctlTest, UnreachableEtcdIsReportedWithWhatToDo) {

@@ -14,8 +14,10 @@
 #include <set>
 #include <thread>
 
+#include "leash/common/metrics.h"
 #include "leash/common/wire.h"
 #include "leash/server/replica.h"
+#include "leash/server/replica_metrics.h"
 #include "leash/server/snapshot.h"
 #include "support/memory_coordinator.h"
 #include "support/memory_transport.h"
@@ -1172,6 +1174,83 @@ TEST_F(ReplicaTest, ABackupCaughtUpByASnapshotKeepsItsDurableLogFromThere) {
   for (int r = 0; r < 2; ++r)
     ASSERT_NO_FATAL_FAILURE(ExpectMinus(g.replica(r), pushes.sum())) << "replica " << r;
   ExpectIdentical(g.replica(0), g.replica(1));
+}
+
+// Each replica's Prometheus metrics (leash-server --metrics-bind): who leads and in which
+// term, how far its log is committed and applied, the primary's view of each backup, terms
+// led, and the durable log; then after a failover, the new primary's view of the dead one.
+TEST_F(ReplicaTest, MetricsShowEachReplicasRoleLogBackupsAndDurableLog) {
+  DurableDir dir;
+  ReplicaOptions ro;
+  ro.durable_log_dir = dir.path();
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  SummedPushes pushes(worker());
+  for (uint64_t i = 1; i <= 10; ++i) ASSERT_TRUE(pushes.Push(i));
+  ASSERT_TRUE(Settle(g, 2));
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  prometheus::Registry reg[2];
+  server::ReplicaMetrics m_p(reg[p], g.replica(p), DurableLogMode::kWrite);
+  server::ReplicaMetrics m_b(reg[b], g.replica(b), DurableLogMode::kWrite);
+  auto value = [&](int r, const std::string& name, std::map<std::string, std::string> l = {}) {
+    l["shard"] = "0";
+    l["replica"] = std::to_string(r);
+    auto v = CollectedValue(reg[r], name, l);
+    EXPECT_TRUE(v.has_value()) << name << " of replica " << r << " missing";
+    return v.value_or(-1e9);
+  };
+  const std::string other_of_p = std::to_string(b), other_of_b = std::to_string(p);
+  EXPECT_EQ(value(p, "leash_replica_primary"), 1);
+  EXPECT_EQ(value(b, "leash_replica_primary"), 0);
+  const double term = value(p, "leash_replica_term");
+  EXPECT_GE(term, 1);
+  EXPECT_EQ(value(b, "leash_replica_term"), term);
+  const double last = static_cast<double>(g.replica(p).last_index());
+  EXPECT_GE(last, 12) << "a no-op, the table, the registration and 10 pushes";
+  for (const int r : {p, b}) {
+    EXPECT_EQ(value(r, "leash_replica_log_index"), last) << r;
+    EXPECT_EQ(value(r, "leash_replica_applied_index"), last) << r;
+    EXPECT_EQ(value(r, "leash_replica_has_state"), 1) << r;
+    EXPECT_GT(value(r, "leash_replica_durable_log_records_total"), 0) << r;
+    EXPECT_GT(value(r, "leash_replica_durable_log_bytes_total"), 10 * 32 * 4) << r;
+    EXPECT_EQ(value(r, "leash_replica_durable_log_failed"), 0) << r;
+    EXPECT_EQ(value(r, "leash_replica_durable_log_mode", {{"mode", "write"}}), 1) << r;
+    EXPECT_EQ(value(r, "leash_replica_durable_log_mode", {{"mode", "off"}}), 0) << r;
+    EXPECT_EQ(value(r, "leash_replica_durable_log_syncs_total"), 0) << "write mode: no fdatasync";
+  }
+  EXPECT_EQ(value(p, "leash_replica_commit_index"), last);
+  EXPECT_EQ(value(p, "leash_replica_in_sync_replicas"), 2);
+  EXPECT_EQ(value(b, "leash_replica_in_sync_replicas"), 0);
+  EXPECT_EQ(value(p, "leash_replica_lag_entries"), 0);
+  EXPECT_EQ(value(p, "leash_replica_held_replies"), 0);
+  EXPECT_EQ(value(p, "leash_replica_terms_led_total"), 1);
+  EXPECT_EQ(value(b, "leash_replica_terms_led_total"), 0);
+  EXPECT_EQ(value(p, "leash_replica_backup_in_sync", {{"backup", other_of_p}}), 1);
+  EXPECT_EQ(value(p, "leash_replica_backup_entries_behind", {{"backup", other_of_p}}), 0);
+  EXPECT_EQ(value(p, "leash_replica_backup_seconds_behind", {{"backup", other_of_p}}), 0);
+  EXPECT_GE(value(p, "leash_replica_backup_seconds_since_ack", {{"backup", other_of_p}}), 0);
+  EXPECT_EQ(value(b, "leash_replica_backup_seconds_since_ack", {{"backup", other_of_b}}), -1)
+      << "a backup's view of its primary is not published";
+
+  const double records_b = value(b, "leash_replica_durable_log_records_total");
+  // The primary dies; the backup leads a new term and, once it drops the dead replica from
+  // its in-sync set, acknowledges alone: its metrics show the other replica falling behind.
+  g.Kill(p);
+  g.coordinator().ExpireLease(0, static_cast<uint32_t>(p));
+  Elect(g);
+  ASSERT_EQ(g.Primary(), std::optional<int>(b));
+  for (uint64_t i = 11; i <= 13; ++i) ASSERT_TRUE(pushes.Push(i));
+  m_b.Publish(g.replica(b));
+  EXPECT_EQ(value(b, "leash_replica_primary"), 1);
+  EXPECT_GT(value(b, "leash_replica_term"), term);
+  EXPECT_EQ(value(b, "leash_replica_terms_led_total"), 1);
+  EXPECT_EQ(value(b, "leash_replica_in_sync_replicas"), 1);
+  EXPECT_EQ(value(b, "leash_replica_backup_in_sync", {{"backup", other_of_b}}), 0);
+  EXPECT_GE(value(b, "leash_replica_backup_entries_behind", {{"backup", other_of_b}}), 4)
+      << "the new term's no-op and 3 pushes";
+  EXPECT_GT(value(b, "leash_replica_backup_seconds_behind", {{"backup", other_of_b}}), 0);
+  EXPECT_GT(value(b, "leash_replica_durable_log_records_total"), records_b)
+      << "it logged what it led";
 }
 
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {

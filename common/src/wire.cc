@@ -587,7 +587,9 @@ Message EncodeReply(uint64_t rid, const Reply& reply, std::vector<Frame> payload
                         r.snapshot_age_ms, r.memory_budget_bytes, r.memory_used_bytes,
                         r.resident_bytes, r.backup_workers, r.stale_pushes_dropped, r.replicas,
                         r.replica, r.term, r.log_index, r.replication_lag, r.replicas_in_sync,
-                        r.commit_index, bv, r.pushes_summed, r.clock_steps)
+                        r.commit_index, bv, r.pushes_summed, r.clock_steps,
+                        static_cast<wire::DurableLogMode>(r.durable_log), r.durable_log_bytes,
+                        r.durable_log_failed)
                         .Union()};
               } else if constexpr (std::is_same_v<T, ChunkGrant>) {
                 return {wire::Body::ChunkGrant,
@@ -672,6 +674,11 @@ Result<Reply> ReadReply(const wire::Envelope* env) {
       o.replication_lag = r->replication_lag();
       o.replicas_in_sync = r->replicas_in_sync();
       o.commit_index = r->commit_index();
+      o.durable_log = r->durable_log() <= wire::DurableLogMode::MAX
+                          ? static_cast<DurableLogMode>(r->durable_log())
+                          : DurableLogMode::kOff;
+      o.durable_log_bytes = r->durable_log_bytes();
+      o.durable_log_failed = r->durable_log_failed();
       if (r->backups()) {
         for (const auto* b : *r->backups()) {
           o.backups.push_back({b->replica(), b->in_sync(), b->match_index(), b->entries_behind(),

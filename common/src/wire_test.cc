@@ -377,8 +377,14 @@ TEST(WireTest, EveryReplyRoundTrips) {
   st.log_index = 90;
   st.commit_index = 80;
   st.backups = {{1, true, 90, 0, 0, 0, 12}, {2, false, 70, 20, 81920, 1500, -1}};
+  st.durable_log = DurableLogMode::kFsync;
+  st.durable_log_bytes = 1u << 20;
+  st.durable_log_failed = true;
   auto s = std::get<ShardStats>(RoundTrip(st));
   EXPECT_EQ(s.replicas, 3u);
+  EXPECT_EQ(s.durable_log, DurableLogMode::kFsync);
+  EXPECT_EQ(s.durable_log_bytes, 1u << 20);
+  EXPECT_TRUE(s.durable_log_failed);
   EXPECT_EQ(s.log_index, 90u);
   EXPECT_EQ(s.commit_index, 80u);
   ASSERT_EQ(s.backups.size(), 2u);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -234,7 +235,10 @@ Status DurableLog::Append(bool could_lead, const Message& append) {
 
 Status DurableLog::MakeDurable() {
   if (sync_ != Sync::kFsync || !unsynced_ || fd_ < 0) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
   if (::fdatasync(fd_) != 0) return Errno("cannot fdatasync", path_);
+  sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++syncs_;
   unsynced_ = false;
   return Status::Ok();
 }

@@ -81,6 +81,10 @@ class DurableLog {
   uint64_t current_bytes() const { return current_bytes_; }
   uint64_t records_written() const { return records_written_; }
   uint64_t bytes_written() const { return bytes_written_; }
+  // fdatasyncs made by MakeDurable (kFsync) and the seconds they took in all.
+  uint64_t syncs() const { return syncs_; }
+  double sync_seconds() const { return sync_seconds_; }
+  bool fsync() const { return sync_ == Sync::kFsync; }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -104,6 +108,8 @@ class DurableLog {
   uint64_t next_bytes_ = 0;
   uint64_t records_written_ = 0;
   uint64_t bytes_written_ = 0;
+  uint64_t syncs_ = 0;
+  double sync_seconds_ = 0;
 };
 
 }  // namespace leash::server

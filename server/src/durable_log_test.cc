@@ -60,6 +60,11 @@ TEST_F(DurableLogTest, RecordsReadBackInOrderWithTheirFramesAndFlags) {
     ASSERT_TRUE(log->Append(false, Msg({"head", big, "x"})).ok());
     ASSERT_TRUE(log->Append(true, Msg({"second"})).ok());
     EXPECT_EQ(log->records_written(), 3u);
+    // One fdatasync for both appends (kFsync), none again with nothing new, none in kWrite.
+    ASSERT_TRUE(log->MakeDurable().ok());
+    ASSERT_TRUE(log->MakeDurable().ok());
+    EXPECT_EQ(log->syncs(), sync == DurableLog::Sync::kFsync ? 1u : 0u);
+    EXPECT_GE(log->sync_seconds(), 0);
     auto read = log->Read(id);
     ASSERT_TRUE(read.ok()) << read.status();
     ASSERT_EQ(read->size(), 3u);

@@ -25,6 +25,7 @@
 #include "leash/common/metrics.h"
 #include "leash/common/zmq_transport.h"
 #include "leash/server/replica.h"
+#include "leash/server/replica_metrics.h"
 #include "leash/server/rocksdb_row_store.h"
 #include "leash/server/rocksdb_store.h"
 #include "leash/server/shard.h"
@@ -127,6 +128,7 @@ struct Server {
   leash::server::Coordination coordination;
   std::unique_ptr<leash::server::Replica> replica;
   std::unique_ptr<leash::server::ShardMetrics> metrics;
+  std::unique_ptr<leash::server::ReplicaMetrics> replica_metrics;
 
   leash::server::Shard& serving_shard() { return replica ? replica->mutable_shard() : *shard; }
 };
@@ -351,7 +353,14 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
                                                               s.serving_shard());
     // A replica's Shard is replaced when it installs a snapshot: the replica keeps the
     // snapshot-duration observer and hands it on.
-    if (s.replica) s.replica->set_snapshot_observer(s.metrics->snapshot_observer());
+    if (s.replica) {
+      s.replica->set_snapshot_observer(s.metrics->snapshot_observer());
+      s.replica_metrics = std::make_unique<leash::server::ReplicaMetrics>(
+          s.metrics_server->registry(), *s.replica,
+          c.durable_log == "fsync"   ? leash::DurableLogMode::kFsync
+          : c.durable_log == "write" ? leash::DurableLogMode::kWrite
+                                     : leash::DurableLogMode::kOff);
+    }
     spdlog::info("metrics on {}", s.metrics_server->url());
   }
   return std::nullopt;
@@ -414,6 +423,7 @@ int Run(const ServerConfig& config) {
     bool refused = false;
     auto after_tick = [&](const leash::server::Replica& r) {
       if (publish) publish(r.shard());
+      if (s.replica_metrics) s.replica_metrics->Publish(r);
       if (!refused && watch.Check(r)) {
         refused = true;
         g_stop.store(true);

@@ -175,6 +175,12 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
     st->log_index = last_index();
     st->replication_lag = replication_lag();
     st->replicas_in_sync = static_cast<uint32_t>(in_sync_.size());
+    if (!options_.durable_log_dir.empty()) {
+      st->durable_log =
+          options_.durable_log_fsync ? DurableLogMode::kFsync : DurableLogMode::kWrite;
+    }
+    st->durable_log_bytes = durable_bytes();
+    st->durable_log_failed = durable_broken_;
     FillBackupLag(st);
   };
   if (shard_options_.boot_id == 0) shard_options_.boot_id = RandomBootId();
@@ -264,10 +270,18 @@ uint64_t Replica::replication_lag() const {
 
 std::vector<BackupProgress> Replica::backups() const {
   std::vector<BackupProgress> v;
+  const bool primary = role_ == ReplicaRole::kPrimary;
+  const int64_t now = primary ? now_ms_() : 0;
   for (uint32_t r = 0; r < options_.replicas; ++r) {
     if (r == options_.replica) continue;
-    v.push_back(
-        {r, std::binary_search(in_sync_.begin(), in_sync_.end(), r), peers_state_[r].match_index});
+    const Peer& p = peers_state_[r];
+    BackupProgress b{r, std::binary_search(in_sync_.begin(), in_sync_.end(), r), p.match_index};
+    if (primary) {
+      const uint64_t first = std::max(p.match_index, base_index_) + 1;
+      if (first <= last_index()) b.ms_behind = now - EntryAt(first).now_ms;
+      b.ms_since_ack = p.last_ack_ms > 0 ? now - p.last_ack_ms : -1;
+    }
+    v.push_back(b);
   }
   return v;
 }
@@ -275,22 +289,18 @@ std::vector<BackupProgress> Replica::backups() const {
 void Replica::FillBackupLag(ShardStats* st) const {
   st->commit_index = commit_index_;
   if (role_ != ReplicaRole::kPrimary) return;
-  const int64_t now = now_ms_();
-  for (uint32_t r = 0; r < options_.replicas; ++r) {
-    if (r == options_.replica) continue;
-    const Peer& p = peers_state_[r];
+  for (const BackupProgress& p : backups()) {
     ShardStats::Backup b;
-    b.replica = r;
-    b.in_sync = std::binary_search(in_sync_.begin(), in_sync_.end(), r);
+    b.replica = p.replica;
+    b.in_sync = p.in_sync;
     b.match_index = p.match_index;
     b.entries_behind = last_index() - std::min(p.match_index, last_index());
+    b.ms_behind = p.ms_behind;
+    b.ms_since_ack = p.ms_since_ack;
     // Counted over the entries the log still holds (a stats request, not the hot path).
     for (uint64_t i = std::max(p.match_index, base_index_) + 1; i <= last_index(); ++i) {
-      const ReplEntryWire& e = EntryAt(i);
-      if (i == std::max(p.match_index, base_index_) + 1) b.ms_behind = now - e.now_ms;
-      for (const Frame& f : e.message) b.bytes_behind += f.size();
+      for (const Frame& f : EntryAt(i).message) b.bytes_behind += f.size();
     }
-    b.ms_since_ack = p.last_ack_ms > 0 ? now - p.last_ack_ms : -1;
     st->backups.push_back(b);
   }
 }
@@ -866,6 +876,7 @@ void Replica::BecomePrimary(uint64_t term) {
   won_term_.reset();
   role_ = ReplicaRole::kPrimary;
   primary_ = options_.replica;
+  ++terms_led_;
   // Its log becomes the shard's: what it holds past the commit index is applied now (the
   // workers' resends of those requests find them applied: exactly once).
   ApplyCommitted();
@@ -961,6 +972,10 @@ uint64_t Replica::durable_records() const {
 }
 uint64_t Replica::durable_bytes() const {
   return durable_ == nullptr ? 0 : durable_->bytes_written();
+}
+uint64_t Replica::durable_syncs() const { return durable_ == nullptr ? 0 : durable_->syncs(); }
+double Replica::durable_sync_seconds() const {
+  return durable_ == nullptr ? 0 : durable_->sync_seconds();
 }
 
 void Replica::MarkPersisted(bool could_lead) {

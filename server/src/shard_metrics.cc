@@ -171,6 +171,7 @@ void ShardMetrics::Publish(const Shard& shard) {
   const ShardCounters& c = shard.counters();
   for (Mirrored& m : counters_) {
     uint64_t now = c.*m.field;
+    if (now < m.published) m.published = 0;  // a new Shard (a replica installed a snapshot)
     if (now > m.published) {
       m.counter->Increment(static_cast<double>(now - m.published));
       m.published = now;

@@ -86,6 +86,32 @@ TEST(ShardMetricsTest, MirrorsCountersAndGaugesOfTheShard) {
   EXPECT_GE(Value(registry, "leash_shard_snapshot_duration_seconds_sum"), 0);
 }
 
+// A replica replaces its Shard when it installs a snapshot, and the new one counts from 0:
+// the metrics go on counting from there instead of waiting for the old totals.
+TEST(ShardMetricsTest, CountsGoOnAcrossANewShard) {
+  MemorySnapshotStore store;
+  ShardOptions o;
+  auto registered = [&](Shard& shard) {
+    std::vector<Outgoing> out;
+    shard.Handle("a", MakeRegister(1, 7, 1, "a"), &out);
+  };
+  auto first = std::make_unique<Shard>(o, &store, [] { return int64_t{0}; });
+  prometheus::Registry registry;
+  ShardMetrics metrics(registry, *first);
+  std::vector<Outgoing> out;
+  registered(*first);
+  first->Handle("a", MakeStats(2), &out);
+  first->Handle("a", MakeStats(3), &out);
+  metrics.Publish(*first);
+  const double bytes = Value(registry, "leash_shard_received_bytes_total");
+  EXPECT_GT(bytes, 0);
+  Shard second(o, &store, [] { return int64_t{0}; });
+  registered(second);
+  metrics.Publish(second);
+  EXPECT_EQ(Value(registry, "leash_shard_received_bytes_total"),
+            bytes + static_cast<double>(second.counters().bytes_in));
+}
+
 TEST(ShardMetricsTest, LabelsByShardAndLeavesJobProgressToShardZero) {
   MemorySnapshotStore store;
   ShardOptions o;

@@ -195,6 +195,18 @@ std::string Bytes(uint64_t b) {
   return buf;
 }
 
+const char* DurableLogName(leash::DurableLogMode m) {
+  switch (m) {
+    case leash::DurableLogMode::kWrite:
+      return "write";
+    case leash::DurableLogMode::kFsync:
+      return "fsync";
+    case leash::DurableLogMode::kOff:
+      break;
+  }
+  return "off";
+}
+
 // What the primary that answered `stats` says of replica `r`'s lag, or null when the stats
 // are not a replicated primary's (none, or from another primary than the view's).
 const leash::ShardStats::Backup* LagOf(const leash::ShardStats* stats, uint32_t r) {
@@ -268,9 +280,13 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
         std::printf(", \"log_index\": null, \"commit_index\": null, \"lag\": null}");
         continue;
       }
-      std::printf(", \"log_index\": %llu, \"commit_index\": %llu, \"lag\": [",
-                  static_cast<unsigned long long>(st->log_index),
-                  static_cast<unsigned long long>(st->commit_index));
+      std::printf(
+          ", \"log_index\": %llu, \"commit_index\": %llu, \"durable_log\": \"%s\", "
+          "\"durable_log_bytes\": %llu, \"durable_log_failed\": %s, \"lag\": [",
+          static_cast<unsigned long long>(st->log_index),
+          static_cast<unsigned long long>(st->commit_index), DurableLogName(st->durable_log),
+          static_cast<unsigned long long>(st->durable_log_bytes),
+          st->durable_log_failed ? "true" : "false");
       for (size_t i = 0; i < st->backups.size(); ++i) {
         std::printf("%s%s", i ? ", " : "", LagJson(*st, st->backups[i]).c_str());
       }
@@ -288,6 +304,12 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
     if (st != nullptr) {
       std::printf("; log %llu, commit %llu", static_cast<unsigned long long>(st->log_index),
                   static_cast<unsigned long long>(st->commit_index));
+      if (st->durable_log_failed) {
+        std::printf("; its durable log FAILED (it acknowledges nothing: see its log)");
+      } else if (st->durable_log != leash::DurableLogMode::kOff) {
+        std::printf("; durable log %s, %s written", DurableLogName(st->durable_log),
+                    Bytes(st->durable_log_bytes).c_str());
+      }
     }
     std::printf("\n");
     if (backups.empty()) std::printf("  no live backup\n");

@@ -282,6 +282,9 @@ struct CheckpointReply {
   int64_t clock = 0;  // the minimum clock the snapshot holds
 };
 
+// How a replica keeps its log on disk (leash-server --durable-log).
+enum class DurableLogMode : uint8_t { kOff, kWrite, kFsync };
+
 // One shard's state, for leashctl status and tests.
 struct ShardStats {
   uint32_t shard = 0;
@@ -310,6 +313,11 @@ struct ShardStats {
   uint64_t replication_lag = 0;  // log entries its slowest in-sync backup lacks
   uint32_t replicas_in_sync = 0;
   uint64_t commit_index = 0;  // the highest entry every in-sync replica holds
+  // Its durable log (leash-server --durable-log): bytes written since it started, and
+  // whether a write failed (it then acknowledges nothing more and will not lead).
+  DurableLogMode durable_log = DurableLogMode::kOff;
+  uint64_t durable_log_bytes = 0;
+  bool durable_log_failed = false;
   // The primary's view of each other replica (how far behind its log it is).
   struct Backup {
     uint32_t replica = 0;

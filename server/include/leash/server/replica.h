@@ -81,7 +81,9 @@ class DurableLog;  // durable_log.h
 struct BackupProgress {
   uint32_t replica = 0;
   bool in_sync = false;
-  uint64_t match_index = 0;  // it holds the primary's log up to here
+  uint64_t match_index = 0;   // it holds the primary's log up to here
+  int64_t ms_behind = 0;      // age of the oldest entry it lacks (0: holds the whole log)
+  int64_t ms_since_ack = -1;  // since its last acknowledgement this term (-1: none yet)
 };
 
 class Replica {
@@ -137,7 +139,13 @@ class Replica {
   uint64_t durable_records() const;
   uint64_t durable_bytes() const;
   bool durable_failed() const { return durable_broken_; }
+  // fdatasyncs of the durable log (--durable-log fsync) and the seconds they took in all.
+  uint64_t durable_syncs() const;
+  double durable_sync_seconds() const;
+  // Terms this replica has led (became primary), since it started.
+  uint64_t terms_led() const { return terms_led_; }
 
+  const ReplicaOptions& options() const { return options_; }
   ReplicaRole role() const { return role_; }
   uint64_t term() const { return term_; }
   // The replica this one takes for the primary (itself when primary), if it knows one.
@@ -151,6 +159,9 @@ class Replica {
   uint64_t applied_index() const { return applied_index_; }
   // The primary's log index less the lowest match of its in-sync backups (0 elsewhere).
   uint64_t replication_lag() const;
+  // A primary's in-sync set, as it last wrote it to the coordinator (itself included).
+  const std::vector<uint32_t>& in_sync() const { return in_sync_; }
+  // What this replica knows of each other one; ms_behind and ms_since_ack on a primary only.
   std::vector<BackupProgress> backups() const;
   // Replies held until their entries commit.
   size_t held_replies() const { return held_.size(); }
@@ -342,6 +353,7 @@ class Replica {
   uint64_t replication_refused_ = 0;
   int64_t refused_logged_ms_ = -1;
   uint64_t snapshots_installed_ = 0;
+  uint64_t terms_led_ = 0;
 
   // The durable log (ReplicaOptions::durable_log_dir), and how far it holds the log.
   std::unique_ptr<DurableLog> durable_;
