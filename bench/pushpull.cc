@@ -529,25 +529,37 @@ Sample RawOneWay(int64_t floats, double seconds, bool other_process = false, int
 
 // The shard's optimizer update alone: momentum (as the Leash rows' table) on `floats`
 // values, in this process, with the ps core the shard uses. p50/p99 of one update.
-Sample UpdateTime(int64_t floats, double seconds) {
+// `cold`: in turn on as many tables and gradients as take 256 MiB, so that each update finds
+// its table, momentum and gradient out of the caches (as a shard does when its state and the
+// pushes in flight are larger than the last-level cache, or share it with another process).
+Sample UpdateTime(int64_t floats, double seconds, bool cold = false) {
   leash::TableSpec t;
   t.name = "bench";
   t.cols = 64;
   t.rows = static_cast<uint64_t>(floats / 64);
   t.optimizer.kind = leash::OptimizerKind::kMomentum;
   t.optimizer.lr = 1e-6f;
-  auto table = leash::ps::Table::Create(0, t, leash::RowRange{0, t.rows}).value();
-  std::vector<float> g(static_cast<size_t>(floats), 1e-3f);
+  const int64_t set_bytes = floats * 12;  // values, momentum, gradient
+  const size_t sets = cold ? static_cast<size_t>(std::max<int64_t>(
+                                 2, ((int64_t{256} << 20) + set_bytes - 1) / set_bytes))
+                           : 1;
+  std::vector<leash::ps::Table> tables;
+  std::vector<std::vector<float>> grads;
+  for (size_t i = 0; i < sets; ++i) {
+    tables.push_back(leash::ps::Table::Create(0, t, leash::RowRange{0, t.rows}).value());
+    grads.emplace_back(static_cast<size_t>(floats), 1e-3f);
+  }
   std::vector<double> lat;
   auto t0 = SteadyClock::now();
   auto end = t0 + std::chrono::duration<double>(seconds);
-  while (SteadyClock::now() < end) {
+  for (size_t i = 0; SteadyClock::now() < end; i = (i + 1) % sets) {
     auto s = SteadyClock::now();
-    table.Apply(leash::Rows::Range(0, t.rows), g.data());
+    tables[i].Apply(leash::Rows::Range(0, t.rows), grads[i].data());
     lat.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - s).count());
   }
   double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-  Sample out{"momentum update", "shard update", floats, 1, 0, 1};
+  Sample out{cold ? "momentum update, out of cache" : "momentum update", "shard update", floats,
+             1, 0, 1};
   out.ops_per_s = static_cast<double>(lat.size()) / secs;
   out.mb_per_s = out.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
   out.p50_us = Percentile(lat, 0.5);
@@ -596,7 +608,8 @@ int main(int argc, char** argv) {
                "processes, the echo checking each payload for NaN/Inf as a shard does), rtt2x8 "
                "(8 in flight), "
                "shm2 (two processes through a shared-memory segment's queues, as same-host Leash "
-               "messages go), oneway, oneway2 (with --stripes), update (the optimizer alone)");
+               "messages go), oneway, oneway2 (with --stripes), update (the optimizer alone), "
+               "update_cold (the same on state out of the caches; not in the default list)");
   flags.String("stripes", &stripes,
                "raw one-way to another process over this many connections too, at sizes of "
                "65536 floats and more (empty: none)");
@@ -641,6 +654,7 @@ int main(int argc, char** argv) {
         samples.push_back(RawOneWay(floats, seconds, /*other_process=*/true, std::stoi(k)));
     }
     if (want("update")) samples.push_back(UpdateTime(floats, seconds));
+    if (want("update_cold")) samples.push_back(UpdateTime(floats, seconds, /*cold=*/true));
     for (const auto& ns : leash::SplitList(shard_counts)) {
       int n = std::stoi(ns);
       for (const auto& fs : leash::SplitList(inflights)) {

@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 
 import faults  # noqa: E402  (the snapshot-only loss figure, measured in the same run)
 from common import leash as L  # noqa: E402
-from common.util import free_port, median, stop, verdict, write_json  # noqa: E402
+from common.util import cpu_model, free_port, median, stop, verdict, write_json  # noqa: E402
 
 ETCD = os.environ.get("LEASH_ETCD_BIN", "/usr/bin/etcd")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -442,8 +442,8 @@ def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
 def least_work(build, tmp, tag, floats=1048576):
     """What any R=2 must add to one push of `floats` values, measured alone on this machine: the
     backup's optimizer update (momentum, as the pushed table's; leash-bench-pushpull's update row,
-    p50) and one copy of the push into memory the backup can read (leash-bench-crosscore, the
-    copy's median). The backup's receive and its NaN check, the acknowledgement and every wake-up
+    p50; and the same on state out of the caches, the update_cold row) and one copy of the push
+    into memory the backup can read (leash-bench-crosscore, the copy's median). The backup's receive and its NaN check, the acknowledgement and every wake-up
     are left out, so it is a lower bound. And for a 4 KB push's latency, the raw round trip
     between two processes through a shared-memory segment's queues (as a primary reaches a
     same-host backup; the shm2 row, p50): a push acknowledged once the backup holds it waits for
@@ -451,13 +451,14 @@ def least_work(build, tmp, tag, floats=1048576):
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run([L._bin(build, "bench", "leash-bench-pushpull"), "--sizes", f"1024,{floats}", "--raw-rows",
-                        "update,shm2", "--modes", "", "--seconds", "1", "--out", out],
+                        "update,update_cold,shm2", "--modes", "", "--seconds", "1", "--out", out],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
     if p.returncode != 0:
         raise L.RunError(f"leash-bench-pushpull (update and raw shm rows) exited {p.returncode}: {p.stderr[-1000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
         rows = json.load(f)["samples"]
-    update = [x for x in rows if x.get("system") == "shard update" and x.get("floats") == floats]
+    update = [x for x in rows if x.get("op") == "momentum update" and x.get("floats") == floats]
+    cold = [x for x in rows if x.get("op") == "momentum update, out of cache" and x.get("floats") == floats]
     shm = [x for x in rows if x.get("system") == "raw shm" and x.get("floats") == 1024]
     if not update or not shm:
         raise L.RunError(f"leash-bench-pushpull wrote no update or raw shm row ({out}/pushpull.json)")
@@ -467,7 +468,7 @@ def least_work(build, tmp, tag, floats=1048576):
         raise L.RunError(f"leash-bench-crosscore exited {q.returncode}: {q.stderr[-1000:]}")
     copy = json.loads(q.stdout)
     return {"floats": floats, "update_us": update[0]["p50_us"], "copy_us": copy["same_core_copy_us"],
-            "shm_rtt_4KB_us": shm[0]["p50_us"]}
+            "shm_rtt_4KB_us": shm[0]["p50_us"], "update_cold_us": cold[0]["p50_us"] if cold else None}
 
 
 # The cost rows: each figure's row of cost_one's result, its key, and whether higher is better.
@@ -622,6 +623,11 @@ def push_floor(rounds, cores=2):
             "r1_push_us": t1, "r2_push_us": t2, "r1_client_us": c1, "r1_shard_us": s1,
             "r1_cpu_busy": (c1 + s1) / (cores * t1), "update_us": lw["update_us"], "copy_us": lw["copy_us"],
             "least_added_us": least, "floor_cost": 1 - t1 / floor_t2,
+            # The same with the backup's update out of the caches (update_cold).
+            "update_cold_us": lw.get("update_cold_us"),
+            "floor_cost_cold": (1 - t1 / max(t1, (min(c1 + s1, cores * t1) + lw["update_cold_us"] +
+                                                  lw["copy_us"]) / cores))
+            if lw.get("update_cold_us") is not None else None,
             "r2_client_us": c2, "r2_primary_us": p2, "r2_backup_us": b2,
             "r2_cpu_busy": (c2 + p2 + b2) / (cores * t2),
             "r2_added_cpu_us": (c2 + p2 + b2) - (c1 + s1),
@@ -630,8 +636,9 @@ def push_floor(rounds, cores=2):
             "backup_apart_estimate_cost": 1 - t1 / max(t1, b2, (c2 + p2) / cores)})
     for k in ("floor_cost", "r1_push_us", "r2_push_us", "r1_client_us", "r1_shard_us", "r1_cpu_busy", "update_us",
               "copy_us", "least_added_us", "r2_client_us", "r2_primary_us", "r2_backup_us", "r2_cpu_busy",
-              "r2_added_cpu_us", "backup_apart_estimate_cost"):
-        out[k] = median(x[k] for x in out["per_round"]) if out["per_round"] else None
+              "r2_added_cpu_us", "backup_apart_estimate_cost", "update_cold_us", "floor_cost_cold"):
+        got = [x[k] for x in out["per_round"] if x.get(k) is not None]
+        out[k] = median(got) if got else None
     return out
 
 
@@ -664,7 +671,7 @@ def cpu_floor(rounds, cores=2):
 
 def run(build, c, tmp, out_dir, log, parts=("lost", "stall", "cost")):
     res = {"benchmark": "replication", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": c,
-           "nproc": os.cpu_count()}
+           "nproc": os.cpu_count(), "cpu": cpu_model()}
     t0 = time.monotonic()
     if "lost" in parts or "stall" in parts:
         res["failover"] = part_lost_stall(build, c, tmp, log, with_r1="lost" in parts)
@@ -681,7 +688,7 @@ def run(build, c, tmp, out_dir, log, parts=("lost", "stall", "cost")):
 def write_md(res, out_dir):
     """replication.md: the targets (as in bench/results/SUMMARY.md) and the sections."""
     md = ["# Replicated shards", "",
-          f"`bench/replication.py`, {res['time']}, {res['nproc']} cores, shared and noisy (the load average is given "
+          f"`bench/replication.py`, {res['time']}, {res['nproc']} cores ({res.get('cpu', 'CPU not recorded')}), shared and noisy (the load average is given "
           f"with each figure); took {res['seconds'] / 60:.1f} min. Plot: [replication.png](replication.png); raw numbers: "
           "`replication.json`.", "", "## Targets", "", "| target | measured | verdict | by how much |", "|---|---|---|---|"]
     md += ["| " + " | ".join(t) + " |" for t in targets(res, verdict)]
@@ -837,6 +844,13 @@ def summary_md(res):
                    f"{pf['r2_added_cpu_us'] / pf['least_added_us']:.1f}x the least. With the backup on a host of its "
                    f"own (its CPU per push on its own core, the client's and the primary's on these two) the cost "
                    f"would be about {pf['backup_apart_estimate_cost'] * 100:.0f}%."]
+            if pf.get("floor_cost_cold") is not None:
+                md[-1] += (f" On one host the two replicas' tables and momentum (16 MB) and up to 8 pushes of 4 MB "
+                           f"in flight, each held by the primary and copied for the backup, share one last-level "
+                           f"cache: "
+                           f"the backup's update on state out of the caches takes {pf['update_cold_us']:.0f} us "
+                           f"(`leash-bench-pushpull`'s update_cold row) against {pf['update_us']:.0f} us, and with "
+                           f"it the least R=2 can cost is **{pf['floor_cost_cold'] * 100:.1f}%**.")
         lf = s.get("push_4KB_floor")
         if lf:
             md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, an R=2 push waits at least "

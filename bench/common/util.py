@@ -64,6 +64,19 @@ def now():
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo), or "unknown": figures on this shared machine
+    change with the CPU it lands on, so results name it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def verdict(measured, target, higher_is_better):
     """A target row's verdict: ("PASS"|"MISS"|"n/a", by how much), for the summaries."""
     if measured is None:
