@@ -558,8 +558,8 @@ Sample UpdateTime(int64_t floats, double seconds, bool cold = false) {
     lat.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - s).count());
   }
   double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-  Sample out{cold ? "momentum update, out of cache" : "momentum update", "shard update", floats,
-             1, 0, 1};
+  Sample out{
+      cold ? "momentum update, out of cache" : "momentum update", "shard update", floats, 1, 0, 1};
   out.ops_per_s = static_cast<double>(lat.size()) / secs;
   out.mb_per_s = out.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
   out.p50_us = Percentile(lat, 0.5);

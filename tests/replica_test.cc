@@ -1190,8 +1190,8 @@ TEST_F(ReplicaTest, MetricsShowEachReplicasRoleLogBackupsAndDurableLog) {
   const int p = *g.Primary();
   const int b = 1 - p;
   prometheus::Registry reg[2];
-  server::ReplicaMetrics m_p(reg[p], g.replica(p), DurableLogMode::kWrite);
-  server::ReplicaMetrics m_b(reg[b], g.replica(b), DurableLogMode::kWrite);
+  server::ReplicaMetrics m_p(reg[p], g.replica(p));
+  server::ReplicaMetrics m_b(reg[b], g.replica(b));
   auto value = [&](int r, const std::string& name, std::map<std::string, std::string> l = {}) {
     l["shard"] = "0";
     l["replica"] = std::to_string(r);

@@ -355,11 +355,8 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     // snapshot-duration observer and hands it on.
     if (s.replica) {
       s.replica->set_snapshot_observer(s.metrics->snapshot_observer());
-      s.replica_metrics = std::make_unique<leash::server::ReplicaMetrics>(
-          s.metrics_server->registry(), *s.replica,
-          c.durable_log == "fsync"   ? leash::DurableLogMode::kFsync
-          : c.durable_log == "write" ? leash::DurableLogMode::kWrite
-                                     : leash::DurableLogMode::kOff);
+      s.replica_metrics =
+          std::make_unique<leash::server::ReplicaMetrics>(s.metrics_server->registry(), *s.replica);
     }
     spdlog::info("metrics on {}", s.metrics_server->url());
   }

@@ -175,10 +175,7 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
     st->log_index = last_index();
     st->replication_lag = replication_lag();
     st->replicas_in_sync = static_cast<uint32_t>(in_sync_.size());
-    if (!options_.durable_log_dir.empty()) {
-      st->durable_log =
-          options_.durable_log_fsync ? DurableLogMode::kFsync : DurableLogMode::kWrite;
-    }
+    st->durable_log = durable_log_mode();
     st->durable_log_bytes = durable_bytes();
     st->durable_log_failed = durable_broken_;
     FillBackupLag(st);

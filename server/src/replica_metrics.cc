@@ -5,8 +5,7 @@
 
 namespace leash::server {
 
-ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica,
-                               DurableLogMode durable_log) {
+ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) {
   const ShardOptions& so = replica.shard().options();
   const uint32_t self = replica.options().replica;
   const prometheus::Labels l{{"shard", std::to_string(so.shard)},
@@ -49,7 +48,7 @@ ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica,
         std::pair{DurableLogMode::kFsync, "fsync"}}) {
     prometheus::Labels ml = l;
     ml["mode"] = name;
-    mode.Add(ml).Set(m == durable_log ? 1 : 0);
+    mode.Add(ml).Set(m == replica.durable_log_mode() ? 1 : 0);
   }
   durable_sync_seconds_ = &prometheus::BuildCounter()
                                .Name("leash_replica_durable_log_sync_seconds_total")

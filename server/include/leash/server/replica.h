@@ -139,6 +139,11 @@ class Replica {
   uint64_t durable_records() const;
   uint64_t durable_bytes() const;
   bool durable_failed() const { return durable_broken_; }
+  // --durable-log: off without ReplicaOptions::durable_log_dir, else write or fsync.
+  DurableLogMode durable_log_mode() const {
+    if (options_.durable_log_dir.empty()) return DurableLogMode::kOff;
+    return options_.durable_log_fsync ? DurableLogMode::kFsync : DurableLogMode::kWrite;
+  }
   // fdatasyncs of the durable log (--durable-log fsync) and the seconds they took in all.
   uint64_t durable_syncs() const;
   double durable_sync_seconds() const;

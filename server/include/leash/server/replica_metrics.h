@@ -21,9 +21,7 @@ namespace leash::server {
 class ReplicaMetrics {
  public:
   // Registers the replica's metrics in `registry` (which must outlive this object).
-  // `durable_log`: the replica's --durable-log, published as leash_replica_durable_log_mode.
-  ReplicaMetrics(prometheus::Registry& registry, const Replica& replica,
-                 DurableLogMode durable_log);
+  ReplicaMetrics(prometheus::Registry& registry, const Replica& replica);
   ReplicaMetrics(const ReplicaMetrics&) = delete;
   ReplicaMetrics& operator=(const ReplicaMetrics&) = delete;
 
