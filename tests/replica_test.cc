@@ -1178,7 +1178,8 @@ TEST_F(ReplicaTest, ABackupCaughtUpByASnapshotKeepsItsDurableLogFromThere) {
 
 // Each replica's Prometheus metrics (leash-server --metrics-bind): who leads and in which
 // term, how far its log is committed and applied, the primary's view of each backup, terms
-// led, and the durable log; then after a failover, the new primary's view of the dead one.
+// led, and the durable log; then after a failover, the new primary's view of the dead one;
+// then its lease, once etcd is unreachable.
 TEST_F(ReplicaTest, MetricsShowEachReplicasRoleLogBackupsAndDurableLog) {
   DurableDir dir;
   ReplicaOptions ro;
@@ -1217,6 +1218,7 @@ TEST_F(ReplicaTest, MetricsShowEachReplicasRoleLogBackupsAndDurableLog) {
     EXPECT_EQ(value(r, "leash_replica_durable_log_mode", {{"mode", "write"}}), 1) << r;
     EXPECT_EQ(value(r, "leash_replica_durable_log_mode", {{"mode", "off"}}), 0) << r;
     EXPECT_EQ(value(r, "leash_replica_durable_log_syncs_total"), 0) << "write mode: no fdatasync";
+    EXPECT_EQ(value(r, "leash_replica_coordinator_lease_valid"), 1) << r;
   }
   EXPECT_EQ(value(p, "leash_replica_commit_index"), last);
   EXPECT_EQ(value(p, "leash_replica_in_sync_replicas"), 2);
@@ -1251,6 +1253,13 @@ TEST_F(ReplicaTest, MetricsShowEachReplicasRoleLogBackupsAndDurableLog) {
   EXPECT_GT(value(b, "leash_replica_backup_seconds_behind", {{"backup", other_of_b}}), 0);
   EXPECT_GT(value(b, "leash_replica_durable_log_records_total"), records_b)
       << "it logged what it led";
+
+  // etcd unreachable for longer than the lease: this replica no longer knows its lease valid.
+  g.coordinator().SetUnavailable(true);
+  for (int s = 0; s < 1500; ++s) g.Step();
+  m_b.Publish(g.replica(b));
+  EXPECT_EQ(value(b, "leash_replica_coordinator_lease_valid"), 0);
+  g.coordinator().SetUnavailable(false);
 }
 
 TEST_F(ReplicaTest, TrainingGoesOnWhileTheCoordinatorIsDownUnlessThePrimaryIsAlone) {

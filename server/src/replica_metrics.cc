@@ -36,6 +36,9 @@ ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) 
                    "Primary: replicas in its in-sync set, itself included (0 on a backup).");
   lag_ = gauge("leash_replica_lag_entries",
                "Primary: entries its slowest in-sync backup lacks (0 on a backup).");
+  lease_valid_ = gauge("leash_replica_coordinator_lease_valid",
+                       "1 while this replica's etcd lease is known valid (renewed within the "
+                       "TTL); 0: etcd unreachable from it, so no failover can happen through it.");
   durable_failed_ = gauge("leash_replica_durable_log_failed",
                           "1 once a durable log write failed: the replica acknowledges nothing "
                           "more and will not lead until restarted.");
@@ -113,6 +116,7 @@ void ReplicaMetrics::Publish(const Replica& replica) {
   in_sync_->Set(primary ? static_cast<double>(replica.in_sync().size()) : 0);
   lag_->Set(static_cast<double>(replica.replication_lag()));
   durable_failed_->Set(replica.durable_failed() ? 1 : 0);
+  lease_valid_->Set(replica.coordinator_lease_valid() ? 1 : 0);
   for (Mirrored& m : counters_) {
     const uint64_t now = (replica.*m.get)();
     if (now > m.published) {

@@ -147,6 +147,8 @@ class Replica {
   // fdatasyncs of the durable log (--durable-log fsync) and the seconds they took in all.
   uint64_t durable_syncs() const;
   double durable_sync_seconds() const;
+  // Whether its coordinator lease is known valid now (renewed within the TTL; etcd reachable).
+  bool coordinator_lease_valid() const { return coordinator_->LeaseValid(); }
   // Terms this replica has led (became primary), since it started.
   uint64_t terms_led() const { return terms_led_; }
 

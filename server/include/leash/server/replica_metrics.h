@@ -58,6 +58,7 @@ class ReplicaMetrics {
   prometheus::Gauge* in_sync_;
   prometheus::Gauge* lag_;
   prometheus::Gauge* durable_failed_;
+  prometheus::Gauge* lease_valid_;
   prometheus::Counter* durable_sync_seconds_;
   double durable_sync_seconds_published_ = 0;
 };
