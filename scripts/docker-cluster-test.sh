@@ -16,7 +16,8 @@
 # target. Then, with docker/docker-compose.replicated.yml over it (etcd, 2 shards x 2
 # replicas, CURVE between replicas, workers finding the primaries in etcd), a short job
 # (replicated_case below): shard 0's primary container is SIGKILLed while 2 workers train;
-# its backup must take over with a higher term, the killed container, started again, must
+# its backup must take over with a higher term (its own metrics saying it leads), the
+# killed container, started again, must
 # rejoin as an in-sync backup, and the job must finish with every epoch's samples trained
 # exactly once. `docker-compose down -v` runs after each cluster and on every exit, and the
 # test fails if any container, network or volume of its projects is left behind.
@@ -260,14 +261,19 @@ metrics_live_is() {
   done
   note "metrics from the host: leash_shard_live_workers $n on 127.0.0.1:${METRICS_PORTS[0]} and :${METRICS_PORTS[1]} (shard1 min clock $(scrape "${METRICS_PORTS[1]}" | metric leash_shard_min_clock), shard0 pushes $(scrape "${METRICS_PORTS[0]}" | metric leash_shard_pushes_total))"
 }
+# The body of GET http://127.0.0.1:9100/metrics inside container $1 (empty if it fails).
+scrape_in() {
+  docker exec "$1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9100 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && timeout 5 cat <&3' 2>/dev/null |
+    tr -d '\r' | sed '1,/^$/d' || true
+}
+
 # Waits up to 30 s until a worker's own metrics, scraped inside its container (workers
 # publish no port), show it training.
 worker_metrics_ok() {
   local body="" sps="" t0
   t0=$(now)
   while :; do
-    body=$(docker exec "$1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9100 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && timeout 5 cat <&3' 2>/dev/null |
-      tr -d '\r' | sed '1,/^$/d') || body=""
+    body=$(scrape_in "$1")
     sps=$(metric leash_worker_samples_per_second <<<"$body")
     awk -v v="${sps:-0}" 'BEGIN { exit !(v > 0) }' && break
     if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 30) }'; then
@@ -509,6 +515,20 @@ replicated_case() {
   # workers evicted and rejoined meanwhile (their lease is 30 s).
   rwaits 120 "training to go on at the new primary" "s and s[0]['min_clock'] > $clock_at_kill + 2"
   note "replicated: training went on (min clock > $((clock_at_kill + 2))) $(since "$t_kill") s after the kill"
+  # The new primary's own metrics (scraped inside its container) say it leads, in a term it
+  # won.
+  local body="" t0
+  t0=$(now)
+  until body=$(scrape_in "$("${COMPOSE[@]}" ps -q "$newp")") &&
+    [[ $(metric leash_replica_primary <<<"$body") == 1 ]] &&
+    awk -v v="$(metric leash_replica_terms_led_total <<<"$body")" 'BEGIN { exit !(v >= 1) }'; do
+    if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 30) }'; then
+      grep '^leash_replica_' <<<"$body" | sed 's/^/  /' >&2 || true
+      fail "$newp's metrics do not say it leads (leash_replica_primary, leash_replica_terms_led_total)"
+    fi
+    sleep 0.5
+  done
+  note "replicated: $newp's metrics: leash_replica_primary 1, term $(metric leash_replica_term <<<"$body"), in sync $(metric leash_replica_in_sync_replicas <<<"$body"), log $(metric leash_replica_log_index <<<"$body")"
   # Docker does not restart a container it was told to kill: start it again.
   [[ $(docker inspect -f '{{.State.Running}}' "$victim") == true ]] || docker start "$victim" >/dev/null
   local t_start
