@@ -29,7 +29,7 @@ sys.path.insert(0, HERE)
 
 import replication as R  # noqa: E402  (its clusters, probe and cost rows)
 from common import leash as L  # noqa: E402
-from common.util import median, write_json  # noqa: E402
+from common.util import cpu_model, median, write_json  # noqa: E402
 
 MODES = ("off", "write", "fsync")
 
@@ -175,7 +175,7 @@ def main():
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     res = {"benchmark": "durable_log", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": c,
-           "nproc": os.cpu_count()}
+           "nproc": os.cpu_count(), "cpu": cpu_model()}
     t0 = time.monotonic()
     try:
         if "group" in parts:
@@ -196,7 +196,7 @@ def main():
     res["seconds"] = time.monotonic() - t0
     write_json(os.path.join(a.out, "durable_log.json"), res)
     md = ["# A replica's durable log", "",
-          f"`bench/durable_log.py`, {res['time']}, {res['nproc']} cores, took {res['seconds'] / 60:.1f} min; raw "
+          f"`bench/durable_log.py`, {res['time']}, {res['nproc']} cores ({res.get('cpu', 'CPU not recorded')}), took {res['seconds'] / 60:.1f} min; raw "
           "numbers: `durable_log.json`.", ""] + summary_md(res)
     with open(os.path.join(a.out, "durable_log.md"), "w") as f:
         f.write("\n".join(md) + "\n")
