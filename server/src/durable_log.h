@@ -84,7 +84,6 @@ class DurableLog {
   // fdatasyncs made by MakeDurable (kFsync) and the seconds they took in all.
   uint64_t syncs() const { return syncs_; }
   double sync_seconds() const { return sync_seconds_; }
-  bool fsync() const { return sync_ == Sync::kFsync; }
   const std::string& dir() const { return dir_; }
 
  private:
