@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "leash/common/metrics.h"
+
 namespace leash::server {
 
 ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) {
@@ -117,23 +119,14 @@ void ReplicaMetrics::Publish(const Replica& replica) {
   lag_->Set(static_cast<double>(replica.replication_lag()));
   durable_failed_->Set(replica.durable_failed() ? 1 : 0);
   lease_valid_->Set(replica.coordinator_lease_valid() ? 1 : 0);
-  for (Mirrored& m : counters_) {
-    const uint64_t now = (replica.*m.get)();
-    if (now > m.published) {
-      m.counter->Increment(static_cast<double>(now - m.published));
-      m.published = now;
-    }
-  }
-  const double sync = replica.durable_sync_seconds();
-  if (sync > durable_sync_seconds_published_) {
-    durable_sync_seconds_->Increment(sync - durable_sync_seconds_published_);
-    durable_sync_seconds_published_ = sync;
-  }
+  for (Mirrored& m : counters_) AdvanceCounter(*m.counter, (replica.*m.get)(), m.published);
+  AdvanceCounter(*durable_sync_seconds_, replica.durable_sync_seconds(),
+                 durable_sync_seconds_published_);
+  const uint64_t last = replica.last_index();
   const std::vector<BackupProgress> progress = replica.backups();
   for (Backup& g : backups_) {
     for (const BackupProgress& p : progress) {
       if (p.replica != g.replica) continue;
-      const uint64_t last = replica.last_index();
       g.in_sync->Set(primary && p.in_sync ? 1 : 0);
       g.entries_behind->Set(
           primary && last > p.match_index ? static_cast<double>(last - p.match_index) : 0);

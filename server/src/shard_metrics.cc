@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "leash/common/metrics.h"
+
 namespace leash::server {
 namespace {
 
@@ -169,14 +171,8 @@ void ShardMetrics::Publish(const Shard& shard) {
     }
   }
   const ShardCounters& c = shard.counters();
-  for (Mirrored& m : counters_) {
-    uint64_t now = c.*m.field;
-    if (now < m.published) m.published = 0;  // a new Shard (a replica installed a snapshot)
-    if (now > m.published) {
-      m.counter->Increment(static_cast<double>(now - m.published));
-      m.published = now;
-    }
-  }
+  // A replica's new Shard (a snapshot installed) counts from 0: AdvanceCounter goes on.
+  for (Mirrored& m : counters_) AdvanceCounter(*m.counter, c.*m.field, m.published);
   parked_pulls_->Set(static_cast<double>(shard.parked_pulls()));
   int64_t min_clock = shard.min_clock();
   int64_t max_clock = shard.max_clock();

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "leash/common/metrics.h"
+
 namespace leash::worker {
 namespace {
 
@@ -80,22 +82,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& worker,
 void WorkerMetrics::PublishClient() {
   if (client_ == nullptr) return;
   ClientCounters c = client_->counters();
-  for (Mirrored& m : client_counters_) {
-    uint64_t now = c.*m.field;
-    if (now > m.published) {
-      m.counter->Increment(static_cast<double>(now - m.published));
-      m.published = now;
-    }
-  }
+  for (Mirrored& m : client_counters_) AdvanceCounter(*m.counter, c.*m.field, m.published);
 }
 
 void WorkerMetrics::OnStep(const StepReport& step) {
   iterations_->Increment();
   samples_->Increment(static_cast<double>(step.samples));
-  if (step.rejoins > rejoins_published_) {
-    rejoins_->Increment(static_cast<double>(step.rejoins - rejoins_published_));
-    rejoins_published_ = step.rejoins;
-  }
+  AdvanceCounter(*rejoins_, step.rejoins, rejoins_published_);
   iteration_seconds_->Observe(step.seconds);
   clock_->Set(static_cast<double>(step.clock));
   epoch_->Set(static_cast<double>(step.epoch) + 1);

@@ -6,6 +6,7 @@
 // HTTP server's own thread serializes them for a scrape.
 #pragma once
 
+#include <prometheus/counter.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
@@ -57,6 +58,19 @@ class MetricsServer {
   int stop_fd_ = -1;
   std::thread thread_;
 };
+
+// Mirrors a running total that a component keeps itself (a shard's, a replica's or a
+// client's count) into `counter`: adds what `total` grew by since `published`, and records
+// it. A total below `published` means its owner started over (a replica's new Shard after a
+// snapshot installation): the counter goes on from 0, counting the new total whole.
+template <typename T>
+void AdvanceCounter(prometheus::Counter& counter, T total, T& published) {
+  if (total < published) published = T{};
+  if (total > published) {
+    counter.Increment(static_cast<double>(total - published));
+    published = total;
+  }
+}
 
 // The value of the sample `name` with label values containing every pair of `labels`
 // (a counter, gauge, or a histogram's _count / _sum), as a scrape would show it now;
