@@ -198,6 +198,91 @@ TEST(ClusterTest, NonFinitePushesThroughSharedMemoryAreRefusedAndApplyNothing) {
   EXPECT_TRUE(c->Leave().ok());
 }
 
+// A gradient computed into Client::PushBuffer is the very frame the shard reads: pushed
+// with no copy, applied exactly, refused whole when it holds a NaN. A table whose rows span
+// two shards, a 16-bit wire and a table under shared memory's smallest frame get no buffer
+// (the caller computes into memory of its own); another client's buffer is copied like any
+// gradient; a buffer dropped unpushed gives its room in the ring back.
+TEST(ClusterTest, AGradientComputedIntoAPushBufferIsSentWithoutACopyAndAppliedExactly) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  ZmqOptions shm;
+  shm.shared_memory = true;
+  auto c = cluster.Connect("a", true, shm);
+  ASSERT_TRUE(c);
+  auto one = c->CreateTable(Sgd1("one", 1, 16384));     // one row, on shard 0 alone: 64 KiB
+  auto both = c->CreateTable(Sgd1("both", 64, 1024));   // rows on both shards
+  auto small = c->CreateTable(Sgd1("small", 1, 1024));  // 4 KiB: under the 32 KiB frames
+  ASSERT_TRUE(one.ok() && both.ok() && small.ok()) << one.status() << both.status();
+  // Shared memory comes on after each connection's handshake.
+  std::vector<float> g(both->size(), 0.25f);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (c->counters().shared_memory_shards < 2 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(c->Push(*both, g.data()).get().ok());
+  }
+  ASSERT_EQ(c->counters().shared_memory_shards, 2);
+  EXPECT_EQ(c->PushBuffer(*both), nullptr);
+  EXPECT_EQ(c->PushBuffer(*small), nullptr);
+
+  std::shared_ptr<float> buf = c->PushBuffer(*one);
+  ASSERT_NE(buf, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.get()) % 64, 0u);
+  for (size_t i = 0; i < one->size(); ++i) buf.get()[i] = static_cast<float>(i % 7);
+  const ClientCounters before = c->counters();
+  ASSERT_TRUE(c->Push(*one, std::shared_ptr<const float>(std::move(buf))).get().ok());
+  ClientCounters after = c->counters();
+  EXPECT_EQ(after.push_buffers, before.push_buffers);
+  EXPECT_EQ(after.pushes_from_buffer, before.pushes_from_buffer + 1);
+  std::vector<float> v(one->size());
+  ASSERT_TRUE(c->Pull(*one, v.data()).get().ok());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], -static_cast<float>(i % 7)) << i;
+
+  // A NaN written into the buffer: refused with the error any push gets, nothing applied.
+  buf = c->PushBuffer(*one);
+  ASSERT_NE(buf, nullptr);
+  std::fill_n(buf.get(), one->size(), 1.f);
+  buf.get()[one->size() / 3] = std::numeric_limits<float>::quiet_NaN();
+  Status st = c->Push(*one, std::shared_ptr<const float>(std::move(buf))).get();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("NaN or Inf"), std::string::npos) << st;
+  ASSERT_TRUE(c->Pull(*one, v.data()).get().ok());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], -static_cast<float>(i % 7)) << i;
+
+  // Buffers dropped unpushed: 600 of 64 KiB are more than a ring's 16 MiB, so each one's
+  // room came back.
+  for (int k = 0; k < 600; ++k) ASSERT_NE(c->PushBuffer(*one), nullptr) << "buffer " << k;
+
+  // Another client's buffer is not its frame: copied, and applied all the same.
+  auto d = cluster.Connect("b", true, shm);
+  ASSERT_TRUE(d);
+  auto one_d = d->CreateTable(Sgd1("one", 1, 16384));
+  ASSERT_TRUE(one_d.ok()) << one_d.status();
+  buf = c->PushBuffer(*one);
+  ASSERT_NE(buf, nullptr);
+  std::fill_n(buf.get(), one->size(), 2.f);
+  ASSERT_TRUE(d->Push(*one_d, std::shared_ptr<const float>(std::move(buf))).get().ok());
+  EXPECT_EQ(d->counters().pushes_from_buffer, 0u);
+  ASSERT_TRUE(d->Pull(*one_d, v.data()).get().ok());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], -static_cast<float>(i % 7) - 2.f) << i;
+  after = c->counters();
+  EXPECT_EQ(after.push_buffers, before.push_buffers + 602);  // the NaN one, 600, the last
+  EXPECT_EQ(after.pushes_from_buffer, before.pushes_from_buffer + 2);
+
+  // A 16-bit wire sends other bytes than the floats: no buffer.
+  ZmqContext ctx;
+  ClientOptions o;
+  o.wire_dtype = DType::kBF16;
+  o.register_worker = false;
+  auto half =
+      Client::Connect(std::move(ConnectZmqClient(ctx, cluster.endpoints(), shm).value()), o);
+  ASSERT_TRUE(half.ok()) << half.status();
+  auto one_h = (*half)->CreateTable(Sgd1("one", 1, 16384));
+  ASSERT_TRUE(one_h.ok()) << one_h.status();
+  EXPECT_EQ((*half)->PushBuffer(*one_h), nullptr);
+  EXPECT_TRUE(c->Leave().ok());
+  EXPECT_TRUE(d->Leave().ok());
+}
+
 TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
   TempDir dir;
   Cluster cluster(2, dir.path());

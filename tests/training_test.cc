@@ -388,6 +388,51 @@ std::vector<std::pair<std::string, uint64_t>> Segments(const std::string& root,
 // through shared memory, each ring holding only what its frames need, and the job trains.
 // Before rings were sized by their frames, each shard took 32 MiB and the second one
 // already went through the socket. Needs root (a mount namespace); skips otherwise.
+// A worker whose one shard is on this host computes the gradients of its large tables
+// straight into the shard's shared-memory ring and pushes them from there
+// (ParamStore::PushBuffer), with no copy; through the socket (--no-shm) none is. Training
+// learns either way.
+TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThem) {
+  if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST not found at " << kData;
+  }
+  const bool room = ShardsShmAllows(1) == 1;
+  for (bool shm : {true, false}) {
+    SCOPED_TRACE(shm ? "shared memory" : "socket");
+    TempDir dir;
+    const std::string endpoint = Endpoint(FreePort());
+    Process shard({LEASH_SERVER_BIN, "--bind=" + endpoint, "--data-dir=" + dir.path() + "/shard",
+                   "--no-sync"},
+                  dir.path() + "/shard.log");
+    const std::string metrics = dir.path() + "/w.json";
+    std::vector<std::string> argv = {
+        LEASH_WORKER_BIN, "--servers=" + endpoint,   "--name=w",           "--epochs=1",
+        "--staleness=1",  "--chunk-size=500",        "--train-limit=3000", "--test-limit=1000",
+        "--log-every=0",  "--metrics-out=" + metrics};
+    if (!shm) argv.push_back("--no-shm");
+    Process worker(argv, dir.path() + "/w.log");
+    ASSERT_EQ(worker.Wait(std::chrono::minutes(3)), 0) << worker.ReadLog();
+    const std::vector<double> iterations = JsonNumbers(metrics, "iterations");
+    const std::vector<double> from_ring = JsonNumbers(metrics, "pushes_from_shared_memory");
+    const std::vector<double> handed = JsonNumbers(metrics, "pushes_handed_over");
+    ASSERT_EQ(iterations.size(), 1u);
+    ASSERT_EQ(from_ring.size(), 1u);
+    ASSERT_GE(iterations[0], 40);
+    // The MLP's two large weight matrices (784 x 256 and 256 x 128 floats) are over the
+    // 32 KiB a frame needs to go through shared memory; its other four tables are not.
+    if (shm && room && JsonNumbers(metrics, "shared_memory_shards") == std::vector<double>{1}) {
+      EXPECT_LE(from_ring[0], 2 * iterations[0]);
+      EXPECT_GE(from_ring[0], 2 * (iterations[0] - 5)) << "the link came on late";
+    } else if (!shm) {
+      EXPECT_EQ(from_ring[0], 0);
+    }
+    EXPECT_EQ(handed, std::vector<double>{6 * iterations[0]});
+    auto acc = JsonNumbers(metrics, "test_accuracy");
+    ASSERT_EQ(acc.size(), 1u);
+    EXPECT_GT(acc[0], 0.55);
+  }
+}
+
 TEST(SmallDevShmTest, AWorkerReachesFourShardsThroughSharedMemoryInA64MbDevShm) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a 64 MB /dev/shm of its own";
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {

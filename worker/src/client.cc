@@ -302,12 +302,16 @@ class Client::Impl final : public detail::OpWaiter {
     c.pushes = pushes_.load();
     c.pulls = pulls_.load();
     c.pulled_min_clock = pulled_min_clock_.load();
+    c.push_buffers = push_buffers_.load();
+    c.pushes_from_buffer = pushes_from_buffer_.load();
     for (int shard = 0; shard < n_ && shared_memory_ != nullptr; ++shard) {
       c.shared_memory_shards += shared_memory_->ActiveWith(shard) ? 1 : 0;
     }
     return c;
   }
   void CountPush() { ++pushes_; }
+  void CountPushBuffer() { ++push_buffers_; }
+  void CountPushFromBuffer() { ++pushes_from_buffer_; }
   void CountPull() { ++pulls_; }
   // Called on the I/O thread with the minimum clock a pull reply's values reflect.
   void NotePulledMinClock(int64_t min_clock) { pulled_min_clock_.store(min_clock); }
@@ -672,6 +676,8 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<uint64_t> resends_{0};
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> pulls_{0};
+  std::atomic<uint64_t> push_buffers_{0};
+  std::atomic<uint64_t> pushes_from_buffer_{0};
   std::atomic<int64_t> pulled_min_clock_{-1};
   std::atomic<double> cluster_rate_{0};
   std::atomic<bool> needs_rejoin_{false};
@@ -1177,19 +1183,58 @@ Future Client::Push(const TableHandle& table, std::shared_ptr<const float> grad,
   return PushDense(table, data, grad, weight);
 }
 
+namespace {
+
+// The deleter of a PushBuffer: it holds the ring frame the buffer is, which PushDense finds
+// (std::get_deleter) and sends as it lies. Dropping the last reference drops the frame,
+// whose own release gives the ring's room back once the shard has read it.
+struct RingGradient {
+  const void* client;  // the Client::Impl that reserved it
+  int shard;
+  Frame frame;
+  void operator()(float*) { frame = Frame(); }
+};
+
+}  // namespace
+
+std::shared_ptr<float> Client::PushBuffer(const TableHandle& table) {
+  if (table.kind != TableKind::kDense || options_.wire_dtype != DType::kF32) return nullptr;
+  RangePartitioner part(num_shards_);
+  int only = -1;
+  for (int s = 0; s < num_shards_; ++s) {
+    if (part.Range(table.rows, s).size() == 0) continue;
+    if (only >= 0) return nullptr;  // a contiguous gradient cannot lie in two shards' rings
+    only = s;
+  }
+  if (only < 0) return nullptr;
+  std::optional<WritableFrame> w = impl_->ReservePayload(only, table.size() * sizeof(float));
+  if (!w) return nullptr;
+  impl_->CountPushBuffer();
+  float* data = reinterpret_cast<float*>(w->data);
+  return std::shared_ptr<float>(data, RingGradient{impl_.get(), only, std::move(w->frame)});
+}
+
 Future Client::PushDense(const TableHandle& table, const float* grad,
                          const std::shared_ptr<const float>& owner, PushWeight weight) {
   if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Push"));
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
   std::vector<Frame> payloads(static_cast<size_t>(num_shards_));
+  const RingGradient* ring = owner != nullptr ? std::get_deleter<RingGradient>(owner) : nullptr;
   for (int s = 0; s < num_shards_; ++s) {
     RowRange rr = part.Range(table.rows, s);
     if (rr.size() == 0) continue;
     shards.push_back(s);
     std::span<const float> values(grad + rr.begin * table.cols, rr.size() * table.cols);
-    // Encoded straight into shared memory when the shard is on this host.
-    if (auto w = impl_->ReservePayload(s, values.size() * DTypeSize(options_.wire_dtype))) {
+    if (ring != nullptr && ring->client == impl_.get() && ring->shard == s &&
+        options_.wire_dtype == DType::kF32 &&
+        ring->frame.data() == reinterpret_cast<const uint8_t*>(values.data()) &&
+        ring->frame.size() == values.size_bytes()) {
+      // Computed where it is sent from (PushBuffer): the frame itself, no copy. Sent after
+      // the link changed, the transport copies it into the new ring or onto the socket.
+      payloads[static_cast<size_t>(s)] = ring->frame;
+      impl_->CountPushFromBuffer();
+    } else if (auto w = impl_->ReservePayload(s, values.size() * DTypeSize(options_.wire_dtype))) {
       EncodeValuesInto(values, options_.wire_dtype, w->data);
       payloads[static_cast<size_t>(s)] = std::move(w->frame);
     } else if (owner != nullptr && options_.wire_dtype == DType::kF32) {

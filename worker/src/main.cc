@@ -393,6 +393,7 @@ int Train(const WorkerConfig& c, Worker& w) {
       {"push_seconds", results->push_seconds},
       {"pushes_handed_over", static_cast<double>(results->pushes_handed_over)},
       {"gradient_buffers", static_cast<double>(results->gradient_buffers)},
+      {"pushes_from_shared_memory", static_cast<double>(results->pushes_from_shared_memory)},
       {"step_delay_factor", c.step_delay_factor},
       {"slow_spells_factor", c.slow_spells.factor},
       {"final_clock", static_cast<double>(w.params->clock())}};

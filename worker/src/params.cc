@@ -137,6 +137,10 @@ class RemoteParams final : public ParamStore {
     Held(tables_[i].size() * sizeof(float));
   }
 
+  std::shared_ptr<float> PushBuffer(size_t i) override {
+    return i < tables_.size() ? client_->PushBuffer(tables_[i]) : nullptr;
+  }
+
   Status EndIteration() override { return End(/*send=*/true); }
 
   // The client keeps holding the pushes and the clock: the pull's StartPulls adds its

@@ -50,6 +50,7 @@ class Loop {
     for (const auto& p : model.params()) grads_.emplace_back(p.size());
     sums_.resize(grads_.size());
     bound_.assign(grads_.size(), nullptr);
+    ring_bound_.resize(grads_.size());
   }
 
   // The model must not read values_ once the loop is gone: copies the last values into
@@ -100,7 +101,8 @@ class Loop {
       }
     }
     result_.iterations = steps_;
-    result_.pushes_handed_over = pool_.handed_over();
+    result_.pushes_handed_over = pool_.handed_over() + pushes_from_ring_;
+    result_.pushes_from_shared_memory = pushes_from_ring_;
     for (size_t i = 0; i < bound_.size(); ++i) result_.gradient_buffers += pool_.allocated(i);
     return std::move(result_);
   }
@@ -417,8 +419,9 @@ class Loop {
   // Forward and backward of micro-batch `micro` of an iteration; on the `last` one each
   // parameter's (averaged) gradient is pushed as soon as backward produces it. Pushed
   // gradients are handed to the client in buffers of pool_ (sent from there, not copied):
-  // with a single micro-batch a CPU model writes them there itself (BindGradient); a GPU
-  // model's are copied to host into one, and micro-batches average into one.
+  // with a single micro-batch a CPU model writes them there itself (BindGradient), or
+  // straight into the shared-memory ring of a shard on this host (ParamStore::PushBuffer);
+  // a GPU model's are copied to host into one, and micro-batches average into one.
   Result<StepStats> MicroStep(const Batch& batch, int64_t micro, bool last) {
     const bool single = micro == 0 && last;
     if (single) BindGradients();
@@ -428,6 +431,11 @@ class Loop {
     };
     auto st = model_.TrainStep(batch.images.data(), batch.labels.data(), batch.size, [&](size_t i) {
       if (single) {
+        if (ring_bound_[i] != nullptr) {
+          ++pushes_from_ring_;
+          params_.PushHandedOver(i, std::move(ring_bound_[i]));
+          return;
+        }
         if (bound_[i] != nullptr) {
           params_.PushHandedOver(i, pool_.HandOver(i, std::exchange(bound_[i], nullptr)));
           return;
@@ -461,6 +469,7 @@ class Loop {
     // Buffers bound for gradients the step did not announce (it failed): back to the pool.
     for (size_t i = 0; i < bound_.size(); ++i) {
       if (bound_[i] != nullptr) pool_.Return(i, std::exchange(bound_[i], nullptr));
+      ring_bound_[i].reset();  // its room in the ring goes back
     }
     LEASH_RETURN_IF_ERROR(grad_status);
     if (st.ok() && sparse_) {
@@ -476,13 +485,17 @@ class Loop {
     return sizes;
   }
 
-  // Gives the model a free buffer of the pool for each gradient of the next step.
+  // Gives the model room for each gradient of the next step: where the parameter store
+  // has it, the frame it is sent from (a shard's ring on this host: backward writes the
+  // gradient where the shard reads it, and the push copies nothing), else a free buffer
+  // of the pool.
   void BindGradients() {
     if (!bind_gradients_) return;
     for (size_t i = 0; i < bound_.size(); ++i) {
-      float* buf = pool_.Take(i);
+      std::shared_ptr<float> ring = params_.PushBuffer(i);
+      float* buf = ring != nullptr ? ring.get() : pool_.Take(i);
       if (Status st = model_.BindGradient(i, buf); !st.ok()) {
-        pool_.Return(i, buf);
+        if (ring == nullptr) pool_.Return(i, buf);
         spdlog::debug(
             "gradients are copied out of the model, not written where they are sent "
             "from: {}",
@@ -490,7 +503,11 @@ class Loop {
         bind_gradients_ = false;
         return;
       }
-      bound_[i] = buf;
+      if (ring != nullptr) {
+        ring_bound_[i] = std::move(ring);
+      } else {
+        bound_[i] = buf;
+      }
     }
   }
 
@@ -578,7 +595,9 @@ class Loop {
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> sums_;  // gradient sums over an iteration's micro-batches
   GradientPool pool_;
-  std::vector<float*> bound_;   // the pool's buffers the model writes this step's gradients into
+  std::vector<float*> bound_;  // the pool's buffers the model writes this step's gradients into
+  std::vector<std::shared_ptr<float>> ring_bound_;  // or the shared-memory frames it writes into
+  int64_t pushes_from_ring_ = 0;                    // gradients pushed from such a frame
   bool bind_gradients_ = true;  // until the model refuses (a GPU, or a model that always copies)
   std::map<uint32_t, EpochAcc> epochs_;
   uint32_t epochs_reported_ = 0;

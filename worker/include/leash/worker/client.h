@@ -113,7 +113,9 @@ struct ClientCounters {
   uint64_t pulls = 0;             // Pull() calls
   int64_t pulled_min_clock = -1;  // minimum clock the latest pull reply's values reflect
   int shared_memory_shards =
-      0;  // shards on this host that large frames reach through shared memory
+      0;                      // shards on this host that large frames reach through shared memory
+  uint64_t push_buffers = 0;  // PushBuffer() calls that gave shared memory
+  uint64_t pushes_from_buffer = 0;  // pushes sent from such a buffer where it lies (no copy)
 };
 
 class Client {
@@ -158,6 +160,16 @@ class Client {
   // way). InvalidArgument for a null `grad`.
   Future Push(const TableHandle& table, std::shared_ptr<const float> grad, PushWeight weight = {});
   Future Push(const TableHandle& table, std::span<const uint64_t> keys, const float* grad);
+  // Room for a gradient of the whole dense `table` (table.size() floats) that a later
+  // Push(table, shared_ptr) sends from where it lies, with no copy at all: a frame of the
+  // shared-memory ring of the shard on this host that holds all the table's rows. Null
+  // where there is none (the rows span several shards, the shard is on another host or
+  // shared memory is off or full, a 16-bit wire, a table under the transport's smallest
+  // shared-memory frame): then compute into memory of your own. Write the gradient, then
+  // hand it to Push; a buffer never pushed gives its room back when dropped. Pushed after
+  // the connection changed (a reconnect to a new shard process), it is copied as any
+  // gradient is. Thread-safe.
+  std::shared_ptr<float> PushBuffer(const TableHandle& table);
 
   // Sparse tables (TableKind::kSparse): rows addressed by any 64-bit keys, each on the
   // shard SparseOwner(key) names. PullSparse reads rows `keys` into `out` (keys.size() x

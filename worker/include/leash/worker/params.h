@@ -55,6 +55,10 @@ class ParamStore {
   // shared_ptr): the caller hands them over, must not change them, and may reuse the array
   // once it holds the last reference. The default reads them as Push(i, grad.get()).
   virtual void PushHandedOver(size_t i, std::shared_ptr<const float> grad) { Push(i, grad.get()); }
+  // Room for parameter i's gradient that PushHandedOver sends from where it lies, with no
+  // copy (Client::PushBuffer: the ring of a shard on this host), or null: then use memory
+  // of your own. Optional.
+  virtual std::shared_ptr<float> PushBuffer(size_t /*i*/) { return nullptr; }
 
   // Models with embeddings (Model::sparse_param): creates (or finds) the sparse table,
   // after Setup. Unimplemented in a store without sparse tables.

@@ -117,6 +117,9 @@ struct TrainResult {
   // is answered, so their number stays near the pushes in flight.
   int64_t pushes_handed_over = 0;
   int64_t gradient_buffers = 0;
+  // Of the pushes handed over, those computed straight into a shard's shared-memory ring
+  // (ParamStore::PushBuffer) and sent from there.
+  int64_t pushes_from_shared_memory = 0;
   std::vector<EvalPoint> evaluations;  // with eval_every, in order
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
