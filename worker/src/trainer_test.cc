@@ -188,11 +188,47 @@ class SwapCountingParams final : public ForwardingParams {
   const Client* client_;
 };
 
+// A store that offers room for the gradients of the even-numbered parameters, as
+// RemoteParams offers a same-host shard's ring (ParamStore::PushBuffer): filled with NaN,
+// so a model that did not overwrite all of it would show.
+class BufferOfferingParams final : public ForwardingParams {
+ public:
+  using ForwardingParams::ForwardingParams;
+  std::shared_ptr<float> PushBuffer(size_t i) override {
+    if (i % 2 != 0 || i >= sizes.size()) return nullptr;
+    auto* p = new float[sizes[i]];
+    std::fill_n(p, sizes[i], std::numeric_limits<float>::quiet_NaN());
+    ++offered;
+    std::lock_guard<std::mutex> lock(mu);
+    live.insert(p);
+    return std::shared_ptr<float>(p, [this](float* q) {
+      std::lock_guard<std::mutex> l(mu);
+      live.erase(q);
+      delete[] q;
+    });
+  }
+  void PushHandedOver(size_t i, std::shared_ptr<const float> g) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (live.count(const_cast<float*>(g.get())) != 0) ++pushed_from_offer;
+    }
+    ForwardingParams::PushHandedOver(i, std::move(g));
+  }
+
+  std::vector<size_t> sizes;
+  int64_t offered = 0;
+  int64_t pushed_from_offer = 0;
+  std::mutex mu;
+  std::set<float*> live;
+};
+
 // Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
 // LocalParams or (prefetching) RemoteParams under staleness 1 on a one-shard in-memory
-// cluster whose replies take a millisecond, so that prefetches land during steps.
+// cluster whose replies take a millisecond, so that prefetches land during steps; with
+// `offering`, LocalParams inside a BufferOfferingParams kept there.
 SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep,
-                  bool prefetching = false) {
+                  bool prefetching = false,
+                  std::unique_ptr<BufferOfferingParams>* offering = nullptr) {
   SpyRun run;
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
   EXPECT_TRUE(ctx.ok()) << ctx.status();
@@ -217,23 +253,27 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
     client = std::move(*c);
     prefetcher = new SwapCountingParams(MakeRemoteParams(client.get(), 1), client.get());
     params.reset(prefetcher);
+  } else if (offering != nullptr) {
+    *offering = std::make_unique<BufferOfferingParams>(MakeLocalParams());
+    for (const auto& p : (*model)->params()) (*offering)->sizes.push_back(p.size());
   } else {
     params = MakeLocalParams();
   }
-  EXPECT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
+  ParamStore* store = offering != nullptr ? offering->get() : params.get();
+  EXPECT_TRUE(store->Setup((*model)->params(), OptimizerOptions{}).ok());
   TrainOptions o;
   o.epochs = 2;
   o.batch = 32;
   o.accumulate = accumulate;
   o.chunk_size = 96;  // a chunk ends on a short last iteration when accumulating
   o.log_every = 0;
-  auto r = Train(**keep, *params, train, &test, o, nullptr);
+  auto r = Train(**keep, *store, train, &test, o, nullptr);
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) run.result = *r;
   if (prefetcher != nullptr) {
     EXPECT_GT(prefetcher->swaps, 0);
   }
-  EXPECT_TRUE(params->PullAll(&run.final_params).ok());
+  EXPECT_TRUE(store->PullAll(&run.final_params).ok());
   auto ev = (*keep)->Evaluate(test.images.data(), test.labels.data(), test.count);
   EXPECT_TRUE(ev.ok()) << ev.status();
   if (ev.ok()) run.eval_loss_after = ev->loss;
@@ -317,80 +357,16 @@ TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
   EXPECT_LE(zero_copy.result.gradient_buffers, zero_copy.result.iterations * params / 4);
 }
 
-// A store that offers room for the gradients of the even-numbered parameters, as
-// RemoteParams offers a same-host shard's ring (ParamStore::PushBuffer): filled with NaN,
-// so a model that did not overwrite all of it would show.
-class BufferOfferingParams final : public ForwardingParams {
- public:
-  using ForwardingParams::ForwardingParams;
-  std::shared_ptr<float> PushBuffer(size_t i) override {
-    if (i % 2 != 0 || i >= sizes.size()) return nullptr;
-    auto* p = new float[sizes[i]];
-    std::fill_n(p, sizes[i], std::numeric_limits<float>::quiet_NaN());
-    ++offered;
-    std::lock_guard<std::mutex> lock(mu);
-    live.insert(p);
-    return std::shared_ptr<float>(p, [this](float* q) {
-      std::lock_guard<std::mutex> l(mu);
-      live.erase(q);
-      delete[] q;
-    });
-  }
-  void PushHandedOver(size_t i, std::shared_ptr<const float> g) override {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (live.count(const_cast<float*>(g.get())) != 0) ++pushed_from_offer;
-    }
-    ForwardingParams::PushHandedOver(i, std::move(g));
-  }
-
-  std::vector<size_t> sizes;
-  int64_t offered = 0;
-  int64_t pushed_from_offer = 0;
-  std::mutex mu;
-  std::set<float*> live;
-};
-
 // The model writes each gradient the store offers room for straight into it, and the
 // trainer pushes that room (no buffer of its own, no copy); the others go through its
 // pool. Training is bit-identical to a model that copies every gradient out, and no
 // offered buffer outlives the run. A model that cannot write where it is told (a GPU)
 // leaves every offer unused.
 TEST(TrainerTest, GradientsAreComputedWhereTheStoreOffersAndTrainAlike) {
-  auto train_with = [](bool zero_copy, std::unique_ptr<SpyModel>* keep,
-                       BufferOfferingParams** store) {
-    SpyRun run;
-    auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
-    EXPECT_TRUE(ctx.ok()) << ctx.status();
-    Dataset train = Synthetic(320);
-    Dataset test = Synthetic(70);
-    auto model = MakeMlp(**ctx, train.features(), {32, 16}, 10, 32);
-    EXPECT_TRUE(model.ok()) << model.status();
-    *keep = std::make_unique<SpyModel>(**model, zero_copy);
-    auto params = std::make_unique<BufferOfferingParams>(MakeLocalParams());
-    for (const auto& p : (*model)->params()) params->sizes.push_back(p.size());
-    EXPECT_TRUE(params->Setup((*model)->params(), OptimizerOptions{}).ok());
-    TrainOptions o;
-    o.epochs = 2;
-    o.batch = 32;
-    o.chunk_size = 96;
-    o.log_every = 0;
-    auto r = Train(**keep, *params, train, &test, o, nullptr);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (r.ok()) run.result = *r;
-    EXPECT_TRUE(params->PullAll(&run.final_params).ok());
-    auto ev = (*keep)->Evaluate(test.images.data(), test.labels.data(), test.count);
-    EXPECT_TRUE(ev.ok()) << ev.status();
-    if (ev.ok()) run.eval_loss_after = ev->loss;
-    run.spy = keep->get();
-    *store = params.release();
-    return run;
-  };
   std::unique_ptr<SpyModel> copy_model, zero_model;
-  BufferOfferingParams *copy_store = nullptr, *zero_store = nullptr;
-  SpyRun copying = train_with(false, &copy_model, &copy_store);
-  SpyRun zero_copy = train_with(true, &zero_model, &zero_store);
-  std::unique_ptr<BufferOfferingParams> own_copy(copy_store), own_zero(zero_store);
+  std::unique_ptr<BufferOfferingParams> copy_store, zero_store;
+  SpyRun copying = TrainSpied(false, 1, &copy_model, false, &copy_store);
+  SpyRun zero_copy = TrainSpied(true, 1, &zero_model, false, &zero_store);
   ExpectSameTraining(copying, zero_copy);
   const auto params = static_cast<int64_t>(zero_copy.final_params.size());
   const int64_t offered_params = (params + 1) / 2;
