@@ -1,0 +1,46 @@
+#!/bin/bash
+# The measurements that a 2-core machine cannot make, in one go on a machine with idle cores
+# (a lent GPU machine: 16 cores, one call of at most 10 minutes). Each part has its own time
+# limit, so a slow part cannot take the others' time, and each writes its results as it ends:
+#   1. the persistent 3x straggler, MLP (bench/straggler_bench.py): BSP, work in proportion
+#      to speed at s=0, one backup worker, and the workers' solo speeds alone (issue 17's
+#      0.9x-of-the-solo-sum target, last measured before the end-of-job fix f18d487);
+#   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
+#      target and striping's default);
+#   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16).
+# Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
+# Carry the build directory to the machine (the device tool's `carry`); the Fashion-MNIST
+# files must be at /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist).
+set -u
+B=${1:-build}; OUT=${2:-${OUT:-/tmp/leash-idle-cores}}
+cd "$(dirname "$0")/.."
+for exe in server/leash-server worker/leash-worker bench/leash-bench-pushpull; do
+  [ -x "$B/$exe" ] || { echo "$B/$exe not found: build first (bash scripts/build.sh)" >&2; exit 2; }
+done
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+mkdir -p "$OUT"
+quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
+{ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
+
+part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s), load $(cut -d' ' -f1 /proc/loadavg)" | tee -a "$OUT/machine.txt"
+  [ $rc -eq 124 ] && echo "  $name ran out of time: what it wrote so far is in $OUT/$name" | tee -a "$OUT/machine.txt"
+  tail -5 "$OUT/$name.log"
+}
+
+part straggler "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler" \
+  --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/mlp/bsp,persistent/mlp/proportional,persistent/mlp/backup,persistent/mlp/solo_alone \
+  --modes bsp,proportional_s0,backup
+part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds 1 --stripes 2 \
+  --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo 2)"
+if command -v etcd >/dev/null; then
+  part replication "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
+    --only cost --rounds 1
+else
+  echo "replication: skipped, no etcd here (apt-get install etcd-server)" | tee -a "$OUT/machine.txt"
+fi
+echo "results under $OUT"
