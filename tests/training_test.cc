@@ -383,11 +383,6 @@ std::vector<std::pair<std::string, uint64_t>> Segments(const std::string& root,
   return out;
 }
 
-// A worker of four shards on one host whose /dev/shm is a container's default 64 MB (a
-// mount namespace of its own, as Docker and Kubernetes give): every shard is reached
-// through shared memory, each ring holding only what its frames need, and the job trains.
-// Before rings were sized by their frames, each shard took 32 MiB and the second one
-// already went through the socket. Needs root (a mount namespace); skips otherwise.
 // A worker whose one shard is on this host computes the gradients of its large tables
 // straight into the shard's shared-memory ring and pushes them from there
 // (ParamStore::PushBuffer), with no copy; through the socket (--no-shm) none is. Training
@@ -433,6 +428,11 @@ TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThe
   }
 }
 
+// A worker of four shards on one host whose /dev/shm is a container's default 64 MB (a
+// mount namespace of its own, as Docker and Kubernetes give): every shard is reached
+// through shared memory, each ring holding only what its frames need, and the job trains.
+// Before rings were sized by their frames, each shard took 32 MiB and the second one
+// already went through the socket. Needs root (a mount namespace); skips otherwise.
 TEST(SmallDevShmTest, AWorkerReachesFourShardsThroughSharedMemoryInA64MbDevShm) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a 64 MB /dev/shm of its own";
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {

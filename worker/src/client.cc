@@ -1226,8 +1226,8 @@ Future Client::PushDense(const TableHandle& table, const float* grad,
     if (rr.size() == 0) continue;
     shards.push_back(s);
     std::span<const float> values(grad + rr.begin * table.cols, rr.size() * table.cols);
+    // Only this client's PushBuffer made `ring`, so the wire is float32.
     if (ring != nullptr && ring->client == impl_.get() && ring->shard == s &&
-        options_.wire_dtype == DType::kF32 &&
         ring->frame.data() == reinterpret_cast<const uint8_t*>(values.data()) &&
         ring->frame.size() == values.size_bytes()) {
       // Computed where it is sent from (PushBuffer): the frame itself, no copy. Sent after

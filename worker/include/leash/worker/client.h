@@ -112,9 +112,9 @@ struct ClientCounters {
   uint64_t pushes = 0;            // Push() calls (one per table, whatever the shards)
   uint64_t pulls = 0;             // Pull() calls
   int64_t pulled_min_clock = -1;  // minimum clock the latest pull reply's values reflect
-  int shared_memory_shards =
-      0;                      // shards on this host that large frames reach through shared memory
-  uint64_t push_buffers = 0;  // PushBuffer() calls that gave shared memory
+  // Shards on this host that large frames reach through shared memory.
+  int shared_memory_shards = 0;
+  uint64_t push_buffers = 0;        // PushBuffer() calls that gave shared memory
   uint64_t pushes_from_buffer = 0;  // pushes sent from such a buffer where it lies (no copy)
 };
 
