@@ -5,8 +5,10 @@ subprocesses. The binaries come from LEASH_SERVER_BIN / LEASH_WORKER_BIN (ctest 
 or build/; etcd from LEASH_ETCD_BIN or PATH (tests that need it skip without it).
 Fixtures are per test; not thread-safe."""
 import base64
+import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,10 +29,36 @@ if PYTHON_DIR not in sys.path and not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, PYTHON_DIR)
 
 
+_GIVEN_PORTS = set()
+_PORT_LOCKS = []  # the flocked files of the ports handed out: held while this process lives
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port, by tests/support/process.cc's FreePort scheme, so that the C++ and
+    Python suites that ctest runs side by side never draw the same one: from [20000, 32000),
+    below the kernel's ephemeral ports (which any process's outgoing connection may take
+    between the draw and a shard's bind); at most once per process (the kernel's bind to
+    port 0 once gave two shards of one test the same port); and reserved across processes
+    with an flock on $TMPDIR/leash-test-ports/PORT while this process lives."""
+    d = os.path.join(os.environ.get("TMPDIR", "/tmp"), "leash-test-ports")
+    os.makedirs(d, exist_ok=True)
+    rng = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(1000):
+        port = rng.randrange(20000, 32000)
+        if port in _GIVEN_PORTS:
+            continue
+        f = open(os.path.join(d, str(port)), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:  # another test process holds it, or something listens there
+            f.close()
+            continue
+        _GIVEN_PORTS.add(port)
+        _PORT_LOCKS.append(f)
+        return port
+    raise RuntimeError("no free loopback port in [20000, 32000) after 1000 tries")
 
 
 class Cluster:
