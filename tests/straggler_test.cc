@@ -40,11 +40,15 @@ class StragglerTest : public ::testing::Test {
   // lasts about a second, and a straggler slow to start on a loaded machine could otherwise
   // find every chunk taken and train nothing.
   bool RunJob(Cluster& cluster, double factor, const std::vector<std::string>& flags,
-              bool straggler_first = false) {
+              bool straggler_first = false, int epochs = 1) {
     std::vector<std::unique_ptr<Process>> workers(3);
     for (int i : {2, 0, 1}) {
-      std::vector<std::string> f = {"--epochs=1",       "--chunk-size=500", "--train-limit=24000",
-                                    "--test-limit=500", "--no-eval",        "--log-every=0"};
+      std::vector<std::string> f = {"--epochs=" + std::to_string(epochs),
+                                    "--chunk-size=500",
+                                    "--train-limit=24000",
+                                    "--test-limit=500",
+                                    "--no-eval",
+                                    "--log-every=0"};
       if (i == 2) f.push_back("--step-delay-factor=" + std::to_string(factor));
       f.insert(f.end(), flags.begin(), flags.end());
       auto& w = workers[static_cast<size_t>(i)];
@@ -71,6 +75,18 @@ class StragglerTest : public ::testing::Test {
     auto v = JsonNumbers(cluster.WorkerMetrics("w" + std::to_string(i)), key);
     EXPECT_FALSE(v.empty()) << key << " of w" << i;
     return v.empty() ? -1 : v[0];
+  }
+
+  // The samples worker `i` trained of epoch `epoch` (numbered from 1; 0 if none).
+  double EpochSamples(const Cluster& cluster, int i, int epoch) {
+    const std::string path = cluster.WorkerMetrics("w" + std::to_string(i));
+    auto epochs = JsonNumbers(path, "epoch");
+    auto samples = JsonNumbers(path, "samples");
+    EXPECT_EQ(epochs.size(), samples.size()) << path;
+    for (size_t k = 0; k < std::min(epochs.size(), samples.size()); ++k) {
+      if (epochs[k] == epoch) return samples[k];
+    }
+    return 0;
   }
 
   // The samples the three workers trained in the job's one epoch, together.
@@ -118,14 +134,20 @@ TEST_F(StragglerTest, WithABackupWorkerTheFastWorkersAdvanceAtTheirOwnRate) {
 
 TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStragglerTrainsLess) {
   Cluster cluster(1, dir_.path());
-  ASSERT_TRUE(RunJob(cluster, 4, {"--staleness=1", "--global-batch=192", "--batch=64"}));
+  // Two epochs, the shares judged in the second: the first is about a second long, and on a
+  // loaded machine the fast workers can start so late that the straggler, alone and with
+  // the whole global batch, trains much of it before there is anyone to share with (seen
+  // in CI: w2 7500 samples against the fast workers' mean of 8250). By the second epoch all
+  // three have trained together for a hundred clocks or more.
+  ASSERT_TRUE(RunJob(cluster, 4, {"--staleness=1", "--global-batch=192", "--batch=64"},
+                     /*straggler_first=*/false, /*epochs=*/2));
   double clock[3], samples[3];
   for (int i = 0; i < 3; ++i) {
     clock[i] = Metric(cluster, i, "final_clock");
-    samples[i] = Metric(cluster, i, "samples");
+    samples[i] = EpochSamples(cluster, i, 2);
   }
-  std::printf("final clocks %.0f %.0f %.0f; samples %.0f %.0f %.0f (w2 4x slower)\n", clock[0],
-              clock[1], clock[2], samples[0], samples[1], samples[2]);
+  std::printf("final clocks %.0f %.0f %.0f; second epoch's samples %.0f %.0f %.0f (w2 4x slower)\n",
+              clock[0], clock[1], clock[2], samples[0], samples[1], samples[2]);
   // The clocks stay together (the bound holds them within s = 1 of the minimum while all
   // three train) ...
   for (int i = 1; i < 3; ++i) EXPECT_LE(std::abs(clock[i] - clock[0]), 3) << "w" << i;
@@ -136,8 +158,12 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
   // w0 4500, w1 16000, w2 3500 samples).
   const double fast_mean = (samples[0] + samples[1]) / 2;
   EXPECT_LT(samples[2], 0.6 * fast_mean) << samples[2] << " vs " << fast_mean;
-  // Coverage is exact.
-  EXPECT_EQ(samples[0] + samples[1] + samples[2], kTrainSamples);
+  // Coverage is exact, epoch by epoch.
+  for (int e = 1; e <= 2; ++e) {
+    double n = 0;
+    for (int i = 0; i < 3; ++i) n += EpochSamples(cluster, i, e);
+    EXPECT_EQ(n, kTrainSamples) << "epoch " << e;
+  }
   // A step per push (the default): nothing summed.
   auto stats = cluster.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
