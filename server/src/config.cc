@@ -155,7 +155,8 @@ ServerCommandLine::ServerCommandLine()
            "a replica's log on disk under DATA_DIR/replica-log, each entry written before it is "
            "acknowledged, so that replicas killed all at once start again losing nothing: off, "
            "write (survives the processes: SIGKILL, OOM kills) or fsync (survives the host: a "
-           "power cut; slower). --replicas > 1 only");
+           "power cut; slower). With --replicas 1 an unreplicated shard SIGKILLed starts again "
+           "from its snapshot and this log, losing nothing acknowledged (no etcd needed)");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -257,11 +258,6 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   c.etcd_ttl_s = v.etcd_ttl_s;
   if (v.durable_log != "off" && v.durable_log != "write" && v.durable_log != "fsync") {
     return cli_.BadValue("durable-log", v.durable_log, "use off, write or fsync");
-  }
-  if (v.durable_log != "off" && v.replicas < 2) {
-    return cli_.BadValue("durable-log", v.durable_log,
-                         "the durable log is a replicated shard's (--replicas > 1); an "
-                         "unreplicated shard keeps its snapshots (--checkpoint-interval)");
   }
   c.durable_log = v.durable_log;
   if (c.replicas > 1) {

@@ -47,7 +47,8 @@ struct ServerConfig {
   std::string job = "leash";
   int64_t etcd_ttl_s = 5;  // the replicas' etcd lease TTL: failover comes this long after a death
   // A replica's log on disk as it runs (docs/replication.md): off, write (before each
-  // acknowledgement: survives the process) or fsync (survives the host too).
+  // acknowledgement: survives the process) or fsync (survives the host too). With
+  // replicas 1 the shard runs as a group of one (server/src/solo_group.h), no etcd needed.
   std::string durable_log = "off";
 };
 

@@ -1,12 +1,23 @@
-// The coordinator factory of leash-server (coordination.h): etcd. Not thread-safe.
+// The coordinator factory of leash-server (coordination.h): etcd, or for an unreplicated
+// shard with a durable log its group of one (solo_group.h). Not thread-safe.
 #include "coordination.h"
 
 #include "leash/common/etcd_coordinator.h"
 #include "leash/common/watched_directory.h"
+#include "solo_group.h"
 
 namespace leash::server {
 
 Result<Coordination> ConnectCoordination(const ServerConfig& config) {
+  if (config.replicas == 1) {
+    LEASH_ASSIGN_OR_RETURN(auto group, SoloGroup::Open(config.data_dir + "/replica-log",
+                                                       static_cast<uint32_t>(config.shard),
+                                                       static_cast<uint32_t>(config.num_shards)));
+    Coordination c;
+    c.directory = group->Directory();
+    c.coordinator = std::move(group);
+    return c;
+  }
   EtcdOptions options;
   LEASH_ASSIGN_OR_RETURN(options.endpoints, ParseEtcdEndpoints(config.etcd));
   options.job = config.job;

@@ -274,38 +274,42 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   opts.memory_budget_bytes = c.memory_budget_bytes;
   opts.resident_bytes = ResidentBytes;
   opts.backup_workers = static_cast<uint32_t>(c.backup_workers);
-  if (c.replicas > 1) {
+  if (c.replicas > 1 || c.durable_log != "off") {
     // A replica's state comes from its primary (a snapshot and the log), not from its own
-    // snapshots (docs/replication.md).
+    // snapshots (docs/replication.md). Unreplicated with a durable log, the shard is a group
+    // of one: its log on disk, its term in DATA_DIR/replica-log/group, no etcd.
     auto coordination = leash::server::ConnectCoordination(c);
     if (!coordination.ok()) {
       spdlog::error("{}", coordination.status().ToString());
       return 1;
     }
     s.coordination = std::move(*coordination);
-    leash::ZmqOptions po;
-    po.max_message_bytes = int64_t{1} << 31;  // appends and snapshots carry many requests
-    // A replica on this host gets the appends' pushes through shared memory as a shard gets
-    // a worker's (one copy in, one out, no loopback TCP on either side's CPU); a replica on
-    // another host refuses the offer and everything goes through the socket.
-    po.shared_memory = c.shared_memory;
-    if (s.curve) {
-      // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
-      // with the shards' own key pair, and every replica accepts that key as a client's
-      // (below). Only a process holding server.key can therefore reach a replica as one.
-      po.curve = ReplicaClientKeys(*s.curve);
-      s.curve->authorized.push_back({kReplicaKeyName, s.curve->own.public_z85});
+    if (c.replicas > 1) {
+      leash::ZmqOptions po;
+      po.max_message_bytes = int64_t{1} << 31;  // appends and snapshots carry many requests
+      // A replica on this host gets the appends' pushes through shared memory as a shard gets
+      // a worker's (one copy in, one out, no loopback TCP on either side's CPU); a replica on
+      // another host refuses the offer and everything goes through the socket.
+      po.shared_memory = c.shared_memory;
+      if (s.curve) {
+        // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
+        // with the shards' own key pair, and every replica accepts that key as a client's
+        // (below). Only a process holding server.key can therefore reach a replica as one.
+        po.curve = ReplicaClientKeys(*s.curve);
+        s.curve->authorized.push_back({kReplicaKeyName, s.curve->own.public_z85});
+      }
+      s.peers_zmq = std::make_unique<leash::ZmqContext>(static_cast<int>(c.replicas));
+      std::vector<std::string> others = c.peers;
+      others.erase(others.begin() + c.replica);  // no connection to itself (other_replicas.h)
+      auto peers = leash::ConnectZmqClient(*s.peers_zmq, others, po);
+      if (!peers.ok()) {
+        spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
+        return 1;
+      }
+      s.peers = std::make_unique<leash::server::OtherReplicas>(std::move(*peers), c.replica);
+    } else {
+      s.peers = leash::server::NoOtherReplicas();
     }
-    s.peers_zmq =
-        std::make_unique<leash::ZmqContext>(static_cast<int>(std::max<int64_t>(1, c.replicas)));
-    std::vector<std::string> others = c.peers;
-    others.erase(others.begin() + c.replica);  // no connection to itself (other_replicas.h)
-    auto peers = leash::ConnectZmqClient(*s.peers_zmq, others, po);
-    if (!peers.ok()) {
-      spdlog::error("cannot connect to the other replicas: {}", peers.status().ToString());
-      return 1;
-    }
-    s.peers = std::make_unique<leash::server::OtherReplicas>(std::move(*peers), c.replica);
     leash::server::ReplicaOptions rep;
     rep.replica = static_cast<uint32_t>(c.replica);
     rep.replicas = static_cast<uint32_t>(c.replicas);
@@ -409,8 +413,9 @@ int Run(const ServerConfig& config) {
     std::random_device rd;
     const uint64_t boot = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
     const auto replica = static_cast<uint32_t>(config.replica);
+    const std::string self = config.replicas > 1 ? config.peers[replica] : config.bind;
     leash::Status joined = s.coordination.coordinator->Join(static_cast<uint32_t>(config.shard),
-                                                            {replica, config.peers[replica], boot});
+                                                            {replica, self, boot});
     if (!joined.ok()) {
       spdlog::error("replica {} of shard {} cannot join the job '{}' at {}: {}", replica,
                     config.shard, config.job, config.etcd, joined.ToString());

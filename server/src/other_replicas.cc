@@ -60,4 +60,24 @@ Status OtherReplicas::ShardHealth(int replica) const {
   return others_->health()->ShardHealth(other);
 }
 
+std::unique_ptr<ClientTransport> NoOtherReplicas() {
+  class None final : public ClientTransport {
+   public:
+    int num_shards() const override { return 0; }
+    Status Send(int replica, Message) override { return Refuse(replica); }
+    Result<std::optional<std::pair<int, Message>>> Receive(std::chrono::milliseconds) override {
+      return std::optional<std::pair<int, Message>>();
+    }
+    void Wake() override {}
+    Status Reconnect(int replica) override { return Refuse(replica); }
+    Status Retarget(int replica, const std::string&) override { return Refuse(replica); }
+
+   private:
+    static Status Refuse(int replica) {
+      return FailedPrecondition("a group of one has no replica " + std::to_string(replica));
+    }
+  };
+  return std::make_unique<None>();
+}
+
 }  // namespace leash::server

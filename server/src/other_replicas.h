@@ -53,4 +53,8 @@ class OtherReplicas final : public ClientTransport,
   int self_;
 };
 
+// The peers of a group of one (an unreplicated shard with a durable log): none. Send,
+// Reconnect and Retarget are refused; Receive finds nothing.
+std::unique_ptr<ClientTransport> NoOtherReplicas();
+
 }  // namespace leash::server

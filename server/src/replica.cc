@@ -159,7 +159,7 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
       peers_(peers),
       peers_state_(options.replicas),
       transfers_(options.replicas) {
-  LEASH_CHECK(options_.replicas > 1 && options_.replica < options_.replicas);
+  LEASH_CHECK(options_.replicas >= 1 && options_.replica < options_.replicas);
   LEASH_CHECK(options_.snapshot_chunk_bytes > 0 && options_.snapshot_window > 0);
   if (sparse_ == nullptr) {
     // The shards this replica installs share one cold tier, so a snapshot's rows can be
@@ -933,8 +933,10 @@ void Replica::GiveUpTerm(const char* why) {
         shard_options_.shard, options_.replica, term, st.ToString());
     return;
   }
-  spdlog::info("shard {}: replica {} resigned as primary of term {}; a backup takes over",
-               shard_options_.shard, options_.replica, term);
+  spdlog::info("shard {}: replica {} resigned as primary of term {}; {}", shard_options_.shard,
+               options_.replica, term,
+               options_.replicas > 1 ? "a backup takes over"
+                                     : "a group of one: it serves again when started");
 }
 
 // ---- stopping and starting again --------------------------------------------------------
@@ -1033,6 +1035,7 @@ Result<bool> Replica::RestoreFromDurableLog() {
   LEASH_RETURN_IF_ERROR(shard_->Recover().status());  // the store's snapshot, if any
   const auto [sequence, unix_ms] = shard_->snapshot_id();
   auto start_empty = [&](const std::string& why) -> Result<bool> {
+    if (options_.replicas == 1) return KeepSnapshotAlone(why);
     spdlog::warn(
         "shard {}: replica {} does not use its durable log in {}: {}; it starts empty and "
         "catches up from the primary",
@@ -1045,6 +1048,19 @@ Result<bool> Replica::RestoreFromDurableLog() {
     if (records.status().code() == StatusCode::kNotFound && sequence == 0) {
       ResetShard();
       return false;  // a first start
+    }
+    if (records.status().code() == StatusCode::kNotFound && options_.replicas == 1) {
+      LEASH_ASSIGN_OR_RETURN(bool logged_before, GroupRemembered(0));
+      if (!logged_before) {
+        // An unreplicated shard's first start with --durable-log: its snapshots are all
+        // there is, and its log begins now.
+        spdlog::info(
+            "shard {}: no durable log in {} yet; the shard starts from its snapshot #{} and "
+            "logs every update from here",
+            shard, durable_->dir(), sequence);
+        LEASH_RETURN_IF_ERROR(TakeLogBack(0, 0, 0, 0, {}, "snapshot"));
+        return true;
+      }
     }
     return start_empty(records.status().message());
   }
@@ -1082,6 +1098,10 @@ Result<bool> Replica::RestoreFromDurableLog() {
     return start_empty("it could not lead when it stopped (it was being caught up)");
   }
   LEASH_ASSIGN_OR_RETURN(bool remembered, GroupRemembered(term));
+  if (!remembered && options_.replicas == 1) {
+    return KeepSnapshotAlone("its group file does not remember the log's term " +
+                             std::to_string(term));
+  }
   if (!remembered) {
     spdlog::info(
         "shard {}: replica {} does not use its durable log (term {}): the coordinator does not "
@@ -1097,6 +1117,21 @@ Result<bool> Replica::RestoreFromDurableLog() {
       "entries of log past it, commit {} ({} records replayed); it may lead if the in-sync set "
       "lists it",
       shard, options_.replica, term_, applied_index_, log_.size(), commit_index_, records->size());
+  return true;
+}
+
+Result<bool> Replica::KeepSnapshotAlone(const std::string& why) {
+  // A group of one has nobody to catch it up: starting empty would throw its snapshot away.
+  // It keeps the snapshot's state, as an unreplicated shard without the log would, loses
+  // what was acknowledged after it, and says so.
+  const uint32_t shard = shard_options_.shard;
+  const auto [sequence, unix_ms] = shard_->snapshot_id();
+  spdlog::warn(
+      "shard {}: the durable log in {} cannot be used ({}); the shard starts from its "
+      "snapshot #{} alone, and updates acknowledged after that snapshot are lost",
+      shard, durable_->dir(), why, sequence);
+  (void)unix_ms;
+  LEASH_RETURN_IF_ERROR(TakeLogBack(0, 0, 0, 0, {}, "snapshot"));
   return true;
 }
 

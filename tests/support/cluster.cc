@@ -10,7 +10,7 @@ Cluster::Cluster(int n, std::string dir, std::vector<std::string> extra)
   for (int i = 0; i < n; ++i) Start(i);
 }
 
-void Cluster::Start(int i) {
+void Cluster::Start(int i, const std::vector<std::string>& more) {
   std::vector<std::string> argv = {LEASH_SERVER_BIN,
                                    "--shard=" + std::to_string(i),
                                    "--num-shards=" + std::to_string(endpoints_.size()),
@@ -19,6 +19,7 @@ void Cluster::Start(int i) {
                                    "--checkpoint-interval=0",
                                    "--no-sync"};
   argv.insert(argv.end(), extra_.begin(), extra_.end());  // later flags win
+  argv.insert(argv.end(), more.begin(), more.end());
   shards_[static_cast<size_t>(i)].reset();
   shards_[static_cast<size_t>(i)] =
       std::make_unique<Process>(argv, dir_ + "/shard" + std::to_string(i) + ".log");

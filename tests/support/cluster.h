@@ -18,8 +18,8 @@ class Cluster {
   // Starts `n` shards with data under `dir`, each with `extra` flags.
   Cluster(int n, std::string dir, std::vector<std::string> extra = {});
 
-  // (Re)starts shard i on its port and data directory.
-  void Start(int i);
+  // (Re)starts shard i on its port and data directory, with `more` flags this time only.
+  void Start(int i, const std::vector<std::string>& more = {});
   Process& shard(int i) { return *shards_[static_cast<size_t>(i)]; }
   int size() const { return static_cast<int>(endpoints_.size()); }
   const std::vector<std::string>& endpoints() const { return endpoints_; }

@@ -1,4 +1,6 @@
 // One replica of a replicated shard (--replicas R > 1): a Shard fed from a replicated log.
+// With R = 1 and a durable log, a group of one (server/src/solo_group.h): the same log, on
+// disk only.
 // The primary orders every input that changes the shard's state into the log, applies it,
 // ships it to the backups and releases its replies only once every backup of the in-sync
 // set holds it; backups apply the log up to the commit index the primary sends, with the
@@ -27,7 +29,7 @@ namespace leash::server {
 
 struct ReplicaOptions {
   uint32_t replica = 0;   // this replica, 0..replicas-1
-  uint32_t replicas = 2;  // R
+  uint32_t replicas = 2;  // R (1: a group of one, with a durable log)
   // Applied and committed entries kept, for backups that fall behind, at most this many and
   // (their messages' frames) this many bytes; a backup further behind catches up from a
   // snapshot. The byte bound keeps a replica's memory flat: 65536 pushes of an MLP's
@@ -316,6 +318,10 @@ class Replica {
   // Whether the coordinator remembers this group (a stop record or durable log of `term`
   // means something only then).
   Result<bool> GroupRemembered(uint64_t term);
+  // A group of one (R = 1, docs/replication.md "One replica with a durable log") whose log
+  // cannot be used (`why`): it keeps the snapshot the shard recovered, with an empty log, and
+  // may lead; starting empty, as a backup does, would throw that snapshot away.
+  Result<bool> KeepSnapshotAlone(const std::string& why);
   int64_t shard_now_ = 0;  // the clock the shard reads: the entry being applied's
   int64_t now_ = 0;        // this turn's steady clock
   uint64_t boot_id_ = 0;

@@ -1,0 +1,107 @@
+// An unreplicated shard with a durable log (leash-server --durable-log write: a group of one,
+// no etcd; docs/replication.md, "One replica with a durable log"), with real leash-server
+// processes and a real Client with fixed endpoints. SIGKILLed repeatedly under pushes of known
+// values (SGD at learning rate 1) and restarted on its data directory, it loses no
+// acknowledged push and applies none twice: the final table is their exact sum. A shard that
+// ran without the log keeps its snapshot when first started with one.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "support/cluster.h"
+#include "support/exact_sum_pusher.h"
+#include "support/files.h"
+#include "support/process.h"
+
+namespace leash {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+using testing::ExactSumPusher;
+using testing::TempDir;
+
+// The "(N records replayed)" of every start from the durable log in a shard's log.
+std::vector<int> RecordsReplayed(const std::string& log) {
+  std::regex re("starts again from its durable log: .*\\(([0-9]+) records replayed\\)");
+  std::vector<int> out;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    out.push_back(std::stoi((*it)[1]));
+  }
+  return out;
+}
+
+TEST(DurableShardTest, ASigkilledShardStartsAgainFromItsLogAndLosesNothing) {
+  TempDir dir;
+  // Snapshots every 300 ms: each kill falls between two, and what followed the last one is
+  // only in the log.
+  Cluster cluster(1, dir.path(), {"--durable-log=write", "--checkpoint-interval=300ms"});
+  auto client = cluster.Connect("pusher");
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("t", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ExactSumPusher pusher(*client, *table);
+  constexpr int kKills = 3;
+  for (int kill = 0; kill < kKills; ++kill) {
+    ASSERT_TRUE(pusher.WaitForMore(1000)) << pusher.failure() << cluster.shard(0).ReadLog();
+    cluster.shard(0).Kill();
+    ASSERT_TRUE(cluster.shard(0).Wait(30s).has_value());
+    cluster.Start(0);
+  }
+  ASSERT_TRUE(pusher.WaitForMore(1000)) << pusher.failure() << cluster.shard(0).ReadLog();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client);
+  const std::string log = cluster.shard(0).ReadLog();
+  // Every start after a kill took the log back, and each replayed records past its
+  // snapshot (more than the first record, which says where the snapshot stands).
+  const std::vector<int> replayed = RecordsReplayed(log);
+  ASSERT_EQ(replayed.size(), static_cast<size_t>(kKills)) << log;
+  for (int n : replayed) EXPECT_GE(n, 2) << log;
+  EXPECT_EQ(log.find("etcd"), std::string::npos) << "a group of one needs no etcd\n" << log;
+}
+
+TEST(DurableShardTest, AShardFirstStartedWithTheLogKeepsItsSnapshotAndLogsFromThere) {
+  TempDir dir;
+  Cluster cluster(1, dir.path());  // no log: snapshots only
+  auto client = cluster.Connect("pusher");
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("t", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::vector<float> expected(4, 0.f);
+  auto push = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> g = {1, 2, 3, static_cast<float>(i % 5)};
+      Status st = client->Push(*table, g.data()).get();
+      ASSERT_TRUE(st.ok()) << st;
+      for (size_t k = 0; k < 4; ++k) expected[k] -= g[k];
+    }
+  };
+  auto expect_values = [&](const std::string& when) {
+    std::vector<float> values(4);
+    Status st = client->Pull(*table, values.data()).get();
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(values, expected) << when << "\n" << cluster.shard(0).ReadLog();
+  };
+  ASSERT_NO_FATAL_FAILURE(push(50));
+  cluster.shard(0).Signal(SIGTERM);  // its final snapshot holds all 50
+  ASSERT_EQ(cluster.shard(0).Wait(30s), std::optional<int>(0));
+  cluster.Start(0, {"--durable-log=write"});
+  ASSERT_NO_FATAL_FAILURE(expect_values("first start with the log"));
+  EXPECT_NE(cluster.shard(0).ReadLog().find("no durable log in"), std::string::npos)
+      << cluster.shard(0).ReadLog();
+  // From here on the log holds every push: a SIGKILL loses none of them.
+  ASSERT_NO_FATAL_FAILURE(push(70));
+  cluster.shard(0).Kill();
+  ASSERT_TRUE(cluster.shard(0).Wait(30s).has_value());
+  cluster.Start(0, {"--durable-log=write"});
+  ASSERT_NO_FATAL_FAILURE(expect_values("after a SIGKILL"));
+  EXPECT_EQ(RecordsReplayed(cluster.shard(0).ReadLog()).size(), 1u) << cluster.shard(0).ReadLog();
+}
+
+}  // namespace
+}  // namespace leash
