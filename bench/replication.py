@@ -237,8 +237,9 @@ class Replicated:
 class Single:
     """One unreplicated leash-server (R=1, today's mode)."""
 
-    def __init__(self, build, tmp, tag, checkpoint_interval="0"):
+    def __init__(self, build, tmp, tag, checkpoint_interval="0", extra=()):
         self.build, self.tmp, self.tag, self.interval = build, tmp, tag, checkpoint_interval
+        self.extra = list(extra)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.proc = None
         self.start()
@@ -248,7 +249,7 @@ class Single:
         self.proc = subprocess.Popen(
             [L._bin(self.build, "server", "leash-server"), "--shard=0", "--num-shards=1", f"--bind={self.endpoint}",
              f"--data-dir={self.tmp}/{self.tag}-shard", "--no-sync", f"--checkpoint-interval={self.interval}",
-             "--log-level=info"], stdout=lf, stderr=subprocess.STDOUT)
+             "--log-level=info"] + self.extra, stdout=lf, stderr=subprocess.STDOUT)
         lf.close()
 
     def stop(self):
@@ -356,15 +357,17 @@ def replicated_kills(build, c, tmp, log):
                                  "client_retargeted_ms", "first_ack_ms")}}
 
 
-def single_kills(build, c, tmp, log):
+def single_kills(build, c, tmp, log, extra=(), tag="r1kills", kills=None):
     """R=1 with snapshots every 1 s: the shard SIGKILLed under the probe and restarted from
-    its last snapshot, c["r1_kills"] times."""
-    cl = Single(build, tmp, "r1kills", "1s")
+    its last snapshot (and, with `extra` --durable-log, its log), c["r1_kills"] times (or
+    `kills`)."""
+    cl = Single(build, tmp, tag, "1s", extra)
     runs = []
+    kills = c["r1_kills"] if kills is None else kills
     try:
-        probe = Probe(build, tmp, "r1kills", [f"--servers={cl.endpoint}", f"--rate={c['rate']}"])
+        probe = Probe(build, tmp, tag, [f"--servers={cl.endpoint}", f"--rate={c['rate']}"])
         try:
-            for k in range(c["r1_kills"]):
+            for k in range(kills):
                 time.sleep(1.5 + 0.37 * k)  # the kill at varying points of the snapshot period
                 t_kill = time.time()
                 cl.proc.kill()
@@ -373,8 +376,8 @@ def single_kills(build, c, tmp, log):
                 cl.start()
                 _, t_first = probe.resumed_after(t_dead, 60)
                 runs.append({"down_ms": round((t_first - t_kill) * 1000)})
-                log(f"  R=1 kill {k + 1}/{c['r1_kills']}: pushes resumed after {(t_first - t_kill) * 1000:.0f} ms "
-                    "(restart from the snapshot)")
+                log(f"  R=1 kill {k + 1}/{kills}: pushes resumed after {(t_first - t_kill) * 1000:.0f} ms "
+                    f"(restart from the snapshot{' and the log' if extra else ''})")
             time.sleep(0.5)
             totals = probe.finish()
         finally:
@@ -492,8 +495,8 @@ def rows_line(g):
 
 def cost_one(build, c, tmp, tag, replicas, extra=()):
     """One configuration's figures: the MLP, then the two push rows, on one cluster (`extra`:
-    more flags for R=2's replicas)."""
-    cl = Replicated(build, tmp, tag, c["ttl"], extra) if replicas == 2 else Single(build, tmp, tag)
+    more flags for its shard processes)."""
+    cl = Replicated(build, tmp, tag, c["ttl"], extra) if replicas == 2 else Single(build, tmp, tag, extra=extra)
     try:
         if replicas == 2:
             p = cl.primary()
