@@ -3,7 +3,8 @@
 // processes and a real Client with fixed endpoints. SIGKILLed repeatedly under pushes of known
 // values (SGD at learning rate 1) and restarted on its data directory, it loses no
 // acknowledged push and applies none twice: the final table is their exact sum. A shard that
-// ran without the log keeps its snapshot when first started with one.
+// ran without the log keeps its snapshot when first started with one. leashctl status shows
+// the log.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -63,6 +64,17 @@ TEST(DurableShardTest, ASigkilledShardStartsAgainFromItsLogAndLosesNothing) {
   ASSERT_EQ(replayed.size(), static_cast<size_t>(kKills)) << log;
   for (int n : replayed) EXPECT_GE(n, 2) << log;
   EXPECT_EQ(log.find("etcd"), std::string::npos) << "a group of one needs no etcd\n" << log;
+  // leashctl status names the log, its bytes and the term (one per start: 1 + the kills).
+  auto [rc, out] = testing::RunToCompletion(
+      {LEASHCTL_BIN, "status", "--servers=" + cluster.servers()}, dir.path(), 60s);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("durable log write, "), std::string::npos) << out;
+  EXPECT_NE(out.find("term " + std::to_string(kKills + 1) + " (one replica"), std::string::npos)
+      << out;
+  auto [jrc, json] = testing::RunToCompletion(
+      {LEASHCTL_BIN, "status", "--json", "--servers=" + cluster.servers()}, dir.path(), 60s);
+  EXPECT_EQ(jrc, 0) << json;
+  EXPECT_NE(json.find("\"durable_log\": \"write\""), std::string::npos) << json;
 }
 
 TEST(DurableShardTest, AShardFirstStartedWithTheLogKeepsItsSnapshotAndLogsFromThere) {

@@ -23,6 +23,30 @@
 
 namespace {
 
+std::string Bytes(uint64_t b) {
+  char buf[32];
+  if (b < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  } else if (b < (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  }
+  return buf;
+}
+
+const char* DurableLogName(leash::DurableLogMode m) {
+  switch (m) {
+    case leash::DurableLogMode::kWrite:
+      return "write";
+    case leash::DurableLogMode::kFsync:
+      return "fsync";
+    case leash::DurableLogMode::kOff:
+      break;
+  }
+  return "off";
+}
+
 int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
   const auto* stats = &shard_stats;
   if (json) {
@@ -53,11 +77,14 @@ int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
       }
       std::printf(
           "], \"backup_workers\": %u, \"stale_pushes_dropped\": %llu, \"pushes_summed\": %llu, "
-          "\"clock_steps\": %llu, \"memory_budget_bytes\": "
+          "\"clock_steps\": %llu, \"durable_log\": \"%s\", \"durable_log_bytes\": %llu, "
+          "\"durable_log_failed\": %s, \"term\": %llu, \"memory_budget_bytes\": "
           "%llu, \"memory_used_bytes\": %llu, \"resident_bytes\": %llu, \"sparse_tables\": [",
           s.backup_workers, static_cast<unsigned long long>(s.stale_pushes_dropped),
           static_cast<unsigned long long>(s.pushes_summed),
-          static_cast<unsigned long long>(s.clock_steps),
+          static_cast<unsigned long long>(s.clock_steps), DurableLogName(s.durable_log),
+          static_cast<unsigned long long>(s.durable_log_bytes),
+          s.durable_log_failed ? "true" : "false", static_cast<unsigned long long>(s.term),
           static_cast<unsigned long long>(s.memory_budget_bytes),
           static_cast<unsigned long long>(s.memory_used_bytes),
           static_cast<unsigned long long>(s.resident_bytes));
@@ -111,6 +138,14 @@ int PrintStatus(const std::vector<leash::ShardStats>& shard_stats, bool json) {
         s.recovered_clock >= 0
             ? (", recovered at clock " + std::to_string(s.recovered_clock)).c_str()
             : "");
+    if (s.durable_log_failed) {
+      std::printf("  durable log FAILED: the shard acknowledges nothing (see its log)\n");
+    } else if (s.durable_log != leash::DurableLogMode::kOff) {
+      std::printf("  durable log %s, %s written since it started, term %llu%s\n",
+                  DurableLogName(s.durable_log), Bytes(s.durable_log_bytes).c_str(),
+                  static_cast<unsigned long long>(s.term),
+                  s.replicas <= 1 ? " (one replica: a SIGKILL loses nothing acknowledged)" : "");
+    }
     if (s.backup_workers > 0) {
       std::printf("  backup workers %u: %llu stale pushes dropped\n", s.backup_workers,
                   static_cast<unsigned long long>(s.stale_pushes_dropped));
@@ -181,30 +216,6 @@ std::string ReplicaJson(const leash::ReplicaAddress& a) {
   return "{\"replica\": " + std::to_string(a.replica) +
          ", \"endpoint\": " + JsonString(a.endpoint) +
          ", \"boot_id\": " + std::to_string(a.boot_id) + "}";
-}
-
-std::string Bytes(uint64_t b) {
-  char buf[32];
-  if (b < 1024) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-  } else if (b < (1u << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
-  }
-  return buf;
-}
-
-const char* DurableLogName(leash::DurableLogMode m) {
-  switch (m) {
-    case leash::DurableLogMode::kWrite:
-      return "write";
-    case leash::DurableLogMode::kFsync:
-      return "fsync";
-    case leash::DurableLogMode::kOff:
-      break;
-  }
-  return "off";
 }
 
 // What the primary that answered `stats` says of replica `r`'s lag, or null when the stats
