@@ -75,11 +75,13 @@ def group_kills(build, c, tmp, log):
             "median_stall_ms": median(k["stall_ms"] for k in kills)}
 
 
-def written(tmp, tag):
-    """What the replicas of cost run `tag` wrote to their logs (their exit lines)."""
+def written(tmp, tag, replicas=2):
+    """What the replicas of cost run `tag` wrote to their logs (their exit lines); with
+    `replicas` 1, the unreplicated shard's."""
     out = {"records": 0, "mib": 0.0}
-    for r in range(2):
-        path = os.path.join(tmp, f"{tag}-r{r}.log")
+    paths = [os.path.join(tmp, f"{tag}-r{r}.log") for r in range(2)] if replicas == 2 else \
+        [os.path.join(tmp, f"{tag}-shard.log")]
+    for path in paths:
         if not os.path.exists(path):
             continue
         with open(path) as f:
@@ -89,15 +91,17 @@ def written(tmp, tag):
     return out
 
 
-def part_cost(build, c, tmp, log):
+def part_cost(build, c, tmp, log, replicas=2):
+    """Off, write and fsync in a rotating order each round, on R=`replicas` (with R=1 the
+    shard's CPU is its "primary" figure)."""
     rounds = []
     for r in range(c["rounds"]):
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         got = {}
         for mode in order:
             tag = f"cost{r}{mode}"
-            got[mode] = R.cost_one(build, c, tmp, tag, 2, [f"--durable-log={mode}"])
-            got[mode]["written"] = written(tmp, tag)
+            got[mode] = R.cost_one(build, c, tmp, tag, replicas, [f"--durable-log={mode}"])
+            got[mode]["written"] = written(tmp, tag, replicas)
             g = got[mode]
             log(f"  round {r + 1}/{c['rounds']} {mode}: {R.rows_line(g)}; primary CPU/iteration {g['mlp'].get('primary_cpu_us_per_iteration', 0):.0f} us, backup "
                 f"{g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; log {g['written']['mib']:.0f} MiB; "

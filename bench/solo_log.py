@@ -17,7 +17,6 @@ here and stopped by its handle.
 """
 import argparse
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -26,11 +25,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import replication as R  # noqa: E402  (its shards, probe and cost rows)
+import durable_log as D  # noqa: E402  (its cost part, here on one shard)
+import replication as R  # noqa: E402  (its shards and probe)
 from common import leash as L  # noqa: E402
 from common.util import cpu_model, median, write_json  # noqa: E402
 
-MODES = ("off", "write", "fsync")
+MODES = D.MODES
 FIGURES = (("mlp_samples_per_second", "MLP 1+1 s=1, samples/s"),
            ("push_4KB_p50_us", "4 KB push p50, µs"),
            ("push_4MB_mb_per_s", "4 MB push at 8 in flight, MB/s"))
@@ -57,47 +57,6 @@ def part_kills(build, c, tmp, log):
                      "lost_per_kill_each_run": [r["lost_per_kill"] for r in rs],
                      "median_down_ms": median(down), "max_down_ms": max(down)}
     return out
-
-
-def written(tmp, tag):
-    """What the shard of cost run `tag` wrote to its log (its exit line)."""
-    path = os.path.join(tmp, f"{tag}-shard.log")
-    out = {"records": 0, "mib": 0.0}
-    if os.path.exists(path):
-        with open(path) as f:
-            for m in re.finditer(r"wrote (\d+) durable log record\(s\), ([0-9.]+) MiB", f.read()):
-                out["records"] += int(m.group(1))
-                out["mib"] += float(m.group(2))
-    return out
-
-
-def part_cost(build, c, tmp, log):
-    rounds = []
-    for r in range(c["rounds"]):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
-        got = {}
-        for mode in order:
-            tag = f"cost{r}{mode}"
-            got[mode] = R.cost_one(build, c, tmp, tag, 1, [f"--durable-log={mode}"])
-            got[mode]["written"] = written(tmp, tag)
-            g = got[mode]
-            log(f"  round {r + 1}/{c['rounds']} {mode}: {R.rows_line(g)}; shard CPU/iteration "
-                f"{g['mlp'].get('primary_cpu_us_per_iteration', 0):.0f} us; log {g['written']['mib']:.0f} MiB; "
-                f"load {g['mlp']['load_before']:.1f}")
-        rounds.append(got)
-    summary = {}
-    for name, (row, key, higher) in R.COST_FIGURES.items():
-        summary[name] = {"off": [g["off"][row][key] for g in rounds], "higher_is_better": higher,
-                         "off_shard_cpu_us_per_iteration": median(
-                             g["off"][row].get("primary_cpu_us_per_iteration") for g in rounds)}
-        for mode in MODES[1:]:
-            ratios, costs = R.per_round(rounds, mode, "off", row, key, higher)
-            summary[name][mode] = [g[mode][row][key] for g in rounds]
-            summary[name][f"{mode}_over_off_per_round"] = ratios
-            summary[name][f"{mode}_median_cost"] = median(costs)
-            summary[name][f"{mode}_shard_cpu_us_per_iteration"] = median(
-                g[mode][row].get("primary_cpu_us_per_iteration") for g in rounds)
-    return {"rounds": rounds, "summary": summary}
 
 
 def summary_md(res):
@@ -129,7 +88,7 @@ def summary_md(res):
                       f"{100 * x['write_median_cost']:+.1f}% | {median(x['fsync']):.0f} | "
                       f"{100 * x['fsync_median_cost']:+.1f}% |")
         md += ["", "Shard CPU per iteration (µs, median; an MLP step, a 4 KB push, a 4 MB push): "
-               + "; ".join(f"{m}: " + ", ".join(f"{s[name][f'{m}_shard_cpu_us_per_iteration'] or 0:.0f}"
+               + "; ".join(f"{m}: " + ", ".join(f"{s[name][f'{m}_primary_cpu_us_per_iteration'] or 0:.0f}"
                                                for name, _ in FIGURES) for m in MODES) + ".", ""]
     return md
 
@@ -162,7 +121,7 @@ def main():
             res["kills"] = part_kills(a.build, c, tmp, log)
         if "cost" in parts:
             log(f"cost: {c['rounds']} rounds of off, write and fsync")
-            res["cost"] = part_cost(a.build, c, tmp, log)
+            res["cost"] = D.part_cost(a.build, c, tmp, log, replicas=1)
     except L.RunError as e:
         log(f"failed: {e}")
         a.keep_tmp = True
