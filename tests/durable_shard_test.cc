@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <regex>
 #include <string>
 #include <vector>
@@ -113,6 +114,64 @@ TEST(DurableShardTest, AShardFirstStartedWithTheLogKeepsItsSnapshotAndLogsFromTh
   cluster.Start(0, {"--durable-log=write"});
   ASSERT_NO_FATAL_FAILURE(expect_values("after a SIGKILL"));
   EXPECT_EQ(RecordsReplayed(cluster.shard(0).ReadLog()).size(), 1u) << cluster.shard(0).ReadLog();
+}
+
+// A log that cannot be used (here: its files deleted after a SIGKILL) is said at warn level,
+// and the shard starts from its last snapshot, losing what came after it but not the
+// snapshot itself (a backup would start empty and be caught up; a group of one has nobody
+// to catch it up). It logs again from there: the next SIGKILL loses nothing.
+TEST(DurableShardTest, AShardWhoseLogIsGoneKeepsItsSnapshotAndLogsAgain) {
+  TempDir dir;
+  Cluster cluster(1, dir.path(), {"--durable-log=write"});
+  auto client = cluster.Connect("pusher");
+  ASSERT_NE(client, nullptr);
+  auto table = client->CreateTable(testing::Sgd1("t", 4, 1));
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::vector<float> values(4, 0.f);
+  auto push = [&](int n, std::vector<float>* sum) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> g = {1, 2, static_cast<float>(i % 3), 4};
+      Status st = client->Push(*table, g.data()).get();
+      ASSERT_TRUE(st.ok()) << st;
+      for (size_t k = 0; k < 4; ++k) (*sum)[k] -= g[k];
+    }
+  };
+  auto pulled = [&] {
+    std::vector<float> v(4);
+    Status st = client->Pull(*table, v.data()).get();
+    EXPECT_TRUE(st.ok()) << st;
+    return v;
+  };
+  ASSERT_NO_FATAL_FAILURE(push(40, &values));
+  auto snap = client->Checkpoint();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  const std::vector<float> at_snapshot = values;
+  ASSERT_NO_FATAL_FAILURE(push(25, &values));  // only in the log
+  cluster.shard(0).Kill();
+  ASSERT_TRUE(cluster.shard(0).Wait(30s).has_value());
+  const std::string log_dir = dir.path() + "/shard0/replica-log";
+  int removed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir)) {
+    if (e.path().filename().string().rfind("log-", 0) == 0) {
+      std::filesystem::remove(e.path());
+      ++removed;
+    }
+  }
+  ASSERT_GT(removed, 0) << "no log file in " << log_dir;
+  const size_t before = cluster.shard(0).ReadLog().size();
+  cluster.Start(0);
+  EXPECT_EQ(pulled(), at_snapshot) << cluster.shard(0).ReadLog().substr(before);
+  const std::string restart = cluster.shard(0).ReadLog().substr(before);
+  EXPECT_NE(restart.find("cannot be used"), std::string::npos) << restart;
+  EXPECT_NE(restart.find("updates acknowledged after that snapshot are lost"), std::string::npos)
+      << restart;
+  // Logging again: a SIGKILL now loses nothing.
+  std::vector<float> expected = at_snapshot;
+  ASSERT_NO_FATAL_FAILURE(push(30, &expected));
+  cluster.shard(0).Kill();
+  ASSERT_TRUE(cluster.shard(0).Wait(30s).has_value());
+  cluster.Start(0);
+  EXPECT_EQ(pulled(), expected) << cluster.shard(0).ReadLog();
 }
 
 }  // namespace

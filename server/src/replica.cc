@@ -1124,13 +1124,10 @@ Result<bool> Replica::KeepSnapshotAlone(const std::string& why) {
   // A group of one has nobody to catch it up: starting empty would throw its snapshot away.
   // It keeps the snapshot's state, as an unreplicated shard without the log would, loses
   // what was acknowledged after it, and says so.
-  const uint32_t shard = shard_options_.shard;
-  const auto [sequence, unix_ms] = shard_->snapshot_id();
   spdlog::warn(
       "shard {}: the durable log in {} cannot be used ({}); the shard starts from its "
       "snapshot #{} alone, and updates acknowledged after that snapshot are lost",
-      shard, durable_->dir(), why, sequence);
-  (void)unix_ms;
+      shard_options_.shard, durable_->dir(), why, shard_->snapshot_id().first);
   LEASH_RETURN_IF_ERROR(TakeLogBack(0, 0, 0, 0, {}, "snapshot"));
   return true;
 }
