@@ -319,12 +319,6 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       rep.durable_log_dir = c.data_dir + "/replica-log";
       rep.durable_log_fsync = c.durable_log == "fsync";
     }
-    if (c.replicas == 1) {
-      // A group of one keeps no applied entry in memory: no backup will ever ask for one
-      // (its log is on disk; 64 MiB of pushes held for nobody otherwise).
-      rep.max_log_entries = 0;
-      rep.max_log_bytes = 0;
-    }
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());

@@ -161,6 +161,12 @@ Replica::Replica(ReplicaOptions options, ShardOptions shard_options, SnapshotSto
       transfers_(options.replicas) {
   LEASH_CHECK(options_.replicas >= 1 && options_.replica < options_.replicas);
   LEASH_CHECK(options_.snapshot_chunk_bytes > 0 && options_.snapshot_window > 0);
+  if (options_.replicas == 1) {
+    // A group of one keeps no applied entry in memory: no backup will ever ask for one
+    // (its log is on disk; 64 MiB of pushes held for nobody otherwise).
+    options_.max_log_entries = 0;
+    options_.max_log_bytes = 0;
+  }
   if (sparse_ == nullptr) {
     // The shards this replica installs share one cold tier, so a snapshot's rows can be
     // staged in it before the shard that reads them exists.

@@ -34,6 +34,7 @@ struct ReplicaOptions {
   // (their messages' frames) this many bytes; a backup further behind catches up from a
   // snapshot. The byte bound keeps a replica's memory flat: 65536 pushes of an MLP's
   // gradients (about 0.5 MB each) held 3.6 GB per replica within a minute of the soak.
+  // A group of one (replicas 1) keeps none: both bounds are 0 there.
   size_t max_log_entries = 65536;
   size_t max_log_bytes = size_t{64} << 20;
   size_t max_entries_per_append = 256;
