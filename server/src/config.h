@@ -52,6 +52,10 @@ struct ServerConfig {
   std::string durable_log = "off";
 };
 
+// Where a replica (or a group of one) keeps its durable log and, for a group of one, its
+// group file: DATA_DIR/replica-log.
+inline std::string ReplicaLogDir(const ServerConfig& c) { return c.data_dir + "/replica-log"; }
+
 // Parses a byte size: a whole number with an optional binary suffix K, M, G or T (also
 // KB/KiB...; 512M is 512 MiB). InvalidArgument otherwise.
 Result<uint64_t> ParseByteSize(const std::string& text);

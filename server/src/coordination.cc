@@ -10,9 +10,9 @@ namespace leash::server {
 
 Result<Coordination> ConnectCoordination(const ServerConfig& config) {
   if (config.replicas == 1) {
-    LEASH_ASSIGN_OR_RETURN(auto group, SoloGroup::Open(config.data_dir + "/replica-log",
-                                                       static_cast<uint32_t>(config.shard),
-                                                       static_cast<uint32_t>(config.num_shards)));
+    LEASH_ASSIGN_OR_RETURN(
+        auto group, SoloGroup::Open(ReplicaLogDir(config), static_cast<uint32_t>(config.shard),
+                                    static_cast<uint32_t>(config.num_shards)));
     Coordination c;
     c.directory = group->Directory();
     c.coordinator = std::move(group);

@@ -316,7 +316,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
     // With keys, replication messages must come from the replicas' own key, not a worker's.
     if (s.curve) rep.replica_user = kReplicaKeyName;
     if (c.durable_log != "off") {
-      rep.durable_log_dir = c.data_dir + "/replica-log";
+      rep.durable_log_dir = leash::server::ReplicaLogDir(c);
       rep.durable_log_fsync = c.durable_log == "fsync";
     }
     s.replica = std::make_unique<leash::server::Replica>(
