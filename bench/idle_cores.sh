@@ -9,6 +9,8 @@
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16).
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
+# Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
+# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3).
 # Carry the build directory to the machine (the device tool's `carry`); the Fashion-MNIST
 # files must be at /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist).
 set -u
@@ -17,7 +19,7 @@ cd "$(dirname "$0")/.."
 for exe in server/leash-server worker/leash-worker bench/leash-bench-pushpull; do
   [ -x "$B/$exe" ] || { echo "$B/$exe not found: build first (bash scripts/build.sh)" >&2; exit 2; }
 done
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+PY=${PYTHON:-/usr/bin/python3}; [ -x "$PY" ] || PY=python3
 mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
@@ -35,11 +37,11 @@ part() {  # name seconds command...: runs it with a time limit, its output in OU
 part straggler "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler" \
   --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/mlp/bsp,persistent/mlp/proportional,persistent/mlp/backup,persistent/mlp/solo_alone \
   --modes bsp,proportional_s0,backup
-part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds 1 --stripes 2 \
-  --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo 2)"
+part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds "${STRIPES_ROUNDS:-1}" --stripes "${STRIPES_N:-2}" \
+  --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo "${STRIPES_SECONDS:-2}")"
 if command -v etcd >/dev/null; then
   part replication "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
-    --only cost --rounds 1
+    --only cost --rounds "${REPLICATION_ROUNDS:-1}"
 else
   echo "replication: skipped, no etcd here (apt-get install etcd-server)" | tee -a "$OUT/machine.txt"
 fi

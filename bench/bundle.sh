@@ -1,0 +1,28 @@
+#!/bin/bash
+# Packs a build's executables, stripped, with the shared libraries they need into one tar.xz, to
+# run the benchmarks (bench/idle_cores.sh, bench/gpu_check.sh) on a machine without Leash's
+# Debian packages, such as a lent GPU machine. Left out: glibc (the other machine's must be as
+# new as this one's) and CUDA's libraries (cudart, cuBLAS, cuDNN: the other machine's CUDA 13).
+# etcd is packed when installed (bench/replication.py needs it).
+# Usage: bash bench/bundle.sh [BUILD_DIR] [OUT.tar.xz]
+# There: tar xJf OUT.tar.xz -C DIR; export LD_LIBRARY_PATH=DIR/lib:...; PATH=DIR/bin:$PATH;
+#        and pass DIR/build as the build directory.
+set -euo pipefail
+B=${1:-build}; OUT=${2:-leash-bundle.tar.xz}
+cd "$(dirname "$0")/.."
+exes=(server/leash-server worker/leash-worker tools/leashctl bench/leash-bench-pushpull
+      bench/leash-bench-failover bench/leash-bench-crosscore kernels/cuda_kernels_test kernels/cuda_conv_test worker/cnn_cuda_test)
+stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/build" "$stage/lib" "$stage/bin"
+for e in "${exes[@]}"; do
+  [ -x "$B/$e" ] || { [[ $e == *cuda* ]] && continue; echo "$B/$e not found: build first (bash scripts/build.sh)" >&2; exit 2; }
+  mkdir -p "$stage/build/$(dirname "$e")"
+  strip -o "$stage/build/$e" "$B/$e"
+  ldd "$B/$e" | awk '$3 ~ /^\// {print $3}' >>"$stage/libs"
+done
+# glibc's own libraries and the loader stay the other machine's; CUDA's come from its toolkit
+sort -u "$stage/libs" | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|libutil)\.so|/cuda' |
+  while read -r l; do cp -L "$l" "$stage/lib/"; done
+command -v etcd >/dev/null && cp -L "$(command -v etcd)" "$stage/bin/"
+tar -C "$stage" --exclude=libs -cJf "$OUT" build lib bin
+echo "$OUT: $(du -h "$OUT" | cut -f1) ($(ls "$stage/lib" | wc -l) libraries)"
