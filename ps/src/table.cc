@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -278,9 +279,10 @@ Result<Table> Table::Create(uint32_t id, TableSpec spec, RowRange range, uint64_
   t.range_ = range;
   t.opt_ = spec.optimizer;
   size_t n = static_cast<size_t>(range.size()) * t.cols_;
-  t.values_.resize(n);
+  t.values_ = std::make_shared<std::vector<float>>(n);
+  std::vector<float>& values = *t.values_;
   uint64_t first = range.begin * t.cols_;
-  for (size_t i = 0; i < n; ++i) t.values_[i] = InitValue(spec.init, first + i);
+  for (size_t i = 0; i < n; ++i) values[i] = InitValue(spec.init, first + i);
   t.slots_.assign(static_cast<size_t>(OptimizerSlots(t.opt_.kind)), std::vector<float>(n, 0.f));
   t.spec_ = std::move(spec);
   return t;
@@ -312,7 +314,7 @@ Result<Table> Table::FromSnapshot(const TableSnapshot& snap) {
     if (s.size() != n)
       return DataLoss("table '" + t.name() + "' has an optimizer slot of the wrong size");
   }
-  t.values_ = snap.values;
+  t.values_ = std::make_shared<std::vector<float>>(snap.values);
   const size_t optimizer_slots = static_cast<size_t>(OptimizerSlots(t.opt_.kind));
   t.slots_.assign(snap.slots.begin(), snap.slots.begin() + optimizer_slots);
   for (size_t i = 0; i < snap.pending_clocks.size(); ++i) {
@@ -332,7 +334,7 @@ TableSnapshot Table::ToSnapshot() const {
   s.row_begin = range_.begin;
   s.row_end = range_.end;
   s.cols = cols_;
-  s.values = values_;
+  s.values = *values_;
   s.slots = slots_;
   s.optimizer_steps = steps_;
   for (const auto& [clock, sum] : pending_) {
@@ -380,19 +382,46 @@ Status Table::CheckOwned(const Rows& rows) const {
 void Table::Read(const Rows& rows, float* out) const {
   if (rows.explicit_keys) {
     for (size_t i = 0; i < rows.keys.size(); ++i) {
-      std::memcpy(out + i * cols_, values_.data() + (rows.keys[i] - range_.begin) * cols_,
+      std::memcpy(out + i * cols_, values_->data() + (rows.keys[i] - range_.begin) * cols_,
                   cols_ * sizeof(float));
     }
     return;
   }
   size_t n = static_cast<size_t>(rows.end - rows.begin) * cols_;
   if (n > 0)
-    std::memcpy(out, values_.data() + (rows.begin - range_.begin) * cols_, n * sizeof(float));
+    std::memcpy(out, values_->data() + (rows.begin - range_.begin) * cols_, n * sizeof(float));
+}
+
+std::optional<std::span<const float>> Table::RangeValues(const Rows& rows) const {
+  if (rows.explicit_keys) return std::nullopt;
+  const size_t n = static_cast<size_t>(rows.end - rows.begin) * cols_;
+  return std::span<const float>(values_->data() + (rows.begin - range_.begin) * cols_, n);
+}
+
+Frame Table::ReadFrame(const Rows& rows) const {
+  if (auto span = RangeValues(rows)) {
+    if (span->empty()) return Frame();
+    return Frame::Wrap(span->data(), span->size_bytes(), values_);
+  }
+  std::shared_ptr<float[]> copy(new float[rows.size() * cols_]);
+  Read(rows, copy.get());
+  float* data = copy.get();
+  return Frame::Wrap(data, rows.size() * cols_ * sizeof(float), std::move(copy));
+}
+
+void Table::MakeValuesWritable() {
+  if (values_.use_count() > 1) {
+    values_ = std::make_shared<std::vector<float>>(*values_);
+    ++copies_on_write_;
+  }
+  // A frame may have let go of the values on another thread (a transport's, once sent): its
+  // reads of them happen before the writes that follow (the release is a release operation).
+  std::atomic_thread_fence(std::memory_order_acquire);
 }
 
 void Table::ApplyRow(size_t offset, size_t n, const float* g) {
   auto len = static_cast<int64_t>(n);
-  float* w = values_.data() + offset;
+  float* w = values_->data() + offset;
   switch (opt_.kind) {
     case OptimizerKind::kSgd:
       kernels::cpu::SgdUpdate(len, {opt_.lr, opt_.weight_decay}, g, w);
@@ -430,6 +459,7 @@ void Table::ApplyRowScaled(size_t offset, size_t n, const float* g, float scale)
 void Table::Apply(const Rows& rows, const float* grad, float scale) {
   // Optimizer state decaying without gradient must not sink into the subnormal range.
   ScopedFlushDenormals flush;
+  MakeValuesWritable();
   ++steps_;
   ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
     if (scale == 1.f) {
@@ -443,7 +473,7 @@ void Table::Apply(const Rows& rows, const float* grad, float scale) {
 void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale) {
   auto [it, fresh] = pending_.try_emplace(clock);
   std::vector<float>& sum = it->second;
-  if (fresh) sum.assign(values_.size(), 0.f);
+  if (fresh) sum.assign(values_->size(), 0.f);
   ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
     float* d = sum.data() + offset;
     for (size_t i = 0; i < n; ++i) d[i] += g[i] * scale;

@@ -1,11 +1,13 @@
 // Tests of the dense table's optimizer arithmetic that the shard tests do not reach: optimizer
 // state decaying without gradient flushes to zero instead of turning subnormal; a weighted
-// gradient applied as it came is bit for bit a scaled copy applied.
+// gradient applied as it came is bit for bit a scaled copy applied; a pull reply's frame is
+// the table's memory and never changes after an update (copy on write).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "leash/ps/table.h"
@@ -163,6 +165,84 @@ TEST(TableTest, SummedPushesAreOneStepPerIterationAndASnapshotKeepsThePendingSum
   bad = snap;
   bad.pending_clocks = {5, 4};
   EXPECT_EQ(Table::FromSnapshot(bad).status().code(), StatusCode::kDataLoss);
+}
+
+std::vector<float> FrameFloats(const Frame& f) {
+  std::vector<float> v(f.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), f.data(), f.size());
+  return v;
+}
+
+std::vector<float> ReadAll(const Table& t, const Rows& rows) {
+  std::vector<float> v(rows.size() * t.cols());
+  t.Read(rows, v.data());
+  return v;
+}
+
+TEST(TableTest, AFrameOfARangeIsTheTablesMemoryAndAnUpdateCopiesOnlyWhileOneIsHeld) {
+  auto t = Table::Create(1, Spec(OptimizerKind::kSgd, 4, 3, 1.f), RowRange{0, 4});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Rows all = Rows::Range(0, 4), tail = Rows::Range(2, 4);
+  const std::vector<float> before = ReadAll(*t, all);
+  std::vector<float> grad(12);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.25f * static_cast<float>(i + 1);
+  {
+    const Frame f = t->ReadFrame(all);
+    const Frame part = t->ReadFrame(tail);
+    // Not a copy: the frames point into the table's values.
+    EXPECT_EQ(reinterpret_cast<const float*>(f.data()), t->RangeValues(all)->data());
+    EXPECT_EQ(reinterpret_cast<const float*>(part.data()), t->RangeValues(all)->data() + 6);
+    EXPECT_TRUE(SameBits(FrameFloats(f), before));
+    // An update while they are held writes a copy: the frames keep the values they were made
+    // with, the table moves on.
+    t->Apply(all, grad.data());
+    EXPECT_EQ(t->copies_on_write(), 1u);
+    EXPECT_TRUE(SameBits(FrameFloats(f), before));
+    EXPECT_TRUE(SameBits(FrameFloats(part), std::vector<float>(before.begin() + 6, before.end())));
+    const std::vector<float> after = ReadAll(*t, all);
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], before[i] - grad[i]) << i;
+    EXPECT_NE(reinterpret_cast<const float*>(f.data()), t->RangeValues(all)->data());
+  }
+  // No frame holds the values any more: the next update writes them in place.
+  const float* values = t->RangeValues(all)->data();
+  t->Apply(all, grad.data());
+  EXPECT_EQ(t->copies_on_write(), 1u);
+  EXPECT_EQ(t->RangeValues(all)->data(), values);
+  // A frame made now shows the values as they are now.
+  EXPECT_TRUE(SameBits(FrameFloats(t->ReadFrame(all)), ReadAll(*t, all)));
+}
+
+TEST(TableTest, AFrameOutlivesItsTableAndOneReleasedOnAnotherThreadCostsNoCopy) {
+  Frame kept;
+  std::vector<float> want;
+  {
+    auto t = Table::Create(1, Spec(OptimizerKind::kMomentum, 3, 5, 0.1f), RowRange{0, 3});
+    ASSERT_TRUE(t.ok());
+    want = ReadAll(*t, Rows::Range(0, 3));
+    kept = t->ReadFrame(Rows::Range(0, 3));
+    // Released on another thread, as a transport's I/O thread releases a sent message.
+    Frame sent = t->ReadFrame(Rows::Range(1, 3));
+    std::thread([f = std::move(sent)]() mutable { f = Frame(); }).join();
+    std::vector<float> grad(15, 1.f);
+    t->Apply(Rows::Range(0, 3), grad.data());
+    EXPECT_EQ(t->copies_on_write(), 1u);  // `kept` only
+  }
+  EXPECT_TRUE(SameBits(FrameFloats(kept), want));  // the table is gone, its values are not
+}
+
+TEST(TableTest, AFrameOfExplicitKeysIsACopyAndNeedsNoCopyOnWrite) {
+  auto t = Table::Create(1, Spec(OptimizerKind::kSgd, 4, 2, 1.f), RowRange{0, 4});
+  ASSERT_TRUE(t.ok());
+  const Rows keys = Rows::Keys({3, 0});
+  const std::vector<float> want = ReadAll(*t, keys);
+  const Frame f = t->ReadFrame(keys);
+  EXPECT_FALSE(t->RangeValues(keys).has_value());
+  EXPECT_TRUE(SameBits(FrameFloats(f), want));
+  std::vector<float> grad(8, 1.f);
+  t->Apply(Rows::Range(0, 4), grad.data());
+  EXPECT_EQ(t->copies_on_write(), 0u);
+  EXPECT_TRUE(SameBits(FrameFloats(f), want));
+  EXPECT_EQ(t->ReadFrame(Rows::Range(2, 2)).size(), 0u);  // an empty range
 }
 
 }  // namespace

@@ -500,11 +500,11 @@ Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& tabl
     table.Read(rows, reinterpret_cast<float*>(reserved->data));
     payload = std::move(reserved->frame);
   } else if (dtype == DType::kF32) {
-    // Read straight into the frame the transport sends without copying.
-    std::shared_ptr<float[]> values(new float[n]);
-    float* data = values.get();
-    table.Read(rows, data);
-    payload = Frame::Wrap(data, n * sizeof(float), std::move(values));
+    // A range of rows is sent from the table's own memory, not copied (Table::ReadFrame:
+    // copy on write if an update comes while the transport still holds it).
+    payload = table.ReadFrame(rows);
+  } else if (auto span = table.RangeValues(rows)) {
+    payload = EncodeValues(*span, dtype);  // narrowed straight from the table
   } else {
     std::vector<float> values(n);
     table.Read(rows, values.data());
@@ -651,7 +651,9 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
         table->Accumulate(w->clock, rows, g, scale);
         ++counters_.pushes_summed;
       } else {
+        const uint64_t copies = table->copies_on_write();
         table->Apply(rows, g, scale);
+        counters_.values_copied_on_write += table->copies_on_write() - copies;
       }
     }
     counters_.nonfinite_rows_skipped += skipped;
@@ -828,7 +830,11 @@ void Shard::ApplyClockSteps() {
   const int64_t before =
       clocks_.live() == 0 ? std::numeric_limits<int64_t>::max() : clocks_.MinClock();
   for (auto& t : tables_) {
-    if (t && t->pending() > 0) counters_.clock_steps += t->ApplyPendingBefore(before);
+    if (t && t->pending() > 0) {
+      const uint64_t copies = t->copies_on_write();
+      counters_.clock_steps += t->ApplyPendingBefore(before);
+      counters_.values_copied_on_write += t->copies_on_write() - copies;
+    }
   }
 }
 

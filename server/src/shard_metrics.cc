@@ -41,6 +41,10 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
          "Clock steps applied: one optimizer step per table on an iteration's summed pushes.");
   mirror(&ShardCounters::pulls_served, "leash_shard_pulls_total",
          "Pulls answered (at once or after being parked).");
+  mirror(
+      &ShardCounters::values_copied_on_write, "leash_shard_values_copied_on_write_total",
+      "Updates that copied a table's values before writing them, because a pull reply still "
+      "queued for sending held them (replies over the socket are sent from the table's memory).");
   mirror(&ShardCounters::pulls_parked, "leash_shard_parked_pulls_total",
          "Pulls that had to wait for the minimum clock (the staleness bound).");
   mirror(&ShardCounters::bytes_in, "leash_shard_received_bytes_total",

@@ -291,6 +291,32 @@ TEST_F(ShardTest, SgdPushesWithLearningRateOneSumIntoTheTable) {
   EXPECT_EQ(Pull(id, Range(0, 2)), (std::vector<float>{-11, -22, -133, -244}));
 }
 
+// A pull reply is sent from the table's memory (Table::ReadFrame); one still queued in a
+// transport when a push arrives keeps the values it was made with, as a copy would have.
+TEST_F(ShardTest, APullReplyStillQueuedWhenAPushArrivesKeepsTheValuesItWasMadeWith) {
+  uint32_t id = Create(Spec("w", 3, 2));
+  Register(1);
+  ASSERT_TRUE(Push(id, Range(0, 3), {1, 2, 3, 4, 5, 6}, 1, 1).ok());
+  auto queued = Send("reader", MakePull(3, id, Range(0, 3), 0, 0, 0));
+  auto queued_rows = Send("reader", MakePull(3, id, Range(1, 3), 0, 0, 0));
+  auto queued_bf16 = Send("reader", MakePull(3, id, Range(0, 3), 0, 0, 0, DType::kBF16));
+  ASSERT_EQ(queued.size(), 1u);
+  ASSERT_EQ(queued_rows.size(), 1u);
+  ASSERT_EQ(queued_bf16.size(), 1u);
+  ASSERT_TRUE(Push(id, Range(0, 3), {10, 20, 30, 40, 50, 60}, 1, 2).ok());
+  EXPECT_EQ(ReadReply(queued[0]), (std::vector<float>{-1, -2, -3, -4, -5, -6}));
+  EXPECT_EQ(ReadReply(queued_rows[0]), (std::vector<float>{-3, -4, -5, -6}));
+  EXPECT_EQ(ReadReply(queued_bf16[0]), (std::vector<float>{-1, -2, -3, -4, -5, -6}));
+  EXPECT_EQ(Pull(id, Range(0, 3)), (std::vector<float>{-11, -22, -33, -44, -55, -66}));
+  // One copy for the push that came while the fp32 replies were queued (the bf16 one was
+  // converted, not shared); none once they are gone.
+  EXPECT_EQ(shard_->counters().values_copied_on_write, 1u);
+  queued.clear();
+  queued_rows.clear();
+  ASSERT_TRUE(Push(id, Range(0, 3), {1, 1, 1, 1, 1, 1}, 1, 3).ok());
+  EXPECT_EQ(shard_->counters().values_copied_on_write, 1u);
+}
+
 TEST_F(ShardTest, ExplicitKeysPullAndPushRows) {
   uint32_t id = Create(Spec("e", 5, 2));
   Register(1);

@@ -4,10 +4,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "leash/common/domain.h"
+#include "leash/common/message.h"
 #include "leash/common/partition.h"
 #include "leash/common/status.h"
 
@@ -82,6 +86,17 @@ class Table {
   Status CheckOwned(const Rows& rows) const;
   // Copies the values of `rows` (row-major) into out (rows.size() * cols floats).
   void Read(const Rows& rows, float* out) const;
+  // The values of `rows` as a frame to send, as Read would give them now. A range of rows is
+  // the table's own memory, not a copy: the frame keeps it alive, and an update that finds a
+  // frame still holding it copies the values first and updates the copy (copy on write), so a
+  // frame never changes once made and a reply already sent costs no copy at all. Explicit
+  // keys are copied. The frame may be released on any thread.
+  Frame ReadFrame(const Rows& rows) const;
+  // A range of rows' values in place (to encode them), valid until the next update; nullopt
+  // for explicit keys.
+  std::optional<std::span<const float>> RangeValues(const Rows& rows) const;
+  // Updates that had to copy the values because a frame still held them (ReadFrame).
+  uint64_t copies_on_write() const { return copies_on_write_; }
   // Applies one gradient (rows.size() * cols floats, finite) with the optimizer, each value
   // multiplied by `scale` first (a push weighted by its samples; 0 < scale <= 1). The result
   // is bit for bit that of applying a copy of grad so multiplied, without making the copy.
@@ -101,6 +116,8 @@ class Table {
 
  private:
   Table() = default;
+  // Before any write to the values: copies them if a frame of ReadFrame still holds them.
+  void MakeValuesWritable();
   void ApplyRow(size_t offset, size_t n, const float* g);
   // ApplyRow of g * scale, scaled a block at a time into a buffer that stays in L1.
   void ApplyRowScaled(size_t offset, size_t n, const float* g, float scale);
@@ -123,7 +140,9 @@ class Table {
   uint32_t cols_ = 0;  // spec_.cols, read on every row
   RowRange range_;
   OptimizerConfig opt_;
-  std::vector<float> values_;
+  // Shared with the frames of ReadFrame (copy on write); never null in a built table.
+  std::shared_ptr<std::vector<float>> values_;
+  uint64_t copies_on_write_ = 0;
   std::vector<std::vector<float>> slots_;
   uint64_t steps_ = 0;
   // Accumulate's sums by iteration, each the size of values_.

@@ -136,6 +136,9 @@ struct ShardCounters {
   uint64_t pushes_dropped_stale = 0;  // backup workers' pushes beyond the staleness bound
   uint64_t pushes_summed = 0;         // weighted pushes added into a clock step (clock_steps)
   uint64_t clock_steps = 0;           // clock steps applied, one optimizer step each
+  // updates that copied a table's values first: a pull reply still queued held them
+  // (Table::ReadFrame, copy on write)
+  uint64_t values_copied_on_write = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
