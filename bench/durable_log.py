@@ -140,22 +140,32 @@ def summary_md(res):
     cost = res.get("cost")
     if cost:
         s = cost["summary"]
-        md += ["## Cost against no durable log (R=2, interleaved)", "",
-               f"{len(cost['rounds'])} rounds, each running off, write and fsync in a rotating order on this "
-               f"{res['nproc']}-core machine; cost = throughput lost (or latency added) against off in the same "
-               "round, median of the rounds.", "",
-               "| figure | off | write | cost | fsync | cost |", "|---|---|---|---|---|---|"]
-        for name, label in (("mlp_samples_per_second", "MLP 1+1 s=1, samples/s"),
-                            ("push_4KB_p50_us", "4 KB push p50, µs"),
-                            ("push_4MB_mb_per_s", "4 MB push at 8 in flight, MB/s")):
-            x = s[name]
-            md.append(f"| {label} | {median(x['off']):.0f} | {median(x['write']):.0f} | "
-                      f"{100 * x['write_median_cost']:+.1f}% | {median(x['fsync']):.0f} | "
-                      f"{100 * x['fsync_median_cost']:+.1f}% |")
+        md += cost_table_md(cost, res["nproc"], replicas=2)
         x = s["mlp_samples_per_second"]
         md += ["", "Replicas' CPU per MLP iteration (µs, median): "
                + ", ".join(f"{m}: primary {x[f'{m}_primary_cpu_us_per_iteration']:.0f}, backup "
                            f"{x[f'{m}_backup_cpu_us_per_iteration']:.0f}" for m in MODES) + ".", ""]
+    return md
+
+
+COST_FIGURES = (("mlp_samples_per_second", "MLP 1+1 s=1, samples/s"),
+                ("push_4KB_p50_us", "4 KB push p50, µs"),
+                ("push_4MB_mb_per_s", "4 MB push at 8 in flight, MB/s"))
+
+
+def cost_table_md(cost, nproc, replicas):
+    """The cost part's table: each figure off, write and fsync, with the median costs."""
+    s = cost["summary"]
+    md = [f"## Cost against no durable log (R={replicas}, interleaved)", "",
+          f"{len(cost['rounds'])} rounds, each running off, write and fsync in a rotating order on this "
+          f"{nproc}-core machine; cost = throughput lost (or latency added) against off in the same "
+          "round, median of the rounds.", "",
+          "| figure | off | write | cost | fsync | cost |", "|---|---|---|---|---|---|"]
+    for name, label in COST_FIGURES:
+        x = s[name]
+        md.append(f"| {label} | {median(x['off']):.0f} | {median(x['write']):.0f} | "
+                  f"{100 * x['write_median_cost']:+.1f}% | {median(x['fsync']):.0f} | "
+                  f"{100 * x['fsync_median_cost']:+.1f}% |")
     return md
 
 

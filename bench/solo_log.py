@@ -31,9 +31,7 @@ from common import leash as L  # noqa: E402
 from common.util import cpu_model, median, write_json  # noqa: E402
 
 MODES = D.MODES
-FIGURES = (("mlp_samples_per_second", "MLP 1+1 s=1, samples/s"),
-           ("push_4KB_p50_us", "4 KB push p50, µs"),
-           ("push_4MB_mb_per_s", "4 MB push at 8 in flight, MB/s"))
+FIGURES = D.COST_FIGURES
 
 
 def part_kills(build, c, tmp, log):
@@ -77,16 +75,7 @@ def summary_md(res):
     cost = res.get("cost")
     if cost:
         s = cost["summary"]
-        md += ["## Cost against no durable log (R=1, interleaved)", "",
-               f"{len(cost['rounds'])} rounds, each running off, write and fsync in a rotating order on this "
-               f"{res['nproc']}-core machine; cost = throughput lost (or latency added) against off in the same "
-               "round, median of the rounds.", "",
-               "| figure | off | write | cost | fsync | cost |", "|---|---|---|---|---|---|"]
-        for name, label in FIGURES:
-            x = s[name]
-            md.append(f"| {label} | {median(x['off']):.0f} | {median(x['write']):.0f} | "
-                      f"{100 * x['write_median_cost']:+.1f}% | {median(x['fsync']):.0f} | "
-                      f"{100 * x['fsync_median_cost']:+.1f}% |")
+        md += D.cost_table_md(cost, res["nproc"], replicas=1)
         md += ["", "Shard CPU per iteration (µs, median; an MLP step, a 4 KB push, a 4 MB push): "
                + "; ".join(f"{m}: " + ", ".join(f"{s[name][f'{m}_primary_cpu_us_per_iteration'] or 0:.0f}"
                                                for name, _ in FIGURES) for m in MODES) + ".", ""]
