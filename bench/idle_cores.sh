@@ -11,8 +11,10 @@
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
 # STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3).
-# Carry the build directory to the machine (the device tool's `carry`); the Fashion-MNIST
-# files must be at /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist).
+# On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
+# through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
+# 'PYTHON=python3 bash bench/idle_cores.sh "$LEASH_BUILD" OUT'`; the Fashion-MNIST files must
+# be at /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist, or copied).
 set -u
 B=${1:-build}; OUT=${2:-${OUT:-/tmp/leash-idle-cores}}
 cd "$(dirname "$0")/.."
