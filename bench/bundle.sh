@@ -5,8 +5,8 @@
 # new as this one's) and CUDA's libraries (cudart, cuBLAS, cuDNN: the other machine's CUDA 13).
 # etcd is packed when installed (bench/replication.py needs it).
 # Usage: bash bench/bundle.sh [BUILD_DIR] [OUT.tar.xz]
-# There: tar xJf OUT.tar.xz -C DIR; export LD_LIBRARY_PATH=DIR/lib:...; PATH=DIR/bin:$PATH;
-#        and pass DIR/build as the build directory.
+# There: bash bench/unbundle.sh OUT.tar.xz DIR COMMAND... (unpacks, sets the loader's path and
+#        LEASH_BUILD=DIR/build, checks every executable's libraries, runs COMMAND).
 set -euo pipefail
 B=${1:-build}; OUT=${2:-leash-bundle.tar.xz}
 cd "$(dirname "$0")/.."

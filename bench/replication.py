@@ -587,10 +587,7 @@ def part_cost(build, c, tmp, log):
             summary[name]["r2_over_r1_free_per_round"] = free
             summary[name]["median_cost_vs_r1_free"] = median(free_costs)
     if not placed:
-        # Over the machine's cores: on 2 cores every process shares them; with more idle cores
-        # than processes the CPU bound says little (the floors fall to R=1's own time).
-        summary["mlp_cpu_floor"] = cpu_floor(rounds, os.cpu_count())
-        summary["push_4MB_floor"] = push_floor(rounds, os.cpu_count())
+        set_cpu_floors(summary, rounds, os.cpu_count())
         lat = [{"r1_us": g["r1"]["push_4KB"]["p50_us"], "r2_us": g["r2"]["push_4KB"]["p50_us"],
                 "shm_rtt_us": g["least_work"]["shm_rtt_4KB_us"]} for g in rounds if g.get("least_work")]
         if lat:
@@ -645,6 +642,14 @@ def push_floor(rounds, cores=2):
         got = [x[k] for x in out["per_round"] if x.get(k) is not None]
         out[k] = median(got) if got else None
     return out
+
+
+def set_cpu_floors(summary, rounds, cores):
+    """The MLP's and the 4 MB row's CPU floors over the machine's cores: on 2 cores every process
+    shares them; with more idle cores than processes the CPU bound says little (the floors fall
+    to R=1's own time)."""
+    summary["mlp_cpu_floor"] = cpu_floor(rounds, cores)
+    summary["push_4MB_floor"] = push_floor(rounds, cores)
 
 
 def cpu_floor(rounds, cores=2):
@@ -947,8 +952,7 @@ def main():
             res = json.load(f)
         co = res.get("cost")
         if co and "mlp_cpu_floor" in co["summary"]:  # the floors over the cores it ran on
-            co["summary"]["mlp_cpu_floor"] = cpu_floor(co["rounds"], res.get("nproc", 2))
-            co["summary"]["push_4MB_floor"] = push_floor(co["rounds"], res.get("nproc", 2))
+            set_cpu_floors(co["summary"], co["rounds"], res.get("nproc", 2))
             write_json(os.path.join(a.out, "replication.json"), res)
         write_md(res, a.out)
         plot(res, a.out)
