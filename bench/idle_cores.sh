@@ -7,10 +7,12 @@
 #      0.9x-of-the-solo-sum target, last measured before the end-of-job fix f18d487);
 #   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
 #      target and striping's default);
-#   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16).
+#   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16);
+#   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes: the
+#      threads shared by a large update, slower on 2 cores, never measured with idle cores.
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
-# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3).
+# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS; PYTHON: the interpreter (numpy; /usr/bin/python3).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
 # 'PYTHON=python3 bash bench/idle_cores.sh "$LEASH_BUILD" OUT'`; the Fashion-MNIST files must
@@ -47,4 +49,14 @@ if command -v etcd >/dev/null; then
 else
   echo "replication: skipped, no etcd here (apt-get install etcd-server)" | tee -a "$OUT/machine.txt"
 fi
+# Part 4's two servers: the same executable with --update-threads 1 and N.
+srv=$(cd "$B/server" && pwd)/leash-server
+for t in 1 "${UPDATE_THREADS:-4}"; do
+  printf '#!/bin/sh\nexec %s --update-threads %s "$@"\n' "$srv" "$t" >"$OUT/server-ut$t.sh"
+  chmod +x "$OUT/server-ut$t.sh"
+done
+part update_threads "${UPDATE_S:-120}" "$PY" bench/server_ab.py --a "$OUT/server-ut1.sh" \
+  --b "$OUT/server-ut${UPDATE_THREADS:-4}.sh" --bench "$B/bench/leash-bench-pushpull" --ops push \
+  --sizes 262144,1048576 --inflight 1,8 --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${UPDATE_ROUNDS:-4}")" \
+  --name update_threads_ab --out "$OUT/update_threads"
 echo "results under $OUT"

@@ -81,8 +81,12 @@ class Group {
       ro.durable_log_dir = DurableDir(r);
       if (!restart) std::filesystem::remove_all(ro.durable_log_dir);
     }
+    server::ShardOptions so = so_;
+    if (auto it = update_threads_.find(r); it != update_threads_.end()) {
+      so.update_threads = it->second;
+    }
     n.replica = std::make_unique<Replica>(
-        ro, so_, n.store.get(), [this] { return now_; }, n.coordinator.get(), n.directory.get(),
+        ro, so, n.store.get(), [this] { return now_; }, n.coordinator.get(), n.directory.get(),
         n.peers.get());
     if (restart || !ro_.durable_log_dir.empty()) {
       auto restored = n.replica->Restore();
@@ -111,6 +115,9 @@ class Group {
     Kill(r);
     return store;
   }
+  // Replica r's shard shares large updates among `threads` (ShardOptions::update_threads)
+  // from its next Start on.
+  void set_update_threads(int r, int threads) { update_threads_[r] = threads; }
   // Whether replica r's last Start took its state and log back from a clean stop.
   bool restored(int r) const { return restored_.count(r) != 0 && restored_.at(r); }
   void StartAll() {
@@ -173,6 +180,7 @@ class Group {
   int replicas_;
   ReplicaOptions ro_;
   server::ShardOptions so_;
+  std::map<int, int> update_threads_;  // replica -> ShardOptions::update_threads
   int64_t now_ = 1000;
   MemoryNetwork net_;
   std::unique_ptr<MemoryCoordinatorService> coord_;
@@ -469,6 +477,48 @@ TEST_F(ReplicaTest, BackupsApplyTheLogInOrderAndEveryReplicaEndsBitIdentical) {
   EXPECT_EQ(st.log_index, g.replica(p).last_index());
   EXPECT_EQ(st.replication_lag, 0u);
   EXPECT_EQ(st.replicas_in_sync, 3u);
+}
+
+// The number of threads a shard shares its updates among is its own (--update-threads): a
+// replica with three and one with one end bit-identical, whichever leads, on a table large
+// enough to be split (327680 floats) under momentum, pushes on their own and clock steps.
+TEST_F(ReplicaTest, ReplicasSharingUpdatesAmongDifferentThreadsEndBitIdentical) {
+  Group g(2, {}, {}, /*seed=*/5);
+  g.set_update_threads(1, 3);
+  g.StartAll();
+  Elect(g);
+  Worker a(g, 1), b(g, 2);
+  TableSpec spec = Spec(OptimizerKind::kMomentum, 0.01f, /*rows=*/1024, /*cols=*/320);
+  spec.optimizer.momentum = 0.9f;
+  spec.optimizer.weight_decay = 0.001f;
+  a.CreateTable(spec);
+  a.Register();
+  b.Register();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> ga(spec.rows * spec.cols), gb(ga.size());
+  for (int i = 0; i < 6; ++i) {
+    for (auto& v : ga) v = normal(rng);
+    for (auto& v : gb) v = normal(rng);
+    // Odd iterations' pushes are weighted clock steps, summed and applied as one step.
+    const PushWeight wa = i % 2 ? PushWeight{40, 64, true} : PushWeight{};
+    const PushWeight wb = i % 2 ? PushWeight{24, 64, true} : PushWeight{};
+    ASSERT_TRUE(a.Push(ga, spec.rows, wa));
+    ASSERT_TRUE(b.Push(gb, spec.rows, wb));
+    ASSERT_TRUE(a.Clock(i + 1));
+    ASSERT_TRUE(b.Clock(i + 1));
+  }
+  ASSERT_TRUE(Settle(g, 2));
+  const int p = *g.Primary();
+  const int backup = 1 - p;
+  for (int r : {p, backup}) {
+    EXPECT_EQ(g.replica(r).shard().counters().pushes_applied, 12u) << "replica " << r;
+    EXPECT_EQ(g.replica(r).shard().counters().clock_steps, 3u) << "replica " << r;
+  }
+  // Replica 1 split every update (6 pushes, 6 sums, 3 steps); replica 0 none.
+  EXPECT_EQ(g.replica(1).shard().counters().updates_split, 15u);
+  EXPECT_EQ(g.replica(0).shard().counters().updates_split, 0u);
+  ExpectIdentical(g.replica(p), g.replica(backup));
 }
 
 // Found by the test above failing now and then under load: an expiry sweep, logged every

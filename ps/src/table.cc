@@ -456,34 +456,44 @@ void Table::ApplyRowScaled(size_t offset, size_t n, const float* g, float scale)
   }
 }
 
-void Table::Apply(const Rows& rows, const float* grad, float scale) {
-  // Optimizer state decaying without gradient must not sink into the subnormal range.
+void Table::Apply(const Rows& rows, const float* grad, float scale, UpdateThreads* threads) {
+  // Optimizer state decaying without gradient must not sink into the subnormal range (the
+  // threads run under this thread's mode).
   ScopedFlushDenormals flush;
   MakeValuesWritable();
   ++steps_;
-  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
+  auto apply = [&](size_t offset, size_t n, const float* g) {
     if (scale == 1.f) {
       ApplyRow(offset, n, g);
     } else {
       ApplyRowScaled(offset, n, g, scale);
     }
+  };
+  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
+    if (threads == nullptr) return apply(offset, n, g);
+    threads->Run(n, [&](size_t b, size_t e) { apply(offset + b, e - b, g + b); });
   });
 }
 
-void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale) {
+void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale,
+                       UpdateThreads* threads) {
   auto [it, fresh] = pending_.try_emplace(clock);
   std::vector<float>& sum = it->second;
   if (fresh) sum.assign(values_->size(), 0.f);
-  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
+  auto add = [&](size_t offset, size_t n, const float* g) {
     float* d = sum.data() + offset;
     for (size_t i = 0; i < n; ++i) d[i] += g[i] * scale;
+  };
+  ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
+    if (threads == nullptr) return add(offset, n, g);
+    threads->Run(n, [&](size_t b, size_t e) { add(offset + b, e - b, g + b); });
   });
 }
 
-size_t Table::ApplyPendingBefore(int64_t clock) {
+size_t Table::ApplyPendingBefore(int64_t clock, UpdateThreads* threads) {
   size_t steps = 0;
   while (!pending_.empty() && pending_.begin()->first < clock) {
-    Apply(Rows::Range(range_.begin, range_.end), pending_.begin()->second.data());
+    Apply(Rows::Range(range_.begin, range_.end), pending_.begin()->second.data(), 1.f, threads);
     pending_.erase(pending_.begin());
     ++steps;
   }

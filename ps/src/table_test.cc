@@ -1,7 +1,8 @@
 // Tests of the dense table's optimizer arithmetic that the shard tests do not reach: optimizer
 // state decaying without gradient flushes to zero instead of turning subnormal; a weighted
 // gradient applied as it came is bit for bit a scaled copy applied; a pull reply's frame is
-// the table's memory and never changes after an update (copy on write).
+// the table's memory and never changes after an update (copy on write); threads sharing an
+// update change no bit of it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,6 +37,15 @@ TableSpec MomentumSpec() {
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Values and every optimizer slot (and pending sum), bit for bit.
+void ExpectSameState(const TableSnapshot& a, const TableSnapshot& b) {
+  EXPECT_TRUE(SameBits(a.values, b.values));
+  ASSERT_EQ(a.slots.size(), b.slots.size());
+  for (size_t i = 0; i < a.slots.size(); ++i) {
+    EXPECT_TRUE(SameBits(a.slots[i], b.slots[i])) << "slot " << i;
+  }
 }
 
 int Subnormals(const std::vector<float>& v) {
@@ -104,11 +114,7 @@ TEST(TableTest, AWeightedGradientUpdatesExactlyAsItsScaledCopyDoes) {
       }
       const TableSnapshot a = scaled->ToSnapshot();
       const TableSnapshot b = copied->ToSnapshot();
-      EXPECT_TRUE(SameBits(a.values, b.values));
-      ASSERT_EQ(a.slots.size(), b.slots.size());
-      for (size_t i = 0; i < a.slots.size(); ++i) {
-        EXPECT_TRUE(SameBits(a.slots[i], b.slots[i])) << "slot " << i;
-      }
+      ExpectSameState(a, b);
       // And the weight moved: row 0 was never pushed, the others were.
       auto fresh = Table::Create(1, spec, RowRange{0, 4});
       const TableSnapshot f = fresh->ToSnapshot();
@@ -165,6 +171,59 @@ TEST(TableTest, SummedPushesAreOneStepPerIterationAndASnapshotKeepsThePendingSum
   bad = snap;
   bad.pending_clocks = {5, 4};
   EXPECT_EQ(Table::FromSnapshot(bad).status().code(), StatusCode::kDataLoss);
+}
+
+// Threads sharing an update (UpdateThreads) change nothing in the result: every optimizer,
+// weighted or not, by range and by keys (rows of 1001 floats are split too), and the summed
+// pushes of clock steps, bit for bit against one thread; in the tiny case the values and
+// gradients are near the subnormal range, where a thread that did not flush as the caller
+// does would keep subnormal results the caller's thread flushes to zero.
+TEST(TableTest, AnUpdateSharedByThreadsIsBitForBitTheUpdateOfOneThread) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  UpdateThreads threads(3, /*min_range=*/100);
+  for (bool tiny : {false, true}) {
+    for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam,
+                               OptimizerKind::kAdagrad}) {
+      SCOPED_TRACE(testing::Message()
+                   << "optimizer " << static_cast<int>(kind) << (tiny ? ", tiny values" : ""));
+      TableSpec spec = Spec(kind, 37, 1001, tiny ? 0.5f : 0.01f);
+      spec.optimizer.weight_decay = 0.001f;
+      spec.init.kind = InitKind::kUniform;
+      spec.init.scale = tiny ? 2e-38f : 0.5f;
+      auto one = Table::Create(1, spec, RowRange{0, 37});
+      auto shared = Table::Create(1, spec, RowRange{0, 37});
+      ASSERT_TRUE(one.ok() && shared.ok()) << one.status().ToString();
+      const uint64_t runs_before = threads.split_runs();
+      uint64_t splits = 0;  // every span of 1001 floats and more is split
+      int step = 0;
+      for (const Rows& rows : {Rows::Range(0, 37), Rows::Keys({5, 36, 0}), Rows::Range(3, 30)}) {
+        for (float scale : {1.f, 0.37f}) {
+          std::vector<float> g(rows.size() * spec.cols);
+          for (float& v : g) v = normal(rng) * (tiny ? 1e-38f : 1.f);
+          one->Apply(rows, g.data(), scale);
+          shared->Apply(rows, g.data(), scale, &threads);
+          // Clock steps: the same gradient summed into an iteration of its own.
+          one->Accumulate(++step, rows, g.data(), scale);
+          shared->Accumulate(step, rows, g.data(), scale, &threads);
+          splits += 2 * (rows.explicit_keys ? rows.size() : 1);
+        }
+      }
+      EXPECT_EQ(one->ApplyPendingBefore(step + 1), static_cast<size_t>(step));
+      EXPECT_EQ(shared->ApplyPendingBefore(step + 1, &threads), static_cast<size_t>(step));
+      const TableSnapshot a = one->ToSnapshot();
+      const TableSnapshot b = shared->ToSnapshot();
+      ExpectSameState(a, b);
+      EXPECT_EQ(Subnormals(b.values), 0);
+      EXPECT_EQ(threads.split_runs() - runs_before, splits + static_cast<uint64_t>(step));
+      if (tiny) {
+        // The case tests something: without the flush some results would be subnormal.
+        int flushed = 0;
+        for (float v : b.values) flushed += v == 0.f;
+        EXPECT_GT(flushed, 0);
+      }
+    }
+  }
 }
 
 std::vector<float> FrameFloats(const Frame& f) {

@@ -81,6 +81,7 @@ ServerCommandLine::ServerCommandLine()
   v.sparse_readers = d.sparse_readers;
   v.sparse_direct_reads = d.sparse_direct_reads;
   v.backup_workers = d.backup_workers;
+  v.update_threads = d.update_threads;
   v.replicas = d.replicas;
   v.replica = d.replica;
   v.etcd = d.etcd;
@@ -133,6 +134,12 @@ ServerCommandLine::ServerCommandLine()
   f.Bool("sparse-direct-reads", &v.sparse_direct_reads,
          "read the sparse cold tier with O_DIRECT, so the page cache does not hold it (false: "
          "buffered reads)");
+  f.Int("update-threads", &v.update_threads,
+        "threads that apply one large dense update together, the request loop included (a "
+        "push or clock step of 256K floats and more; 1 to 64): the update streams memory, "
+        "which several cores may read faster than one. The tables are the same bit for bit "
+        "whatever the number. 0: half the cores this process may use, 1 to 4. On 2 cores 2 "
+        "threads were slower (docs/internals.md)");
   f.Int("backup-workers", &v.backup_workers,
         "the minimum clock ignores the b slowest live workers (backup workers, Chen et al. "
         "2016): the others never wait for them; their pushes lagging the minimum by more than "
@@ -241,6 +248,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return bad_int("backup-workers", v.backup_workers, "need an integer in [0, 1000000]");
   }
   c.backup_workers = v.backup_workers;
+  if (v.update_threads < 0 || v.update_threads > 64) {
+    return bad_int("update-threads", v.update_threads, "need an integer in [0, 64]; 0: automatic");
+  }
+  c.update_threads = v.update_threads;
   if (v.replicas < 1 || v.replicas > 16) {
     return bad_int("replicas", v.replicas, "need an integer in [1, 16]");
   }

@@ -37,6 +37,7 @@ struct ServerConfig {
   int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
   bool sparse_direct_reads = true;   // O_DIRECT for the cold tier (no page cache)
   int64_t backup_workers = 0;        // the minimum clock ignores this many slowest workers
+  int64_t update_threads = 1;        // threads per large dense update; 0: automatic
   // Replicated shards (docs/replication.md): R replicas of this shard, this one's index,
   // every replica's endpoint as its peers reach it (peers[replica] is this one's), the
   // coordinator and the job's name in it. replicas 1: none of it (today's behaviour).
@@ -81,7 +82,7 @@ class ServerCommandLine {
     std::string memory_budget, peers, etcd, job, durable_log;
     int64_t replicas, replica, etcd_ttl_s;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
-    int64_t sparse_readers, backup_workers, io_threads;
+    int64_t sparse_readers, backup_workers, io_threads, update_threads;
     bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;

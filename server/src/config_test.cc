@@ -46,6 +46,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->max_queued_reply_mb, 1024);
   EXPECT_TRUE(c->shared_memory);
   EXPECT_EQ(c->io_threads, 1);
+  EXPECT_EQ(c->update_threads, 1);
   EXPECT_FALSE(c->insecure);
   EXPECT_EQ(c->log_level, "info");
 }
@@ -53,7 +54,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
 TEST(ServerConfigTest, FlagsAreParsed) {
   auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
                   "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100",
-                  "--backup-workers=2", "--io-threads=4"});
+                  "--backup-workers=2", "--io-threads=4", "--update-threads=3"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, 1);
   EXPECT_EQ(c->num_shards, 3);
@@ -65,6 +66,7 @@ TEST(ServerConfigTest, FlagsAreParsed) {
   EXPECT_EQ(c->max_keys, 100);
   EXPECT_EQ(c->backup_workers, 2);
   EXPECT_EQ(c->io_threads, 4);
+  EXPECT_EQ(c->update_threads, 3);
 }
 
 // Secure by default: a --bind other hosts can reach needs CURVE keys or --insecure;
@@ -128,6 +130,8 @@ TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {
       {{"--log-level=chatty"}, "bad value for --log-level: 'chatty'"},
       {{"--no-sync=perhaps"}, "bad value for --no-sync: 'perhaps' is not a boolean"},
       {{"--shard=one"}, "bad value for --shard: 'one' is not an integer"},
+      {{"--update-threads=65"},
+       "bad value for --update-threads: '65' (need an integer in [0, 64]; 0: automatic)"},
       {{"--backup-workers=-1"},
        "bad value for --backup-workers: '-1' (need an integer in [0, 1000000])"},
   };

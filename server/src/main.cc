@@ -274,6 +274,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   opts.memory_budget_bytes = c.memory_budget_bytes;
   opts.resident_bytes = ResidentBytes;
   opts.backup_workers = static_cast<uint32_t>(c.backup_workers);
+  opts.update_threads = leash::ps::UpdateThreads::Resolve(static_cast<int>(c.update_threads));
   if (c.replicas > 1 || c.durable_log != "off") {
     // A replica's state comes from its primary (a snapshot and the log), not from its own
     // snapshots (docs/replication.md). Unreplicated with a durable log, the shard is a group
@@ -387,10 +388,13 @@ void LogStart(const ServerConfig& c, const Server& s) {
         "bound to loopback only: other hosts cannot reach this shard (use --bind "
         "tcp://0.0.0.0:PORT for a cluster)");
   }
-  spdlog::info("shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {})",
-               c.shard, c.num_shards, c.bind, c.data_dir, c.lease_ms, c.checkpoint_interval_ms,
-               s.recovered_clock >= 0 ? "recovered at clock " + std::to_string(s.recovered_clock)
-                                      : std::string("fresh start"));
+  spdlog::info(
+      "shard {}/{} listening on {} (data {}, lease {} ms, snapshots every {} ms, {} update "
+      "thread(s), {})",
+      c.shard, c.num_shards, c.bind, c.data_dir, c.lease_ms, c.checkpoint_interval_ms,
+      leash::ps::UpdateThreads::Resolve(static_cast<int>(c.update_threads)),
+      s.recovered_clock >= 0 ? "recovered at clock " + std::to_string(s.recovered_clock)
+                             : std::string("fresh start"));
 }
 
 int Run(const ServerConfig& config) {

@@ -96,6 +96,9 @@ Shard::Shard(ShardOptions options, SnapshotStore* store, NowMs now_ms, SparseSto
     options_.boot_id = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
   }
   next_snapshot_ms_ = now_ms_() + options_.checkpoint_interval_ms;
+  if (options_.update_threads > 1) {
+    update_threads_ = std::make_unique<ps::UpdateThreads>(options_.update_threads);
+  }
 }
 
 Shard::~Shard() = default;
@@ -648,12 +651,16 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
       }
     } else if (rows.size() > 0) {
       if (m.clock_step && m.global_batch > 0 && SumsIntoClockStep(*w)) {
-        table->Accumulate(w->clock, rows, g, scale);
+        const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
+        table->Accumulate(w->clock, rows, g, scale, update_threads_.get());
         ++counters_.pushes_summed;
+        CountSplits(splits);
       } else {
         const uint64_t copies = table->copies_on_write();
-        table->Apply(rows, g, scale);
+        const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
+        table->Apply(rows, g, scale, update_threads_.get());
         counters_.values_copied_on_write += table->copies_on_write() - copies;
+        CountSplits(splits);
       }
     }
     counters_.nonfinite_rows_skipped += skipped;
@@ -823,6 +830,10 @@ bool Shard::SumsIntoClockStep(const LiveWorker& w) const {
   return w.clock >= clocks_.MinClock() && w.clock < clocks_.MinClock() + kMaxClockSteps;
 }
 
+void Shard::CountSplits(uint64_t before) {
+  if (update_threads_) counters_.updates_split += update_threads_->split_runs() - before;
+}
+
 void Shard::ApplyClockSteps() {
   // With no live worker left (the last one left or was evicted before the minimum passed
   // its last iteration) nobody can add to a pending sum or move the minimum: its steps are
@@ -832,8 +843,10 @@ void Shard::ApplyClockSteps() {
   for (auto& t : tables_) {
     if (t && t->pending() > 0) {
       const uint64_t copies = t->copies_on_write();
-      counters_.clock_steps += t->ApplyPendingBefore(before);
+      const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
+      counters_.clock_steps += t->ApplyPendingBefore(before, update_threads_.get());
       counters_.values_copied_on_write += t->copies_on_write() - copies;
+      CountSplits(splits);
     }
   }
 }

@@ -45,6 +45,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
       &ShardCounters::values_copied_on_write, "leash_shard_values_copied_on_write_total",
       "Updates that copied a table's values before writing them, because a pull reply still "
       "queued for sending held them (replies over the socket are sent from the table's memory).");
+  mirror(&ShardCounters::updates_split, "leash_shard_updates_split_total",
+         "Dense updates (or clock-step sums) shared by more than one thread "
+         "(--update-threads).");
   mirror(&ShardCounters::pulls_parked, "leash_shard_parked_pulls_total",
          "Pulls that had to wait for the minimum clock (the staleness bound).");
   mirror(&ShardCounters::bytes_in, "leash_shard_received_bytes_total",

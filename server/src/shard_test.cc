@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "leash/common/wire.h"
@@ -289,6 +290,57 @@ TEST_F(ShardTest, SgdPushesWithLearningRateOneSumIntoTheTable) {
   ASSERT_TRUE(Push(id, Range(0, 2), {10, 20, 30, 40}, 2, 1).ok());
   ASSERT_TRUE(Push(id, Range(1, 2), {100, 200}, 1, 2).ok());
   EXPECT_EQ(Pull(id, Range(0, 2)), (std::vector<float>{-11, -22, -133, -244}));
+}
+
+// --update-threads: a shard whose large updates are shared by threads ends with the tables of
+// one that applies them on its loop alone, bit for bit: pushes on their own (weighted or not,
+// 16-bit on the wire) and weighted pushes summed into a clock step.
+TEST_F(ShardTest, UpdatesSharedByThreadsLeaveTheTablesBitForBitAsOneThreadDoes) {
+  constexpr uint64_t kRows = 640;
+  constexpr uint32_t kCols = 512;  // 327680 floats: split in two ranges by default
+  std::vector<std::vector<float>> tables;
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << threads << " update thread(s)");
+    ShardOptions o;
+    o.update_threads = threads;
+    Reset(o);
+    TableSpec spec = Spec("w", kRows, kCols, 0.01f);
+    spec.optimizer.kind = OptimizerKind::kMomentum;
+    spec.optimizer.momentum = 0.9f;
+    spec.optimizer.weight_decay = 0.001f;
+    spec.init.kind = InitKind::kNormal;
+    spec.init.scale = 0.1f;
+    const uint32_t id = Create(spec);
+    Register(1);
+    Register(2);
+    std::vector<float> g(kRows * kCols);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(static_cast<float>(i) * 0.001f);
+    ASSERT_TRUE(Push(id, Range(0, kRows), g, 1, 1).ok());
+    // A bf16 push of most of the table, weighted by its samples.
+    const std::vector<float> part(g.begin(), g.begin() + (kRows - 40) * kCols);
+    const Decoded<Reply>* e = One("w2", MakePush(4, id, Range(40, kRows), 2, 1, 1, DType::kBF16,
+                                                 EncodeValues(part, DType::kBF16), {48, 64}));
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(std::holds_alternative<PushReply>(e->value)) << StatusOf(e->value);
+    // Iteration 0's weighted pushes summed into one step when both workers' clocks pass it.
+    for (uint64_t w : {uint64_t{1}, uint64_t{2}}) {
+      const Decoded<Reply>* p =
+          One("w" + std::to_string(w),
+              MakePush(5, id, Range(0, kRows), w, 1, 1 + w, DType::kF32,
+                       EncodeValues(g, DType::kF32), {w == 1 ? 40u : 24u, 64, true}));
+      ASSERT_NE(p, nullptr);
+      ASSERT_TRUE(std::holds_alternative<PushReply>(p->value)) << StatusOf(p->value);
+    }
+    EXPECT_EQ(shard_->counters().pushes_summed, 2u);
+    Send("w1", MakeClock(6, 1, 1));
+    Send("w2", MakeClock(6, 2, 1));
+    EXPECT_EQ(shard_->counters().clock_steps, 1u);
+    // Every update above was split with threads (two pushes, two sums, one step), none without.
+    EXPECT_EQ(shard_->counters().updates_split, threads > 1 ? 5u : 0u);
+    tables.push_back(Pull(id, Range(0, kRows)));
+    ASSERT_EQ(tables.back().size(), kRows * kCols);
+  }
+  EXPECT_EQ(std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * sizeof(float)), 0);
 }
 
 // A pull reply is sent from the table's memory (Table::ReadFrame); one still queued in a

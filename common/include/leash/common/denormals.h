@@ -19,35 +19,63 @@
 
 namespace leash {
 
-class ScopedFlushDenormals {
- public:
-  ScopedFlushDenormals() {
+// The calling thread's floating-point control word (x86: MXCSR; AArch64: FPCR), and a scope
+// that runs another thread under one so taken: a thread that does part of a caller's
+// arithmetic gets the caller's rounding and flushing, hence its results bit for bit.
+inline uint64_t FloatingPointMode() {
 #if defined(LEASH_DENORMALS_X86)
-    saved_ = _mm_getcsr();
-    constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
-    if ((saved_ & (kFlushToZero | kDenormalsAreZero)) != (kFlushToZero | kDenormalsAreZero))
-      _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);
+  return _mm_getcsr();
 #elif defined(__aarch64__)
-    uint64_t fpcr;
-    __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
-    saved_ = fpcr;
-    constexpr uint64_t kFlushToZero = uint64_t{1} << 24;
-    if ((fpcr & kFlushToZero) == 0)
-      __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr | kFlushToZero));
+  uint64_t fpcr;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+  return fpcr;
+#else
+  return 0;
+#endif
+}
+
+class ScopedFloatingPointMode {
+ public:
+  explicit ScopedFloatingPointMode([[maybe_unused]] uint64_t mode) : saved_(FloatingPointMode()) {
+#if defined(LEASH_DENORMALS_X86)
+    if (mode != saved_) _mm_setcsr(static_cast<unsigned>(mode));
+#elif defined(__aarch64__)
+    if (mode != saved_) __asm__ __volatile__("msr fpcr, %0" : : "r"(mode));
 #endif
   }
-  ~ScopedFlushDenormals() {
+  ~ScopedFloatingPointMode() {
 #if defined(LEASH_DENORMALS_X86)
     if (_mm_getcsr() != saved_) _mm_setcsr(static_cast<unsigned>(saved_));
 #elif defined(__aarch64__)
     __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_));
 #endif
   }
-  ScopedFlushDenormals(const ScopedFlushDenormals&) = delete;
-  ScopedFlushDenormals& operator=(const ScopedFlushDenormals&) = delete;
+  ScopedFloatingPointMode(const ScopedFloatingPointMode&) = delete;
+  ScopedFloatingPointMode& operator=(const ScopedFloatingPointMode&) = delete;
 
  private:
-  [[maybe_unused]] uint64_t saved_ = 0;
+  [[maybe_unused]] uint64_t saved_;
+};
+
+// The flushing mode of ScopedFlushDenormals: `mode` with subnormal results flushed to zero
+// and subnormal inputs read as zero.
+inline uint64_t WithFlushDenormals(uint64_t mode) {
+#if defined(LEASH_DENORMALS_X86)
+  constexpr uint64_t kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  return mode | kFlushToZero | kDenormalsAreZero;
+#elif defined(__aarch64__)
+  return mode | uint64_t{1} << 24;  // FPCR.FZ
+#else
+  return mode;
+#endif
+}
+
+class ScopedFlushDenormals {
+ public:
+  ScopedFlushDenormals() : mode_(WithFlushDenormals(FloatingPointMode())) {}
+
+ private:
+  ScopedFloatingPointMode mode_;
 };
 
 }  // namespace leash

@@ -14,6 +14,7 @@
 #include "leash/common/message.h"
 #include "leash/common/partition.h"
 #include "leash/common/status.h"
+#include "leash/ps/update_threads.h"
 
 namespace leash::ps {
 
@@ -100,17 +101,21 @@ class Table {
   // Applies one gradient (rows.size() * cols floats, finite) with the optimizer, each value
   // multiplied by `scale` first (a push weighted by its samples; 0 < scale <= 1). The result
   // is bit for bit that of applying a copy of grad so multiplied, without making the copy.
-  void Apply(const Rows& rows, const float* grad, float scale = 1.f);
+  // `threads` (optional) share a range of rows large enough to split; the result is the
+  // same bit for bit with or without them, whatever their number.
+  void Apply(const Rows& rows, const float* grad, float scale = 1.f,
+             UpdateThreads* threads = nullptr);
 
   // Clock steps (work in proportion to speed): adds grad * scale into the summed gradient
   // of iteration `clock`, applied later by ApplyPendingBefore as one optimizer step, so the
   // weighted pushes of one iteration update the table exactly as one push of their sum
   // (one momentum or Adam step on the global batch). Rows no push of the iteration named
   // get a zero gradient in that step, as a dense model's rows do in one large batch.
-  void Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale);
+  void Accumulate(int64_t clock, const Rows& rows, const float* grad, float scale,
+                  UpdateThreads* threads = nullptr);
   // Applies the pending sum of every iteration before `clock`, oldest first, each as one
   // step over the table's rows; returns how many steps it took.
-  size_t ApplyPendingBefore(int64_t clock);
+  size_t ApplyPendingBefore(int64_t clock, UpdateThreads* threads = nullptr);
   // Iterations with a pending sum.
   size_t pending() const { return pending_.size(); }
 

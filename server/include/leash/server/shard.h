@@ -25,6 +25,7 @@
 #include "leash/ps/clock_table.h"
 #include "leash/ps/coverage.h"
 #include "leash/ps/sparse_table.h"
+#include "leash/ps/update_threads.h"
 #include "leash/server/snapshot.h"
 #include "leash/server/sparse_store.h"
 
@@ -75,6 +76,10 @@ struct ShardOptions {
   bool replicated = false;
   // Fills the replication fields of ShardStats (a Replica sets it); unset: none.
   std::function<void(ShardStats*)> replication_stats;
+  // Threads that apply one large dense update together (ps::UpdateThreads), this shard's
+  // request loop included: 1 applies every update on the loop alone. The tables come out
+  // the same bit for bit whatever the number, so replicas may differ in it.
+  int update_threads = 1;
 };
 
 // How a shard's memory budget is spent: the cold store's block cache (an eighth), its write
@@ -139,6 +144,8 @@ struct ShardCounters {
   // updates that copied a table's values first: a pull reply still queued held them
   // (Table::ReadFrame, copy on write)
   uint64_t values_copied_on_write = 0;
+  // dense updates (or clock-step sums) shared by more than one thread (update_threads)
+  uint64_t updates_split = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
@@ -310,6 +317,8 @@ class Shard {
   // the iterations before the minimum clock (all of them once no worker is live).
   bool SumsIntoClockStep(const LiveWorker& w) const;
   void ApplyClockSteps();
+  // Adds the updates update_threads_ split since its split_runs() was `before`.
+  void CountSplits(uint64_t before);
   // Iterations ahead of the minimum clock with a clock step open, at most: each holds a sum
   // the size of the table.
   static constexpr int64_t kMaxClockSteps = 8;
@@ -341,6 +350,7 @@ class Shard {
   KeyedRateLimit rejection_log_;
   KeyedRateLimit error_replies_;
   PayloadAllocator payload_allocator_;
+  std::unique_ptr<ps::UpdateThreads> update_threads_;  // null with options_.update_threads 1
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
   std::string recovered_replica_stop_;
