@@ -240,11 +240,15 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
         leash::Client* c = clients[static_cast<size_t>(w)].get();
         std::vector<std::vector<float>> outs(static_cast<size_t>(inflight),
                                              std::vector<float>(static_cast<size_t>(floats)));
+        // pull_in_place: the values where the replies brought them (Client::PullInPlace),
+        // each kept until its slot is pulled into again, as a reader of them would.
+        std::vector<leash::PulledValues> views(static_cast<size_t>(inflight));
         size_t k = 0;
         lat[static_cast<size_t>(w)] = Drive(
             [&] {
               if (op == "push")
                 return g_push_copy ? c->Push(table, buf.data()) : c->Push(table, grad);
+              if (op == "pull_in_place") return c->PullInPlace(table, &views[k++ % views.size()]);
               return c->Pull(table, outs[k++ % outs.size()].data());
             },
             inflight, seconds, &ops[static_cast<size_t>(w)]);
@@ -601,7 +605,9 @@ int main(int argc, char** argv) {
                "the shards with --io-threads N; at sizes of at least 1 MiB per shard)");
   flags.String("shards", &shard_counts, "Leash cells: shards (and as many workers)");
   flags.String("inflight", &inflights, "Leash cells: requests in flight per worker");
-  flags.String("ops", &ops, "Leash cells: push and/or pull");
+  flags.String("ops", &ops,
+               "Leash cells: push, pull and/or pull_in_place (Client::PullInPlace: the values "
+               "read where the replies brought them, not copied into the caller's buffer)");
   flags.Bool("raw", &raw, "measure the raw ZeroMQ rows and the update alone too");
   flags.String("raw-rows", &raw_rows,
                "which raw rows: rtt (same process), rtt2 (two processes), rtt2check (two "
@@ -625,6 +631,12 @@ int main(int argc, char** argv) {
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
   if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   g_socket_buffer = static_cast<int>(socket_buffer);
+  for (const auto& op : leash::SplitList(ops)) {
+    if (op != "push" && op != "pull" && op != "pull_in_place") {
+      std::fprintf(stderr, "--ops: unknown op '%s' (push, pull, pull_in_place)\n", op.c_str());
+      return 2;
+    }
+  }
   g_servers = leash::SplitList(servers);
   if (!g_servers.empty()) shard_counts = std::to_string(g_servers.size());
   char tmpl[] = "/tmp/leash-bench-XXXXXX";
@@ -750,7 +762,7 @@ int main(int argc, char** argv) {
   const Sample* upd256k = find("shard update", "momentum update", 65536, 1, 1);
   const Sample* chk256k = find("raw zmq", "round trip, 2 processes, payload checked", 65536, 1, 1);
   const Sample* one4m = find("raw zmq", "one-way, 2 processes", 1048576, 1, 8);
-  for (const char* op : {"push", "pull"}) {
+  for (const char* op : {"push", "pull", "pull_in_place"}) {
     std::string o = op;
     if (auto* l = find("leash", o, 1024, 1, 1); l && rtt4k) {
       ratio(o + "_4KB_p50_over_raw_rtt", l->p50_us / rtt4k->p50_us,

@@ -283,6 +283,50 @@ TEST(ClusterTest, AGradientComputedIntoAPushBufferIsSentWithoutACopyAndAppliedEx
   EXPECT_TRUE(d->Leave().ok());
 }
 
+// Client::PullInPlace against real shards: over the socket the pieces are the received
+// messages themselves (nothing copied); from a same-host shard's shared-memory ring they are
+// copied out, so the ring's room goes back at once: 200 pulls held at a time, 25 MiB from
+// each shard, more than its ring's 16 MiB, all still come through the ring.
+TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndCopiesWhatSharedMemoryLent) {
+  TempDir dir;
+  Cluster cluster(2, dir.path());
+  for (bool with_shm : {false, true}) {
+    SCOPED_TRACE(with_shm ? "shared memory" : "socket");
+    ZmqOptions zo;
+    zo.shared_memory = with_shm;
+    auto c = cluster.Connect(with_shm ? "shm" : "socket", true, zo);
+    ASSERT_TRUE(c);
+    auto t = c->CreateTable(Sgd1("t", 64, 1024));  // 128 KiB on each shard
+    ASSERT_TRUE(t.ok()) << t.status();
+    std::vector<float> g(t->size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 11);
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::vector<float> v(t->size());
+    while (with_shm && c->counters().shared_memory_shards < 2 &&
+           std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+    }
+    ASSERT_EQ(c->counters().shared_memory_shards, with_shm ? 2 : 0);
+    ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
+    std::vector<PulledValues> held(200);
+    for (PulledValues& p : held) {
+      ASSERT_TRUE(c->PullInPlace(*t, &p).get().ok());
+      ASSERT_EQ(p.pieces().size(), 2u);
+      EXPECT_EQ(p.copied_bytes(), with_shm ? t->size() * sizeof(float) : 0u);
+    }
+    for (const PulledValues& p : held) {
+      std::vector<float> got(t->size());
+      p.CopyTo(got.data());
+      ASSERT_EQ(got, v);
+    }
+    for (size_t i = 0; i < v.size(); i += 101) EXPECT_EQ(v[i], -g[i]) << i;
+    // Undo the push, so the next client starts from zeros too.
+    for (float& x : g) x = -x;
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+  }
+}
+
 TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
   TempDir dir;
   Cluster cluster(2, dir.path());

@@ -475,7 +475,7 @@ Result<Frame> ShmSegment::Borrow(std::shared_ptr<ShmSegment> self, const Descrip
     Descriptor d;
   };
   auto loan = std::make_shared<Loan>(std::move(self), d);
-  return Frame::Wrap(p, d.size, std::shared_ptr<const void>(loan, loan.get()));
+  return Frame::Wrap(p, d.size, std::shared_ptr<const void>(loan, loan.get())).Lent();
 }
 
 // ---------------------------------------------------------------- ShmWriter

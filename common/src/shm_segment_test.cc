@@ -74,6 +74,7 @@ TEST(ShmSegmentTest, ACopyOutKnowsWhetherTheFrameHoldsFiniteFloats) {
     EXPECT_TRUE(d);
     auto f = p.shard->CopyOut(*d);
     EXPECT_TRUE(f.ok()) << f.status();
+    EXPECT_FALSE(f->lent());
     EXPECT_EQ(std::memcmp(f->data(), grad.data(), bytes), 0);
     return f->finite_f32();
   };
@@ -260,6 +261,7 @@ TEST(ShmSegmentTest, ABorrowedFrameGivesItsGranulesBackWhenDestroyed) {
   {
     auto f = p.client->Borrow(p.client, *d);
     ASSERT_TRUE(f.ok());
+    EXPECT_TRUE(f->lent());
     Frame copy = *f;
     f = Frame();
     EXPECT_FALSE(w.Put(FrameOf(content))) << "a copy of the frame still holds it";

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -1087,13 +1089,16 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
       nullptr, /*is_push=*/true);
 }
 
-Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock,
-                    std::atomic<int64_t>* read_clock) {
-  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Pull"));
+Future Client::PullDense(const TableHandle& table, int64_t for_clock,
+                         std::atomic<int64_t>* read_clock, TakeValues take) {
   RangePartitioner part(num_shards_);
   std::vector<int> shards;
+  std::vector<size_t> index(static_cast<size_t>(num_shards_));
   for (int s = 0; s < num_shards_; ++s) {
-    if (part.Range(table.rows, s).size() > 0) shards.push_back(s);
+    if (part.Range(table.rows, s).size() > 0) {
+      index[static_cast<size_t>(s)] = shards.size();
+      shards.push_back(s);
+    }
   }
   int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
   auto dtype = options_.wire_dtype;
@@ -1110,8 +1115,8 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock,
         return MakePull(rid, t.shard_ids[static_cast<size_t>(s)], rows, options_.worker_id, clock,
                         options_.staleness, dtype);
       },
-      [t, out, part, impl, read_clock](int s, const Reply& reply,
-                                       std::span<const Frame> payloads) -> Status {
+      [t, part, impl, read_clock, index, take = std::move(take)](
+          int s, const Reply& reply, std::span<const Frame> payloads) -> Status {
         RowRange rr = part.Range(t.rows, s);
         LEASH_ASSIGN_OR_RETURN(const PullReply* r,
                                CheckPullReply(reply, payloads, rr.size(), t.cols));
@@ -1121,8 +1126,76 @@ Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock,
           while (r->min_clock < seen && !read_clock->compare_exchange_weak(seen, r->min_clock)) {
           }
         }
-        return DecodeValues(payloads[0], r->dtype, rr.size() * t.cols, out + rr.begin * t.cols);
+        return take(index[static_cast<size_t>(s)], rr.begin * t.cols, rr.size() * t.cols, *r,
+                    payloads[0]);
       });
+}
+
+Future Client::Pull(const TableHandle& table, float* out, int64_t for_clock,
+                    std::atomic<int64_t>* read_clock) {
+  if (table.kind != TableKind::kDense) return Ready(NotDense(table, "Pull"));
+  return PullDense(
+      table, for_clock, read_clock,
+      [out](size_t, size_t offset, size_t floats, const PullReply& r, const Frame& payload) {
+        return DecodeValues(payload, r.dtype, floats, out + offset);
+      });
+}
+
+Future Client::PullInPlace(const TableHandle& table, PulledValues* out, int64_t for_clock,
+                           std::atomic<int64_t>* read_clock) {
+  if (table.kind != TableKind::kDense) {
+    return Ready(
+        InvalidArgument("table '" + table.name + "' is sparse: use PullSparse, not PullInPlace"));
+  }
+  if (out == nullptr) {
+    return Ready(InvalidArgument("PullInPlace of table '" + table.name + "' without an output"));
+  }
+  size_t parts = 0;
+  RangePartitioner part(num_shards_);
+  for (int s = 0; s < num_shards_; ++s) parts += part.Range(table.rows, s).size() > 0;
+  // Each shard's reply fills its own slot, on whichever thread reads it.
+  out->pieces_.assign(parts, {});
+  out->storage_.assign(parts, Frame());
+  out->copied_.assign(parts, 0);
+  out->size_ = table.size();
+  return PullDense(
+      table, for_clock, read_clock,
+      [out](size_t i, size_t offset, size_t floats, const PullReply& r,
+            const Frame& payload) -> Status {
+        Frame kept;
+        if (r.dtype == DType::kF32 && payload.size() == floats * sizeof(float) && !payload.lent() &&
+            reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
+          kept = payload;  // the received bytes themselves
+        } else {
+          std::shared_ptr<float[]> values(new float[floats]);
+          LEASH_RETURN_IF_ERROR(DecodeValues(payload, r.dtype, floats, values.get()));
+          float* data = values.get();
+          kept = Frame::Wrap(data, floats * sizeof(float), std::move(values));
+          out->copied_[i] = 1;
+        }
+        out->pieces_[i] = {offset, {reinterpret_cast<const float*>(kept.data()), floats}};
+        out->storage_[i] = std::move(kept);
+        return Status::Ok();
+      });
+}
+
+std::span<const float> PulledValues::contiguous() const {
+  if (pieces_.size() != 1 || pieces_[0].values.size() != size_) return {};
+  return pieces_[0].values;
+}
+
+void PulledValues::CopyTo(float* out) const {
+  for (const Piece& p : pieces_) {
+    if (!p.values.empty()) std::memcpy(out + p.offset, p.values.data(), p.values.size_bytes());
+  }
+}
+
+size_t PulledValues::copied_bytes() const {
+  size_t n = 0;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (copied_[i]) n += pieces_[i].values.size_bytes();
+  }
+  return n;
 }
 
 Future Client::Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out) {

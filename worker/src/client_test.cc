@@ -25,6 +25,8 @@ using testing::MemoryCluster;
 using testing::Packet;
 using testing::Verdict;
 
+TableSpec SparseTable(const std::string& name, uint32_t dim);
+
 ClientOptions Worker(const std::string& name, uint64_t id) {
   ClientOptions o;
   o.name = name;
@@ -85,6 +87,54 @@ TEST(ClientTest, PullsReadWhatPushesAppliedOnEveryShard) {
   std::vector<float> rows(keys.size() * 3);
   ASSERT_TRUE(c->Pull(*t, keys, rows.data()).get().ok());
   ExpectAll(rows, -0.75f);
+}
+
+// PullInPlace reads what Pull reads, a piece per shard in row order. On this transport the
+// replies' frames are the shard's memory, so a float32 wire copies nothing and the pieces
+// keep the values they were pulled with while later pushes change the table; a 16-bit wire
+// widens them into pieces of their own.
+TEST(ClientTest, APullInPlaceReadsWhatAPullReadsWithoutCopyingAFloat32Wire) {
+  for (DType wire : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(wire == DType::kF32 ? "float32 wire" : "bfloat16 wire");
+    MemoryCluster cluster(3);
+    ClientOptions o = Worker("w", 1);
+    o.wire_dtype = wire;
+    auto c = MustConnect(cluster, o);
+    ASSERT_TRUE(c);
+    auto t = c->CreateTable(Table("t", 10, 3));
+    ASSERT_TRUE(t.ok()) << t.status();
+    PushAndClock(*c, *t, 0.5f);
+    PulledValues v;
+    EXPECT_EQ(v.size(), 0u);
+    ASSERT_TRUE(c->PullInPlace(*t, &v).get().ok());
+    ASSERT_EQ(v.size(), 30u);
+    ASSERT_EQ(v.pieces().size(), 3u);  // rows 0-3, 4-6, 7-9
+    size_t next = 0;
+    for (const PulledValues::Piece& p : v.pieces()) {
+      EXPECT_EQ(p.offset, next);
+      next += p.values.size();
+    }
+    EXPECT_EQ(next, 30u);
+    EXPECT_TRUE(v.contiguous().empty());  // three pieces
+    EXPECT_EQ(v.copied_bytes(), wire == DType::kF32 ? 0u : 30 * sizeof(float));
+    std::vector<float> got(30, 7.f);
+    v.CopyTo(got.data());
+    ExpectAll(got, -0.5f);
+    EXPECT_EQ(got, PullAll(*c, *t));
+    // A later push changes the table, not the pieces pulled before it.
+    PushAndClock(*c, *t, 0.25f);
+    ExpectAll(PullAll(*c, *t), -0.75f);
+    for (const PulledValues::Piece& p : v.pieces()) {
+      for (float x : p.values) ASSERT_EQ(x, -0.5f);
+    }
+    // A table on one shard comes in one piece.
+    auto one = c->CreateTable(Table("one", 1, 5));
+    ASSERT_TRUE(one.ok()) << one.status();
+    PulledValues w;
+    ASSERT_TRUE(c->PullInPlace(*one, &w).get().ok());
+    ASSERT_EQ(w.contiguous().size(), 5u);
+    for (float x : w.contiguous()) EXPECT_EQ(x, 0.f);
+  }
 }
 
 TEST(ClientTest, RequestsLostToAShardRestartAreResentAndAnswered) {
@@ -428,6 +478,14 @@ TEST(ClientTest, DenseAndSparseCallsRefuseTheOtherKindOfTable) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("dense"), std::string::npos) << st;
   EXPECT_EQ(c->PushSparse(*dense, keys, buf.data()).get().code(), StatusCode::kInvalidArgument);
+  // PullInPlace: a dense call too, and it needs somewhere to put the values.
+  PulledValues v;
+  st = c->PullInPlace(*sparse, &v).get();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("PullSparse"), std::string::npos) << st;
+  st = c->PullInPlace(*dense, nullptr).get();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'fc'"), std::string::npos) << st;
 }
 
 TEST(ClientTest, DuplicatedMessagesApplyEachSparsePushExactlyOnce) {

@@ -45,6 +45,16 @@ class Frame {
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
   const std::shared_ptr<const void>& owner() const { return owner_; }
+  // True: the bytes lie in place in a shared-memory ring whose writer gets the room back only
+  // when the frame is released (ShmSegment::Borrow): read them and let go; copy them to keep
+  // them for long. Every copy of the frame keeps the mark.
+  bool lent() const { return lent_; }
+  // This frame marked as lent().
+  Frame Lent() const {
+    Frame f = *this;
+    f.lent_ = true;
+    return f;
+  }
   // True: the bytes are whole float32 values, every one finite, as found by the copy that
   // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite). False: not
   // known. A fact about immutable bytes, so every copy of the frame keeps it; nothing else
@@ -56,6 +66,7 @@ class Frame {
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
   bool finite_f32_ = false;
+  bool lent_ = false;
 };
 
 // A multipart message: frame 0 is the header, the rest are payloads.

@@ -20,6 +20,7 @@
 
 #include "leash/common/coordinator.h"
 #include "leash/common/domain.h"
+#include "leash/common/message.h"
 #include "leash/common/status.h"
 #include "leash/common/transport.h"
 
@@ -104,6 +105,39 @@ struct TableHandle {
   size_t size() const { return static_cast<size_t>(rows) * cols; }
 };
 
+// A dense table's values as the shards sent them (Client::PullInPlace): one piece per shard
+// that holds rows of it, in row order, read where the reply arrived instead of copied into a
+// buffer of the caller's. Over the socket with a float32 wire that is the received message
+// itself; a 16-bit wire's values are widened into a piece of their own, and a reply read from
+// a same-host shard's shared-memory ring is copied out (its room goes back to the shard), so
+// those cost the one copy a Pull makes. Immutable once the future is ready; the pieces stay
+// valid while this object (or a copy) lives, whatever the table does meanwhile. Copyable:
+// copies share the pieces.
+class PulledValues {
+ public:
+  struct Piece {
+    size_t offset = 0;  // the table's float (row x cols) where the piece starts
+    std::span<const float> values;
+  };
+  // Floats of the table, every piece together; 0 before a pull filled this.
+  size_t size() const { return size_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  // All size() values as one span when one piece holds them (a table on one shard); else
+  // an empty span.
+  std::span<const float> contiguous() const;
+  // Copies every value into out (size() floats).
+  void CopyTo(float* out) const;
+  // Bytes the client copied or widened to make the pieces (0: every piece read in place).
+  size_t copied_bytes() const;
+
+ private:
+  friend class Client;
+  std::vector<Piece> pieces_;
+  std::vector<Frame> storage_;   // pieces_[i]'s bytes
+  std::vector<uint8_t> copied_;  // 1 where piece i was copied or widened
+  size_t size_ = 0;
+};
+
 struct ClientCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -145,6 +179,13 @@ class Client {
               std::atomic<int64_t>* read_clock = nullptr);
   // Reads rows `keys` (row-major into out, keys.size() * cols floats).
   Future Pull(const TableHandle& table, std::span<const uint64_t> keys, float* out);
+  // Pull without the copy into a buffer of the caller's: *out (alive until the future is
+  // ready, not read before) gets the values where the replies brought them (PulledValues).
+  // For a caller that reads the values once and moves on, e.g. copies them to a GPU or
+  // into a framework's tensor: over the socket that saves the client a pass over every
+  // byte. Same bound, clocks and errors as Pull; InvalidArgument for a null `out`.
+  Future PullInPlace(const TableHandle& table, PulledValues* out, int64_t for_clock = -1,
+                     std::atomic<int64_t>* read_clock = nullptr);
   // Sends the gradient of the whole table (copied before returning). Each shard applies
   // a given push at most once.
   // `weight` (work in proportion to speed): the samples behind the gradient and the job's
@@ -244,6 +285,13 @@ class Client {
   // Push of a dense table; `owner` (or null: copied) keeps `grad` for the frames.
   Future PushDense(const TableHandle& table, const float* grad,
                    const std::shared_ptr<const float>& owner, PushWeight weight);
+  // A pull of a whole dense table: take(index of the shard among those holding rows, the
+  // float of the table its rows start at, its floats, the checked reply, its payload) keeps
+  // each shard's values.
+  using TakeValues = std::function<Status(size_t index, size_t offset, size_t floats,
+                                          const PullReply& reply, const Frame& payload)>;
+  Future PullDense(const TableHandle& table, int64_t for_clock, std::atomic<int64_t>* read_clock,
+                   TakeValues take);
   // fut's status, or Cancelled once options_.interrupted says so.
   Status Await(const Future& fut) const;
 
