@@ -651,16 +651,12 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
       }
     } else if (rows.size() > 0) {
       if (m.clock_step && m.global_batch > 0 && SumsIntoClockStep(*w)) {
-        const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
         table->Accumulate(w->clock, rows, g, scale, update_threads_.get());
         ++counters_.pushes_summed;
-        CountSplits(splits);
       } else {
         const uint64_t copies = table->copies_on_write();
-        const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
         table->Apply(rows, g, scale, update_threads_.get());
         counters_.values_copied_on_write += table->copies_on_write() - copies;
-        CountSplits(splits);
       }
     }
     counters_.nonfinite_rows_skipped += skipped;
@@ -830,8 +826,11 @@ bool Shard::SumsIntoClockStep(const LiveWorker& w) const {
   return w.clock >= clocks_.MinClock() && w.clock < clocks_.MinClock() + kMaxClockSteps;
 }
 
-void Shard::CountSplits(uint64_t before) {
-  if (update_threads_) counters_.updates_split += update_threads_->split_runs() - before;
+ShardCounters Shard::counters() const {
+  ShardCounters c = counters_;
+  // Every update this shard shares among threads goes through its own update_threads_.
+  c.updates_split = update_threads_ ? update_threads_->split_runs() : 0;
+  return c;
 }
 
 void Shard::ApplyClockSteps() {
@@ -843,10 +842,8 @@ void Shard::ApplyClockSteps() {
   for (auto& t : tables_) {
     if (t && t->pending() > 0) {
       const uint64_t copies = t->copies_on_write();
-      const uint64_t splits = update_threads_ ? update_threads_->split_runs() : 0;
       counters_.clock_steps += t->ApplyPendingBefore(before, update_threads_.get());
       counters_.values_copied_on_write += t->copies_on_write() - copies;
-      CountSplits(splits);
     }
   }
 }

@@ -1012,6 +1012,16 @@ Status CheckSparse(const TableHandle& t, std::span<const uint64_t> keys, const c
   return Status::Ok();
 }
 
+// The shards holding at least one row of a dense table of `rows` rows, in order (with
+// fewer rows than shards, the last ones hold none).
+std::vector<int> ShardsWithRows(const RangePartitioner& part, uint64_t rows) {
+  std::vector<int> shards;
+  for (int s = 0; s < part.num_shards(); ++s) {
+    if (part.Range(rows, s).size() > 0) shards.push_back(s);
+  }
+  return shards;
+}
+
 }  // namespace
 
 Future Client::PullSparse(const TableHandle& table, std::span<const uint64_t> keys, float* out,
@@ -1092,14 +1102,9 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
 Future Client::PullDense(const TableHandle& table, int64_t for_clock,
                          std::atomic<int64_t>* read_clock, TakeValues take) {
   RangePartitioner part(num_shards_);
-  std::vector<int> shards;
+  std::vector<int> shards = ShardsWithRows(part, table.rows);
   std::vector<size_t> index(static_cast<size_t>(num_shards_));
-  for (int s = 0; s < num_shards_; ++s) {
-    if (part.Range(table.rows, s).size() > 0) {
-      index[static_cast<size_t>(s)] = shards.size();
-      shards.push_back(s);
-    }
-  }
+  for (size_t i = 0; i < shards.size(); ++i) index[static_cast<size_t>(shards[i])] = i;
   int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
   auto dtype = options_.wire_dtype;
   TableHandle t = table;
@@ -1150,10 +1155,8 @@ Future Client::PullInPlace(const TableHandle& table, PulledValues* out, int64_t 
   if (out == nullptr) {
     return Ready(InvalidArgument("PullInPlace of table '" + table.name + "' without an output"));
   }
-  size_t parts = 0;
-  RangePartitioner part(num_shards_);
-  for (int s = 0; s < num_shards_; ++s) parts += part.Range(table.rows, s).size() > 0;
-  // Each shard's reply fills its own slot, on whichever thread reads it.
+  // Each shard's reply fills its own slot (PullDense's index), on whichever thread reads it.
+  const size_t parts = ShardsWithRows(RangePartitioner(num_shards_), table.rows).size();
   out->pieces_.assign(parts, {});
   out->storage_.assign(parts, Frame());
   out->copied_.assign(parts, 0);
@@ -1272,14 +1275,10 @@ struct RingGradient {
 
 std::shared_ptr<float> Client::PushBuffer(const TableHandle& table) {
   if (table.kind != TableKind::kDense || options_.wire_dtype != DType::kF32) return nullptr;
-  RangePartitioner part(num_shards_);
-  int only = -1;
-  for (int s = 0; s < num_shards_; ++s) {
-    if (part.Range(table.rows, s).size() == 0) continue;
-    if (only >= 0) return nullptr;  // a contiguous gradient cannot lie in two shards' rings
-    only = s;
-  }
-  if (only < 0) return nullptr;
+  const std::vector<int> shards = ShardsWithRows(RangePartitioner(num_shards_), table.rows);
+  // A contiguous gradient cannot lie in two shards' rings.
+  if (shards.size() != 1) return nullptr;
+  const int only = shards[0];
   std::optional<WritableFrame> w = impl_->ReservePayload(only, table.size() * sizeof(float));
   if (!w) return nullptr;
   impl_->CountPushBuffer();

@@ -144,7 +144,8 @@ struct ShardCounters {
   // updates that copied a table's values first: a pull reply still queued held them
   // (Table::ReadFrame, copy on write)
   uint64_t values_copied_on_write = 0;
-  // dense updates (or clock-step sums) shared by more than one thread (update_threads)
+  // dense updates (or clock-step sums) shared by more than one thread (update_threads);
+  // filled by Shard::counters() from the update threads
   uint64_t updates_split = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
@@ -248,7 +249,8 @@ class Shard {
   size_t parked_pulls() const { return parked_.size(); }
   int64_t recovered_clock() const { return recovered_clock_; }
   int64_t last_snapshot_clock() const { return last_snapshot_clock_; }
-  const ShardCounters& counters() const { return counters_; }
+  // A copy: updates_split is read from the update threads when asked.
+  ShardCounters counters() const;
   const ShardOptions& options() const { return options_; }
   const DataCoverage& coverage() const { return coverage_; }
   // Table `id` if it is sparse, else null.
@@ -317,8 +319,6 @@ class Shard {
   // the iterations before the minimum clock (all of them once no worker is live).
   bool SumsIntoClockStep(const LiveWorker& w) const;
   void ApplyClockSteps();
-  // Adds the updates update_threads_ split since its split_runs() was `before`.
-  void CountSplits(uint64_t before);
   // Iterations ahead of the minimum clock with a clock step open, at most: each holds a sum
   // the size of the table.
   static constexpr int64_t kMaxClockSteps = 8;
