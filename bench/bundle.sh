@@ -3,7 +3,8 @@
 # run the benchmarks (bench/idle_cores.sh, bench/gpu_check.sh) on a machine without Leash's
 # Debian packages, such as a lent GPU machine. Left out: glibc (the other machine's must be as
 # new as this one's) and CUDA's libraries (cudart, cuBLAS, cuDNN: the other machine's CUDA 13).
-# etcd is packed when installed (bench/replication.py needs it).
+# etcd and iperf3 are packed when installed (bench/replication.py needs etcd,
+# bench/wire_ceiling.py iperf3).
 # Usage: bash bench/bundle.sh [BUILD_DIR] [OUT.tar.xz]
 # There: bash bench/unbundle.sh OUT.tar.xz DIR COMMAND... (unpacks, sets the loader's path and
 #        LEASH_BUILD=DIR/build, checks every executable's libraries, runs COMMAND).
@@ -20,6 +21,10 @@ for e in "${exes[@]}"; do
   strip -o "$stage/build/$e" "$B/$e"
   ldd "$B/$e" | awk '$3 ~ /^\// {print $3}' >>"$stage/libs"
 done
+if command -v iperf3 >/dev/null; then
+  cp -L "$(command -v iperf3)" "$stage/bin/"
+  ldd "$(command -v iperf3)" | awk '$3 ~ /^\// {print $3}' >>"$stage/libs"
+fi
 # glibc's own libraries and the loader stay the other machine's; CUDA's come from its toolkit
 sort -u "$stage/libs" | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|libutil)\.so|/cuda' |
   while read -r l; do cp -L "$l" "$stage/lib/"; done

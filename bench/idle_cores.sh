@@ -9,10 +9,16 @@
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16);
 #   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes: the
-#      threads shared by a large update, slower on 2 cores, never measured with idle cores.
+#      threads shared by a large update, slower on 2 cores, never measured with idle cores;
+#   5. 4 MB at 8 in flight against the loopback wire (bench/wire_ceiling.py, where iperf3 is
+#      installed or bundled): push, pull and pull in place over one connection and 2 stripes,
+#      raw ZeroMQ one-way, iperf3's TCP ceiling, and each one's CPU per request (issue 19).
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
-# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS; PYTHON: the interpreter (numpy; /usr/bin/python3).
+# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
+# WIRE_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
+# comma-separated (default straggler,stripes,replication,update_threads,wire_ceiling; their
+# limits add up to more than one 10-minute call, so a lent machine takes them in two).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
 # 'PYTHON=python3 bash bench/idle_cores.sh "$LEASH_BUILD" OUT'`; the Fashion-MNIST files must
@@ -28,8 +34,10 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
+PARTS=",${PARTS:-straggler,stripes,replication,update_threads,wire_ceiling},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
+  [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
   local start=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
@@ -59,4 +67,11 @@ part update_threads "${UPDATE_S:-120}" "$PY" bench/server_ab.py --a "$OUT/server
   --b "$OUT/server-ut${UPDATE_THREADS:-4}.sh" --bench "$B/bench/leash-bench-pushpull" --ops push \
   --sizes 262144,1048576 --inflight 1,8 --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${UPDATE_ROUNDS:-4}")" \
   --name update_threads_ab --out "$OUT/update_threads"
+if command -v iperf3 >/dev/null; then
+  part wire_ceiling "${WIRE_S:-150}" "$PY" bench/wire_ceiling.py --bench "$B/bench/leash-bench-pushpull" \
+    --server "$srv" --modes socket,striped2 --streams 1,2,4 --out "$OUT/wire_ceiling" \
+    --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${WIRE_ROUNDS:-3}")" --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo 1)"
+else
+  echo "wire_ceiling: skipped, no iperf3 here (apt-get install iperf3, or bundle it)" | tee -a "$OUT/machine.txt"
+fi
 echo "results under $OUT"

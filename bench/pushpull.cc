@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -62,7 +63,10 @@ struct Sample {
   double mb_per_s = 0;
   double p50_us = 0;
   double p99_us = 0;
-  double client_cpu_us = -1;  // Leash rows: the clients' process CPU (all threads) per op
+  double client_cpu_us = -1;  // Leash rows: the clients' process CPU (all threads) per op;
+                              // raw one-way between two processes: the sender's
+  double server_cpu_us = -1;  // Leash rows with shards started here: the shards' CPU per op;
+                              // raw one-way between two processes: the receiver's
 };
 
 // This process's CPU time (user and system, all threads) in µs.
@@ -143,6 +147,28 @@ class Shards {
     }
   }
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // The shards' CPU time so far (user and system, all threads) in µs, from /proc; -1 if
+  // unreadable.
+  double CpuUs() const {
+    double total = 0;
+    for (pid_t p : pids_) {
+      std::ifstream f("/proc/" + std::to_string(p) + "/stat");
+      std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      // Fields after the command name (which may hold spaces) in parentheses: utime and
+      // stime are the 12th and 13th of them.
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) return -1;
+      std::istringstream rest(stat.substr(close + 1));
+      std::string field;
+      unsigned long long utime = 0, stime = 0;
+      for (int i = 1; i <= 13 && rest >> field; ++i) {
+        if (i == 12) utime = std::stoull(field);
+        if (i == 13) stime = std::stoull(field);
+      }
+      total += static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    }
+    return total;
+  }
 
  private:
   std::vector<std::string> endpoints_;
@@ -230,6 +256,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     std::vector<std::thread> threads;
     auto t0 = SteadyClock::now();
     const double cpu0 = ProcessCpuUs();
+    const double server_cpu0 = started ? started->CpuUs() : -1;
     for (int w = 0; w < n; ++w) {
       threads.emplace_back([&, w] {
         // The gradient handed over (Push of a shared_ptr: sent from these floats, never
@@ -270,6 +297,18 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     s.p50_us = Percentile(all, 0.5);
     s.p99_us = Percentile(all, 0.99);
     if (total > 0) s.client_cpu_us = (ProcessCpuUs() - cpu0) / static_cast<double>(total);
+    if (total > 0 && server_cpu0 >= 0) {
+      // The shards answer each request before its op counts, but a shard may still apply
+      // the last pushes: wait for its CPU to settle (bounded) before reading it.
+      double before = started->CpuUs();
+      for (int i = 0; i < 20; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const double now = started->CpuUs();
+        if (now == before) break;
+        before = now;
+      }
+      if (before >= 0) s.server_cpu_us = (before - server_cpu0) / static_cast<double>(total);
+    }
     out.push_back(s);
   }
   return out;
@@ -507,18 +546,25 @@ Sample RawOneWay(int64_t floats, double seconds, bool other_process = false, int
   }
   std::vector<char> payload(static_cast<size_t>(floats) * 4, 1);
   auto t0 = SteadyClock::now();
+  const double cpu0 = ProcessCpuUs();
   auto end = t0 + std::chrono::duration<double>(seconds);
   for (size_t i = 0; SteadyClock::now() < end; ++i)
     push[i % push.size()].send(zmq::buffer(payload), zmq::send_flags::none);
   double secs = 0;
+  double sender_cpu = -1, receiver_cpu = -1;  // two processes: each side's CPU in µs
   if (other_process) {
     char marker = 0;
     for (auto& p : push) p.send(zmq::buffer(&marker, 1), zmq::send_flags::none);
     int64_t n = 0;
     if (read(pipefd[0], &n, sizeof n) == static_cast<ssize_t>(sizeof n)) received = n;
     secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+    sender_cpu = ProcessCpuUs() - cpu0;
     close(pipefd[0]);
-    waitpid(child, nullptr, 0);
+    struct rusage ru {};
+    if (wait4(child, nullptr, 0, &ru) == child) {
+      receiver_cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    }
   } else {
     secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -528,6 +574,12 @@ Sample RawOneWay(int64_t floats, double seconds, bool other_process = false, int
   Sample out{op, "raw zmq", floats, 1, 1, 8};
   out.ops_per_s = static_cast<double>(received.load()) / secs;
   out.mb_per_s = out.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
+  if (received.load() > 0 && sender_cpu >= 0 && receiver_cpu >= 0) {
+    // The receiver's CPU includes its start (a context and a bind), small beside seconds of
+    // 4 MB messages; the sender's includes the end markers' wait.
+    out.client_cpu_us = sender_cpu / static_cast<double>(received.load());
+    out.server_cpu_us = receiver_cpu / static_cast<double>(received.load());
+  }
   return out;
 }
 
@@ -746,8 +798,8 @@ int main(int argc, char** argv) {
        << ", \"workers\": " << s.workers << ", \"inflight\": " << s.inflight
        << ", \"ops_per_s\": " << s.ops_per_s << ", \"mb_per_s\": " << s.mb_per_s
        << ", \"p50_us\": " << s.p50_us << ", \"p99_us\": " << s.p99_us
-       << ", \"client_cpu_us\": " << s.client_cpu_us << "}"
-       << (i + 1 < samples.size() ? ",\n" : "\n");
+       << ", \"client_cpu_us\": " << s.client_cpu_us << ", \"server_cpu_us\": " << s.server_cpu_us
+       << "}" << (i + 1 < samples.size() ? ",\n" : "\n");
   }
   js << "  ],\n  \"ratios\": {";
   md << "\n## Against the raw ZeroMQ ceiling (socket rows; the issue's targets)\n\n";

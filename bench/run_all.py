@@ -54,7 +54,7 @@ import ctr_bench  # noqa: E402
 import replication as replication_bench  # noqa: E402
 import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
-from common.util import free_port, median, now, stop, time_to_accuracy, verdict, write_json  # noqa: E402
+from common.util import iperf3_loopback, median, now, time_to_accuracy, verdict, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr", "replication")
@@ -83,25 +83,6 @@ def config(quick):
 
 
 # ---------------------------------------------------------------- part 1: push/pull
-
-def iperf3_loopback(seconds):
-    """The loopback TCP ceiling: one iperf3 stream to a server on this host, MB/s received,
-    or None when iperf3 is missing (install-deps.sh bench installs it)."""
-    if not shutil.which("iperf3"):
-        return None
-    port = str(free_port())
-    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            p = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", str(max(1, round(seconds))), "-J"],
-                               capture_output=True, text=True, timeout=120)
-            if p.returncode == 0:
-                return json.loads(p.stdout)["end"]["sum_received"]["bits_per_second"] / 8e6
-            time.sleep(0.1)
-        return None
-    finally:
-        stop(srv)
-
 
 def part_pushpull(a, c, tmp):
     binary = os.path.join(a.build, "bench", "leash-bench-pushpull")
@@ -530,7 +511,7 @@ def write_summary(a, c, res, plots, durations):
                "and the same-process one-way figure counts bytes handed to the socket. The Leash rows of the targets "
                "go through the loopback socket only, as between hosts; the same cells with same-host shared memory "
                "are measured beside them (`leash shm` in [pushpull.md](pushpull.md); ratios below). The loopback TCP "
-               "ceiling (iperf3, one stream) per run: "
+               "ceiling (iperf3, one stream, 1 MiB writes) per run: "
                f"{', '.join(fmt(v) for v in pp.get('iperf3_loopback_MBps', [])) or 'not measured'} MB/s.", "",
                "| ratio | per run | median |", "|---|---|---|",
                f"| 4 KB push p50 / raw RTT p50, 2 processes | "

@@ -21,10 +21,11 @@ PACKAGES=(
 # `scripts/install-deps.sh fuzz` also installs clang and its runtimes (libFuzzer, the
 # sanitizers) for scripts/fuzz.sh.
 if [[ "${1:-}" == fuzz ]]; then PACKAGES+=(clang libclang-rt-14-dev); fi
-# `scripts/install-deps.sh bench` also installs the benchmark suite's plots (matplotlib) and
-# fio (the sparse scale benchmark measures the disk with it); its Python peers use the
+# `scripts/install-deps.sh bench` also installs the benchmark suite's plots (matplotlib),
+# fio (the sparse scale benchmark measures the disk with it) and iperf3 (the loopback TCP
+# ceiling of the push/pull rows); its Python peers use the
 # Debian PyTorch and numpy above, on OpenBLAS.
-if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-matplotlib fio); fi
+if [[ "${1:-}" == bench ]]; then PACKAGES+=(python3-matplotlib fio iperf3); fi
 # `scripts/install-deps.sh format` also installs clang-format for scripts/format.sh.
 if [[ "${1:-}" == format ]]; then PACKAGES+=(clang-format); fi
 

@@ -3,6 +3,7 @@ range (17500-17699 unless LEASH_BENCH_PORTS=lo-hi says otherwise) and are checke
 before use. Not thread-safe (the port cursor is module state)."""
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -38,6 +39,41 @@ def stop(proc, timeout=30):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def iperf3_loopback(seconds, streams=1, length=1 << 20, detail=False):
+    """The loopback TCP ceiling: iperf3 to a server on this host for `seconds` over `streams`
+    connections, writing `length` bytes per call (iperf3's most, 1 MiB; its default of 128 KiB
+    measured 0.66x of it on a 2-core machine), MB/s received; None when iperf3 is missing
+    (install-deps.sh bench installs it) or never connected. With `detail`, a dict: mb_per_s
+    and cpu_cores, the CPU both ends used (cores busy on average, nearly all of it the
+    kernel's copies)."""
+    if not shutil.which("iperf3"):
+        return None
+    port = str(free_port())
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            p = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", str(max(1, round(seconds))),
+                                "-P", str(streams), "-l", str(length), "-J"],
+                               capture_output=True, text=True, timeout=120)
+            # iperf3 3.12 exits 0 with -J also when it could not connect (the server not
+            # listening yet): its JSON then has an "error" and an empty "end".
+            try:
+                doc = json.loads(p.stdout)
+            except ValueError:
+                doc = {}
+            end = doc.get("end", {})
+            if p.returncode == 0 and "error" not in doc and "sum_received" in end:
+                mb_per_s = end["sum_received"]["bits_per_second"] / 8e6
+                if not detail:
+                    return mb_per_s
+                cpu = end["cpu_utilization_percent"]
+                return {"mb_per_s": mb_per_s, "cpu_cores": (cpu["host_total"] + cpu["remote_total"]) / 100}
+            time.sleep(0.1)
+        return None
+    finally:
+        stop(srv)
 
 
 def median(values):
