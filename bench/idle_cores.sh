@@ -7,7 +7,9 @@
 #      0.9x-of-the-solo-sum target, last measured before the end-of-job fix f18d487);
 #   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
 #      target and striping's default);
-#   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16);
+#   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16),
+#      and again with every shard at --update-threads UPDATE_THREADS (replication_ut: the
+#      backup's serial update of a 4 MB push shared among threads);
 #   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes: the
 #      threads shared by a large update, slower on 2 cores, never measured with idle cores;
 #   5. 4 MB at 8 in flight against the loopback wire (bench/wire_ceiling.py, where iperf3 is
@@ -17,8 +19,9 @@
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
 # STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
 # WIRE_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
-# comma-separated (default straggler,stripes,replication,update_threads,wire_ceiling; their
-# limits add up to more than one 10-minute call, so a lent machine takes them in two).
+# comma-separated (default straggler,stripes,replication,replication_ut,update_threads,
+# wire_ceiling; their limits add up to more than one 10-minute call, so a lent machine takes
+# them in two).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
 # 'PYTHON=python3 bash bench/idle_cores.sh "$LEASH_BUILD" OUT'`; the Fashion-MNIST files must
@@ -34,7 +37,7 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
-PARTS=",${PARTS:-straggler,stripes,replication,update_threads,wire_ceiling},"
+PARTS=",${PARTS:-straggler,stripes,replication,replication_ut,update_threads,wire_ceiling},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
   [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
@@ -54,6 +57,8 @@ part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT
 if command -v etcd >/dev/null; then
   part replication "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
     --only cost --rounds "${REPLICATION_ROUNDS:-1}"
+  part replication_ut "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication_ut" \
+    --only cost --rounds "${REPLICATION_ROUNDS:-1}" --shard-args "--update-threads ${UPDATE_THREADS:-4}"
 else
   echo "replication: skipped, no etcd here (apt-get install etcd-server)" | tee -a "$OUT/machine.txt"
 fi

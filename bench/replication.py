@@ -27,6 +27,7 @@ import resource
 import os
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -559,7 +560,7 @@ def part_cost(build, c, tmp, log):
         # The floors below assume every process shares both cores: measured only then.
         got = {} if placed else {"least_work": least_work(build, tmp, f"least{r}")}
         for key, replicas, cc in order:
-            got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas)
+            got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas, shlex.split(cc.get("shard_args", "")))
             g = got[key]
             name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free"}[key]
             log(f"  round {r + 1}/{c['rounds']} {name}: {rows_line(g)}; backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
@@ -796,7 +797,9 @@ def summary_md(res):
                ", each on "
                "a fresh cluster: leash-worker MLP 1 worker + 1 shard at staleness 1 (samples/s over training time; "
                f"wire {res['config'].get('wire_dtype', 'fp32')}: the pushes the primary forwards to its backup as "
-               "they came), "
+               "they came"
+               + (f"; every shard with `{res['config']['shard_args']}`" if res["config"].get("shard_args") else "")
+               + "), "
                "then `leash-bench-pushpull --servers PRIMARY` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
                "flight, MB/s), socket. " + (
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
@@ -943,6 +946,8 @@ def main():
     p.add_argument("--worker-apart", action="store_true",
                    help="cost part: pin the worker and the pushing client to CPU 0 and every shard process (R=1's "
                         "shard; R=2's primary, backup and etcd) to CPU 1, and also run R=1 with no placement")
+    p.add_argument("--shard-args", help="cost part: more leash-server flags for every shard process of both "
+                                         "configurations, e.g. '--update-threads 4'")
     p.add_argument("--keep-tmp", action="store_true")
     p.add_argument("--summary-only", action="store_true",
                    help="rewrite replication.md and replication.png from --out/replication.json")
@@ -960,7 +965,7 @@ def main():
     c = config(a.quick)
     if a.backup_apart and a.worker_apart:
         p.error("--backup-apart and --worker-apart place the processes differently: give one")
-    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart"):
+    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
