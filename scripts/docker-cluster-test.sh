@@ -30,7 +30,9 @@
 #   Fashion-MNIST, staleness 2), LEASH_TEST_MIN_ACCURACY (0.85), LEASH_TEST_LEASE (3s),
 #   LEASH_COMPOSE (docker-compose; `docker compose` also works), LEASH_SKIP_BUILD=1 to use
 #   the leash:latest there is, LEASH_IMAGE (leash:latest), LEASH_SHARD0_METRICS_PORT and
-#   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101),
+#   LEASH_SHARD1_METRICS_PORT (the host ports of the shards' metrics: 9100, 9101; the
+#   replicated cluster's replicas 1: LEASH_SHARD0_R1_METRICS_PORT, LEASH_SHARD1_R1_METRICS_PORT,
+#   9102, 9103),
 #   LEASH_TEST_CASES ("static replicated": which clusters run), LEASH_TEST_REPL_EPOCHS (10)
 #   LEASH_TEST_REPL_TRAIN_LIMIT (30000 samples): the replicated case's job, and
 #   LEASH_TEST_REPL_ETCD_TTL (5 s): its replicas' etcd lease, LEASH_TEST_LOG_DIR (unset: where
@@ -52,6 +54,9 @@ REPL_TTL=${LEASH_TEST_REPL_ETCD_TTL:-5}
 LEASE=${LEASH_TEST_LEASE:-3s}
 IMAGE=${LEASH_IMAGE:-leash:latest}
 METRICS_PORTS=("${LEASH_SHARD0_METRICS_PORT:-9100}" "${LEASH_SHARD1_METRICS_PORT:-9101}")
+# The replicated cluster's four replicas' published metrics ports, by service.
+declare -A REPLICA_METRICS_PORT=([shard0]=${METRICS_PORTS[0]} [shard1]=${METRICS_PORTS[1]}
+  [shard0-r1]=${LEASH_SHARD0_R1_METRICS_PORT:-9102} [shard1-r1]=${LEASH_SHARD1_R1_METRICS_PORT:-9103})
 read -r -a COMPOSE_CMD <<<"${LEASH_COMPOSE:-docker-compose}"
 PROJECT="leashtest$(date +%s)$$"
 COMPOSE=("${COMPOSE_CMD[@]}" -p "$PROJECT" -f "$ROOT/docker/docker-compose.yml")
@@ -515,11 +520,12 @@ replicated_case() {
   # workers evicted and rejoined meanwhile (their lease is 30 s).
   rwaits 120 "training to go on at the new primary" "s and s[0]['min_clock'] > $clock_at_kill + 2"
   note "replicated: training went on (min clock > $((clock_at_kill + 2))) $(since "$t_kill") s after the kill"
-  # The new primary's own metrics (scraped inside its container) say it leads, in a term it
-  # won.
+  # The new primary's own metrics, scraped from the host on the port compose publishes for
+  # that replica, say it leads, in a term it won.
+  [[ -n "${REPLICA_METRICS_PORT[$newp]:-}" ]] || fail "no published metrics port known for replica $newp"
   local body="" t0
   t0=$(now)
-  until body=$(scrape_in "$("${COMPOSE[@]}" ps -q "$newp")") &&
+  until body=$(scrape "${REPLICA_METRICS_PORT[$newp]}") &&
     [[ $(metric leash_replica_primary <<<"$body") == 1 ]] &&
     awk -v v="$(metric leash_replica_terms_led_total <<<"$body")" 'BEGIN { exit !(v >= 1) }'; do
     if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 30) }'; then
@@ -528,7 +534,7 @@ replicated_case() {
     fi
     sleep 0.5
   done
-  note "replicated: $newp's metrics: leash_replica_primary 1, term $(metric leash_replica_term <<<"$body"), in sync $(metric leash_replica_in_sync_replicas <<<"$body"), log $(metric leash_replica_log_index <<<"$body")"
+  note "replicated: $newp's metrics (127.0.0.1:${REPLICA_METRICS_PORT[$newp]}): leash_replica_primary 1, term $(metric leash_replica_term <<<"$body"), in sync $(metric leash_replica_in_sync_replicas <<<"$body"), log $(metric leash_replica_log_index <<<"$body")"
   # Docker does not restart a container it was told to kill: start it again.
   [[ $(docker inspect -f '{{.State.Running}}' "$victim") == true ]] || docker start "$victim" >/dev/null
   local t_start
