@@ -545,6 +545,20 @@ replicated_case() {
   rwaits 120 "the killed replica back as a backup" \
     "any(b['endpoint'] == '$primary' and b['boot_id'] != $boot for b in r['replication'][0]['backups'])"
   note "replicated: $service started again: listed in etcd as a backup of shard 0 $(since "$t_start") s later"
+  # Its own metrics, on its published port, say it follows (not primary) in the new term:
+  # with the new primary's above, both replicas of shard 0 are scraped from the host.
+  [[ -n "${REPLICA_METRICS_PORT[$service]:-}" ]] || fail "no published metrics port known for replica $service"
+  t0=$(now)
+  until body=$(scrape "${REPLICA_METRICS_PORT[$service]}") &&
+    [[ $(metric leash_replica_primary <<<"$body") == 0 ]] &&
+    awk -v v="$(metric leash_replica_term <<<"$body")" -v t="$term" 'BEGIN { exit !(v > t) }'; do
+    if awk -v a="$t0" -v b="$(now)" 'BEGIN { exit !(b - a > 30) }'; then
+      grep '^leash_replica_' <<<"$body" | sed 's/^/  /' >&2 || true
+      fail "$service's metrics on 127.0.0.1:${REPLICA_METRICS_PORT[$service]} do not say it follows in a term after $term"
+    fi
+    sleep 0.5
+  done
+  note "replicated: $service's metrics (127.0.0.1:${REPLICA_METRICS_PORT[$service]}): leash_replica_primary 0, term $(metric leash_replica_term <<<"$body")"
   local w code
   mapfile -t workers < <(worker_ids)
   ((${#workers[@]} == 2)) || fail "expected 2 worker containers, found ${#workers[@]}"
