@@ -5,6 +5,9 @@
 #   1. the persistent 3x straggler, MLP (bench/straggler_bench.py): BSP, work in proportion
 #      to speed at s=0, one backup worker, and the workers' solo speeds alone (issue 17's
 #      0.9x-of-the-solo-sum target, last measured before the end-of-job fix f18d487);
+#   1b. straggler_cnn_ut: the CNN's BSP, proportional work at s=0 and the same with the shard
+#      at --update-threads 4 (its 3136 x 128 layer's updates shared: part of the s=0 clock's
+#      turnaround), and the solo speeds;
 #   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16),
@@ -19,9 +22,9 @@
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
 # STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
 # WIRE_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
-# comma-separated (default straggler,stripes,replication,replication_ut,update_threads,
-# wire_ceiling; their limits add up to more than one 10-minute call, so a lent machine takes
-# them in two).
+# comma-separated (default straggler,straggler_cnn_ut,stripes,replication,replication_ut,
+# update_threads,wire_ceiling; their limits add up to more than one 10-minute call, so a lent
+# machine takes them in two or three).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
 # 'PYTHON=python3 bash bench/idle_cores.sh "$LEASH_BUILD" OUT'`; the Fashion-MNIST files must
@@ -37,7 +40,7 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
-PARTS=",${PARTS:-straggler,stripes,replication,replication_ut,update_threads,wire_ceiling},"
+PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,update_threads,wire_ceiling},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
   [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
@@ -52,6 +55,9 @@ part() {  # name seconds command...: runs it with a time limit, its output in OU
 part straggler "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler" \
   --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/mlp/bsp,persistent/mlp/proportional,persistent/mlp/backup,persistent/mlp/solo_alone \
   --modes bsp,proportional_s0,backup
+part straggler_cnn_ut "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler_cnn_ut" \
+  --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/cnn/bsp,persistent/cnn/proportional_s0,persistent/cnn/solo_alone \
+  --modes bsp,proportional_s0,proportional_s0_ut4
 part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds "${STRIPES_ROUNDS:-1}" --stripes "${STRIPES_N:-2}" \
   --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo "${STRIPES_SECONDS:-2}")"
 if command -v etcd >/dev/null; then

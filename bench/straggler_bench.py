@@ -62,6 +62,11 @@ MODES = {
                                     ["--global-batch", str(GLOBAL_BATCH), "--clock-steps"], []),
     "proportional_s0_c256": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --chunk-size 256)", 0,
                              ["--global-batch", str(GLOBAL_BATCH), "--chunk-size", "256"], []),
+    # The shard's updates of 256K floats and more (the CNN's 3136 x 128 layer; not the MLP's,
+    # whose largest table is 200K) shared by 4 threads: at s=0 a clock waits for the shard's
+    # turnaround, of which the updates are part. For cores that are idle (idle_cores.sh).
+    "proportional_s0_ut4": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --update-threads 4", 0,
+                            ["--global-batch", str(GLOBAL_BATCH)], ["--update-threads", "4"]),
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
     "ssp_spell": (f"SSP (s={SPELL_STALENESS})", SPELL_STALENESS, [], []),
 }
@@ -695,6 +700,9 @@ if __name__ == "__main__":
     if a.only:
         cfg["only"] = a.only.split(",")
     if a.modes:
+        unknown = [m for m in a.modes.split(",") if m not in MODES]
+        if unknown:
+            ap.error(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
         PERSISTENT_MODES[:] = a.modes.split(",")
     os.makedirs(a.out, exist_ok=True)
     import tempfile
