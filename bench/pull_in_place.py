@@ -19,7 +19,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common.util import median, write_json  # noqa: E402
+from common.util import loads_before, median, spaced, write_json  # noqa: E402
 
 OPS = ("pull", "pull_in_place")
 
@@ -80,14 +80,12 @@ def main():
         summary[cell] = row
     res = {"benchmark": "pull_in_place", "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": a.rounds,
            "seconds": a.seconds, "cores": os.cpu_count(), "summary": summary, "runs": rounds}
-    os.makedirs(a.out, exist_ok=True)
     write_json(os.path.join(a.out, f"{a.name}.json"), res)
-    fmt = lambda v: " ".join(f"{x:.2f}" for x in v)  # noqa: E731
     md = [f"# Pull against PullInPlace over the socket ({res['date']})", "",
           f"`bench/pull_in_place.py`: leash-bench-pushpull, 1 shard x 1 worker over the loopback socket, "
           f"{a.rounds} rounds of {a.seconds} s per cell, both ops back to back in alternating order; "
           f"{res['cores']} cores, load average before each round "
-          f"{', '.join(format(rd['load_before'], '.1f') for rd in rounds)}. Medians over rounds; ratios are "
+          f"{loads_before(rounds)}. Medians over rounds; ratios are "
           f"in place over copied, the median of the per-round ratios (MB/s: over 1 is faster; p50 and "
           f"client CPU: under 1 is less).", "",
           "| cell | MB/s pull / in place | MB/s ratio (per round) | p50 ratio | client CPU us per request | over raw one-way: pull / in place |",
@@ -95,7 +93,7 @@ def main():
     for cell, row in summary.items():
         raw = row.get("over_raw_oneway")
         md.append(f"| {cell} | {row['mb_per_s']['pull']:.0f} / {row['mb_per_s']['pull_in_place']:.0f} | "
-                  f"**{row['mb_per_s_ratio']:.2f}** ({fmt(row['mb_per_s_ratio_per_round'])}) | "
+                  f"**{row['mb_per_s_ratio']:.2f}** ({spaced(row['mb_per_s_ratio_per_round'])}) | "
                   f"{row['p50_us_ratio']:.2f} | {row['client_cpu_us']['pull']:.0f} / "
                   f"{row['client_cpu_us']['pull_in_place']:.0f} | "
                   + (f"{raw['pull']:.2f} / {raw['pull_in_place']:.2f}" if raw else "-") + " |")

@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common.util import iperf3_loopback, median, write_json  # noqa: E402
+from common.util import iperf3_loopback, loads_before, median, spaced, write_json  # noqa: E402
 
 OPS = ("push", "pull", "pull_in_place")
 FLOATS = 1048576  # 4 MiB of float32 per request
@@ -161,17 +161,15 @@ def main():
     res = {"benchmark": "wire_ceiling", "date": date, "rounds": a.rounds, "modes": a.modes, "streams": a.streams,
            "seconds": a.seconds, "cores": cores, "request_bytes": FLOATS * 4, "inflight": 8,
            "target_over_raw_oneway": TARGET, "summary": summary, "runs": rounds}
-    os.makedirs(a.out, exist_ok=True)
     write_json(os.path.join(a.out, f"{a.name}.json"), res)
 
-    fmt = lambda v: " ".join(f"{x:.2f}" for x in v)  # noqa: E731
     md = [f"# 4 MB at 8 in flight against the loopback wire ({res['date']})", "",
           f"`bench/wire_ceiling.py`: {a.rounds} rounds; each runs leash-bench-pushpull (1 shard x 1 worker, "
           f"4 MiB requests, 8 in flight, {a.seconds} s per row, modes {a.modes}; raw ZeroMQ one-way between two "
           f"processes over 1 and 2 connections) and iperf3 on loopback (1 MiB writes, "
           f"{', '.join(map(str, a.streams))} streams, {a.seconds} s each), the two halves in alternating order. "
           f"{res['cores']} cores; load average before each round "
-          f"{', '.join(format(rd['load_before'], '.1f') for rd in rounds)}. Medians over rounds; ratios are the "
+          f"{loads_before(rounds)}. Medians over rounds; ratios are the "
           f"medians of per-round ratios. The TCP ceiling of a round is its best iperf3 figure.", "",
           "| row | MB/s median (min-max) | over raw one-way (per round) | over the TCP ceiling | "
           f"CPU us per 4 MB (both ends) | most on {cores} cores, MB/s | cores busy |",
@@ -183,7 +181,7 @@ def main():
         cpu = summary["cpu_us"][n]
         bound = summary["cpu_bound_mb_per_s"][n]
         md.append(f"| {n} | {mb['median']:.0f} ({mb['min']:.0f}-{mb['max']:.0f}) | "
-                  + (f"**{raw['median']:.2f}x** ({fmt(raw['per_round'])})" if raw else "-") + " | "
+                  + (f"**{raw['median']:.2f}x** ({spaced(raw['per_round'])})" if raw else "-") + " | "
                   + (f"{tcp['median']:.2f}x" if tcp else "-") + " | "
                   + (f"{cpu['median']:.0f}" if cpu else "-") + " | "
                   + (f"{bound['median']:.0f}" if bound else "-") + " | "
@@ -191,13 +189,13 @@ def main():
     t = summary["target_over_tcp_ceiling"]
     b = summary["target_cpu_budget_us"]
     md += ["", f"The target, {TARGET}x raw one-way, is **{t['median']:.2f}x** the round's TCP ceiling by median "
-           f"(per round {fmt(t['per_round'])}); with all {cores} cores busy with it, it leaves "
+           f"(per round {spaced(t['per_round'])}); with all {cores} cores busy with it, it leaves "
            f"**{b['median']:.0f} us** of CPU per 4 MB request (per round "
-           f"{' '.join(format(v, '.0f') for v in b['per_round'])}), both ends together."]
+           f"{spaced(b['per_round'], '.0f')}), both ends together."]
     bp = summary["target_cpu_budget_at_push_cores_us"]
     if bp:
         md[-1] += (f" At the cores the push kept busy ({summary['cores_busy']['push']['median']:.2f} by median), "
-                   f"**{bp['median']:.0f} us** (per round {' '.join(format(v, '.0f') for v in bp['per_round'])}).")
+                   f"**{bp['median']:.0f} us** (per round {spaced(bp['per_round'], '.0f')}).")
     with open(os.path.join(a.out, f"{a.name}.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))

@@ -96,6 +96,16 @@ def write_json(path, obj):
         json.dump(obj, f, indent=2)
 
 
+def spaced(values, spec=".2f"):
+    """Per-round figures for a Markdown cell: "0.91 1.05 0.98"."""
+    return " ".join(format(v, spec) for v in values)
+
+
+def loads_before(rounds):
+    """The load averages before each round ({"load_before": ...} each), for a Markdown line."""
+    return ", ".join(format(rd["load_before"], ".1f") for rd in rounds)
+
+
 def now():
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
