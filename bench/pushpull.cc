@@ -69,12 +69,17 @@ struct Sample {
                               // raw one-way between two processes: the receiver's
 };
 
+// The CPU time (user and system) of a rusage, in µs.
+double RusageUs(const rusage& u) {
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 // This process's CPU time (user and system, all threads) in µs.
 double ProcessCpuUs() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  return RusageUs(u);
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -561,10 +566,7 @@ Sample RawOneWay(int64_t floats, double seconds, bool other_process = false, int
     sender_cpu = ProcessCpuUs() - cpu0;
     close(pipefd[0]);
     struct rusage ru {};
-    if (wait4(child, nullptr, 0, &ru) == child) {
-      receiver_cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
-                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-    }
+    if (wait4(child, nullptr, 0, &ru) == child) receiver_cpu = RusageUs(ru);
   } else {
     secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

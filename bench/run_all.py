@@ -54,7 +54,7 @@ import ctr_bench  # noqa: E402
 import replication as replication_bench  # noqa: E402
 import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
-from common.util import iperf3_loopback, median, now, time_to_accuracy, verdict, write_json  # noqa: E402
+from common.util import cpu_budget_us, iperf3_loopback, median, now, time_to_accuracy, verdict, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr", "replication")
@@ -101,7 +101,7 @@ def part_pushpull(a, c, tmp):
         tcp = iperf3_loopback(c["pushpull_seconds"], detail=True)
         runs[-1]["iperf3_loopback_MBps"] = tcp and tcp["mb_per_s"]
         # The CPU both ends of that stream used per 4 MiB moved: nearly all the kernel's copies.
-        runs[-1]["iperf3_cpu_us_per_4MB"] = tcp and tcp["cpu_cores"] * 1e6 * 4.194304 / tcp["mb_per_s"]
+        runs[-1]["iperf3_cpu_us_per_4MB"] = tcp and tcp["cpu_us_per_mb"] * 1048576 * 4 / 1e6
     last = os.path.join(tmp, f"pushpull{c['pushpull_repeats'] - 1}")
     for name in ("pushpull.json", "pushpull.md"):
         shutil.copy(os.path.join(last, name), os.path.join(a.out, name))
@@ -171,7 +171,7 @@ def part_pushpull(a, c, tmp):
         cpu = [s["client_cpu_us"] + s["server_cpu_us"] for s in push4]
         res["push_4MB_8inflight_cpu_us"] = cpu
         res["target_4MB_cpu_budget_at_push_cores_us"] = [
-            s["mb_per_s"] * u / (1.5 * one2(r)) for s, u, r in zip(push4, cpu, runs)]
+            cpu_budget_us(s["mb_per_s"], u, 1.5 * one2(r)) for s, u, r in zip(push4, cpu, runs)]
         res["leash_4MB_push_cpu_us"] = median(cpu)
         res["target_4MB_cpu_budget_us"] = median(res["target_4MB_cpu_budget_at_push_cores_us"])
         if all(r.get("iperf3_cpu_us_per_4MB") for r in runs):

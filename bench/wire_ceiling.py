@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common.util import iperf3_loopback, loads_before, median, spaced, write_json  # noqa: E402
+from common.util import cpu_budget_us, iperf3_loopback, loads_before, median, spaced, write_json  # noqa: E402
 
 OPS = ("push", "pull", "pull_in_place")
 FLOATS = 1048576  # 4 MiB of float32 per request
@@ -63,9 +63,7 @@ def tcp_half(a):
         r = iperf3_loopback(a.seconds, streams=n, detail=True)
         if r is None:
             sys.exit(f"iperf3 did not connect on loopback ({n} streams)")
-        # CPU per request: the cores both ends kept busy, over the requests' worth moved a second.
-        rows[f"iperf3 {n} stream{'s' if n > 1 else ''}"] = {
-            "mb_per_s": r["mb_per_s"], "cpu_us": r["cpu_cores"] * 1e6 * MB / r["mb_per_s"]}
+        rows[f"iperf3 {n} stream{'s' if n > 1 else ''}"] = {"mb_per_s": r["mb_per_s"], "cpu_us": r["cpu_us_per_mb"] * MB}
     return rows
 
 
@@ -155,7 +153,7 @@ def main():
         "target_cpu_budget_us": per_round(lambda m: cores * MB * 1e6 / (TARGET * mbs(m, "raw one-way"))),
         # The same at the cores the push kept busy in that round.
         "target_cpu_budget_at_push_cores_us": per_round(
-            lambda m: m["push"]["mb_per_s"] * m["push"]["cpu_us"] / (TARGET * mbs(m, "raw one-way"))
+            lambda m: cpu_budget_us(m["push"]["mb_per_s"], m["push"]["cpu_us"], TARGET * mbs(m, "raw one-way"))
             if "push" in m and m["push"]["cpu_us"] else None),
     }
     res = {"benchmark": "wire_ceiling", "date": date, "rounds": a.rounds, "modes": a.modes, "streams": a.streams,

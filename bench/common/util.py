@@ -46,8 +46,8 @@ def iperf3_loopback(seconds, streams=1, length=1 << 20, detail=False):
     connections, writing `length` bytes per call (iperf3's most, 1 MiB; its default of 128 KiB
     measured 0.66x of it on a 2-core machine), MB/s received; None when iperf3 is missing
     (install-deps.sh bench installs it) or never connected. With `detail`, a dict: mb_per_s
-    and cpu_cores, the CPU both ends used (cores busy on average, nearly all of it the
-    kernel's copies)."""
+    and cpu_us_per_mb, the CPU both ends used per MB moved (nearly all of it the kernel's
+    copies)."""
     if not shutil.which("iperf3"):
         return None
     port = str(free_port())
@@ -69,7 +69,9 @@ def iperf3_loopback(seconds, streams=1, length=1 << 20, detail=False):
                 if not detail:
                     return mb_per_s
                 cpu = end["cpu_utilization_percent"]
-                return {"mb_per_s": mb_per_s, "cpu_cores": (cpu["host_total"] + cpu["remote_total"]) / 100}
+                # host_total and remote_total: each end's CPU time over the run's, in percent.
+                cores = (cpu["host_total"] + cpu["remote_total"]) / 100
+                return {"mb_per_s": mb_per_s, "cpu_us_per_mb": cores * 1e6 / mb_per_s}
             time.sleep(0.1)
         return None
     finally:
@@ -94,6 +96,12 @@ def write_json(path, obj):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
+
+
+def cpu_budget_us(mb_per_s, cpu_us, target_mb_per_s):
+    """The CPU per request a row could spend and still reach target_mb_per_s, were it to keep
+    as many cores busy as it did (mb_per_s at cpu_us per request)."""
+    return mb_per_s * cpu_us / target_mb_per_s
 
 
 def spaced(values, spec=".2f"):
