@@ -13,7 +13,8 @@ I/O thread, and the worker's own samples/s and compute time per iteration.
 
 Writes NAME.json and NAME.md under --out.
 Usage: bench/worker_profile_ab.py --a BUILD_A --b BUILD_B [--rounds 4] [--epochs 2]
-                                  [--staleness 1] [--name worker_profile_ab] [--out DIR]
+                                  [--staleness 1] [--worker-flags '--no-shm']
+                                  [--name worker_profile_ab] [--out DIR]
 """
 import argparse
 import collections
@@ -60,7 +61,7 @@ def run(build, args, tmp, tag):
                         os.path.join(build, "worker", "leash-worker"), "--servers", endpoint,
                         "--epochs", str(args.epochs), "--batch", "64", "--threads", "1",
                         "--staleness", str(args.staleness), "--log-every", "0", "--no-eval",
-                        "--metrics-out", metrics],
+                        "--metrics-out", metrics] + args.worker_flags.split(),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     finally:
         shard.terminate()
@@ -71,6 +72,7 @@ def run(build, args, tmp, tag):
     os.remove(perf_data)
     ranked = sorted(threads, key=lambda t: -sum(threads[t].values()))
     main = threads[ranked[0]]
+    io = threads[ranked[1]] if len(ranked) > 1 else collections.Counter()
     kernel = sum(n for s, n in main.items() if s.startswith("sgemm_kernel"))
     if kernel == 0:
         raise RuntimeError(f"no sgemm_kernel samples in the training thread of {build}'s worker")
@@ -85,8 +87,9 @@ def run(build, args, tmp, tag):
         "training_thread_samples": sum(main.values()),
         "gemm_kernel_samples": kernel,
         "training_thread_per_gemm": sum(main.values()) / kernel,
-        "io_thread_per_gemm": (sum(threads[ranked[1]].values()) / kernel) if len(ranked) > 1 else 0,
+        "io_thread_per_gemm": sum(io.values()) / kernel,
         "symbols_per_gemm": {s: n / kernel for s, n in main.most_common(40)},
+        "io_symbols_per_gemm": {s: n / kernel for s, n in io.most_common(40)},
     }
 
 
@@ -98,6 +101,7 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--frequency", type=int, default=4999, help="perf record's samples per second")
+    p.add_argument("--worker-flags", default="", help="more leash-worker flags for both builds, e.g. '--no-shm'")
     p.add_argument("--name", default="worker_profile_ab")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -118,24 +122,32 @@ def main():
                       f"samples per GEMM sample, {res['samples_per_second']:.0f} samples/s", flush=True)
     figures = ["training_thread_per_gemm", "io_thread_per_gemm", "samples_per_second", "compute_us"]
     med = {who: {f: statistics.median(x[f] for x in runs[who]) for f in figures} for who in runs}
-    syms = set()
-    for who in runs:
-        for x in runs[who]:
-            syms.update(x["symbols_per_gemm"])
-    sym_med = {who: {s: statistics.median(x["symbols_per_gemm"].get(s, 0) for x in runs[who]) for s in syms}
-               for who in runs}
-    moved = sorted(syms, key=lambda s: -abs(sym_med["b"][s] - sym_med["a"][s]))[:8]
+
+    def moved_most(key):
+        syms = set()
+        for who in runs:
+            for x in runs[who]:
+                syms.update(x.get(key, {}))
+        med_of = {who: {s: statistics.median(x.get(key, {}).get(s, 0) for x in runs[who]) for s in syms}
+                  for who in runs}
+        top = sorted(syms, key=lambda s: -abs(med_of["b"][s] - med_of["a"][s]))[:8]
+        return {s: {"a": med_of["a"][s], "b": med_of["b"][s]} for s in top}
+
+    moved = moved_most("symbols_per_gemm")
+    io_moved = moved_most("io_symbols_per_gemm")
     result = {"benchmark": "worker_profile_ab", "a": args.a, "b": args.b, "rounds": args.rounds,
               "epochs": args.epochs, "staleness": args.staleness, "nproc": os.cpu_count(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_at_end": os.getloadavg()[0],
-              "runs": runs, "medians": med,
-              "symbols_moved": {s: {"a": sym_med["a"][s], "b": sym_med["b"][s]} for s in moved}}
+              "worker_flags": args.worker_flags, "runs": runs, "medians": med,
+              "symbols_moved": moved, "io_symbols_moved": io_moved}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"# Worker profile A/B: {args.a} (A) against {args.b} (B)", "",
              f"{args.rounds} rounds (A B, then B A, ...), MLP 1 worker + 1 shard at staleness "
-             f"{args.staleness}, {args.epochs} epoch(s) each, under `perf record -F {args.frequency}`; "
+             f"{args.staleness}, {args.epochs} epoch(s) each"
+             + (f", worker flags `{args.worker_flags}`" if args.worker_flags else "")
+             + f", under `perf record -F {args.frequency}`; "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. Samples are "
              "counted per sample of the GEMM kernel in the same thread (the same work in A and B).", "",
              "| figure | A median | B median | B/A | A runs | B runs |", "|---|---|---|---|---|---|"]
@@ -147,10 +159,11 @@ def main():
         lines.append(f"| {names[f]} | {a:.4g} | {b:.4g} | {b / a:.3f} | "
                      + ", ".join(f"{x[f]:.4g}" for x in runs["a"]) + " | "
                      + ", ".join(f"{x[f]:.4g}" for x in runs["b"]) + " |")
-    lines += ["", "The training thread's symbols that moved most (median samples per GEMM sample):", "",
-              "| symbol | A | B |", "|---|---|---|"]
-    for s in moved:
-        lines.append(f"| `{s}` | {sym_med['a'][s]:.4f} | {sym_med['b'][s]:.4f} |")
+    for title, table in (("The training thread's", moved), ("The client I/O thread's", io_moved)):
+        lines += ["", f"{title} symbols that moved most (median samples per GEMM sample):", "",
+                  "| symbol | A | B |", "|---|---|---|"]
+        for s, v in table.items():
+            lines.append(f"| `{s}` | {v['a']:.4f} | {v['b']:.4f} |")
     with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

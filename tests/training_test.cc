@@ -385,8 +385,10 @@ std::vector<std::pair<std::string, uint64_t>> Segments(const std::string& root,
 
 // A worker whose one shard is on this host computes the gradients of its large tables
 // straight into the shard's shared-memory ring and pushes them from there
-// (ParamStore::PushBuffer), with no copy; through the socket (--no-shm) none is. Training
-// learns either way.
+// (ParamStore::PushBuffer), with no copy; through the socket (--no-shm) none is. The model
+// reads each pulled table where its reply arrived (--pull-in-place, the default) unless
+// the reply was copied out of the ring anyway: through the socket every table, through
+// shared memory the four small ones. Training learns either way.
 TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThem) {
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST not found at " << kData;
@@ -410,16 +412,23 @@ TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThe
     const std::vector<double> iterations = JsonNumbers(metrics, "iterations");
     const std::vector<double> from_ring = JsonNumbers(metrics, "pushes_from_shared_memory");
     const std::vector<double> handed = JsonNumbers(metrics, "pushes_handed_over");
+    const std::vector<double> in_place = JsonNumbers(metrics, "params_read_in_place");
     ASSERT_EQ(iterations.size(), 1u);
     ASSERT_EQ(from_ring.size(), 1u);
+    ASSERT_EQ(in_place.size(), 1u);
     ASSERT_GE(iterations[0], 40);
     // The MLP's two large weight matrices (784 x 256 and 256 x 128 floats) are over the
     // 32 KiB a frame needs to go through shared memory; its other four tables are not.
+    // Every iteration pulls each table once; an evaluation adds a pull.
     if (shm && room && JsonNumbers(metrics, "shared_memory_shards") == std::vector<double>{1}) {
       EXPECT_LE(from_ring[0], 2 * iterations[0]);
       EXPECT_GE(from_ring[0], 2 * (iterations[0] - 5)) << "the link came on late";
+      EXPECT_GE(in_place[0], 4 * iterations[0]);
+      EXPECT_LE(in_place[0], 4 * (iterations[0] + 1) + 2 * 5) << "large tables read in place";
     } else if (!shm) {
       EXPECT_EQ(from_ring[0], 0);
+      EXPECT_GE(in_place[0], 6 * iterations[0]);
+      EXPECT_LE(in_place[0], 6 * (iterations[0] + 1));
     }
     EXPECT_EQ(handed, std::vector<double>{6 * iterations[0]});
     auto acc = JsonNumbers(metrics, "test_accuracy");

@@ -55,6 +55,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.connect_timeout_s = d.connect_timeout_s;
   v.leave_timeout_s = d.leave_timeout_s;
   v.no_shm = !d.shared_memory;
+  v.pull_in_place = d.pull_in_place;
   v.send_delay_ms = d.send_delay_ms;
   v.stripes = d.stripes;
   v.curve_keys = d.curve_keys;
@@ -186,6 +187,11 @@ WorkerCommandLine::WorkerCommandLine()
   f.Bool("no-shm", &v.no_shm,
          "send every message through the socket even to a shard on this host (by default "
          "they all go through shared memory there)");
+  f.Bool("pull-in-place", &v.pull_in_place,
+         "read each pulled table where the shard's reply arrived instead of copying it into the "
+         "worker's own array, where one shard holds the table and the reply needs no copy anyway "
+         "(an fp32 --wire-dtype over the socket; through shared memory a reply is copied out "
+         "of the ring either way); false: copy every pull");
   f.Int("stripes", &v.stripes,
         "connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own: pushes and "
         "pulls of 1 MiB and more are split over them and put back together in order (for links "
@@ -332,6 +338,7 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.clock_steps = v.clock_steps;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
+  c.pull_in_place = v.pull_in_place;
   c.wait_when_done = v.wait_when_done;
   if (v.send_delay_ms < 0 || v.send_delay_ms > 10000) {
     return bad_int("inject-send-delay-ms", v.send_delay_ms, "need milliseconds in [0, 10000]");

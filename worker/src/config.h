@@ -30,6 +30,7 @@ struct WorkerConfig {
   int64_t connect_timeout_s = 60;
   int64_t leave_timeout_s = 30;
   bool shared_memory = true;  // large pushes and pulls to a shard on this host
+  bool pull_in_place = true;  // read a pulled table where its reply lies (MakeRemoteParams)
   int stripes = 1;            // connections (and ZeroMQ I/O threads) per shard
   int64_t send_delay_ms = 0;  // fault injection: each message to a shard waits this long first
   std::string curve_keys;     // empty: no CURVE
@@ -103,7 +104,7 @@ class WorkerCommandLine {
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
     int64_t embedding_dim, send_delay_ms, global_batch, stripes;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
-    bool local, no_eval, no_shm, insecure, wait_when_done, clock_steps;
+    bool local, no_eval, no_shm, insecure, wait_when_done, clock_steps, pull_in_place;
   };
   // The flags' defaults: `defaults` as the flags write it.
   static Values ValuesOf(const WorkerConfig& defaults);

@@ -49,6 +49,7 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->curve_client, "client");
   EXPECT_TRUE(c->evaluate);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_TRUE(c->pull_in_place);
   EXPECT_EQ(c->stripes, 1);
   EXPECT_FALSE(c->wait_when_done);
   EXPECT_EQ(c->log_level, "info");
@@ -70,10 +71,11 @@ TEST(WorkerConfigTest, EtcdFindsReplicatedShardsInsteadOfServers) {
 }
 
 TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
-  auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
-                  "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
-                  "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
-                  "--global-batch=192", "--wait-when-done", "--stripes=4"});
+  auto c =
+      Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
+             "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
+             "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
+             "--global-batch=192", "--wait-when-done", "--stripes=4", "--pull-in-place=false"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -82,6 +84,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->hidden, (std::vector<int64_t>{64}));
   EXPECT_FALSE(c->evaluate);
   EXPECT_FALSE(c->shared_memory);
+  EXPECT_FALSE(c->pull_in_place);
   EXPECT_EQ(c->device, "cuda:1");
   EXPECT_EQ(c->staleness, 2);
   EXPECT_EQ(c->eval_every, 5);

@@ -290,7 +290,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
     if (!client.ok()) return Fail("cannot join the cluster", client.status());
     w.client = std::move(*client);
     w.params = leash::worker::MakeRemoteParams(w.client.get(), c.staleness,
-                                               /*clock_with_pull=*/!replicated);
+                                               /*clock_with_pull=*/!replicated, c.pull_in_place);
   }
   leash::worker::OptimizerOptions opt;
   opt.kind = c.optimizer;
@@ -394,6 +394,7 @@ int Train(const WorkerConfig& c, Worker& w) {
       {"pushes_handed_over", static_cast<double>(results->pushes_handed_over)},
       {"gradient_buffers", static_cast<double>(results->gradient_buffers)},
       {"pushes_from_shared_memory", static_cast<double>(results->pushes_from_shared_memory)},
+      {"params_read_in_place", static_cast<double>(results->params_read_in_place)},
       {"step_delay_factor", c.step_delay_factor},
       {"slow_spells_factor", c.slow_spells.factor},
       {"final_clock", static_cast<double>(w.params->clock())}};

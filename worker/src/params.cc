@@ -39,15 +39,24 @@ namespace {
 
 class RemoteParams final : public ParamStore {
  public:
-  RemoteParams(Client* client, int64_t staleness, bool clock_with_pull)
-      : client_(client), prefetch_(staleness >= 1), clock_with_pull_(clock_with_pull) {}
+  RemoteParams(Client* client, int64_t staleness, bool clock_with_pull, bool pull_in_place)
+      : client_(client),
+        prefetch_(staleness >= 1),
+        clock_with_pull_(clock_with_pull),
+        in_place_(pull_in_place) {}
 
   Status Setup(const std::vector<ParamSpec>& params, const OptimizerOptions& opt) override {
     for (size_t i = 0; i < params.size(); ++i) {
       LEASH_ASSIGN_OR_RETURN(TableHandle h, client_->CreateTable(MakeTableSpec(params[i], opt, i)));
       tables_.push_back(std::move(h));
     }
+    copy_.assign(tables_.size(), in_place_ ? 0 : 1);
+    view_.assign(tables_.size(), {});
     return Status::Ok();
+  }
+
+  std::span<const float> InPlace(size_t i) const override {
+    return i < view_.size() ? view_[i] : std::span<const float>();
   }
 
   Status PullAll(std::vector<std::vector<float>>* values) override {
@@ -56,14 +65,16 @@ class RemoteParams final : public ParamStore {
       Status st = Wait(&next_futures_);
       if (usable && st.ok()) {
         values->swap(next_);
+        Settle(values, &next_pulled_);
         CatchUp(next_read_.load());
         return Status::Ok();
       }
       // A prefetch for another clock (the worker rejoined) or a failed one: pull again.
     }
     read_.store(kNoClock);
-    StartPulls(values, -1, &futures_, {}, nullptr, &read_);
+    StartPulls(values, &pulled_, -1, &futures_, {}, nullptr, &read_);
     LEASH_RETURN_IF_ERROR(Wait(&futures_));
+    Settle(values, &pulled_);
     CatchUp(read_.load());
     return Status::Ok();
   }
@@ -81,6 +92,7 @@ class RemoteParams final : public ParamStore {
       Status st = Wait(&next_futures_);
       if (usable && st.ok()) {
         values->swap(next_);
+        Settle(values, &next_pulled_);
         CatchUp(next_read_.load());
         if (same_keys) {
           rows->swap(next_rows_);
@@ -97,8 +109,9 @@ class RemoteParams final : public ParamStore {
     }
     rows->resize(keys.size() * sparse_.cols);
     read_.store(kNoClock);
-    StartPulls(values, -1, &futures_, keys, rows->data(), &read_);
+    StartPulls(values, &pulled_, -1, &futures_, keys, rows->data(), &read_);
     LEASH_RETURN_IF_ERROR(Wait(&futures_));
+    Settle(values, &pulled_);
     CatchUp(read_.load());
     return Status::Ok();
   }
@@ -118,7 +131,8 @@ class RemoteParams final : public ParamStore {
     next_keys_.assign(keys.begin(), keys.end());
     next_rows_.resize(next_keys_.size() * sparse_.cols);
     next_read_.store(kNoClock);
-    StartPulls(&next_, next_clock_, &next_futures_, next_keys_, next_rows_.data(), &next_read_);
+    StartPulls(&next_, &next_pulled_, next_clock_, &next_futures_, next_keys_, next_rows_.data(),
+               &next_read_);
   }
 
   // An iteration's pushes are held and go out with its clock, one message per shard,
@@ -249,17 +263,54 @@ class RemoteParams final : public ParamStore {
   // Pulls every table, and the sparse table's rows of `keys` into `rows` when there are
   // keys, in one message per shard.
   // `read` is lowered to the smallest minimum clock the dense replies reflect.
-  void StartPulls(std::vector<std::vector<float>>* values, int64_t for_clock,
-                  std::vector<Future>* futs, std::span<const uint64_t> keys, float* rows,
-                  std::atomic<int64_t>* read) {
+  // Tables pulled in place (copy_[i] 0) go into `pulled`, the others into `values`.
+  void StartPulls(std::vector<std::vector<float>>* values, std::vector<PulledValues>* pulled,
+                  int64_t for_clock, std::vector<Future>* futs, std::span<const uint64_t> keys,
+                  float* rows, std::atomic<int64_t>* read) {
     values->resize(tables_.size());
+    pulled->resize(tables_.size());
     client_->HoldSends();
     for (size_t i = 0; i < tables_.size(); ++i) {
-      (*values)[i].resize(tables_[i].size());
-      futs->push_back(client_->Pull(tables_[i], (*values)[i].data(), for_clock, read));
+      std::vector<float>& v = (*values)[i];
+      if (copy_[i] == 0) {
+        if (!v.empty()) std::vector<float>().swap(v);  // never read: InPlace(i) is
+        futs->push_back(client_->PullInPlace(tables_[i], &(*pulled)[i], for_clock, read));
+        continue;
+      }
+      v.resize(tables_[i].size());
+      futs->push_back(client_->Pull(tables_[i], v.data(), for_clock, read));
     }
     if (!keys.empty()) futs->push_back(client_->PullSparse(sparse_, keys, rows, for_clock));
     client_->FlushSends();
+  }
+
+  // After a pull of `pulled` (and `values`) completed: what it pulled in place is what
+  // InPlace offers from now on, where one piece holds a table and nothing was copied to make
+  // it. A table whose piece was copied or widened anyway (see MakeRemoteParams), or that
+  // came in several pieces, is copied into values[i] this time and pulled into values from
+  // then on: a copy into the same array each iteration, not into memory of its own. The
+  // replies InPlace offered until now are let go here, never by a pull that fails, so a
+  // model reading them stays on valid memory until a pull succeeds.
+  void Settle(std::vector<std::vector<float>>* values, std::vector<PulledValues>* pulled) {
+    shown_.resize(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      view_[i] = {};
+      if ((*pulled)[i].size() == 0) {  // pulled into values[i]
+        shown_[i] = PulledValues();
+        continue;
+      }
+      shown_[i] = std::move((*pulled)[i]);
+      (*pulled)[i] = PulledValues();
+      const std::span<const float> whole = shown_[i].contiguous();
+      if (!whole.empty() && shown_[i].copied_bytes() == 0) {
+        view_[i] = whole;
+        continue;
+      }
+      (*values)[i].resize(tables_[i].size());
+      shown_[i].CopyTo((*values)[i].data());
+      shown_[i] = PulledValues();
+      copy_[i] = 1;
+    }
   }
 
   // The iteration's clock, after its pushes in the same held batch; sent now, or with the
@@ -321,6 +372,13 @@ class RemoteParams final : public ParamStore {
   std::vector<float> next_rows_;     // their rows (prefetched with next_)
   std::vector<Future> futures_;
   std::vector<std::vector<float>> next_;  // the prefetched values of iteration next_clock_
+  // Pulling in place (in_place_): copy_[i] 1 where table i is pulled into values instead.
+  // pulled_ and next_pulled_ receive (as values and next_ do); shown_ holds what InPlace
+  // offers, view_[i] its values (empty: in values[i]).
+  bool in_place_;
+  std::vector<uint8_t> copy_;
+  std::vector<PulledValues> pulled_, next_pulled_, shown_;
+  std::vector<std::span<const float>> view_;
   std::vector<Future> next_futures_;
   int64_t next_clock_ = -1;
   std::deque<Future> pending_;
@@ -422,8 +480,8 @@ class LocalParams final : public ParamStore {
 }  // namespace
 
 std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness,
-                                             bool clock_with_pull) {
-  return std::make_unique<RemoteParams>(client, staleness, clock_with_pull);
+                                             bool clock_with_pull, bool pull_in_place) {
+  return std::make_unique<RemoteParams>(client, staleness, clock_with_pull, pull_in_place);
 }
 std::unique_ptr<ParamStore> MakeLocalParams() { return std::make_unique<LocalParams>(); }
 

@@ -41,16 +41,17 @@ class RemoteParamsTest : public ::testing::Test {
  protected:
   // A worker of `cluster` with RemoteParams under `staleness`, set up with `params`.
   void Open(MemoryCluster& cluster, int64_t staleness, const std::vector<ParamSpec>& params,
-            bool clock_with_pull = true) {
+            bool clock_with_pull = true, bool in_place = false, DType wire = DType::kF32) {
     ClientOptions o;
     o.name = "w";
     o.worker_id = 1;
     o.staleness = staleness;
     o.heartbeat_ms = 50;
+    o.wire_dtype = wire;
     auto c = cluster.Connect(o);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
-    store_ = MakeRemoteParams(client_.get(), staleness, clock_with_pull);
+    store_ = MakeRemoteParams(client_.get(), staleness, clock_with_pull, in_place);
     ASSERT_TRUE(store_->Setup(params, Sgd()).ok());
   }
 
@@ -187,6 +188,70 @@ TEST_F(RemoteParamsTest, APrefetchUnderStalenessOneIsSwappedInWithoutPullingAgai
     store_->Push(0, grad.data());
     store_->Push(1, grad.data());
     ASSERT_TRUE(store_->EndIteration().ok());
+  }
+}
+
+// Pulling in place: a table on one shard is offered where its reply arrived (values[i] stays
+// empty), those values never change while offered, not when the shard applies pushes nor when
+// the next prefetch lands, and every pull offers what a copying store reads. A table whose
+// rows lie on two shards is copied into values[i] from its first pull on. Under staleness 1
+// (prefetches swapped in) and 0 (pulled each iteration).
+TEST_F(RemoteParamsTest, PulledInPlaceATableOnOneShardIsOfferedWhereItsReplyArrived) {
+  for (int64_t staleness : {1, 0}) {
+    SCOPED_TRACE("staleness " + std::to_string(staleness));
+    MemoryCluster cluster(2);
+    // "one": a single row, on one shard; "split": 8 rows over both.
+    Open(cluster, staleness, {Param("one", 1, 64), Param("split", 8, 2)}, true, /*in_place=*/true);
+    EXPECT_TRUE(store_->InPlace(0).empty()) << "nothing pulled yet";
+    std::vector<std::vector<float>> values;
+    std::vector<float> grad(64, 1.f);
+    std::span<const float> last;
+    float last_value = 0;
+    for (int iteration = 0; iteration < 5; ++iteration) {
+      SCOPED_TRACE("iteration " + std::to_string(iteration));
+      if (!last.empty()) {
+        // Pushes applied and a prefetch answered since the last pull: the offer still
+        // holds what it was pulled with.
+        for (float v : last) ASSERT_EQ(v, last_value);
+      }
+      ASSERT_TRUE(store_->PullAll(&values).ok());
+      ASSERT_EQ(values.size(), 2u);
+      const std::span<const float> one = store_->InPlace(0);
+      ASSERT_EQ(one.size(), 64u);
+      EXPECT_TRUE(values[0].empty()) << "never written: InPlace(0) holds the values";
+      EXPECT_TRUE(store_->InPlace(1).empty()) << "rows on two shards: copied";
+      ASSERT_EQ(values[1].size(), 16u);
+      // Staleness 1 reads the prefetch started before the last iteration's pushes.
+      const float expected =
+          -static_cast<float>(staleness == 1 ? std::max(0, iteration - 1) : iteration);
+      for (float v : one) ASSERT_EQ(v, expected);
+      for (float v : values[1]) ASSERT_EQ(v, expected);
+      last = one;
+      last_value = expected;
+      if (staleness == 1) store_->Prefetch();
+      store_->Push(0, grad.data());
+      store_->Push(1, grad.data());
+      ASSERT_TRUE(staleness == 1 ? store_->EndIteration().ok()
+                                 : store_->EndIterationBeforePull().ok());
+    }
+    ASSERT_TRUE(store_->Finish().ok());
+  }
+}
+
+// A reply that is widened (a 16-bit wire) is copied whatever the store does: such a table
+// is pulled into values from its first pull on, and reads what it would without in place.
+TEST_F(RemoteParamsTest, PulledInPlaceA16BitWireIsCopiedIntoValuesAsWithout) {
+  MemoryCluster cluster(1);
+  Open(cluster, 0, {Param("one", 1, 64)}, true, /*in_place=*/true, DType::kBF16);
+  std::vector<std::vector<float>> values;
+  std::vector<float> grad(64, 1.f);
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    ASSERT_TRUE(store_->PullAll(&values).ok());
+    EXPECT_TRUE(store_->InPlace(0).empty());
+    ASSERT_EQ(values[0].size(), 64u);
+    for (float v : values[0]) ASSERT_EQ(v, -static_cast<float>(iteration));
+    store_->Push(0, grad.data());
+    ASSERT_TRUE(store_->EndIterationBeforePull().ok());
   }
 }
 

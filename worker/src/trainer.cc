@@ -59,8 +59,15 @@ class Loop {
     if (!bound_any_) return Status::Ok();
     bound_any_ = false;
     for (size_t i = 0; i < values_.size(); ++i)
-      LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+      LEASH_RETURN_IF_ERROR(model_.SetParam(i, Values(i)));
     return Status::Ok();
+  }
+
+  // Parameter i's values from the last PullAll: where the store left them in place, else
+  // values_[i].
+  const float* Values(size_t i) const {
+    const std::span<const float> in_place = params_.InPlace(i);
+    return in_place.empty() ? values_[i].data() : in_place.data();
   }
 
   Result<TrainResult> Run() {
@@ -364,10 +371,12 @@ class Loop {
     return Status::Ok();
   }
 
-  // Makes the model read values_: bound in place where it can read host memory (saving a
-  // copy of the whole model per iteration), else copied with SetParam.
+  // Makes the model read the pulled values (Values): bound in place where it can read host
+  // memory (saving a copy of the whole model per iteration), else copied with SetParam.
   //
-  // Why a bound array is never written while a TrainStep or Evaluate reads it:
+  // The values a store offers in place (ParamStore::InPlace) are never written at all, and
+  // stay valid until the next PullAll that succeeds, after which this function rebinds.
+  // Why a bound array of values_ is never written while a TrainStep or Evaluate reads it:
   // - The model reads only values_[i]'s arrays, bound here after every PullAll; nothing
   //   else is bound. values_ is written only by PullAll, on this thread, between steps.
   // - ParamStore::PullAll writes values synchronously: every pull it starts into `values`
@@ -387,8 +396,9 @@ class Loop {
   //   array. After the first pull, values_ is never resized to another size.
   Status LoadParams() {
     for (size_t i = 0; i < values_.size(); ++i) {
+      if (!params_.InPlace(i).empty()) ++result_.params_read_in_place;
       if (bind_) {
-        Status st = model_.BindParam(i, values_[i].data());
+        Status st = model_.BindParam(i, Values(i));
         if (st.ok()) {
           bound_any_ = true;
           continue;
@@ -396,7 +406,7 @@ class Loop {
         if (st.code() != StatusCode::kFailedPrecondition) return st;
         bind_ = false;  // the model cannot read host memory: copy from now on
       }
-      LEASH_RETURN_IF_ERROR(model_.SetParam(i, values_[i].data()));
+      LEASH_RETURN_IF_ERROR(model_.SetParam(i, Values(i)));
     }
     return Status::Ok();
   }

@@ -151,6 +151,7 @@ class ForwardingParams : public ParamStore {
     return inner_->Setup(p, o);
   }
   Status PullAll(std::vector<std::vector<float>>* v) override { return inner_->PullAll(v); }
+  std::span<const float> InPlace(size_t i) const override { return inner_->InPlace(i); }
   void Prefetch() override { inner_->Prefetch(); }
   void Push(size_t i, const float* g) override { inner_->Push(i, g); }
   void PushHandedOver(size_t i, std::shared_ptr<const float> g) override {
@@ -178,11 +179,18 @@ class SwapCountingParams final : public ForwardingParams {
   Status PullAll(std::vector<std::vector<float>>* values) override {
     uint64_t pulls = client_->counters().pulls;
     Status st = ForwardingParams::PullAll(values);
-    if (st.ok() && client_->counters().pulls == pulls) ++swaps;
+    if (!st.ok()) return st;
+    ++pull_alls;
+    if (client_->counters().pulls == pulls) ++swaps;
+    bool all = true;
+    for (size_t i = 0; i < values->size(); ++i) all = all && !InPlace(i).empty();
+    if (all) ++in_place;
     return st;
   }
 
+  int64_t pull_alls = 0;
   int64_t swaps = 0;
+  int64_t in_place = 0;  // PullAlls that offered every parameter in place
 
  private:
   const Client* client_;
@@ -225,10 +233,12 @@ class BufferOfferingParams final : public ForwardingParams {
 // Trains a fresh MLP through a SpyModel for 2 epochs (with per-epoch evaluation), with
 // LocalParams or (prefetching) RemoteParams under staleness 1 on a one-shard in-memory
 // cluster whose replies take a millisecond, so that prefetches land during steps; with
-// `offering`, LocalParams inside a BufferOfferingParams kept there.
+// `offering`, LocalParams inside a BufferOfferingParams kept there. `in_place`: the
+// prefetching RemoteParams pulls in place (MakeRemoteParams' pull_in_place).
 SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>* keep,
                   bool prefetching = false,
-                  std::unique_ptr<BufferOfferingParams>* offering = nullptr) {
+                  std::unique_ptr<BufferOfferingParams>* offering = nullptr,
+                  bool in_place = false) {
   SpyRun run;
   auto ctx = Context::Create(Device{DeviceType::kCpu, 0});
   EXPECT_TRUE(ctx.ok()) << ctx.status();
@@ -251,7 +261,8 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return run;
     client = std::move(*c);
-    prefetcher = new SwapCountingParams(MakeRemoteParams(client.get(), 1), client.get());
+    prefetcher =
+        new SwapCountingParams(MakeRemoteParams(client.get(), 1, true, in_place), client.get());
     params.reset(prefetcher);
   } else if (offering != nullptr) {
     *offering = std::make_unique<BufferOfferingParams>(MakeLocalParams());
@@ -272,8 +283,14 @@ SpyRun TrainSpied(bool zero_copy, int64_t accumulate, std::unique_ptr<SpyModel>*
   if (r.ok()) run.result = *r;
   if (prefetcher != nullptr) {
     EXPECT_GT(prefetcher->swaps, 0);
+    // One shard and a float32 wire: every pull of a store pulling in place is offered so.
+    EXPECT_EQ(prefetcher->in_place, in_place ? prefetcher->pull_alls : 0);
   }
   EXPECT_TRUE(store->PullAll(&run.final_params).ok());
+  for (size_t i = 0; i < run.final_params.size(); ++i) {
+    const std::span<const float> v = store->InPlace(i);
+    if (!v.empty()) run.final_params[i].assign(v.begin(), v.end());
+  }
   auto ev = (*keep)->Evaluate(test.images.data(), test.labels.data(), test.count);
   EXPECT_TRUE(ev.ok()) << ev.status();
   if (ev.ok()) run.eval_loss_after = ev->loss;
@@ -355,6 +372,20 @@ TEST(TrainerTest, PrefetchWritesDuringAStepNeverReachBoundParams) {
   ASSERT_GE(zero_copy.result.iterations, 20);
   EXPECT_GE(zero_copy.result.gradient_buffers, params);
   EXPECT_LE(zero_copy.result.gradient_buffers, zero_copy.result.iterations * params / 4);
+}
+
+// Pulled in place (the replies themselves, over a prefetching RemoteParams), a model that
+// binds its parameters to them and one that copies them both train exactly as on copies.
+TEST(TrainerTest, ParamsPulledInPlaceTrainBitIdenticallyToCopiedOnes) {
+  std::unique_ptr<SpyModel> copied_model, bound_model, copying_model;
+  SpyRun copied = TrainSpied(true, 1, &copied_model, /*prefetching=*/true);
+  SpyRun bound = TrainSpied(true, 1, &bound_model, true, nullptr, /*in_place=*/true);
+  SpyRun copying = TrainSpied(false, 1, &copying_model, true, nullptr, /*in_place=*/true);
+  ExpectSameTraining(copied, bound);
+  ExpectSameTraining(copied, copying);
+  EXPECT_GT(bound.spy->bind_calls, 0);
+  EXPECT_EQ(copying.spy->bind_calls, 0);
+  EXPECT_GT(copying.spy->set_calls, 0);
 }
 
 // The model writes each gradient the store offers room for straight into it, and the

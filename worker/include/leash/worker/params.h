@@ -40,8 +40,14 @@ class ParamStore {
   // swapped in, not copied). Every write into `values` is done before it returns, also on
   // error. Each values[i] keeps its table's size, so after the first call no array of
   // `values` is reallocated and a model may read them in place (Model::BindParam)
-  // between calls.
+  // between calls. The one exception: a parameter the store offers where its reply
+  // arrived (InPlace(i) not empty) leaves values[i] empty.
   virtual Status PullAll(std::vector<std::vector<float>>* values) = 0;
+  // Parameter i's values as the last PullAll or PullAllSparse left them, where they
+  // arrived instead of copied into values[i] (a store made with pull_in_place: the reply
+  // itself, Client::PullInPlace). Valid and unchanged until the next PullAll,
+  // PullAllSparse, Rejoin or Finish. Empty: the values are in values[i].
+  virtual std::span<const float> InPlace(size_t /*i*/) const { return {}; }
   // Starts pulling the next iteration's values now, to overlap the pull with this
   // iteration's compute, when the staleness bound allows it (s >= 1). Optional. The pull
   // is written in the background (on the client's I/O thread) into arrays that the last
@@ -118,8 +124,14 @@ class ParamStore {
 // `clock_with_pull`, EndIterationBeforePull holds the iteration's pushes and clock for the
 // next pull's message (one message per iteration); without it they go at once, as
 // EndIteration sends them (for replicated shards, where replies wait for commits).
+// With `pull_in_place`, a table that one shard holds and whose reply can be read where it
+// arrived (a float32 wire over the socket) is offered there (InPlace) instead of copied
+// into values; a table whose reply is copied or widened anyway (rows on several shards, a
+// 16-bit wire, a same-host shard's shared-memory ring) is pulled into values as without it,
+// from the first pull that shows it.
 std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness,
-                                             bool clock_with_pull = true);
+                                             bool clock_with_pull = true,
+                                             bool pull_in_place = false);
 std::unique_ptr<ParamStore> MakeLocalParams();
 
 }  // namespace leash::worker

@@ -120,6 +120,9 @@ struct TrainResult {
   // Of the pushes handed over, those computed straight into a shard's shared-memory ring
   // (ParamStore::PushBuffer) and sent from there.
   int64_t pushes_from_shared_memory = 0;
+  // Parameters the model read where a shard's reply arrived (ParamStore::InPlace), not
+  // from a copy: one per table per pull (evaluations' pulls too).
+  int64_t params_read_in_place = 0;
   std::vector<EvalPoint> evaluations;  // with eval_every, in order
   double eval_seconds = 0;             // in test-set evaluations, the epochs' included
 };
