@@ -10,9 +10,11 @@ GIL-held time. Reports per-round figures, medians and B/A ratios, as JSON, Markd
 plot.
 
 Usage: /usr/bin/python3 bench/python_ab.py --a PKG_A --b PKG_B [--rounds 6] [--no-shm]
-       [--no-push-in-backward] [--model mlp] [--epochs 3] [--train-limit 30000]
-       [--name python_ab] [--out DIR]
-Each PKG is a directory holding the leash package (a build's python/ directory).
+       [--no-push-in-backward] [--a-args ARGS] [--b-args ARGS] [--model mlp] [--epochs 3]
+       [--train-limit 30000] [--name python_ab] [--out DIR]
+Each PKG is a directory holding the leash package (a build's python/ directory). --a-args
+and --b-args pass more python_leash.py flags to one side: the same package with and without
+an option (e.g. --a PKG --b PKG --a-args=--no-pull-in-place).
 """
 import argparse
 import json
@@ -26,7 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one(a, pkg, tmp, tag):
+def one(a, side, tmp, tag):
+    pkg = a.a if side == "a" else a.b
     out = os.path.join(tmp, f"{tag}.json")
     argv = ["/usr/bin/python3", os.path.join(HERE, "python_leash.py"), "--build", a.build,
             "--package", pkg, "--models", a.model, "--rounds", "1", "--epochs", str(a.epochs),
@@ -35,6 +38,7 @@ def one(a, pkg, tmp, tag):
         argv.append("--no-shm")
     if a.no_push_in_backward:
         argv.append("--no-push-in-backward")
+    argv += (a.a_args if side == "a" else a.b_args).split()
     p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        timeout=900)
     if p.returncode != 0:
@@ -79,6 +83,8 @@ def main():
     ap.add_argument("--no-shm", action="store_true", help="socket only, as between hosts")
     ap.add_argument("--no-push-in-backward", action="store_true",
                     help="leash.torch pushes the gradients in push(), not from backward's hooks")
+    ap.add_argument("--a-args", default="", help="more python_leash.py flags for A")
+    ap.add_argument("--b-args", default="", help="more python_leash.py flags for B")
     ap.add_argument("--name", default="python_ab")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
@@ -91,7 +97,7 @@ def main():
         for r in range(a.rounds):
             order = ("a", "b", "b", "a") if r % 2 == 0 else ("b", "a", "a", "b")
             for i, side in enumerate(order):
-                res = one(a, a.a if side == "a" else a.b, tmp, f"{r}{i}{side}")
+                res = one(a, side, tmp, f"{r}{i}{side}")
                 res["round"] = r
                 runs[side].append(res)
                 print(f"[round {r} {side.upper()}] {res['leash_samples_per_second']:.0f} samples/s "
@@ -113,7 +119,9 @@ def main():
              f"{a.rounds} rounds (A B B A, B A A B, ...), {a.model}, {a.epochs} epochs of "
              f"{a.train_limit} samples, 1 worker + 1 shard, staleness 1, threads 1, "
              f"{'socket only' if a.no_shm else 'shared memory where offered'}"
-             f"{', pushes in push() (no hooks)' if a.no_push_in_backward else ''}; took "
+             f"{', pushes in push() (no hooks)' if a.no_push_in_backward else ''}"
+             f"{f'; A with `{a.a_args}`' if a.a_args else ''}"
+             f"{f'; B with `{a.b_args}`' if a.b_args else ''}; took "
              f"{out['config']['minutes']:.1f} min. Raw: `{a.name}.json`.", "",
              "| figure | A (median) | B (median) | B/A | A per invocation | B per invocation |",
              "|---|---|---|---|---|---|"]

@@ -146,6 +146,7 @@ def run_local(model_name, x, y, tx, ty, epochs, batch, seed):
 
 
 PUSH_IN_BACKWARD = None  # leash.torch's default; --no-push-in-backward: False
+PULL_IN_PLACE = None  # leash.torch's default; --no-pull-in-place: False
 SHARED_MEMORY = True  # --no-shm: False
 
 
@@ -162,7 +163,10 @@ def run_leash(leash, model_name, servers, tag, x, y, tx, ty, epochs, batch, seed
                 roles[tid] = (name if name.startswith(("leash", "ZMQ")) else
                               "client I/O thread")
         params = leash.torch.Parameters(client, model, prefix=f"{tag}/", seed=seed,
-                                        push_in_backward=PUSH_IN_BACKWARD, **LEASH_OPT[model_name])
+                                        push_in_backward=PUSH_IN_BACKWARD,
+                                        **({} if PULL_IN_PLACE is None else
+                                           {"pull_in_place": PULL_IN_PLACE}),
+                                        **LEASH_OPT[model_name])
         params.pull()  # the first pull (tables just created) is not timed
         client.reset_binding_times()
         pull_s = push_s = fb_s = 0.0
@@ -299,6 +303,8 @@ def main():
     ap.add_argument("--no-shm", action="store_true",
                     help="the client reaches the shard over the socket only (shared_memory=False), "
                          "as between hosts")
+    ap.add_argument("--no-pull-in-place", action="store_true",
+                    help="pull into the module's own buffers (leash.torch pull_in_place=False)")
     ap.add_argument("--package", default="",
                     help="directory holding the leash package (default: BUILD/python); "
                          "bench/python_ab.py compares two")
@@ -309,6 +315,9 @@ def main():
     global PUSH_IN_BACKWARD
     if a.no_push_in_backward:
         PUSH_IN_BACKWARD = False
+    global PULL_IN_PLACE
+    if a.no_pull_in_place:
+        PULL_IN_PLACE = False
     global SHARED_MEMORY
     SHARED_MEMORY = not a.no_shm
     sys.path.insert(0, a.package or os.path.join(a.build, "python"))

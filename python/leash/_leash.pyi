@@ -46,6 +46,9 @@ class PullBatch:
 
     def ready(self) -> bool: ...
     def wait(self) -> List[npt.NDArray[np.float32]]: ...
+    def in_place(self) -> List[bool]:
+        """After wait(): per pull, whether its array is the reply itself (no output array
+        given, and nothing copied to make it)."""
 
 class Client:
     def __init__(self, servers: List[str], etcd: List[str], job: str, name: str,

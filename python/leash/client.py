@@ -408,7 +408,8 @@ class Client:
     def pull(self, table: Table, out: Any = None) -> Any:
         """The table's values, as the staleness bound allows for this worker's clock.
 
-        Without `out`, returns a new float32 numpy array of the table's shape. With `out`
+        Without `out`, returns a float32 numpy array of the table's shape that is the pull's
+        own: the reply itself where one shard holds the table (no copy). With `out`
         (a C-contiguous float32 numpy array or torch tensor of the table's size), the
         values are written straight into it, and `out` is returned; a CUDA tensor is
         filled through a pinned host buffer. Waits with the GIL released; Ctrl-C raises
@@ -431,8 +432,9 @@ class Client:
 
     def start_pulls(self, tables: Sequence[Table], outs: Optional[Sequence[Any]] = None,
                     for_clock: Optional[int] = None) -> PendingPull:
-        """Starts pulling `tables` (into `outs`: CPU arrays or tensors, or None for new
-        arrays) for iteration `for_clock` (default: this worker's clock) and returns at
+        """Starts pulling `tables` (into `outs`: CPU arrays or tensors, or None for
+        arrays of the pull's own: the replies themselves where a table lies on one shard, no
+        copy) for iteration `for_clock` (default: this worker's clock) and returns at
         once; .wait() returns the arrays (numpy views of tensors given), .ready() says if
         they came. Pulling for clock() + 1 during a step prefetches the next step's
         values when staleness >= 1. The arrays must stay untouched until then."""
@@ -601,8 +603,9 @@ class Client:
         """Time spent in the binding (ns): total, waiting with the GIL released, taking
         the GIL back, inside the C++ client's calls, inside push_tensor (leash.torch's
         gradient hooks), and the sender thread's time encoding and sending handed-over
-        gradients (off the calling thread); call counts, pushes_handed_over and
-        tensors_held (handed-over arrays the binding still keeps alive)."""
+        gradients (off the calling thread); call counts, pushes_handed_over,
+        tensors_held (handed-over arrays the binding still keeps alive), values_pulled and
+        values_pulled_in_place (of those, returned in the reply's own memory)."""
         return self._c.binding_times()
 
     def reset_binding_times(self) -> None:

@@ -132,6 +132,11 @@ class SparseEmbedding(torch.nn.Module):
         self._looked_up.clear()
 
 
+# Parameters pulled in place (Parameters' pull_in_place) from this size on; smaller ones are
+# copied into buffers, cheaper than making an array and a tensor of each reply.
+_IN_PLACE_MIN_BYTES = 64 << 10
+
+
 class Parameters:
     """The trainable parameters of `module` as Leash tables.
 
@@ -155,6 +160,10 @@ class Parameters:
             module. The gradients are read as backward() leaves them: a loop that changes
             .grad between backward() and push() (gradient clipping, a second backward()
             per micro-batch) needs push_in_backward=False.
+        pull_in_place: make each parameter of 64 KiB or more (p.data) the pulled reply itself
+            where its table lies on one shard, instead of copying the reply into buffers of
+            the module's. Default: True for a CPU module (a CUDA module copies through
+            pinned buffers).
 
     Raises InvalidArgumentError for bad arguments, WrongDTypeError for a parameter that is
     not float32, TableExistsError if a table exists with another spec.
@@ -167,7 +176,8 @@ class Parameters:
                  names: Union[None, Mapping[str, str], Callable[[str], str]] = None,
                  init: Optional[InitFn] = None, seed: int = 1, create: bool = True,
                  open_timeout: float = 30.0, prefetch: Optional[bool] = None,
-                 push_in_backward: Optional[bool] = None) -> None:
+                 push_in_backward: Optional[bool] = None,
+                 pull_in_place: Optional[bool] = None) -> None:
         if not isinstance(client, Client):
             raise InvalidArgumentError("client must be a leash.Client")
         if not isinstance(module, torch.nn.Module):
@@ -205,11 +215,21 @@ class Parameters:
         if not self.params and not self._sparse:
             raise InvalidArgumentError("the module has no trainable parameters")
         self._cuda = any(p.device.type != "cpu" for p in self.params)
-        # Two host buffers per parameter: the step reads one while the next step's pull
-        # fills the other. On the CPU the module's parameters are these buffers (p.data is
-        # pointed at the one just pulled: no copy); on CUDA they are pinned and copied in.
-        self._buffers: List[List[torch.Tensor]] = [[], []]
-        for p in self.params:
+        # On the CPU (by default) each pull's arrays are the replies themselves where a table
+        # lies on one shard (the binding's in-place pull), and p.data is pointed at them: no
+        # copy, and nothing the next pull writes into. A table whose replies are copied anyway
+        # (out of a same-host shard's shared-memory ring, a 16-bit wire, rows on several
+        # shards) gets the two buffers below from its first such pull on: a copy into memory
+        # used before costs less than one into new memory every pull.
+        self.pull_in_place = (not self._cuda if pull_in_place is None else bool(pull_in_place))
+        if self.pull_in_place and self._cuda:
+            raise InvalidArgumentError("pull_in_place is for CPU modules")
+        self._got: List[Optional[List[Any]]] = [None, None]  # pulled, not installed yet
+        # Otherwise two host buffers per parameter: the step reads one while the next step's
+        # pull fills the other. On the CPU the module's parameters are these buffers (p.data
+        # is pointed at the one just pulled: no copy); on CUDA they are pinned and copied in.
+        self._buffers: List[List[Optional[torch.Tensor]]] = [[], []]
+        for p in ([] if self.pull_in_place else self.params):
             if self._cuda:
                 a = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
                 b = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
@@ -218,7 +238,17 @@ class Parameters:
                 b = torch.empty_like(a)
             self._buffers[0].append(a)
             self._buffers[1].append(b)
-        self._views = [[t.numpy() for t in bufs] for bufs in self._buffers]
+        if self.pull_in_place:  # buffers only for the tables whose pulls are copied
+            self._buffers = [[None] * len(self.params) for _ in range(2)]
+        self._views: List[List[Any]] = [[None if t is None else t.numpy() for t in bufs]
+                                        for bufs in self._buffers]
+        if self.pull_in_place:
+            # Small tables too: installing a reply costs a few µs of Python per parameter
+            # (its array and tensor made), more than copying a small one into a buffer.
+            for i, p in enumerate(self.params):
+                if p.numel() * 4 < _IN_PLACE_MIN_BYTES:
+                    for w in (0, 1):
+                        self._give_buffer(w, i)
         self._grad_staging = ([torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
                                for p in self.params] if self._cuda else None)
         self._current = 0  # the buffer set the module reads now
@@ -307,7 +337,7 @@ class Parameters:
         if self._pending is not None:
             usable = self._pending_clock == cc.current_clock and self._pending_rejoins == c._rejoins
             try:
-                self._pending.wait()  # kept while it may still write (Ctrl-C during the wait)
+                got = self._took(self._pending)  # kept while it may still write (Ctrl-C)
             except NotRegisteredError:
                 self._pending = None
                 self._abandon(self._current ^ 1)
@@ -316,9 +346,11 @@ class Parameters:
             if usable:
                 took = True
                 self._current ^= 1
+                self._got[self._current] = got
         if not took:
             try:
-                cc.start_pulls(self.tables, self._views[self._current], -1).wait()
+                self._got[self._current] = self._took(
+                    cc.start_pulls(self.tables, self._views[self._current], -1))
             except NotRegisteredError:
                 self._abandon(self._current)
                 raise
@@ -399,7 +431,8 @@ class Parameters:
             if self.client.needs_rejoin:
                 self._rejoin()
             try:
-                self.client._c.start_pulls(self.tables, self._views[self._current], -1).wait()
+                self._got[self._current] = self._took(
+                    self.client._c.start_pulls(self.tables, self._views[self._current], -1))
                 break
             except NotRegisteredError:
                 self._abandon(self._current)
@@ -413,7 +446,34 @@ class Parameters:
 
     # ---- internals ---------------------------------------------------------------------
 
+    def _took(self, batch: Any) -> List[Any]:
+        """Waits for `batch` and returns its arrays; pulling in place, a table whose array
+        was copied to make it is pulled into buffers of its own from now on."""
+        got = batch.wait()
+        if self.pull_in_place:
+            for i, in_place in enumerate(batch.in_place()):
+                if not in_place and self._views[0][i] is None:
+                    for w in (0, 1):
+                        self._give_buffer(w, i)
+        return got
+
+    def _give_buffer(self, which: int, i: int) -> None:
+        t = torch.empty(self.params[i].shape, dtype=torch.float32)
+        self._buffers[which][i] = t
+        self._views[which][i] = t.numpy()
+
     def _install(self, which: int) -> None:
+        got, self._got[which] = self._got[which], None
+        if self.pull_in_place:  # the arrays pulled: replies, or the buffers of copied tables
+            with torch.no_grad():
+                views, bufs = self._views[which], self._buffers[which]
+                for i, (p, a) in enumerate(zip(self.params, got)):  # type: ignore[arg-type]
+                    if a is views[i]:  # pulled into this set's buffer
+                        p.data = bufs[i]
+                    else:
+                        t = torch.from_numpy(a)
+                        p.data = t if t.shape == p.shape else t.view(p.shape)
+            return
         bufs = self._buffers[which]
         with torch.no_grad():
             for p, b in zip(self.params, bufs):
@@ -426,7 +486,13 @@ class Parameters:
 
     def _abandon(self, which: int) -> None:
         """Gives buffer set `which` new memory: a pull given up on may still write into
-        the old (kept alive by the binding until its reply comes)."""
+        the old (kept alive by the binding until its reply comes). Pulled in place, only
+        the copied tables have buffers: a pull of the others writes only what it returns."""
+        if self.pull_in_place:
+            for i in range(len(self.params)):
+                if self._views[which][i] is not None:
+                    self._give_buffer(which, i)
+            return
         for i, p in enumerate(self.params):
             if self._cuda:
                 t = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)

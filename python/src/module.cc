@@ -116,6 +116,7 @@ struct BindingStats {
   int64_t client_ns = 0;
   int64_t tensor_ns = 0;  // inside push_tensor (called from gradient hooks during backward)
   uint64_t values_pulled = 0;
+  uint64_t values_pulled_in_place = 0;  // of those, handed out in the reply's own memory
   uint64_t values_pushed = 0;
   uint64_t pushes_handed_over = 0;  // push_tensor's, sent from the tensor where the wire allows
 };
@@ -283,6 +284,37 @@ py::array NewArray(const std::vector<py::ssize_t>& shape) {
   return py::array_t<float>(std::vector<py::ssize_t>(shape));
 }
 
+// A pull with no output array of the caller's (Client::PullInPlace): the values it fills,
+// owned by a capsule that the pull keeps (the graveyard keeps it if the wait is given up)
+// and that the array made from them keeps.
+struct InPlacePull {
+  py::object capsule;
+  leash::PulledValues* values = nullptr;
+};
+InPlacePull NewInPlacePull() {
+  auto* v = new leash::PulledValues();
+  return {py::capsule(v, [](void* p) { delete static_cast<leash::PulledValues*>(p); }), v};
+}
+
+// The array of a completed in-place pull: the pull's own memory where one piece holds the
+// table, kept alive by the array; else (rows on several shards) a new array the pieces are
+// copied into. Writable either way: the memory is this process's and nothing else reads it.
+// *in_place: the array is the reply itself, nothing copied (a float32 wire over the socket;
+// a reply out of a same-host shard's shared-memory ring, or a 16-bit wire's, was copied or
+// widened into memory of the pull's own).
+py::array InPlaceArray(const InPlacePull& p, const std::vector<py::ssize_t>& shape,
+                       BindingStats* stats, bool* in_place) {
+  const std::span<const float> whole = p.values->contiguous();
+  *in_place = !whole.empty() && p.values->copied_bytes() == 0;
+  if (*in_place) stats->values_pulled_in_place += whole.size();
+  if (whole.empty()) {
+    py::array a = NewArray(shape);
+    p.values->CopyTo(static_cast<float*>(a.mutable_data()));
+    return a;
+  }
+  return py::array_t<float>(std::vector<py::ssize_t>(shape), whole.data(), p.capsule);
+}
+
 // ---- a batch of pulls -----------------------------------------------------------------
 
 class Client;
@@ -291,10 +323,14 @@ class Client;
 // dropping a batch that is not done keeps its arrays alive until its replies come.
 class PullBatch {
  public:
+  // `arrays[i]` is the output of pull i, or the capsule of its InPlacePull when
+  // `in_place[i]` is set (then wait() returns InPlaceArray's array).
   PullBatch(std::vector<Future> futures, std::vector<py::object> arrays,
-            std::vector<py::object> tables, std::shared_ptr<Shared> shared)
+            std::vector<InPlacePull> in_place, std::vector<py::object> tables,
+            std::shared_ptr<Shared> shared)
       : futures_(std::move(futures)),
         arrays_(std::move(arrays)),
+        in_place_(std::move(in_place)),
         tables_(std::move(tables)),
         shared_(std::move(shared)) {}
   ~PullBatch() {
@@ -325,13 +361,29 @@ class PullBatch {
     }
     ThrowIfError(first);
     py::list out;
-    for (const auto& a : arrays_) out.append(a);
+    was_in_place_.assign(arrays_.size(), false);
+    for (size_t i = 0; i < arrays_.size(); ++i) {
+      if (in_place_[i].values != nullptr) {
+        bool in_place = false;
+        out.append(InPlaceArray(in_place_[i], tables_[i].cast<const Table&>().shape,
+                                &shared_->stats, &in_place));
+        was_in_place_[i] = in_place;
+      } else {
+        out.append(arrays_[i]);
+      }
+    }
     return out;
   }
+
+  // After wait(): per pull, whether its array is the reply itself (pulled without an output
+  // array, and nothing copied to make it).
+  std::vector<bool> InPlace() const { return was_in_place_; }
 
  private:
   std::vector<Future> futures_;
   std::vector<py::object> arrays_;
+  std::vector<InPlacePull> in_place_;
+  std::vector<bool> was_in_place_;
   std::vector<py::object> tables_;
   std::shared_ptr<Shared> shared_;
 };
@@ -850,8 +902,21 @@ class Client {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
     CheckDense(t, "pull");
-    py::array a = out.is_none() ? NewArray(t.shape)
-                                : CheckedArray(out, t, "out", /*writable=*/true, t.size());
+    if (out.is_none()) {  // nothing of the caller's to fill: read where the reply lies
+      InPlacePull p = NewInPlacePull();
+      Future f;
+      {
+        ScopedTimer c(&shared_->stats.client_ns);
+        f = client_->PullInPlace(t.handle, p.values, clock_);
+      }
+      ++shared_->stats.pulls;
+      shared_->stats.values_pulled += t.size();
+      ThrowIfError(WaitInterruptibly(f, shared_.get(), p.capsule, /*is_pull=*/true),
+                   "pull '" + t.handle.name + "'");
+      bool in_place = false;
+      return InPlaceArray(p, t.shape, &shared_->stats, &in_place);
+    }
+    py::array a = CheckedArray(out, t, "out", /*writable=*/true, t.size());
     Future f;
     {
       ScopedTimer c(&shared_->stats.client_ns);
@@ -877,6 +942,7 @@ class Client {
     std::vector<py::object> keep_tables;  // the batch names them in errors
     std::vector<const Table*> ts;
     std::vector<py::object> arrays;
+    std::vector<InPlacePull> in_place(n);
     keep_tables.reserve(n);
     ts.reserve(n);
     arrays.reserve(n);
@@ -889,8 +955,12 @@ class Client {
       const Table& table = t.cast<const Table&>();
       CheckDense(table, "start_pulls");
       py::object o = outs[i];
-      arrays.push_back(o.is_none() ? NewArray(table.shape)
-                                   : CheckedArray(o, table, "out", true, table.size()));
+      if (o.is_none()) {  // read where the reply lies (InPlaceArray)
+        in_place[i] = NewInPlacePull();
+        arrays.push_back(in_place[i].capsule);
+      } else {
+        arrays.push_back(CheckedArray(o, table, "out", true, table.size()));
+      }
       ts.push_back(&table);
       keep_tables.push_back(std::move(t));
     }
@@ -900,15 +970,20 @@ class Client {
       ScopedTimer c(&shared_->stats.client_ns);
       client_->HoldSends();
       for (size_t i = 0; i < n; ++i) {
-        auto* out =
-            static_cast<float*>(py::reinterpret_borrow<py::array>(arrays[i]).mutable_data());
-        futures.push_back(client_->Pull(ts[i]->handle, out, for_clock >= 0 ? for_clock : clock_));
+        const int64_t clock = for_clock >= 0 ? for_clock : clock_;
+        if (in_place[i].values != nullptr) {
+          futures.push_back(client_->PullInPlace(ts[i]->handle, in_place[i].values, clock));
+        } else {
+          auto* out =
+              static_cast<float*>(py::reinterpret_borrow<py::array>(arrays[i]).mutable_data());
+          futures.push_back(client_->Pull(ts[i]->handle, out, clock));
+        }
         shared_->stats.values_pulled += ts[i]->size();
       }
       client_->FlushSends();
     }
     shared_->stats.pulls += n;
-    return std::make_unique<PullBatch>(std::move(futures), std::move(arrays),
+    return std::make_unique<PullBatch>(std::move(futures), std::move(arrays), std::move(in_place),
                                        std::move(keep_tables), shared_);
   }
 
@@ -1274,6 +1349,7 @@ class Client {
     d["tensor_ns"] = s.tensor_ns;
     d["sender_ns"] = sender_ ? sender_->busy_ns() : 0;
     d["values_pulled"] = s.values_pulled;
+    d["values_pulled_in_place"] = s.values_pulled_in_place;
     d["values_pushed"] = s.values_pushed;
     d["pushes_handed_over"] = s.pushes_handed_over;
     d["tensors_held"] = owned_.size();  // handed-over arrays not let go yet
@@ -1592,7 +1668,8 @@ PYBIND11_MODULE(_leash, m) {
 
   py::class_<PullBatch>(m, "PullBatch")
       .def("ready", &PullBatch::ready)
-      .def("wait", &PullBatch::Wait);
+      .def("wait", &PullBatch::Wait)
+      .def("in_place", &PullBatch::InPlace);
 
   py::class_<python::Client>(m, "Client")
       .def(py::init([](std::vector<std::string> servers, std::vector<std::string> etcd,

@@ -249,3 +249,26 @@ def test_binding_times_count_calls(cluster):
         # A reply may be there before the binding looks (then nothing is waited for).
         assert bt["total_ns"] > 0 and bt["total_ns"] >= bt["wait_ns"] + bt["gil_ns"]
         assert bt["waits"] <= 9
+
+
+def test_a_pull_without_out_returns_the_reply_itself_which_nothing_writes_later(cluster2):
+    """Without `out` a pull hands out the reply's own memory where one shard holds the table
+    (counted in values_pulled_in_place), writable, and untouched by later pushes and pulls;
+    a table split over both shards comes back copied into one array, as exact."""
+    with leash.Client(cluster2.servers, name="ip") as c:
+        one = sgd1(c, "one", (1, 64))  # one row: one shard
+        split = sgd1(c, "split", (8, 2))  # rows on both shards
+        c.reset_binding_times()
+        before = c.pull(one)
+        assert before.flags.writeable and before.shape == (1, 64)
+        assert c.binding_times()["values_pulled_in_place"] == 64
+        c.push(one, np.ones((1, 64), np.float32))
+        c.push(split, np.ones((8, 2), np.float32))
+        c.clock()
+        got = c.pull_all([one, split])
+        np.testing.assert_array_equal(got[0], np.full((1, 64), -1, np.float32))
+        np.testing.assert_array_equal(got[1], np.full((8, 2), -1, np.float32))
+        np.testing.assert_array_equal(before, np.zeros((1, 64), np.float32))
+        assert c.binding_times()["values_pulled_in_place"] == 128  # the split table copied
+        before[0, 0] = 5.0  # its own memory: writing it changes nothing elsewhere
+        np.testing.assert_array_equal(c.pull(one), np.full((1, 64), -1, np.float32))

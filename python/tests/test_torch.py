@@ -64,26 +64,44 @@ def test_tables_follow_the_parameters_and_a_step_is_exact(cluster2):
         np.testing.assert_array_equal(model.bias.detach().numpy(), -gb)
 
 
-def test_under_staleness_one_the_next_pull_is_prefetched_during_the_step(cluster):
+# In place (the CPU default, here for tables of any size) each pull's parameters are its
+# replies: new memory every pull, which nothing writes afterwards (a tensor kept from an
+# earlier pull keeps its values). Without, two buffers per parameter are swapped, each
+# refilled two pulls later.
+@pytest.mark.parametrize("in_place", [True, False])
+def test_under_staleness_one_the_next_pull_is_prefetched_during_the_step(cluster, in_place,
+                                                                        monkeypatch):
+    monkeypatch.setattr(leash.torch, "_IN_PLACE_MIN_BYTES", 0)
     with leash.Client(cluster.servers, staleness=1) as c:
         model = linear()
-        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
-        assert ps.prefetch
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros,
+                                    pull_in_place=in_place)
+        assert ps.prefetch and ps.pull_in_place == in_place
         ps.pull()  # clock 0: values now, and the pull for clock 1 goes out at once
-        buffers = {model.weight.data_ptr()}
+        buffers = [model.weight.data_ptr()]
+        first = model.weight.data
         step(model, X1)
         ps.push()
         ps.pull()  # clock 1: the prefetch, sent before step 0's push: still zeros
         assert torch.count_nonzero(model.weight) == 0
-        buffers.add(model.weight.data_ptr())
+        buffers.append(model.weight.data_ptr())
         step(model, X2)
         ps.push()
         ps.pull()  # clock 2: prefetched during step 1, after step 0's push
         gw1, gb1 = expected_grads(X1)
         np.testing.assert_array_equal(model.weight.detach().numpy(), -gw1)
         np.testing.assert_array_equal(model.bias.detach().numpy(), -gb1)
-        buffers.add(model.weight.data_ptr())
-        assert len(buffers) == 2  # two buffers per parameter, swapped: no copies
+        buffers.append(model.weight.data_ptr())
+        pulled_in_place = c.binding_times()["values_pulled_in_place"]
+        if in_place:
+            assert len(set(buffers)) == 3  # the replies themselves: no buffer refilled
+            assert torch.count_nonzero(first) == 0  # clock 0's values, never written since
+            assert pulled_in_place >= 3 * (6 + 2)  # every pull of both tables
+        else:
+            assert len(set(buffers)) == 2  # two buffers per parameter, swapped: no copies
+            assert buffers[0] == buffers[2]
+            np.testing.assert_array_equal(first.numpy(), -gw1)  # refilled by clock 2's pull
+            assert pulled_in_place == 0
         ps.sync()  # everything pushed so far
         gw2, gb2 = expected_grads(X2)
         np.testing.assert_array_equal(model.weight.detach().numpy(), -(gw1 + gw2))
@@ -190,6 +208,54 @@ def test_a_handed_over_tensor_is_kept_while_a_shard_may_still_read_it(cluster2, 
         assert alive() is None, "both shards answered: nothing reads the tensor any more"
         assert c.binding_times()["pushes_handed_over"] == 1
         np.testing.assert_array_equal(c.pull(t), np.full((64, 256), -0.5, np.float32))
+
+
+def test_pulled_in_place_a_table_copied_out_of_shared_memory_gets_buffers(cluster, monkeypatch):
+    """Through shared memory a large table's replies are copied out of the shard's ring
+    anyway: from its first such pull it is pulled into two buffers of its own, swapped, while
+    the small bias (over the socket; here in place whatever its size) stays the replies
+    themselves. Values exact throughout."""
+    monkeypatch.setattr(leash.torch, "_IN_PLACE_MIN_BYTES", 0)
+    with leash.Client(cluster.servers, staleness=1, shared_memory=True) as c:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(256, 64)  # a 64 KiB weight: through the ring
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        assert ps.pull_in_place
+        x = torch.ones(1, 256)
+        c.reset_binding_times()
+        weights = []
+        for i in range(6):
+            ps.pull()
+            weights.append(model.weight.data_ptr())
+            # Staleness 1: the values of the pushes up to two steps back.
+            np.testing.assert_array_equal(model.bias.detach().numpy(),
+                                          np.full(64, -max(0, i - 1), np.float32))
+            np.testing.assert_array_equal(model.weight.detach().numpy(),
+                                          np.full((64, 256), -max(0, i - 1), np.float32))
+            step(model, x)
+            ps.push()
+        if c.counters()["shared_memory_shards"] != 1:
+            pytest.skip("no shared-memory link to the shard here")
+        assert ps._views[0][0] is not None and ps._views[0][1] is None
+        assert len(set(weights[-4:])) == 2, "two buffers, swapped"
+        # Every pull's bias in place; the weight at most until the link was up (2 pulls).
+        in_place = c.binding_times()["values_pulled_in_place"]
+        assert 6 * 64 <= in_place <= 6 * 64 + 2 * 64 * 256
+
+
+def test_tables_under_64_kib_are_pulled_into_buffers_even_in_place(cluster):
+    """Installing a reply costs more Python than copying a small table: only parameters of
+    64 KiB and more are read in place."""
+    with leash.Client(cluster.servers, staleness=0, shared_memory=False) as c:
+        model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Linear(128, 2))
+        ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)
+        assert ps.pull_in_place
+        # 128 x 128 floats is exactly 64 KiB: in place; the biases and the 128 x 2 are not.
+        assert [v is None for v in ps._views[0]] == [True, False, False, False]
+        c.reset_binding_times()
+        ps.pull()
+        assert c.binding_times()["values_pulled_in_place"] == 128 * 128
+        assert torch.count_nonzero(model[0].weight) == 0
 
 
 def test_gradient_accumulation_pushes_the_mean_once_per_group(cluster):
