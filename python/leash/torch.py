@@ -225,30 +225,32 @@ class Parameters:
         if self.pull_in_place and self._cuda:
             raise InvalidArgumentError("pull_in_place is for CPU modules")
         self._got: List[Optional[List[Any]]] = [None, None]  # pulled, not installed yet
-        # Otherwise two host buffers per parameter: the step reads one while the next step's
-        # pull fills the other. On the CPU the module's parameters are these buffers (p.data
-        # is pointed at the one just pulled: no copy); on CUDA they are pinned and copied in.
-        self._buffers: List[List[Optional[torch.Tensor]]] = [[], []]
-        for p in ([] if self.pull_in_place else self.params):
-            if self._cuda:
-                a = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
-                b = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
-            else:
-                a = p.data if p.data.is_contiguous() else p.data.contiguous()
-                b = torch.empty_like(a)
-            self._buffers[0].append(a)
-            self._buffers[1].append(b)
+        self._buffers: List[List[Optional[torch.Tensor]]]
+        self._views: List[List[Any]]
         if self.pull_in_place:  # buffers only for the tables whose pulls are copied
             self._buffers = [[None] * len(self.params) for _ in range(2)]
-        self._views: List[List[Any]] = [[None if t is None else t.numpy() for t in bufs]
-                                        for bufs in self._buffers]
-        if self.pull_in_place:
+            self._views = [[None] * len(self.params) for _ in range(2)]
             # Small tables too: installing a reply costs a few µs of Python per parameter
             # (its array and tensor made), more than copying a small one into a buffer.
             for i, p in enumerate(self.params):
                 if p.numel() * 4 < _IN_PLACE_MIN_BYTES:
                     for w in (0, 1):
                         self._give_buffer(w, i)
+        else:
+            # Two host buffers per parameter: the step reads one while the next step's pull
+            # fills the other. On the CPU the module's parameters are these buffers (p.data is
+            # pointed at the one just pulled: no copy); on CUDA they are pinned and copied in.
+            self._buffers = [[], []]
+            for p in self.params:
+                if self._cuda:
+                    a = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+                    b = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+                else:
+                    a = p.data if p.data.is_contiguous() else p.data.contiguous()
+                    b = torch.empty_like(a)
+                self._buffers[0].append(a)
+                self._buffers[1].append(b)
+            self._views = [[t.numpy() for t in bufs] for bufs in self._buffers]
         self._grad_staging = ([torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
                                for p in self.params] if self._cuda else None)
         self._current = 0  # the buffer set the module reads now
@@ -450,7 +452,9 @@ class Parameters:
         """Waits for `batch` and returns its arrays; pulling in place, a table whose array
         was copied to make it is pulled into buffers of its own from now on."""
         got = batch.wait()
-        if self.pull_in_place:
+        # Only while some table is still pulled in place: once every table has its
+        # buffers there is nothing left to find out (the binding's check costs GIL time).
+        if self.pull_in_place and any(v is None for v in self._views[0]):
             for i, in_place in enumerate(batch.in_place()):
                 if not in_place and self._views[0][i] is None:
                     for w in (0, 1):

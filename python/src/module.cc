@@ -902,31 +902,32 @@ class Client {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
     CheckDense(t, "pull");
-    if (out.is_none()) {  // nothing of the caller's to fill: read where the reply lies
-      InPlacePull p = NewInPlacePull();
-      Future f;
-      {
-        ScopedTimer c(&shared_->stats.client_ns);
-        f = client_->PullInPlace(t.handle, p.values, clock_);
-      }
-      ++shared_->stats.pulls;
-      shared_->stats.values_pulled += t.size();
-      ThrowIfError(WaitInterruptibly(f, shared_.get(), p.capsule, /*is_pull=*/true),
-                   "pull '" + t.handle.name + "'");
-      bool in_place = false;
-      return InPlaceArray(p, t.shape, &shared_->stats, &in_place);
+    // With no array of the caller's to fill, the pull reads where the reply lies
+    // (InPlaceArray); `keep` is what the wait keeps alive if it is given up.
+    InPlacePull in_place;
+    float* into = nullptr;
+    py::object keep;
+    if (out.is_none()) {
+      in_place = NewInPlacePull();
+      keep = in_place.capsule;
+    } else {
+      py::array a = CheckedArray(out, t, "out", /*writable=*/true, t.size());
+      into = static_cast<float*>(a.mutable_data());
+      keep = std::move(a);
     }
-    py::array a = CheckedArray(out, t, "out", /*writable=*/true, t.size());
     Future f;
     {
       ScopedTimer c(&shared_->stats.client_ns);
-      f = client_->Pull(t.handle, static_cast<float*>(a.mutable_data()), clock_);
+      f = into != nullptr ? client_->Pull(t.handle, into, clock_)
+                          : client_->PullInPlace(t.handle, in_place.values, clock_);
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += t.size();
-    ThrowIfError(WaitInterruptibly(f, shared_.get(), a, /*is_pull=*/true),
+    ThrowIfError(WaitInterruptibly(f, shared_.get(), keep, /*is_pull=*/true),
                  "pull '" + t.handle.name + "'");
-    return a;
+    if (into != nullptr) return py::reinterpret_borrow<py::array>(keep);
+    bool was_in_place = false;
+    return InPlaceArray(in_place, t.shape, &shared_->stats, &was_in_place);
   }
 
   // Starts pulling every table (one message per shard), for iteration `for_clock` (-1:

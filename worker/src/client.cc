@@ -1100,9 +1100,11 @@ Future Client::PushSparse(const TableHandle& table, std::span<const uint64_t> ke
 }
 
 Future Client::PullDense(const TableHandle& table, int64_t for_clock,
-                         std::atomic<int64_t>* read_clock, TakeValues take) {
+                         std::atomic<int64_t>* read_clock, TakeValues take,
+                         const std::function<void(size_t shards)>& sized) {
   RangePartitioner part(num_shards_);
   std::vector<int> shards = ShardsWithRows(part, table.rows);
+  if (sized) sized(shards.size());
   std::vector<size_t> index(static_cast<size_t>(num_shards_));
   for (size_t i = 0; i < shards.size(); ++i) index[static_cast<size_t>(shards[i])] = i;
   int64_t clock = for_clock >= 0 ? for_clock : clock_.load();
@@ -1156,11 +1158,12 @@ Future Client::PullInPlace(const TableHandle& table, PulledValues* out, int64_t 
     return Ready(InvalidArgument("PullInPlace of table '" + table.name + "' without an output"));
   }
   // Each shard's reply fills its own slot (PullDense's index), on whichever thread reads it.
-  const size_t parts = ShardsWithRows(RangePartitioner(num_shards_), table.rows).size();
-  out->pieces_.assign(parts, {});
-  out->storage_.assign(parts, Frame());
-  out->copied_.assign(parts, 0);
-  out->size_ = table.size();
+  auto sized = [out, size = table.size()](size_t parts) {
+    out->pieces_.assign(parts, {});
+    out->storage_.assign(parts, Frame());
+    out->copied_.assign(parts, 0);
+    out->size_ = size;
+  };
   return PullDense(
       table, for_clock, read_clock,
       [out](size_t i, size_t offset, size_t floats, const PullReply& r,
@@ -1179,7 +1182,8 @@ Future Client::PullInPlace(const TableHandle& table, PulledValues* out, int64_t 
         out->pieces_[i] = {offset, {reinterpret_cast<const float*>(kept.data()), floats}};
         out->storage_[i] = std::move(kept);
         return Status::Ok();
-      });
+      },
+      sized);
 }
 
 std::span<const float> PulledValues::contiguous() const {

@@ -287,11 +287,12 @@ class Client {
                    const std::shared_ptr<const float>& owner, PushWeight weight);
   // A pull of a whole dense table: take(index of the shard among those holding rows, the
   // float of the table its rows start at, its floats, the checked reply, its payload) keeps
-  // each shard's values.
+  // each shard's values; `sized` (if set) is told how many shards hold rows before any
+  // request is sent.
   using TakeValues = std::function<Status(size_t index, size_t offset, size_t floats,
                                           const PullReply& reply, const Frame& payload)>;
   Future PullDense(const TableHandle& table, int64_t for_clock, std::atomic<int64_t>* read_clock,
-                   TakeValues take);
+                   TakeValues take, const std::function<void(size_t shards)>& sized = nullptr);
   // fut's status, or Cancelled once options_.interrupted says so.
   Status Await(const Future& fut) const;
 
