@@ -12,9 +12,11 @@ backup's and the pushing client's CPU time per push.
 It reports per-round figures, medians, and B/A ratios of the medians, as JSON and Markdown.
 
 Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--replicated | --no-shm]
-                   [--suite-flags] [--name ab] [--out DIR]
+                   [--suite-flags] [--a-worker-flags F] [--b-worker-flags F] [--name ab] [--out DIR]
 Each BUILD is a CMake build directory (server/leash-server, worker/leash-worker,
-bench/leash-bench-pushpull inside).
+bench/leash-bench-pushpull inside). --a-worker-flags and --b-worker-flags add leash-worker
+flags to one side's MLP runs (local and 1+1; not the push rows): --a B --b B with
+--a-worker-flags=--pull-in-place=false compares a flag's two settings in one build.
 """
 import argparse
 import json
@@ -90,6 +92,8 @@ def main():
                    help="the MLP's 1+1 cluster sends everything through the socket (as between hosts)")
     p.add_argument("--suite-flags", action="store_true",
                    help="the MLP with the suite's flags (momentum 0.9, lr 0.01) instead of the worker's defaults")
+    p.add_argument("--a-worker-flags", default="", help="more leash-worker flags for A's MLP runs")
+    p.add_argument("--b-worker-flags", default="", help="more leash-worker flags for B's MLP runs")
     p.add_argument("--name", default="ab", help="writes NAME.json and NAME.md (default ab)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -98,8 +102,10 @@ def main():
             if not os.access(os.path.join(b, exe), os.X_OK):
                 sys.exit(f"ab.py: {os.path.join(b, exe)} is missing: build it first (scripts/build.sh)")
     os.makedirs(args.out, exist_ok=True)
-    run_args = argparse.Namespace(epochs=args.epochs, batch=args.batch, staleness=1, suite_flags=args.suite_flags,
-                                  no_shm=args.no_shm, ipc=False)
+    run_args = {w: argparse.Namespace(epochs=args.epochs, batch=args.batch, staleness=1, suite_flags=args.suite_flags,
+                                      no_shm=args.no_shm, ipc=False,
+                                      worker_flags=getattr(args, f"{w}_worker_flags").split())
+                for w in ("a", "b")}
     tmp = tempfile.mkdtemp(prefix="leash-ab-")
     rows = {"a": [], "b": []}
     try:
@@ -114,9 +120,11 @@ def main():
                         print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
                     continue
                 if "local" not in got[which]:
-                    got[which]["local"] = ps_cost.run_worker(run_args, build, os.path.join(tmp, f"l{r}{k}.json"),
+                    got[which]["local"] = ps_cost.run_worker(run_args[which], build,
+                                                             os.path.join(tmp, f"l{r}{k}.json"),
                                                              ["--local"])["samples_per_second"]
-                    got[which]["cluster"] = ps_cost.run_cluster(run_args, build, tmp, f"{r}{k}")["samples_per_second"]
+                    got[which]["cluster"] = ps_cost.run_cluster(run_args[which], build, tmp,
+                                                                f"{r}{k}")["samples_per_second"]
                 else:
                     got[which].update(pushpull(build, tmp, args.seconds))
                 print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
@@ -132,7 +140,8 @@ def main():
     med = {w: {k: statistics.median(x[k] for x in rows[w]) for k in keys} for w in ("a", "b")}
     ratio = {k: med["b"][k] / med["a"][k] for k in keys}
     result = {"benchmark": "ab", "replicated": args.replicated, "a": os.path.abspath(args.a),
-              "b": os.path.abspath(args.b), "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "b": os.path.abspath(args.b), "a_worker_flags": args.a_worker_flags,
+              "b_worker_flags": args.b_worker_flags, "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "nproc": os.cpu_count(), "runs": rows, "median": med, "b_over_a": ratio}
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -145,7 +154,9 @@ def main():
             names[f"push_{size}_{who}_cpu_us"] = f"{size} push: the {who}'s CPU per push (us)"
     what = ("R=2 (2 replicas and etcd; the push rows against the primary)" if args.replicated else
             f"{args.epochs} epoch(s) each" + (", the cluster over the socket only (--no-shm)" if args.no_shm else "")
-            + (", the suite's worker flags" if args.suite_flags else ""))
+            + (", the suite's worker flags" if args.suite_flags else "")
+            + "".join(f", {w.upper()}'s workers with `{f}`" for w, f in
+                      (("a", args.a_worker_flags), ("b", args.b_worker_flags)) if f))
     md = [f"# A/B: {args.a} (A) against {args.b} (B)", "",
           f"{args.rounds} rounds, interleaved (A B B A, then B A A B), {what}, "
           f"{os.cpu_count()} cores.", "", "| figure | A median | B median | B/A | A runs | B runs |",

@@ -42,7 +42,7 @@ def children_cpu():
 def run_worker(args, build, out_json, extra):
     cmd = [os.path.join(build, "worker", "leash-worker"), "--epochs", str(args.epochs), "--batch", str(args.batch),
            "--threads", "1", "--log-every", "0", "--metrics-out", out_json] + \
-        (SUITE_FLAGS if args.suite_flags else []) + extra
+        (SUITE_FLAGS if args.suite_flags else []) + extra + getattr(args, "worker_flags", [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
     with open(out_json) as f:
         m = json.load(f)

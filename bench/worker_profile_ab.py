@@ -11,9 +11,12 @@ runs slower for a while slows both alike, so the ratio keeps what the change did
 rest of the thread. Also per run: the samples of the symbols that differ most, the client's
 I/O thread, and the worker's own samples/s and compute time per iteration.
 
+--a-flags and --b-flags add leash-worker flags to one side only: --a BUILD --b BUILD with
+--a-flags=--pull-in-place=false compares a flag's two settings in one build.
 Writes NAME.json and NAME.md under --out.
 Usage: bench/worker_profile_ab.py --a BUILD_A --b BUILD_B [--rounds 4] [--epochs 2]
                                   [--staleness 1] [--worker-flags '--no-shm']
+                                  [--a-flags F] [--b-flags F]
                                   [--name worker_profile_ab] [--out DIR]
 """
 import argparse
@@ -47,7 +50,7 @@ def profile(perf_data):
     return threads
 
 
-def run(build, args, tmp, tag):
+def run(build, args, tmp, tag, side_flags=""):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     data = os.path.join(tmp, tag)
     shard = subprocess.Popen([os.path.join(build, "server", "leash-server"), "--bind", endpoint,
@@ -61,7 +64,7 @@ def run(build, args, tmp, tag):
                         os.path.join(build, "worker", "leash-worker"), "--servers", endpoint,
                         "--epochs", str(args.epochs), "--batch", "64", "--threads", "1",
                         "--staleness", str(args.staleness), "--log-every", "0", "--no-eval",
-                        "--metrics-out", metrics] + args.worker_flags.split(),
+                        "--metrics-out", metrics] + args.worker_flags.split() + side_flags.split(),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     finally:
         shard.terminate()
@@ -102,6 +105,8 @@ def main():
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--frequency", type=int, default=4999, help="perf record's samples per second")
     p.add_argument("--worker-flags", default="", help="more leash-worker flags for both builds, e.g. '--no-shm'")
+    p.add_argument("--a-flags", default="", help="more leash-worker flags for A only")
+    p.add_argument("--b-flags", default="", help="more leash-worker flags for B only")
     p.add_argument("--name", default="worker_profile_ab")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -116,7 +121,7 @@ def main():
         for r in range(args.rounds):
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
             for who in order:
-                res = run(getattr(args, who), args, tmp, f"{who}{r}")
+                res = run(getattr(args, who), args, tmp, f"{who}{r}", getattr(args, f"{who}_flags"))
                 runs[who].append(res)
                 print(f"[round {r + 1}/{args.rounds}] {who}: training thread {res['training_thread_per_gemm']:.3f} "
                       f"samples per GEMM sample, {res['samples_per_second']:.0f} samples/s", flush=True)
@@ -135,7 +140,8 @@ def main():
 
     moved = moved_most("symbols_per_gemm")
     io_moved = moved_most("io_symbols_per_gemm")
-    result = {"benchmark": "worker_profile_ab", "a": args.a, "b": args.b, "rounds": args.rounds,
+    result = {"benchmark": "worker_profile_ab", "a": args.a, "b": args.b, "a_flags": args.a_flags,
+              "b_flags": args.b_flags, "rounds": args.rounds,
               "epochs": args.epochs, "staleness": args.staleness, "nproc": os.cpu_count(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_at_end": os.getloadavg()[0],
               "worker_flags": args.worker_flags, "runs": runs, "medians": med,
@@ -147,6 +153,7 @@ def main():
              f"{args.rounds} rounds (A B, then B A, ...), MLP 1 worker + 1 shard at staleness "
              f"{args.staleness}, {args.epochs} epoch(s) each"
              + (f", worker flags `{args.worker_flags}`" if args.worker_flags else "")
+             + "".join(f", {w.upper()} alone `{f}`" for w, f in (("a", args.a_flags), ("b", args.b_flags)) if f)
              + f", under `perf record -F {args.frequency}`; "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. Samples are "
              "counted per sample of the GEMM kernel in the same thread (the same work in A and B).", "",
