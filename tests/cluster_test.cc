@@ -284,10 +284,11 @@ TEST(ClusterTest, AGradientComputedIntoAPushBufferIsSentWithoutACopyAndAppliedEx
 }
 
 // Client::PullInPlace against real shards: over the socket the pieces are the received
-// messages themselves (nothing copied); from a same-host shard's shared-memory ring they are
-// copied out, so the ring's room goes back at once: 200 pulls held at a time, 25 MiB from
-// each shard, more than its ring's 16 MiB, all still come through the ring.
-TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndCopiesWhatSharedMemoryLent) {
+// messages themselves; from a same-host shard's shared-memory ring they are the ring's bytes,
+// kept until released, up to a quarter of the ring (4 MiB of 16) held at a time, and copied
+// out beyond it. 200 pulls held at once, 25 MiB from each shard: the first 4 MiB in place,
+// the rest copied. Once they are released, the budget and the ring's room come back.
+TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndAQuarterOfASharedMemoryRing) {
   TempDir dir;
   Cluster cluster(2, dir.path());
   for (bool with_shm : {false, true}) {
@@ -298,6 +299,7 @@ TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndCopiesWhatSharedMemoryLent)
     ASSERT_TRUE(c);
     auto t = c->CreateTable(Sgd1("t", 64, 1024));  // 128 KiB on each shard
     ASSERT_TRUE(t.ok()) << t.status();
+    const size_t piece = t->size() / 2 * sizeof(float);
     std::vector<float> g(t->size());
     for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 11);
     ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
@@ -310,17 +312,31 @@ TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndCopiesWhatSharedMemoryLent)
     ASSERT_EQ(c->counters().shared_memory_shards, with_shm ? 2 : 0);
     ASSERT_TRUE(c->Pull(*t, v.data()).get().ok());
     std::vector<PulledValues> held(200);
-    for (PulledValues& p : held) {
+    size_t copied_pieces = 0;
+    for (size_t k = 0; k < held.size(); ++k) {
+      PulledValues& p = held[k];
       ASSERT_TRUE(c->PullInPlace(*t, &p).get().ok());
       ASSERT_EQ(p.pieces().size(), 2u);
-      EXPECT_EQ(p.copied_bytes(), with_shm ? t->size() * sizeof(float) : 0u);
+      ASSERT_EQ(p.copied_bytes() % piece, 0u);
+      copied_pieces += p.copied_bytes() / piece;
+      // The first 16 pulls (32 pieces of 128 KiB: 4 MiB) fit the budget.
+      if (!with_shm || k < 16) EXPECT_EQ(p.copied_bytes(), 0u) << "pull " << k;
     }
+    EXPECT_EQ(copied_pieces, with_shm ? 2 * held.size() - 32 : 0u);
     for (const PulledValues& p : held) {
       std::vector<float> got(t->size());
       p.CopyTo(got.data());
       ASSERT_EQ(got, v);
     }
     for (size_t i = 0; i < v.size(); i += 101) EXPECT_EQ(v[i], -g[i]) << i;
+    held.clear();
+    // Released: every pull in place again, one at a time, 200 x 128 KiB from each shard's
+    // ring, more than its 16 MiB.
+    for (int k = 0; k < 200; ++k) {
+      PulledValues p;
+      ASSERT_TRUE(c->PullInPlace(*t, &p).get().ok());
+      ASSERT_EQ(p.copied_bytes(), 0u) << "pull " << k;
+    }
     // Undo the push, so the next client starts from zeros too.
     for (float& x : g) x = -x;
     ASSERT_TRUE(c->Push(*t, g.data()).get().ok());

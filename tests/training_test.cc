@@ -386,9 +386,8 @@ std::vector<std::pair<std::string, uint64_t>> Segments(const std::string& root,
 // A worker whose one shard is on this host computes the gradients of its large tables
 // straight into the shard's shared-memory ring and pushes them from there
 // (ParamStore::PushBuffer), with no copy; through the socket (--no-shm) none is. The model
-// reads each pulled table where its reply arrived (--pull-in-place, the default) unless
-// the reply was copied out of the ring anyway: through the socket every table, through
-// shared memory the four small ones. Training learns either way.
+// reads each pulled table where its reply arrived (--pull-in-place, the default): the
+// socket's message, or the shard's ring. Training learns either way.
 TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThem) {
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST not found at " << kData;
@@ -419,17 +418,16 @@ TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThe
     ASSERT_GE(iterations[0], 40);
     // The MLP's two large weight matrices (784 x 256 and 256 x 128 floats) are over the
     // 32 KiB a frame needs to go through shared memory; its other four tables are not.
-    // Every iteration pulls each table once; an evaluation adds a pull.
+    // Every iteration pulls each table once; an evaluation adds a pull. Every table is read
+    // where its reply lies, the large ones in the shard's ring (1.8 MB held of its 16 MiB).
     if (shm && room && JsonNumbers(metrics, "shared_memory_shards") == std::vector<double>{1}) {
       EXPECT_LE(from_ring[0], 2 * iterations[0]);
       EXPECT_GE(from_ring[0], 2 * (iterations[0] - 5)) << "the link came on late";
-      EXPECT_GE(in_place[0], 4 * iterations[0]);
-      EXPECT_LE(in_place[0], 4 * (iterations[0] + 1) + 2 * 5) << "large tables read in place";
     } else if (!shm) {
       EXPECT_EQ(from_ring[0], 0);
-      EXPECT_GE(in_place[0], 6 * iterations[0]);
-      EXPECT_LE(in_place[0], 6 * (iterations[0] + 1));
     }
+    EXPECT_GE(in_place[0], 6 * iterations[0]);
+    EXPECT_LE(in_place[0], 6 * (iterations[0] + 1));
     EXPECT_EQ(handed, std::vector<double>{6 * iterations[0]});
     auto acc = JsonNumbers(metrics, "test_accuracy");
     ASSERT_EQ(acc.size(), 1u);

@@ -203,6 +203,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
            shm_[static_cast<size_t>(shard)]->on();
   }
 
+  size_t ring_bytes() const override { return static_cast<size_t>(options_.shm_ring_bytes); }
+
  private:
   // A message from a socket that has one (round-robin, so a busy shard cannot starve the
   // others), after the monitors' events; nullopt if none. Shared-memory answers are

@@ -217,10 +217,11 @@ class Parameters:
         self._cuda = any(p.device.type != "cpu" for p in self.params)
         # On the CPU (by default) each pull's arrays are the replies themselves where a table
         # lies on one shard (the binding's in-place pull), and p.data is pointed at them: no
-        # copy, and nothing the next pull writes into. A table whose replies are copied anyway
-        # (out of a same-host shard's shared-memory ring, a 16-bit wire, rows on several
-        # shards) gets the two buffers below from its first such pull on: a copy into memory
-        # used before costs less than one into new memory every pull.
+        # copy, and nothing the next pull writes into (through a same-host shard's shared
+        # memory, its ring's bytes). A table whose replies are copied anyway (a 16-bit wire,
+        # rows on several shards, more than the client's share of a ring held) gets the two
+        # buffers below from its first such pull on: a copy into memory used before costs
+        # less than one into new memory every pull.
         self.pull_in_place = (not self._cuda if pull_in_place is None else bool(pull_in_place))
         if self.pull_in_place and self._cuda:
             raise InvalidArgumentError("pull_in_place is for CPU modules")

@@ -298,10 +298,11 @@ InPlacePull NewInPlacePull() {
 
 // The array of a completed in-place pull: the pull's own memory where one piece holds the
 // table, kept alive by the array; else (rows on several shards) a new array the pieces are
-// copied into. Writable either way: the memory is this process's and nothing else reads it.
-// *in_place: the array is the reply itself, nothing copied (a float32 wire over the socket;
-// a reply out of a same-host shard's shared-memory ring, or a 16-bit wire's, was copied or
-// widened into memory of the pull's own).
+// copied into. Writable either way: nothing else reads it (a reply in a same-host shard's
+// shared-memory ring is the shard's to write again only once the array is gone).
+// *in_place: the array is the reply itself, nothing copied (a float32 wire, over the socket
+// or in the ring within the client's budget; a 16-bit wire's values, or a ring's past the
+// budget, were widened or copied into memory of the pull's own).
 py::array InPlaceArray(const InPlacePull& p, const std::vector<py::ssize_t>& shape,
                        BindingStats* stats, bool* in_place) {
   const std::span<const float> whole = p.values->contiguous();

@@ -54,6 +54,8 @@ bool OtherReplicas::ActiveWith(int replica) const {
   return other >= 0 && others_->shared_memory()->ActiveWith(other);
 }
 
+size_t OtherReplicas::ring_bytes() const { return others_->shared_memory()->ring_bytes(); }
+
 Status OtherReplicas::ShardHealth(int replica) const {
   const int other = ToOther(replica);
   if (other < 0) return Status::Ok();

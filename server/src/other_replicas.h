@@ -39,6 +39,7 @@ class OtherReplicas final : public ClientTransport,
   // ClientSharedMemory: nothing for this replica itself.
   std::optional<WritableFrame> ReservePayload(int replica, size_t bytes) override;
   bool ActiveWith(int replica) const override;
+  size_t ring_bytes() const override;
 
   // ConnectionHealth: this replica itself is always Ok.
   Status ShardHealth(int replica) const override;

@@ -102,6 +102,30 @@ std::vector<int> AllShards(int n) {
   return all;
 }
 
+// Reply frames read in place from same-host shards' rings (Frame::lent) that PullInPlace
+// keeps, in bytes: each keeps its room in a shard's ring until it is released (the next
+// iteration's pull). `limit`: a quarter of a ring, so the shard always has room for the
+// replies still to come; past it a reply is copied out, as before.
+struct LentBudget {
+  std::atomic<int64_t> held{0};
+  int64_t limit = 0;
+};
+
+// `lent` itself, kept (no longer marked lent) and counted in `budget` until its last copy
+// goes; an empty frame if it would take the budget past its limit.
+Frame KeepLent(const Frame& lent, const std::shared_ptr<LentBudget>& budget) {
+  const auto bytes = static_cast<int64_t>(lent.size());
+  int64_t held = budget->held.load(std::memory_order_relaxed);
+  do {
+    if (held + bytes > budget->limit) return Frame();
+  } while (!budget->held.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+  std::shared_ptr<const void> owner(new Frame(lent), [budget, bytes](const void* p) {
+    delete static_cast<const Frame*>(p);
+    budget->held.fetch_sub(bytes, std::memory_order_relaxed);
+  });
+  return Frame::Wrap(lent.data(), lent.size(), std::move(owner));
+}
+
 }  // namespace
 
 bool Future::WaitMs(int64_t timeout_ms) const {
@@ -141,7 +165,11 @@ class Client::Impl final : public detail::OpWaiter {
         held_(static_cast<size_t>(n_)),
         silence_ms_(options.shard_silence_ms),
         shared_memory_(transport_->shared_memory()),
-        stale_(new std::atomic<bool>[static_cast<size_t>(n_)]()) {}
+        lent_(std::make_shared<LentBudget>()),
+        stale_(new std::atomic<bool>[static_cast<size_t>(n_)]()) {
+    if (shared_memory_ != nullptr)
+      lent_->limit = static_cast<int64_t>(shared_memory_->ring_bytes() / 4);
+  }
 
   ~Impl() override { Stop(); }
 
@@ -154,6 +182,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) {
     return shared_memory_ != nullptr ? shared_memory_->ReservePayload(shard, bytes) : std::nullopt;
   }
+  const std::shared_ptr<LentBudget>& lent_budget() const { return lent_; }
 
   void Stop() {
     if (!io_.joinable()) return;
@@ -686,6 +715,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::map<int, uint64_t> boot_ids_;  // under io_mu_
   std::atomic<int64_t> last_clock_{0};
   ClientSharedMemory* shared_memory_;  // the transport's, or null
+  std::shared_ptr<LentBudget> lent_;   // PullInPlace's (it outlives the client in frames)
   int64_t spin_us_ = options_.reply_spin_us;
   // Per shard: a replica said it is a backup; Follow() resends once a primary is named.
   std::unique_ptr<std::atomic<bool>[]> stale_;
@@ -1166,13 +1196,16 @@ Future Client::PullInPlace(const TableHandle& table, PulledValues* out, int64_t 
   };
   return PullDense(
       table, for_clock, read_clock,
-      [out](size_t i, size_t offset, size_t floats, const PullReply& r,
-            const Frame& payload) -> Status {
+      [out, budget = impl_->lent_budget()](size_t i, size_t offset, size_t floats,
+                                           const PullReply& r, const Frame& payload) -> Status {
         Frame kept;
-        if (r.dtype == DType::kF32 && payload.size() == floats * sizeof(float) && !payload.lent() &&
+        if (r.dtype == DType::kF32 && payload.size() == floats * sizeof(float) &&
             reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
-          kept = payload;  // the received bytes themselves
-        } else {
+          // The received bytes themselves: the socket's message, or the shard's ring
+          // within the budget.
+          kept = payload.lent() ? KeepLent(payload, budget) : payload;
+        }
+        if (kept.empty()) {
           std::shared_ptr<float[]> values(new float[floats]);
           LEASH_RETURN_IF_ERROR(DecodeValues(payload, r.dtype, floats, values.get()));
           float* data = values.get();

@@ -188,10 +188,10 @@ WorkerCommandLine::WorkerCommandLine()
          "send every message through the socket even to a shard on this host (by default "
          "they all go through shared memory there)");
   f.Bool("pull-in-place", &v.pull_in_place,
-         "read each pulled table where the shard's reply arrived instead of copying it into the "
-         "worker's own array, where one shard holds the table and the reply needs no copy anyway "
-         "(an fp32 --wire-dtype over the socket; through shared memory a reply is copied out "
-         "of the ring either way); false: copy every pull");
+         "read each pulled table where the shard's reply arrived (the socket's message, or "
+         "the shard's shared-memory ring on this host) instead of copying it into the worker's "
+         "own array, where one shard holds the table and the --wire-dtype is fp32; false: copy "
+         "every pull");
   f.Int("stripes", &v.stripes,
         "connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own: pushes and "
         "pulls of 1 MiB and more are split over them and put back together in order (for links "

@@ -81,6 +81,10 @@ class ClientSharedMemory {
   virtual std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) = 0;
   // Whether large frames to `shard` go through shared memory now.
   virtual bool ActiveWith(int shard) const = 0;
+  // The most a ring grows to (one per direction and shard). A reply frame read in place
+  // (Frame::lent) keeps its room in the shard's ring until released: a reader that holds
+  // such frames for long should hold no more than a part of this.
+  virtual size_t ring_bytes() const = 0;
 };
 
 // Optional capability of a ClientTransport: it knows why a shard cannot be talked to

@@ -107,12 +107,13 @@ struct TableHandle {
 
 // A dense table's values as the shards sent them (Client::PullInPlace): one piece per shard
 // that holds rows of it, in row order, read where the reply arrived instead of copied into a
-// buffer of the caller's. Over the socket with a float32 wire that is the received message
-// itself; a 16-bit wire's values are widened into a piece of their own, and a reply read from
-// a same-host shard's shared-memory ring is copied out (its room goes back to the shard), so
-// those cost the one copy a Pull makes. Immutable once the future is ready; the pieces stay
-// valid while this object (or a copy) lives, whatever the table does meanwhile. Copyable:
-// copies share the pieces.
+// buffer of the caller's. With a float32 wire that is the received message itself, or the
+// reply's bytes in a same-host shard's shared-memory ring, whose room goes back to the shard
+// when the last copy of this object goes. A client keeps at most a quarter of a ring so held
+// (ClientSharedMemory::ring_bytes); past that a ring's reply is copied out, and a 16-bit
+// wire's values are widened into a piece of their own: those cost the one copy a Pull makes.
+// Immutable once the future is ready; the pieces stay valid while this object (or a copy)
+// lives, whatever the table does meanwhile. Copyable: copies share the pieces.
 class PulledValues {
  public:
   struct Piece {

@@ -125,10 +125,10 @@ class ParamStore {
 // next pull's message (one message per iteration); without it they go at once, as
 // EndIteration sends them (for replicated shards, where replies wait for commits).
 // With `pull_in_place`, a table that one shard holds and whose reply can be read where it
-// arrived (a float32 wire over the socket) is offered there (InPlace) instead of copied
-// into values; a table whose reply is copied or widened anyway (rows on several shards, a
-// 16-bit wire, a same-host shard's shared-memory ring) is pulled into values as without it,
-// from the first pull that shows it.
+// arrived (a float32 wire: the socket's message, or a same-host shard's shared-memory ring)
+// is offered there (InPlace) instead of copied into values; a table whose reply is copied or
+// widened anyway (rows on several shards, a 16-bit wire, replies past the client's share of
+// a ring) is pulled into values as without it, from the first pull that shows it.
 std::unique_ptr<ParamStore> MakeRemoteParams(Client* client, int64_t staleness,
                                              bool clock_with_pull = true,
                                              bool pull_in_place = false);
