@@ -99,9 +99,13 @@ def main():
                         "warn) instead of the worker's defaults (plain SGD)")
     p.add_argument("--name", default="ps_cost", help="file name of the results (.json, .md) in --out")
     p.add_argument("--no-shm", action="store_true", help="the cluster's worker sends everything through the socket")
+    p.add_argument("--worker-flags", default="",
+                   help="more leash-worker flags for every run, local and cluster "
+                        "(--worker-flags=--pull-in-place=false)")
     p.add_argument("--ipc", action="store_true",
                    help="the shard binds a Unix-domain socket (ipc://) instead of loopback TCP")
     args = p.parse_args()
+    args.worker_flags = args.worker_flags.split()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="leash-bench-")
     local, cluster = [], []
@@ -127,6 +131,7 @@ def main():
         "batch": args.batch, "epochs": args.epochs, "staleness": args.staleness, "blas_threads": 1,
         "nproc": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "loadavg_at_end": os.getloadavg()[0], "suite_flags": args.suite_flags, "no_shm": args.no_shm, "ipc": args.ipc,
+        "worker_flags": args.worker_flags,
         "cpu_seconds_cluster_over_local": statistics.median(c["cpu_seconds"] for c in cluster) /
         statistics.median(r["cpu_seconds"] for r in local),
         "local": local, "cluster": cluster,
@@ -142,7 +147,8 @@ def main():
     cpu_local = ", ".join(f"{r['cpu_seconds']:.1f}" for r in local)
     cpu_cluster = ", ".join(f"{r['cpu_seconds']:.1f}" for r in cluster)
     flags_text = ("the suite's (momentum, --device cpu, shard --log-level warn)" if args.suite_flags
-                  else "the worker's defaults") + (", no shared memory" if args.no_shm else "")
+                  else "the worker's defaults") + (", no shared memory" if args.no_shm else "") + \
+        (f", worker flags `{' '.join(args.worker_flags)}`" if args.worker_flags else "")
     md = (f"# Parameter-server cost\n\nMLP 784-256-128-10, batch {args.batch}, {args.epochs} epoch(s), 1 BLAS thread, "
           f"staleness {args.staleness}, {args.repeats} interleaved runs each, {os.cpu_count()} cores.\n\n"
           f"| mode | median samples/s | runs |\n|---|---|---|\n"
