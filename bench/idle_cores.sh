@@ -12,7 +12,10 @@
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16),
 #      and again with every shard at --update-threads UPDATE_THREADS (replication_ut: the
-#      backup's serial update of a 4 MB push shared among threads);
+#      backup's serial update of a 4 MB push shared among threads), and once more with that
+#      and no shared memory anywhere (replication_socket: the worker, the primary and the
+#      backup talk over loopback TCP as they would between hosts, so the backup's copy out
+#      of the primary's ring becomes its I/O thread's receive, beside its update);
 #   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes: the
 #      threads shared by a large update, slower on 2 cores, never measured with idle cores;
 #   5. 4 MB at 8 in flight against the loopback wire (bench/wire_ceiling.py, where iperf3 is
@@ -23,7 +26,7 @@
 # STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
 # WIRE_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
 # comma-separated (default straggler,straggler_cnn_ut,stripes,replication,replication_ut,
-# update_threads,wire_ceiling; their limits add up to more than one 10-minute call, so a lent
+# replication_socket,update_threads,wire_ceiling; their limits add up to more than one 10-minute call, so a lent
 # machine takes them in two or three).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
@@ -40,7 +43,7 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
-PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,update_threads,wire_ceiling},"
+PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,replication_socket,update_threads,wire_ceiling},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
   [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
@@ -64,7 +67,9 @@ if command -v etcd >/dev/null; then
   part replication "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
     --only cost --rounds "${REPLICATION_ROUNDS:-1}"
   part replication_ut "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication_ut" \
-    --only cost --rounds "${REPLICATION_ROUNDS:-1}" --shard-args "--update-threads ${UPDATE_THREADS:-4}"
+    --only cost --rounds "${REPLICATION_ROUNDS:-1}" --shard-args="--update-threads ${UPDATE_THREADS:-4}"
+  part replication_socket "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication_socket" \
+    --only cost --rounds "${REPLICATION_ROUNDS:-1}" --shard-args="--no-shm --update-threads ${UPDATE_THREADS:-4}"
 else
   echo "replication: skipped, no etcd here (apt-get install etcd-server)" | tee -a "$OUT/machine.txt"
 fi

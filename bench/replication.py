@@ -443,19 +443,21 @@ def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
             "client_cpu_us_per_iteration": client / ops * 1e6 if ops else None}
 
 
-def least_work(build, tmp, tag, floats=1048576):
+def least_work(build, tmp, tag, floats=1048576, socket=False):
     """What any R=2 must add to one push of `floats` values, measured alone on this machine: the
     backup's optimizer update (momentum, as the pushed table's; leash-bench-pushpull's update row,
     p50; and the same on state out of the caches, the update_cold row) and one copy of the push
     into memory the backup can read (leash-bench-crosscore, the copy's median). The backup's receive and its NaN check, the acknowledgement and every wake-up
     are left out, so it is a lower bound. And for a 4 KB push's latency, the raw round trip
     between two processes through a shared-memory segment's queues (as a primary reaches a
-    same-host backup; the shm2 row, p50): a push acknowledged once the backup holds it waits for
+    same-host backup; the shm2 row, p50), or with `socket` (shards at --no-shm, as between hosts)
+    over loopback TCP (the rtt2 row): a push acknowledged once the backup holds it waits for
     at least that."""
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run([L._bin(build, "bench", "leash-bench-pushpull"), "--sizes", f"1024,{floats}", "--raw-rows",
-                        "update,update_cold,shm2", "--modes", "", "--seconds", "1", "--out", out],
+                        "update,update_cold," + ("rtt2" if socket else "shm2"), "--modes", "", "--seconds", "1",
+                        "--out", out],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
     if p.returncode != 0:
         raise L.RunError(f"leash-bench-pushpull (update and raw shm rows) exited {p.returncode}: {p.stderr[-1000:]}")
@@ -463,7 +465,9 @@ def least_work(build, tmp, tag, floats=1048576):
         rows = json.load(f)["samples"]
     update = [x for x in rows if x.get("op") == "momentum update" and x.get("floats") == floats]
     cold = [x for x in rows if x.get("op") == "momentum update, out of cache" and x.get("floats") == floats]
-    shm = [x for x in rows if x.get("system") == "raw shm" and x.get("floats") == 1024]
+    shm = [x for x in rows if x.get("floats") == 1024 and (
+        (x.get("system"), x.get("op")) == ("raw zmq", "round trip, 2 processes") if socket
+        else x.get("system") == "raw shm")]
     if not update or not shm:
         raise L.RunError(f"leash-bench-pushpull wrote no update or raw shm row ({out}/pushpull.json)")
     q = subprocess.run([L._bin(build, "bench", "leash-bench-crosscore"), "--bytes", str(floats * 4),
@@ -472,7 +476,8 @@ def least_work(build, tmp, tag, floats=1048576):
         raise L.RunError(f"leash-bench-crosscore exited {q.returncode}: {q.stderr[-1000:]}")
     copy = json.loads(q.stdout)
     return {"floats": floats, "update_us": update[0]["p50_us"], "copy_us": copy["same_core_copy_us"],
-            "shm_rtt_4KB_us": shm[0]["p50_us"], "update_cold_us": cold[0]["p50_us"] if cold else None}
+            "shm_rtt_4KB_us": shm[0]["p50_us"], "update_cold_us": cold[0]["p50_us"] if cold else None,
+            "raw_rtt_path": "loopback TCP" if socket else "shared memory"}
 
 
 # The cost rows: each figure's row of cost_one's result, its key, and whether higher is better.
@@ -558,7 +563,8 @@ def part_cost(build, c, tmp, log):
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         # The floors below assume every process shares both cores: measured only then.
-        got = {} if placed else {"least_work": least_work(build, tmp, f"least{r}")}
+        got = {} if placed else {"least_work": least_work(
+            build, tmp, f"least{r}", socket="--no-shm" in shlex.split(c.get("shard_args") or ""))}
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas, shlex.split(cc.get("shard_args", "")))
             g = got[key]
@@ -590,11 +596,12 @@ def part_cost(build, c, tmp, log):
     if not placed:
         set_cpu_floors(summary, rounds, os.cpu_count())
         lat = [{"r1_us": g["r1"]["push_4KB"]["p50_us"], "r2_us": g["r2"]["push_4KB"]["p50_us"],
-                "shm_rtt_us": g["least_work"]["shm_rtt_4KB_us"]} for g in rounds if g.get("least_work")]
+                "shm_rtt_us": g["least_work"]["shm_rtt_4KB_us"],
+                "path": g["least_work"].get("raw_rtt_path", "shared memory")} for g in rounds if g.get("least_work")]
         if lat:
             summary["push_4KB_floor"] = {
                 "per_round": lat, "r1_us": median(x["r1_us"] for x in lat), "r2_us": median(x["r2_us"] for x in lat),
-                "shm_rtt_us": median(x["shm_rtt_us"] for x in lat),
+                "shm_rtt_us": median(x["shm_rtt_us"] for x in lat), "path": lat[0]["path"],
                 # R=1's push plus one raw round trip to the backup, against R=1's push
                 "floor_cost": median(x["shm_rtt_us"] / x["r1_us"] for x in lat)}
     return {"rounds": rounds, "summary": summary}
@@ -866,8 +873,9 @@ def summary_md(res):
         lf = s.get("push_4KB_floor")
         if lf:
             md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, an R=2 push waits at least "
-                   f"for R=1's ({lf['r1_us']:.0f} us p50) plus a raw round trip to the backup through shared memory "
-                   f"({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s shm2 row, measured alone in each round): "
+                   f"for R=1's ({lf['r1_us']:.0f} us p50) plus a raw round trip to the backup through "
+                   f"{lf.get('path', 'shared memory')} ({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s "
+                   f"{'rtt2' if lf.get('path') == 'loopback TCP' else 'shm2'} row, measured alone in each round): "
                    f"a cost of at least **{lf['floor_cost'] * 100:.1f}%**. Measured at R=2: {lf['r2_us']:.0f} us, "
                    f"{lf['r2_us'] - lf['r1_us']:.0f} us more than R=1, "
                    f"{(lf['r2_us'] - lf['r1_us']) / lf['shm_rtt_us']:.1f}x the raw round trip."]
