@@ -463,7 +463,9 @@ class Parameters:
         return got
 
     def _give_buffer(self, which: int, i: int) -> None:
-        t = torch.empty(self.params[i].shape, dtype=torch.float32)
+        """New host memory for parameter i's buffer in set `which` (pinned on CUDA, for
+        the asynchronous copy to the device)."""
+        t = torch.empty(self.params[i].shape, dtype=torch.float32, pin_memory=self._cuda)
         self._buffers[which][i] = t
         self._views[which][i] = t.numpy()
 
@@ -493,18 +495,9 @@ class Parameters:
         """Gives buffer set `which` new memory: a pull given up on may still write into
         the old (kept alive by the binding until its reply comes). Pulled in place, only
         the copied tables have buffers: a pull of the others writes only what it returns."""
-        if self.pull_in_place:
-            for i in range(len(self.params)):
-                if self._views[which][i] is not None:
-                    self._give_buffer(which, i)
-            return
-        for i, p in enumerate(self.params):
-            if self._cuda:
-                t = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
-            else:
-                t = torch.empty(p.shape, dtype=torch.float32)
-            self._buffers[which][i] = t
-            self._views[which][i] = t.numpy()
+        for i in range(len(self.params)):
+            if self._views[which][i] is not None:
+                self._give_buffer(which, i)
 
     def _rejoin(self) -> None:
         if self._pending is not None:

@@ -304,16 +304,49 @@ InPlacePull NewInPlacePull() {
 // or in the ring within the client's budget; a 16-bit wire's values, or a ring's past the
 // budget, were widened or copied into memory of the pull's own).
 py::array InPlaceArray(const InPlacePull& p, const std::vector<py::ssize_t>& shape,
-                       BindingStats* stats, bool* in_place) {
+                       BindingStats* stats, bool* in_place = nullptr) {
   const std::span<const float> whole = p.values->contiguous();
-  *in_place = !whole.empty() && p.values->copied_bytes() == 0;
-  if (*in_place) stats->values_pulled_in_place += whole.size();
+  const bool read_in_place = !whole.empty() && p.values->copied_bytes() == 0;
+  if (in_place != nullptr) *in_place = read_in_place;
+  if (read_in_place) stats->values_pulled_in_place += whole.size();
   if (whole.empty()) {
     py::array a = NewArray(shape);
     p.values->CopyTo(static_cast<float*>(a.mutable_data()));
     return a;
   }
   return py::array_t<float>(std::vector<py::ssize_t>(shape), whole.data(), p.capsule);
+}
+
+// Where one pull's values go: the caller's array (`into`), or, given None, the reply itself
+// (`in_place`, read by InPlaceArray). `keep` is what the pull keeps alive until its reply
+// comes (the graveyard holds it if the wait is given up).
+struct PullTarget {
+  InPlacePull in_place;
+  float* into = nullptr;
+  py::object keep;
+};
+PullTarget NewPullTarget(const Table& t, py::handle out) {
+  PullTarget target;
+  if (out.is_none()) {
+    target.in_place = NewInPlacePull();
+    target.keep = target.in_place.capsule;
+  } else {
+    py::array a = CheckedArray(out, t, "out", /*writable=*/true, t.size());
+    target.into = static_cast<float*>(a.mutable_data());
+    target.keep = std::move(a);
+  }
+  return target;
+}
+
+// The values of a completed pull into `target`. *in_place as InPlaceArray's (false for the
+// caller's array).
+py::array PulledArray(const PullTarget& target, const Table& t, BindingStats* stats,
+                      bool* in_place = nullptr) {
+  if (target.into != nullptr) {
+    if (in_place != nullptr) *in_place = false;
+    return py::reinterpret_borrow<py::array>(target.keep);
+  }
+  return InPlaceArray(target.in_place, t.shape, stats, in_place);
 }
 
 // ---- a batch of pulls -----------------------------------------------------------------
@@ -324,20 +357,17 @@ class Client;
 // dropping a batch that is not done keeps its arrays alive until its replies come.
 class PullBatch {
  public:
-  // `arrays[i]` is the output of pull i, or the capsule of its InPlacePull when
-  // `in_place[i]` is set (then wait() returns InPlaceArray's array).
-  PullBatch(std::vector<Future> futures, std::vector<py::object> arrays,
-            std::vector<InPlacePull> in_place, std::vector<py::object> tables,
-            std::shared_ptr<Shared> shared)
+  // `targets[i]`: where pull i's values go.
+  PullBatch(std::vector<Future> futures, std::vector<PullTarget> targets,
+            std::vector<py::object> tables, std::shared_ptr<Shared> shared)
       : futures_(std::move(futures)),
-        arrays_(std::move(arrays)),
-        in_place_(std::move(in_place)),
+        targets_(std::move(targets)),
         tables_(std::move(tables)),
         shared_(std::move(shared)) {}
   ~PullBatch() {
     if (shared_->closed) return;  // nothing writes into the arrays any more
     for (size_t i = 0; i < futures_.size(); ++i) {
-      if (!futures_[i].ready()) shared_->graveyard.Add(futures_[i], arrays_[i]);
+      if (!futures_[i].ready()) shared_->graveyard.Add(futures_[i], targets_[i].keep);
     }
   }
   PullBatch(const PullBatch&) = delete;
@@ -355,23 +385,19 @@ class PullBatch {
     ScopedTimer total(&shared_->stats.total_ns);
     Status first;
     for (size_t i = 0; i < futures_.size(); ++i) {
-      Status st = WaitInterruptibly(futures_[i], shared_.get(), arrays_[i], /*is_pull=*/true);
+      Status st = WaitInterruptibly(futures_[i], shared_.get(), targets_[i].keep, /*is_pull=*/true);
       if (!st.ok() && first.ok()) {
         first = st.WithContext("pull '" + tables_[i].cast<const Table&>().handle.name + "'");
       }
     }
     ThrowIfError(first);
     py::list out;
-    was_in_place_.assign(arrays_.size(), false);
-    for (size_t i = 0; i < arrays_.size(); ++i) {
-      if (in_place_[i].values != nullptr) {
-        bool in_place = false;
-        out.append(InPlaceArray(in_place_[i], tables_[i].cast<const Table&>().shape,
-                                &shared_->stats, &in_place));
-        was_in_place_[i] = in_place;
-      } else {
-        out.append(arrays_[i]);
-      }
+    was_in_place_.assign(targets_.size(), false);
+    for (size_t i = 0; i < targets_.size(); ++i) {
+      bool in_place = false;
+      out.append(
+          PulledArray(targets_[i], tables_[i].cast<const Table&>(), &shared_->stats, &in_place));
+      was_in_place_[i] = in_place;
     }
     return out;
   }
@@ -382,8 +408,7 @@ class PullBatch {
 
  private:
   std::vector<Future> futures_;
-  std::vector<py::object> arrays_;
-  std::vector<InPlacePull> in_place_;
+  std::vector<PullTarget> targets_;
   std::vector<bool> was_in_place_;
   std::vector<py::object> tables_;
   std::shared_ptr<Shared> shared_;
@@ -903,32 +928,17 @@ class Client {
     ScopedTimer total(&shared_->stats.total_ns);
     CheckOpen();
     CheckDense(t, "pull");
-    // With no array of the caller's to fill, the pull reads where the reply lies
-    // (InPlaceArray); `keep` is what the wait keeps alive if it is given up.
-    InPlacePull in_place;
-    float* into = nullptr;
-    py::object keep;
-    if (out.is_none()) {
-      in_place = NewInPlacePull();
-      keep = in_place.capsule;
-    } else {
-      py::array a = CheckedArray(out, t, "out", /*writable=*/true, t.size());
-      into = static_cast<float*>(a.mutable_data());
-      keep = std::move(a);
-    }
+    PullTarget target = NewPullTarget(t, out);
     Future f;
     {
       ScopedTimer c(&shared_->stats.client_ns);
-      f = into != nullptr ? client_->Pull(t.handle, into, clock_)
-                          : client_->PullInPlace(t.handle, in_place.values, clock_);
+      f = StartPull(t, target, clock_);
     }
     ++shared_->stats.pulls;
     shared_->stats.values_pulled += t.size();
-    ThrowIfError(WaitInterruptibly(f, shared_.get(), keep, /*is_pull=*/true),
+    ThrowIfError(WaitInterruptibly(f, shared_.get(), target.keep, /*is_pull=*/true),
                  "pull '" + t.handle.name + "'");
-    if (into != nullptr) return py::reinterpret_borrow<py::array>(keep);
-    bool was_in_place = false;
-    return InPlaceArray(in_place, t.shape, &shared_->stats, &was_in_place);
+    return PulledArray(target, t, &shared_->stats);
   }
 
   // Starts pulling every table (one message per shard), for iteration `for_clock` (-1:
@@ -943,11 +953,10 @@ class Client {
     }
     std::vector<py::object> keep_tables;  // the batch names them in errors
     std::vector<const Table*> ts;
-    std::vector<py::object> arrays;
-    std::vector<InPlacePull> in_place(n);
+    std::vector<PullTarget> targets;
     keep_tables.reserve(n);
     ts.reserve(n);
-    arrays.reserve(n);
+    targets.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       py::object t = tables[i];
       if (!py::isinstance<Table>(t)) {
@@ -956,13 +965,7 @@ class Client {
       }
       const Table& table = t.cast<const Table&>();
       CheckDense(table, "start_pulls");
-      py::object o = outs[i];
-      if (o.is_none()) {  // read where the reply lies (InPlaceArray)
-        in_place[i] = NewInPlacePull();
-        arrays.push_back(in_place[i].capsule);
-      } else {
-        arrays.push_back(CheckedArray(o, table, "out", true, table.size()));
-      }
+      targets.push_back(NewPullTarget(table, outs[i]));
       ts.push_back(&table);
       keep_tables.push_back(std::move(t));
     }
@@ -973,19 +976,13 @@ class Client {
       client_->HoldSends();
       for (size_t i = 0; i < n; ++i) {
         const int64_t clock = for_clock >= 0 ? for_clock : clock_;
-        if (in_place[i].values != nullptr) {
-          futures.push_back(client_->PullInPlace(ts[i]->handle, in_place[i].values, clock));
-        } else {
-          auto* out =
-              static_cast<float*>(py::reinterpret_borrow<py::array>(arrays[i]).mutable_data());
-          futures.push_back(client_->Pull(ts[i]->handle, out, clock));
-        }
+        futures.push_back(StartPull(*ts[i], targets[i], clock));
         shared_->stats.values_pulled += ts[i]->size();
       }
       client_->FlushSends();
     }
     shared_->stats.pulls += n;
-    return std::make_unique<PullBatch>(std::move(futures), std::move(arrays), std::move(in_place),
+    return std::make_unique<PullBatch>(std::move(futures), std::move(targets),
                                        std::move(keep_tables), shared_);
   }
 
@@ -1365,6 +1362,12 @@ class Client {
   void set_registered(bool r) { registered_ = r; }
 
  private:
+  // Sends a pull of `t` for `clock` into `target` (NewPullTarget).
+  Future StartPull(const Table& t, const PullTarget& target, int64_t clock) {
+    return target.into != nullptr ? client_->Pull(t.handle, target.into, clock)
+                                  : client_->PullInPlace(t.handle, target.in_place.values, clock);
+  }
+
   static Result<InitKind> ParseInit(const std::string& name) {
     if (name == "zeros") return InitKind::kZeros;
     if (name == "uniform") return InitKind::kUniform;

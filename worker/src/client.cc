@@ -107,8 +107,9 @@ std::vector<int> AllShards(int n) {
 // iteration's pull). `limit`: a quarter of a ring, so the shard always has room for the
 // replies still to come; past it a reply is copied out, as before.
 struct LentBudget {
+  explicit LentBudget(int64_t bytes) : limit(bytes) {}
   std::atomic<int64_t> held{0};
-  int64_t limit = 0;
+  const int64_t limit;
 };
 
 // `lent` itself, kept (no longer marked lent) and counted in `budget` until its last copy
@@ -165,11 +166,10 @@ class Client::Impl final : public detail::OpWaiter {
         held_(static_cast<size_t>(n_)),
         silence_ms_(options.shard_silence_ms),
         shared_memory_(transport_->shared_memory()),
-        lent_(std::make_shared<LentBudget>()),
-        stale_(new std::atomic<bool>[static_cast<size_t>(n_)]()) {
-    if (shared_memory_ != nullptr)
-      lent_->limit = static_cast<int64_t>(shared_memory_->ring_bytes() / 4);
-  }
+        lent_(std::make_shared<LentBudget>(
+            shared_memory_ != nullptr ? static_cast<int64_t>(shared_memory_->ring_bytes() / 4)
+                                      : 0)),
+        stale_(new std::atomic<bool>[static_cast<size_t>(n_)]()) {}
 
   ~Impl() override { Stop(); }
 
