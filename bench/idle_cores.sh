@@ -3,8 +3,10 @@
 # (a lent GPU machine: 16 cores, one call of at most 10 minutes). Each part has its own time
 # limit, so a slow part cannot take the others' time, and each writes its results as it ends:
 #   1. the persistent 3x straggler, MLP (bench/straggler_bench.py): BSP, work in proportion
-#      to speed at s=0, one backup worker, and the workers' solo speeds alone (issue 17's
-#      0.9x-of-the-solo-sum target, last measured before the end-of-job fix f18d487);
+#      to speed at s=0 (also with the shard at --update-threads 4: its updates, and the pull
+#      replies a clock releases, written together into the workers' rings, shared), one
+#      backup worker, and the workers' solo speeds alone (issue 17's 0.9x-of-the-solo-sum
+#      target);
 #   1b. straggler_cnn_ut: the CNN's BSP, proportional work at s=0 and the same with the shard
 #      at --update-threads 4 (its 3136 x 128 layer's updates shared: part of the s=0 clock's
 #      turnaround), and the solo speeds;
@@ -16,8 +18,10 @@
 #      and no shared memory anywhere (replication_socket: the worker, the primary and the
 #      backup talk over loopback TCP as they would between hosts, so the backup's copy out
 #      of the primary's ring becomes its I/O thread's receive, beside its update);
-#   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes: the
-#      threads shared by a large update, slower on 2 cores, never measured with idle cores;
+#   4. leash-server --update-threads N against 1 (bench/server_ab.py), 1 and 4 MB pushes and
+#      pulls over the socket and shared memory: the threads shared by a large update, its NaN
+#      check and a reply's copy into a same-host ring, slower on 2 cores, never measured with
+#      idle cores;
 #   5. 4 MB at 8 in flight against the loopback wire (bench/wire_ceiling.py, where iperf3 is
 #      installed or bundled): push, pull and pull in place over one connection and 2 stripes,
 #      raw ZeroMQ one-way, iperf3's TCP ceiling, and each one's CPU per request (issue 19).
@@ -57,7 +61,7 @@ part() {  # name seconds command...: runs it with a time limit, its output in OU
 
 part straggler "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler" \
   --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/mlp/bsp,persistent/mlp/proportional,persistent/mlp/backup,persistent/mlp/solo_alone \
-  --modes bsp,proportional_s0,backup
+  --modes bsp,proportional_s0,proportional_s0_ut4,backup
 part straggler_cnn_ut "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler_cnn_ut" \
   --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/cnn/bsp,persistent/cnn/proportional_s0,persistent/cnn/solo_alone \
   --modes bsp,proportional_s0,proportional_s0_ut4
@@ -79,9 +83,10 @@ for t in 1 "${UPDATE_THREADS:-4}"; do
   printf '#!/bin/sh\nexec %s --update-threads %s "$@"\n' "$srv" "$t" >"$OUT/server-ut$t.sh"
   chmod +x "$OUT/server-ut$t.sh"
 done
-part update_threads "${UPDATE_S:-120}" "$PY" bench/server_ab.py --a "$OUT/server-ut1.sh" \
-  --b "$OUT/server-ut${UPDATE_THREADS:-4}.sh" --bench "$B/bench/leash-bench-pushpull" --ops push \
-  --sizes 262144,1048576 --inflight 1,8 --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${UPDATE_ROUNDS:-4}")" \
+part update_threads "${UPDATE_S:-200}" "$PY" bench/server_ab.py --a "$OUT/server-ut1.sh" \
+  --b "$OUT/server-ut${UPDATE_THREADS:-4}.sh" --bench "$B/bench/leash-bench-pushpull" --ops push,pull \
+  --modes socket,shm --sizes 262144,1048576 --inflight 1,8 \
+  --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${UPDATE_ROUNDS:-3}")" \
   --name update_threads_ab --out "$OUT/update_threads"
 if command -v iperf3 >/dev/null; then
   part wire_ceiling "${WIRE_S:-150}" "$PY" bench/wire_ceiling.py --bench "$B/bench/leash-bench-pushpull" \

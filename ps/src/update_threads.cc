@@ -3,8 +3,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "leash/common/denormals.h"
+#include "leash/common/finite.h"
 
 namespace leash::ps {
 namespace {
@@ -85,6 +88,42 @@ void UpdateThreads::Loop(size_t index) {
     l.lock();
     if (--pending_ == 0) done_.notify_one();
   }
+}
+
+bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n) {
+  if (threads == nullptr) return AllFinite(p, n);
+  std::atomic<bool> finite{true};
+  threads->RunPass(n, [&](size_t b, size_t e) {
+    if (!AllFinite(p + b, e - b)) finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load(std::memory_order_relaxed);
+}
+
+void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size_t n) {
+  if (threads == nullptr) {
+    if (n > 0) std::memcpy(to, from, n * sizeof(float));
+    return;
+  }
+  threads->RunPass(
+      n, [&](size_t b, size_t e) { std::memcpy(to + b, from + b, (e - b) * sizeof(float)); });
+}
+
+Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst) {
+  const size_t bytes = src.size();
+  const size_t floats = bytes / sizeof(float);
+  if (threads == nullptr || threads->Ranges(floats) <= 1)
+    return Frame::CopyToCheckingFinite(src, dst);
+  // Ranges of whole floats; bytes past the last whole one go with the last range, whose
+  // check then says false, as one CopyAllFinite over them all would.
+  std::atomic<bool> finite{true};
+  auto* d = static_cast<uint8_t*>(dst);
+  threads->RunPass(floats, [&](size_t b, size_t e) {
+    const size_t from = b * sizeof(float);
+    const size_t to = e == floats ? bytes : e * sizeof(float);
+    if (!CopyAllFinite(d + from, src.data() + from, to - from))
+      finite.store(false, std::memory_order_relaxed);
+  });
+  return Frame::CopiedCheckingFinite(src, finite.load(std::memory_order_relaxed));
 }
 
 }  // namespace leash::ps

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -129,6 +130,47 @@ TEST(UpdateThreadsTest, JobsOneAfterAnotherEachFinishBeforeRunReturns) {
   for (uint64_t x : v) total += x;
   for (uint64_t job = 1; job <= 2000; ++job) expect += job * (64 + (job * 97) % (v.size() - 64));
   EXPECT_EQ(total, expect);
+}
+
+// The passes beside the threads give what one call gives, split or not, and count as passes.
+TEST(UpdateThreadsTest, SharedChecksAndCopiesGiveWhatOneCallGives) {
+  UpdateThreads pool(3, /*min_range=*/64);
+  const size_t n = 64 * 100 + 5;
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i) * 0.25f - 100.f;
+  EXPECT_TRUE(AllFiniteShared(&pool, src.data(), n));
+  EXPECT_TRUE(AllFiniteShared(nullptr, src.data(), n));
+  std::vector<float> to(n, -1.f);
+  CopyFloatsShared(&pool, to.data(), src.data(), n);
+  EXPECT_EQ(to, src);
+  EXPECT_EQ(pool.split_passes(), 2u);
+  EXPECT_EQ(pool.split_runs(), 0u) << "passes are not updates";
+  // A NaN or Inf in the first, a middle or the last range is found.
+  for (size_t at : {size_t{0}, n / 2, n - 1}) {
+    for (float bad : {std::nanf(""), INFINITY}) {
+      std::vector<float> v = src;
+      v[at] = bad;
+      EXPECT_FALSE(AllFiniteShared(&pool, v.data(), n)) << at;
+      Frame f = Frame::Copy(v.data(), n * sizeof(float));
+      std::vector<float> copy(n);
+      Frame checked = CopyToCheckingFiniteShared(&pool, f, copy.data());
+      EXPECT_FALSE(checked.finite_f32()) << at;
+      EXPECT_EQ(std::memcmp(copy.data(), v.data(), n * sizeof(float)), 0) << "copied anyway";
+      EXPECT_EQ(checked.data(), f.data()) << "the source frame, knowing the fact";
+    }
+  }
+  Frame f = Frame::Copy(src.data(), n * sizeof(float));
+  std::vector<float> copy(n);
+  EXPECT_TRUE(CopyToCheckingFiniteShared(&pool, f, copy.data()).finite_f32());
+  EXPECT_EQ(copy, src);
+  // Bytes past the last whole float: copied, and not whole float32 values.
+  std::vector<uint8_t> odd(n * sizeof(float) + 3, 0);
+  std::vector<uint8_t> odd_copy(odd.size(), 1);
+  Frame of = Frame::Copy(odd.data(), odd.size());
+  EXPECT_FALSE(CopyToCheckingFiniteShared(&pool, of, odd_copy.data()).finite_f32());
+  EXPECT_EQ(odd_copy, odd);
+  EXPECT_FALSE(CopyToCheckingFiniteShared(nullptr, of, odd_copy.data()).finite_f32());
+  EXPECT_FALSE(CopyToCheckingFiniteShared(&pool, Frame(), nullptr).finite_f32()) << "empty";
 }
 
 TEST(UpdateThreadsTest, ResolveTakesAPositiveSettingAndOtherwiseHalfTheCoresUpToFour) {

@@ -498,7 +498,8 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
       // nullopt below the ring's smallest frame or without room: the transport decides.
       std::optional<WritableFrame> w = shm->ReservePayload(static_cast<int>(r), frame.size());
       if (!w) continue;
-      Frame checked = Frame::CopyToCheckingFinite(frame, w->data);
+      // Shared by the shard's update threads, as its update of the entry is.
+      Frame checked = ps::CopyToCheckingFiniteShared(shard_->update_threads(), frame, w->data);
       if (logged != nullptr && checked.finite_f32() && !logged->message[f].finite_f32()) {
         logged->message[f] = std::move(checked);
       }

@@ -491,7 +491,7 @@ uint64_t Shard::memory_used_bytes() const {
 }
 
 Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
-                             DType dtype) {
+                             DType dtype, bool defer_copy) {
   size_t n = rows.size() * table.cols();
   Frame payload;
   std::optional<WritableFrame> reserved;
@@ -499,8 +499,14 @@ Message Shard::MakePullReply(const PeerId& peer, uint64_t rid, const Table& tabl
     reserved = payload_allocator_(peer, n * sizeof(float));
   if (reserved) {
     // Straight into memory the transport sends without copying (shared memory with a
-    // worker on this host).
-    table.Read(rows, reinterpret_cast<float*>(reserved->data));
+    // worker on this host); a range of rows by the update threads (CopyReplies).
+    auto* to = reinterpret_cast<float*>(reserved->data);
+    if (auto span = table.RangeValues(rows); span && update_threads_ != nullptr) {
+      reply_copies_.push_back({span->data(), to, span->size()});
+      if (!defer_copy) CopyReplies();
+    } else {
+      table.Read(rows, to);
+    }
     payload = std::move(reserved->frame);
   } else if (dtype == DType::kF32) {
     // A range of rows is sent from the table's own memory, not copied (Table::ReadFrame:
@@ -626,7 +632,7 @@ Status Shard::OnPush(const PeerId& peer, uint64_t rid, PushRequest& m,
     }
     if (finite) {
       ++counters_.pushes_checked_in_copy;
-    } else if (!AllFinite(g, n)) {
+    } else if (!ps::AllFiniteShared(update_threads_.get(), g, n)) {
       ++counters_.nonfinite_pushes;
       if (options_.nonfinite == NonFinitePolicy::kReject) {
         return InvalidArgument("push to table '" + name +
@@ -830,6 +836,7 @@ ShardCounters Shard::counters() const {
   ShardCounters c = counters_;
   // Every update this shard shares among threads goes through its own update_threads_.
   c.updates_split = update_threads_ ? update_threads_->split_runs() : 0;
+  c.passes_split = update_threads_ ? update_threads_->split_passes() : 0;
   return c;
 }
 
@@ -867,9 +874,37 @@ void Shard::ReleasePulls(std::vector<Outgoing>* out) {
       out->push_back({p.peer, std::move(*reply)});
       continue;
     }
-    out->push_back(
-        {p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows, p.dtype)});
+    out->push_back({p.peer, MakePullReply(p.peer, p.request_id, *tables_[p.table_id], p.rows,
+                                          p.dtype, /*defer_copy=*/true)});
   }
+  // The replies released together are written together: where a clock completes, every
+  // worker waits for the last of them.
+  CopyReplies();
+}
+
+void Shard::CopyReplies() {
+  if (reply_copies_.empty()) return;
+  reply_copy_starts_.clear();
+  size_t total = 0;
+  for (const ReplyCopy& c : reply_copies_) {
+    reply_copy_starts_.push_back(total);
+    total += c.n;
+  }
+  // The copies laid end to end, each range of their sum copying the parts it covers.
+  update_threads_->RunPass(total, [this](size_t b, size_t e) {
+    size_t i = static_cast<size_t>(
+        std::upper_bound(reply_copy_starts_.begin(), reply_copy_starts_.end(), b) -
+        reply_copy_starts_.begin() - 1);
+    while (b < e) {
+      const ReplyCopy& c = reply_copies_[i];
+      const size_t offset = b - reply_copy_starts_[i];
+      const size_t n = std::min(e - b, c.n - offset);
+      std::memcpy(c.to + offset, c.from + offset, n * sizeof(float));
+      b += n;
+      ++i;
+    }
+  });
+  reply_copies_.clear();
 }
 
 void Shard::Evict(uint64_t worker_id, const char* why, std::vector<Outgoing>* out) {

@@ -343,6 +343,69 @@ TEST_F(ShardTest, UpdatesSharedByThreadsLeaveTheTablesBitForBitAsOneThreadDoes) 
   EXPECT_EQ(std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * sizeof(float)), 0);
 }
 
+// Pull replies into memory the transport reserved (a same-host worker's ring): those one
+// clock releases are written together, shared by the update threads, and each holds the
+// rows it asked for; a push's NaN check is shared too and still refuses a NaN in its last
+// range.
+TEST_F(ShardTest, RepliesReleasedTogetherAreWrittenIntoTheirRingsByTheUpdateThreads) {
+  constexpr uint64_t kRows = 640;
+  constexpr uint32_t kCols = 512;  // 327680 floats a table
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << threads << " update thread(s)");
+    ShardOptions o;
+    o.update_threads = threads;
+    Reset(o);
+    std::vector<const uint8_t*> reserved;
+    shard_->SetPayloadAllocator([&reserved](const PeerId&, size_t bytes) {
+      std::shared_ptr<uint8_t[]> buf(new uint8_t[bytes]);
+      std::memset(buf.get(), 0xff, bytes);  // NaN until written
+      WritableFrame w;
+      w.data = buf.get();
+      w.frame = Frame::Wrap(w.data, bytes, std::move(buf));
+      reserved.push_back(w.data);
+      return std::optional<WritableFrame>(std::move(w));
+    });
+    TableSpec spec = Spec("w", kRows, kCols);
+    spec.init.kind = InitKind::kNormal;
+    spec.init.scale = 0.1f;
+    const uint32_t id = Create(spec);
+    for (uint64_t w : {1, 2, 3}) Register(w);
+    const std::vector<float> table = Pull(id, Range(0, kRows));
+    ASSERT_EQ(table.size(), kRows * kCols);
+    const uint64_t split_before = shard_->counters().passes_split;
+    // Workers 1 and 2 pull iteration 1 at staleness 0: parked until worker 3's clock.
+    EXPECT_TRUE(Send("w1", MakePull(10, id, Range(0, kRows), 1, 1, 0)).empty());
+    EXPECT_TRUE(Send("w2", MakePull(11, id, Range(40, kRows), 2, 1, 0)).empty());
+    EXPECT_TRUE(Send("w3", MakePull(12, id, Range(7, 9), 3, 1, 0)).empty());
+    ASSERT_EQ(shard_->parked_pulls(), 3u);
+    Send("w1", MakeClock(13, 1, 1));
+    Send("w2", MakeClock(14, 2, 1));
+    reserved.clear();
+    std::vector<Outgoing> out = Send("w3", MakeClock(15, 3, 1));
+    ASSERT_EQ(out.size(), 4u);  // three pull replies and the clock's
+    ASSERT_EQ(reserved.size(), 3u);
+    const std::pair<uint64_t, uint64_t> asked[] = {{0, kRows}, {40, kRows}, {7, 9}};
+    for (size_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(out[i].message[1].data(), reserved[i]) << "the reply is the reserved memory";
+      const std::vector<float> want(table.begin() + asked[i].first * kCols,
+                                    table.begin() + asked[i].second * kCols);
+      const std::vector<float> got = ReadReply(out[i]);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+    // 655 Ki floats written as one pass: split over the threads when there are some.
+    EXPECT_EQ(shard_->counters().passes_split - split_before, threads > 1 ? 1u : 0u);
+    std::vector<float> g(kRows * kCols, 0.5f);
+    g.back() = std::numeric_limits<float>::quiet_NaN();
+    Status st = Push(id, Range(0, kRows), g, 1, 1);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("NaN"), std::string::npos) << st;
+    EXPECT_EQ(shard_->counters().passes_split - split_before, threads > 1 ? 2u : 0u);
+    EXPECT_EQ(shard_->counters().updates_split, 0u) << "nothing was applied";
+  }
+}
+
 // A pull reply is sent from the table's memory (Table::ReadFrame); one still queued in a
 // transport when a push arrives keeps the values it was made with, as a copy would have.
 TEST_F(ShardTest, APullReplyStillQueuedWhenAPushArrivesKeepsTheValuesItWasMadeWith) {

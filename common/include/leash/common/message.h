@@ -28,6 +28,13 @@ class Frame {
   // same pass, learns whether they are float32 values none of which is NaN or Inf: returns
   // `src` itself (the same storage) knowing that fact, as CopyCheckingFinite's copy would.
   static Frame CopyToCheckingFinite(const Frame& src, void* dst);
+  // `src`, knowing what a CopyToCheckingFinite made in parts found: `finite` when every part's
+  // CopyAllFinite said true (ps::CopyToCheckingFiniteShared; for nothing else).
+  static Frame CopiedCheckingFinite(const Frame& src, bool finite) {
+    Frame f = src;
+    f.finite_f32_ = finite && src.size() > 0;
+    return f;
+  }
   // Takes the bytes of `bytes` without copying.
   static Frame Own(std::vector<uint8_t> bytes);
   // Refers to `data` without copying; `owner` keeps it alive.
@@ -56,9 +63,9 @@ class Frame {
     return f;
   }
   // True: the bytes are whole float32 values, every one finite, as found by the copy that
-  // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite). False: not
-  // known. A fact about immutable bytes, so every copy of the frame keeps it; nothing else
-  // can set it.
+  // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite, or its parts:
+  // CopiedCheckingFinite). False: not known. A fact about immutable bytes, so every copy of
+  // the frame keeps it; nothing else can set it.
   bool finite_f32() const { return finite_f32_; }
 
  private:

@@ -23,7 +23,10 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "leash/common/message.h"
 
 namespace leash::ps {
 
@@ -63,6 +66,20 @@ class UpdateThreads {
     RunSplit(n, ranges, &fn, [](void* f, size_t b, size_t e) { (*static_cast<Fn*>(f))(b, e); });
   }
 
+  // Run for a pass that is not an update (a copy, a check; the functions below): counted by
+  // split_passes() instead of split_runs().
+  template <typename Fn>
+  void RunPass(size_t n, Fn&& fn) {
+    const uint64_t runs = split_runs_;
+    Run(n, std::forward<Fn>(fn));
+    if (split_runs_ != runs) {
+      --split_runs_;
+      ++split_passes_;
+    }
+  }
+  // Passes (RunPass) that were split over more than one thread.
+  uint64_t split_passes() const { return split_passes_; }
+
   // The number of threads for a --update-threads setting: `setting` itself if positive,
   // else (0: automatic) half the cores this process may run on, 1 to 4.
   static int Resolve(int setting);
@@ -88,6 +105,20 @@ class UpdateThreads {
   size_t ranges_ = 0;   // ranges of the job
   size_t pending_ = 0;  // helper ranges not finished yet
   uint64_t split_runs_ = 0;
+  uint64_t split_passes_ = 0;
 };
+
+// Passes over large frames on a shard's request loop, shared by `threads` as Run shares an
+// update (null: on the caller alone). Copies and checks for NaN and Inf are elementwise, so
+// any split gives the result of one call. Like an update, such a pass is on the critical
+// path of every request behind it: a pull reply written into a same-host worker's ring, a
+// primary's copy of a log entry into its backup's ring, the check of a pushed gradient.
+
+// AllFinite(p, n).
+bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n);
+// Copies n floats from `from` to `to` (not overlapping).
+void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size_t n);
+// Frame::CopyToCheckingFinite(src, dst).
+Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst);
 
 }  // namespace leash::ps

@@ -147,6 +147,9 @@ struct ShardCounters {
   // dense updates (or clock-step sums) shared by more than one thread (update_threads);
   // filled by Shard::counters() from the update threads
   uint64_t updates_split = 0;
+  // passes over large frames shared by more than one thread (update_threads): pull replies
+  // written into same-host rings, NaN checks of pushes, a primary's copies for its backups
+  uint64_t passes_split = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t rejection_lines_suppressed = 0;  // warnings of rejected requests not logged
@@ -249,8 +252,11 @@ class Shard {
   size_t parked_pulls() const { return parked_.size(); }
   int64_t recovered_clock() const { return recovered_clock_; }
   int64_t last_snapshot_clock() const { return last_snapshot_clock_; }
-  // A copy: updates_split is read from the update threads when asked.
+  // A copy: updates_split and passes_split are read from the update threads when asked.
   ShardCounters counters() const;
+  // The threads that share this shard's large updates and passes (null: its loop alone);
+  // a replica's primary shares its copies for the backups with them.
+  ps::UpdateThreads* update_threads() const { return update_threads_.get(); }
   const ShardOptions& options() const { return options_; }
   const DataCoverage& coverage() const { return coverage_; }
   // Table `id` if it is sparse, else null.
@@ -308,8 +314,12 @@ class Shard {
   // Gives each sparse table its share of the budget (SplitMemoryBudget).
   void RebalanceSparse();
   // The pull reply for `rows` of `table`, its values read straight into the frame sent.
+  // `defer_copy`: values going into memory the transport reserved (a same-host ring) are
+  // copied by the next CopyReplies, with every other reply's, instead of now.
   Message MakePullReply(const PeerId& peer, uint64_t rid, const Table& table, const Rows& rows,
-                        DType dtype);
+                        DType dtype, bool defer_copy = false);
+  // Makes the copies MakePullReply deferred, shared by the update threads.
+  void CopyReplies();
   // Applies the clock steps of every iteration the minimum clock has passed, then answers
   // every parked pull the current minimum clock allows.
   void ReleasePulls(std::vector<Outgoing>* out);
@@ -351,6 +361,14 @@ class Shard {
   KeyedRateLimit error_replies_;
   PayloadAllocator payload_allocator_;
   std::unique_ptr<ps::UpdateThreads> update_threads_;  // null with options_.update_threads 1
+  // Pull replies' copies deferred by MakePullReply, and where each starts in their sum.
+  struct ReplyCopy {
+    const float* from;
+    float* to;
+    size_t n;
+  };
+  std::vector<ReplyCopy> reply_copies_;
+  std::vector<size_t> reply_copy_starts_;
   int64_t recovered_clock_ = -1;
   int64_t last_snapshot_clock_ = -1;
   std::string recovered_replica_stop_;
