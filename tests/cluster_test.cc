@@ -364,6 +364,48 @@ TEST(ClusterTest, BulkSynchronousPullWaitsForTheSlowerWorker) {
 // clients on three connections per shard, pushes and pulls in flight together. Every push
 // counts exactly once and every pull sees whole, ordered values; the shards' final logs
 // show that the large messages went striped both ways.
+// A shard at --update-threads 3 with a worker on its host: the push is copied out of the
+// worker's ring, checked and applied by the threads, the pull reply written into the ring by
+// them; every value exact, a NaN still refused, and the shard's last lines count the passes.
+TEST(ClusterTest, AShardsUpdateThreadsShareItsCopiesThroughSharedMemoryAndSumExactly) {
+  TempDir dir;
+  Cluster cluster(1, dir.path(), {"--update-threads=3"});
+  ZmqOptions zo;
+  zo.shared_memory = true;
+  auto c = cluster.Connect("a", true, zo);
+  ASSERT_TRUE(c);
+  const TableSpec spec = Sgd1("big", 8192, 128);  // 1 M floats: 4 MB, split in 3 ranges
+  auto t = c->CreateTable(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<float> g(t->size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 97 + 1);
+  constexpr int kSteps = 3;
+  std::vector<float> seen(t->size());
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(c->Push(*t, g.data()).get().ok());
+    ASSERT_TRUE(c->Pull(*t, seen.data()).get().ok());
+    for (size_t i = 0; i < seen.size(); ++i) {
+      ASSERT_EQ(seen[i], -(step + 1) * g[i]) << "step " << step << ", value " << i;
+    }
+  }
+  g[g.size() - 1] = std::numeric_limits<float>::quiet_NaN();  // in the last range
+  Status nan = c->Push(*t, g.data()).get();
+  EXPECT_EQ(nan.code(), StatusCode::kInvalidArgument) << nan;
+  EXPECT_TRUE(c->Leave().ok());
+  c.reset();
+  cluster.shard(0).Signal(SIGTERM);
+  ASSERT_EQ(cluster.shard(0).Wait(std::chrono::seconds(30)), 0);
+  const std::string log = cluster.shard(0).ReadLog();
+  const int64_t received = testing::CountInFinalLog(log, "frames received");
+  EXPECT_EQ(received, kSteps + 1) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "pushes checked"), kSteps) << log;
+  // kSteps updates; each push's copy out of the ring (checked in that copy), each of the
+  // kSteps pull replies' copy into it, and the NaN push's check by the shard (its copy
+  // found the NaN).
+  EXPECT_EQ(testing::CountInFinalLog(log, "updates split"), kSteps) << log;
+  EXPECT_EQ(testing::CountInFinalLog(log, "passes split"), received + kSteps + 1) << log;
+}
+
 TEST(ClusterTest, StripedPushesAndPullsSumExactlyAcrossTwoShards) {
   TempDir dir;
   Cluster cluster(2, dir.path(), {"--io-threads=3", "--no-shm"});

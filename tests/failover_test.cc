@@ -57,6 +57,7 @@ class FailoverTest : public testing::EtcdTest {
     o.endpoints = endpoints_;
     o.extra = {"--lease-timeout=10s"};
     if (!durable_log_.empty()) o.extra.push_back("--durable-log=" + durable_log_);
+    o.extra.insert(o.extra.end(), extra_.begin(), extra_.end());
     o.on_host = on_host_;
     if (curve_) {
       o.curve_keys = dir_.path() + "/keys";
@@ -78,6 +79,41 @@ class FailoverTest : public testing::EtcdTest {
   int InSync() { return cluster_->InSync(0); }
   int Primary() { return cluster_->Primary(0); }
   int KillPrimary() { return cluster_->KillPrimary(0); }
+  // Through a primary that reaches its backup through shared memory, `pushes` pushes to an
+  // SGD table (lr 1) of `values` values, value i of the gradient i % 7; then the primary is
+  // killed, and a pull from the new one must hold exactly their sum. *log: the final log of
+  // the new primary, stopped with SIGTERM.
+  void PushKillThePrimaryAndPull(uint64_t values, int pushes, std::string* log) {
+    auto client = Follower("big", /*register_worker=*/true);
+    ASSERT_NE(client, nullptr);
+    auto table = client->CreateTable(testing::Sgd1("big", values, 1));
+    ASSERT_TRUE(table.ok()) << table.status();
+    std::vector<float> grad(values);
+    for (uint64_t i = 0; i < values; ++i) grad[i] = static_cast<float>(i % 7);
+    // The primary's connection to its backup reads the backup's answer to its shared-memory
+    // offer in its own time: until it has, appends go through the socket (correct, but not
+    // what the tests count). Push once it says the backup is reached through shared memory.
+    const int primary = Primary();
+    ASSERT_GE(primary, 0);
+    ASSERT_NO_FATAL_FAILURE(WaitUntilBackupReachedThroughSharedMemory(primary));
+    for (int p = 0; p < pushes; ++p) {
+      Status st = client->Push(*table, grad.data()).get();
+      ASSERT_TRUE(st.ok()) << st << Logs();
+    }
+    ASSERT_EQ(Primary(), primary) << Logs();
+    ASSERT_EQ(KillPrimary(), primary);
+    std::vector<float> got(values);
+    Status st = client->Pull(*table, got.data()).get();
+    ASSERT_TRUE(st.ok()) << st << Logs();
+    EXPECT_EQ(Primary(), 1 - primary);
+    for (uint64_t i = 0; i < values; ++i) {
+      ASSERT_EQ(got[i], -static_cast<float>(pushes * static_cast<int>(i % 7))) << "value " << i;
+    }
+    client.reset();
+    Replica(1 - primary).Signal(SIGTERM);
+    ASSERT_EQ(Replica(1 - primary).Wait(30s), std::optional<int>(0)) << Logs();
+    *log = Replica(1 - primary).ReadLog();
+  }
   std::unique_ptr<Client> Follower(const std::string& name, bool register_worker) {
     return cluster_->Follower(name, register_worker);
   }
@@ -114,7 +150,8 @@ class FailoverTest : public testing::EtcdTest {
   // and whether they (and the followers) use CURVE keys.
   std::vector<std::string> endpoints_;
   bool curve_ = false;
-  std::string durable_log_;  // --durable-log (empty: off)
+  std::string durable_log_;         // --durable-log (empty: off)
+  std::vector<std::string> extra_;  // more flags for every replica
   std::function<std::vector<std::string>(int, int, std::vector<std::string>)> on_host_;
   std::unique_ptr<testing::ReplicatedCluster> cluster_;
   std::unique_ptr<Client> client_;  // OpenPusher's
@@ -306,42 +343,37 @@ TEST_F(FailoverTest, EachReplicaConnectsToTheOtherButNeverToItself) {
 }
 
 TEST_F(FailoverTest, AppendsReachABackupOnThisHostThroughSharedMemoryAndSumExactly) {
-  auto client = Follower("big", /*register_worker=*/true);
-  ASSERT_NE(client, nullptr);
-  constexpr uint64_t kValues = 16384;  // 64 KiB pushes: over the 32 KiB threshold
-  auto table = client->CreateTable(testing::Sgd1("big", kValues, 1));
-  ASSERT_TRUE(table.ok()) << table.status();
-  std::vector<float> grad(kValues);
-  for (uint64_t i = 0; i < kValues; ++i) grad[i] = static_cast<float>(i % 7);
-  // The primary's connection to its backup reads the backup's answer to its shared-memory
-  // offer in its own time: until it has, appends go through the socket (correct, but not what
-  // this test counts). Push once it says the backup is reached through shared memory.
-  const int primary = Primary();
-  ASSERT_GE(primary, 0);
-  ASSERT_NO_FATAL_FAILURE(WaitUntilBackupReachedThroughSharedMemory(primary));
   constexpr int kPushes = 20;
-  for (int p = 0; p < kPushes; ++p) {
-    Status st = client->Push(*table, grad.data()).get();
-    ASSERT_TRUE(st.ok()) << st << Logs();
-  }
-  ASSERT_EQ(Primary(), primary) << Logs();
-  ASSERT_EQ(KillPrimary(), primary);
-  std::vector<float> values(kValues);
-  Status st = client->Pull(*table, values.data()).get();
-  ASSERT_TRUE(st.ok()) << st << Logs();
-  EXPECT_EQ(Primary(), 1 - primary);
-  for (uint64_t i = 0; i < kValues; ++i) {
-    ASSERT_EQ(values[i], -static_cast<float>(kPushes * static_cast<int>(i % 7))) << "value " << i;
-  }
-  client.reset();
-  Replica(1 - primary).Signal(SIGTERM);
-  ASSERT_EQ(Replica(1 - primary).Wait(30s), std::optional<int>(0)) << Logs();
-  EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "frames received"), kPushes)
-      << Replica(1 - primary).ReadLog();
+  std::string log;
+  // 64 KiB pushes: over the 32 KiB threshold.
+  ASSERT_NO_FATAL_FAILURE(PushKillThePrimaryAndPull(16384, kPushes, &log));
+  EXPECT_GE(testing::CountInFinalLog(log, "frames received"), kPushes) << log;
   // The appends themselves came through the backup's queue, not the socket.
-  EXPECT_GE(testing::CountInFinalLog(Replica(1 - primary).ReadLog(), "queued messages received"),
-            kPushes)
-      << Replica(1 - primary).ReadLog();
+  EXPECT_GE(testing::CountInFinalLog(log, "queued messages received"), kPushes) << log;
+}
+
+// Replicas at --update-threads 3: the primary's copies of 4 MB entries into its backup's ring
+// and the backup's copies out of it (each checked for NaN in that copy) are shared by their
+// threads, as the updates are; the sums stay exact through a failover.
+class UpdateThreadsFailoverTest : public FailoverTest {
+ protected:
+  void SetUp() override {
+    extra_ = {"--update-threads=3"};
+    FailoverTest::SetUp();
+  }
+};
+
+TEST_F(UpdateThreadsFailoverTest, EntriesCopiedByTheUpdateThreadsThroughSharedMemorySumExactly) {
+  constexpr int kPushes = 5;
+  std::string log;
+  // 4 MB pushes: split in 3 ranges.
+  ASSERT_NO_FATAL_FAILURE(PushKillThePrimaryAndPull(uint64_t{1} << 20, kPushes, &log));
+  const int64_t received = testing::CountInFinalLog(log, "frames received");
+  EXPECT_GE(received, kPushes) << log;
+  // The former backup applied each push with its threads, and copied each entry that came
+  // through its ring out of it with them.
+  EXPECT_GE(testing::CountInFinalLog(log, "updates split"), kPushes) << log;
+  EXPECT_GE(testing::CountInFinalLog(log, "passes split"), received) << log;
 }
 
 // The primary copies each large push into its backup's ring itself and checks it for NaN

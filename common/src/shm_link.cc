@@ -72,7 +72,7 @@ std::optional<Placement> PlaceFrames(const Message& message, size_t min_bytes, S
 // with a clear error instead of being taken for something else. NotFound or DataLoss:
 // a frame the sender has sent again since (Stale).
 Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, bool copy,
-                  Message* message) {
+                  Message* message, const FrameCopier* copier = nullptr) {
   Status first;
   for (const auto& [index, d] : t.frames) {
     if (index == 0 || index >= message->size() || !(*message)[index].empty()) {
@@ -81,7 +81,7 @@ Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, 
       }
       continue;
     }
-    Result<Frame> f = copy ? segment->CopyOut(d) : segment->Borrow(segment, d);
+    Result<Frame> f = copy ? segment->CopyOut(d, copier) : segment->Borrow(segment, d);
     if (!f.ok()) {
       if (first.ok()) first = f.status();
       continue;
@@ -106,12 +106,12 @@ Result<Message> ReadRecord(ShmSegment& segment, uint32_t ring, const QueueSlot& 
 // A record's frames as on the socket: the trailer (if last) taken off and its frames filled
 // from `ring` (copied out, or borrowed in place). How many it named; why one failed.
 size_t FillFromTrailer(const std::shared_ptr<ShmSegment>& segment, uint32_t ring, bool copy,
-                       Message* m, Status* why) {
+                       Message* m, Status* why, const FrameCopier* copier = nullptr) {
   if (m->size() < 2) return 0;
   std::optional<Trailer> t = DecodeTrailer(m->back().data(), m->back().size(), ring);
   if (!t) return 0;
   m->pop_back();
-  *why = FillFrames(*t, segment, copy, m);
+  *why = FillFrames(*t, segment, copy, m, copier);
   return t->frames.size();
 }
 
@@ -715,7 +715,7 @@ std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
     ++messages_received_;
     Inbound in{link.peer, std::move(*parts), link.user};
     Status st;
-    frames_received_ += FillFromTrailer(link.segment, 0, /*copy=*/true, &in.message, &st);
+    frames_received_ += FillFromTrailer(link.segment, 0, /*copy=*/true, &in.message, &st, copier());
     if (Stale(st)) {
       ++stale_dropped_;
       continue;
@@ -760,7 +760,7 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
       answer = EncodeAnswer(0, trailer->token, why.message());
     } else {
       peers_[peer] = trailer->name;
-      Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message);
+      Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message, copier());
       if (Stale(st) && stale != nullptr) {
         *stale = true;
         ++stale_dropped_;

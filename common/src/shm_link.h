@@ -244,6 +244,9 @@ class ServerLinks {
   uint64_t messages_sent() const { return messages_sent_.load(); }
   // Bytes of `peer`'s ring 1 (shard -> client) this shard reserved in /dev/shm so far.
   size_t reserved_bytes(const PeerId& peer);
+  // How frames are copied out of the clients' rings (ServerTransport::SetFrameCopier); null:
+  // Frame::CopyCheckingFinite.
+  void set_copier(FrameCopier copier) { copier_ = std::move(copier); }
 
  private:
   struct Link {
@@ -294,6 +297,8 @@ class ServerLinks {
   std::atomic<uint64_t> frames_sent_{0};
   std::atomic<uint64_t> messages_received_{0};
   uint64_t stale_dropped_ = 0;
+  FrameCopier copier_;
+  const FrameCopier* copier() const { return copier_ ? &copier_ : nullptr; }
   std::atomic<uint64_t> messages_sent_{0};
   int64_t last_sweep_ms_ = 0;
   bool sweep_due_ = false;

@@ -447,11 +447,11 @@ void ShmSegment::Release(const Descriptor& d) {
   }
 }
 
-Result<Frame> ShmSegment::CopyOut(const Descriptor& d) {
+Result<Frame> ShmSegment::CopyOut(const Descriptor& d, const FrameCopier* copier) {
   LEASH_ASSIGN_OR_RETURN(const uint8_t* p, Check(d));
   // Checked for NaN and Inf as it is copied: a shard then need not read a pushed gradient
   // again before applying it (Frame::finite_f32).
-  Frame f = Frame::CopyCheckingFinite(p, d.size);
+  Frame f = copier != nullptr ? (*copier)(p, d.size) : Frame::CopyCheckingFinite(p, d.size);
   std::atomic_thread_fence(std::memory_order_acquire);
   const auto first = static_cast<uint32_t>(d.offset / kGranuleBytes);
   for (uint32_t g = first; g < first + GranulesFor(d.size); ++g) {

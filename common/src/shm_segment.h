@@ -109,7 +109,8 @@ class ShmSegment {
   void Release(const Descriptor& d);
   // Reader side: copies the frame `d` out and gives its granules back. DataLoss if the
   // writer reused them while they were read (it reclaims granules unreleased for long).
-  Result<Frame> CopyOut(const Descriptor& d);
+  // `copier` (optional) makes the copy instead of Frame::CopyCheckingFinite.
+  Result<Frame> CopyOut(const Descriptor& d, const FrameCopier* copier = nullptr);
   // Reader side: the frame `d` in place, without copying; its granules go back to the
   // writer when the last copy of the Frame is destroyed. The writer must never reclaim
   // granules of this ring.

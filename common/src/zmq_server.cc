@@ -137,6 +137,8 @@ class ZmqServer final : public ServerTransport {
     return shm_.Reserve(peer, bytes);
   }
 
+  void SetFrameCopier(FrameCopier copier) override { shm_.set_copier(std::move(copier)); }
+
   TransportCounters counters() const override {
     TransportCounters c;
     c.replies_dropped = replies_dropped_.load();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 
 #include "leash/common/denormals.h"
 #include "leash/common/finite.h"
@@ -108,22 +109,42 @@ void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size
       n, [&](size_t b, size_t e) { std::memcpy(to + b, from + b, (e - b) * sizeof(float)); });
 }
 
-Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst) {
-  const size_t bytes = src.size();
+namespace {
+
+// CopyAllFinite(dst, src, bytes) in ranges of whole floats; bytes past the last whole one go
+// with the last range, whose check then says false, as one call over them all would.
+bool CopyAllFiniteInRanges(UpdateThreads& threads, void* dst, const uint8_t* src, size_t bytes) {
   const size_t floats = bytes / sizeof(float);
-  if (threads == nullptr || threads->Ranges(floats) <= 1)
-    return Frame::CopyToCheckingFinite(src, dst);
-  // Ranges of whole floats; bytes past the last whole one go with the last range, whose
-  // check then says false, as one CopyAllFinite over them all would.
   std::atomic<bool> finite{true};
   auto* d = static_cast<uint8_t*>(dst);
-  threads->RunPass(floats, [&](size_t b, size_t e) {
+  threads.RunPass(floats, [&](size_t b, size_t e) {
     const size_t from = b * sizeof(float);
     const size_t to = e == floats ? bytes : e * sizeof(float);
-    if (!CopyAllFinite(d + from, src.data() + from, to - from))
+    if (!CopyAllFinite(d + from, src + from, to - from))
       finite.store(false, std::memory_order_relaxed);
   });
-  return Frame::CopiedCheckingFinite(src, finite.load(std::memory_order_relaxed));
+  return finite.load(std::memory_order_relaxed);
+}
+
+bool Splits(UpdateThreads* threads, size_t bytes) {
+  return threads != nullptr && threads->Ranges(bytes / sizeof(float)) > 1;
+}
+
+}  // namespace
+
+Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst) {
+  if (!Splits(threads, src.size())) return Frame::CopyToCheckingFinite(src, dst);
+  return Frame::CopiedCheckingFinite(src,
+                                     CopyAllFiniteInRanges(*threads, dst, src.data(), src.size()));
+}
+
+Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t bytes) {
+  if (!Splits(threads, bytes)) return Frame::CopyCheckingFinite(data, bytes);
+  // Uninitialized, as Frame::CopyCheckingFinite's.
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[bytes]);
+  uint8_t* p = buf.get();
+  const bool finite = CopyAllFiniteInRanges(*threads, p, static_cast<const uint8_t*>(data), bytes);
+  return Frame::CopiedCheckingFinite(Frame::Wrap(p, bytes, std::move(buf)), finite);
 }
 
 }  // namespace leash::ps

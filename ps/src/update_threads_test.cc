@@ -171,6 +171,17 @@ TEST(UpdateThreadsTest, SharedChecksAndCopiesGiveWhatOneCallGives) {
   EXPECT_EQ(odd_copy, odd);
   EXPECT_FALSE(CopyToCheckingFiniteShared(nullptr, of, odd_copy.data()).finite_f32());
   EXPECT_FALSE(CopyToCheckingFiniteShared(&pool, Frame(), nullptr).finite_f32()) << "empty";
+  // A new frame, as Frame::CopyCheckingFinite makes one.
+  Frame made = CopyCheckingFiniteShared(&pool, src.data(), n * sizeof(float));
+  EXPECT_TRUE(made.finite_f32());
+  ASSERT_EQ(made.size(), n * sizeof(float));
+  EXPECT_NE(made.data(), reinterpret_cast<const uint8_t*>(src.data()));
+  EXPECT_EQ(std::memcmp(made.data(), src.data(), made.size()), 0);
+  std::vector<float> with_inf = src;
+  with_inf[n - 2] = -INFINITY;
+  EXPECT_FALSE(CopyCheckingFiniteShared(&pool, with_inf.data(), n * sizeof(float)).finite_f32());
+  EXPECT_FALSE(CopyCheckingFiniteShared(&pool, odd.data(), odd.size()).finite_f32());
+  EXPECT_TRUE(CopyCheckingFiniteShared(nullptr, src.data(), n * sizeof(float)).finite_f32());
 }
 
 TEST(UpdateThreadsTest, ResolveTakesAPositiveSettingAndOtherwiseHalfTheCoresUpToFour) {

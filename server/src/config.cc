@@ -137,9 +137,10 @@ ServerCommandLine::ServerCommandLine()
   f.Int("update-threads", &v.update_threads,
         "threads that apply one large dense update together, the request loop included (a "
         "push or clock step of 256K floats and more; 1 to 64): the update streams memory, "
-        "which several cores may read faster than one. The tables are the same bit for bit "
-        "whatever the number. 0: half the cores this process may use, 1 to 4. On 2 cores 2 "
-        "threads were slower (docs/internals.md)");
+        "which several cores may read faster than one. They share the loop's other large "
+        "passes too: a push's NaN check, copies into and out of same-host peers' shared "
+        "memory. The tables are the same bit for bit whatever the number. 0: half the cores "
+        "this process may use, 1 to 4. On 2 cores 2 threads were slower (docs/internals.md)");
   f.Int("backup-workers", &v.backup_workers,
         "the minimum clock ignores the b slowest live workers (backup workers, Chen et al. "
         "2016): the others never wait for them; their pushes lagging the minimum by more than "

@@ -454,13 +454,13 @@ int Run(const ServerConfig& config) {
       "rejection lines not logged, {} error replies not sent over the per-peer limits); "
       "striped: {} messages received, {} replies sent, {} dropped incomplete; shared memory: {} "
       "frames received, {} sent, {} queued messages received, {} sent; {} pushes checked for "
-      "NaN/Inf by their copy",
+      "NaN/Inf by their copy; update threads: {} updates split, {} passes split",
       config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
       tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed,
       tc.striped_received, tc.striped_sent, tc.striped_dropped, tc.shm_frames_received,
-      tc.shm_frames_sent, tc.shm_messages_received, tc.shm_messages_sent,
-      sc.pushes_checked_in_copy);
+      tc.shm_frames_sent, tc.shm_messages_received, tc.shm_messages_sent, sc.pushes_checked_in_copy,
+      sc.updates_split, sc.passes_split);
   if (sc.pushes_dropped_stale > 0) {
     spdlog::warn(
         "shard {}: {} stale push(es) of backup workers dropped in all, {} applied (pushes more "

@@ -1705,6 +1705,13 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
   replica.SetPayloadAllocator([&transport](const PeerId& peer, size_t bytes) {
     return transport.ReservePayload(peer, bytes);
   });
+  // Frames out of a same-host peer's ring (a worker's pushes, or the primary's log entries
+  // on a backup) are copied and checked by the update threads of the shard they go to.
+  if (replica.shard().update_threads() != nullptr) {
+    transport.SetFrameCopier([&replica](const void* data, size_t bytes) {
+      return ps::CopyCheckingFiniteShared(replica.shard().update_threads(), data, bytes);
+    });
+  }
   auto send = [&] {
     for (Outgoing& o : out) (void)transport.Send(o.peer, std::move(o.message));
     out.clear();
@@ -1722,7 +1729,8 @@ Status ServeReplica(Replica& replica, ServerTransport& transport, const std::ato
     wait_ms = replica.Tick(&out);
     if (after_tick) after_tick(replica);
   }
-  send();  // what the last round released
+  send();                             // what the last round released
+  transport.SetFrameCopier(nullptr);  // the transport may outlive the replica
   // Taken before resigning, while a primary's log is still the shard's: kept with the final
   // snapshot, it lets this replica start again with its log (RestoreAfterCleanStop).
   std::string record = replica.StopRecord();

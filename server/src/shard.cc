@@ -1107,6 +1107,13 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
   shard.SetPayloadAllocator([&transport](const PeerId& peer, size_t bytes) {
     return transport.ReservePayload(peer, bytes);
   });
+  // Pushes out of a same-host worker's ring are copied (and checked) by the update threads,
+  // as they are applied.
+  if (ps::UpdateThreads* threads = shard.update_threads()) {
+    transport.SetFrameCopier([threads](const void* data, size_t bytes) {
+      return ps::CopyCheckingFiniteShared(threads, data, bytes);
+    });
+  }
   while (!stop.load(std::memory_order_relaxed)) {
     auto in = transport.Receive(std::chrono::milliseconds(std::min<int64_t>(wait_ms, 100)));
     if (!in.ok()) {
@@ -1132,6 +1139,7 @@ Status Serve(Shard& shard, ServerTransport& transport, const std::atomic<bool>& 
     if (after_tick) after_tick(shard);
   }
   shard.SetPayloadAllocator(nullptr);  // the transport may go before the shard
+  transport.SetFrameCopier(nullptr);   // and the shard before the transport
   auto snap = shard.Checkpoint();
   if (!snap.ok()) {
     spdlog::error("shard {}: final snapshot failed: {}", shard.options().shard,

@@ -50,8 +50,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, Shard& shard) {
          "(--update-threads).");
   mirror(&ShardCounters::passes_split, "leash_shard_passes_split_total",
          "Passes over large frames shared by more than one thread (--update-threads): pull "
-         "replies written into same-host workers' rings, NaN checks of pushes, a primary's "
-         "copies of log entries for its backups.");
+         "replies written into same-host workers' rings, frames copied out of same-host "
+         "peers' rings, NaN checks of pushes, a primary's copies of log entries for its "
+         "backups.");
   mirror(&ShardCounters::pulls_parked, "leash_shard_parked_pulls_total",
          "Pulls that had to wait for the minimum clock (the staleness bound).");
   mirror(&ShardCounters::bytes_in, "leash_shard_received_bytes_total",

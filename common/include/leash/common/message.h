@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -78,6 +79,12 @@ class Frame {
 
 // A multipart message: frame 0 is the header, the rest are payloads.
 using Message = std::vector<Frame>;
+
+// Makes a frame of a copy of `bytes` bytes at `data`, as Frame::CopyCheckingFinite does
+// (the same bytes, the same finite_f32()), perhaps sharing the pass among threads: how a
+// server's transport copies frames out of shared memory when its server gives it one
+// (ServerTransport::SetFrameCopier).
+using FrameCopier = std::function<Frame(const void* data, size_t bytes)>;
 
 // The bytes of all of a message's frames.
 inline size_t MessageBytes(const Message& m) {

@@ -68,6 +68,11 @@ class ServerTransport {
   virtual std::optional<WritableFrame> ReservePayload(const PeerId& /*peer*/, size_t /*bytes*/) {
     return std::nullopt;
   }
+  // How frames received through shared memory are copied out from now on (a shard's, with
+  // its update threads), called on the thread that calls Receive; null: as
+  // Frame::CopyCheckingFinite. Not thread-safe: set it between Receives. A transport that
+  // copies nothing ignores it.
+  virtual void SetFrameCopier(FrameCopier /*copier*/) {}
 };
 
 // Optional capability of a ClientTransport: large frames to shards on this host go

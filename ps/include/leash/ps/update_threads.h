@@ -120,5 +120,7 @@ bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n);
 void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size_t n);
 // Frame::CopyToCheckingFinite(src, dst).
 Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst);
+// Frame::CopyCheckingFinite(data, bytes): a FrameCopier for a shard's transport.
+Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t bytes);
 
 }  // namespace leash::ps

@@ -148,7 +148,9 @@ struct ShardCounters {
   // filled by Shard::counters() from the update threads
   uint64_t updates_split = 0;
   // passes over large frames shared by more than one thread (update_threads): pull replies
-  // written into same-host rings, NaN checks of pushes, a primary's copies for its backups
+  // written into same-host rings, frames copied out of same-host peers' rings (Serve's and
+  // ServeReplica's transport copier), NaN checks of pushes, a primary's copies for its
+  // backups
   uint64_t passes_split = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
