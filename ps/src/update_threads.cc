@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <memory>
 
 #include "leash/common/denormals.h"
@@ -62,7 +61,6 @@ void UpdateThreads::RunSplit(size_t n, size_t ranges, void* fn, Trampoline call)
     ++generation_;
   }
   start_.notify_all();
-  ++split_runs_;
   call(fn, 0, std::min(range, n));
   std::unique_lock<std::mutex> l(mu_);
   done_.wait(l, [this] { return pending_ == 0; });
@@ -98,15 +96,6 @@ bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n) {
     if (!AllFinite(p + b, e - b)) finite.store(false, std::memory_order_relaxed);
   });
   return finite.load(std::memory_order_relaxed);
-}
-
-void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size_t n) {
-  if (threads == nullptr) {
-    if (n > 0) std::memcpy(to, from, n * sizeof(float));
-    return;
-  }
-  threads->RunPass(
-      n, [&](size_t b, size_t e) { std::memcpy(to + b, from + b, (e - b) * sizeof(float)); });
 }
 
 namespace {

@@ -141,7 +141,9 @@ TEST(UpdateThreadsTest, SharedChecksAndCopiesGiveWhatOneCallGives) {
   EXPECT_TRUE(AllFiniteShared(&pool, src.data(), n));
   EXPECT_TRUE(AllFiniteShared(nullptr, src.data(), n));
   std::vector<float> to(n, -1.f);
-  CopyFloatsShared(&pool, to.data(), src.data(), n);
+  EXPECT_TRUE(
+      CopyToCheckingFiniteShared(&pool, Frame::Copy(src.data(), n * sizeof(float)), to.data())
+          .finite_f32());
   EXPECT_EQ(to, src);
   EXPECT_EQ(pool.split_passes(), 2u);
   EXPECT_EQ(pool.split_runs(), 0u) << "passes are not updates";

@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "leash/common/message.h"
@@ -58,24 +57,14 @@ class UpdateThreads {
   // returned. fn must not throw.
   template <typename Fn>
   void Run(size_t n, Fn&& fn) {
-    const size_t ranges = Ranges(n);
-    if (ranges <= 1) {
-      if (n > 0) fn(size_t{0}, n);
-      return;
-    }
-    RunSplit(n, ranges, &fn, [](void* f, size_t b, size_t e) { (*static_cast<Fn*>(f))(b, e); });
+    RunCounted(n, fn, &split_runs_);
   }
 
   // Run for a pass that is not an update (a copy, a check; the functions below): counted by
   // split_passes() instead of split_runs().
   template <typename Fn>
   void RunPass(size_t n, Fn&& fn) {
-    const uint64_t runs = split_runs_;
-    Run(n, std::forward<Fn>(fn));
-    if (split_runs_ != runs) {
-      --split_runs_;
-      ++split_passes_;
-    }
+    RunCounted(n, fn, &split_passes_);
   }
   // Passes (RunPass) that were split over more than one thread.
   uint64_t split_passes() const { return split_passes_; }
@@ -86,6 +75,17 @@ class UpdateThreads {
 
  private:
   using Trampoline = void (*)(void*, size_t, size_t);
+  // Run, adding 1 to *splits when the job is split.
+  template <typename Fn>
+  void RunCounted(size_t n, Fn& fn, uint64_t* splits) {
+    const size_t ranges = Ranges(n);
+    if (ranges <= 1) {
+      if (n > 0) fn(size_t{0}, n);
+      return;
+    }
+    ++*splits;
+    RunSplit(n, ranges, &fn, [](void* f, size_t b, size_t e) { (*static_cast<Fn*>(f))(b, e); });
+  }
   void RunSplit(size_t n, size_t ranges, void* fn, Trampoline call);
   void Loop(size_t index);
 
@@ -116,8 +116,6 @@ class UpdateThreads {
 
 // AllFinite(p, n).
 bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n);
-// Copies n floats from `from` to `to` (not overlapping).
-void CopyFloatsShared(UpdateThreads* threads, float* to, const float* from, size_t n);
 // Frame::CopyToCheckingFinite(src, dst).
 Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst);
 // Frame::CopyCheckingFinite(data, bytes): a FrameCopier for a shard's transport.
