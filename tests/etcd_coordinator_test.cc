@@ -198,6 +198,27 @@ TEST_P(CoordinatorConformanceTest, JoinAndLeaveAreVisibleInTheView) {
   EXPECT_GT(after.revision, v.revision);
   EXPECT_EQ(after.shards[0].live, (std::vector<ReplicaAddress>{Replica(1)}));
   EXPECT_EQ(after.shards[1].live, (std::vector<ReplicaAddress>{Replica(1)}));
+
+  // A replica that answers pushes and clocks as a backup (--backup-answers) says so in its
+  // live record and in the primary key; the others' records read false.
+  ReplicaAddress answering = Replica(0);
+  answering.answers = true;
+  auto d = backend_->NewReplica(2, 2);
+  ASSERT_TRUE(d->Join(1, answering).ok());
+  ClusterView with = View();
+  ASSERT_EQ(with.shards[1].live, (std::vector<ReplicaAddress>{answering, Replica(1)}));
+  EXPECT_TRUE(with.shards[1].live[0].answers);
+  EXPECT_FALSE(with.shards[1].live[1].answers);
+  EXPECT_FALSE(with.shards[0].live[0].answers);
+  auto term = d->Campaign();
+  ASSERT_TRUE(term.ok()) << term.status();
+  ASSERT_TRUE(term->has_value());
+  EXPECT_EQ(View().shards[1].primary, answering);
+  auto b_term = b->Campaign();
+  ASSERT_TRUE(b_term.ok()) << b_term.status();
+  ASSERT_TRUE(b_term->has_value());
+  EXPECT_EQ(View().shards[0].primary, Replica(1));
+  EXPECT_FALSE(View().shards[0].primary->answers);
 }
 
 TEST_P(CoordinatorConformanceTest, CutOffReplicaLosesRegistrationAndPrimaryAfterTheTtl) {

@@ -114,6 +114,18 @@ class FailoverTest : public testing::EtcdTest {
     ASSERT_EQ(Replica(1 - primary).Wait(30s), std::optional<int>(0)) << Logs();
     *log = Replica(1 - primary).ReadLog();
   }
+  // Under `pusher`, three times: SIGKILLs the primary; pushes go on at the new one; the
+  // killed replica comes back as a backup and gets in sync.
+  void KillThePrimaryThreeTimes(ExactSumPusher& pusher) {
+    for (int kill = 0; kill < 3; ++kill) {
+      ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
+      const int r = KillPrimary();
+      ASSERT_GE(r, 0);
+      ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
+      StartReplica(r);
+      ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
+    }
+  }
   std::unique_ptr<Client> Follower(const std::string& name, bool register_worker) {
     return cluster_->Follower(name, register_worker);
   }
@@ -208,18 +220,45 @@ TEST_F(FailoverTest, WorkersFollowTheNewPrimaryAndTheJobFinishes) {
 TEST_F(FailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice) {
   ASSERT_NO_FATAL_FAILURE(OpenPusher());
   ExactSumPusher pusher(*client_, table_);
-  for (int kill = 0; kill < 3; ++kill) {
-    ASSERT_TRUE(pusher.WaitForMore(200)) << pusher.failure() << Logs();
-    const int r = KillPrimary();
-    ASSERT_GE(r, 0);
-    // Pushes go on at the new primary; then the killed replica comes back as a backup.
-    ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();
-    StartReplica(r);
-    ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
-  }
+  ASSERT_NO_FATAL_FAILURE(KillThePrimaryThreeTimes(pusher));
   pusher.Stop();
   pusher.ExpectExactSums(*client_);
   EXPECT_GE(View()->term, 4u);
+}
+
+// Backups that answer (--backup-answers): the client also connects to the primary's one
+// in-sync backup, which sends the replies to its pushes itself.
+class BackupAnswersFailoverTest : public FailoverTest {
+ protected:
+  void SetUp() override {
+    extra_ = {"--backup-answers"};
+    FailoverTest::SetUp();
+  }
+  // Stops replica r with SIGTERM and returns how many pushes and clocks it said it answered
+  // as a backup (-1: it did not say).
+  int64_t StopAndCountAnswered(int r) {
+    Replica(r).Signal(SIGTERM);
+    EXPECT_EQ(Replica(r).Wait(30s), std::optional<int>(0)) << Logs();
+    const std::string log = Replica(r).ReadLog();
+    std::smatch m;
+    static const std::regex kLine(R"(answered (\d+) push\(es\) and clock\(s\) itself)");
+    return std::regex_search(log, m, kLine) ? std::stoll(m[1]) : -1;
+  }
+};
+
+TEST_F(BackupAnswersFailoverTest,
+       BackupsAnswerPushesAndRepeatedPrimaryKillsLoseNoneApplyNoneTwice) {
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
+  ASSERT_NO_FATAL_FAILURE(KillThePrimaryThreeTimes(pusher));
+  // The replica started last is the backup now: the pushes from here on are its to answer.
+  ASSERT_TRUE(pusher.WaitForMore(300)) << pusher.failure() << Logs();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client_);
+  EXPECT_GE(View()->term, 4u);
+  const int backup = 1 - Primary();
+  client_.reset();
+  EXPECT_GE(StopAndCountAnswered(backup), 250) << Logs();
 }
 
 // A drain (SIGTERM): the primary gives its term up before it writes its final snapshot, so

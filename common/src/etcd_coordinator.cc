@@ -56,14 +56,18 @@ std::string ShapeJson(JobShape shape) {
   return json{{"num_shards", shape.num_shards}, {"replicas", shape.replicas}}.dump();
 }
 
+// "answers" is written only when true: a replica without --backup-answers writes the same
+// record as before, and a record without it reads as false (ParseAddressFields).
 std::string AddressJson(const ReplicaAddress& a) {
-  return json{{"replica", a.replica}, {"endpoint", a.endpoint}, {"boot_id", a.boot_id}}.dump();
+  json j{{"replica", a.replica}, {"endpoint", a.endpoint}, {"boot_id", a.boot_id}};
+  if (a.answers) j["answers"] = true;
+  return j.dump();
 }
 
 std::string PrimaryJson(uint64_t term, const ReplicaAddress& a) {
-  return json{
-      {"term", term}, {"replica", a.replica}, {"endpoint", a.endpoint}, {"boot_id", a.boot_id}}
-      .dump();
+  json j{{"term", term}, {"replica", a.replica}, {"endpoint", a.endpoint}, {"boot_id", a.boot_id}};
+  if (a.answers) j["answers"] = true;
+  return j.dump();
 }
 
 Result<json> ParseValue(const etcd::KeyValue& kv) {
@@ -95,10 +99,15 @@ Result<JobShape> ParseShape(const etcd::KeyValue& kv) {
   return shape;
 }
 
+// A replica's address from a live or primary record (AddressJson, PrimaryJson).
+ReplicaAddress ParseAddressFields(const json& j) {
+  return ReplicaAddress{Field<uint32_t>(j, "replica"), Field<std::string>(j, "endpoint"),
+                        Field<uint64_t>(j, "boot_id"), Field<bool>(j, "answers")};
+}
+
 Result<ReplicaAddress> ParseAddress(const etcd::KeyValue& kv) {
   LEASH_ASSIGN_OR_RETURN(json j, ParseValue(kv));
-  return ReplicaAddress{Field<uint32_t>(j, "replica"), Field<std::string>(j, "endpoint"),
-                        Field<uint64_t>(j, "boot_id")};
+  return ParseAddressFields(j);
 }
 
 Result<std::vector<uint32_t>> ParseInSync(const etcd::KeyValue& kv) {
@@ -156,9 +165,7 @@ Result<ClusterView> BuildView(const Keys& keys, const std::string& job,
     if (name == "primary") {
       LEASH_ASSIGN_OR_RETURN(json j, ParseValue(kv));
       shard.term = Field<uint64_t>(j, "term");
-      shard.primary =
-          ReplicaAddress{Field<uint32_t>(j, "replica"), Field<std::string>(j, "endpoint"),
-                         Field<uint64_t>(j, "boot_id")};
+      shard.primary = ParseAddressFields(j);
     } else if (name == "in_sync") {
       LEASH_ASSIGN_OR_RETURN(shard.in_sync, ParseInSync(kv));
     } else if (name.rfind("live/", 0) == 0) {

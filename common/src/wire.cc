@@ -884,7 +884,8 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
   switch (env->body_type()) {
     case wire::Body::ReplAppend: {
       const wire::ReplAppend* a = env->body_as_ReplAppend();
-      ReplAppendMsg m{a->term(), a->primary(), a->prev_index(), a->prev_term(), a->commit(), {}};
+      ReplAppendMsg m{a->term(),   a->primary(), a->prev_index(),    a->prev_term(),
+                      a->commit(), {},           a->backup_answers()};
       size_t at = 0;
       if (a->entries() != nullptr) {
         m.entries.reserve(a->entries()->size());
@@ -919,11 +920,10 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
     case wire::Body::ReplAck: {
       const wire::ReplAck* a = env->body_as_ReplAck();
       if (payloads != 0) return InvalidArgument("a replication ack carries no payload frames");
-      return Decoded<ReplMessage>{
-          env->request_id(),
-          ReplMessage(ReplAckMsg{a->term(), a->replica(), a->ok(), a->last_index(),
-                                 a->needs_snapshot(), a->boot_id(), a->transfer(), a->chunk()}),
-          {}};
+      ReplAckMsg m{a->term(),           a->replica(), a->ok(),       a->last_index(),
+                   a->needs_snapshot(), a->boot_id(), a->transfer(), a->chunk()};
+      if (a->answered() != nullptr) m.answered.assign(a->answered()->begin(), a->answered()->end());
+      return Decoded<ReplMessage>{env->request_id(), ReplMessage(std::move(m)), {}};
     }
     case wire::Body::ReplSnapshot: {
       const wire::ReplSnapshot* s = env->body_as_ReplSnapshot();
@@ -1004,20 +1004,22 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                 auto v = fbb.CreateVector(entries);
                 return {wire::Body::ReplAppend,
                         wire::CreateReplAppend(fbb, m.term, m.primary, m.prev_index, m.prev_term,
-                                               m.commit, v)
+                                               m.commit, v, m.backup_answers)
                             .Union()};
               },
               std::move(frames));
         } else if constexpr (std::is_same_v<T, ReplAckMsg>) {
-          return MakeMessage(
-              0,
-              [&](flatbuffers::FlatBufferBuilder& fbb)
-                  -> std::pair<wire::Body, flatbuffers::Offset<void>> {
-                return {wire::Body::ReplAck,
-                        wire::CreateReplAck(fbb, m.term, m.replica, m.ok, m.last_index,
-                                            m.needs_snapshot, m.boot_id, m.transfer, m.chunk)
-                            .Union()};
-              });
+          return MakeMessage(0,
+                             [&](flatbuffers::FlatBufferBuilder& fbb)
+                                 -> std::pair<wire::Body, flatbuffers::Offset<void>> {
+                               auto answered =
+                                   m.answered.empty() ? 0 : fbb.CreateVector(m.answered);
+                               return {wire::Body::ReplAck,
+                                       wire::CreateReplAck(fbb, m.term, m.replica, m.ok,
+                                                           m.last_index, m.needs_snapshot,
+                                                           m.boot_id, m.transfer, m.chunk, answered)
+                                           .Union()};
+                             });
         } else {
           return MakeMessage(
               0,

@@ -595,6 +595,12 @@ TEST(WireTest, SnapshotChunksAndTheirAcknowledgementsRoundTrip) {
   EXPECT_EQ(ga.chunk, 6u);
   EXPECT_FALSE(ga.ok);
   EXPECT_TRUE(ga.needs_snapshot);
+  EXPECT_TRUE(ga.answered.empty());
+  // The entries a backup answers itself travel with its acknowledgement.
+  a.answered = {4, 5, 9};
+  auto dn = DecodeReplication(EncodeReplication(a));
+  ASSERT_TRUE(dn.ok());
+  EXPECT_EQ(std::get<ReplAckMsg>(dn->value).answered, (std::vector<uint64_t>{4, 5, 9}));
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 // A client's ZeroMQ connections: one DEALER socket per shard (with striping, stripes.h, that
 // many per shard, the first the main one), the main one with a socket monitor whose
 // handshake events feed the per-shard health (socket_monitor.h), and same-host shared
-// memory per shard (shm_link.h). ZeroMQ sockets are not thread-safe, and their
-// file descriptors signal edge-triggered: every socket operation happens under one
-// mutex, a Receive that waits polls the descriptors without it, and a Send that may
-// have taken a waiting Receive's edge wakes it. Thread-safety as transport.h says.
+// memory per shard (shm_link.h); and per shard, where the shard's sole in-sync backup answers
+// pushes and clocks itself, a plain DEALER to that backup (ConnectBackup: no monitor, no
+// shared memory, no stripes), polled and read only while one is open. ZeroMQ sockets are
+// not thread-safe, and their file descriptors signal edge-triggered: every socket operation
+// happens under one mutex, a Receive that waits polls the descriptors without it, and a
+// Send that may have taken a waiting Receive's edge wakes it. Thread-safety as transport.h
+// says.
 #include <poll.h>
 #include <spdlog/spdlog.h>
 
@@ -37,6 +40,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         watch_(endpoints_, o) {}
 
   ~ZmqClient() override {
+    backups_.clear();
     for (size_t i = 0; i < sockets_.size(); ++i) {
       monitors_[i].reset();  // before the socket it watches (socket_monitor.h)
       sockets_[i].reset();
@@ -52,6 +56,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       monitors_.emplace_back();
       stripe_.emplace_back();
       notice_owed_.push_back(false);
+      backups_.emplace_back();
+      backup_endpoints_.emplace_back();
       shm_.push_back(options_.shared_memory
                          ? std::make_unique<shm::ClientLink>(
                                static_cast<size_t>(options_.shm_ring_bytes),
@@ -69,6 +75,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (options_.send_delay_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.send_delay_ms));
     }
+    if (shard >= num_shards()) return SendToBackup(shard - num_shards(), message);
     auto idx = static_cast<size_t>(shard);
     shm::ClientLink& link = *shm_.at(idx);
     std::optional<shm::Placement> p = link.Place(message);
@@ -116,6 +123,11 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         for (auto& s : sockets_) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
         for (auto& st : stripe_) {
           for (auto& s : st.extra) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        }
+        if (backups_open_ > 0) {
+          for (auto& b : backups_) {
+            if (b) fds_.push_back({b->get(zmq::sockopt::fd), POLLIN, 0});
+          }
         }
         socket_fds_ = fds_.size();
         for (auto& m : monitors_) {
@@ -185,6 +197,32 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return Status::Ok();
   }
 
+  Status ConnectBackup(int shard, const std::string& endpoint) override {
+    if (shard < 0 || shard >= num_shards()) {
+      return InvalidArgument("no shard " + std::to_string(shard) + " to connect a backup of (" +
+                             std::to_string(num_shards()) + " shards)");
+    }
+    auto idx = static_cast<size_t>(shard);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old set of sockets
+    if (backups_[idx]) {
+      backups_[idx].reset();
+      --backups_open_;
+    }
+    if (endpoint.empty()) return Status::Ok();
+    try {
+      auto s = NewSocket(0, 0, /*striped=*/false);
+      s->connect(endpoint);
+      backups_[idx] = std::move(s);
+      backup_endpoints_[idx] = endpoint;
+      ++backups_open_;
+    } catch (const zmq::error_t& e) {
+      return InvalidArgument("cannot connect to shard " + std::to_string(shard) + "'s backup at '" +
+                             endpoint + "': " + e.what() + " (expected tcp://HOST:PORT)");
+    }
+    return Status::Ok();
+  }
+
   void Wake() override {
     woken_.store(true);
     waker_.Wake();
@@ -229,8 +267,18 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       }
     }
     if (count_ < 2) {
-      for (size_t k = 0; k < sockets_.size(); ++k) {
-        size_t i = (next_ + k) % sockets_.size();
+      // With backups open, backup b is connection n + b in the same round.
+      const size_t n = sockets_.size();
+      const size_t total = backups_open_ > 0 ? 2 * n : n;
+      for (size_t k = 0; k < total; ++k) {
+        size_t i = (next_ + k) % total;
+        if (i >= n) {
+          if (backups_[i - n] && (zmq_util::Events(*backups_[i - n]) & ZMQ_POLLIN)) {
+            next_ = i + 1;
+            return ReadFromBackup(i - n);
+          }
+          continue;
+        }
         while (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN) {
           next_ = i + 1;
           LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
@@ -267,7 +315,36 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         }
       }
     }
+    for (size_t k = 0; k < backups_.size() && backups_open_ > 0; ++k) {
+      if (backups_[k] && (zmq_util::Events(*backups_[k]) & ZMQ_POLLIN)) return ReadFromBackup(k);
+    }
     return Received();
+  }
+
+  // One message of shard b's backup connection, as shard num_shards() + b. Under mu_.
+  Result<Received> ReadFromBackup(size_t b) {
+    std::vector<zmq::message_t> parts;
+    LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*backups_[b], &parts));
+    return Received(
+        std::make_pair(num_shards() + static_cast<int>(b), zmq_util::ToMessage(parts, 0)));
+  }
+
+  // Send's to shard num_shards() + shard: on the backup connection, as it is. Takes mu_.
+  Status SendToBackup(int shard, const Message& message) {
+    if (shard < 0 || shard >= num_shards()) {
+      return InvalidArgument("no shard " + std::to_string(shard) + " to send to its backup");
+    }
+    auto idx = static_cast<size_t>(shard);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!backups_[idx]) {
+      return Unavailable("no connection to shard " + std::to_string(shard) + "'s backup");
+    }
+    std::vector<zmq::message_t> parts;
+    parts.reserve(message.size());
+    for (const Frame& f : message) parts.push_back(zmq_util::ToZmq(f));
+    Status st = zmq_util::SendAll(*backups_[idx], parts).WithContext(backup_endpoints_[idx]);
+    NudgeIfReadable(*backups_[idx]);
+    return st;
   }
 
   // The monitors' events, when their descriptor said so, after a (re)connect, and every
@@ -379,7 +456,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       // With striping every (re)connection gets a new token: the shard keeps no state of
       // the old connections' streams that could mix with the new ones.
       const uint64_t token = count_ >= 2 ? rng_() : 0;
-      auto s = NewSocket(token, 0);
+      auto s = NewSocket(token, 0, count_ >= 2);
       auto m = std::make_unique<SocketMonitor>(
           ctx_, *s,
           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
@@ -387,7 +464,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       s->connect(endpoints_[idx]);
       std::vector<std::unique_ptr<zmq::socket_t>> extra;
       for (uint32_t k = 1; k < count_; ++k) {
-        extra.push_back(NewSocket(token, k));
+        extra.push_back(NewSocket(token, k, /*striped=*/true));
         extra.back()->connect(endpoints_[idx]);
       }
       monitors_[idx] = std::move(m);  // the old monitor goes before the old socket
@@ -407,11 +484,11 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return Status::Ok();
   }
 
-  // A DEALER with this client's options; with striping, connection k's routing id.
-  std::unique_ptr<zmq::socket_t> NewSocket(uint64_t token, uint32_t k) {
+  // A DEALER with this client's options; `striped`: connection k's routing id.
+  std::unique_ptr<zmq::socket_t> NewSocket(uint64_t token, uint32_t k, bool striped) {
     auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
     zmq_util::ApplyOptions(*s, options_);
-    if (count_ >= 2) s->set(zmq::sockopt::routing_id, stripes::RoutingId(token, k, count_));
+    if (striped) s->set(zmq::sockopt::routing_id, stripes::RoutingId(token, k, count_));
     if (options_.curve) {
       s->set(zmq::sockopt::curve_serverkey, options_.curve->server_public_z85);
       s->set(zmq::sockopt::curve_publickey, options_.curve->own.public_z85);
@@ -455,6 +532,11 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
   std::vector<std::unique_ptr<SocketMonitor>> monitors_;
   std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per shard; never null after Init
+  // Per shard, the connection to its answering backup (ConnectBackup) or null, and its
+  // endpoint; how many are open (0: Receive neither polls nor reads them). Under mu_.
+  std::vector<std::unique_ptr<zmq::socket_t>> backups_;
+  std::vector<std::string> backup_endpoints_;
+  size_t backups_open_ = 0;
   // Per shard, with striping: the side connections, the next message number, and the
   // replies put back together. Under mu_.
   struct Stripe {

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <zmq.hpp>
@@ -26,6 +27,7 @@
 #include "leash/common/curve_keys.h"
 #include "socket_monitor.h"
 #include "stripes.h"
+#include "zmq_util.h"
 
 namespace leash {
 namespace {
@@ -199,6 +201,84 @@ TEST_F(ZmqTransportTest, RetargetMovesAShardsConnectionToAnotherEndpoint) {
   EXPECT_FALSE(stray->has_value());
   EXPECT_EQ((*client)->Retarget(0, "nonsense").code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(RoundTrip(**second, **client, 10s));  // a failed retarget keeps the connection
+}
+
+// A shard's answering backup gets a connection of its own (ConnectBackup): a plain DEALER
+// to a ROUTER, which Send(num_shards() + shard) reaches and whose replies come out of Receive
+// as num_shards() + shard, also for a Receive already waiting when it was connected, with
+// or without striping; the primary's connection goes on as before; "" closes it.
+TEST_F(ZmqTransportTest, ABackupConnectionCarriesMessagesAsShardNumShardsPlusShard) {
+  for (int stripes : {1, 2}) {
+    SCOPED_TRACE("stripes " + std::to_string(stripes));
+    ZmqContext sctx, cctx;
+    auto primary = BindZmqServer(sctx, endpoint_);
+    ASSERT_TRUE(primary.ok()) << primary.status();
+    ZmqOptions o;
+    o.stripes = stripes;
+    o.stripe_min_bytes = 1;  // everything the primary's connection sends is striped
+    auto client = ConnectZmqClient(cctx, {endpoint_}, o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ClientTransport& c = **client;
+    ASSERT_EQ(c.num_shards(), 1);
+    EXPECT_EQ(c.Send(1, {Frame::Copy("early", 5)}).code(), StatusCode::kUnavailable);
+
+    zmq::context_t rctx;
+    zmq::socket_t router(rctx, zmq::socket_type::router);
+    router.set(zmq::sockopt::linger, 0);
+    router.bind("tcp://127.0.0.1:*");
+    const std::string backup = router.get(zmq::sockopt::last_endpoint);
+
+    // A Receive that waits while the backup is connected hears it.
+    // (Past its timeout a Receive still reads what is there: whether it heard the backup
+    // while waiting shows in when it returned.)
+    std::optional<std::pair<int, Message>> heard;
+    std::chrono::steady_clock::time_point heard_at;
+    std::thread receiver([&] {
+      auto in = c.Receive(30s);
+      heard_at = std::chrono::steady_clock::now();
+      ASSERT_TRUE(in.ok()) << in.status();
+      heard = std::move(*in);
+    });
+    std::this_thread::sleep_for(50ms);  // let it wait in poll (it works either way)
+    ASSERT_TRUE(c.ConnectBackup(0, backup).ok());
+    ASSERT_TRUE(c.Send(1, {Frame::Copy("to backup", 9), Frame::Copy("second", 6)}).ok());
+    std::vector<zmq::message_t> parts;
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, 10s), 1);
+    ASSERT_TRUE(zmq_util::RecvAll(router, &parts).ok());
+    ASSERT_EQ(parts.size(), 3u);  // the peer's id, then the message as sent: no offer, no stripes
+    EXPECT_EQ(parts[1].to_string(), "to backup");
+    EXPECT_EQ(parts[2].to_string(), "second");
+    const std::string id = parts[0].to_string();
+    auto to_client = [&](const std::string& text) {
+      std::vector<zmq::message_t> out;
+      out.emplace_back(id.data(), id.size());
+      out.emplace_back(text.data(), text.size());
+      return zmq_util::SendAll(router, out);
+    };
+    const auto replied = std::chrono::steady_clock::now();
+    ASSERT_TRUE(to_client("from backup").ok());
+    receiver.join();
+    EXPECT_LT(heard_at - replied, 10s) << "the waiting Receive did not poll the backup";
+    ASSERT_TRUE(heard.has_value()) << "the waiting Receive did not hear the backup";
+    EXPECT_EQ(heard->first, 1);
+    ASSERT_EQ(heard->second.size(), 1u);
+    EXPECT_EQ(heard->second[0].view(), "from backup");
+
+    // The primary's connection is untouched.
+    EXPECT_TRUE(RoundTrip(**primary, c, 10s));
+
+    // Closed: nothing goes to it, and what it sends is not read.
+    ASSERT_TRUE(c.ConnectBackup(0, "").ok());
+    EXPECT_EQ(c.Send(1, {Frame::Copy("late", 4)}).code(), StatusCode::kUnavailable);
+    (void)to_client("stray");
+    auto after = c.Receive(200ms);
+    ASSERT_TRUE(after.ok());
+    EXPECT_FALSE(after->has_value());
+    EXPECT_EQ(c.ConnectBackup(0, "nonsense").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.ConnectBackup(1, backup).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(RoundTrip(**primary, c, 10s));
+  }
 }
 
 TEST_F(ZmqTransportTest, CurveRoundTripWithAnAuthorizedKey) {

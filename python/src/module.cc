@@ -1325,6 +1325,7 @@ class Client {
       d["bytes_received"] = c.bytes_received;
       d["requests"] = c.requests;
       d["resends"] = c.resends;
+      d["backup_reply_resends"] = c.backup_reply_resends;
       d["pushes"] = c.pushes;
       d["pulls"] = c.pulls;
       d["pulled_min_clock"] = c.pulled_min_clock;

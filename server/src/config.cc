@@ -88,6 +88,7 @@ ServerCommandLine::ServerCommandLine()
   v.job = d.job;
   v.etcd_ttl_s = d.etcd_ttl_s;
   v.durable_log = d.durable_log;
+  v.backup_answers = d.backup_answers;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -165,6 +166,12 @@ ServerCommandLine::ServerCommandLine()
            "write (survives the processes: SIGKILL, OOM kills) or fsync (survives the host: a "
            "power cut; slower). With --replicas 1 an unreplicated shard SIGKILLed starts again "
            "from its snapshot and this log, losing nothing acknowledged (no etcd needed)");
+  f.Bool("backup-answers", &v.backup_answers,
+         "with --replicas 2: while a primary has one in-sync backup, that backup sends the "
+         "workers the replies to their pushes and clocks itself, once it holds them (one hop "
+         "less than through the primary; not with --durable-log fsync, where the primary "
+         "answers once its own disk holds the entry). Give every replica of the job the same "
+         "value");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -272,6 +279,11 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return cli_.BadValue("durable-log", v.durable_log, "use off, write or fsync");
   }
   c.durable_log = v.durable_log;
+  if (v.backup_answers && v.replicas < 2) {
+    return cli_.BadValue("backup-answers", "true",
+                         "a backup answers only for a replicated shard: add --replicas 2");
+  }
+  c.backup_answers = v.backup_answers;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

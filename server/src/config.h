@@ -51,6 +51,9 @@ struct ServerConfig {
   // acknowledgement: survives the process) or fsync (survives the host too). With
   // replicas 1 the shard runs as a group of one (server/src/solo_group.h), no etcd needed.
   std::string durable_log = "off";
+  // A sole in-sync backup answers the workers' pushes and clocks itself (docs/replication.md,
+  // "Backups that answer"): one hop less per acknowledgement. Replicated shards only.
+  bool backup_answers = false;
 };
 
 // Where a replica (or a group of one) keeps its durable log and, for a group of one, its
@@ -81,6 +84,7 @@ class ServerCommandLine {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
     std::string memory_budget, peers, etcd, job, durable_log;
     int64_t replicas, replica, etcd_ttl_s;
+    bool backup_answers;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers, io_threads, update_threads;
     bool no_sync, no_shm, sparse_direct_reads, insecure;

@@ -295,6 +295,10 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_EQ(solo->durable_log, "write");
   EXPECT_EQ(solo->replicas, 1);
   EXPECT_TRUE(solo->etcd.empty());
+  // Backups that answer: replicated shards only.
+  EXPECT_FALSE(c->backup_answers);
+  EXPECT_TRUE(Parse(with("--backup-answers"))->backup_answers);
+  EXPECT_NE(Error({"--backup-answers"}).find("add --replicas 2"), std::string::npos);
 }
 
 }  // namespace

@@ -320,6 +320,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       rep.durable_log_dir = leash::server::ReplicaLogDir(c);
       rep.durable_log_fsync = c.durable_log == "fsync";
     }
+    rep.backup_answers = c.backup_answers;
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());
@@ -418,8 +419,8 @@ int Run(const ServerConfig& config) {
     const uint64_t boot = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
     const auto replica = static_cast<uint32_t>(config.replica);
     const std::string self = config.replicas > 1 ? config.peers[replica] : config.bind;
-    leash::Status joined = s.coordination.coordinator->Join(static_cast<uint32_t>(config.shard),
-                                                            {replica, self, boot});
+    leash::Status joined = s.coordination.coordinator->Join(
+        static_cast<uint32_t>(config.shard), {replica, self, boot, config.backup_answers});
     if (!joined.ok()) {
       spdlog::error("replica {} of shard {} cannot join the job '{}' at {}: {}", replica,
                     config.shard, config.job, config.etcd, joined.ToString());
@@ -478,6 +479,14 @@ int Run(const ServerConfig& config) {
                  config.shard, config.replica, s.replica->durable_records(),
                  static_cast<double>(s.replica->durable_bytes()) / (1 << 20), config.durable_log,
                  s.replica->durable_failed() ? "; FAILED" : "");
+  }
+  if (s.replica && config.backup_answers) {
+    spdlog::info(
+        "shard {}: replica {} answered {} push(es) and clock(s) itself as the primary's only "
+        "in-sync backup, and left {} of its replies to its backup as the primary "
+        "(--backup-answers)",
+        config.shard, config.replica, s.replica->backup_answered(),
+        s.replica->replies_left_to_backup());
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(

@@ -365,7 +365,7 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
       }
       return;
     }
-    OnReplication(peer, message);
+    OnReplication(peer, message, out);
     (void)Persist();  // a term or whether it may lead, changed on the way
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
@@ -374,6 +374,10 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
     return;
   }
   if (role_ != ReplicaRole::kPrimary) {
+    // A worker's heartbeat on its connection to this backup: where to answer it (it is still
+    // told this replica is a backup, which a client's backup connection ignores).
+    if (options_.backup_answers && peek.kind == RequestPeek::kHeartbeat)
+      NoteWorkerLink(peer, message);
     std::string where =
         primary_ ? "replica " + std::to_string(*primary_) + " (term " + std::to_string(term_) + ")"
                  : std::string("not known yet (an election is under way)");
@@ -416,6 +420,10 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.message = message;  // the frames are shared, not copied
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
+  // A backup that may answer acknowledges the entry to its worker as soon as it holds it, so
+  // this replica's durable log must hold it first (a primary that restarts with its log may
+  // lead again); otherwise it is written after shipping, while the backups receive it.
+  if (options_.backup_answers && durable_ != nullptr && !Persist()) return;
   // Shipped before it is applied here: the backups receive and acknowledge the entry while
   // this replica applies it (the update is most of an entry's cost), instead of after.
   ReplicateAll();
@@ -424,7 +432,12 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   scratch_.clear();
   Apply(log_.back(), &scratch_);
   applied_index_ = log_.back().index;
-  for (Outgoing& o : scratch_) held_.push_back({applied_index_, std::move(o)});
+  const uint64_t rid = PeekRequestId(message);
+  for (Outgoing& o : scratch_) {
+    const bool own =
+        kind == ReplEntryWire::kInput && o.peer == peer && PeekRequestId(o.message) == rid;
+    held_.push_back({applied_index_, std::move(o), own});
+  }
   scratch_.clear();
 }
 
@@ -447,14 +460,71 @@ void Replica::Apply(const ReplEntryWire& e, std::vector<Outgoing>* out) {
   }
 }
 
-void Replica::ApplyCommitted() {
+void Replica::ApplyCommitted(std::vector<Outgoing>* out, const std::vector<uint64_t>& answered) {
   // Backups never apply past the commit index: a new primary might not hold those entries.
+  auto next = answered.begin();
   while (applied_index_ < commit_index_ && applied_index_ < last_index()) {
     scratch_.clear();
-    Apply(EntryAt(applied_index_ + 1), &scratch_);
+    const ReplEntryWire& e = EntryAt(applied_index_ + 1);
+    Apply(e, &scratch_);
     ++applied_index_;
+    while (next != answered.end() && *next < applied_index_) ++next;
+    if (out == nullptr || next == answered.end() || *next != applied_index_) continue;
+    // Answered here (the primary was told, and drops its own reply): the reply to the
+    // entry's own request, which this replica's state, the same as the primary's, makes the
+    // same; the shard's other replies (pulls it released) are the primary's to send.
+    const PeerId* to = AnswerPeer(e);
+    if (to == nullptr) continue;  // cannot be: the same entry, the same turn
+    const uint64_t rid = PeekRequestId(e.message);
+    for (Outgoing& o : scratch_) {
+      if (o.peer != e.peer || PeekRequestId(o.message) != rid) continue;
+      out->push_back({*to, std::move(o.message)});
+      ++backup_answered_;
+    }
   }
-  scratch_.clear();  // a backup answers nobody
+  scratch_.clear();  // the rest: a backup answers nobody else
+}
+
+const PeerId* Replica::AnswerPeer(const ReplEntryWire& e) const {
+  if (e.kind != ReplEntryWire::kInput || IsBatch(e.message)) return nullptr;
+  const RequestPeek peek = PeekRequest(e.message, shard_options_.limits);
+  if (peek.kind != RequestPeek::kPush && peek.kind != RequestPeek::kClock) return nullptr;
+  auto decoded = DecodeRequest(e.message, shard_options_.limits);
+  if (!decoded.ok()) return nullptr;  // the shard answers it with an error: the primary sends it
+  uint64_t worker = 0;
+  std::optional<uint64_t> incarnation;
+  if (const auto* p = std::get_if<PushRequest>(&decoded->value)) {
+    worker = p->worker_id;
+    incarnation = p->incarnation;
+  } else if (const auto* c = std::get_if<ClockRequest>(&decoded->value)) {
+    worker = c->worker_id;
+  }
+  auto it = worker_links_.find(worker);
+  if (worker == 0 || it == worker_links_.end()) return nullptr;
+  const WorkerLink& link = it->second;
+  if (now_ - link.seen_ms > shard_options_.lease_ms) return nullptr;  // gone quiet
+  if (incarnation && *incarnation != link.incarnation) return nullptr;
+  return &link.peer;
+}
+
+void Replica::NoteWorkerLink(const PeerId& peer, const Message& heartbeat) {
+  auto decoded = DecodeRequest(heartbeat, shard_options_.limits);
+  if (!decoded.ok()) return;
+  const auto* hb = std::get_if<HeartbeatRequest>(&decoded->value);
+  if (hb == nullptr || hb->worker_id == 0) return;
+  worker_links_[hb->worker_id] = {hb->incarnation, peer, now_};
+  // Workers gone for good are forgotten (the map stays as large as the live workers).
+  std::erase_if(worker_links_, [&](const auto& kv) {
+    return now_ - kv.second.seen_ms > 2 * shard_options_.lease_ms;
+  });
+}
+
+bool Replica::BackupMayAnswer(uint32_t r, uint64_t last) const {
+  if (!options_.backup_answers || options_.durable_log_fsync) return false;
+  if (in_sync_.size() != 2 || !std::binary_search(in_sync_.begin(), in_sync_.end(), r))
+    return false;
+  // What the backup acknowledges to workers must outlive this replica's restart too.
+  return durable_ == nullptr || durable_broken_ || (persisted_last_ >= last && dirty_from_ > last);
 }
 
 // ---- the primary ------------------------------------------------------------------------
@@ -480,6 +550,7 @@ void Replica::SendAppend(uint32_t r) {
   for (uint64_t i = p.next_index; i <= last; ++i) m.entries.push_back(EntryAt(i));
   p.next_index = last + 1;
   p.sent_ms = now_;
+  m.backup_answers = BackupMayAnswer(r, last);
   CopyIntoRing(r, &m);
   (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(m)));
 }
@@ -727,6 +798,14 @@ void Replica::OnAck(const ReplAckMsg& m) {
   }
   p.last_ack_ms = now_;
   if (m.transfer != 0) return OnSnapshotAck(m);
+  if (m.ok && !m.answered.empty()) {
+    // The backup sent these entries' workers their replies itself: this replica's go.
+    const size_t before = held_.size();
+    std::erase_if(held_, [&](const Held& h) {
+      return h.own && std::binary_search(m.answered.begin(), m.answered.end(), h.index);
+    });
+    replies_left_to_backup_ += before - held_.size();
+  }
   if (m.ok) {
     if (transfers_[m.replica] != nullptr && m.last_index >= transfers_[m.replica]->index) {
       const Transfer& t = *transfers_[m.replica];
@@ -1241,7 +1320,8 @@ Result<bool> Replica::RestoreAfterCleanStop() {
 
 // ---- backups ----------------------------------------------------------------------------
 
-void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
+void Replica::OnReplication(const PeerId& /*peer*/, const Message& message,
+                            std::vector<Outgoing>* out) {
   auto decoded = DecodeReplication(message, shard_options_.limits);
   if (!decoded.ok()) {
     spdlog::warn("shard {}: replica {} ignored a malformed replication message: {}",
@@ -1251,14 +1331,14 @@ void Replica::OnReplication(const PeerId& /*peer*/, const Message& message) {
   std::visit(
       [&](auto& m) {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, ReplAppendMsg>) OnAppend(m);
+        if constexpr (std::is_same_v<T, ReplAppendMsg>) OnAppend(m, out);
         if constexpr (std::is_same_v<T, ReplAckMsg>) OnAck(m);
         if constexpr (std::is_same_v<T, ReplSnapshotMsg>) OnSnapshot(m, decoded->payloads);
       },
       decoded->value);
 }
 
-void Replica::SendAck(bool ok, uint64_t last) {
+void Replica::SendAck(bool ok, uint64_t last, std::vector<uint64_t> answered) {
   if (!primary_) return;
   // What it acknowledges is on disk first (with a durable log); if that fails, nothing is.
   if (!Persist()) return;
@@ -1266,10 +1346,11 @@ void Replica::SendAck(bool ok, uint64_t last) {
     if (Status st = durable_->MakeDurable(); !st.ok()) return BreakDurable(st);
   }
   ReplAckMsg a{term_, options_.replica, ok, last, needs_snapshot_, boot_id_, 0, 0};
+  a.answered = std::move(answered);
   (void)peers_->Send(static_cast<int>(*primary_), EncodeReplication(a));
 }
 
-void Replica::OnAppend(const ReplAppendMsg& m) {
+void Replica::OnAppend(const ReplAppendMsg& m, std::vector<Outgoing>* out) {
   if (m.primary >= options_.replicas || m.primary == options_.replica) return;
   if (m.term < term_) {
     // Fencing: a deposed primary gathers no acknowledgements.
@@ -1325,13 +1406,26 @@ void Replica::OnAppend(const ReplAppendMsg& m) {
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());
-  const uint64_t commit = std::min(m.commit, matched);
+  uint64_t commit = std::min(m.commit, matched);
+  std::vector<uint64_t> answered;
+  if (m.backup_answers && options_.backup_answers) {
+    // The primary's only in-sync backup: whatever it holds of the primary's log is committed
+    // (a new primary is one of the two, and both hold it; the primary's durable log, if any,
+    // held it before it was sent). So it applies it now, and answers the workers of this
+    // append's pushes and clocks that are connected here; the primary, told so with this
+    // acknowledgement, drops its own replies to them.
+    commit = matched;
+    for (uint64_t i = std::max(applied_index_, from) + 1; i <= matched; ++i) {
+      if (i > base_index_ && AnswerPeer(EntryAt(i)) != nullptr) answered.push_back(i);
+    }
+  }
   if (commit > commit_index_) commit_index_ = commit;
   if (matched >= m.commit) caught_up_ = true;
   // Acknowledged before the committed entries are applied: the primary waits for the
   // acknowledgement, not for this replica's copy of the update.
-  SendAck(true, matched);
-  ApplyCommitted();
+  SendAck(true, matched, answered);
+  if (durable_broken_) answered.clear();  // nothing acknowledged: the primary answers
+  ApplyCommitted(out, answered);
   Compact();
 }
 

@@ -68,6 +68,11 @@ ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) 
          "Snapshot transfers to this replica dropped part way (a newer term or transfer).");
   mirror(&Replica::replication_refused, "leash_replica_replication_refused_total",
          "Replication messages refused for coming from a connection that is not a replica's.");
+  mirror(&Replica::backup_answered, "leash_replica_backup_answers_total",
+         "Replies to workers' pushes and clocks this replica sent as their primary's only "
+         "in-sync backup (--backup-answers).");
+  mirror(&Replica::replies_left_to_backup, "leash_replica_replies_left_to_backup_total",
+         "Replies this primary dropped because its backup sent them (--backup-answers).");
   mirror(&Replica::durable_records, "leash_replica_durable_log_records_total",
          "Records written to the durable log.");
   mirror(&Replica::durable_bytes, "leash_replica_durable_log_bytes_total",

@@ -196,12 +196,17 @@ class MemoryClient final : public ClientTransport {
     std::lock_guard<std::mutex> lock(state_->mu);
     client_ = state_->next_peer++;
     peers_.resize(addresses_.size());
+    backup_peers_.resize(addresses_.size());
+    backup_addresses_.resize(addresses_.size());
     for (size_t i = 0; i < addresses_.size(); ++i) Open(i);
   }
 
   ~MemoryClient() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     for (const PeerId& p : peers_) state_->clients.erase(p);
+    for (const PeerId& p : backup_peers_) {
+      if (!p.empty()) state_->clients.erase(p);
+    }
   }
 
   int num_shards() const override { return static_cast<int>(addresses_.size()); }
@@ -209,6 +214,7 @@ class MemoryClient final : public ClientTransport {
   Status Send(int shard, Message message) override {
     auto i = static_cast<size_t>(shard);
     std::lock_guard<std::mutex> lock(state_->mu);
+    if (i >= addresses_.size()) return SendToBackup(i - addresses_.size(), std::move(message));
     auto it = state_->servers.find(addresses_.at(i));
     Inbox* to = it == state_->servers.end() ? nullptr : it->second;
     Inbox::Item item{addresses_[i], peers_[i], shard, std::move(message), user_};
@@ -236,7 +242,57 @@ class MemoryClient final : public ClientTransport {
     return Status::Ok();
   }
 
+  Status Retarget(int shard, const std::string& endpoint) override {
+    auto i = static_cast<size_t>(shard);
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->clients.erase(peers_.at(i));
+    state_->Purge(inbox_, [&](int64_t, const Inbox::Item& item) { return item.peer == peers_[i]; });
+    addresses_[i] = endpoint;
+    Open(i);
+    return Status::Ok();
+  }
+
+  // Backup b's connection is peer "client-<n>.<k>/<num_shards + b>": what its shard sends
+  // to it comes out of Receive as num_shards + b.
+  Status ConnectBackup(int shard, const std::string& endpoint) override {
+    if (shard < 0 || static_cast<size_t>(shard) >= addresses_.size()) {
+      return InvalidArgument("no shard " + std::to_string(shard) + " to connect a backup of");
+    }
+    auto b = static_cast<size_t>(shard);
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!backup_peers_[b].empty()) {
+      const PeerId old = backup_peers_[b];
+      state_->clients.erase(old);
+      state_->Purge(inbox_, [&](int64_t, const Inbox::Item& item) { return item.peer == old; });
+      backup_peers_[b].clear();
+    }
+    backup_addresses_[b] = endpoint;
+    if (endpoint.empty()) return Status::Ok();
+    backup_peers_[b] = "client-" + std::to_string(client_) + "." + std::to_string(++opened_) + "/" +
+                       std::to_string(addresses_.size() + b);
+    state_->clients[backup_peers_[b]] = &inbox_;
+    return Status::Ok();
+  }
+
  private:
+  // Send to backup connection b. Under mu.
+  Status SendToBackup(size_t b, Message message) {
+    if (b >= backup_peers_.size()) {
+      return InvalidArgument("no shard " + std::to_string(b) + " to send to its backup");
+    }
+    if (backup_peers_[b].empty()) {
+      return Unavailable("no connection to shard " + std::to_string(b) + "'s backup");
+    }
+    const std::string& address = backup_addresses_[b];
+    auto it = state_->servers.find(address);
+    Inbox* to = it == state_->servers.end() ? nullptr : it->second;
+    Inbox::Item item{address, backup_peers_[b], static_cast<int>(addresses_.size() + b),
+                     std::move(message), user_};
+    Packet packet{Direction::kToShard, address, backup_peers_[b], &item.message};
+    state_->Route(packet, to, std::move(item));
+    return Status::Ok();
+  }
+
   // A new peer id for connection i. Under mu.
   void Open(size_t i) {
     peers_[i] = "client-" + std::to_string(client_) + "." + std::to_string(++opened_) + "/" +
@@ -250,6 +306,10 @@ class MemoryClient final : public ClientTransport {
   uint64_t client_ = 0;
   uint64_t opened_ = 0;
   std::vector<PeerId> peers_;  // under state_->mu
+  // Per shard, its backup connection's peer id ("" while none is open) and address. Under
+  // state_->mu.
+  std::vector<PeerId> backup_peers_;
+  std::vector<std::string> backup_addresses_;
   Inbox inbox_;
 };
 

@@ -65,8 +65,11 @@ class MemoryNetwork {
   std::unique_ptr<ServerTransport> Bind(const std::string& address);
   // A client with one connection per address: shard i is addresses[i]. Connecting never
   // fails; an address nobody is bound at swallows what is sent to it. Reconnect(i) gives
-  // connection i a new peer id and drops what was queued on the old one. The shards see
-  // `user` as every message's Inbound::user (who the connection authenticated as).
+  // connection i a new peer id and drops what was queued on the old one; Retarget(i, a)
+  // does the same and points it at address a. ConnectBackup(i, a) opens a second connection
+  // for shard i, to a, seen on the client's side as shard num_shards + i ("" closes it). The
+  // shards see `user` as every message's Inbound::user (who the connection authenticated
+  // as).
   std::unique_ptr<ClientTransport> Connect(const std::vector<std::string>& addresses,
                                            const std::string& user = {});
 

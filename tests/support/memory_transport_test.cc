@@ -1,6 +1,7 @@
 // Tests of the in-memory transport itself: round trips, what a vanished or restarted
-// shard loses, a client's reconnect, Wake, and each fault (drop, duplicate, delay with
-// reordering, rules per direction and peer). Single-threaded except where a test says.
+// shard loses, a client's reconnect, retarget and backup connection, Wake, and each fault (drop,
+// duplicate, delay with reordering, rules per direction and peer). Single-threaded except where a
+// test says.
 #include "support/memory_transport.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +97,40 @@ TEST(MemoryTransportTest, AReconnectedConnectionIsANewPeerAndDropsWhatWasQueuedO
   auto second = ServerGet(*shard);
   ASSERT_TRUE(second);
   EXPECT_NE(second->peer, first->peer);
+}
+
+TEST(MemoryTransportTest, RetargetMovesAConnectionAndABackupConnectionIsShardNPlusS) {
+  MemoryNetwork net;
+  auto a = net.Bind("a");
+  auto b = net.Bind("b");
+  auto backup = net.Bind("backup");
+  auto client = net.Connect({"a"});
+  ASSERT_TRUE(client->Retarget(0, "b").ok());
+  ASSERT_TRUE(client->Send(0, Text("to b")).ok());
+  auto in = ServerGet(*b);
+  ASSERT_TRUE(in);
+  EXPECT_FALSE(a->Receive(0ms)->has_value());
+
+  // Shard 0's backup connection is "shard" 1 on the client's side, both ways.
+  EXPECT_EQ(client->Send(1, Text("none yet")).code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(client->ConnectBackup(0, "backup").ok());
+  ASSERT_TRUE(client->Send(1, Text("to the backup")).ok());
+  auto at_backup = ServerGet(*backup);
+  ASSERT_TRUE(at_backup);
+  EXPECT_EQ(at_backup->message[0].view(), "to the backup");
+  EXPECT_NE(at_backup->peer, in->peer);
+  ASSERT_TRUE(backup->Send(at_backup->peer, Text("from the backup")).ok());
+  auto out = ClientGet(*client);
+  ASSERT_TRUE(out);
+  EXPECT_EQ(out->first, 1);
+  EXPECT_EQ(out->second[0].view(), "from the backup");
+
+  // Closed: its replies are lost, and sends are refused.
+  ASSERT_TRUE(client->ConnectBackup(0, "").ok());
+  ASSERT_TRUE(backup->Send(at_backup->peer, Text("too late")).ok());
+  EXPECT_FALSE(ClientGet(*client, 0ms));
+  EXPECT_EQ(client->Send(1, Text("closed")).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(client->ConnectBackup(1, "backup").code(), StatusCode::kInvalidArgument);
 }
 
 TEST(MemoryTransportTest, WakeEndsAWaitingReceiveOrTheNextOne) {

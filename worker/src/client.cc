@@ -88,7 +88,25 @@ struct Pending {
   int shard = 0;
   Message message;
   std::shared_ptr<Op> op;  // null for heartbeats
+  int64_t sent_ms = 0;     // when it was last sent; 0 while it is held (HoldSends)
+  // Whether a shard's answering backup may reply to it (a push or a clock): -1 not looked
+  // at yet (BackupMayAnswer).
+  int8_t backup_answers = -1;
 };
+
+// The endpoint of the replica that answers `sv`'s pushes and clocks besides its primary: the
+// other member of a two-replica in-sync set, live and registered with
+// ReplicaAddress::answers; "" if there is none.
+std::string AnsweringBackup(const ShardView& sv) {
+  if (!sv.primary || sv.in_sync.size() != 2) return "";
+  const uint32_t p = sv.primary->replica;
+  if (sv.in_sync[0] != p && sv.in_sync[1] != p) return "";
+  const uint32_t other = sv.in_sync[0] == p ? sv.in_sync[1] : sv.in_sync[0];
+  for (const ReplicaAddress& a : sv.live) {
+    if (a.replica == other) return a.answers ? a.endpoint : "";
+  }
+  return "";
+}
 
 Future Ready(Status st) {
   auto op = std::make_shared<Op>(1, nullptr, nullptr);
@@ -234,6 +252,7 @@ class Client::Impl final : public detail::OpWaiter {
         ++requests_;
         if (hold_) {
           held_[static_cast<size_t>(s)].push_back(r.message);
+          if (first_held_rid_ == 0) first_held_rid_ = r.rid;
         } else {
           SendNow(r);
         }
@@ -330,6 +349,7 @@ class Client::Impl final : public detail::OpWaiter {
     c.bytes_received = bytes_received_.load();
     c.requests = requests_.load();
     c.resends = resends_.load();
+    c.backup_reply_resends = backup_reply_resends_.load();
     c.pushes = pushes_.load();
     c.pulls = pulls_.load();
     c.pulled_min_clock = pulled_min_clock_.load();
@@ -370,9 +390,20 @@ class Client::Impl final : public detail::OpWaiter {
       held.clear();
       Send(s, std::move(m));
     }
+    if (first_held_rid_ != 0) {
+      // What was held went out now (everything held has a rid from the first one held on).
+      const int64_t now = NowMs();
+      for (auto it = inflight_.lower_bound(first_held_rid_); it != inflight_.end(); ++it) {
+        if (it->second.sent_ms == 0) it->second.sent_ms = now;
+      }
+      first_held_rid_ = 0;
+    }
   }
 
-  void SendNow(Pending& r) { Send(r.shard, r.message); }
+  void SendNow(Pending& r) {
+    r.sent_ms = NowMs();
+    Send(r.shard, r.message);
+  }
 
   void Send(int shard, Message m) {
     bytes_sent_ += MessageBytes(m);
@@ -425,8 +456,12 @@ class Client::Impl final : public detail::OpWaiter {
           SendNow(r);
           inflight_.emplace(r.rid, std::move(r));
         }
+        for (int s = 0; s < n_ && backups_connected_ > 0; ++s) {
+          if (!backup_[static_cast<size_t>(s)].empty()) HeartbeatBackup(s);
+        }
       }
       CheckSilence(now);
+      CheckBackupAnswers(now);
       if (hb > 0) wait = std::clamp<int64_t>(last_hb + hb - now, 1, 50);
       // While threads wait on futures they read the connections; this one keeps time.
       if (waiters_ > 0 || reading_) {
@@ -485,6 +520,9 @@ class Client::Impl final : public detail::OpWaiter {
   // new primary (a new endpoint, or a new term at the same one, or a shard whose replica said
   // it is a backup). A shard without a primary (an election under way) keeps its requests
   // pending until one is named.
+  //
+  // It also connects each shard's answering backup (AnsweringBackup), if any: that replica
+  // sends the replies of pushes and clocks itself, and the primary drops its own.
   void Follow() {
     ClusterView known = options_.directory_view;
     std::vector<std::string> targets(static_cast<size_t>(n_));
@@ -492,6 +530,16 @@ class Client::Impl final : public detail::OpWaiter {
     for (size_t s = 0; s < targets.size() && s < known.shards.size(); ++s) {
       if (known.shards[s].primary) targets[s] = known.shards[s].primary->endpoint;
       terms[s] = known.shards[s].term;
+    }
+    // The answering backup each shard is connected to ("" none); the first view connects
+    // those of the view the transport was made from.
+    std::vector<std::string> backups(static_cast<size_t>(n_));
+    for (int s = 0; s < n_ && static_cast<size_t>(s) < known.shards.size(); ++s) {
+      auto i = static_cast<size_t>(s);
+      if (std::string b = AnsweringBackup(known.shards[i]); !b.empty()) {
+        SetBackup(s, b, /*resend=*/false);
+        backups[i] = std::move(b);
+      }
     }
     int64_t revision = known.revision;
     int64_t last_error_log = 0;
@@ -516,18 +564,122 @@ class Client::Impl final : public detail::OpWaiter {
       for (int s = 0; s < n_ && static_cast<size_t>(s) < view->shards.size(); ++s) {
         auto i = static_cast<size_t>(s);
         const ShardView& sv = view->shards[i];
-        if (!sv.primary) continue;
-        const bool moved = sv.primary->endpoint != targets[i];
-        const bool stale = stale_[i].exchange(false);
-        if (!moved && sv.term == terms[i] && !stale) continue;
-        if (Retarget(s, sv.primary->endpoint, sv.term, moved)) {
-          targets[i] = sv.primary->endpoint;
-          terms[i] = sv.term;
-        } else {
-          stale_[i].store(true);
-          refresh_.store(true);
+        bool retargeted = false;
+        if (sv.primary) {
+          const bool moved = sv.primary->endpoint != targets[i];
+          const bool stale = stale_[i].exchange(false);
+          if (moved || sv.term != terms[i] || stale) {
+            if (!Retarget(s, sv.primary->endpoint, sv.term, moved)) {
+              stale_[i].store(true);
+              refresh_.store(true);
+              continue;  // the backup too waits for the primary's connection
+            }
+            targets[i] = sv.primary->endpoint;
+            terms[i] = sv.term;
+            retargeted = true;
+          }
+        }
+        std::string b = AnsweringBackup(sv);
+        if (b != backups[i]) {
+          // Retarget resent everything pending already.
+          SetBackup(s, b, /*resend=*/!retargeted);
+          backups[i] = std::move(b);
+        } else if (retargeted && !b.empty()) {
+          // The same backup under a new primary or term: it learns this worker's connection
+          // again now rather than at the next heartbeat.
+          std::lock_guard<std::mutex> lock(io_mu_);
+          if (!backup_[i].empty() && hb_interval_ms_.load() > 0) HeartbeatBackup(s);
         }
       }
+    }
+  }
+
+  // Connects `shard`'s answering backup at `endpoint` ("" closes it) and, with heartbeats
+  // on, introduces this worker to it with one heartbeat. `resend`: if a backup was connected
+  // before, the pushes and clocks it may have promised to answer go to the primary again
+  // now (it may have died, or was dropped from the in-sync set, with replies owed).
+  void SetBackup(int shard, const std::string& endpoint, bool resend) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    auto i = static_cast<size_t>(shard);
+    const std::string old = backup_[i];
+    if (!old.empty()) --backups_connected_;
+    backup_[i].clear();
+    Status st = transport_->ConnectBackup(shard, endpoint);
+    if (!st.ok()) {
+      spdlog::warn("shard {}: cannot connect to its answering backup at {}: {}", shard, endpoint,
+                   st.ToString());
+    } else if (!endpoint.empty()) {
+      backup_[i] = endpoint;
+      ++backups_connected_;
+      spdlog::info("shard {}: its backup at {} answers pushes and clocks; connected to it", shard,
+                   endpoint);
+      if (hb_interval_ms_.load() > 0) HeartbeatBackup(shard);
+    } else {
+      spdlog::info("shard {}: no backup answers pushes and clocks now (was {})", shard, old);
+    }
+    if (resend && !old.empty()) {
+      int n = 0;
+      for (auto& [rid, r] : inflight_) {
+        if (r.shard == shard && r.op && r.sent_ms != 0 && BackupMayAnswer(r)) {
+          ++backup_reply_resends_;
+          ++n;
+          SendNow(r);
+        }
+      }
+      if (n > 0) {
+        spdlog::warn(
+            "shard {}: resent {} push/clock request(s) to its primary (the backup at {} "
+            "no longer answers them)",
+            shard, n, old);
+      }
+    }
+  }
+
+  // A heartbeat on `shard`'s backup connection, not tracked: the backup learns this worker's
+  // connection from it (worker id, incarnation) and answers nothing. Under io_mu_.
+  void HeartbeatBackup(int shard) {
+    Send(n_ + shard,
+         MakeHeartbeat(next_rid_.fetch_add(1), hb_worker_.load(), hb_incarnation_.load()));
+  }
+
+  // Whether `shard`'s answering backup may answer `r` (a push or a clock). Under io_mu_.
+  static bool BackupMayAnswer(Pending& r) {
+    if (r.backup_answers < 0) {
+      const RequestPeek::Kind kind = PeekRequest(r.message).kind;
+      r.backup_answers = kind == RequestPeek::kPush || kind == RequestPeek::kClock ? 1 : 0;
+    }
+    return r.backup_answers == 1;
+  }
+
+  // The safety net of answering backups: a backup's reply can be lost (it died after telling
+  // the primary it would answer, or it did not know this worker's connection), and the
+  // primary sent none. A push or clock pending on a shard with an answering backup that
+  // went unanswered for a few heartbeats goes to the primary again (pushes are deduplicated
+  // by sequence, clocks are idempotent), once per such period. Under io_mu_.
+  void CheckBackupAnswers(int64_t now) {
+    // Every 100 ms at most: the period is a second or more, and this walks every request.
+    if (backups_connected_ == 0 || now < next_backup_check_ms_) return;
+    next_backup_check_ms_ = now + 100;
+    const int64_t hb = hb_interval_ms_.load();
+    const int64_t period = hb > 0 ? std::max<int64_t>(4 * hb, 1000) : 1000;
+    uint64_t n = 0;
+    for (auto& [rid, r] : inflight_) {
+      if (!r.op || r.sent_ms == 0 || now - r.sent_ms < period ||
+          backup_[static_cast<size_t>(r.shard)].empty() || !BackupMayAnswer(r)) {
+        continue;
+      }
+      ++backup_reply_resends_;
+      ++n;
+      SendNow(r);
+    }
+    backup_resends_unlogged_ += n;
+    if (backup_resends_unlogged_ > 0 && now - backup_resends_logged_ms_ >= 10000) {
+      spdlog::warn(
+          "{} push/clock request(s) resent to their shards' primaries: no answer from the "
+          "answering backup within {} ms",
+          backup_resends_unlogged_, period);
+      backup_resends_unlogged_ = 0;
+      backup_resends_logged_ms_ = now;
     }
   }
 
@@ -602,6 +754,10 @@ class Client::Impl final : public detail::OpWaiter {
   }
 
   void OnMessage(int shard, const Message& msg) {
+    if (shard >= n_) {
+      OnBackupMessage(shard - n_, msg);
+      return;
+    }
     if (IsBatch(msg)) {
       auto replies = UnpackBatch(msg);
       if (!replies.ok()) {
@@ -665,6 +821,56 @@ class Client::Impl final : public detail::OpWaiter {
     }
   }
 
+  // A message from `shard`'s answering backup: the reply of a push or clock pending on that
+  // shard completes it as the primary's would; anything else is ignored. Says nothing of
+  // the primary's health (last_heard_, boot ids, the directory).
+  void OnBackupMessage(int shard, const Message& msg) {
+    if (IsBatch(msg)) {
+      auto replies = UnpackBatch(msg);
+      if (!replies.ok()) {
+        spdlog::debug("shard {}'s backup sent an unreadable batch: {}", shard,
+                      replies.status().ToString());
+        return;
+      }
+      bytes_received_ += msg[0].size();
+      for (const Message& r : *replies) OnBackupMessage(shard, r);
+      return;
+    }
+    bytes_received_ += MessageBytes(msg);
+    auto decoded = DecodeReply(msg);
+    if (!decoded.ok()) {
+      spdlog::debug("shard {}'s backup sent an unreadable reply: {}", shard,
+                    decoded.status().ToString());
+      return;
+    }
+    auto it = inflight_.find(decoded->request_id);
+    // Heartbeats to a backup are not tracked; other requests are the primary's to answer.
+    if (it == inflight_.end() || it->second.shard != shard || !it->second.op ||
+        !BackupMayAnswer(it->second)) {
+      return;
+    }
+    const Reply& reply = decoded->value;
+    const auto* e = std::get_if<ErrorReply>(&reply);
+    if (e != nullptr && IsBackupRefusal(e->status)) return;
+    if (e == nullptr && !std::holds_alternative<PushReply>(reply) &&
+        !std::holds_alternative<ClockReply>(reply)) {
+      spdlog::debug("shard {}'s backup answered request {} with an unexpected reply", shard,
+                    decoded->request_id);
+      return;
+    }
+    Pending r = std::move(it->second);
+    inflight_.erase(it);
+    --inflight_per_shard_[shard];
+    Status st = Status::Ok();
+    if (e != nullptr) {
+      st = e->status.WithContext("shard " + std::to_string(shard));
+      if (st.code() == StatusCode::kNotRegistered) needs_rejoin_.store(true);
+    } else if (r.op->on_reply) {
+      st = r.op->on_reply(shard, reply, decoded->payloads);
+    }
+    if (r.op->Complete(std::move(st))) notify_waiters_ = true;
+  }
+
   std::unique_ptr<ClientTransport> transport_;
   ClientOptions options_;
   int n_;
@@ -691,6 +897,14 @@ class Client::Impl final : public detail::OpWaiter {
   std::vector<int64_t> next_reconnect_;
   std::vector<int64_t> backoff_;
   std::vector<uint64_t> push_seq_;
+  // Per shard, the endpoint of the answering backup connected to ("" none), and how many
+  // are connected.
+  std::vector<std::string> backup_ = std::vector<std::string>(static_cast<size_t>(n_));
+  int backups_connected_ = 0;
+  uint64_t backup_resends_unlogged_ = 0;  // safety-net resends since the last warning
+  int64_t backup_resends_logged_ms_ = 0;
+  int64_t next_backup_check_ms_ = 0;        // CheckBackupAnswers' next walk
+  uint64_t first_held_rid_ = 0;             // the first request held since the last flush
   bool hold_ = false;                       // under io_mu_
   std::vector<std::vector<Message>> held_;  // per shard, under io_mu_
   std::atomic<uint64_t> hb_worker_{0};
@@ -705,6 +919,7 @@ class Client::Impl final : public detail::OpWaiter {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> resends_{0};
+  std::atomic<uint64_t> backup_reply_resends_{0};
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> pulls_{0};
   std::atomic<uint64_t> push_buffers_{0};

@@ -9,10 +9,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "leash/common/partition.h"
+#include "leash/common/wire.h"
 #include "support/memory_cluster.h"
 
 namespace leash {
@@ -506,6 +512,266 @@ TEST(ClientTest, DuplicatedMessagesApplyEachSparsePushExactlyOnce) {
   ASSERT_TRUE(c->PullSparse(*t, keys, rows.data()).get().ok());
   ExpectAll(rows, 0.5f - 5.f);
   EXPECT_GT(cluster.network().stats().duplicated, 0u);
+}
+
+// A replica driven by the test on the in-memory network: with `answers_basics` it answers
+// registrations (as the only shard of one) and heartbeats itself, as a primary; every other
+// request it keeps for the test (a backup's heartbeats too).
+class FakeReplica {
+ public:
+  struct Got {
+    PeerId peer;
+    uint64_t rid = 0;
+    Request request;
+  };
+
+  FakeReplica(testing::MemoryNetwork& network, const std::string& address, bool answers_basics)
+      : transport_(network.Bind(address)), answers_basics_(answers_basics) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FakeReplica() {
+    stop_.store(true);
+    transport_->Wake();
+    thread_.join();
+  }
+
+  // The next request of type T that came (taken from what is kept) whose request id `want`
+  // accepts (null: any), or nullopt after `timeout`.
+  template <typename T>
+  std::optional<Got> Next(const std::function<bool(uint64_t)>& want = nullptr,
+                          std::chrono::milliseconds timeout = 20s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::optional<Got> found;
+    cv_.wait_for(lock, timeout, [&] {
+      for (auto it = got_.begin(); it != got_.end(); ++it) {
+        if (std::holds_alternative<T>(it->request) && (!want || want(it->rid))) {
+          found = std::move(*it);
+          got_.erase(it);
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+
+  void Send(const PeerId& peer, uint64_t rid, const Reply& reply,
+            std::vector<Frame> payloads = {}) {
+    ASSERT_TRUE(transport_->Send(peer, EncodeReply(rid, reply, std::move(payloads))).ok());
+  }
+  // `replies` (request id, reply) as one batch.
+  void SendBatch(const PeerId& peer, const std::vector<std::pair<uint64_t, Reply>>& replies) {
+    std::vector<Message> parts;
+    for (const auto& [rid, reply] : replies) parts.push_back(EncodeReply(rid, reply));
+    ASSERT_TRUE(transport_->Send(peer, PackBatch(std::move(parts))).ok());
+  }
+
+ private:
+  void Run() {
+    while (!stop_.load()) {
+      auto in = transport_->Receive(20ms);
+      if (!in.ok() || !in->has_value()) continue;
+      if (IsBatch((*in)->message)) {
+        auto parts = UnpackBatch((*in)->message);
+        if (parts.ok()) {
+          for (const Message& m : *parts) Handle((*in)->peer, m);
+        }
+        continue;
+      }
+      Handle((*in)->peer, (*in)->message);
+    }
+  }
+
+  void Handle(const PeerId& peer, const Message& message) {
+    auto req = DecodeRequest(message);
+    if (!req.ok()) return;
+    if (answers_basics_ && std::holds_alternative<RegisterRequest>(req->value)) {
+      Welcome w;
+      w.lease_ms = 10000;
+      w.boot_id = 77;
+      (void)transport_->Send(peer, EncodeReply(req->request_id, w));
+      return;
+    }
+    if (answers_basics_ && std::holds_alternative<HeartbeatRequest>(req->value)) {
+      (void)transport_->Send(peer, EncodeReply(req->request_id, HeartbeatReply{0, 77}));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    got_.push_back({peer, req->request_id, req->value});
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<ServerTransport> transport_;
+  const bool answers_basics_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Got> got_;  // under mu_
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A directory whose view the test sets.
+class FakeDirectory final : public ShardDirectory {
+ public:
+  explicit FakeDirectory(ClusterView view) : view_(std::move(view)) {}
+  Result<ClusterView> View() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return view_;
+  }
+  Result<ClusterView> WaitForChange(int64_t after_revision,
+                                    std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return view_.revision != after_revision; });
+    return view_;
+  }
+  void Set(ClusterView view) {
+    std::lock_guard<std::mutex> lock(mu_);
+    view.revision = view_.revision + 1;
+    view_ = std::move(view);
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  ClusterView view_;  // under mu_
+};
+
+// The future's result, or DeadlineExceeded if it is not ready within 20 s (a reply that
+// never comes fails the test instead of hanging it).
+Status Within20s(const Future& f) {
+  if (f.wait_for(20s) != std::future_status::ready) return DeadlineExceeded("no reply in 20 s");
+  return f.get();
+}
+
+// One shard of two replicas: the primary at "p" and, in sync with it, a backup at "b" that
+// answers pushes and clocks (ReplicaAddress::answers) unless `answering` is false.
+ClusterView ChainView(bool answering) {
+  ShardView sv;
+  sv.term = 1;
+  sv.primary = ReplicaAddress{0, "p", 1, false};
+  sv.live = {*sv.primary, ReplicaAddress{1, "b", 2, true}};
+  sv.in_sync = answering ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{0};
+  ClusterView view;
+  view.num_shards = 1;
+  view.replicas = 2;
+  view.shards = {sv};
+  view.revision = 1;
+  return view;
+}
+
+// With a backup that answers pushes and clocks itself (--backup-answers), the client connects
+// to it, introduces itself with a heartbeat, and takes those replies from it: a push the
+// primary never answers completes; the backup's reply to a pull is ignored (only the primary
+// answers pulls); a push the backup leaves unanswered goes to the primary again; and once
+// the backup no longer answers, what is pending goes to the primary at once.
+TEST(ClientTest, AnAnsweringBackupsRepliesCompletePushesAndClocksAndTheSilentOnesAreResent) {
+  testing::MemoryNetwork network;
+  FakeReplica primary(network, "p", /*answers_basics=*/true);
+  FakeReplica backup(network, "b", /*answers_basics=*/false);
+  auto directory = std::make_shared<FakeDirectory>(ChainView(true));
+  ClientOptions o = Worker("w", 1);
+  o.heartbeat_ms = 20;  // the safety net resends after max(4 heartbeats, 1 s)
+  o.directory = directory;
+  o.directory_view = ChainView(true);
+  auto connected = Client::Connect(network.Connect({"p"}), o);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Client& c = **connected;
+
+  // The backup learns the worker's connection from an untracked heartbeat.
+  auto hb = backup.Next<HeartbeatRequest>();
+  ASSERT_TRUE(hb);
+  EXPECT_EQ(std::get<HeartbeatRequest>(hb->request).worker_id, 1u);
+  EXPECT_EQ(std::get<HeartbeatRequest>(hb->request).incarnation, c.incarnation());
+  const PeerId worker = hb->peer;
+
+  TableHandle t;
+  t.name = "t";
+  t.rows = 4;
+  t.cols = 1;
+  t.shard_ids = {7};
+  std::vector<float> grad(4, 1.f);
+
+  // Requests the client has not sent before (resends of earlier ones are not looked at).
+  uint64_t last_rid = hb->rid;
+  auto fresh = [&last_rid](uint64_t rid) {
+    if (rid <= last_rid) return false;
+    last_rid = rid;
+    return true;
+  };
+
+  // A push the primary does not answer: the backup's reply completes it.
+  Future push = c.Push(t, grad.data());
+  auto at_primary = primary.Next<PushRequest>(fresh);
+  ASSERT_TRUE(at_primary);
+  backup.Send(worker, at_primary->rid, PushReply{true, 0});
+  ASSERT_TRUE(Within20s(push).ok()) << push.get();
+
+  // So does a clock's.
+  Future clock = c.Clock();
+  auto clock_at_primary = primary.Next<ClockRequest>(fresh);
+  ASSERT_TRUE(clock_at_primary);
+  backup.Send(worker, clock_at_primary->rid, ClockReply{0, 0});
+  ASSERT_TRUE(Within20s(clock).ok()) << clock.get();
+
+  // Held requests go out as one batch; the backup's batch of their replies completes them.
+  c.HoldSends();
+  Future held_push = c.Push(t, grad.data());
+  Future held_clock = c.Clock();
+  c.FlushSends();
+  auto held_push_at_primary = primary.Next<PushRequest>(fresh);
+  auto held_clock_at_primary = primary.Next<ClockRequest>(fresh);
+  ASSERT_TRUE(held_push_at_primary && held_clock_at_primary);
+  backup.SendBatch(worker, {{held_push_at_primary->rid, PushReply{true, 0}},
+                            {held_clock_at_primary->rid, ClockReply{0, 0}}});
+  ASSERT_TRUE(Within20s(held_push).ok()) << held_push.get();
+  ASSERT_TRUE(Within20s(held_clock).ok()) << held_clock.get();
+
+  // A pull: the backup's replies to it (values, an error) are ignored. A second push's
+  // reply, sent after them on the same connection, shows the client has read them.
+  std::vector<float> out(4, 0.f);
+  Future pull = c.Pull(t, out.data());
+  auto pull_at_primary = primary.Next<PullRequest>(fresh);
+  ASSERT_TRUE(pull_at_primary);
+  PullReply values{7, 4, 1, DType::kF32, 0};
+  std::vector<float> wrong(4, 9.f), right(4, 1.f);
+  backup.Send(worker, pull_at_primary->rid, values, {EncodeValues(wrong, DType::kF32)});
+  backup.Send(worker, pull_at_primary->rid, ErrorReply{Internal("not the backup's to answer"), 2});
+  Future second = c.Push(t, grad.data());
+  auto second_at_primary = primary.Next<PushRequest>(fresh);
+  ASSERT_TRUE(second_at_primary);
+  backup.Send(worker, second_at_primary->rid, PushReply{true, 0});
+  ASSERT_TRUE(Within20s(second).ok()) << second.get();
+  EXPECT_FALSE(pull.ready()) << "a backup's reply to a pull completed it";
+  primary.Send(pull_at_primary->peer, pull_at_primary->rid, values,
+               {EncodeValues(right, DType::kF32)});
+  ASSERT_TRUE(Within20s(pull).ok()) << pull.get();
+  ExpectAll(out, 1.f);
+
+  // A push the backup leaves unanswered goes to the primary again, which answers it.
+  Future silent = c.Push(t, grad.data());
+  auto first_try = primary.Next<PushRequest>(fresh);
+  ASSERT_TRUE(first_try);
+  const uint64_t silent_rid = first_try->rid;
+  auto resent = primary.Next<PushRequest>([&](uint64_t rid) { return rid == silent_rid; });
+  ASSERT_TRUE(resent) << "the push was not resent to the primary";
+  primary.Send(resent->peer, resent->rid, PushReply{true, 0});
+  ASSERT_TRUE(Within20s(silent).ok()) << silent.get();
+  EXPECT_GE(c.counters().backup_reply_resends, 1u);
+
+  // The backup leaves the in-sync set with a push pending: the push goes to the primary
+  // again, which answers it.
+  const uint64_t before = c.counters().backup_reply_resends;
+  Future orphan = c.Push(t, grad.data());
+  auto orphan_at_primary = primary.Next<PushRequest>(fresh);
+  ASSERT_TRUE(orphan_at_primary);
+  const uint64_t orphan_rid = orphan_at_primary->rid;
+  directory->Set(ChainView(false));
+  auto orphan_resent = primary.Next<PushRequest>([&](uint64_t rid) { return rid == orphan_rid; });
+  ASSERT_TRUE(orphan_resent) << "the push was not resent to the primary";
+  EXPECT_GT(c.counters().backup_reply_resends, before);
+  primary.Send(orphan_resent->peer, orphan_resent->rid, PushReply{true, 0});
+  ASSERT_TRUE(Within20s(orphan).ok()) << orphan.get();
 }
 
 }  // namespace

@@ -407,11 +407,12 @@ int Train(const WorkerConfig& c, Worker& w) {
     extra.push_back({"bytes_received_per_iteration", received});
     extra.push_back({"shared_memory_shards", n.shared_memory_shards});
     spdlog::info(
-        "wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent; per "
-        "iteration {:.1f} KB sent, {:.1f} KB received; {} of {} shard(s) reached "
-        "through shared memory",
+        "wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent ({} for a "
+        "backup's missing answer); per iteration {:.1f} KB sent, {:.1f} KB received; {} of {} "
+        "shard(s) reached through shared memory",
         leash::DTypeName(c.wire_dtype), n.requests, n.bytes_sent / 1e6, n.bytes_received / 1e6,
-        n.resends, sent / 1e3, received / 1e3, n.shared_memory_shards, w.client->num_shards());
+        n.resends, n.backup_reply_resends, sent / 1e3, received / 1e3, n.shared_memory_shards,
+        w.client->num_shards());
   }
   const auto& epochs_done = results->epochs;
   std::printf("%s trained %lld chunks%s\n", to.label.c_str(),

@@ -73,6 +73,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& worker,
     mirror(&ClientCounters::requests, "leash_worker_requests_total", "Requests sent to shards.");
     mirror(&ClientCounters::resends, "leash_worker_resends_total",
            "Requests resent to a shard that went silent.");
+    mirror(&ClientCounters::backup_reply_resends, "leash_worker_backup_reply_resends_total",
+           "Pushes and clocks resent to a shard's primary because its answering backup did not "
+           "answer them (--backup-answers).");
     mirror(&ClientCounters::bytes_sent, "leash_worker_sent_bytes_total", "Bytes sent to shards.");
     mirror(&ClientCounters::bytes_received, "leash_worker_received_bytes_total",
            "Bytes received from shards.");

@@ -36,6 +36,9 @@ struct ReplicaAddress {
   uint32_t replica = 0;  // 0..R-1, stable across restarts (the pod ordinal on Kubernetes)
   std::string endpoint;  // "tcp://host:port" (workers and peer replicas connect here)
   uint64_t boot_id = 0;  // changes with every process start
+  // This replica, as its primary's sole in-sync backup, answers workers' pushes and clocks
+  // itself (--backup-answers): a worker connects to it too (ClientTransport::ConnectBackup).
+  bool answers = false;
   bool operator==(const ReplicaAddress&) const = default;
 };
 

@@ -103,10 +103,10 @@ class ConnectionHealth {
 
 // A client's connections, one per shard (DEALER sockets in production).
 //
-// Threads: one thread at a time may Receive. Send, Reconnect and Retarget may be called while
-// another thread waits in Receive (a message that arrives meanwhile still ends that
-// wait), one call at a time (the caller serializes them). Wake and the side interfaces
-// are thread-safe.
+// Threads: one thread at a time may Receive. Send, Reconnect, Retarget and ConnectBackup may
+// be called while another thread waits in Receive (a message that arrives meanwhile still
+// ends that wait), one call at a time (the caller serializes them). Wake and the side
+// interfaces are thread-safe.
 class ClientTransport {
  public:
   virtual ~ClientTransport() = default;
@@ -127,6 +127,16 @@ class ClientTransport {
   // InvalidArgument for a malformed endpoint; FailedPrecondition where the transport cannot.
   virtual Status Retarget(int /*shard*/, const std::string& /*endpoint*/) {
     return FailedPrecondition("this transport cannot move a shard's connection to a new endpoint");
+  }
+  // A second connection per shard, to the shard's sole in-sync backup where that backup
+  // answers pushes and clocks itself (ReplicaAddress::answers). `endpoint` "" closes it
+  // (and drops what is queued on it); another endpoint replaces it. Messages from it come
+  // out of Receive as shard num_shards() + shard; Send(num_shards() + shard, m) sends on it
+  // (Unavailable while none is open). Socket only: no shared memory, no striping on it.
+  // InvalidArgument for a malformed endpoint (none is open then) or a shard out of range;
+  // FailedPrecondition where the transport cannot.
+  virtual Status ConnectBackup(int /*shard*/, const std::string& /*endpoint*/) {
+    return FailedPrecondition("this transport cannot connect to a shard's backup");
   }
 
   // Side interfaces; null where the transport cannot. Each lives as long as the transport.

@@ -124,6 +124,9 @@ struct ReplAppendMsg {
   uint64_t prev_term = 0;
   uint64_t commit = 0;
   std::vector<ReplEntryWire> entries;
+  // The backup is the primary's only in-sync one: what it holds is committed, and it answers
+  // the pushes and clocks of the workers connected to it (Replica, --backup-answers).
+  bool backup_answers = false;
 };
 struct ReplAckMsg {
   uint64_t term = 0;
@@ -134,6 +137,9 @@ struct ReplAckMsg {
   uint64_t boot_id = 0;
   uint64_t transfer = 0;  // nonzero: acknowledges chunks of this snapshot transfer
   uint32_t chunk = 0;     // it holds the transfer's chunks before this one
+  // Entries (sorted) whose replies to their workers this backup sends itself: the primary
+  // drops its own.
+  std::vector<uint64_t> answered = {};
 };
 // One chunk of a shard's state after log entry `index` (schema/leash.fbs, ReplSnapshot):
 // chunk 0 holds everything but the tables' contents; every later chunk one payload frame,

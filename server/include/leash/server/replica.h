@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -74,6 +75,13 @@ struct ReplicaOptions {
   // messages from any other user (a worker's key) are refused, counted and logged at most
   // once a minute. Empty (no CURVE): not checked; nobody is authenticated then.
   std::string replica_user;
+  // Backups that answer (docs/replication.md, "Backups that answer"): while a primary has
+  // exactly one in-sync backup, that backup sends the workers the replies to their pushes and
+  // clocks itself once it holds them, and the primary drops its own; an acknowledgement then
+  // takes worker -> primary -> backup -> worker, one hop less. Needs the worker connected to
+  // the backup too (leash::Client does that when the directory says the backup answers). Not
+  // with durable_log_fsync: there the primary answers once its own disk holds the entry.
+  bool backup_answers = false;
 };
 
 enum class ReplicaRole { kBackup, kPrimary };
@@ -175,6 +183,10 @@ class Replica {
   std::vector<BackupProgress> backups() const;
   // Replies held until their entries commit.
   size_t held_replies() const { return held_.size(); }
+  // Backups that answer: replies a backup sent workers itself, and a primary's own replies
+  // it dropped because its backup said it sent them.
+  uint64_t backup_answered() const { return backup_answered_; }
+  uint64_t replies_left_to_backup() const { return replies_left_to_backup_; }
   bool needs_snapshot() const { return needs_snapshot_; }
   // False from the start of a snapshot transfer to this replica (its old state dropped) until
   // one is installed; it writes no snapshots of its own meanwhile.
@@ -220,17 +232,24 @@ class Replica {
   struct Held {
     uint64_t index;
     Outgoing reply;
+    bool own = false;  // the reply to the entry's own request (a backup may send it instead)
+  };
+  // Backup (backup_answers): the connection a worker's heartbeats last came in on.
+  struct WorkerLink {
+    uint64_t incarnation = 0;
+    PeerId peer;
+    int64_t seen_ms = 0;
   };
   struct Transfer;  // primary: a snapshot being sent to one backup (replica.cc)
   struct Staging;   // backup: a snapshot being received
 
   // Stats of a primary: the commit index and each backup's lag (leashctl status).
   void FillBackupLag(ShardStats* st) const;
-  void OnReplication(const PeerId& peer, const Message& message);
-  void OnAppend(const ReplAppendMsg& m);
+  void OnReplication(const PeerId& peer, const Message& message, std::vector<Outgoing>* out);
+  void OnAppend(const ReplAppendMsg& m, std::vector<Outgoing>* out);
   void OnAck(const ReplAckMsg& m);
   void OnSnapshot(const ReplSnapshotMsg& m, std::span<const Frame> payloads);
-  void SendAck(bool ok, uint64_t last_index);
+  void SendAck(bool ok, uint64_t last_index, std::vector<uint64_t> answered = {});
   // Primary: whether a worker's request changes replicated state (and so is logged).
   bool ChangesState(const Message& message) const;
   // Primary: logs an entry of this term at now_, applies it, ships it.
@@ -238,7 +257,19 @@ class Replica {
            const Message& message);
   // Applies `e` to the shard with its clock value; its replies to `out` (may be null).
   void Apply(const ReplEntryWire& e, std::vector<Outgoing>* out);
-  void ApplyCommitted();
+  // Backup: applies what is committed. Of the entries in `answered` (sorted), the replies to
+  // their own requests go to `out`, addressed to the workers' connections here.
+  void ApplyCommitted(std::vector<Outgoing>* out = nullptr,
+                      const std::vector<uint64_t>& answered = {});
+  // Backup: the connection to send entry e's reply on, if this backup answers it: a single
+  // push or clock whose worker's heartbeats come in here, within the lease (a push: of that
+  // incarnation). Null otherwise.
+  const PeerId* AnswerPeer(const ReplEntryWire& e) const;
+  // Backup: a worker's heartbeat on connection `peer`.
+  void NoteWorkerLink(const PeerId& peer, const Message& heartbeat);
+  // Primary: whether backup r may answer entries up to `last` (ReplAppendMsg::backup_answers):
+  // it is the only in-sync backup, and this replica's durable log, if any, holds them.
+  bool BackupMayAnswer(uint32_t r, uint64_t last) const;
   uint64_t TermAt(uint64_t index) const;  // 0 if unknown
   static size_t EntryBytes(const ReplEntryWire& e);
   const ReplEntryWire& EntryAt(uint64_t index) const;
@@ -368,6 +399,9 @@ class Replica {
   int64_t refused_logged_ms_ = -1;
   uint64_t snapshots_installed_ = 0;
   uint64_t terms_led_ = 0;
+  std::map<uint64_t, WorkerLink> worker_links_;  // backup: by worker id
+  uint64_t backup_answered_ = 0;
+  uint64_t replies_left_to_backup_ = 0;
 
   // The durable log (ReplicaOptions::durable_log_dir), and how far it holds the log.
   std::unique_ptr<DurableLog> durable_;

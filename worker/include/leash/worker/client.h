@@ -49,6 +49,10 @@ struct ClientOptions {
   // resends every request not yet answered (parked pulls included; pushes are deduplicated
   // by the replicas, which share the exactly-once records). A backup's "I am a backup"
   // answer is never surfaced: the request waits for the directory to name the primary.
+  // Where a shard's sole in-sync backup answers pushes and clocks itself (--backup-answers
+  // on the servers; ReplicaAddress::answers), the client connects to it too
+  // (ClientTransport::ConnectBackup) and takes those replies from it; what it leaves
+  // unanswered for max(4 heartbeats, 1 s) goes to the primary again.
   // Null: static endpoints (--servers), nothing followed.
   std::shared_ptr<ShardDirectory> directory;
   ClusterView directory_view;
@@ -144,6 +148,9 @@ struct ClientCounters {
   uint64_t bytes_received = 0;
   uint64_t requests = 0;
   uint64_t resends = 0;
+  // Pushes and clocks resent to a shard's primary because its answering backup
+  // (ReplicaAddress::answers) did not answer them in time, or stopped being that backup.
+  uint64_t backup_reply_resends = 0;
   uint64_t pushes = 0;            // Push() calls (one per table, whatever the shards)
   uint64_t pulls = 0;             // Pull() calls
   int64_t pulled_min_clock = -1;  // minimum clock the latest pull reply's values reflect
