@@ -4,9 +4,9 @@
 // ZeroMQ ceiling measured in the same run (a plain DEALER/ROUTER echo in another process
 // for round trips, 1 or 8 in flight, and a plain PUSH/PULL stream to another process for
 // one-way throughput, over 1 or more connections), and the shard's optimizer update alone.
-// With --servers it measures running shards instead (bench/replication.py: a replicated
-// shard's primary). Writes JSON and a markdown summary. Single-threaded driver plus one
-// thread per worker.
+// With --servers it measures running shards instead, or with --etcd replicated shards that
+// the clients follow through the directory, as leash-worker does (bench/replication.py). Writes
+// JSON and a markdown summary. Single-threaded driver plus one thread per worker.
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -29,6 +29,7 @@
 #include <zmq.hpp>
 
 #include "leash/common/curve_keys.h"
+#include "leash/common/etcd_coordinator.h"
 #include "leash/common/finite.h"
 #include "leash/common/flags.h"
 #include "leash/common/zmq_transport.h"
@@ -95,6 +96,12 @@ std::string g_curve_keys;
 // --servers: running shards to measure (e.g. a replicated shard's primary) instead of
 // shards started here; the Leash cells then use as many shards as it names.
 std::vector<std::string> g_servers;
+
+// --etcd and --job: replicated shards, found (and followed) through etcd; the Leash cells
+// use as many shards as the job has.
+std::string g_etcd, g_job = "leash";
+std::shared_ptr<leash::ShardDirectory> g_directory;  // with --etcd
+leash::ClusterView g_view;                           // its view when the run began
 
 int FreePort() {
   zmq::context_t ctx;
@@ -209,8 +216,9 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
                              int inflight, double seconds, int64_t spin_us, bool shm, int stripes,
                              const std::vector<std::string>& op_names) {
   std::unique_ptr<Shards> started;
-  if (g_servers.empty()) started = std::make_unique<Shards>(bin, n, dir, stripes);
-  const std::vector<std::string>& endpoints = started ? started->endpoints() : g_servers;
+  if (g_servers.empty() && g_etcd.empty()) started = std::make_unique<Shards>(bin, n, dir, stripes);
+  std::vector<std::string> endpoints = started ? started->endpoints() : g_servers;
+  if (g_directory) endpoints = leash::PrimaryEndpoints(g_view);
   leash::ZmqContext ctx(stripes);
   std::vector<std::unique_ptr<leash::Client>> clients;
   for (int w = 0; w < n; ++w) {
@@ -219,6 +227,8 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     o.staleness =
         int64_t{1} << 40;  // pulls never wait for clocks: this measures transport and update cost
     o.reply_spin_us = spin_us;
+    o.directory = g_directory;
+    o.directory_view = g_view;
     leash::ZmqOptions zo;
     zo.shared_memory = shm;
     zo.stripes = stripes;
@@ -233,7 +243,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   }
   leash::TableSpec t;
   // Running shards keep their tables across cells: one table per size and mode there.
-  t.name = g_servers.empty()
+  t.name = started != nullptr
                ? std::string("bench")
                : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight) +
                      (stripes > 1 ? "s" + std::to_string(stripes) : "");
@@ -678,6 +688,10 @@ int main(int argc, char** argv) {
                "measure these running shards (comma-separated endpoints, e.g. a replicated "
                "shard's primary) instead of starting leash-server; --shards is then their "
                "number");
+  flags.String("etcd", &g_etcd,
+               "measure replicated shards found through etcd (e.g. http://127.0.0.1:2379), "
+               "followed as leash-worker follows them; --shards is then the job's number");
+  flags.String("job", &g_job, "with --etcd: the job's name in etcd");
   flags.Bool("push-copy", &g_push_copy,
              "Leash push rows: Push(const float*), which copies the gradient, instead of "
              "handing it over (Push of a shared_ptr, sent from the caller's floats)");
@@ -692,7 +706,31 @@ int main(int argc, char** argv) {
     }
   }
   g_servers = leash::SplitList(servers);
+  if (!g_servers.empty() && !g_etcd.empty()) {
+    std::fprintf(stderr, "--servers and --etcd: give one of them\n");
+    return 2;
+  }
   if (!g_servers.empty()) shard_counts = std::to_string(g_servers.size());
+  if (!g_etcd.empty()) {
+    leash::EtcdOptions eo;
+    eo.job = g_job;
+    auto parsed = leash::ParseEtcdEndpoints(g_etcd);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "--etcd: %s\n", parsed.status().ToString().c_str());
+      return 2;
+    }
+    eo.endpoints = std::move(*parsed);
+    auto d = leash::NewEtcdShardDirectory(eo);
+    auto v = d.ok() ? leash::ResolvePrimaries(**d, 60000)
+                    : leash::Result<leash::ClusterView>(d.status());
+    if (!v.ok()) {
+      std::fprintf(stderr, "--etcd %s: %s\n", g_etcd.c_str(), v.status().ToString().c_str());
+      return 1;
+    }
+    shard_counts = std::to_string(v->num_shards);
+    g_directory = std::move(*d);
+    g_view = std::move(*v);
+  }
   char tmpl[] = "/tmp/leash-bench-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::vector<Sample> samples;

@@ -425,17 +425,19 @@ def mlp(build, tmp, tag, c, where):
             "worker_cpu_us_per_iteration": worker_cpu / (samples / 64) * 1e6}
 
 
-def pushpull(build, c, tmp, tag, endpoint, floats, inflight, seconds):
+def pushpull(build, c, tmp, tag, where, floats, inflight, seconds):
+    """`where`: ["--servers", EP] or, for replicated shards, ["--etcd", URL, "--job", JOB] (the client
+    follows the directory as leash-worker does, and reaches a backup that answers)."""
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
     before = children_cpu_seconds()
-    p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull"), "--servers", endpoint, "--sizes",
+    p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull")] + where + ["--sizes",
                                str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", "socket",
                                "--raw=false", "--seconds", str(seconds), "--out", out], c),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     client = children_cpu_seconds() - before  # the pushing client's (its start and connect too)
     if p.returncode != 0:
-        raise L.RunError(f"leash-bench-pushpull --servers {endpoint} exited {p.returncode}: {p.stderr[-1000:]}")
+        raise L.RunError(f"leash-bench-pushpull {' '.join(where)} exited {p.returncode}: {p.stderr[-1000:]}")
     with open(os.path.join(out, "pushpull.json")) as f:
         s = json.load(f)["samples"][0]
     ops = s["ops_per_s"] * seconds
@@ -543,9 +545,9 @@ def cost_one(build, c, tmp, tag, replicas, extra=()):
             out[name] = r
 
         measured("mlp", lambda: mlp(build, tmp, f"{tag}-mlp", c, where), "iterations")
-        measured("push_4KB", lambda: pushpull(build, c, tmp, f"{tag}-pp4k", endpoint, 1024, 1,
+        measured("push_4KB", lambda: pushpull(build, c, tmp, f"{tag}-pp4k", where, 1024, 1,
                                               c["pushpull_seconds"]), "ops")
-        measured("push_4MB", lambda: pushpull(build, c, tmp, f"{tag}-pp4m", endpoint, 1048576, 8,
+        measured("push_4MB", lambda: pushpull(build, c, tmp, f"{tag}-pp4m", where, 1048576, 8,
                                               c["pushpull_seconds"]), "ops")
         return out
     finally:
@@ -559,6 +561,9 @@ def part_cost(build, c, tmp, log):
     configs = [("r1", 1, c), ("r2", 2, c)]
     if c.get("worker_apart"):
         configs.append(("r1_free", 1, {k: v for k, v in c.items() if k != "worker_apart"}))
+    if c.get("answers"):
+        # R=2 whose backup answers the pushes and clocks itself (leash-server --backup-answers).
+        configs.append(("r2a", 2, dict(c, shard_args=(c.get("shard_args") or "") + " --backup-answers")))
     placed = c.get("backup_apart") or c.get("worker_apart")
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -568,7 +573,7 @@ def part_cost(build, c, tmp, log):
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas, shlex.split(cc.get("shard_args", "")))
             g = got[key]
-            name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free"}[key]
+            name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free", "r2a": "R=2 answering"}[key]
             log(f"  round {r + 1}/{c['rounds']} {name}: {rows_line(g)}; backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
                 f"load {g['mlp']['load_before']:.1f}")
         rounds.append(got)
@@ -588,6 +593,18 @@ def part_cost(build, c, tmp, log):
                          "primary_cpu_us_per_iteration_r1": median(g["r1"][row].get("primary_cpu_us_per_iteration")
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
+        if c.get("answers"):
+            ra, ra_costs = per_round(rounds, "r2a", "r1", row, key, higher)
+            vs_r2, _ = per_round(rounds, "r2a", "r2", row, key, higher)
+            summary[name].update({
+                "r2a": [g["r2a"][row][key] for g in rounds], "r2a_over_r1_per_round": ra,
+                "median_cost_r2a": median(ra_costs), "r2a_over_r2_per_round": vs_r2,
+                "median_r2a_over_r2": median(vs_r2),
+                "load_r2a": [g["r2a"][row]["load_before"] for g in rounds],
+                "backup_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("backup_cpu_us_per_iteration")
+                                                          for g in rounds),
+                "primary_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("primary_cpu_us_per_iteration")
+                                                           for g in rounds)})
         if c.get("worker_apart"):
             free, free_costs = per_round(rounds, "r2", "r1_free", row, key, higher)
             summary[name]["r1_free"] = [g["r1_free"][row][key] for g in rounds]
@@ -603,7 +620,11 @@ def part_cost(build, c, tmp, log):
                 "per_round": lat, "r1_us": median(x["r1_us"] for x in lat), "r2_us": median(x["r2_us"] for x in lat),
                 "shm_rtt_us": median(x["shm_rtt_us"] for x in lat), "path": lat[0]["path"],
                 # R=1's push plus one raw round trip to the backup, against R=1's push
-                "floor_cost": median(x["shm_rtt_us"] / x["r1_us"] for x in lat)}
+                "floor_cost": median(x["shm_rtt_us"] / x["r1_us"] for x in lat),
+                # a backup that answers: R=1's push plus one raw hop (half a round trip) to the backup
+                "floor_cost_answers": median(x["shm_rtt_us"] / 2 / x["r1_us"] for x in lat)}
+            if c.get("answers"):
+                summary["push_4KB_floor"]["r2a_us"] = median(g["r2a"]["push_4KB"]["p50_us"] for g in rounds)
     return {"rounds": rounds, "summary": summary}
 
 
@@ -751,6 +772,12 @@ def targets(res, verdict):
                          f"{s['median_cost'] * 100:.1f}% (R=2/R=1 per round "
                          f"{', '.join(f'{x:.2f}' for x in s['r2_over_r1_per_round'])})",
                          *verdict(s["median_cost"] if s["median_cost"] > 0 else 0.0, 0.25, False)))
+            if "median_cost_r2a" in s:
+                rows.append((f"R=2, backups answering (--backup-answers), cost against R=1: {text} <= 25%",
+                             f"{s['median_cost_r2a'] * 100:.1f}% (per round "
+                             f"{', '.join(f'{x:.2f}' for x in s['r2a_over_r1_per_round'])}; against plain R=2 "
+                             f"{', '.join(f'{x:.2f}' for x in s['r2a_over_r2_per_round'])})",
+                             *verdict(s["median_cost_r2a"] if s["median_cost_r2a"] > 0 else 0.0, 0.25, False)))
     return rows
 
 
@@ -807,8 +834,9 @@ def summary_md(res):
                "they came"
                + (f"; every shard with `{res['config']['shard_args']}`" if res["config"].get("shard_args") else "")
                + "), "
-               "then `leash-bench-pushpull --servers PRIMARY` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
-               "flight, MB/s), socket. " + (
+               "then `leash-bench-pushpull` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
+               "flight, MB/s), socket (R=1: `--servers SHARD`; R=2: `--etcd`, the client following the directory "
+               "as leash-worker does). " + (
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
                    "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
                    "runs on one core here. " if res["config"].get("backup_apart") else
@@ -828,6 +856,20 @@ def summary_md(res):
                       f"| {v['backup_cpu_us_per_iteration'] or 0:.0f} us | "
                       f"{v['primary_cpu_us_per_iteration_r1'] or 0:.0f} → {v['primary_cpu_us_per_iteration_r2'] or 0:.0f} us"
                       f" | {', '.join(f'{x:.1f}' for x in v['load_r1'])} / {', '.join(f'{x:.1f}' for x in v['load_r2'])} |")
+        if "r2a" in s["mlp_samples_per_second"]:
+            md += ["", "R=2 with backups that answer (`leash-server --backup-answers`: the backup sends the "
+                   "worker the replies to its pushes and clocks itself, one hop less), in the same rounds:", "",
+                   "| figure | R=2 answering per round | its/R=1 per round | median cost | its/R=2 per round | "
+                   "backup CPU per iteration | primary CPU per iteration | load |", "|---|---|---|---|---|---|---|---|"]
+            for k, text in names.items():
+                v = s[k]
+                md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r2a'])} | "
+                          f"{', '.join(f'{x:.2f}' for x in v['r2a_over_r1_per_round'])} | "
+                          f"**{v['median_cost_r2a'] * 100:.1f}%** | "
+                          f"{', '.join(f'{x:.2f}' for x in v['r2a_over_r2_per_round'])} | "
+                          f"{v['backup_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
+                          f"{v['primary_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
+                          f"{', '.join(f'{x:.1f}' for x in v['load_r2a'])} |")
         if "r1_free" in s["mlp_samples_per_second"]:
             md += ["", "Against R=1 with no placement (R=1 free), in the same rounds:", "",
                    "| figure | R=1 free per round | R=2/R=1 free per round | median cost |", "|---|---|---|---|"]
@@ -879,6 +921,10 @@ def summary_md(res):
                    f"a cost of at least **{lf['floor_cost'] * 100:.1f}%**. Measured at R=2: {lf['r2_us']:.0f} us, "
                    f"{lf['r2_us'] - lf['r1_us']:.0f} us more than R=1, "
                    f"{(lf['r2_us'] - lf['r1_us']) / lf['shm_rtt_us']:.1f}x the raw round trip."]
+            if lf.get("r2a_us") is not None and lf.get("floor_cost_answers") is not None:
+                md[-1] += (f" A backup that answers saves a hop: the least is R=1's push plus one hop to the backup "
+                           f"(half that round trip), a cost of at least **{lf['floor_cost_answers'] * 100:.1f}%**; "
+                           f"measured: {lf['r2a_us']:.0f} us, {lf['r2a_us'] - lf['r1_us']:.0f} us more than R=1.")
         idle = s["mlp_samples_per_second"]["backup_idle_cpu_ms_per_s"]
         md += ["", f"With no request the backup burns {idle or 0:.0f} ms of CPU per second (median over 1 s windows, "
                "/proc's 10 ms ticks; its heartbeats and its polls of the directory), counted in its per-iteration "
@@ -954,6 +1000,9 @@ def main():
     p.add_argument("--worker-apart", action="store_true",
                    help="cost part: pin the worker and the pushing client to CPU 0 and every shard process (R=1's "
                         "shard; R=2's primary, backup and etcd) to CPU 1, and also run R=1 with no placement")
+    p.add_argument("--answers", action="store_true",
+                   help="cost part: each round also runs R=2 with backups that answer (leash-server "
+                        "--backup-answers), interleaved with R=1 and R=2")
     p.add_argument("--shard-args", help="cost part: more leash-server flags for every shard process of both "
                                          "configurations, e.g. '--update-threads 4'")
     p.add_argument("--keep-tmp", action="store_true")
@@ -973,7 +1022,7 @@ def main():
     c = config(a.quick)
     if a.backup_apart and a.worker_apart:
         p.error("--backup-apart and --worker-apart place the processes differently: give one")
-    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args"):
+    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args", "answers"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
