@@ -1224,6 +1224,57 @@ TEST_F(ReplicaTest, ASoleInSyncBackupAnswersPushesAndClocksAndThePrimaryDropsIts
   ExpectIdentical(g.replica(0), g.replica(1));
 }
 
+// leash-worker sends an iteration's pushes and clock as one batch: the backup answers the
+// batch; a pull of the same worker that the batch's clock releases is still the primary's.
+TEST_F(ReplicaTest, TheBackupAnswersABatchsPushesAndClockAndThePrimaryThePullItsClockReleased) {
+  ReplicaOptions ro;
+  ro.backup_answers = true;
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f), ro);
+  Worker& w = worker();
+  ASSERT_TRUE(Settle(g, 2));
+  w.Heartbeat(1);
+  // A pull for clock 1 at staleness 0 waits for the minimum clock to reach 1.
+  const uint64_t pull = w.NextRid();
+  ASSERT_TRUE(w.transport().Send(0, MakePull(pull, 0, Rows::Range(0, 8), 1, 1, 0)).ok());
+  for (int i = 0; i < 50; ++i) g.Step();
+  for (auto in = w.transport().Receive(0ms); in.ok() && in->has_value();
+       in = w.transport().Receive(0ms)) {
+    EXPECT_NE(PeekRequestId((*in)->second), pull) << "the pull did not wait";
+  }
+  const uint64_t push = w.NextRid();
+  const uint64_t clock = w.NextRid();
+  std::vector<Message> batch;
+  batch.push_back(MakePush(push, 0, Rows::Range(0, 8), 1, 1, 1, DType::kF32,
+                           EncodeValues(IntGrad(1, 32), DType::kF32)));
+  batch.push_back(MakeClock(clock, 1, 1));
+  ASSERT_TRUE(w.transport().Send(0, PackBatch(std::move(batch))).ok());
+  std::map<uint64_t, std::vector<int>> from;  // request id -> the connections its replies came on
+  for (int i = 0; i < 500; ++i) {
+    g.Step();
+    for (;;) {
+      auto in = w.transport().Receive(0ms);
+      if (!in.ok() || !in->has_value()) break;
+      std::vector<Message> parts;
+      if (IsBatch((*in)->second)) {
+        parts = UnpackBatch((*in)->second).value();
+      } else {
+        parts.push_back((*in)->second);
+      }
+      for (const Message& m : parts) {
+        auto reply = DecodeReply(m);
+        ASSERT_TRUE(reply.ok());
+        from[reply->request_id].push_back((*in)->first);
+      }
+    }
+  }
+  EXPECT_EQ(from[push], std::vector<int>{1});
+  EXPECT_EQ(from[clock], std::vector<int>{1});
+  EXPECT_EQ(from[pull], std::vector<int>{0});
+  EXPECT_EQ(g.replica(1).backup_answered(), 2u);
+  EXPECT_EQ(g.replica(0).replies_left_to_backup(), 2u);
+  ExpectIdentical(g.replica(0), g.replica(1));
+}
+
 TEST_F(ReplicaTest, OnlyTheOneInSyncBackupOfAPrimaryAnswersAndOnlyWhenAsked) {
   // Three replicas, all in sync: no backup can know the other holds an entry, so the primary
   // answers; once replica 2 is gone and out of the set, replica 1 answers.

@@ -308,6 +308,75 @@ void Replica::FillBackupLag(ShardStats* st) const {
   }
 }
 
+namespace {
+
+// A logged request a backup may answer: pushes and clocks of one worker, alone or as a batch
+// (leash-worker sends an iteration's pushes and clock as one), with their request ids, the
+// worker and the pushes' incarnation.
+struct Answerable {
+  uint64_t worker = 0;
+  std::optional<uint64_t> incarnation;  // none: clocks only
+  std::vector<uint64_t> rids;           // sorted
+};
+
+std::optional<Answerable> PushesAndClocks(const Message& message, const WireLimits& limits) {
+  std::vector<Message> parts;
+  if (IsBatch(message)) {
+    auto unpacked = UnpackBatch(message);
+    if (!unpacked.ok()) return std::nullopt;
+    parts = std::move(*unpacked);
+  } else {
+    parts.push_back(message);
+  }
+  Answerable a;
+  for (const Message& m : parts) {
+    const RequestPeek::Kind kind = PeekRequest(m, limits).kind;
+    if (kind != RequestPeek::kPush && kind != RequestPeek::kClock) return std::nullopt;
+    // Malformed: the shard answers it with an error, and so does the primary.
+    auto decoded = DecodeRequest(m, limits);
+    if (!decoded.ok()) return std::nullopt;
+    uint64_t worker = 0;
+    if (const auto* p = std::get_if<PushRequest>(&decoded->value)) {
+      worker = p->worker_id;
+      if (a.incarnation && *a.incarnation != p->incarnation) return std::nullopt;
+      a.incarnation = p->incarnation;
+    } else if (const auto* c = std::get_if<ClockRequest>(&decoded->value)) {
+      worker = c->worker_id;
+    }
+    if (worker == 0 || (a.worker != 0 && a.worker != worker)) return std::nullopt;
+    a.worker = worker;
+    a.rids.push_back(decoded->request_id);
+  }
+  if (a.rids.empty()) return std::nullopt;
+  std::sort(a.rids.begin(), a.rids.end());
+  return a;
+}
+
+// `reply` (one reply, or a batch of them) split into the replies to requests `rids` and the
+// rest (a pull of the same worker its clock released), each one message or none.
+std::pair<std::optional<Message>, std::optional<Message>> SplitReplies(
+    Message reply, const std::vector<uint64_t>& rids) {
+  auto mine = [&](const Message& m) {
+    return std::binary_search(rids.begin(), rids.end(), PeekRequestId(m));
+  };
+  if (!IsBatch(reply)) {
+    if (mine(reply)) return {std::move(reply), std::nullopt};
+    return {std::nullopt, std::move(reply)};
+  }
+  auto parts = UnpackBatch(reply);
+  if (!parts.ok()) return {std::nullopt, std::move(reply)};
+  std::vector<Message> in, out;
+  for (Message& m : *parts) (mine(m) ? in : out).push_back(std::move(m));
+  auto pack = [](std::vector<Message> v) -> std::optional<Message> {
+    if (v.empty()) return std::nullopt;
+    if (v.size() == 1) return std::move(v[0]);
+    return PackBatch(std::move(v));
+  };
+  return {pack(std::move(in)), pack(std::move(out))};
+}
+
+}  // namespace
+
 // ---- workers' requests ------------------------------------------------------------------
 
 namespace {
@@ -432,11 +501,21 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   scratch_.clear();
   Apply(log_.back(), &scratch_);
   applied_index_ = log_.back().index;
-  const uint64_t rid = PeekRequestId(message);
+  // With backups that answer, the replies to the entry's own pushes and clocks are held apart
+  // (`own`): its backup may send them instead (OnAck).
+  std::optional<Answerable> answerable;
+  if (options_.backup_answers && kind == ReplEntryWire::kInput)
+    answerable = PushesAndClocks(message, shard_options_.limits);
   for (Outgoing& o : scratch_) {
-    const bool own =
-        kind == ReplEntryWire::kInput && o.peer == peer && PeekRequestId(o.message) == rid;
-    held_.push_back({applied_index_, std::move(o), own});
+    if (!answerable || o.peer != peer) {
+      held_.push_back({applied_index_, std::move(o), false});
+      continue;
+    }
+    auto [own, rest] = SplitReplies(std::move(o.message), answerable->rids);
+    if (own) {
+      held_.push_back({applied_index_, {peer, std::move(*own)}, true, answerable->rids.size()});
+    }
+    if (rest) held_.push_back({applied_index_, {peer, std::move(*rest)}, false});
   }
   scratch_.clear();
 }
@@ -475,35 +554,27 @@ void Replica::ApplyCommitted(std::vector<Outgoing>* out, const std::vector<uint6
     // same; the shard's other replies (pulls it released) are the primary's to send.
     const PeerId* to = AnswerPeer(e);
     if (to == nullptr) continue;  // cannot be: the same entry, the same turn
-    const uint64_t rid = PeekRequestId(e.message);
+    const std::optional<Answerable> a = PushesAndClocks(e.message, shard_options_.limits);
     for (Outgoing& o : scratch_) {
-      if (o.peer != e.peer || PeekRequestId(o.message) != rid) continue;
-      out->push_back({*to, std::move(o.message)});
-      ++backup_answered_;
+      if (o.peer != e.peer) continue;
+      auto own = SplitReplies(std::move(o.message), a->rids).first;
+      if (!own) continue;
+      out->push_back({*to, std::move(*own)});
+      backup_answered_ += a->rids.size();
     }
   }
   scratch_.clear();  // the rest: a backup answers nobody else
 }
 
 const PeerId* Replica::AnswerPeer(const ReplEntryWire& e) const {
-  if (e.kind != ReplEntryWire::kInput || IsBatch(e.message)) return nullptr;
-  const RequestPeek peek = PeekRequest(e.message, shard_options_.limits);
-  if (peek.kind != RequestPeek::kPush && peek.kind != RequestPeek::kClock) return nullptr;
-  auto decoded = DecodeRequest(e.message, shard_options_.limits);
-  if (!decoded.ok()) return nullptr;  // the shard answers it with an error: the primary sends it
-  uint64_t worker = 0;
-  std::optional<uint64_t> incarnation;
-  if (const auto* p = std::get_if<PushRequest>(&decoded->value)) {
-    worker = p->worker_id;
-    incarnation = p->incarnation;
-  } else if (const auto* c = std::get_if<ClockRequest>(&decoded->value)) {
-    worker = c->worker_id;
-  }
-  auto it = worker_links_.find(worker);
-  if (worker == 0 || it == worker_links_.end()) return nullptr;
+  if (e.kind != ReplEntryWire::kInput) return nullptr;
+  const std::optional<Answerable> a = PushesAndClocks(e.message, shard_options_.limits);
+  if (!a) return nullptr;
+  auto it = worker_links_.find(a->worker);
+  if (it == worker_links_.end()) return nullptr;
   const WorkerLink& link = it->second;
   if (now_ - link.seen_ms > shard_options_.lease_ms) return nullptr;  // gone quiet
-  if (incarnation && *incarnation != link.incarnation) return nullptr;
+  if (a->incarnation && *a->incarnation != link.incarnation) return nullptr;
   return &link.peer;
 }
 
@@ -800,11 +871,11 @@ void Replica::OnAck(const ReplAckMsg& m) {
   if (m.transfer != 0) return OnSnapshotAck(m);
   if (m.ok && !m.answered.empty()) {
     // The backup sent these entries' workers their replies itself: this replica's go.
-    const size_t before = held_.size();
     std::erase_if(held_, [&](const Held& h) {
-      return h.own && std::binary_search(m.answered.begin(), m.answered.end(), h.index);
+      const bool left = h.own && std::binary_search(m.answered.begin(), m.answered.end(), h.index);
+      if (left) replies_left_to_backup_ += h.replies;
+      return left;
     });
-    replies_left_to_backup_ += before - held_.size();
   }
   if (m.ok) {
     if (transfers_[m.replica] != nullptr && m.last_index >= transfers_[m.replica]->index) {

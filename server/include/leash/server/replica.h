@@ -183,8 +183,8 @@ class Replica {
   std::vector<BackupProgress> backups() const;
   // Replies held until their entries commit.
   size_t held_replies() const { return held_.size(); }
-  // Backups that answer: replies a backup sent workers itself, and a primary's own replies
-  // it dropped because its backup said it sent them.
+  // Backups that answer: replies to pushes and clocks a backup sent workers itself, and a
+  // primary's replies it dropped because its backup said it sent them (a batch's each).
   uint64_t backup_answered() const { return backup_answered_; }
   uint64_t replies_left_to_backup() const { return replies_left_to_backup_; }
   bool needs_snapshot() const { return needs_snapshot_; }
@@ -232,7 +232,8 @@ class Replica {
   struct Held {
     uint64_t index;
     Outgoing reply;
-    bool own = false;  // the reply to the entry's own request (a backup may send it instead)
+    bool own = false;    // the replies to the entry's own requests (a backup may send them)
+    size_t replies = 0;  // own: how many (a batch's pushes and clock)
   };
   // Backup (backup_answers): the connection a worker's heartbeats last came in on.
   struct WorkerLink {
@@ -261,9 +262,9 @@ class Replica {
   // their own requests go to `out`, addressed to the workers' connections here.
   void ApplyCommitted(std::vector<Outgoing>* out = nullptr,
                       const std::vector<uint64_t>& answered = {});
-  // Backup: the connection to send entry e's reply on, if this backup answers it: a single
-  // push or clock whose worker's heartbeats come in here, within the lease (a push: of that
-  // incarnation). Null otherwise.
+  // Backup: the connection to send entry e's replies on, if this backup answers it: pushes
+  // and clocks of one worker (alone or a batch) whose heartbeats come in here, within the
+  // lease (pushes: of that incarnation). Null otherwise.
   const PeerId* AnswerPeer(const ReplEntryWire& e) const;
   // Backup: a worker's heartbeat on connection `peer`.
   void NoteWorkerLink(const PeerId& peer, const Message& heartbeat);
