@@ -13,7 +13,7 @@
 #   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16),
-#      and again with every shard at --update-threads UPDATE_THREADS (replication_ut: the
+#      R=2 with backups that answer (--backup-answers) beside them, and again with every shard at --update-threads UPDATE_THREADS (replication_ut: the
 #      backup's serial update of a 4 MB push shared among threads), and once more with that
 #      and no shared memory anywhere (replication_socket: the worker, the primary and the
 #      backup talk over loopback TCP as they would between hosts, so the backup's copy out
@@ -68,8 +68,8 @@ part straggler_cnn_ut "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --bui
 part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds "${STRIPES_ROUNDS:-1}" --stripes "${STRIPES_N:-2}" \
   --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo "${STRIPES_SECONDS:-2}")"
 if command -v etcd >/dev/null; then
-  part replication "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
-    --only cost --rounds "${REPLICATION_ROUNDS:-1}"
+  part replication "${REPLICATION_S:-200}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication" \
+    --only cost --rounds "${REPLICATION_ROUNDS:-1}" --answers
   part replication_ut "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication_ut" \
     --only cost --rounds "${REPLICATION_ROUNDS:-1}" --shard-args="--update-threads ${UPDATE_THREADS:-4}"
   part replication_socket "${REPLICATION_S:-150}" "$PY" bench/replication.py --build "$B" --out "$OUT/replication_socket" \
