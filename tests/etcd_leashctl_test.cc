@@ -40,10 +40,12 @@ class EtcdLeashctlTest : public testing::EtcdTest {
     args.insert(args.begin(), LEASHCTL_BIN);
     return testing::RunToCompletion(std::move(args), dir_.path(), 60s);
   }
-  std::unique_ptr<EtcdCoordinator> Replica(uint32_t r, const std::string& endpoint) {
+  // `answers`: registered as with leash-server --backup-answers.
+  std::unique_ptr<EtcdCoordinator> Replica(uint32_t r, const std::string& endpoint,
+                                           bool answers = false) {
     auto c = EtcdCoordinator::Create(options_, JobShape{1, 2});
     EXPECT_TRUE(c.ok()) << c.status();
-    Status s = (*c)->Join(0, ReplicaAddress{r, endpoint, 100 + r});
+    Status s = (*c)->Join(0, ReplicaAddress{r, endpoint, 100 + r, answers});
     EXPECT_TRUE(s.ok()) << s;
     return std::move(c).value();
   }
@@ -58,7 +60,7 @@ TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimar
                  "--data-dir=" + dir_.path() + "/shard0", "--checkpoint-interval=0", "--no-sync"},
                 dir_.path() + "/shard0.log");
   auto primary = Replica(0, shard_endpoint);
-  auto backup = Replica(1, backup_endpoint);
+  auto backup = Replica(1, backup_endpoint, /*answers=*/true);
   const std::vector<std::string> where = {"--etcd=" + etcd_->endpoint(), "--job=ctl",
                                           "--timeout=30"};
 
@@ -80,7 +82,9 @@ TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimar
   EXPECT_NE(out.find("shard 0: term 1, primary replica 0 at " + shard_endpoint + "; in sync: 0"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("backup replica 1 at " + backup_endpoint + ", catching up (cannot lead)"),
+  EXPECT_NE(out.find("backup replica 1 at " + backup_endpoint +
+                     ", catching up (cannot lead); would answer pushes and clocks as the only "
+                     "backup in sync"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("shard 0: min clock"), std::string::npos) << out;  // from the primary
@@ -94,8 +98,20 @@ TEST_F(EtcdLeashctlTest, StatusPrintsPrimaryBackupsTermAndInSyncSetThenThePrimar
             std::string::npos)
       << out;
   EXPECT_NE(out.find("\"backups\": [{\"replica\": 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"boot_id\": 101, \"answers\": true}"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"boot_id\": 100, \"answers\": false}"), std::string::npos) << out;
   EXPECT_NE(out.find("\"in_sync\": [0]"), std::string::npos) << out;
   EXPECT_NE(out.find("\"status\": {\"shards\": [{\"shard\": 0"), std::string::npos) << out;
+
+  // In sync, the only backup: it answers.
+  ASSERT_TRUE(primary->SetInSync(1, {0, 1}).ok());
+  args.pop_back();
+  std::tie(code, out) = Leashctl(args);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(
+      out.find("backup replica 1 at " + backup_endpoint + ", in sync; answers pushes and clocks"),
+      std::string::npos)
+      << out;
 }
 
 // The number after `"key": ` in leashctl's JSON (the first occurrence), or -1.

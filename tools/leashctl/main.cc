@@ -215,7 +215,8 @@ std::string JsonString(const std::string& s) {
 std::string ReplicaJson(const leash::ReplicaAddress& a) {
   return "{\"replica\": " + std::to_string(a.replica) +
          ", \"endpoint\": " + JsonString(a.endpoint) +
-         ", \"boot_id\": " + std::to_string(a.boot_id) + "}";
+         ", \"boot_id\": " + std::to_string(a.boot_id) +
+         ", \"answers\": " + (a.answers ? "true" : "false") + "}";
 }
 
 // What the primary that answered `stats` says of replica `r`'s lag, or null when the stats
@@ -330,6 +331,13 @@ void PrintReplication(const leash::ClusterView& view, const std::string& job, bo
                   s.in_sync.empty()    ? "may lead"
                   : in_sync(b.replica) ? "in sync"
                                        : "catching up (cannot lead)");
+      // A backup that answers the workers' pushes and clocks itself while it is the only one
+      // in sync (leash-server --backup-answers).
+      if (b.answers) {
+        std::printf("; %s", s.primary && s.in_sync.size() == 2 && in_sync(b.replica)
+                                ? "answers pushes and clocks"
+                                : "would answer pushes and clocks as the only backup in sync");
+      }
       if (const auto* lag = LagOf(st, b.replica)) {
         std::printf("; %s", LagText(*st, *lag).c_str());
       } else if (s.primary) {
