@@ -425,14 +425,16 @@ def mlp(build, tmp, tag, c, where):
             "worker_cpu_us_per_iteration": worker_cpu / (samples / 64) * 1e6}
 
 
-def pushpull(build, c, tmp, tag, where, floats, inflight, seconds):
+def pushpull(build, c, tmp, tag, where, floats, inflight, seconds, mode="socket"):
     """`where`: ["--servers", EP] or, for replicated shards, ["--etcd", URL, "--job", JOB] (the client
-    follows the directory as leash-worker does, and reaches a backup that answers)."""
+    follows the directory as leash-worker does, and reaches a backup that answers). `mode`: socket, or
+    shm (the client offers every shard, and an answering backup, shared memory, as leash-worker does
+    on one host)."""
     out = os.path.join(tmp, tag)
     os.makedirs(out, exist_ok=True)
     before = children_cpu_seconds()
     p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull")] + where + ["--sizes",
-                               str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", "socket",
+                               str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", mode,
                                "--raw=false", "--seconds", str(seconds), "--out", out], c),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     client = children_cpu_seconds() - before  # the pushing client's (its start and connect too)
@@ -485,7 +487,13 @@ def least_work(build, tmp, tag, floats=1048576, socket=False):
 # The cost rows: each figure's row of cost_one's result, its key, and whether higher is better.
 COST_FIGURES = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
                 "push_4KB_p50_us": ("push_4KB", "p50_us", False),
-                "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True)}
+                "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True),
+                # only where the shards have shared memory (not --no-shm)
+                "push_4KB_shm_p50_us": ("push_4KB_shm", "p50_us", False)}
+# The figures' names in the tables.
+COST_NAMES = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (1 in flight)",
+              "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)",
+              "push_4KB_shm_p50_us": "4 KB push p50 through shared memory (1 in flight)"}
 
 
 def per_round(rounds, new, base, row, key, higher):
@@ -498,7 +506,8 @@ def per_round(rounds, new, base, row, key, higher):
 def rows_line(g):
     """One configuration's cost rows, for a round's progress line."""
     return (f"MLP {g['mlp']['samples_per_second']:.0f} samples/s, 4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, "
-            f"4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s")
+            f"4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s"
+            + (f", 4 KB push through shared memory p50 {g['push_4KB_shm']['p50_us']:.0f} us" if "push_4KB_shm" in g else ""))
 
 
 def cost_one(build, c, tmp, tag, replicas, extra=()):
@@ -549,6 +558,10 @@ def cost_one(build, c, tmp, tag, replicas, extra=()):
                                               c["pushpull_seconds"]), "ops")
         measured("push_4MB", lambda: pushpull(build, c, tmp, f"{tag}-pp4m", where, 1048576, 8,
                                               c["pushpull_seconds"]), "ops")
+        if "--no-shm" not in extra:
+            # The same 4 KB push through shared memory, as leash-worker sends it on one host.
+            measured("push_4KB_shm", lambda: pushpull(build, c, tmp, f"{tag}-pp4kshm", where, 1024, 1,
+                                                      c["pushpull_seconds"], mode="shm"), "ops")
         return out
     finally:
         cl.stop()
@@ -579,6 +592,8 @@ def part_cost(build, c, tmp, log):
         rounds.append(got)
     summary = {}
     for name, (row, key, higher) in COST_FIGURES.items():
+        if any(row not in g["r1"] for g in rounds):
+            continue
         # cost: how much worse R=2 is than R=1 in the same round (throughput lost, latency added)
         ratios, costs = per_round(rounds, "r2", "r1", row, key, higher)
         summary[name] = {"r1": [g["r1"][row][key] for g in rounds], "r2": [g["r2"][row][key] for g in rounds],
@@ -753,9 +768,9 @@ def targets(res, verdict):
                      *verdict(r2["max_stall_ms"], limit, False)))
     co = res.get("cost")
     if co:
-        names = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (1 in flight)",
-                 "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)"}
-        for k, text in names.items():
+        for k, text in COST_NAMES.items():
+            if k not in co["summary"]:
+                continue
             s = co["summary"][k]
             if "median_cost_vs_r1_free" in s:
                 # Worker apart: judged against the faster of R=1 placed the same way and R=1 free.
@@ -847,8 +862,7 @@ def summary_md(res):
                    f"The worker, the primary and the backup share this machine's {res.get('nproc', 2)} cores. ") + "CPU time per iteration (one MLP step, or one push) from /proc/PID/stat.", "",
                "| figure | R=1 per round | R=2 per round | R=2/R=1 per round | median cost | backup CPU per "
                "iteration | primary CPU per iteration R=1 → R=2 | load R=1 / R=2 |", "|---|---|---|---|---|---|---|---|"]
-        names = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (us)",
-                 "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)"}
+        names = {k: v.replace("(1 in flight)", "(us)") for k, v in COST_NAMES.items() if k in s}
         for k, text in names.items():
             v = s[k]
             md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r1'])} | {', '.join(f'{x:.0f}' for x in v['r2'])} "
@@ -961,12 +975,19 @@ def plot(res, out_dir):
     if co:
         ax = axes.pop(0)
         s = co["summary"]
-        names = {"mlp_samples_per_second": "MLP 1+1 s=1\nsamples/s", "push_4KB_p50_us": "4 KB push\np50 latency",
-                 "push_4MB_mb_per_s": "4 MB push\nMB/s"}
-        vals = [s[k]["median_r2_over_r1"] for k in names]
-        ax.bar(list(names.values()), vals, color=["tab:blue", "tab:orange", "tab:blue"])
-        for x, v in enumerate(vals):
-            ax.text(x, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=8)
+        names = {k: v for k, v in {"mlp_samples_per_second": "MLP 1+1 s=1\nsamples/s",
+                                   "push_4KB_p50_us": "4 KB push\np50 latency", "push_4MB_mb_per_s": "4 MB push\nMB/s",
+                                   "push_4KB_shm_p50_us": "4 KB push shm\np50 latency"}.items() if k in s}
+        answers = all("r2a_over_r1_per_round" in s[k] for k in names)
+        width = 0.4 if answers else 0.8
+        for j, (label, key) in enumerate([("R=2", "r2_over_r1_per_round")]
+                                         + ([("R=2 answering", "r2a_over_r1_per_round")] if answers else [])):
+            vals = [median(s[k][key]) for k in names]
+            xs = [x + (j - 0.5) * width if answers else x for x in range(len(names))]
+            ax.bar(xs, vals, width=width, label=label, color=["tab:blue", "tab:green"][j])
+            for x, v in zip(xs, vals):
+                ax.text(x, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(names)), list(names.values()), fontsize=7)
         ax.axhline(1.0, color="grey", lw=1)
         ax.axhline(0.75, color="tab:red", ls="--", lw=1, label="throughput target (-25%)")
         ax.axhline(1.25, color="tab:orange", ls="--", lw=1, label="latency target (+25%)")

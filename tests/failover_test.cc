@@ -126,15 +126,16 @@ class FailoverTest : public testing::EtcdTest {
       ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
     }
   }
-  std::unique_ptr<Client> Follower(const std::string& name, bool register_worker) {
-    return cluster_->Follower(name, register_worker);
+  std::unique_ptr<Client> Follower(const std::string& name, bool register_worker,
+                                   bool shared_memory = false) {
+    return cluster_->Follower(name, register_worker, shared_memory);
   }
   std::string Logs() { return cluster_->Logs(); }
 
   // The pushing client of the exact-sum tests (client_) and its 4-value SGD table at
-  // learning rate 1 (table_).
-  void OpenPusher() {
-    client_ = Follower("pusher", /*register_worker=*/true);
+  // learning rate 1 (table_); `shared_memory`: it offers the replicas shared memory.
+  void OpenPusher(bool shared_memory = false) {
+    client_ = Follower("pusher", /*register_worker=*/true, shared_memory);
     ASSERT_NE(client_, nullptr);
     auto t = client_->CreateTable(testing::Sgd1("w", 4, 1));
     ASSERT_TRUE(t.ok()) << t.status();
@@ -235,16 +236,37 @@ class BackupAnswersFailoverTest : public FailoverTest {
     FailoverTest::SetUp();
   }
   // Stops replica r with SIGTERM and returns how many pushes and clocks it said it answered
-  // as a backup (-1: it did not say).
-  int64_t StopAndCountAnswered(int r) {
+  // as a backup (-1: it did not say); `queued`, if given: how many messages it said it sent
+  // through same-host queues (-1: it did not say).
+  int64_t StopAndCountAnswered(int r, int64_t* queued = nullptr) {
     Replica(r).Signal(SIGTERM);
     EXPECT_EQ(Replica(r).Wait(30s), std::optional<int>(0)) << Logs();
     const std::string log = Replica(r).ReadLog();
     std::smatch m;
+    static const std::regex kQueued(R"((\d+) queued messages received, (\d+) sent)");
+    if (queued != nullptr) *queued = std::regex_search(log, m, kQueued) ? std::stoll(m[2]) : -1;
     static const std::regex kLine(R"(answered (\d+) push\(es\) and clock\(s\) itself)");
     return std::regex_search(log, m, kLine) ? std::stoll(m[1]) : -1;
   }
 };
+
+// On one host a worker with shared memory reaches the answering backup through it too: the
+// backup's replies go through the segment's queue, not its socket (each would otherwise wake
+// both processes' ZeroMQ I/O threads), and the sums stay exact.
+TEST_F(BackupAnswersFailoverTest, OnOneHostTheBackupsAnswersComeThroughSharedMemory) {
+  ASSERT_NO_FATAL_FAILURE(OpenPusher(/*shared_memory=*/true));
+  ExactSumPusher pusher(*client_, table_);
+  ASSERT_TRUE(pusher.WaitForMore(400)) << pusher.failure() << Logs();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client_);
+  const int backup = 1 - Primary();
+  client_.reset();
+  int64_t queued = -1;
+  const int64_t answered = StopAndCountAnswered(backup, &queued);
+  EXPECT_GE(answered, 300) << Logs();
+  // Its replies to heartbeats go the same way: at least every answer did.
+  EXPECT_GE(queued, answered) << Logs();
+}
 
 TEST_F(BackupAnswersFailoverTest,
        BackupsAnswerPushesAndRepeatedPrimaryKillsLoseNoneApplyNoneTwice) {

@@ -2,8 +2,10 @@
 // many per shard, the first the main one), the main one with a socket monitor whose
 // handshake events feed the per-shard health (socket_monitor.h), and same-host shared
 // memory per shard (shm_link.h); and per shard, where the shard's sole in-sync backup answers
-// pushes and clocks itself, a plain DEALER to that backup (ConnectBackup: no monitor, no
-// shared memory, no stripes), polled and read only while one is open. ZeroMQ sockets are
+// pushes and clocks itself, a connection to that backup (ConnectBackup): connection
+// n + shard, a DEALER with its own monitor and shared memory (so that on one host the
+// backup's answers come through the segment's queue, as the primary's do) but no stripes,
+// polled and read only while one is open. ZeroMQ sockets are
 // not thread-safe, and their file descriptors signal edge-triggered: every socket operation
 // happens under one mutex, a Receive that waits polls the descriptors without it, and a
 // Send that may have taken a waiting Receive's edge wakes it. Thread-safety as transport.h
@@ -35,12 +37,12 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   ZmqClient(zmq::context_t& ctx, std::vector<std::string> endpoints, const ZmqOptions& o)
       : ctx_(ctx),
         endpoints_(std::move(endpoints)),
+        n_(endpoints_.size()),
         options_(o),
         count_(static_cast<uint32_t>(std::max(1, o.stripes))),
         watch_(endpoints_, o) {}
 
   ~ZmqClient() override {
-    backups_.clear();
     for (size_t i = 0; i < sockets_.size(); ++i) {
       monitors_[i].reset();  // before the socket it watches (socket_monitor.h)
       sockets_[i].reset();
@@ -51,37 +53,46 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (options_.curve) LEASH_RETURN_IF_ERROR(CurveSupported());
     if (options_.shared_memory) shm::ShmSegment::RemoveStale();
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < endpoints_.size(); ++i) {
+    // Connections 0 .. n-1 go to the shards, n .. 2n-1 to their backups (closed for now:
+    // no socket, and a link made on the first ConnectBackup).
+    endpoints_.resize(2 * n_);
+    for (size_t i = 0; i < 2 * n_; ++i) {
       sockets_.emplace_back();
       monitors_.emplace_back();
-      stripe_.emplace_back();
       notice_owed_.push_back(false);
-      backups_.emplace_back();
-      backup_endpoints_.emplace_back();
-      shm_.push_back(options_.shared_memory
-                         ? std::make_unique<shm::ClientLink>(
-                               static_cast<size_t>(options_.shm_ring_bytes),
-                               static_cast<size_t>(options_.shm_min_frame_bytes),
-                               Describe(static_cast<int>(i)), options_.shm_messages)
-                         : std::make_unique<shm::ClientLink>());
-      LEASH_RETURN_IF_ERROR(Open(static_cast<int>(i)));
+      shm_.push_back(i < n_ ? NewLink(i) : std::make_unique<shm::ClientLink>());
     }
+    stripe_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) LEASH_RETURN_IF_ERROR(Open(static_cast<int>(i)));
     return Status::Ok();
   }
 
-  int num_shards() const override { return static_cast<int>(endpoints_.size()); }
+  int num_shards() const override { return static_cast<int>(n_); }
 
   Status Send(int shard, Message message) override {
     if (options_.send_delay_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.send_delay_ms));
     }
-    if (shard >= num_shards()) return SendToBackup(shard - num_shards(), message);
+    if (shard < 0 || static_cast<size_t>(shard) >= 2 * n_) {
+      return InvalidArgument("no shard " + std::to_string(shard) + " to send to (" +
+                             std::to_string(n_) + " shards; n + s is shard s's backup)");
+    }
     auto idx = static_cast<size_t>(shard);
-    shm::ClientLink& link = *shm_.at(idx);
-    std::optional<shm::Placement> p = link.Place(message);
+    const bool backup = idx >= n_;
     // Whether a message goes through the segment's queue or the socket is decided under mu_,
     // where the notice that switches them is sent: the shard reads them in the order sent.
-    std::unique_lock<std::mutex> lock(mu_);
+    // A backup's link may be made (ConnectBackup) while this runs: its frames are placed
+    // under mu_ as well (a backup hears heartbeats only, small and rare).
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (backup) {
+      lock.lock();
+      if (!sockets_[idx]) {
+        return Unavailable("no connection to shard " + std::to_string(idx - n_) + "'s backup");
+      }
+    }
+    shm::ClientLink& link = *shm_[idx];
+    std::optional<shm::Placement> p = link.Place(message);
+    if (!backup) lock.lock();
     bool detour = false;
     if (link.messages()) {
       // A reconnect (to a shard that may be a new process) is noticed here too, not only
@@ -92,7 +103,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       if (!posted.ok() || *posted) return posted.status();
       detour = true;  // no room in the ring: a pause is queued; the socket, then the notice
     }
-    if (!detour && !p && Striped(message)) return SendStriped(idx, message);
+    if (!detour && !p && !backup && Striped(message)) return SendStriped(idx, message);
     if (detour) SendNotice(idx, link.Hello(), /*owed=*/false);
     std::vector<zmq::message_t> parts;
     parts.reserve(message.size() + 1);
@@ -120,17 +131,15 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
           return Received();
         }
         fds_.clear();
-        for (auto& s : sockets_) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        for (auto& s : sockets_) {
+          if (s) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        }
         for (auto& st : stripe_) {
           for (auto& s : st.extra) fds_.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
         }
-        if (backups_open_ > 0) {
-          for (auto& b : backups_) {
-            if (b) fds_.push_back({b->get(zmq::sockopt::fd), POLLIN, 0});
-          }
-        }
         socket_fds_ = fds_.size();
         for (auto& m : monitors_) {
+          if (!m) continue;
           if (int fd = m->fd(); fd >= 0) fds_.push_back({fd, POLLIN, 0});
         }
         fds_.push_back({waker_.fd(), POLLIN, 0});
@@ -202,25 +211,27 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
       return InvalidArgument("no shard " + std::to_string(shard) + " to connect a backup of (" +
                              std::to_string(num_shards()) + " shards)");
     }
-    auto idx = static_cast<size_t>(shard);
+    const size_t idx = n_ + static_cast<size_t>(shard);
     std::lock_guard<std::mutex> lock(mu_);
     if (polling_.load()) waker_.Wake();  // a waiting Receive polls the old set of sockets
-    if (backups_[idx]) {
-      backups_[idx].reset();
+    if (sockets_[idx]) {
+      monitors_[idx].reset();  // before the socket it watches
+      sockets_[idx].reset();
       --backups_open_;
     }
     if (endpoint.empty()) return Status::Ok();
-    try {
-      auto s = NewSocket(0, 0, /*striped=*/false);
-      s->connect(endpoint);
-      backups_[idx] = std::move(s);
-      backup_endpoints_[idx] = endpoint;
-      ++backups_open_;
-    } catch (const zmq::error_t& e) {
-      return InvalidArgument("cannot connect to shard " + std::to_string(shard) + "'s backup at '" +
-                             endpoint + "': " + e.what() + " (expected tcp://HOST:PORT)");
+    endpoints_[idx] = endpoint;
+    // The first backup gets a link; each later one (another process) a segment of its own,
+    // offered afresh, as Retarget does for a shard.
+    if (!made_[static_cast<size_t>(shard)]) {
+      shm_[idx] = NewLink(idx);
+      made_[static_cast<size_t>(shard)] = true;
+    } else {
+      shm_[idx]->Renew();
     }
-    return Status::Ok();
+    Status st = Open(static_cast<int>(idx));
+    if (st.ok()) ++backups_open_;
+    return st;
   }
 
   void Wake() override {
@@ -231,14 +242,14 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   ClientSharedMemory* shared_memory() override { return options_.shared_memory ? this : nullptr; }
   const ConnectionHealth* health() const override { return &watch_; }
 
+  // The shards' connections only: a backup's link may be replaced (ConnectBackup).
   std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) override {
-    if (shard < 0 || static_cast<size_t>(shard) >= shm_.size()) return std::nullopt;
+    if (shard < 0 || static_cast<size_t>(shard) >= n_) return std::nullopt;
     return shm_[static_cast<size_t>(shard)]->Reserve(bytes);
   }
 
   bool ActiveWith(int shard) const override {
-    return shard >= 0 && static_cast<size_t>(shard) < shm_.size() &&
-           shm_[static_cast<size_t>(shard)]->on();
+    return shard >= 0 && static_cast<size_t>(shard) < n_ && shm_[static_cast<size_t>(shard)]->on();
   }
 
   size_t ring_bytes() const override { return static_cast<size_t>(options_.shm_ring_bytes); }
@@ -268,17 +279,10 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     }
     if (count_ < 2) {
       // With backups open, backup b is connection n + b in the same round.
-      const size_t n = sockets_.size();
-      const size_t total = backups_open_ > 0 ? 2 * n : n;
+      const size_t total = backups_open_ > 0 ? 2 * n_ : n_;
       for (size_t k = 0; k < total; ++k) {
         size_t i = (next_ + k) % total;
-        if (i >= n) {
-          if (backups_[i - n] && (zmq_util::Events(*backups_[i - n]) & ZMQ_POLLIN)) {
-            next_ = i + 1;
-            return ReadFromBackup(i - n);
-          }
-          continue;
-        }
+        if (!sockets_[i]) continue;
         while (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN) {
           next_ = i + 1;
           LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
@@ -290,8 +294,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     // Striped: whatever is complete first (and incomplete messages past their time go),
     // then every connection read into its shard's stream until a message is complete.
     if (Received in = PopAny(now)) return in;
-    for (size_t k = 0; k < sockets_.size(); ++k) {
-      size_t i = (next_ + k) % sockets_.size();
+    for (size_t k = 0; k < n_; ++k) {
+      size_t i = (next_ + k) % n_;
       Stripe& st = stripe_[i];
       while (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN) {
         next_ = i + 1;
@@ -315,36 +319,13 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
         }
       }
     }
-    for (size_t k = 0; k < backups_.size() && backups_open_ > 0; ++k) {
-      if (backups_[k] && (zmq_util::Events(*backups_[k]) & ZMQ_POLLIN)) return ReadFromBackup(k);
+    for (size_t i = n_; i < 2 * n_ && backups_open_ > 0; ++i) {
+      while (sockets_[i] && (zmq_util::Events(*sockets_[i]) & ZMQ_POLLIN)) {
+        LEASH_ASSIGN_OR_RETURN(Received in, ReadFrom(i));
+        if (in) return in;
+      }
     }
     return Received();
-  }
-
-  // One message of shard b's backup connection, as shard num_shards() + b. Under mu_.
-  Result<Received> ReadFromBackup(size_t b) {
-    std::vector<zmq::message_t> parts;
-    LEASH_RETURN_IF_ERROR(zmq_util::RecvAll(*backups_[b], &parts));
-    return Received(
-        std::make_pair(num_shards() + static_cast<int>(b), zmq_util::ToMessage(parts, 0)));
-  }
-
-  // Send's to shard num_shards() + shard: on the backup connection, as it is. Takes mu_.
-  Status SendToBackup(int shard, const Message& message) {
-    if (shard < 0 || shard >= num_shards()) {
-      return InvalidArgument("no shard " + std::to_string(shard) + " to send to its backup");
-    }
-    auto idx = static_cast<size_t>(shard);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!backups_[idx]) {
-      return Unavailable("no connection to shard " + std::to_string(shard) + "'s backup");
-    }
-    std::vector<zmq::message_t> parts;
-    parts.reserve(message.size());
-    for (const Frame& f : message) parts.push_back(zmq_util::ToZmq(f));
-    Status st = zmq_util::SendAll(*backups_[idx], parts).WithContext(backup_endpoints_[idx]);
-    NudgeIfReadable(*backups_[idx]);
-    return st;
   }
 
   // The monitors' events, when their descriptor said so, after a (re)connect, and every
@@ -353,8 +334,9 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (!monitors_due_.exchange(false) && now - monitors_read_ms_ < 100) return;
     monitors_read_ms_ = now;
     for (size_t i = 0; i < monitors_.size(); ++i) {
+      if (!monitors_[i]) continue;  // a backup's connection that is closed
       while (auto e = monitors_[i]->Next()) {
-        watch_.OnEvent(static_cast<int>(i), *e);
+        if (i < n_) watch_.OnEvent(static_cast<int>(i), *e);
         // A new connection may lead to a new shard process: it learns of the queue (a
         // shard that reads it already ignores this).
         if (e->event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) SendNotice(i, shm_[i]->Hello(), false);
@@ -364,8 +346,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
 
   // The next complete message of any shard's striped stream. Under mu_.
   Received PopAny(int64_t now) {
-    for (size_t k = 0; k < stripe_.size(); ++k) {
-      size_t i = (next_ + k) % stripe_.size();
+    for (size_t k = 0; k < n_; ++k) {
+      size_t i = (next_ + k) % n_;
       stripes::Assembler& in = *stripe_[i].in;
       if (in.idle()) continue;
       std::optional<Message> m = in.Pop(now);
@@ -421,8 +403,22 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (polling_.load() && (zmq_util::Events(s) & ZMQ_POLLIN)) waker_.Wake();
   }
 
-  std::string Describe(int shard) const {
-    return "shard " + std::to_string(shard) + " (" + endpoints_[static_cast<size_t>(shard)] + ")";
+  // Connection i: shard i, or for i >= n shard i - n's backup.
+  std::string Who(int i) const {
+    const auto idx = static_cast<size_t>(i);
+    return idx < n_ ? "shard " + std::to_string(i)
+                    : "shard " + std::to_string(idx - n_) + "'s backup";
+  }
+  std::string Describe(int i) const {
+    return Who(i) + " (" + endpoints_[static_cast<size_t>(i)] + ")";
+  }
+
+  // Connection i's shared-memory link (off for good where shared memory is not wanted).
+  std::unique_ptr<shm::ClientLink> NewLink(size_t i) {
+    if (!options_.shared_memory) return std::make_unique<shm::ClientLink>();
+    return std::make_unique<shm::ClientLink>(static_cast<size_t>(options_.shm_ring_bytes),
+                                             static_cast<size_t>(options_.shm_min_frame_bytes),
+                                             Describe(static_cast<int>(i)), options_.shm_messages);
   }
 
   // Under mu_: a notice to shard i (shm_link.h). A resume notice (`owed`) that cannot go
@@ -448,39 +444,42 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (!st.ok()) spdlog::debug("shared-memory offer to shard {} not sent: {}", i, st.ToString());
   }
 
-  // Under mu_.
+  // Connection `shard` (a backup's for shard >= n: no stripes). Under mu_.
   Status Open(int shard) {
     auto idx = static_cast<size_t>(shard);
     const bool replaced = sockets_[idx] != nullptr;
+    const bool striped = count_ >= 2 && idx < n_;
     try {
       // With striping every (re)connection gets a new token: the shard keeps no state of
       // the old connections' streams that could mix with the new ones.
-      const uint64_t token = count_ >= 2 ? rng_() : 0;
-      auto s = NewSocket(token, 0, count_ >= 2);
+      const uint64_t token = striped ? rng_() : 0;
+      auto s = NewSocket(token, 0, striped);
       auto m = std::make_unique<SocketMonitor>(
           ctx_, *s,
           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
       s->connect(endpoints_[idx]);
       std::vector<std::unique_ptr<zmq::socket_t>> extra;
-      for (uint32_t k = 1; k < count_; ++k) {
+      for (uint32_t k = 1; striped && k < count_; ++k) {
         extra.push_back(NewSocket(token, k, /*striped=*/true));
         extra.back()->connect(endpoints_[idx]);
       }
       monitors_[idx] = std::move(m);  // the old monitor goes before the old socket
       sockets_[idx] = std::move(s);
-      Stripe& st = stripe_[idx];
-      st.extra = std::move(extra);
-      st.seq = 0;
-      st.in = std::make_unique<stripes::Assembler>(HeldLimit(), options_.stripe_timeout_ms);
-      st.dropped_logged = 0;
+      if (idx < n_) {
+        Stripe& st = stripe_[idx];
+        st.extra = std::move(extra);
+        st.seq = 0;
+        st.in = std::make_unique<stripes::Assembler>(HeldLimit(), options_.stripe_timeout_ms);
+        st.dropped_logged = 0;
+      }
       monitors_due_.store(true);
       if (!replaced) SendOffer(idx);
     } catch (const zmq::error_t& e) {
-      return InvalidArgument("cannot connect to shard " + std::to_string(shard) + " at '" +
-                             endpoints_[idx] + "': " + e.what() + " (expected tcp://HOST:PORT)");
+      return InvalidArgument("cannot connect to " + Who(shard) + " at '" + endpoints_[idx] +
+                             "': " + e.what() + " (expected tcp://HOST:PORT)");
     }
-    watch_.Reconnecting(shard);
+    if (idx < n_) watch_.Reconnecting(shard);
     return Status::Ok();
   }
 
@@ -526,17 +525,17 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   zmq::context_t& ctx_;
-  std::mutex mu_;  // every socket operation
-  std::vector<std::string> endpoints_;
+  std::mutex mu_;                       // every socket operation
+  std::vector<std::string> endpoints_;  // per connection: the shards', then their backups'
+  size_t n_;                            // shards
   ZmqOptions options_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
   std::vector<std::unique_ptr<SocketMonitor>> monitors_;
-  std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per shard; never null after Init
-  // Per shard, the connection to its answering backup (ConnectBackup) or null, and its
-  // endpoint; how many are open (0: Receive neither polls nor reads them). Under mu_.
-  std::vector<std::unique_ptr<zmq::socket_t>> backups_;
-  std::vector<std::string> backup_endpoints_;
+  std::vector<std::unique_ptr<shm::ClientLink>> shm_;  // per connection; never null after Init
+  // How many backups' connections (n .. 2n-1) are open (0: Receive neither polls nor reads
+  // them), and per shard whether its backup's link was made. Under mu_.
   size_t backups_open_ = 0;
+  std::vector<bool> made_ = std::vector<bool>(n_, false);
   // Per shard, with striping: the side connections, the next message number, and the
   // replies put back together. Under mu_.
   struct Stripe {

@@ -281,6 +281,78 @@ TEST_F(ZmqTransportTest, ABackupConnectionCarriesMessagesAsShardNumShardsPlusSha
   }
 }
 
+// On one host a backup's connection has shared memory of its own: once the backup took the
+// offer, what the client sends it and what it answers go through the segment's queues (the
+// backup answers the queue's peer), and a backup of another process gets a segment afresh.
+TEST_F(ZmqTransportTest, ABackupConnectionTakesSharedMemoryOfItsOwnOnThisHost) {
+  ZmqContext sctx, bctx, b2ctx, cctx;
+  auto primary = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ClientTransport& c = **client;
+  ASSERT_TRUE(AwaitShm(**primary, c, 10s));
+
+  // Probes shard 0's backup (connection 1) until one arrives through the backup's queue;
+  // the peer it came from, or "" if none did.
+  auto through_queue = [&](ServerTransport& backup) -> std::string {
+    for (int k = 0; k < 200; ++k) {
+      if (!c.Send(1, {Frame::Copy("heartbeat", 9)}).ok()) return "";
+      (void)c.Receive(5ms);  // reads the backup's answer to the offer when it comes
+      if (auto in = ServerGet(backup, 10ms); in && backup.counters().shm_messages_received > 0) {
+        return in->peer;
+      }
+    }
+    return "";
+  };
+  // `backup`'s replies to `peer` reach the client as shard 1, every one through the queue.
+  auto replies_through_queue = [&](ServerTransport& backup, const std::string& peer) {
+    const uint64_t before = backup.counters().shm_messages_sent;
+    for (uint32_t i = 0; i < 20; ++i) {
+      ASSERT_TRUE(backup.Send(peer, {Frame::Copy(&i, sizeof i), Pattern(3'000, 5)}).ok());
+      std::optional<std::pair<int, Message>> got;
+      for (int k = 0; k < 500 && !got; ++k) {
+        auto in = c.Receive(10ms);
+        ASSERT_TRUE(in.ok()) << in.status();
+        got = std::move(*in);
+      }
+      ASSERT_TRUE(got.has_value()) << "reply " << i;
+      EXPECT_EQ(got->first, 1) << "the backup's connection is shard num_shards() + 0";
+      ASSERT_EQ(got->second.size(), 2u);
+      uint32_t seen = 0;
+      std::memcpy(&seen, got->second[0].data(), sizeof seen);
+      EXPECT_EQ(seen, i);
+      EXPECT_TRUE(Same(got->second[1], Pattern(3'000, 5)));
+    }
+    EXPECT_EQ(backup.counters().shm_messages_sent - before, 20u);
+    EXPECT_EQ(backup.counters().replies_dropped, 0u);
+  };
+
+  auto backup = BindZmqServer(bctx, "ipc://" + dir_.path() + "/backup.sock", Shm(true));
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ASSERT_TRUE(c.ConnectBackup(0, "ipc://" + dir_.path() + "/backup.sock").ok());
+  const std::string peer = through_queue(**backup);
+  ASSERT_FALSE(peer.empty()) << "the backup never read the client's queue";
+  EXPECT_EQ(peer.substr(1, 3), "SHM") << "queued messages come from the queue's peer";
+  replies_through_queue(**backup, peer);
+  EXPECT_TRUE(RoundTrip(**primary, c, 10s)) << "the primary's connection is untouched";
+
+  // Another backup process (after a failover): a segment of its own, through its queue.
+  auto second = BindZmqServer(b2ctx, "ipc://" + dir_.path() + "/backup2.sock", Shm(true));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(c.ConnectBackup(0, "ipc://" + dir_.path() + "/backup2.sock").ok());
+  const std::string peer2 = through_queue(**second);
+  ASSERT_FALSE(peer2.empty()) << "the second backup never read the client's queue";
+  EXPECT_NE(peer2, peer) << "a new segment, not the first backup's";
+  replies_through_queue(**second, peer2);
+
+  ASSERT_TRUE(c.ConnectBackup(0, "").ok());
+  EXPECT_EQ(c.Send(1, {Frame::Copy("late", 4)}).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(c.Send(2, {Frame::Copy("late", 4)}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Send(-1, {Frame::Copy("late", 4)}).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(RoundTrip(**primary, c, 10s));
+}
+
 TEST_F(ZmqTransportTest, CurveRoundTripWithAnAuthorizedKey) {
   ZmqContext sctx, cctx;
   auto server = BindZmqServer(sctx, endpoint_, ServerOptions());

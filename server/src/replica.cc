@@ -539,7 +539,7 @@ void Replica::Apply(const ReplEntryWire& e, std::vector<Outgoing>* out) {
   }
 }
 
-void Replica::ApplyCommitted(std::vector<Outgoing>* out, const std::vector<uint64_t>& answered) {
+void Replica::ApplyCommitted(std::vector<Outgoing>* out, const std::vector<Answer>& answered) {
   // Backups never apply past the commit index: a new primary might not hold those entries.
   auto next = answered.begin();
   while (applied_index_ < commit_index_ && applied_index_ < last_index()) {
@@ -547,35 +547,32 @@ void Replica::ApplyCommitted(std::vector<Outgoing>* out, const std::vector<uint6
     const ReplEntryWire& e = EntryAt(applied_index_ + 1);
     Apply(e, &scratch_);
     ++applied_index_;
-    while (next != answered.end() && *next < applied_index_) ++next;
-    if (out == nullptr || next == answered.end() || *next != applied_index_) continue;
+    while (next != answered.end() && next->index < applied_index_) ++next;
+    if (out == nullptr || next == answered.end() || next->index != applied_index_) continue;
     // Answered here (the primary was told, and drops its own reply): the reply to the
     // entry's own request, which this replica's state, the same as the primary's, makes the
     // same; the shard's other replies (pulls it released) are the primary's to send.
-    const PeerId* to = AnswerPeer(e);
-    if (to == nullptr) continue;  // cannot be: the same entry, the same turn
-    const std::optional<Answerable> a = PushesAndClocks(e.message, shard_options_.limits);
     for (Outgoing& o : scratch_) {
       if (o.peer != e.peer) continue;
-      auto own = SplitReplies(std::move(o.message), a->rids).first;
+      auto own = SplitReplies(std::move(o.message), next->rids).first;
       if (!own) continue;
-      out->push_back({*to, std::move(*own)});
-      backup_answered_ += a->rids.size();
+      out->push_back({next->peer, std::move(*own)});
+      backup_answered_ += next->rids.size();
     }
   }
   scratch_.clear();  // the rest: a backup answers nobody else
 }
 
-const PeerId* Replica::AnswerPeer(const ReplEntryWire& e) const {
-  if (e.kind != ReplEntryWire::kInput) return nullptr;
-  const std::optional<Answerable> a = PushesAndClocks(e.message, shard_options_.limits);
-  if (!a) return nullptr;
+std::optional<Replica::Answer> Replica::AnswerOf(uint64_t index, const ReplEntryWire& e) const {
+  if (e.kind != ReplEntryWire::kInput) return std::nullopt;
+  std::optional<Answerable> a = PushesAndClocks(e.message, shard_options_.limits);
+  if (!a) return std::nullopt;
   auto it = worker_links_.find(a->worker);
-  if (it == worker_links_.end()) return nullptr;
+  if (it == worker_links_.end()) return std::nullopt;
   const WorkerLink& link = it->second;
-  if (now_ - link.seen_ms > shard_options_.lease_ms) return nullptr;  // gone quiet
-  if (a->incarnation && *a->incarnation != link.incarnation) return nullptr;
-  return &link.peer;
+  if (now_ - link.seen_ms > shard_options_.lease_ms) return std::nullopt;  // gone quiet
+  if (a->incarnation && *a->incarnation != link.incarnation) return std::nullopt;
+  return Answer{index, link.peer, std::move(a->rids)};
 }
 
 void Replica::NoteWorkerLink(const PeerId& peer, const Message& heartbeat) {
@@ -1478,7 +1475,7 @@ void Replica::OnAppend(const ReplAppendMsg& m, std::vector<Outgoing>* out) {
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());
   uint64_t commit = std::min(m.commit, matched);
-  std::vector<uint64_t> answered;
+  std::vector<Answer> answered;
   if (m.backup_answers && options_.backup_answers) {
     // The primary's only in-sync backup: whatever it holds of the primary's log is committed
     // (a new primary is one of the two, and both hold it; the primary's durable log, if any,
@@ -1487,14 +1484,18 @@ void Replica::OnAppend(const ReplAppendMsg& m, std::vector<Outgoing>* out) {
     // acknowledgement, drops its own replies to them.
     commit = matched;
     for (uint64_t i = std::max(applied_index_, from) + 1; i <= matched; ++i) {
-      if (i > base_index_ && AnswerPeer(EntryAt(i)) != nullptr) answered.push_back(i);
+      if (i <= base_index_) continue;
+      if (std::optional<Answer> a = AnswerOf(i, EntryAt(i))) answered.push_back(std::move(*a));
     }
   }
   if (commit > commit_index_) commit_index_ = commit;
   if (matched >= m.commit) caught_up_ = true;
   // Acknowledged before the committed entries are applied: the primary waits for the
   // acknowledgement, not for this replica's copy of the update.
-  SendAck(true, matched, answered);
+  std::vector<uint64_t> indices;
+  indices.reserve(answered.size());
+  for (const Answer& a : answered) indices.push_back(a.index);
+  SendAck(true, matched, std::move(indices));
   if (durable_broken_) answered.clear();  // nothing acknowledged: the primary answers
   ApplyCommitted(out, answered);
   Compact();

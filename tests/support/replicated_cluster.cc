@@ -96,11 +96,13 @@ int ReplicatedCluster::KillPrimary(int s) {
   return r;
 }
 
-std::unique_ptr<Client> ReplicatedCluster::Follower(const std::string& name, bool register_worker) {
+std::unique_ptr<Client> ReplicatedCluster::Follower(const std::string& name, bool register_worker,
+                                                    bool shared_memory) {
   auto view = ResolvePrimaries(*directory_, 30000);
   EXPECT_TRUE(view.ok()) << view.status();
   if (!view.ok()) return nullptr;
   ZmqOptions zo;
+  zo.shared_memory = shared_memory;
   if (!options_.curve_keys.empty()) {
     auto keys = LoadCurveClientKeys(options_.curve_keys, "client");
     EXPECT_TRUE(keys.ok()) << keys.status();

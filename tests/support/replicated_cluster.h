@@ -61,7 +61,8 @@ class ReplicatedCluster {
 
   // A client that finds the primaries in etcd and follows them (nullptr after a test
   // failure saying why).
-  std::unique_ptr<Client> Follower(const std::string& name, bool register_worker);
+  std::unique_ptr<Client> Follower(const std::string& name, bool register_worker,
+                                   bool shared_memory = false);
   // A leash-worker of the job (--etcd, --job); its log is dir/<name>.log, its metrics
   // dir/<name>.json.
   std::unique_ptr<Process> StartWorker(const std::string& name, std::vector<std::string> flags);

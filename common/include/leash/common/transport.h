@@ -132,7 +132,9 @@ class ClientTransport {
   // answers pushes and clocks itself (ReplicaAddress::answers). `endpoint` "" closes it
   // (and drops what is queued on it); another endpoint replaces it. Messages from it come
   // out of Receive as shard num_shards() + shard; Send(num_shards() + shard, m) sends on it
-  // (Unavailable while none is open). Socket only: no shared memory, no striping on it.
+  // (Unavailable while none is open). No striping on it; with shared memory it offers the
+  // backup a segment of its own, so that on one host the backup's replies come through the
+  // segment's queue, as the primary's do.
   // InvalidArgument for a malformed endpoint (none is open then) or a shard out of range;
   // FailedPrecondition where the transport cannot.
   virtual Status ConnectBackup(int /*shard*/, const std::string& /*endpoint*/) {

@@ -258,14 +258,20 @@ class Replica {
            const Message& message);
   // Applies `e` to the shard with its clock value; its replies to `out` (may be null).
   void Apply(const ReplEntryWire& e, std::vector<Outgoing>* out);
-  // Backup: applies what is committed. Of the entries in `answered` (sorted), the replies to
-  // their own requests go to `out`, addressed to the workers' connections here.
+  // Backup: an entry it answers (pushes and clocks of one worker, alone or a batch, whose
+  // heartbeats come in here, within the lease; pushes: of that incarnation): its index, the
+  // worker's connection here, and the request ids of the pushes and clocks (sorted).
+  struct Answer {
+    uint64_t index = 0;
+    PeerId peer;
+    std::vector<uint64_t> rids;
+  };
+  // Backup: applies what is committed. Of the entries in `answered` (by index), the replies
+  // to their own requests go to `out`, addressed to the workers' connections here.
   void ApplyCommitted(std::vector<Outgoing>* out = nullptr,
-                      const std::vector<uint64_t>& answered = {});
-  // Backup: the connection to send entry e's replies on, if this backup answers it: pushes
-  // and clocks of one worker (alone or a batch) whose heartbeats come in here, within the
-  // lease (pushes: of that incarnation). Null otherwise.
-  const PeerId* AnswerPeer(const ReplEntryWire& e) const;
+                      const std::vector<Answer>& answered = {});
+  // Backup: entry `index` (e) as an Answer if this backup answers it; nullopt otherwise.
+  std::optional<Answer> AnswerOf(uint64_t index, const ReplEntryWire& e) const;
   // Backup: a worker's heartbeat on connection `peer`.
   void NoteWorkerLink(const PeerId& peer, const Message& heartbeat);
   // Primary: whether backup r may answer entries up to `last` (ReplAppendMsg::backup_answers):
