@@ -851,7 +851,10 @@ def summary_md(res):
                + "), "
                "then `leash-bench-pushpull` 4 KB push (1 in flight, p50) and 4 MB push (8 in "
                "flight, MB/s), socket (R=1: `--servers SHARD`; R=2: `--etcd`, the client following the directory "
-               "as leash-worker does). " + (
+               "as leash-worker does)"
+               + ("; and the 4 KB push again through shared memory (`--modes shm`: the client offers every shard, "
+                  "and an answering backup, a segment, as leash-worker does on one host)"
+                  if "push_4KB_shm_p50_us" in s else "") + ". " + (
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
                    "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
                    "runs on one core here. " if res["config"].get("backup_apart") else

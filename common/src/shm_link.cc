@@ -628,6 +628,13 @@ std::optional<std::string> ServerLinks::OnNotice(const PeerId& peer, const std::
   return std::nullopt;
 }
 
+std::optional<PeerId> ServerLinks::QueuePeerOf(const PeerId& socket_peer) const {
+  if (by_socket_.empty()) return std::nullopt;
+  auto it = by_socket_.find(socket_peer);
+  if (it == by_socket_.end() || !it->second->reading || it->second->closed) return std::nullopt;
+  return it->second->peer;
+}
+
 bool ServerLinks::Hold(Inbound& in) {
   if (by_socket_.empty()) return false;
   auto it = by_socket_.find(in.peer);

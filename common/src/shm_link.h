@@ -204,6 +204,11 @@ class ServerLinks {
   bool Hold(Inbound& in);
   // The peer a client's messages through the segment come from.
   static PeerId ChannelPeer(uint64_t token);
+  // That peer for the client whose connection `socket_peer` is (a notice came on it), while
+  // its queue is read; nullopt otherwise. A reply addressed to the connection (to a request
+  // that came on the socket before the client switched, or to a connection noted then) goes
+  // through the queue as well: the client reads both, and matches replies by request.
+  std::optional<PeerId> QueuePeerOf(const PeerId& socket_peer) const;
   static bool IsChannelPeer(const PeerId& peer);
   // The bells of the queues read, to poll; Doze() before polling them (false: a message is
   // there, do not wait), Wake() after, with which of them rang (in AddBells' order): only

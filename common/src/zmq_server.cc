@@ -107,6 +107,8 @@ class ZmqServer final : public ServerTransport {
       }
       return Status::Ok();
     }
+    // A connection of a client that now sends through its queue: the reply goes there too.
+    if (std::optional<PeerId> q = shm_.QueuePeerOf(peer)) return Send(*q, std::move(message));
     std::shared_ptr<std::atomic<int64_t>>& queued = queued_[peer];
     if (!queued) queued = std::make_shared<std::atomic<int64_t>>(0);
     if (options_.max_queued_bytes_per_peer > 0 &&

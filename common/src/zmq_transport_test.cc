@@ -563,6 +563,30 @@ TEST_F(ZmqTransportTest, EveryMessageArrivesInOrderAcrossTheSwitchToTheSharedMem
   EXPECT_EQ((*server)->counters().replies_dropped, 0u);
 }
 
+// A reply addressed to the client's connection (its request came on the socket, before the
+// client switched to the queue; or the connection was noted then, as an answering backup
+// notes a worker's heartbeats) goes through the queue once the client sends through it.
+TEST_F(ZmqTransportTest, RepliesToAConnectionGoThroughItsQueueOnceTheClientSwitched) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("early", 5)}).ok());
+  auto early = ServerGet(**server, 10s);
+  ASSERT_TRUE(early);
+  ASSERT_EQ(early->message[0].view(), "early");
+  ASSERT_NE(early->peer.substr(1, 3), "SHM") << "it came before the switch, on the socket";
+  ASSERT_TRUE(AwaitQueue(**server, **client));
+
+  const uint64_t sent = (*server)->counters().shm_messages_sent;
+  ASSERT_TRUE((*server)->Send(early->peer, {Frame::Copy("late reply", 10)}).ok());
+  auto got = ClientGet(**client, 10s);
+  ASSERT_TRUE(got);
+  EXPECT_EQ((*got)[0].view(), "late reply");
+  EXPECT_EQ((*server)->counters().shm_messages_sent, sent + 1) << "it went through the queue";
+}
+
 // A ring of 1 MiB cannot hold every 400 KB frame the client sends before the shard reads:
 // those messages take the detour (a pause in the queue, the socket, the notice) and still
 // arrive in the order sent; replies that find no room go on the socket and all arrive.
