@@ -571,12 +571,14 @@ def part_cost(build, c, tmp, log):
     rounds = []
     # With --worker-apart each round also runs R=1 with no placement: the fastest R=1 here,
     # which R=2 with the worker apart is compared with as well.
-    configs = [("r1", 1, c), ("r2", 2, c)]
+    # leash-server's backups answer by default: the plain R=2 beside an answering one turns it off.
+    plain = dict(c, shard_args=(c.get("shard_args") or "") + " --backup-answers=false") if c.get("answers") else c
+    configs = [("r1", 1, c), ("r2", 2, plain)]
     if c.get("worker_apart"):
         configs.append(("r1_free", 1, {k: v for k, v in c.items() if k != "worker_apart"}))
     if c.get("answers"):
         # R=2 whose backup answers the pushes and clocks itself (leash-server --backup-answers).
-        configs.append(("r2a", 2, dict(c, shard_args=(c.get("shard_args") or "") + " --backup-answers")))
+        configs.append(("r2a", 2, dict(c, shard_args=(c.get("shard_args") or "") + " --backup-answers=true")))
     placed = c.get("backup_apart") or c.get("worker_apart")
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -839,8 +841,14 @@ def summary_md(res):
     co = res.get("cost")
     if co:
         s = co["summary"]
+        which = ""
+        if res["config"].get("backup_answers_default"):
+            which = ("R=2 is plain (`--backup-answers=false`: every reply from the primary, once its backup holds "
+                     "the entry). " if res["config"].get("answers") else
+                     "R=2 runs at leash-server's defaults: its only in-sync backup answers pushes and clocks "
+                     "(`--backup-answers`). ")
         md += ["## Cost of R=2 against R=1", "",
-               f"{len(co['rounds'])} rounds, " + ("R=1, R=2 and R=1 free interleaved, the order rotated each round"
+               which + f"{len(co['rounds'])} rounds, " + ("R=1, R=2 and R=1 free interleaved, the order rotated each round"
                                                   if res["config"].get("worker_apart") else
                                                   "R=1 and R=2 interleaved pair by pair (R=1 first in even rounds)") +
                ", each on "
@@ -1026,7 +1034,7 @@ def main():
                         "shard; R=2's primary, backup and etcd) to CPU 1, and also run R=1 with no placement")
     p.add_argument("--answers", action="store_true",
                    help="cost part: each round also runs R=2 with backups that answer (leash-server "
-                        "--backup-answers), interleaved with R=1 and R=2")
+                        "--backup-answers=true), interleaved with R=1 and plain R=2 (--backup-answers=false)")
     p.add_argument("--shard-args", help="cost part: more leash-server flags for every shard process of both "
                                          "configurations, e.g. '--update-threads 4'")
     p.add_argument("--keep-tmp", action="store_true")
@@ -1044,6 +1052,7 @@ def main():
         plot(res, a.out)
         return 0
     c = config(a.quick)
+    c["backup_answers_default"] = True  # leash-server's --backup-answers (the R=2 rows say which they ran)
     if a.backup_apart and a.worker_apart:
         p.error("--backup-apart and --worker-apart place the processes differently: give one")
     for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args", "answers"):

@@ -227,6 +227,33 @@ TEST_F(FailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice
   EXPECT_GE(View()->term, 4u);
 }
 
+// With --backup-answers=false (backups answer by default) every reply comes from the
+// primary, once its backup acknowledged: the same guarantees.
+class PrimaryAnswersFailoverTest : public FailoverTest {
+ protected:
+  void SetUp() override {
+    extra_ = {"--backup-answers=false"};
+    FailoverTest::SetUp();
+  }
+};
+
+TEST_F(PrimaryAnswersFailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAndApplyNoneTwice) {
+  ASSERT_NO_FATAL_FAILURE(OpenPusher());
+  ExactSumPusher pusher(*client_, table_);
+  ASSERT_NO_FATAL_FAILURE(KillThePrimaryThreeTimes(pusher));
+  ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+  pusher.Stop();
+  pusher.ExpectExactSums(*client_);
+  const int backup = 1 - Primary();
+  client_.reset();
+  Replica(backup).Signal(SIGTERM);
+  ASSERT_EQ(Replica(backup).Wait(30s), std::optional<int>(0)) << Logs();
+  const std::string log = Replica(backup).ReadLog();
+  EXPECT_NE(log.find("answered 0 push(es) and clock(s) itself"), std::string::npos)
+      << "a backup answered with --backup-answers=false\n"
+      << Logs();
+}
+
 // Backups that answer (--backup-answers): the client also connects to the primary's one
 // in-sync backup, which sends the replies to its pushes itself.
 class BackupAnswersFailoverTest : public FailoverTest {

@@ -167,11 +167,11 @@ ServerCommandLine::ServerCommandLine()
            "power cut; slower). With --replicas 1 an unreplicated shard SIGKILLed starts again "
            "from its snapshot and this log, losing nothing acknowledged (no etcd needed)");
   f.Bool("backup-answers", &v.backup_answers,
-         "with --replicas 2: while a primary has one in-sync backup, that backup sends the "
-         "workers the replies to their pushes and clocks itself, once it holds them (one hop "
-         "less than through the primary; not with --durable-log fsync, where the primary "
-         "answers once its own disk holds the entry). Give every replica of the job the same "
-         "value");
+         "with --replicas 2 or more: while a primary has one in-sync backup, that backup sends "
+         "the workers the replies to their pushes and clocks itself, once it holds them (one "
+         "hop less than through the primary; not with --durable-log fsync, where the primary "
+         "answers once its own disk holds the entry). On by default; =false: the primary sends "
+         "every reply. Give every replica of the job the same value");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -279,11 +279,13 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return cli_.BadValue("durable-log", v.durable_log, "use off, write or fsync");
   }
   c.durable_log = v.durable_log;
-  if (v.backup_answers && v.replicas < 2) {
+  // On by default: inert for an unreplicated shard, unless asked for.
+  const bool defaulted = cli_.Source("backup-answers").ends_with("(default)");
+  if (v.backup_answers && v.replicas < 2 && !defaulted) {
     return cli_.BadValue("backup-answers", "true",
                          "a backup answers only for a replicated shard: add --replicas 2");
   }
-  c.backup_answers = v.backup_answers;
+  c.backup_answers = v.backup_answers && v.replicas >= 2;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

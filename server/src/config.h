@@ -52,8 +52,9 @@ struct ServerConfig {
   // replicas 1 the shard runs as a group of one (server/src/solo_group.h), no etcd needed.
   std::string durable_log = "off";
   // A sole in-sync backup answers the workers' pushes and clocks itself (docs/replication.md,
-  // "Backups that answer"): one hop less per acknowledgement. Replicated shards only.
-  bool backup_answers = false;
+  // "Backups that answer"): one hop less per acknowledgement. On by default; replicated
+  // shards only (with --replicas 1 the default is off, and asking for it an error).
+  bool backup_answers = true;
 };
 
 // Where a replica (or a group of one) keeps its durable log and, for a group of one, its

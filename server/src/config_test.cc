@@ -295,9 +295,12 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_EQ(solo->durable_log, "write");
   EXPECT_EQ(solo->replicas, 1);
   EXPECT_TRUE(solo->etcd.empty());
-  // Backups that answer: replicated shards only.
-  EXPECT_FALSE(c->backup_answers);
+  // Backups that answer: on by default for replicated shards, which =false turns off; an
+  // unreplicated shard has none, and asking for them is an error.
+  EXPECT_TRUE(c->backup_answers);
   EXPECT_TRUE(Parse(with("--backup-answers"))->backup_answers);
+  EXPECT_FALSE(Parse(with("--backup-answers=false"))->backup_answers);
+  EXPECT_FALSE(solo->backup_answers);
   EXPECT_NE(Error({"--backup-answers"}).find("add --replicas 2"), std::string::npos);
 }
 

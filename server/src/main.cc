@@ -480,13 +480,13 @@ int Run(const ServerConfig& config) {
                  static_cast<double>(s.replica->durable_bytes()) / (1 << 20), config.durable_log,
                  s.replica->durable_failed() ? "; FAILED" : "");
   }
-  if (s.replica && config.backup_answers) {
+  if (s.replica && config.replicas > 1) {
     spdlog::info(
         "shard {}: replica {} answered {} push(es) and clock(s) itself as the primary's only "
         "in-sync backup, and left {} of its replies to its backup as the primary "
-        "(--backup-answers)",
+        "(--backup-answers={})",
         config.shard, config.replica, s.replica->backup_answered(),
-        s.replica->replies_left_to_backup());
+        s.replica->replies_left_to_backup(), config.backup_answers);
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(
