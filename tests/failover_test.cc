@@ -279,6 +279,11 @@ class BackupAnswersFailoverTest : public FailoverTest {
 // both processes' ZeroMQ I/O threads), and the sums stay exact.
 TEST_F(BackupAnswersFailoverTest, OnOneHostTheBackupsAnswersComeThroughSharedMemory) {
   ASSERT_NO_FATAL_FAILURE(OpenPusher(/*shared_memory=*/true));
+  // Pushes sent before the client's backup connection switched to its queue are answered
+  // on the socket: start once it has (heartbeats and the table's creation drive the offer).
+  ASSERT_TRUE(WaitFor([&] { return client_->counters().shared_memory_backups == 1; }, 30s))
+      << "the client never reached its backup through shared memory\n"
+      << Logs();
   ExactSumPusher pusher(*client_, table_);
   ASSERT_TRUE(pusher.WaitForMore(400)) << pusher.failure() << Logs();
   pusher.Stop();

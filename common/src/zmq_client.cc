@@ -249,7 +249,13 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   bool ActiveWith(int shard) const override {
-    return shard >= 0 && static_cast<size_t>(shard) < n_ && shm_[static_cast<size_t>(shard)]->on();
+    if (shard < 0 || static_cast<size_t>(shard) >= 2 * n_) return false;
+    const auto idx = static_cast<size_t>(shard);
+    if (idx < n_) return shm_[idx]->on();
+    // A backup's link is replaced under mu_ (ConnectBackup); Receive does not hold mu_
+    // while it waits.
+    std::lock_guard<std::mutex> lock(mu_);
+    return sockets_[idx] && shm_[idx]->messages();
   }
 
   size_t ring_bytes() const override { return static_cast<size_t>(options_.shm_ring_bytes); }
@@ -525,7 +531,7 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
   }
 
   zmq::context_t& ctx_;
-  std::mutex mu_;                       // every socket operation
+  mutable std::mutex mu_;               // every socket operation
   std::vector<std::string> endpoints_;  // per connection: the shards', then their backups'
   size_t n_;                            // shards
   ZmqOptions options_;

@@ -330,9 +330,12 @@ TEST_F(ZmqTransportTest, ABackupConnectionTakesSharedMemoryOfItsOwnOnThisHost) {
 
   auto backup = BindZmqServer(bctx, "ipc://" + dir_.path() + "/backup.sock", Shm(true));
   ASSERT_TRUE(backup.ok()) << backup.status();
+  ASSERT_NE(c.shared_memory(), nullptr);
+  EXPECT_FALSE(c.shared_memory()->ActiveWith(1)) << "no backup connection yet";
   ASSERT_TRUE(c.ConnectBackup(0, "ipc://" + dir_.path() + "/backup.sock").ok());
   const std::string peer = through_queue(**backup);
   ASSERT_FALSE(peer.empty()) << "the backup never read the client's queue";
+  EXPECT_TRUE(c.shared_memory()->ActiveWith(1)) << "the client says it sends through the queue";
   EXPECT_EQ(peer.substr(1, 3), "SHM") << "queued messages come from the queue's peer";
   replies_through_queue(**backup, peer);
   EXPECT_TRUE(RoundTrip(**primary, c, 10s)) << "the primary's connection is untouched";
@@ -347,6 +350,8 @@ TEST_F(ZmqTransportTest, ABackupConnectionTakesSharedMemoryOfItsOwnOnThisHost) {
   replies_through_queue(**second, peer2);
 
   ASSERT_TRUE(c.ConnectBackup(0, "").ok());
+  EXPECT_FALSE(c.shared_memory()->ActiveWith(1)) << "closed";
+  EXPECT_FALSE(c.shared_memory()->ActiveWith(2)) << "out of range";
   EXPECT_EQ(c.Send(1, {Frame::Copy("late", 4)}).code(), StatusCode::kUnavailable);
   EXPECT_EQ(c.Send(2, {Frame::Copy("late", 4)}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.Send(-1, {Frame::Copy("late", 4)}).code(), StatusCode::kInvalidArgument);

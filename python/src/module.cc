@@ -1330,6 +1330,7 @@ class Client {
       d["pulls"] = c.pulls;
       d["pulled_min_clock"] = c.pulled_min_clock;
       d["shared_memory_shards"] = c.shared_memory_shards;
+      d["shared_memory_backups"] = c.shared_memory_backups;
     }
     return d;
   }

@@ -357,6 +357,7 @@ class Client::Impl final : public detail::OpWaiter {
     c.pushes_from_buffer = pushes_from_buffer_.load();
     for (int shard = 0; shard < n_ && shared_memory_ != nullptr; ++shard) {
       c.shared_memory_shards += shared_memory_->ActiveWith(shard) ? 1 : 0;
+      c.shared_memory_backups += shared_memory_->ActiveWith(n_ + shard) ? 1 : 0;
     }
     return c;
   }

@@ -406,6 +406,7 @@ int Train(const WorkerConfig& c, Worker& w) {
     extra.push_back({"bytes_sent_per_iteration", sent});
     extra.push_back({"bytes_received_per_iteration", received});
     extra.push_back({"shared_memory_shards", n.shared_memory_shards});
+    extra.push_back({"shared_memory_backups", n.shared_memory_backups});
     spdlog::info(
         "wire ({}): {} requests, {:.1f} MB sent, {:.1f} MB received, {} resent ({} for a "
         "backup's missing answer); per iteration {:.1f} KB sent, {:.1f} KB received; {} of {} "

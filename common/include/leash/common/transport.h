@@ -84,7 +84,9 @@ class ClientSharedMemory {
   // nullopt: then build the frame in ordinary memory. The frame may be sent (and resent)
   // to that shard only.
   virtual std::optional<WritableFrame> ReservePayload(int shard, size_t bytes) = 0;
-  // Whether large frames to `shard` go through shared memory now.
+  // Whether large frames to `shard` go through shared memory now. num_shards() + shard:
+  // whether that shard's backup connection (ClientTransport::ConnectBackup) sends and
+  // receives its messages through its segment's queue now.
   virtual bool ActiveWith(int shard) const = 0;
   // The most a ring grows to (one per direction and shard). A reply frame read in place
   // (Frame::lent) keeps its room in the shard's ring until released: a reader that holds

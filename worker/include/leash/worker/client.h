@@ -156,6 +156,9 @@ struct ClientCounters {
   int64_t pulled_min_clock = -1;  // minimum clock the latest pull reply's values reflect
   // Shards on this host that large frames reach through shared memory.
   int shared_memory_shards = 0;
+  // Answering backups (ReplicaAddress::answers) on this host whose connection sends and
+  // receives through shared memory.
+  int shared_memory_backups = 0;
   uint64_t push_buffers = 0;        // PushBuffer() calls that gave shared memory
   uint64_t pushes_from_buffer = 0;  // pushes sent from such a buffer where it lies (no copy)
 };
