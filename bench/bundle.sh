@@ -12,7 +12,7 @@ set -euo pipefail
 B=${1:-build}; OUT=${2:-leash-bundle.tar.xz}
 cd "$(dirname "$0")/.."
 exes=(server/leash-server worker/leash-worker tools/leashctl bench/leash-bench-pushpull
-      bench/leash-bench-failover bench/leash-bench-crosscore kernels/cuda_kernels_test kernels/cuda_conv_test worker/cnn_cuda_test)
+      bench/leash-bench-failover bench/leash-bench-crosscore bench/leash-bench-backup-load kernels/cuda_kernels_test kernels/cuda_conv_test worker/cnn_cuda_test)
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build" "$stage/lib" "$stage/bin"
 for e in "${exes[@]}"; do
