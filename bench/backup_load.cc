@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
                      "push) at a given rate, without a backup (JSON on stdout at SIGTERM)");
   flags.Int("floats", &floats, "values per push (1048576: the 4 MB push row)");
   flags.Double("rate", &rate, "updates a second (the pushes a backup would apply)");
-  flags.Int("buffers", &buffers, "gradients (and copy sources) cycled through: the pushes in flight");
+  flags.Int("buffers", &buffers,
+            "gradients (and copy sources) cycled through: the pushes in flight");
   flags.Bool("copy", &copy, "copy each push into memory of its own before the update");
   flags.Double("seconds", &seconds, "stop after this long (0: at SIGTERM or SIGINT only)");
   if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
