@@ -254,14 +254,20 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   auto table = clients[0]->CreateTable(t).value();
   if (shm) {
     // The offer is answered asynchronously: wait (bounded) until every client reaches every
-    // shard through shared memory, so the rows measure it and not the socket.
+    // shard, and every backup that answers its pushes, through shared memory, so the rows
+    // measure it and not the socket.
     auto until = SteadyClock::now() + std::chrono::seconds(5);
+    auto reached = [&](const leash::ClientCounters& k) {
+      return k.shared_memory_shards >= n && k.shared_memory_backups >= k.answering_backups;
+    };
     for (auto& c : clients) {
-      while (c->counters().shared_memory_shards < n && SteadyClock::now() < until) {
+      while (!reached(c->counters()) && SteadyClock::now() < until) {
         (void)c->Pull(table, std::vector<float>(static_cast<size_t>(floats)).data()).get();
       }
-      if (c->counters().shared_memory_shards < n)
-        std::fprintf(stderr, "shared memory not reached with every shard; rows are socket\n");
+      if (!reached(c->counters()))
+        std::fprintf(stderr,
+                     "shared memory not reached with every shard and answering backup; rows "
+                     "are partly socket\n");
     }
   }
   std::vector<Sample> out;

@@ -258,6 +258,7 @@ TEST_F(PrimaryAnswersFailoverTest, RepeatedPrimaryKillsLoseNoAcknowledgedPushAnd
   ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
   pusher.Stop();
   pusher.ExpectExactSums(*client_);
+  EXPECT_EQ(client_->counters().answering_backups, 0) << "no backup answers: none to connect to";
   const int backup = 1 - Primary();
   client_.reset();
   EXPECT_EQ(StopAndCountAnswered(backup), 0) << "a backup answered with --backup-answers=false\n"
@@ -281,6 +282,9 @@ TEST_F(BackupAnswersFailoverTest, OnOneHostTheBackupsAnswersComeThroughSharedMem
   ASSERT_NO_FATAL_FAILURE(OpenPusher(/*shared_memory=*/true));
   // Pushes sent before the client's backup connection switched to its queue are answered
   // on the socket: start once it has (heartbeats and the table's creation drive the offer).
+  ASSERT_TRUE(WaitFor([&] { return client_->counters().answering_backups == 1; }, 30s))
+      << "the client never connected to the answering backup\n"
+      << Logs();
   ASSERT_TRUE(WaitFor([&] { return client_->counters().shared_memory_backups == 1; }, 30s))
       << "the client never reached its backup through shared memory\n"
       << Logs();

@@ -1331,6 +1331,7 @@ class Client {
       d["pulled_min_clock"] = c.pulled_min_clock;
       d["shared_memory_shards"] = c.shared_memory_shards;
       d["shared_memory_backups"] = c.shared_memory_backups;
+      d["answering_backups"] = c.answering_backups;
     }
     return d;
   }

@@ -359,6 +359,7 @@ class Client::Impl final : public detail::OpWaiter {
       c.shared_memory_shards += shared_memory_->ActiveWith(shard) ? 1 : 0;
       c.shared_memory_backups += shared_memory_->ActiveWith(n_ + shard) ? 1 : 0;
     }
+    c.answering_backups = backups_connected_.load();
     return c;
   }
   void CountPush() { ++pushes_; }
@@ -901,7 +902,7 @@ class Client::Impl final : public detail::OpWaiter {
   // Per shard, the endpoint of the answering backup connected to ("" none), and how many
   // are connected.
   std::vector<std::string> backup_ = std::vector<std::string>(static_cast<size_t>(n_));
-  int backups_connected_ = 0;
+  std::atomic<int> backups_connected_{0};  // changed under io_mu_; read by counters()
   uint64_t backup_resends_unlogged_ = 0;  // safety-net resends since the last warning
   int64_t backup_resends_logged_ms_ = 0;
   int64_t next_backup_check_ms_ = 0;        // CheckBackupAnswers' next walk

@@ -159,6 +159,8 @@ struct ClientCounters {
   // Answering backups (ReplicaAddress::answers) on this host whose connection sends and
   // receives through shared memory.
   int shared_memory_backups = 0;
+  // Answering backups this client is connected to (one per shard at most).
+  int answering_backups = 0;
   uint64_t push_buffers = 0;        // PushBuffer() calls that gave shared memory
   uint64_t pushes_from_buffer = 0;  // pushes sent from such a buffer where it lies (no copy)
 };
