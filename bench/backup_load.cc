@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_table.h"
 #include "leash/common/flags.h"
 #include "leash/ps/table.h"
 
@@ -77,12 +78,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--rate must be in (0, 1e6], --buffers in [1, 64], --seconds >= 0\n");
     return 2;
   }
-  leash::TableSpec t;
-  t.name = "backup-load";
-  t.cols = 64;
-  t.rows = static_cast<uint64_t>(floats / 64);
-  t.optimizer.kind = leash::OptimizerKind::kMomentum;
-  t.optimizer.lr = 1e-6f;
+  const leash::TableSpec t = leash::bench::MomentumTable("backup-load", floats);
   auto table = leash::ps::Table::Create(0, t, leash::RowRange{0, t.rows});
   if (!table.ok()) {
     std::fprintf(stderr, "cannot make the table: %s\n", table.status().ToString().c_str());

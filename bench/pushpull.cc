@@ -28,6 +28,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "bench_table.h"
 #include "leash/common/curve_keys.h"
 #include "leash/common/etcd_coordinator.h"
 #include "leash/common/finite.h"
@@ -241,16 +242,13 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     }
     clients.push_back(std::move(*c));
   }
-  leash::TableSpec t;
   // Running shards keep their tables across cells: one table per size and mode there.
-  t.name = started != nullptr
-               ? std::string("bench")
-               : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight) +
-                     (stripes > 1 ? "s" + std::to_string(stripes) : "");
-  t.cols = 64;
-  t.rows = static_cast<uint64_t>(floats / 64);
-  t.optimizer.kind = leash::OptimizerKind::kMomentum;
-  t.optimizer.lr = 1e-6f;
+  const leash::TableSpec t = leash::bench::MomentumTable(
+      started != nullptr
+          ? std::string("bench")
+          : "bench" + std::to_string(floats) + (shm ? "shm" : "") + std::to_string(inflight) +
+                (stripes > 1 ? "s" + std::to_string(stripes) : ""),
+      floats);
   auto table = clients[0]->CreateTable(t).value();
   if (shm) {
     // The offer is answered asynchronously: wait (bounded) until every client reaches every
@@ -607,12 +605,7 @@ Sample RawOneWay(int64_t floats, double seconds, bool other_process = false, int
 // its table, momentum and gradient out of the caches (as a shard does when its state and the
 // pushes in flight are larger than the last-level cache, or share it with another process).
 Sample UpdateTime(int64_t floats, double seconds, bool cold = false) {
-  leash::TableSpec t;
-  t.name = "bench";
-  t.cols = 64;
-  t.rows = static_cast<uint64_t>(floats / 64);
-  t.optimizer.kind = leash::OptimizerKind::kMomentum;
-  t.optimizer.lr = 1e-6f;
+  const leash::TableSpec t = leash::bench::MomentumTable("bench", floats);
   const int64_t set_bytes = floats * 12;  // values, momentum, gradient
   const size_t sets = cold ? static_cast<size_t>(std::max<int64_t>(
                                  2, ((int64_t{256} << 20) + set_bytes - 1) / set_bytes))

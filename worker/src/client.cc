@@ -903,7 +903,7 @@ class Client::Impl final : public detail::OpWaiter {
   // are connected.
   std::vector<std::string> backup_ = std::vector<std::string>(static_cast<size_t>(n_));
   std::atomic<int> backups_connected_{0};  // changed under io_mu_; read by counters()
-  uint64_t backup_resends_unlogged_ = 0;  // safety-net resends since the last warning
+  uint64_t backup_resends_unlogged_ = 0;   // safety-net resends since the last warning
   int64_t backup_resends_logged_ms_ = 0;
   int64_t next_backup_check_ms_ = 0;        // CheckBackupAnswers' next walk
   uint64_t first_held_rid_ = 0;             // the first request held since the last flush
