@@ -157,6 +157,7 @@ class Group {
       auto in = n.server->Receive(0ms);
       ASSERT_TRUE(in.ok());
       if (!in->has_value()) break;
+      if (lend_) Lend((*in)->message);
       n.replica->Handle((*in)->peer, (*in)->message, &out, (*in)->user);
     }
     n.replica->Tick(&out);
@@ -170,6 +171,9 @@ class Group {
     if (real_sleep_) std::this_thread::sleep_for(200us);
   }
   void set_real_sleep(bool on) { real_sleep_ = on; }
+  // Appends' payload frames arrive as a same-host backup gets them from a primary that lends
+  // them (ZmqOptions::shm_lend): Frame::lent, in place in the primary's ring.
+  void set_lend(bool on) { lend_ = on; }
 
   std::optional<int> Primary() {
     ShardView v = coord_->View(0);
@@ -190,6 +194,13 @@ class Group {
   std::map<int, bool> restored_;
   uint64_t next_boot_ = 1;
   bool real_sleep_ = false;
+  bool lend_ = false;
+
+  static void Lend(Message& m) {
+    auto d = DecodeReplication(m);
+    if (!d.ok() || !std::holds_alternative<ReplAppendMsg>(d->value)) return;
+    for (size_t i = 1; i < m.size(); ++i) m[i] = m[i].Lent();
+  }
 };
 
 // A worker that follows the shard's primary through the directory and sends its requests
@@ -1746,6 +1757,35 @@ TEST_F(ReplicaTest, TheLogIsBoundedInBytesAndABackupBehindItCatchesUpFromASnapsh
   ExpectIdentical(g.replica(p), g.replica(1 - p));
   const std::vector<float> got = TableValues(g.replica(1 - p));
   for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(got[k], -sum[k]) << "value " << k;
+}
+
+// A backup that reads its primary's entries in place in the primary's ring (a same-host
+// primary lends them) lets each go once applied: its log holds none of them, so the ring's
+// room comes back at once. It still leads with the same state, and as primary catches a
+// restarted replica up from a snapshot where its log no longer reaches.
+TEST_F(ReplicaTest, ABackupLetsEntriesReadInPlaceGoOnceAppliedAndStillLeadsIdentical) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kMomentum, 0.5f, 64, 16));
+  g.set_lend(true);
+  Worker& w = worker();
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  for (uint64_t i = 1; i <= 30; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 16), 64)) << i;
+  ASSERT_TRUE(Settle(g, 2));
+  for (int i = 0; i < 200; ++i) g.Step();  // the backup hears the last commit index
+  EXPECT_GE(g.replica(b).entries_lent(), 30u);
+  EXPECT_EQ(g.replica(b).log_entries(), 0u) << "applied entries read in place are let go";
+  EXPECT_EQ(g.replica(p).entries_lent(), 0u);
+  EXPECT_GE(g.replica(p).log_entries(), 30u) << "the primary keeps its own log";
+  ExpectIdentical(g.replica(p), g.replica(b));
+
+  // The backup leads; the old primary, restarted empty, is caught up by a snapshot.
+  ASSERT_EQ(FailOver(g, p, b), std::optional<int>(b));
+  g.Start(p);
+  for (uint64_t i = 31; i <= 40; ++i) ASSERT_TRUE(w.Push(IntGrad(i, 64 * 16), 64)) << i;
+  ASSERT_TRUE(Settle(g, 2));
+  EXPECT_GE(g.replica(p).snapshots_installed(), 1u);
+  EXPECT_EQ(g.replica(b).shard().counters().pushes_applied, 40u);
+  ExpectIdentical(g.replica(b), g.replica(p));
 }
 
 TEST_F(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {

@@ -18,6 +18,9 @@ constexpr char kTrailerMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'T', 'R', 'L'};
 constexpr char kNoticeMagic[8] = {'\xff', 'L', 'S', 'H', 'M', 'N', 'T', 'C'};
 constexpr char kChannelPrefix[5] = {'\xff', 'S', 'H', 'M', ':'};
 constexpr uint32_t kOfferMessages = 1;  // offer flag: whole messages wanted
+// Offer flag: the shard may read this client's frames in place (ShmSegment::Borrow) instead of
+// copying them out; the client's ring never takes room back (ClientLink's `lend`).
+constexpr uint32_t kOfferLend = 2;
 constexpr uint32_t kAnswerFrames = 1, kAnswerMessages = 2;
 constexpr size_t kTrailerHead = 8 + 8 + 2 + 2 + 4;
 constexpr size_t kTrailerEntry = 4 + 4 + 8 + 8;
@@ -252,11 +255,13 @@ std::optional<Trailer> DecodeTrailer(const void* data, size_t size, uint32_t rin
 
 // ------------------------------------------------------------------------------ client side
 
-ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages)
+ClientLink::ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages,
+                       bool lend)
     : who_(std::move(who)),
       min_frame_bytes_(min_frame_bytes),
       ring_bytes_(ring_bytes),
-      messages_wanted_(messages) {
+      messages_wanted_(messages),
+      lend_(lend) {
   std::lock_guard<std::mutex> lock(mu_);
   Start();
 }
@@ -296,7 +301,7 @@ void ClientLink::Start() {
     return;
   }
   segment_ = *seg;
-  writer_ = std::make_unique<ShmWriter>(segment_, 0, kReclaimMs);
+  writer_ = std::make_unique<ShmWriter>(segment_, 0, kReclaimMs, /*lent=*/lend_);
   if (messages_wanted_) {
     Status st = segment_->MakeBells();
     for (uint32_t r = 0; r < 2 && st.ok(); ++r) {
@@ -324,7 +329,7 @@ std::optional<std::string> ClientLink::Offer() const {
   std::string h(kOfferMagic, 8);
   Put(&h, kVersion);
   Put(&h, segment_->token());
-  Put(&h, bells_[1] ? kOfferMessages : 0u);
+  Put(&h, (bells_[1] ? kOfferMessages : 0u) | (lend_ ? kOfferLend : 0u));
   h += segment_->name();
   return h;
 }
@@ -544,6 +549,7 @@ std::string ServerLinks::AnswerOffer(const PeerId& peer, const void* data, size_
   }
   uint64_t token = Get<uint64_t>(p + 12);
   const bool wants_messages = (Get<uint32_t>(p + 20) & kOfferMessages) != 0;
+  const bool lends = (Get<uint32_t>(p + 20) & kOfferLend) != 0;
   std::string name(reinterpret_cast<const char*>(p + kOfferHead), size - kOfferHead);
   Status why;
   Link* link = Map(name, token, &why);
@@ -552,10 +558,12 @@ std::string ServerLinks::AnswerOffer(const PeerId& peer, const void* data, size_
     return EncodeAnswer(0, token, why.message());
   }
   link->last_used_ms = NowMs();
+  link->borrow = lends;
   peers_[peer] = name;
   const bool messages = wants_messages && messages_ && OpenBells(*link);
-  spdlog::info("a client on this host sends and receives {} through shared memory {}",
-               messages ? "all messages" : "large frames", name);
+  spdlog::info("a client on this host sends and receives {} through shared memory {}{}",
+               messages ? "all messages" : "large frames", name,
+               lends ? " (its frames read in place)" : "");
   return EncodeAnswer(messages ? kAnswerMessages : kAnswerFrames, token, "");
 }
 
@@ -722,7 +730,10 @@ std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
     ++messages_received_;
     Inbound in{link.peer, std::move(*parts), link.user};
     Status st;
-    frames_received_ += FillFromTrailer(link.segment, 0, /*copy=*/true, &in.message, &st, copier());
+    const size_t filled =
+        FillFromTrailer(link.segment, 0, /*copy=*/!link.borrow, &in.message, &st, copier());
+    frames_received_ += filled;
+    if (link.borrow) frames_lent_ += filled;
     if (Stale(st)) {
       ++stale_dropped_;
       continue;
@@ -767,7 +778,8 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
       answer = EncodeAnswer(0, trailer->token, why.message());
     } else {
       peers_[peer] = trailer->name;
-      Status st = FillFrames(*trailer, link->segment, /*copy=*/true, message, copier());
+      Status st = FillFrames(*trailer, link->segment, /*copy=*/!link->borrow, message, copier());
+      if (link->borrow) frames_lent_ += trailer->frames.size();
       if (Stale(st) && stale != nullptr) {
         *stale = true;
         ++stale_dropped_;

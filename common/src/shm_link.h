@@ -9,7 +9,9 @@
 // Messages of the protocol (never seen above the transport). A FlatBuffers envelope
 // starts with its root offset, which is never 0xff..., so these cannot be taken for one:
 //   offer    client -> shard, alone: magic, version u32, token u64, flags u32 (bit 0: the
-//            client would send whole messages through the segment), segment name
+//            client would send whole messages through the segment; bit 1: the shard may
+//            read the client's frames in place, the client never takes ring room back),
+//            segment name
 //   answer   shard -> client, alone: magic, accepted u32 (0 no, 1 frames, 2 frames and
 //            messages), token u64, reason
 //   notice   client -> shard, alone: magic, token u64, kind u32, segment name. A *resume*
@@ -97,7 +99,13 @@ class ClientLink {
   // need them); if that fails the link stays off (and says so in the log). `who` names
   // the shard in logs.
   // `messages`: offer to send whole messages through the segment as well.
-  ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages = false);
+  // `lend`: offer the shard to read this client's frames in place (ShmSegment::Borrow), each
+  // one's room given back when the shard lets the frame go, not when it copied it out. The
+  // ring then never takes room back (a shard process that dies holding frames keeps their
+  // room until Renew()): for a reader that lets every frame go at once, as a backup replica
+  // does once it applied an entry.
+  ClientLink(size_t ring_bytes, size_t min_frame_bytes, std::string who, bool messages = false,
+             bool lend = false);
   // A link that is off for good (shared memory not wanted).
   ClientLink() = default;
   // Queues a bye when messages are on, so that the shard closes its end at once.
@@ -171,6 +179,7 @@ class ClientLink {
   size_t min_frame_bytes_ = 0;
   size_t ring_bytes_ = 0;  // 0: shared memory not wanted
   bool messages_wanted_ = false;
+  bool lend_ = false;
   std::atomic<int> state_{kOff};
   mutable std::mutex mu_;  // guards segment_ and writer_ (sends and reservations may race)
   std::shared_ptr<ShmSegment> segment_;
@@ -244,6 +253,8 @@ class ServerLinks {
   std::optional<Placement> Place(const PeerId& peer, const Message& message);
 
   uint64_t frames_received() const { return frames_received_.load(); }
+  // Of those, frames read in place (the client lends them: Frame::lent).
+  uint64_t frames_lent() const { return frames_lent_.load(); }
   uint64_t frames_sent() const { return frames_sent_.load(); }
   uint64_t messages_received() const { return messages_received_.load(); }
   uint64_t messages_sent() const { return messages_sent_.load(); }
@@ -270,6 +281,7 @@ class ServerLinks {
     // (a Held without a message) that resumes the queue.
     bool paused = false;
     bool closed = false;  // its client said bye
+    bool borrow = false;  // its client lends its frames: read in place, not copied out
     struct Held {
       std::optional<Inbound> in;  // none: the notice
     };
@@ -299,6 +311,7 @@ class ServerLinks {
   std::map<std::string, Link> links_;    // by segment name
   std::map<PeerId, std::string> peers_;  // peer -> the segment its replies use
   std::atomic<uint64_t> frames_received_{0};
+  std::atomic<uint64_t> frames_lent_{0};
   std::atomic<uint64_t> frames_sent_{0};
   std::atomic<uint64_t> messages_received_{0};
   uint64_t stale_dropped_ = 0;

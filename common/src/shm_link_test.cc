@@ -447,5 +447,118 @@ TEST(ShmLinkTest, AClientTurningOffLeavesAPauseSoItsSocketMessagesFlow) {
   EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 1)));
 }
 
+// A client that lends its frames (a primary to its backup): the shard reads them in place,
+// where the client wrote them, on the socket path and the queue's alike; each frame's room
+// comes back when the shard lets the frame go, never before, however long it holds it.
+TEST(ShmLinkTest, ALendingClientsFramesAreReadInPlaceAndTheirRoomComesBackWhenLetGo) {
+  ClientLink client(kRing, kMin, "backup", /*messages=*/true, /*lend=*/true);
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  Connect(client, server, "socket-peer");
+  ASSERT_TRUE(client.on());
+  const Frame payload = Pattern(200'000, 3);
+  const Message request = {Pattern(64, 1), payload};
+  Wire up = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(up.trailer);
+  EXPECT_FALSE(server.OnMessage("socket-peer", &*up.trailer, &up.message));
+  ASSERT_TRUE(up.message[1].lent()) << "read in place, not copied out";
+  EXPECT_TRUE(Same(up.message[1], payload));
+  EXPECT_FALSE(up.message[1].finite_f32()) << "no copy checked it";
+  EXPECT_EQ(server.frames_lent(), 1u);
+
+  // Through the queue: the same.
+  std::optional<std::string> notice = client.TakeNotice();
+  ASSERT_TRUE(notice);
+  EXPECT_FALSE(server.OnNotice("socket-peer", "", notice->data(), notice->size()));
+  Result<bool> posted = client.Post(request, client.Place(request));
+  ASSERT_TRUE(posted.ok() && *posted);
+  std::vector<Inbound> got = TakeAll(server);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].message.at(1).lent());
+  EXPECT_TRUE(Same(got[0].message[1], payload));
+  EXPECT_EQ(server.frames_lent(), 2u);
+  up.message.clear();
+  got.clear();
+
+  // A ring of 1 MiB holds four such frames: while the shard holds two, the client finds
+  // room for two more only, and for all four again once the shard let them go.
+  const Frame big = Pattern(kRing / 5, 4);
+  auto fill = [&] {
+    std::vector<Frame> placed;
+    while (true) {
+      std::optional<Placement> p = client.Place({Pattern(8, 2), big});
+      if (!p) break;
+      Wire w = Carry({Pattern(8, 2), big}, p, 0);
+      EXPECT_FALSE(server.OnMessage("socket-peer", &*w.trailer, &w.message));
+      placed.push_back(w.message[1]);
+    }
+    return placed;
+  };
+  std::vector<Frame> held = fill();
+  ASSERT_GE(held.size(), 3u);
+  const size_t room = held.size();
+  for (const Frame& f : held) EXPECT_TRUE(Same(f, big));
+  held.resize(2);
+  std::vector<Frame> more = fill();
+  EXPECT_EQ(more.size(), room - 2) << "the two frames still held keep their room";
+  for (const Frame& f : held) EXPECT_TRUE(Same(f, big)) << "bytes held are never overwritten";
+  held.clear();
+  more.clear();
+  EXPECT_EQ(fill().size(), room);
+}
+
+// A lending client's reserved frame resent while the shard still holds the first send in
+// place: the resend goes into other room (stamping it again would let the shard's release of
+// the resend free bytes it still reads), and both read the same bytes.
+TEST(ShmLinkTest, ALendingClientsResendOfAFrameTheShardStillHoldsGoesElsewhere) {
+  ClientLink client(kRing, kMin, "backup", /*messages=*/false, /*lend=*/true);
+  ServerLinks server(true, kMin);
+  Connect(client, server, "peer");
+  std::optional<WritableFrame> w = client.Reserve(100'000);
+  ASSERT_TRUE(w);
+  const Frame expected = Pattern(100'000, 7);
+  std::memcpy(w->data, expected.data(), expected.size());
+  const Message request = {Pattern(64, 1), w->frame};
+  Wire first = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(first.trailer);
+  EXPECT_FALSE(server.OnMessage("peer", &*first.trailer, &first.message));
+  ASSERT_TRUE(first.message[1].lent());
+  Wire second = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(second.trailer);
+  EXPECT_NE(second.trailer->frames[0].second.offset, first.trailer->frames[0].second.offset);
+  bool stale = false;
+  EXPECT_FALSE(server.OnMessage("peer", &*second.trailer, &second.message, &stale));
+  EXPECT_FALSE(stale);
+  second.message.clear();  // the shard lets the resend go first
+  EXPECT_TRUE(Same(first.message[1], expected));
+  // Once the first is let go too, the frame is stamped in place again.
+  first.message.clear();
+  Wire third = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(third.trailer);
+  EXPECT_EQ(third.trailer->frames[0].second.offset, first.trailer->frames[0].second.offset);
+}
+
+// Renew (a restarted shard held frames in place): a new segment offered afresh; until it is
+// answered frames go through the socket.
+TEST(ShmLinkTest, ALendingClientRenewedOffersANewSegment) {
+  ClientLink client(kRing, kMin, "backup", /*messages=*/false, /*lend=*/true);
+  ServerLinks server(true, kMin);
+  Connect(client, server, "peer");
+  std::optional<std::string> before = client.Offer();
+  EXPECT_FALSE(before);
+  client.Renew();
+  EXPECT_FALSE(client.on());
+  EXPECT_FALSE(client.Place({Pattern(8, 1), Pattern(100'000, 2)}));
+  std::optional<std::string> offer = client.Offer();
+  ASSERT_TRUE(offer);
+  Connect(client, server, "peer");
+  ASSERT_TRUE(client.on());
+  const Message request = {Pattern(8, 1), Pattern(100'000, 2)};
+  Wire up = Carry(request, client.Place(request), 0);
+  ASSERT_TRUE(up.trailer);
+  EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+  EXPECT_TRUE(up.message[1].lent());
+  EXPECT_TRUE(Same(up.message[1], request[1]));
+}
+
 }  // namespace
 }  // namespace leash::shm

@@ -493,10 +493,12 @@ struct ShmWriter::Reservation {
   }
 };
 
-ShmWriter::ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms)
+ShmWriter::ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms,
+                     bool lent)
     : segment_(std::move(segment)),
       ring_(ring),
-      reclaim_ms_(reclaim_ms),
+      reclaim_ms_(lent ? 0 : reclaim_ms),
+      lent_(lent),
       claimed_ms_(segment_->granules(), 0),
       held_(std::make_shared<std::vector<std::atomic<uint8_t>>>(segment_->granules())) {}
 
@@ -609,9 +611,15 @@ std::optional<Descriptor> ShmWriter::Stamp(const Frame& frame) {
   const auto first = static_cast<uint32_t>(offset / kGranuleBytes);
   const uint32_t k = GranulesFor(frame.size());
   if (first + k > segment_->granules()) return std::nullopt;
+  std::atomic<uint32_t>* st = segment_->states(ring_);
+  if (lent_) {
+    // An earlier send the reader has not given back may be read in place right now.
+    for (uint32_t g = first; g < first + k; ++g) {
+      if (st[g].load(std::memory_order_acquire) != 0) return std::nullopt;
+    }
+  }
   const uint32_t gen = NextGeneration();
   const int64_t now = NowMs();
-  std::atomic<uint32_t>* st = segment_->states(ring_);
   for (uint32_t g = first; g < first + k; ++g) {
     claimed_ms_[g] = now;
     st[g].store(gen, std::memory_order_release);

@@ -193,7 +193,12 @@ class ShmWriter {
  public:
   // `reclaim_ms` > 0: granules a reader has not given back after that long are taken
   // back (the reader died with them); readers of such a ring must CopyOut. 0: never.
-  ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms);
+  // `lent`: the reader may read frames in place (Borrow) and hold them: a frame whose
+  // granules the reader has not given back is never stamped again (Stamp says nullopt, and
+  // a resend goes into other granules), so bytes a reader still reads never change under
+  // it. Needs reclaim_ms 0.
+  ShmWriter(std::shared_ptr<ShmSegment> segment, uint32_t ring, int64_t reclaim_ms,
+            bool lent = false);
 
   // Copies `frame` into the ring. nullopt if the ring has no room for it.
   std::optional<Descriptor> Put(const Frame& frame);
@@ -204,6 +209,7 @@ class ShmWriter {
   std::optional<Frame> Reserve(size_t size);
   // If `frame` was made by Reserve() of this writer: stamps its granules with a new
   // generation (a resend of the same frame is read again) and returns its descriptor.
+  // A lent writer's frame whose granules the reader still holds: nullopt.
   std::optional<Descriptor> Stamp(const Frame& frame);
 
   // Bytes of the ring reserved in /dev/shm so far.
@@ -224,6 +230,7 @@ class ShmWriter {
   std::shared_ptr<ShmSegment> segment_;
   uint32_t ring_;
   int64_t reclaim_ms_;
+  bool lent_ = false;
   uint32_t generation_ = 0;
   uint32_t reserved_ = 0;  // this writer's own count: it never trusts the peer's header
   int64_t grow_again_ms_ = 0;

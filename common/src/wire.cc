@@ -908,6 +908,11 @@ Result<Decoded<ReplMessage>> DecodeReplication(const Message& msg, const WireLim
           }
           w.message.assign(rest.begin() + at, rest.begin() + at + e->frames());
           at += e->frames();
+          // Frames read in place where the primary's checking copy wrote them know what it
+          // found; frames that came any other way are checked again where they are applied.
+          for (size_t f = 0; f < w.message.size() && f < 64; ++f) {
+            if ((e->finite_frames() >> f & 1) != 0) w.message[f] = Frame::LentFinite(w.message[f]);
+          }
           m.entries.push_back(std::move(w));
         }
       }
@@ -997,9 +1002,12 @@ Message EncodeReplication(const ReplMessage& msg, std::vector<Frame> payloads) {
                 for (const ReplEntryWire& e : m.entries) {
                   auto peer = fbb.CreateVector(reinterpret_cast<const uint8_t*>(e.peer.data()),
                                                e.peer.size());
+                  uint64_t finite = 0;
+                  for (size_t f = 0; f < e.message.size() && f < 64; ++f)
+                    finite |= uint64_t{e.message[f].finite_f32()} << f;
                   entries.push_back(wire::CreateReplEntry(
                       fbb, e.term, e.index, e.now_ms, static_cast<uint8_t>(e.kind), peer,
-                      e.worker_id, static_cast<uint32_t>(e.message.size())));
+                      e.worker_id, static_cast<uint32_t>(e.message.size()), finite));
                 }
                 auto v = fbb.CreateVector(entries);
                 return {wire::Body::ReplAppend,

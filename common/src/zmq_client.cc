@@ -248,6 +248,14 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     return shm_[static_cast<size_t>(shard)]->Reserve(bytes);
   }
 
+  void RenewLink(int shard) override {
+    if (shard < 0 || static_cast<size_t>(shard) >= n_) return;
+    const auto idx = static_cast<size_t>(shard);
+    std::lock_guard<std::mutex> lock(mu_);
+    shm_[idx]->Renew();
+    SendOffer(idx);
+  }
+
   bool ActiveWith(int shard) const override {
     if (shard < 0 || static_cast<size_t>(shard) >= 2 * n_) return false;
     const auto idx = static_cast<size_t>(shard);
@@ -424,7 +432,8 @@ class ZmqClient final : public ClientTransport, public ClientSharedMemory {
     if (!options_.shared_memory) return std::make_unique<shm::ClientLink>();
     return std::make_unique<shm::ClientLink>(static_cast<size_t>(options_.shm_ring_bytes),
                                              static_cast<size_t>(options_.shm_min_frame_bytes),
-                                             Describe(static_cast<int>(i)), options_.shm_messages);
+                                             Describe(static_cast<int>(i)), options_.shm_messages,
+                                             options_.shm_lend);
   }
 
   // Under mu_: a notice to shard i (shm_link.h). A resume notice (`owed`) that cannot go

@@ -147,6 +147,7 @@ class ZmqServer final : public ServerTransport {
     c.auth_refused = zap_ ? zap_->refused() : 0;
     c.handshake_failed = handshake_failed_.load();
     c.shm_frames_received = shm_.frames_received();
+    c.shm_frames_lent = shm_.frames_lent();
     c.shm_frames_sent = shm_.frames_sent();
     c.shm_messages_received = shm_.messages_received();
     c.shm_messages_sent = shm_.messages_sent();

@@ -466,6 +466,52 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
       << "below the threshold: ordinary memory";
 }
 
+// A client that lends its frames (a primary to its backups, ZmqOptions::shm_lend): the
+// server gets them in place, in the client's ring, and a renewed link (the server process
+// restarted holding some) is offered afresh and lends again once answered.
+TEST_F(ZmqTransportTest, ALendingClientsLargeFramesAreReadInPlaceAndARenewedLinkLendsAgain) {
+  ZmqContext sctx, cctx;
+  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ZmqOptions lend = Shm(true);
+  lend.shm_lend = true;
+  auto client = ConnectZmqClient(cctx, {endpoint_}, lend);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(AwaitShm(**server, **client, 10s));
+  const Frame big = Pattern(200'000, 1);
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
+  auto in = ServerGet(**server, 5s);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 2u);
+  EXPECT_TRUE(in->message[1].lent());
+  EXPECT_TRUE(Same(in->message[1], big));
+  EXPECT_EQ((*server)->counters().shm_frames_lent, 1u);
+
+  (*client)->shared_memory()->RenewLink(0);
+  EXPECT_FALSE((*client)->shared_memory()->ActiveWith(0)) << "until the new offer is answered";
+  ASSERT_TRUE(AwaitShm(**server, **client, 10s));
+  ASSERT_TRUE((*client)->Send(0, {Frame::Copy("req", 3), big}).ok());
+  std::optional<Inbound> again = ServerGet(**server, 5s);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->message[1].lent());
+  EXPECT_TRUE(Same(again->message[1], big));
+  EXPECT_EQ((*server)->counters().shm_frames_lent, 2u);
+  // The first frame, still held, was never overwritten.
+  EXPECT_TRUE(Same(in->message[1], big));
+
+  // A client that does not lend: frames are copied out.
+  auto plain = ConnectZmqClient(cctx, {endpoint_}, Shm(true));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(AwaitShm(**server, **plain, 10s));
+  ASSERT_TRUE((*plain)->Send(0, {Frame::Copy("req", 3), big}).ok());
+  std::optional<Inbound> copied = ServerGet(**server, 5s);
+  ASSERT_TRUE(copied);
+  ASSERT_EQ(copied->message.size(), 2u);
+  EXPECT_FALSE(copied->message[1].lent());
+  EXPECT_TRUE(Same(copied->message[1], big));
+  EXPECT_EQ((*server)->counters().shm_frames_lent, 2u);
+}
+
 TEST_F(ZmqTransportTest, AShardWithSharedMemoryOffDeclinesItAndFramesGoThroughTheSocket) {
   ZmqContext sctx, cctx;
   auto server = BindZmqServer(sctx, endpoint_, Shm(false));

@@ -292,6 +292,10 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       // a worker's (one copy in, one out, no loopback TCP on either side's CPU); a replica on
       // another host refuses the offer and everything goes through the socket.
       po.shared_memory = c.shared_memory;
+      // ...and applies them where the primary wrote them, in its ring, instead of copying
+      // each out first: a backup lets an entry's frames go once it applied the entry
+      // (Replica::Compact), and the primary renews the link when a backup restarts.
+      po.shm_lend = true;
       if (s.curve) {
         // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
         // with the shards' own key pair, and every replica accepts that key as a client's
@@ -454,14 +458,15 @@ int Run(const ServerConfig& config) {
       "{} failed handshakes, {} replies dropped (unread queue); {} requests rejected ({} "
       "rejection lines not logged, {} error replies not sent over the per-peer limits); "
       "striped: {} messages received, {} replies sent, {} dropped incomplete; shared memory: {} "
-      "frames received, {} sent, {} queued messages received, {} sent; {} pushes checked for "
-      "NaN/Inf by their copy; update threads: {} updates split, {} passes split",
+      "frames received ({} read in place), {} sent, {} queued messages received, {} sent; {} "
+      "pushes checked for NaN/Inf by their copy; update threads: {} updates split, {} passes "
+      "split",
       config.shard, s.serving_shard().min_clock(), sc.limit_rejections, sc.oversize_rejections,
       sc.key_limit_rejections, sc.parked_limit_rejections, tc.auth_refused, tc.handshake_failed,
       tc.replies_dropped, sc.errors, sc.rejection_lines_suppressed, sc.error_replies_suppressed,
       tc.striped_received, tc.striped_sent, tc.striped_dropped, tc.shm_frames_received,
-      tc.shm_frames_sent, tc.shm_messages_received, tc.shm_messages_sent, sc.pushes_checked_in_copy,
-      sc.updates_split, sc.passes_split);
+      tc.shm_frames_lent, tc.shm_frames_sent, tc.shm_messages_received, tc.shm_messages_sent,
+      sc.pushes_checked_in_copy, sc.updates_split, sc.passes_split);
   if (sc.pushes_dropped_stale > 0) {
     spdlog::warn(
         "shard {}: {} stale push(es) of backup workers dropped in all, {} applied (pushes more "
@@ -487,6 +492,12 @@ int Run(const ServerConfig& config) {
         "(--backup-answers={})",
         config.shard, config.replica, s.replica->backup_answered(),
         s.replica->replies_left_to_backup(), config.backup_answers);
+  }
+  if (s.replica && s.replica->entries_lent() > 0) {
+    spdlog::info(
+        "shard {}: replica {} applied {} log entr(ies) in place in its primary's shared-memory "
+        "ring (no copy)",
+        config.shard, config.replica, s.replica->entries_lent());
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(

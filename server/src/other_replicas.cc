@@ -56,6 +56,11 @@ bool OtherReplicas::ActiveWith(int replica) const {
 
 size_t OtherReplicas::ring_bytes() const { return others_->shared_memory()->ring_bytes(); }
 
+void OtherReplicas::RenewLink(int replica) {
+  const int other = ToOther(replica);
+  if (other >= 0) others_->shared_memory()->RenewLink(other);
+}
+
 Status OtherReplicas::ShardHealth(int replica) const {
   const int other = ToOther(replica);
   if (other < 0) return Status::Ok();

@@ -40,6 +40,7 @@ class OtherReplicas final : public ClientTransport,
   std::optional<WritableFrame> ReservePayload(int replica, size_t bytes) override;
   bool ActiveWith(int replica) const override;
   size_t ring_bytes() const override;
+  void RenewLink(int replica) override;
 
   // ConnectionHealth: this replica itself is always Ok.
   Status ShardHealth(int replica) const override;

@@ -639,10 +639,13 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
       if (!w) continue;
       // Shared by the shard's update threads, as its update of the entry is.
       Frame checked = ps::CopyToCheckingFiniteShared(shard_->update_threads(), frame, w->data);
-      if (logged != nullptr && checked.finite_f32() && !logged->message[f].finite_f32()) {
+      const bool finite = checked.finite_f32();
+      if (logged != nullptr && finite && !logged->message[f].finite_f32()) {
         logged->message[f] = std::move(checked);
       }
-      frame = std::move(w->frame);
+      // The ring's copy holds the same bytes: the append says they were found finite, and a
+      // backup reading them in place need not check them again (Frame::LentFinite).
+      frame = Frame::CopiedCheckingFinite(w->frame, finite);
     }
   }
 }
@@ -858,7 +861,12 @@ void Replica::OnAck(const ReplAckMsg& m) {
   if (p.retired_boots.count(m.boot_id) > 0) return;  // from before the replica restarted
   if (m.boot_id != p.boot_id) {
     // The replica restarted (or is new): what it held before is gone.
-    if (p.boot_id != 0) p.retired_boots.insert(p.boot_id);
+    if (p.boot_id != 0) {
+      p.retired_boots.insert(p.boot_id);
+      // Frames its old process read in place in this replica's ring died with it, unreturned:
+      // a new segment, so that the ring's room is whole again.
+      if (ClientSharedMemory* shm = peers_->shared_memory()) shm->RenewLink(m.replica);
+    }
     p.boot_id = m.boot_id;
     p.match_index = 0;
     p.next_index = std::min(p.next_index, last_index() + 1);
@@ -982,7 +990,12 @@ void Replica::Release(std::vector<Outgoing>* out) {
 void Replica::Compact() {
   // Keep the log within its bounds: drop applied (and, on a primary, committed) entries.
   const uint64_t keep_after = std::min(applied_index_, commit_index_);
-  while ((log_.size() > options_.max_log_entries || log_bytes_ > options_.max_log_bytes) &&
+  // Entries whose frames lie in place in the primary's shared-memory ring (Frame::lent) hold
+  // its room: once applied they go, with every applied entry before them. This replica, as
+  // a later primary, then sends a lagging one a snapshot where it would have sent those.
+  const uint64_t lent_upto = std::min(keep_after, lent_through_);
+  while ((log_.size() > options_.max_log_entries || log_bytes_ > options_.max_log_bytes ||
+          base_index_ < lent_upto) &&
          base_index_ < keep_after) {
     base_term_ = log_.front().term;
     base_index_ = log_.front().index;
@@ -1471,6 +1484,10 @@ void Replica::OnAppend(const ReplAppendMsg& m, std::vector<Outgoing>* out) {
       }
     }
     log_bytes_ += EntryBytes(e);
+    if (std::any_of(e.message.begin(), e.message.end(), [](const Frame& f) { return f.lent(); })) {
+      lent_through_ = index;
+      ++entries_lent_;
+    }
     log_.push_back(e);
   }
   const uint64_t matched = std::max(base_index_, m.prev_index + m.entries.size());

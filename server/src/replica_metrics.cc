@@ -73,6 +73,9 @@ ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) 
          "in-sync backup (--backup-answers).");
   mirror(&Replica::replies_left_to_backup, "leash_replica_replies_left_to_backup_total",
          "Replies this primary dropped because its backup sent them (--backup-answers).");
+  mirror(&Replica::entries_lent, "leash_replica_entries_lent_total",
+         "Log entries this replica read in place from its primary's shared-memory ring "
+         "(applied without a copy).");
   mirror(&Replica::durable_records, "leash_replica_durable_log_records_total",
          "Records written to the durable log.");
   mirror(&Replica::durable_bytes, "leash_replica_durable_log_bytes_total",

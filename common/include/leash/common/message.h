@@ -30,10 +30,21 @@ class Frame {
   // `src` itself (the same storage) knowing that fact, as CopyCheckingFinite's copy would.
   static Frame CopyToCheckingFinite(const Frame& src, void* dst);
   // `src`, knowing what a CopyToCheckingFinite made in parts found: `finite` when every part's
-  // CopyAllFinite said true (ps::CopyToCheckingFiniteShared; for nothing else).
+  // CopyAllFinite said true (ps::CopyToCheckingFiniteShared), or the destination of such a
+  // copy (the same bytes: a primary's copy of an entry into its backup's ring); for nothing
+  // else.
   static Frame CopiedCheckingFinite(const Frame& src, bool finite) {
     Frame f = src;
     f.finite_f32_ = finite && src.size() > 0;
+    return f;
+  }
+  // `src`, a frame read in place where a checking copy wrote it (lent()), knowing what that
+  // copy found: a backup replica's log entry whose primary copied it into the backup's ring
+  // with CopyToCheckingFinite and says it found it finite (ReplEntry.finite_frames). A frame
+  // that is not lent gains nothing (its bytes came some other way).
+  static Frame LentFinite(const Frame& src) {
+    Frame f = src;
+    f.finite_f32_ = src.lent() && src.size() > 0;
     return f;
   }
   // Takes the bytes of `bytes` without copying.
@@ -65,8 +76,9 @@ class Frame {
   }
   // True: the bytes are whole float32 values, every one finite, as found by the copy that
   // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite, or its parts:
-  // CopiedCheckingFinite). False: not known. A fact about immutable bytes, so every copy of
-  // the frame keeps it; nothing else can set it.
+  // CopiedCheckingFinite), or by the copy that wrote a lent frame (LentFinite). False: not
+  // known. A fact about immutable bytes, so every copy of the frame keeps it; nothing else
+  // can set it.
   bool finite_f32() const { return finite_f32_; }
 
  private:

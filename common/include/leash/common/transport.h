@@ -26,6 +26,7 @@ struct TransportCounters {
   uint64_t handshake_failed = 0;       // other failed handshakes (no CURVE, wrong server key)
   uint64_t replies_dropped = 0;        // replies to a peer over its queue limit (it does not read)
   uint64_t shm_frames_received = 0;    // frames read from same-host shared memory
+  uint64_t shm_frames_lent = 0;        // of those, read in place (their client lends them)
   uint64_t shm_frames_sent = 0;        // frames written to same-host shared memory
   uint64_t shm_messages_received = 0;  // whole messages read from same-host queues
   uint64_t shm_messages_sent = 0;      // whole messages written to same-host queues
@@ -92,6 +93,10 @@ class ClientSharedMemory {
   // (Frame::lent) keeps its room in the shard's ring until released: a reader that holds
   // such frames for long should hold no more than a part of this.
   virtual size_t ring_bytes() const = 0;
+  // A new segment for `shard`'s connection, offered afresh (until it is answered large frames
+  // go through the socket): what the shard's process held in the old one is given up. For
+  // a shard that restarted while it held frames read in place (ZmqOptions::shm_lend).
+  virtual void RenewLink(int shard) = 0;
 };
 
 // Optional capability of a ClientTransport: it knows why a shard cannot be talked to

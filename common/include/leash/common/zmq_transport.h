@@ -52,6 +52,13 @@ struct ZmqOptions {
   // its segment too (a queue per direction, the reader woken through a FIFO), not only the
   // large frames, so no ZeroMQ I/O thread hands it on. The socket keeps the handshake.
   bool shm_messages = true;
+  // A client with shared_memory on: offer each shard to read this client's large frames in
+  // place (where the client wrote them) instead of copying them out first; each frame's room
+  // comes back when the shard lets it go. For a peer that lets every frame go once it used
+  // it (a backup replica applying the primary's log entries); the client's rings then never
+  // take room back, so after the shard process restarted call
+  // ClientSharedMemory::RenewLink (room its old process held is given up with the segment).
+  bool shm_lend = false;
   // Striping (common/src/stripes.h), for links faster than one connection carries: a
   // client with stripes >= 2 opens that many connections to each shard, each handled by
   // a ZeroMQ I/O thread of the context (give ZmqContext as many), and splits a message of

@@ -187,6 +187,9 @@ class Replica {
   // primary's replies it dropped because its backup said it sent them (a batch's each).
   uint64_t backup_answered() const { return backup_answered_; }
   uint64_t replies_left_to_backup() const { return replies_left_to_backup_; }
+  // Log entries this replica received read in place from its primary's shared-memory ring
+  // (the primary lends them, ZmqOptions::shm_lend): applied without a copy.
+  uint64_t entries_lent() const { return entries_lent_; }
   bool needs_snapshot() const { return needs_snapshot_; }
   // False from the start of a snapshot transfer to this replica (its old state dropped) until
   // one is installed; it writes no snapshots of its own meanwhile.
@@ -409,6 +412,8 @@ class Replica {
   std::map<uint64_t, WorkerLink> worker_links_;  // backup: by worker id
   uint64_t backup_answered_ = 0;
   uint64_t replies_left_to_backup_ = 0;
+  uint64_t entries_lent_ = 0;
+  uint64_t lent_through_ = 0;  // the last entry received holding a lent frame
 
   // The durable log (ReplicaOptions::durable_log_dir), and how far it holds the log.
   std::unique_ptr<DurableLog> durable_;
