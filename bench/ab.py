@@ -12,11 +12,14 @@ backup's and the pushing client's CPU time per push.
 It reports per-round figures, medians, and B/A ratios of the medians, as JSON and Markdown.
 
 Usage: bench/ab.py --a BUILD_A --b BUILD_B [--rounds 3] [--epochs 1] [--replicated | --no-shm]
-                   [--suite-flags] [--a-worker-flags F] [--b-worker-flags F] [--name ab] [--out DIR]
+                   [--suite-flags] [--a-worker-flags F] [--b-worker-flags F]
+                   [--a-server-flags F] [--b-server-flags F] [--name ab] [--out DIR]
 Each BUILD is a CMake build directory (server/leash-server, worker/leash-worker,
 bench/leash-bench-pushpull inside). --a-worker-flags and --b-worker-flags add leash-worker
 flags to one side's MLP runs (local and 1+1; not the push rows): --a B --b B with
 --a-worker-flags=--pull-in-place=false compares a flag's two settings in one build.
+--a-server-flags and --b-server-flags do the same for the replicas of --replicated:
+--a B --b B --replicated --a-server-flags=--backups-read-in-place=false.
 """
 import argparse
 import json
@@ -53,11 +56,12 @@ def pushpull(build, tmp, seconds):
     return {"push_4KB_p50_us": cell(1024, 1)["p50_us"], "push_4MB_8_inflight_mb_per_s": cell(1048576, 8)["mb_per_s"]}
 
 
-def replicated(build, tmp, tag, seconds):
-    """The R=2 push rows of one build, on a cluster of its own (bench/replication.py's)."""
+def replicated(build, tmp, tag, seconds, server_flags=()):
+    """The R=2 push rows of one build (its replicas started with `server_flags` added), on a
+    cluster of its own (bench/replication.py's)."""
     import replication as R  # noqa: E402  (etcd and the replicas, started and stopped there)
     c = dict(R.config(False), pushpull_seconds=seconds)
-    cl = R.Replicated(build, tmp, tag, c["ttl"])
+    cl = R.Replicated(build, tmp, tag, c["ttl"], server_flags)
     got = {}
     try:
         p = cl.primary()
@@ -94,6 +98,10 @@ def main():
                    help="the MLP with the suite's flags (momentum 0.9, lr 0.01) instead of the worker's defaults")
     p.add_argument("--a-worker-flags", default="", help="more leash-worker flags for A's MLP runs")
     p.add_argument("--b-worker-flags", default="", help="more leash-worker flags for B's MLP runs")
+    p.add_argument("--a-server-flags", default="",
+                   help="with --replicated: more leash-server flags for A's replicas")
+    p.add_argument("--b-server-flags", default="",
+                   help="with --replicated: more leash-server flags for B's replicas")
     p.add_argument("--name", default="ab", help="writes NAME.json and NAME.md (default ab)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -116,7 +124,8 @@ def main():
                 build = getattr(args, which)
                 if args.replicated:
                     if not got[which]:  # one cluster per build per round
-                        got[which] = replicated(build, tmp, f"r{r}{k}", args.seconds)
+                        got[which] = replicated(build, tmp, f"r{r}{k}", args.seconds,
+                                                getattr(args, f"{which}_server_flags").split())
                         print(f"[round {r + 1}/{args.rounds}] {which}: {got[which]}", flush=True)
                     continue
                 if "local" not in got[which]:
@@ -141,7 +150,8 @@ def main():
     ratio = {k: med["b"][k] / med["a"][k] for k in keys}
     result = {"benchmark": "ab", "replicated": args.replicated, "a": os.path.abspath(args.a),
               "b": os.path.abspath(args.b), "a_worker_flags": args.a_worker_flags,
-              "b_worker_flags": args.b_worker_flags, "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "b_worker_flags": args.b_worker_flags, "a_server_flags": args.a_server_flags,
+              "b_server_flags": args.b_server_flags, "rounds": args.rounds, "epochs": args.epochs, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "nproc": os.cpu_count(), "runs": rows, "median": med, "b_over_a": ratio}
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -152,7 +162,10 @@ def main():
     for size in ("4KB", "1MB", "4MB"):
         for who in ("primary", "backup", "client"):
             names[f"push_{size}_{who}_cpu_us"] = f"{size} push: the {who}'s CPU per push (us)"
-    what = ("R=2 (2 replicas and etcd; the push rows against the primary)" if args.replicated else
+    what = ("R=2 (2 replicas and etcd; the push rows against the primary)"
+            + "".join(f", {w.upper()}'s replicas with `{f}`" for w, f in
+                      (("a", args.a_server_flags), ("b", args.b_server_flags)) if f)
+            if args.replicated else
             f"{args.epochs} epoch(s) each" + (", the cluster over the socket only (--no-shm)" if args.no_shm else "")
             + (", the suite's worker flags" if args.suite_flags else "")
             + "".join(f", {w.upper()}'s workers with `{f}`" for w, f in

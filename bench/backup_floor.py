@@ -11,7 +11,10 @@ This runs that least work with no backup at all, beside an unreplicated shard:
   update  the same, while leash-bench-backup-load applies the momentum update to 4 MB at
           0.75x R=1's rate (the rate R=2 must keep), cycling through 8 gradients;
   copy    the same with one copy of each push into its memory before the update;
-  r2      R=2's row itself (etcd and two leash-server replicas, the defaults), in the same rounds.
+  r2      R=2's row itself (etcd and two leash-server replicas, the defaults: the backup
+          answers and applies each entry in place in the primary's ring), in the same rounds;
+  r2copy  R=2 with --backups-read-in-place=false (the backup copies each entry out of the
+          ring and checks it for NaN first: the design before), in the same rounds.
 
 If the shard cannot keep 0.75x R=1's rate while the update alone runs at that rate, no R=2 on
 these cores can: R=2 does at least R=1's work and the backup's update at the same rate. If it
@@ -44,10 +47,10 @@ FLOATS = 1048576  # the 4 MB push row
 TARGET = 0.75     # R=2 at most 25% below R=1
 
 
-def measure_r2(build, tmp, tag, seconds):
-    """R=2's 4 MB push row (leash-server's defaults: the backup answers) on a fresh cluster, with the
-    primary's and the backup's CPU per push."""
-    cl = R.Replicated(build, tmp, tag, 2)
+def measure_r2(build, tmp, tag, seconds, extra=()):
+    """R=2's 4 MB push row (leash-server's defaults: the backup answers, `extra` flags added) on a
+    fresh cluster, with the primary's and the backup's CPU per push."""
+    cl = R.Replicated(build, tmp, tag, 2, extra)
     try:
         p = cl.primary()
         procs = {"primary": cl.procs[p["replica"]], "backup": cl.procs[1 - p["replica"]]}
@@ -95,14 +98,17 @@ def run(build, rounds, seconds, tmp, log):
     cal = measure(build, tmp, "cal", seconds)
     log(f"calibration: R=1 4 MB push {cal['ops_per_s']:.0f}/s ({cal['mb_per_s']:.0f} MB/s)")
     rates = [cal["ops_per_s"]]
-    configs = ["alone", "update", "copy", "r2"]
+    configs = ["alone", "update", "copy", "r2", "r2copy"]
     out = []
     for r in range(rounds):
         rate = TARGET * median(rates)
         got = {"co_runner_rate": rate}
-        for name in configs[r % 4:] + configs[:r % 4]:
+        k = r % len(configs)
+        for name in configs[k:] + configs[:k]:
             if name == "r2":
                 got[name] = measure_r2(build, tmp, f"r{r}{name}", seconds)
+            elif name == "r2copy":
+                got[name] = measure_r2(build, tmp, f"r{r}{name}", seconds, ["--backups-read-in-place=false"])
             else:
                 load = None if name == "alone" else {"rate": rate, "copy": name == "copy"}
                 got[name] = measure(build, tmp, f"r{r}{name}", seconds, load)
@@ -116,17 +122,22 @@ def run(build, rounds, seconds, tmp, log):
             log(f"  round {r + 1}/{rounds} {name}: {g['ops_per_s']:.0f} pushes/s ({g['mb_per_s']:.0f} MB/s), "
                 f"load {R.load():.1f}{extra}")
         rates.append(got["alone"]["ops_per_s"])
-        for name in ("update", "copy", "r2"):
+        for name in ("update", "copy", "r2", "r2copy"):
             g = got[name]
             g["over_alone"] = g["ops_per_s"] / got["alone"]["ops_per_s"]
             # Keeps R=2's target rate (for update and copy: while a backup's least work runs at it).
             g["keeps_target_rate"] = g["ops_per_s"] >= rate
         out.append(got)
-    r2 = [g["r2"]["over_alone"] for g in out]
-    summary = {"r2": {"over_alone_per_round": r2, "median_over_alone": median(r2), "median_cost": 1 - median(r2),
-                      "rounds_keeping_target_rate": sum(g["r2"]["keeps_target_rate"] for g in out),
-                      "primary_cpu_us_per_push": median(g["r2"].get("primary_cpu_us_per_push") for g in out),
-                      "backup_cpu_us_per_push": median(g["r2"].get("backup_cpu_us_per_push") for g in out)}}
+    summary = {}
+    for name in ("r2", "r2copy"):
+        r2 = [g[name]["over_alone"] for g in out]
+        summary[name] = {"over_alone_per_round": r2, "median_over_alone": median(r2), "median_cost": 1 - median(r2),
+                         "rounds_keeping_target_rate": sum(g[name]["keeps_target_rate"] for g in out),
+                         "primary_cpu_us_per_push": median(g[name].get("primary_cpu_us_per_push") for g in out),
+                         "backup_cpu_us_per_push": median(g[name].get("backup_cpu_us_per_push") for g in out)}
+    # In place against copied out, round by round (the two R=2 designs, same rounds).
+    in_place = [g["r2"]["ops_per_s"] / g["r2copy"]["ops_per_s"] for g in out]
+    summary["r2_in_place_over_copy"] = {"per_round": in_place, "median": median(in_place)}
     for name in ("update", "copy"):
         ratios = [g[name]["over_alone"] for g in out]
         summary[name] = {
@@ -163,8 +174,9 @@ def write_md(res, out_dir):
         f"backup: the momentum update of each push (update), or one copy of it and the update (copy), at "
         f"{res['target_ratio']:.2f}x R=1's rate, the rate R=2 must keep to cost at most 25%.",
         "",
-        "| round | co-runner rate (updates/s) | R=1 alone (pushes/s) | with update | with copy + update | R=2 |",
-        "|---|---|---|---|---|---|",
+        "| round | co-runner rate (updates/s) | R=1 alone (pushes/s) | with update | with copy + update | R=2 "
+        "(in place) | R=2 copying out |",
+        "|---|---|---|---|---|---|---|",
     ]
     for i, g in enumerate(res["rounds"]):
         def cell(name):
@@ -172,9 +184,10 @@ def write_md(res, out_dir):
             c = x["co_runner"]
             return (f"{x['ops_per_s']:.0f} ({x['over_alone']:.2f}x{'' if x['keeps_target_rate'] else ', under the rate'}"
                     f"; co-runner {c['rate_reached']:.0f}/s)")
-        r2 = g["r2"]
+        r2, rc = g["r2"], g.get("r2copy")
+        last = f" {rc['ops_per_s']:.0f} ({rc['over_alone']:.2f}x) |" if rc else " - |"
         lines.append(f"| {i + 1} | {g['co_runner_rate']:.0f} | {g['alone']['ops_per_s']:.0f} | {cell('update')} | "
-                     f"{cell('copy')} | {r2['ops_per_s']:.0f} ({r2['over_alone']:.2f}x) |")
+                     f"{cell('copy')} | {r2['ops_per_s']:.0f} ({r2['over_alone']:.2f}x) |{last}")
     u, c, r2 = s["update"], s["copy"], s["r2"]
     n = len(res["rounds"])
     lines += [
@@ -191,7 +204,17 @@ def write_md(res, out_dir):
         f"- R=2 (leash-server's defaults, etcd, the backup answering) in the same rounds: **{r2['median_over_alone']:.2f}x** "
         f"R=1 (cost {r2['median_cost'] * 100:.1f}%), the target rate kept in {r2['rounds_keeping_target_rate']} of {n}; "
         f"the primary {r2['primary_cpu_us_per_push']:.0f} us and the backup {r2['backup_cpu_us_per_push']:.0f} us of CPU per push.",
-        "",
+    ]
+    if "r2copy" in s:
+        rc, ip = s["r2copy"], s["r2_in_place_over_copy"]
+        lines += [
+            f"- R=2 with the backup copying each entry out of the ring first (`--backups-read-in-place=false`, the "
+            f"design before): **{rc['median_over_alone']:.2f}x** R=1 (cost {rc['median_cost'] * 100:.1f}%); the primary "
+            f"{rc['primary_cpu_us_per_push']:.0f} us and the backup {rc['backup_cpu_us_per_push']:.0f} us of CPU per push. "
+            f"In place against copying out, round by round: **{ip['median']:.2f}x** (median; "
+            + ", ".join(f"{x:.2f}" for x in ip["per_round"]) + ").",
+        ]
+    lines += [        "",
         "Where the row stays under the target rate with only the update beside it, no backup on these cores "
         "can meet the target: R=2 does at least that work at that rate. Where it keeps it, the distance from "
         "there to R=2 is what Leash's replication adds beyond the least work.",

@@ -542,14 +542,16 @@ ServerLinks::Link* ServerLinks::Map(const std::string& name, uint64_t token, Sta
   return &(links_[name] = std::move(link));
 }
 
-std::string ServerLinks::AnswerOffer(const PeerId& peer, const void* data, size_t size) {
+std::string ServerLinks::AnswerOffer(const PeerId& peer, const void* data, size_t size,
+                                     const std::string& user) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (size < kOfferHead || Get<uint32_t>(p + 8) != kVersion) {
     return EncodeAnswer(0, 0, "unsupported shared-memory offer");
   }
   uint64_t token = Get<uint64_t>(p + 12);
   const bool wants_messages = (Get<uint32_t>(p + 20) & kOfferMessages) != 0;
-  const bool lends = (Get<uint32_t>(p + 20) & kOfferLend) != 0;
+  const bool lends = (Get<uint32_t>(p + 20) & kOfferLend) != 0 &&
+                     (lenders_ == "*" || (!lenders_.empty() && user == lenders_));
   std::string name(reinterpret_cast<const char*>(p + kOfferHead), size - kOfferHead);
   Status why;
   Link* link = Map(name, token, &why);

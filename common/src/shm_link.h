@@ -201,8 +201,16 @@ class ServerLinks {
   // whole messages through their segments.
   ServerLinks(bool enabled, size_t min_frame_bytes, bool messages = false);
 
-  // The answer to `peer`'s offer (the offer's bytes).
-  std::string AnswerOffer(const PeerId& peer, const void* data, size_t size);
+  // The answer to `peer`'s offer (the offer's bytes), from a client authenticated as `user`
+  // (empty without CURVE).
+  std::string AnswerOffer(const PeerId& peer, const void* data, size_t size,
+                          const std::string& user = "");
+  // Which clients that offer to lend their frames (ClientLink's `lend`) have them read in
+  // place: those authenticated as `user`, any client ("*"), or none ("", the default: frames
+  // are copied out, checked, and a client cannot change them afterwards). In place, the
+  // lender could change a frame after the shard checked it: only peers trusted with the
+  // shard's state may lend (a replicated shard's replicas).
+  void set_lenders(std::string user) { lenders_ = std::move(user); }
   // A client's notice (its bytes, from `peer` authenticated as `user`): from now on its
   // messages come from the segment's queue 0, as from ChannelPeer(token), and the replies
   // to that peer go to queue 1. An answer to send `peer` if this shard cannot read it.
@@ -316,6 +324,7 @@ class ServerLinks {
   std::atomic<uint64_t> messages_received_{0};
   uint64_t stale_dropped_ = 0;
   FrameCopier copier_;
+  std::string lenders_;  // set_lenders
   const FrameCopier* copier() const { return copier_ ? &copier_ : nullptr; }
   std::atomic<uint64_t> messages_sent_{0};
   int64_t last_sweep_ms_ = 0;

@@ -453,6 +453,7 @@ TEST(ShmLinkTest, AClientTurningOffLeavesAPauseSoItsSocketMessagesFlow) {
 TEST(ShmLinkTest, ALendingClientsFramesAreReadInPlaceAndTheirRoomComesBackWhenLetGo) {
   ClientLink client(kRing, kMin, "backup", /*messages=*/true, /*lend=*/true);
   ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  server.set_lenders("*");
   Connect(client, server, "socket-peer");
   ASSERT_TRUE(client.on());
   const Frame payload = Pattern(200'000, 3);
@@ -512,6 +513,7 @@ TEST(ShmLinkTest, ALendingClientsFramesAreReadInPlaceAndTheirRoomComesBackWhenLe
 TEST(ShmLinkTest, ALendingClientsResendOfAFrameTheShardStillHoldsGoesElsewhere) {
   ClientLink client(kRing, kMin, "backup", /*messages=*/false, /*lend=*/true);
   ServerLinks server(true, kMin);
+  server.set_lenders("*");
   Connect(client, server, "peer");
   std::optional<WritableFrame> w = client.Reserve(100'000);
   ASSERT_TRUE(w);
@@ -537,11 +539,43 @@ TEST(ShmLinkTest, ALendingClientsResendOfAFrameTheShardStillHoldsGoesElsewhere) 
   EXPECT_EQ(third.trailer->frames[0].second.offset, first.trailer->frames[0].second.offset);
 }
 
+// Only the clients a shard trusts with its state may lend (a lender could change a frame
+// after the shard checked it): by default none, else those authenticated as the lenders'
+// key. The others' frames are copied out as ever.
+TEST(ShmLinkTest, OnlyTheLendersAShardNamesHaveTheirFramesReadInPlace) {
+  const Message request = {Pattern(8, 1), Pattern(100'000, 2)};
+  auto lent = [&](const std::string& lenders, const std::string& user) {
+    ClientLink client(kRing, kMin, "shard", /*messages=*/false, /*lend=*/true);
+    ServerLinks server(true, kMin);
+    server.set_lenders(lenders);
+    std::optional<std::string> offer = client.Offer();
+    EXPECT_TRUE(offer);
+    if (!offer) return false;
+    std::string answer = server.AnswerOffer("peer", offer->data(), offer->size(), user);
+    client.OnAnswer(answer.data(), answer.size());
+    EXPECT_TRUE(client.on());
+    Wire up = Carry(request, client.Place(request), 0);
+    EXPECT_TRUE(up.trailer);
+    if (!up.trailer) return false;
+    EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+    EXPECT_TRUE(Same(up.message[1], request[1]));
+    EXPECT_EQ(server.frames_lent(), up.message[1].lent() ? 1u : 0u);
+    return up.message[1].lent();
+  };
+  EXPECT_FALSE(lent("", ""));
+  EXPECT_FALSE(lent("", "replica"));
+  EXPECT_FALSE(lent("replica", "worker"));
+  EXPECT_FALSE(lent("replica", ""));
+  EXPECT_TRUE(lent("replica", "replica"));
+  EXPECT_TRUE(lent("*", ""));
+}
+
 // Renew (a restarted shard held frames in place): a new segment offered afresh; until it is
 // answered frames go through the socket.
 TEST(ShmLinkTest, ALendingClientRenewedOffersANewSegment) {
   ClientLink client(kRing, kMin, "backup", /*messages=*/false, /*lend=*/true);
   ServerLinks server(true, kMin);
+  server.set_lenders("*");
   Connect(client, server, "peer");
   std::optional<std::string> before = client.Offer();
   EXPECT_FALSE(before);

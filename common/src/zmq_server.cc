@@ -36,6 +36,7 @@ class ZmqServer final : public ServerTransport {
         options_(o),
         socket_(ctx, zmq::socket_type::router),
         shm_(o.shared_memory, static_cast<size_t>(o.shm_min_frame_bytes), o.shm_messages) {
+    shm_.set_lenders(o.shm_lenders);
     zmq_util::ApplyOptions(socket_, o);
     // A striping client's connection that comes back (under its own routing id) takes over
     // from the old one the shard may not have seen drop yet.
@@ -238,7 +239,7 @@ class ZmqServer final : public ServerTransport {
       return std::optional<Inbound>();
     }
     if (parts.size() == 2 && shm::IsOffer(parts[1].data(), parts[1].size())) {
-      SendRaw(in.peer, shm_.AnswerOffer(in.peer, parts[1].data(), parts[1].size()));
+      SendRaw(in.peer, shm_.AnswerOffer(in.peer, parts[1].data(), parts[1].size(), in.user));
       return std::optional<Inbound>();
     }
     if (parts.size() == 2 && shm::IsNotice(parts[1].data(), parts[1].size())) {

@@ -471,7 +471,9 @@ TEST_F(ZmqTransportTest, SharedMemoryCarriesLargeFramesBothWaysOnThisHost) {
 // restarted holding some) is offered afresh and lends again once answered.
 TEST_F(ZmqTransportTest, ALendingClientsLargeFramesAreReadInPlaceAndARenewedLinkLendsAgain) {
   ZmqContext sctx, cctx;
-  auto server = BindZmqServer(sctx, endpoint_, Shm(true));
+  ZmqOptions lenders = Shm(true);
+  lenders.shm_lenders = "*";
+  auto server = BindZmqServer(sctx, endpoint_, lenders);
   ASSERT_TRUE(server.ok()) << server.status();
   ZmqOptions lend = Shm(true);
   lend.shm_lend = true;

@@ -89,6 +89,7 @@ ServerCommandLine::ServerCommandLine()
   v.etcd_ttl_s = d.etcd_ttl_s;
   v.durable_log = d.durable_log;
   v.backup_answers = d.backup_answers;
+  v.backups_read_in_place = d.backups_read_in_place;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -172,6 +173,12 @@ ServerCommandLine::ServerCommandLine()
          "hop less than through the primary; not with --durable-log fsync, where the primary "
          "answers once its own disk holds the entry). On by default; =false: the primary sends "
          "every reply. Give every replica of the job the same value");
+  f.Bool("backups-read-in-place", &v.backups_read_in_place,
+         "with --replicas 2 or more and shared memory: a primary's backups on its host apply its "
+         "log entries where it wrote them, in its shared-memory ring, without copying them out "
+         "or checking them for NaN again (the primary's copy into the ring checked them); a "
+         "backup lets each go once applied. On by default; =false: backups copy each entry out "
+         "of the ring and check it");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -286,6 +293,12 @@ Result<ServerConfig> ServerCommandLine::Config() const {
                          "a backup answers only for a replicated shard: add --replicas 2");
   }
   c.backup_answers = v.backup_answers && v.replicas >= 2;
+  if (v.backups_read_in_place && v.replicas < 2 &&
+      !cli_.Source("backups-read-in-place").ends_with("(default)")) {
+    return cli_.BadValue("backups-read-in-place", "true",
+                         "only a replicated shard has backups: add --replicas 2");
+  }
+  c.backups_read_in_place = v.backups_read_in_place && v.replicas >= 2;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

@@ -55,6 +55,10 @@ struct ServerConfig {
   // "Backups that answer"): one hop less per acknowledgement. On by default; replicated
   // shards only (with --replicas 1 the default is off, and asking for it an error).
   bool backup_answers = true;
+  // With shared memory: a primary lends the entries it copies into a same-host backup's ring,
+  // and the backup applies each where it lies, without a copy or a NaN check of its own
+  // (docs/replication.md, "Entries applied in place"). On by default; replicated shards only.
+  bool backups_read_in_place = true;
 };
 
 // Where a replica (or a group of one) keeps its durable log and, for a group of one, its
@@ -85,7 +89,7 @@ class ServerCommandLine {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
     std::string memory_budget, peers, etcd, job, durable_log;
     int64_t replicas, replica, etcd_ttl_s;
-    bool backup_answers;
+    bool backup_answers, backups_read_in_place;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers, io_threads, update_threads;
     bool no_sync, no_shm, sparse_direct_reads, insecure;

@@ -302,6 +302,11 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_FALSE(Parse(with("--backup-answers=false"))->backup_answers);
   EXPECT_FALSE(solo->backup_answers);
   EXPECT_NE(Error({"--backup-answers"}).find("add --replicas 2"), std::string::npos);
+  // Backups reading entries in place: the same.
+  EXPECT_TRUE(c->backups_read_in_place);
+  EXPECT_FALSE(Parse(with("--backups-read-in-place=false"))->backups_read_in_place);
+  EXPECT_FALSE(solo->backups_read_in_place);
+  EXPECT_NE(Error({"--backups-read-in-place"}).find("add --replicas 2"), std::string::npos);
 }
 
 }  // namespace

@@ -295,7 +295,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       // ...and applies them where the primary wrote them, in its ring, instead of copying
       // each out first: a backup lets an entry's frames go once it applied the entry
       // (Replica::Compact), and the primary renews the link when a backup restarts.
-      po.shm_lend = true;
+      po.shm_lend = c.backups_read_in_place;
       if (s.curve) {
         // CURVE between replicas (docs/replication.md): a replica is its peers' CURVE client
         // with the shards' own key pair, and every replica accepts that key as a client's
@@ -351,6 +351,10 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   zo.curve = s.curve;
   zo.max_queued_bytes_per_peer = c.max_queued_reply_mb << 20;
   zo.shared_memory = c.shared_memory;
+  // A primary on this host lends a backup its entries (Replica: applied in place). Only the
+  // replicas may: with CURVE those holding the shards' key; without, nothing is authenticated
+  // and any client could append to the log anyway.
+  if (c.replicas > 1) zo.shm_lenders = s.curve ? std::string(kReplicaKeyName) : "*";
   s.zmq = std::make_unique<leash::ZmqContext>(c.io_threads);
   auto transport = leash::BindZmqServer(*s.zmq, c.bind, zo);
   if (!transport.ok()) {

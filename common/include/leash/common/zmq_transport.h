@@ -59,6 +59,13 @@ struct ZmqOptions {
   // take room back, so after the shard process restarted call
   // ClientSharedMemory::RenewLink (room its old process held is given up with the segment).
   bool shm_lend = false;
+  // A server: which clients offering to lend their frames have them read in place: those
+  // authenticated with this CURVE key name, any client ("*"), or none (empty, the default:
+  // every frame is copied out and checked, and no client can change it afterwards). A
+  // lender could change a frame after the server checked it: only peers trusted with the
+  // server's state, as a replicated shard's replicas are (without CURVE any client could
+  // append to the log anyway).
+  std::string shm_lenders;
   // Striping (common/src/stripes.h), for links faster than one connection carries: a
   // client with stripes >= 2 opens that many connections to each shard, each handled by
   // a ZeroMQ I/O thread of the context (give ZmqContext as many), and splits a message of
