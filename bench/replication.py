@@ -579,6 +579,9 @@ def part_cost(build, c, tmp, log):
     if c.get("answers"):
         # R=2 whose backup answers the pushes and clocks itself (leash-server --backup-answers).
         configs.append(("r2a", 2, dict(c, shard_args=(c.get("shard_args") or "") + " --backup-answers=true")))
+    if c.get("versus"):
+        # R=2 with other leash-server flags (--versus), e.g. the design a change replaced.
+        configs.append(("r2v", 2, dict(c, shard_args=(c.get("shard_args") or "") + " " + c["versus"])))
     placed = c.get("backup_apart") or c.get("worker_apart")
     for r in range(c["rounds"]):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -588,7 +591,8 @@ def part_cost(build, c, tmp, log):
         for key, replicas, cc in order:
             got[key] = cost_one(build, cc, tmp, f"cost{r}{key}", replicas, shlex.split(cc.get("shard_args", "")))
             g = got[key]
-            name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free", "r2a": "R=2 answering"}[key]
+            name = {"r1": "R=1", "r2": "R=2", "r1_free": "R=1 free", "r2a": "R=2 answering",
+                    "r2v": f"R=2 {c.get('versus')}"}[key]
             log(f"  round {r + 1}/{c['rounds']} {name}: {rows_line(g)}; backup CPU/iteration {g['mlp'].get('backup_cpu_us_per_iteration', 0):.0f} us; "
                 f"load {g['mlp']['load_before']:.1f}")
         rounds.append(got)
@@ -621,6 +625,20 @@ def part_cost(build, c, tmp, log):
                 "backup_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("backup_cpu_us_per_iteration")
                                                           for g in rounds),
                 "primary_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("primary_cpu_us_per_iteration")
+                                                           for g in rounds)})
+        if c.get("versus"):
+            rv, rv_costs = per_round(rounds, "r2v", "r1", row, key, higher)
+            # R=2 at the defaults against it as a speed-up: above 1 is better, latency or throughput
+            vs_r2 = per_round(rounds, "r2", "r2v", row, key, higher)[0] if higher else \
+                per_round(rounds, "r2v", "r2", row, key, higher)[0]
+            summary[name].update({
+                "r2v": [g["r2v"][row][key] for g in rounds], "r2v_over_r1_per_round": rv,
+                "median_cost_r2v": median(rv_costs), "r2_over_r2v_per_round": vs_r2,
+                "median_r2_over_r2v": median(vs_r2),
+                "load_r2v": [g["r2v"][row]["load_before"] for g in rounds],
+                "backup_cpu_us_per_iteration_r2v": median(g["r2v"][row].get("backup_cpu_us_per_iteration")
+                                                          for g in rounds),
+                "primary_cpu_us_per_iteration_r2v": median(g["r2v"][row].get("primary_cpu_us_per_iteration")
                                                            for g in rounds)})
         if c.get("worker_apart"):
             free, free_costs = per_round(rounds, "r2", "r1_free", row, key, higher)
@@ -895,6 +913,21 @@ def summary_md(res):
                           f"{v['backup_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
                           f"{v['primary_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
                           f"{', '.join(f'{x:.1f}' for x in v['load_r2a'])} |")
+        if "r2v" in s["mlp_samples_per_second"]:
+            md += ["", f"R=2 with `{res['config']['versus']}` added (`--versus`), in the same rounds; the last "
+                   "columns but one say how much faster R=2 at the defaults was than it (its throughput over this one's, or this one's latency over its; above 1: faster):",
+                   "", "| figure | R=2 versus per round | its/R=1 per round | median cost | R=2/it per round (median) | "
+                   "backup CPU per iteration | primary CPU per iteration | load |", "|---|---|---|---|---|---|---|---|"]
+            for k, text in names.items():
+                v = s[k]
+                md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r2v'])} | "
+                          f"{', '.join(f'{x:.2f}' for x in v['r2v_over_r1_per_round'])} | "
+                          f"**{v['median_cost_r2v'] * 100:.1f}%** | "
+                          f"{', '.join(f'{x:.2f}' for x in v['r2_over_r2v_per_round'])} "
+                          f"(**{v['median_r2_over_r2v']:.2f}**) | "
+                          f"{v['backup_cpu_us_per_iteration_r2v'] or 0:.0f} us | "
+                          f"{v['primary_cpu_us_per_iteration_r2v'] or 0:.0f} us | "
+                          f"{', '.join(f'{x:.1f}' for x in v['load_r2v'])} |")
         if "r1_free" in s["mlp_samples_per_second"]:
             md += ["", "Against R=1 with no placement (R=1 free), in the same rounds:", "",
                    "| figure | R=1 free per round | R=2/R=1 free per round | median cost |", "|---|---|---|---|"]
@@ -1035,6 +1068,8 @@ def main():
     p.add_argument("--answers", action="store_true",
                    help="cost part: each round also runs R=2 with backups that answer (leash-server "
                         "--backup-answers=true), interleaved with R=1 and plain R=2 (--backup-answers=false)")
+    p.add_argument("--versus", help="cost part: each round also runs R=2 with these leash-server flags added "
+                                     "(e.g. '--backups-read-in-place=false'), interleaved with R=1 and R=2")
     p.add_argument("--shard-args", help="cost part: more leash-server flags for every shard process of both "
                                          "configurations, e.g. '--update-threads 4'")
     p.add_argument("--keep-tmp", action="store_true")
@@ -1055,7 +1090,8 @@ def main():
     c["backup_answers_default"] = True  # leash-server's --backup-answers (the R=2 rows say which they ran)
     if a.backup_apart and a.worker_apart:
         p.error("--backup-apart and --worker-apart place the processes differently: give one")
-    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args", "answers"):
+    for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args", "answers",
+              "versus"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)

@@ -533,6 +533,12 @@ TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart)
   StartReplica(backup);
   ASSERT_TRUE(WaitFor([&] { return InSync() == 2; }, 60s)) << Logs();
   ASSERT_TRUE(pusher.WaitForMore(100)) << pusher.failure() << Logs();
+  // The frames the killed backup held in place in the primary's ring died with it: the
+  // primary gave that ring up for a new one.
+  EXPECT_NE(Replica(primary).ReadLog().find("replica " + std::to_string(backup) +
+                                            " restarted; its shared-memory link renewed"),
+            std::string::npos)
+      << Logs();
   // It holds everything: killing the primary now, the caught-up backup serves the exact sums.
   ASSERT_EQ(KillPrimary(), primary);
   ASSERT_TRUE(pusher.WaitForMore(50)) << pusher.failure() << Logs();

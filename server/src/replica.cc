@@ -865,7 +865,14 @@ void Replica::OnAck(const ReplAckMsg& m) {
       p.retired_boots.insert(p.boot_id);
       // Frames its old process read in place in this replica's ring died with it, unreturned:
       // a new segment, so that the ring's room is whole again.
-      if (ClientSharedMemory* shm = peers_->shared_memory()) shm->RenewLink(m.replica);
+      if (ClientSharedMemory* shm = peers_->shared_memory();
+          shm != nullptr && shm->ActiveWith(m.replica)) {
+        shm->RenewLink(m.replica);
+        spdlog::info(
+            "shard {}: replica {} restarted; its shared-memory link renewed (a new segment: "
+            "room its old process held is given up)",
+            shard_options_.shard, m.replica);
+      }
     }
     p.boot_id = m.boot_id;
     p.match_index = 0;
