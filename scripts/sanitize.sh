@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer. Builds into ${LEASH_BUILD_DIR:-build-asan} with CUDA off and
 # -DLEASH_SANITIZE=address,undefined (which compiles with -fno-sanitize-recover=all, so any
 # UB report aborts) at -O1 -g1 (line tables, enough for the reports' stack traces; the
-# heaviest test file compiles in 23 s instead of 55 s at -O2 -g), then runs ctest on the
+# heaviest test file compiles in 23 s instead of 55 s at -O2 -g), without the benchmarks (no
+# test needs them: -DLEASH_BUILD_BENCH=OFF), then runs ctest on the
 # labels unit, integration and fault (never gpu, docker or soak). Every sanitizer report,
 # also from the leash-server/leash-worker processes the integration tests start, is
 # written to $BUILD/sanitizer-logs/ and printed at the end; any report fails the run
@@ -22,7 +23,8 @@ command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 t0=$(date +%s)
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEASH_WITH_CUDA=OFF \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DLEASH_SANITIZE=address,undefined -DLEASH_BUILD_TESTS=ON "${LAUNCHER[@]}" >/dev/null
+  -DLEASH_SANITIZE=address,undefined -DLEASH_BUILD_TESTS=ON -DLEASH_BUILD_BENCH=OFF \
+  "${LAUNCHER[@]}" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 t1=$(date +%s)
 
