@@ -503,6 +503,18 @@ def per_round(rounds, new, base, row, key, higher):
     return ratios, [(1 - x) if higher else (x - 1) for x in ratios]
 
 
+def third_config(rounds, cfg, row, key, higher):
+    """The figures of a third configuration of the cost part (`cfg`: r2a, r2v) on `row` against
+    R=1 in the same rounds, with its replicas' CPU per iteration and the load."""
+    ratios, costs = per_round(rounds, cfg, "r1", row, key, higher)
+    return {cfg: [g[cfg][row][key] for g in rounds], f"{cfg}_over_r1_per_round": ratios,
+            f"median_cost_{cfg}": median(costs), f"load_{cfg}": [g[cfg][row]["load_before"] for g in rounds],
+            f"backup_cpu_us_per_iteration_{cfg}": median(g[cfg][row].get("backup_cpu_us_per_iteration")
+                                                         for g in rounds),
+            f"primary_cpu_us_per_iteration_{cfg}": median(g[cfg][row].get("primary_cpu_us_per_iteration")
+                                                          for g in rounds)}
+
+
 def rows_line(g):
     """One configuration's cost rows, for a round's progress line."""
     return (f"MLP {g['mlp']['samples_per_second']:.0f} samples/s, 4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, "
@@ -615,31 +627,15 @@ def part_cost(build, c, tmp, log):
                                                                    for g in rounds),
                          "backup_idle_cpu_ms_per_s": median(g["r2"].get("backup_idle_cpu_ms_per_s") for g in rounds)}
         if c.get("answers"):
-            ra, ra_costs = per_round(rounds, "r2a", "r1", row, key, higher)
             vs_r2, _ = per_round(rounds, "r2a", "r2", row, key, higher)
-            summary[name].update({
-                "r2a": [g["r2a"][row][key] for g in rounds], "r2a_over_r1_per_round": ra,
-                "median_cost_r2a": median(ra_costs), "r2a_over_r2_per_round": vs_r2,
-                "median_r2a_over_r2": median(vs_r2),
-                "load_r2a": [g["r2a"][row]["load_before"] for g in rounds],
-                "backup_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("backup_cpu_us_per_iteration")
-                                                          for g in rounds),
-                "primary_cpu_us_per_iteration_r2a": median(g["r2a"][row].get("primary_cpu_us_per_iteration")
-                                                           for g in rounds)})
+            summary[name].update(third_config(rounds, "r2a", row, key, higher))
+            summary[name].update({"r2a_over_r2_per_round": vs_r2, "median_r2a_over_r2": median(vs_r2)})
         if c.get("versus"):
-            rv, rv_costs = per_round(rounds, "r2v", "r1", row, key, higher)
             # R=2 at the defaults against it as a speed-up: above 1 is better, latency or throughput
             vs_r2 = per_round(rounds, "r2", "r2v", row, key, higher)[0] if higher else \
                 per_round(rounds, "r2v", "r2", row, key, higher)[0]
-            summary[name].update({
-                "r2v": [g["r2v"][row][key] for g in rounds], "r2v_over_r1_per_round": rv,
-                "median_cost_r2v": median(rv_costs), "r2_over_r2v_per_round": vs_r2,
-                "median_r2_over_r2v": median(vs_r2),
-                "load_r2v": [g["r2v"][row]["load_before"] for g in rounds],
-                "backup_cpu_us_per_iteration_r2v": median(g["r2v"][row].get("backup_cpu_us_per_iteration")
-                                                          for g in rounds),
-                "primary_cpu_us_per_iteration_r2v": median(g["r2v"][row].get("primary_cpu_us_per_iteration")
-                                                           for g in rounds)})
+            summary[name].update(third_config(rounds, "r2v", row, key, higher))
+            summary[name].update({"r2_over_r2v_per_round": vs_r2, "median_r2_over_r2v": median(vs_r2)})
         if c.get("worker_apart"):
             free, free_costs = per_round(rounds, "r2", "r1_free", row, key, higher)
             summary[name]["r1_free"] = [g["r1_free"][row][key] for g in rounds]
