@@ -515,6 +515,22 @@ def third_config(rounds, cfg, row, key, higher):
                                                           for g in rounds)}
 
 
+def third_config_table(s, names, cfg, intro, runs_header, vs_header, vs_cell):
+    """The Markdown table of a third configuration of the cost part (`cfg`: r2a, r2v; third_config's
+    figures): its runs, against R=1, `vs_cell(figures)` against R=2, its replicas' CPU and the load."""
+    md = ["", intro, "", f"| figure | {runs_header} | its/R=1 per round | median cost | {vs_header} | "
+          "backup CPU per iteration | primary CPU per iteration | load |", "|---|---|---|---|---|---|---|---|"]
+    for k, text in names.items():
+        v = s[k]
+        md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v[cfg])} | "
+                  f"{', '.join(f'{x:.2f}' for x in v[f'{cfg}_over_r1_per_round'])} | "
+                  f"**{v[f'median_cost_{cfg}'] * 100:.1f}%** | {vs_cell(v)} | "
+                  f"{v[f'backup_cpu_us_per_iteration_{cfg}'] or 0:.0f} us | "
+                  f"{v[f'primary_cpu_us_per_iteration_{cfg}'] or 0:.0f} us | "
+                  f"{', '.join(f'{x:.1f}' for x in v[f'load_{cfg}'])} |")
+    return md
+
+
 def rows_line(g):
     """One configuration's cost rows, for a round's progress line."""
     return (f"MLP {g['mlp']['samples_per_second']:.0f} samples/s, 4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, "
@@ -896,34 +912,19 @@ def summary_md(res):
                       f"{v['primary_cpu_us_per_iteration_r1'] or 0:.0f} → {v['primary_cpu_us_per_iteration_r2'] or 0:.0f} us"
                       f" | {', '.join(f'{x:.1f}' for x in v['load_r1'])} / {', '.join(f'{x:.1f}' for x in v['load_r2'])} |")
         if "r2a" in s["mlp_samples_per_second"]:
-            md += ["", "R=2 with backups that answer (`leash-server --backup-answers`: the backup sends the "
-                   "worker the replies to its pushes and clocks itself, one hop less), in the same rounds:", "",
-                   "| figure | R=2 answering per round | its/R=1 per round | median cost | its/R=2 per round | "
-                   "backup CPU per iteration | primary CPU per iteration | load |", "|---|---|---|---|---|---|---|---|"]
-            for k, text in names.items():
-                v = s[k]
-                md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r2a'])} | "
-                          f"{', '.join(f'{x:.2f}' for x in v['r2a_over_r1_per_round'])} | "
-                          f"**{v['median_cost_r2a'] * 100:.1f}%** | "
-                          f"{', '.join(f'{x:.2f}' for x in v['r2a_over_r2_per_round'])} | "
-                          f"{v['backup_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
-                          f"{v['primary_cpu_us_per_iteration_r2a'] or 0:.0f} us | "
-                          f"{', '.join(f'{x:.1f}' for x in v['load_r2a'])} |")
+            md += third_config_table(
+                s, names, "r2a", "R=2 with backups that answer (`leash-server --backup-answers`: the backup sends the "
+                "worker the replies to its pushes and clocks itself, one hop less), in the same rounds:",
+                "R=2 answering per round", "its/R=2 per round",
+                lambda v: f"{', '.join(f'{x:.2f}' for x in v['r2a_over_r2_per_round'])}")
         if "r2v" in s["mlp_samples_per_second"]:
-            md += ["", f"R=2 with `{res['config']['versus']}` added (`--versus`), in the same rounds; the last "
-                   "columns but one say how much faster R=2 at the defaults was than it (its throughput over this one's, or this one's latency over its; above 1: faster):",
-                   "", "| figure | R=2 versus per round | its/R=1 per round | median cost | R=2/it per round (median) | "
-                   "backup CPU per iteration | primary CPU per iteration | load |", "|---|---|---|---|---|---|---|---|"]
-            for k, text in names.items():
-                v = s[k]
-                md.append(f"| {text} | {', '.join(f'{x:.0f}' for x in v['r2v'])} | "
-                          f"{', '.join(f'{x:.2f}' for x in v['r2v_over_r1_per_round'])} | "
-                          f"**{v['median_cost_r2v'] * 100:.1f}%** | "
-                          f"{', '.join(f'{x:.2f}' for x in v['r2_over_r2v_per_round'])} "
-                          f"(**{v['median_r2_over_r2v']:.2f}**) | "
-                          f"{v['backup_cpu_us_per_iteration_r2v'] or 0:.0f} us | "
-                          f"{v['primary_cpu_us_per_iteration_r2v'] or 0:.0f} us | "
-                          f"{', '.join(f'{x:.1f}' for x in v['load_r2v'])} |")
+            md += third_config_table(
+                s, names, "r2v", f"R=2 with `{res['config']['versus']}` added (`--versus`), in the same rounds; the last "
+                "columns but one say how much faster R=2 at the defaults was than it (its throughput over this one's, or "
+                "this one's latency over its; above 1: faster):",
+                "R=2 versus per round", "R=2/it per round (median)",
+                lambda v: (f"{', '.join(f'{x:.2f}' for x in v['r2_over_r2v_per_round'])} "
+                           f"(**{v['median_r2_over_r2v']:.2f}**)"))
         if "r1_free" in s["mlp_samples_per_second"]:
             md += ["", "Against R=1 with no placement (R=1 free), in the same rounds:", "",
                    "| figure | R=1 free per round | R=2/R=1 free per round | median cost |", "|---|---|---|---|"]
