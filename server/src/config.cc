@@ -286,15 +286,17 @@ Result<ServerConfig> ServerCommandLine::Config() const {
     return cli_.BadValue("durable-log", v.durable_log, "use off, write or fsync");
   }
   c.durable_log = v.durable_log;
-  // On by default: inert for an unreplicated shard, unless asked for.
-  const bool defaulted = cli_.Source("backup-answers").ends_with("(default)");
-  if (v.backup_answers && v.replicas < 2 && !defaulted) {
+  // Flags about backups, on by default: inert for an unreplicated shard, an error only when
+  // asked for there.
+  auto asked_without_backups = [&](const char* flag, bool on) {
+    return on && v.replicas < 2 && !cli_.Source(flag).ends_with("(default)");
+  };
+  if (asked_without_backups("backup-answers", v.backup_answers)) {
     return cli_.BadValue("backup-answers", "true",
                          "a backup answers only for a replicated shard: add --replicas 2");
   }
   c.backup_answers = v.backup_answers && v.replicas >= 2;
-  if (v.backups_read_in_place && v.replicas < 2 &&
-      !cli_.Source("backups-read-in-place").ends_with("(default)")) {
+  if (asked_without_backups("backups-read-in-place", v.backups_read_in_place)) {
     return cli_.BadValue("backups-read-in-place", "true",
                          "only a replicated shard has backups: add --replicas 2");
   }
