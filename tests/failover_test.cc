@@ -479,9 +479,11 @@ TEST_F(UpdateThreadsFailoverTest, EntriesCopiedByTheUpdateThreadsThroughSharedMe
 // and Inf in that copy; its shard then does not check the push again, nor does the backup,
 // which applies the entry where that copy put it and is told what the copy found. A push
 // with a NaN (found so by nobody) is checked, refused by both and applied by neither: the
-// sums stay exact.
+// sums stay exact. The worker's pushes come through its own ring, which the primary reads in
+// place: that copy into the backup's ring is the only one (--primary-copies-once).
 TEST_F(FailoverTest, APrimaryChecksAPushInItsCopyForTheBackupAndRefusesANaNOnce) {
-  auto client = Follower("big", /*register_worker=*/true);
+  // The worker on this host too: its pushes reach the primary through its own ring.
+  auto client = Follower("big", /*register_worker=*/true, /*shared_memory=*/true);
   ASSERT_NE(client, nullptr);
   constexpr uint64_t kValues = 16384;  // 64 KiB pushes: over the 32 KiB threshold
   auto table = client->CreateTable(testing::Sgd1("big", kValues, 1));
@@ -489,6 +491,9 @@ TEST_F(FailoverTest, APrimaryChecksAPushInItsCopyForTheBackupAndRefusesANaNOnce)
   const int primary = Primary();
   ASSERT_GE(primary, 0);
   ASSERT_NO_FATAL_FAILURE(WaitUntilBackupReachedThroughSharedMemory(primary));
+  ASSERT_TRUE(WaitFor([&] { return client->counters().shared_memory_shards == 1; }, 30s))
+      << "the worker never reached its primary through shared memory\n"
+      << Logs();
   std::vector<float> grad(kValues);
   for (uint64_t i = 0; i < kValues; ++i) grad[i] = static_cast<float>(i % 5);
   constexpr int kPushes = 10;
@@ -514,6 +519,13 @@ TEST_F(FailoverTest, APrimaryChecksAPushInItsCopyForTheBackupAndRefusesANaNOnce)
         << "replica " << r << (r == primary ? " (primary)" : " (backup)") << "\n"
         << Replica(r).ReadLog();
   }
+  // The primary read each push in place in the client's ring and copied it once, straight
+  // into the backup's (--primary-copies-once), the NaN push too.
+  std::smatch m;
+  const std::string log = Replica(primary).ReadLog();
+  static const std::regex kOnce(R"(copied (\d+) pushed frame\(s\) once)");
+  ASSERT_TRUE(std::regex_search(log, m, kOnce)) << log;
+  EXPECT_GE(std::stoll(m[1]), kPushes + 1) << log;
 }
 
 TEST_F(FailoverTest, AKilledBackupLeavesTheInSyncSetAndCatchesUpAfterItsRestart) {

@@ -158,7 +158,11 @@ class Group {
       ASSERT_TRUE(in.ok());
       if (!in->has_value()) break;
       if (lend_) Lend((*in)->message);
+      std::vector<std::shared_ptr<std::vector<float>>> rings;
+      if (unstable_) rings = InWorkersRing((*in)->message);
       n.replica->Handle((*in)->peer, (*in)->message, &out, (*in)->user);
+      // The worker's ring room is reused as soon as the shard lets its frames go.
+      for (auto& ring : rings) std::fill(ring->begin(), ring->end(), 1000.f);
     }
     n.replica->Tick(&out);
     for (auto& o : out) (void)n.server->Send(o.peer, std::move(o.message));
@@ -174,6 +178,10 @@ class Group {
   // Appends' payload frames arrive as a same-host backup gets them from a primary that lends
   // them (ZmqOptions::shm_lend): Frame::lent, in place in the primary's ring.
   void set_lend(bool on) { lend_ = on; }
+  // Workers' payload frames arrive as a primary borrowing all gets them from a same-host
+  // worker (ZmqOptions::shm_borrow_all): Frame::unstable, in place in the worker's ring,
+  // which the worker fills with other bytes as soon as the replica's Handle returns.
+  void set_unstable(bool on) { unstable_ = on; }
 
   std::optional<int> Primary() {
     ShardView v = coord_->View(0);
@@ -195,6 +203,20 @@ class Group {
   uint64_t next_boot_ = 1;
   bool real_sleep_ = false;
   bool lend_ = false;
+  bool unstable_ = false;
+
+  static std::vector<std::shared_ptr<std::vector<float>>> InWorkersRing(Message& m) {
+    std::vector<std::shared_ptr<std::vector<float>>> rings;
+    if (DecodeReplication(m).ok()) return rings;
+    for (size_t i = 1; i < m.size(); ++i) {
+      if (m[i].size() < 64 || m[i].size() % sizeof(float) != 0) continue;
+      auto ring = std::make_shared<std::vector<float>>(m[i].size() / sizeof(float));
+      std::memcpy(ring->data(), m[i].data(), m[i].size());
+      m[i] = Frame::Wrap(ring->data(), m[i].size(), ring).Unstable();
+      rings.push_back(std::move(ring));
+    }
+    return rings;
+  }
 
   static void Lend(Message& m) {
     auto d = DecodeReplication(m);
@@ -1786,6 +1808,37 @@ TEST_F(ReplicaTest, ABackupLetsEntriesReadInPlaceGoOnceAppliedAndStillLeadsIdent
   EXPECT_GE(g.replica(p).snapshots_installed(), 1u);
   EXPECT_EQ(g.replica(b).shard().counters().pushes_applied, 40u);
   ExpectIdentical(g.replica(b), g.replica(p));
+}
+
+// A primary that borrows its workers' pushes in place (Frame::unstable) copies each before
+// the worker can change it: whatever the worker writes there once the primary's Handle
+// returns reaches neither its state nor its log nor its backup. Here, with no shared-memory
+// ring to a backup, the primary copies the push out (CopyIntoRing has nowhere to copy it).
+TEST_F(ReplicaTest, APushInItsWorkersRingIsCopiedBeforeTheWorkerReusesTheRoom) {
+  Group& g = SetUpGroup(2, Spec(OptimizerKind::kSgd, 1.f, 64, 16));
+  g.set_unstable(true);
+  Worker& w = worker();
+  const int p = *g.Primary();
+  const int b = 1 - p;
+  std::vector<float> sum(64 * 16, 0.f);
+  for (uint64_t i = 1; i <= 20; ++i) {
+    std::vector<float> grad = IntGrad(i, 64 * 16);
+    for (size_t k = 0; k < grad.size(); ++k) sum[k] += grad[k];
+    ASSERT_TRUE(w.Push(grad, 64)) << i;
+  }
+  ASSERT_TRUE(Settle(g, 2));
+  for (int i = 0; i < 200; ++i) g.Step();
+  EXPECT_EQ(g.replica(p).frames_copied_once(), 0u) << "no ring to a backup in memory";
+  ExpectIdentical(g.replica(p), g.replica(b));
+  ExpectMinus(g.replica(p), sum);
+  // The primary's log holds the copies: a backup started empty and caught up from that log
+  // applies the same sums.
+  g.Kill(b);
+  g.Start(b);
+  ASSERT_TRUE(Settle(g, 2));
+  for (int i = 0; i < 200; ++i) g.Step();
+  ExpectIdentical(g.replica(p), g.replica(b));
+  ExpectMinus(g.replica(b), sum);
 }
 
 TEST_F(ReplicaTest, EvictionsAreThePrimarysDecisionAndReachEveryReplica) {

@@ -24,7 +24,9 @@ Frame Frame::CopyCheckingFinite(const void* data, size_t size) {
 
 Frame Frame::CopyToCheckingFinite(const Frame& src, void* dst) {
   Frame f = src;
-  if (src.size() > 0 && CopyAllFinite(dst, src.data(), src.size())) f.finite_f32_ = true;
+  // What was checked is the copy at `dst`, not an unstable source its sender may change.
+  if (src.size() > 0 && CopyAllFinite(dst, src.data(), src.size()) && !src.unstable_)
+    f.finite_f32_ = true;
   return f;
 }
 

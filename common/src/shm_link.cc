@@ -70,11 +70,21 @@ std::optional<Placement> PlaceFrames(const Message& message, size_t min_bytes, S
   return p;
 }
 
-// Fills the frames a trailer names from `segment` (copied out, or borrowed in place).
+enum class Take { kCopy, kBorrow, kBorrowUnstable };
+
+// How a shard takes a client's frames: in place from a lender, in place as unstable from
+// others when it borrows all (ServerLinks::set_borrow_all), else copied out.
+Take TakeFor(bool lends, bool borrow_all) {
+  return lends ? Take::kBorrow : borrow_all ? Take::kBorrowUnstable : Take::kCopy;
+}
+
+// Fills the frames a trailer names from `segment`: copied out, borrowed in place from a
+// client that lends them, or borrowed as unstable (a client that does not: Frame::unstable).
 // Frames that cannot be read stay empty, so the message fails its size checks above
 // with a clear error instead of being taken for something else. NotFound or DataLoss:
 // a frame the sender has sent again since (Stale).
-Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, bool copy,
+
+Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, Take take,
                   Message* message, const FrameCopier* copier = nullptr) {
   Status first;
   for (const auto& [index, d] : t.frames) {
@@ -84,12 +94,13 @@ Status FillFrames(const Trailer& t, const std::shared_ptr<ShmSegment>& segment, 
       }
       continue;
     }
-    Result<Frame> f = copy ? segment->CopyOut(d, copier) : segment->Borrow(segment, d);
+    Result<Frame> f =
+        take == Take::kCopy ? segment->CopyOut(d, copier) : segment->Borrow(segment, d);
     if (!f.ok()) {
       if (first.ok()) first = f.status();
       continue;
     }
-    (*message)[index] = std::move(*f);
+    (*message)[index] = take == Take::kBorrowUnstable ? f->Unstable() : std::move(*f);
   }
   return first;
 }
@@ -108,13 +119,13 @@ Result<Message> ReadRecord(ShmSegment& segment, uint32_t ring, const QueueSlot& 
 
 // A record's frames as on the socket: the trailer (if last) taken off and its frames filled
 // from `ring` (copied out, or borrowed in place). How many it named; why one failed.
-size_t FillFromTrailer(const std::shared_ptr<ShmSegment>& segment, uint32_t ring, bool copy,
+size_t FillFromTrailer(const std::shared_ptr<ShmSegment>& segment, uint32_t ring, Take take,
                        Message* m, Status* why, const FrameCopier* copier = nullptr) {
   if (m->size() < 2) return 0;
   std::optional<Trailer> t = DecodeTrailer(m->back().data(), m->back().size(), ring);
   if (!t) return 0;
   m->pop_back();
-  *why = FillFrames(*t, segment, copy, m, copier);
+  *why = FillFrames(*t, segment, take, m, copier);
   return t->frames.size();
 }
 
@@ -405,7 +416,7 @@ Result<std::optional<Message>> ClientLink::Take() {
   Message m = std::move(*parts);
   if (m.empty()) return std::optional<Message>();  // a shard sends no pauses: ignored
   Status st;
-  FillFromTrailer(segment, 1, /*copy=*/false, &m, &st);
+  FillFromTrailer(segment, 1, Take::kBorrow, &m, &st);
   if (!st.ok()) {
     spdlog::warn("{}: a reply's shared-memory frame could not be read: {}", who_, st.ToString());
   }
@@ -508,7 +519,7 @@ Status ClientLink::Fill(const Trailer& t, Message* message) const {
   if (!segment || segment->token() != t.token) {
     return InvalidArgument("the shard used shared memory this client did not offer");
   }
-  return FillFrames(t, segment, /*copy=*/false, message);
+  return FillFrames(t, segment, Take::kBorrow, message);
 }
 
 // ------------------------------------------------------------------------------ server side
@@ -732,8 +743,8 @@ std::optional<Inbound> ServerLinks::TakeFrom(Link& link) {
     ++messages_received_;
     Inbound in{link.peer, std::move(*parts), link.user};
     Status st;
-    const size_t filled =
-        FillFromTrailer(link.segment, 0, /*copy=*/!link.borrow, &in.message, &st, copier());
+    const size_t filled = FillFromTrailer(link.segment, 0, TakeFor(link.borrow, borrow_all_),
+                                          &in.message, &st, copier());
     frames_received_ += filled;
     if (link.borrow) frames_lent_ += filled;
     if (Stale(st)) {
@@ -780,7 +791,8 @@ std::optional<std::string> ServerLinks::OnMessage(const PeerId& peer, const Trai
       answer = EncodeAnswer(0, trailer->token, why.message());
     } else {
       peers_[peer] = trailer->name;
-      Status st = FillFrames(*trailer, link->segment, /*copy=*/!link->borrow, message, copier());
+      Status st = FillFrames(*trailer, link->segment, TakeFor(link->borrow, borrow_all_), message,
+                             copier());
       if (link->borrow) frames_lent_ += trailer->frames.size();
       if (Stale(st) && stale != nullptr) {
         *stale = true;

@@ -211,6 +211,11 @@ class ServerLinks {
   // lender could change a frame after the shard checked it: only peers trusted with the
   // shard's state may lend (a replicated shard's replicas).
   void set_lenders(std::string user) { lenders_ = std::move(user); }
+  // True: the frames of clients that do not lend are read in place too, marked
+  // Frame::unstable() (the client may still change them): the shard copies them once where
+  // it needs them (a replicated primary straight into its backups' rings). False (the
+  // default): they are copied out and checked on receipt.
+  void set_borrow_all(bool on) { borrow_all_ = on; }
   // A client's notice (its bytes, from `peer` authenticated as `user`): from now on its
   // messages come from the segment's queue 0, as from ChannelPeer(token), and the replies
   // to that peer go to queue 1. An answer to send `peer` if this shard cannot read it.
@@ -325,6 +330,7 @@ class ServerLinks {
   uint64_t stale_dropped_ = 0;
   FrameCopier copier_;
   std::string lenders_;  // set_lenders
+  bool borrow_all_ = false;
   const FrameCopier* copier() const { return copier_ ? &copier_ : nullptr; }
   std::atomic<uint64_t> messages_sent_{0};
   int64_t last_sweep_ms_ = 0;

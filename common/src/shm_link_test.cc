@@ -570,6 +570,82 @@ TEST(ShmLinkTest, OnlyTheLendersAShardNamesHaveTheirFramesReadInPlace) {
   EXPECT_TRUE(lent("*", ""));
 }
 
+// A shard that borrows all (a replicated primary, ZmqOptions::shm_borrow_all) reads the
+// frames of clients that do not lend in place too, marked unstable (their client may still
+// change them: nothing may take them as checked) and holding their room until let go; a
+// lender's frames stay lent and stable; without it they are copied out and checked.
+TEST(ShmLinkTest, AShardBorrowingAllReadsOtherClientsFramesInPlaceAsUnstable) {
+  std::vector<float> values(50'000, 0.5f);
+  const Frame payload = Frame::Copy(values.data(), values.size() * sizeof(float));
+  const Message request = {Pattern(8, 1), payload};
+  struct Got {
+    bool lent, unstable, finite;
+  };
+  auto take = [&](bool borrow_all, bool lend) {
+    ClientLink client(kRing, kMin, "shard", /*messages=*/true, lend);
+    ServerLinks server(true, kMin, /*messages=*/true);
+    server.set_lenders("*");
+    server.set_borrow_all(borrow_all);
+    Connect(client, server, "peer");
+    EXPECT_TRUE(client.on());
+    Wire up = Carry(request, client.Place(request), 0);
+    EXPECT_TRUE(up.trailer);
+    if (!up.trailer) return Got{};
+    EXPECT_FALSE(server.OnMessage("peer", &*up.trailer, &up.message));
+    EXPECT_TRUE(Same(up.message[1], payload));
+    // Through the queue: the same.
+    std::optional<std::string> notice = client.TakeNotice();
+    EXPECT_TRUE(notice);
+    if (!notice) return Got{};
+    EXPECT_FALSE(server.OnNotice("peer", "", notice->data(), notice->size()));
+    Result<bool> posted = client.Post(request, client.Place(request));
+    EXPECT_TRUE(posted.ok() && *posted);
+    std::vector<Inbound> got = TakeAll(server);
+    EXPECT_EQ(got.size(), 1u);
+    if (got.size() != 1) return Got{};
+    EXPECT_TRUE(Same(got[0].message.at(1), payload));
+    EXPECT_EQ(got[0].message[1].unstable(), up.message[1].unstable());
+    EXPECT_EQ(server.frames_lent(), lend ? 2u : 0u) << "counted as lent: a lender's frames only";
+    const Frame f = up.message[1];
+    if (f.unstable()) {
+      // A copy of an unstable frame is not taken as checked, even by a checking copy.
+      std::vector<float> dst(values.size());
+      EXPECT_FALSE(Frame::CopyToCheckingFinite(f, dst.data()).finite_f32());
+      EXPECT_FALSE(Frame::CopiedCheckingFinite(f, true).finite_f32());
+      EXPECT_FALSE(Frame::LentFinite(f).finite_f32());
+      EXPECT_EQ(dst, values);
+      // Its room is the client's again once the shard lets go: a ring of 1 MiB holds five
+      // 200 KB frames, four while the shard holds these two.
+      const Frame big = Pattern(kRing / 5, 4);
+      auto fill = [&] {
+        std::vector<Frame> placed;  // held by the shard until the end of the fill
+        while (auto p = client.Place({Pattern(8, 2), big})) {
+          Wire w = Carry({Pattern(8, 2), big}, p, 0);
+          EXPECT_FALSE(server.OnMessage("peer", &*w.trailer, &w.message));
+          placed.push_back(w.message[1]);
+        }
+        return placed.size();
+      };
+      const size_t while_held = fill();
+      up.message.clear();
+      got.clear();
+      EXPECT_GT(fill(), while_held);
+    }
+    return Got{f.lent(), f.unstable(), f.finite_f32()};
+  };
+  Got copied = take(/*borrow_all=*/false, /*lend=*/false);
+  EXPECT_FALSE(copied.lent);
+  EXPECT_FALSE(copied.unstable);
+  EXPECT_TRUE(copied.finite) << "copied out and checked on receipt";
+  Got borrowed = take(/*borrow_all=*/true, /*lend=*/false);
+  EXPECT_TRUE(borrowed.lent);
+  EXPECT_TRUE(borrowed.unstable);
+  EXPECT_FALSE(borrowed.finite);
+  Got lent = take(/*borrow_all=*/true, /*lend=*/true);
+  EXPECT_TRUE(lent.lent);
+  EXPECT_FALSE(lent.unstable) << "a lender's frames stay as they were";
+}
+
 // Renew (a restarted shard held frames in place): a new segment offered afresh; until it is
 // answered frames go through the socket.
 TEST(ShmLinkTest, ALendingClientRenewedOffersANewSegment) {

@@ -37,6 +37,7 @@ class ZmqServer final : public ServerTransport {
         socket_(ctx, zmq::socket_type::router),
         shm_(o.shared_memory, static_cast<size_t>(o.shm_min_frame_bytes), o.shm_messages) {
     shm_.set_lenders(o.shm_lenders);
+    shm_.set_borrow_all(o.shm_borrow_all);
     zmq_util::ApplyOptions(socket_, o);
     // A striping client's connection that comes back (under its own routing id) takes over
     // from the old one the shard may not have seen drop yet.

@@ -127,6 +127,11 @@ Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void*
                                      CopyAllFiniteInRanges(*threads, dst, src.data(), src.size()));
 }
 
+bool CopyAllFiniteShared(UpdateThreads* threads, void* dst, const void* src, size_t bytes) {
+  if (!Splits(threads, bytes)) return bytes > 0 && CopyAllFinite(dst, src, bytes);
+  return CopyAllFiniteInRanges(*threads, dst, static_cast<const uint8_t*>(src), bytes);
+}
+
 Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t bytes) {
   if (!Splits(threads, bytes)) return Frame::CopyCheckingFinite(data, bytes);
   // Uninitialized, as Frame::CopyCheckingFinite's.
@@ -134,6 +139,22 @@ Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t 
   uint8_t* p = buf.get();
   const bool finite = CopyAllFiniteInRanges(*threads, p, static_cast<const uint8_t*>(data), bytes);
   return Frame::CopiedCheckingFinite(Frame::Wrap(p, bytes, std::move(buf)), finite);
+}
+
+size_t StabilizeShared(UpdateThreads* threads, Message* m) {
+  size_t n = 0;
+  for (Frame& f : *m) {
+    if (!f.unstable()) continue;
+    f = CopyCheckingFiniteShared(threads, f.data(), f.size());
+    ++n;
+  }
+  return n;
+}
+
+bool HasUnstable(const Message& m) {
+  for (const Frame& f : m)
+    if (f.unstable()) return true;
+  return false;
 }
 
 }  // namespace leash::ps

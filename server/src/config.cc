@@ -90,6 +90,7 @@ ServerCommandLine::ServerCommandLine()
   v.durable_log = d.durable_log;
   v.backup_answers = d.backup_answers;
   v.backups_read_in_place = d.backups_read_in_place;
+  v.primary_copies_once = d.primary_copies_once;
 
   Flags& f = cli_.flags();
   f.Int("shard", &v.shard, "index of this shard, 0..num-shards-1");
@@ -179,6 +180,12 @@ ServerCommandLine::ServerCommandLine()
          "or checking them for NaN again (the primary's copy into the ring checked them); a "
          "backup lets each go once applied. On by default; =false: backups copy each entry out "
          "of the ring and check it");
+  f.Bool("primary-copies-once", &v.primary_copies_once,
+         "with --replicas 2 or more and shared memory: a primary reads a same-host worker's "
+         "pushed gradients where the worker wrote them and copies them once, checking for NaN, "
+         "straight into its same-host backups' rings, then applies that copy (pushes no "
+         "backup's ring takes are copied out). On by default; =false: every push is copied "
+         "out of the worker's ring on receipt, then again into each backup's");
 }
 
 Result<ServerConfig> ServerCommandLine::Config() const {
@@ -301,6 +308,11 @@ Result<ServerConfig> ServerCommandLine::Config() const {
                          "only a replicated shard has backups: add --replicas 2");
   }
   c.backups_read_in_place = v.backups_read_in_place && v.replicas >= 2;
+  if (asked_without_backups("primary-copies-once", v.primary_copies_once)) {
+    return cli_.BadValue("primary-copies-once", "true",
+                         "only a replicated shard copies pushes into backups: add --replicas 2");
+  }
+  c.primary_copies_once = v.primary_copies_once && v.replicas >= 2;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

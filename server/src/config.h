@@ -59,6 +59,11 @@ struct ServerConfig {
   // and the backup applies each where it lies, without a copy or a NaN check of its own
   // (docs/replication.md, "Entries applied in place"). On by default; replicated shards only.
   bool backups_read_in_place = true;
+  // With shared memory: a primary reads a same-host worker's pushed frames in place and
+  // copies them once, straight into its backups' rings, applying that copy (docs/
+  // replication.md, "One copy on the primary"), instead of copying them out first. On by
+  // default; replicated shards only.
+  bool primary_copies_once = true;
 };
 
 // Where a replica (or a group of one) keeps its durable log and, for a group of one, its
@@ -89,7 +94,7 @@ class ServerCommandLine {
     std::string bind, data_dir, lease, checkpoint, nonfinite, metrics_bind, curve_keys;
     std::string memory_budget, peers, etcd, job, durable_log;
     int64_t replicas, replica, etcd_ttl_s;
-    bool backup_answers, backups_read_in_place;
+    bool backup_answers, backups_read_in_place, primary_copies_once;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers, io_threads, update_threads;
     bool no_sync, no_shm, sparse_direct_reads, insecure;

@@ -307,6 +307,11 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_FALSE(Parse(with("--backups-read-in-place=false"))->backups_read_in_place);
   EXPECT_FALSE(solo->backups_read_in_place);
   EXPECT_NE(Error({"--backups-read-in-place"}).find("add --replicas 2"), std::string::npos);
+  // A primary copying pushes once: the same.
+  EXPECT_TRUE(c->primary_copies_once);
+  EXPECT_FALSE(Parse(with("--primary-copies-once=false"))->primary_copies_once);
+  EXPECT_FALSE(solo->primary_copies_once);
+  EXPECT_NE(Error({"--primary-copies-once"}).find("add --replicas 2"), std::string::npos);
 }
 
 }  // namespace

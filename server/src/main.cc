@@ -355,6 +355,9 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
   // replicas may: with CURVE those holding the shards' key; without, nothing is authenticated
   // and any client could append to the log anyway.
   if (c.replicas > 1) zo.shm_lenders = s.curve ? std::string(kReplicaKeyName) : "*";
+  // A primary copies a worker's push once, from the worker's ring into its backups' (the
+  // frames come unstable, Frame::unstable; the replica copies what no ring takes).
+  zo.shm_borrow_all = c.primary_copies_once;
   s.zmq = std::make_unique<leash::ZmqContext>(c.io_threads);
   auto transport = leash::BindZmqServer(*s.zmq, c.bind, zo);
   if (!transport.ok()) {
@@ -502,6 +505,12 @@ int Run(const ServerConfig& config) {
         "shard {}: replica {} applied {} log entr(ies) in place in its primary's shared-memory "
         "ring (no copy)",
         config.shard, config.replica, s.replica->entries_lent());
+  }
+  if (s.replica && s.replica->frames_copied_once() > 0) {
+    spdlog::info(
+        "shard {}: replica {} as primary copied {} pushed frame(s) once, from the worker's "
+        "shared-memory ring straight into its backup's",
+        config.shard, config.replica, s.replica->frames_copied_once());
   }
   if (uint64_t held = s.serving_shard().coverage().held_back(); held > 0) {
     spdlog::info(

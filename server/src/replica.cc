@@ -434,7 +434,15 @@ void Replica::Handle(const PeerId& peer, const Message& message, std::vector<Out
       }
       return;
     }
-    OnReplication(peer, message, out);
+    if (ps::HasUnstable(message)) {
+      // From a replica that does not lend (ZmqOptions::shm_borrow_all borrowed its frames):
+      // copied now, as any other client's; a log holds only bytes nobody can change.
+      Message stable = message;
+      ps::StabilizeShared(shard_->update_threads(), &stable);
+      OnReplication(peer, stable, out);
+    } else {
+      OnReplication(peer, message, out);
+    }
     (void)Persist();  // a term or whether it may lead, changed on the way
     if (role_ == ReplicaRole::kPrimary) {
       AdvanceCommit();
@@ -489,6 +497,10 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.message = message;  // the frames are shared, not copied
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
+  // A push's frames may still lie in its worker's ring (Frame::unstable): the copy for a
+  // same-host backup is made from there, and is what this replica applies and keeps
+  // (CopyIntoRing). What is written to a durable log is what is applied: a copy first.
+  if (durable_ != nullptr) ps::StabilizeShared(shard_->update_threads(), &log_.back().message);
   // A backup that may answer acknowledges the entry to its worker as soon as it holds it, so
   // this replica's durable log must hold it first (a primary that restarts with its log may
   // lead again); otherwise it is written after shipping, while the backups receive it.
@@ -496,6 +508,10 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   // Shipped before it is applied here: the backups receive and acknowledge the entry while
   // this replica applies it (the update is most of an entry's cost), instead of after.
   ReplicateAll();
+  // Frames no backup's ring took (none on this host, no room, a backup being sent a
+  // snapshot): copied out now, as the transport would have.
+  if (role_ == ReplicaRole::kPrimary && !log_.empty())
+    ps::StabilizeShared(shard_->update_threads(), &log_.back().message);
   // On disk before it is applied and so before any reply it releases can go out.
   if (!Persist()) return;  // this replica stepped down
   scratch_.clear();
@@ -620,6 +636,16 @@ void Replica::SendAppend(uint32_t r) {
   p.sent_ms = now_;
   m.backup_answers = BackupMayAnswer(r, last);
   CopyIntoRing(r, &m);
+  // Frames still in a worker's ring that no ring of this backup took (another host, no room):
+  // the logged entry is copied out first, and that copy sent, so the backup gets the bytes
+  // this replica applies.
+  for (ReplEntryWire& e : m.entries) {
+    if (!ps::HasUnstable(e.message) || e.index <= base_index_ || e.index > last_index()) continue;
+    Message& logged = log_[static_cast<size_t>(e.index - base_index_ - 1)].message;
+    ps::StabilizeShared(shard_->update_threads(), &logged);
+    for (size_t f = 0; f < e.message.size() && f < logged.size(); ++f)
+      if (e.message[f].unstable()) e.message[f] = logged[f];
+  }
   (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(m)));
 }
 
@@ -638,9 +664,17 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
       std::optional<WritableFrame> w = shm->ReservePayload(static_cast<int>(r), frame.size());
       if (!w) continue;
       // Shared by the shard's update threads, as its update of the entry is.
-      Frame checked = ps::CopyToCheckingFiniteShared(shard_->update_threads(), frame, w->data);
-      const bool finite = checked.finite_f32();
-      if (logged != nullptr && finite && !logged->message[f].finite_f32()) {
+      const bool finite =
+          ps::CopyAllFiniteShared(shard_->update_threads(), w->data, frame.data(), frame.size());
+      Frame checked = Frame::CopiedCheckingFinite(frame, finite);  // never so for an unstable one
+      if (logged != nullptr && logged->message[f].unstable()) {
+        // Still in the worker's ring, which may change: the ring's copy is the entry's bytes
+        // from now on, applied here as in place on the backup, and kept until the entry is
+        // compacted (its room held until then). One copy of the push instead of two.
+        logged->message[f] = Frame::CopiedCheckingFinite(w->frame, finite);
+        lent_through_ = std::max(lent_through_, e.index);
+        ++frames_copied_once_;
+      } else if (logged != nullptr && finite && !logged->message[f].finite_f32()) {
         logged->message[f] = std::move(checked);
       }
       // The ring's copy holds the same bytes: the append says they were found finite, and a

@@ -76,6 +76,9 @@ ReplicaMetrics::ReplicaMetrics(prometheus::Registry& r, const Replica& replica) 
   mirror(&Replica::entries_lent, "leash_replica_entries_lent_total",
          "Log entries this replica read in place from its primary's shared-memory ring "
          "(applied without a copy).");
+  mirror(&Replica::frames_copied_once, "leash_replica_frames_copied_once_total",
+         "Pushed frames this primary copied once, from a worker's shared-memory ring straight "
+         "into its backup's (--primary-copies-once).");
   mirror(&Replica::durable_records, "leash_replica_durable_log_records_total",
          "Records written to the durable log.");
   mirror(&Replica::durable_bytes, "leash_replica_durable_log_bytes_total",

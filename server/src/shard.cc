@@ -174,6 +174,13 @@ void Shard::CountSent(const std::vector<Outgoing>& out, size_t from) {
 }
 
 void Shard::Handle(const PeerId& peer, const Message& message, std::vector<Outgoing>* out) {
+  if (ps::HasUnstable(message)) {
+    // Bytes its sender may still change (ZmqOptions::shm_borrow_all): read from a copy. A
+    // replicated primary copies them before they get here; this is for any other way in.
+    Message stable = message;
+    ps::StabilizeShared(update_threads(), &stable);
+    return Handle(peer, stable, out);
+  }
   if (IsBatch(message)) return HandleBatch(peer, message, out);
   const size_t first_reply = out->size();
   counters_.bytes_in += MessageBytes(message);

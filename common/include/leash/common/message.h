@@ -35,7 +35,7 @@ class Frame {
   // else.
   static Frame CopiedCheckingFinite(const Frame& src, bool finite) {
     Frame f = src;
-    f.finite_f32_ = finite && src.size() > 0;
+    f.finite_f32_ = finite && src.size() > 0 && !src.unstable_;  // its sender may change it
     return f;
   }
   // `src`, a frame read in place where a checking copy wrote it (lent()), knowing what that
@@ -44,7 +44,7 @@ class Frame {
   // that is not lent gains nothing (its bytes came some other way).
   static Frame LentFinite(const Frame& src) {
     Frame f = src;
-    f.finite_f32_ = src.lent() && src.size() > 0;
+    f.finite_f32_ = src.lent() && src.size() > 0 && !src.unstable_;
     return f;
   }
   // Takes the bytes of `bytes` without copying.
@@ -74,6 +74,18 @@ class Frame {
     f.lent_ = true;
     return f;
   }
+  // True: the bytes lie in place in the ring of a sender that may still change them (a
+  // worker's push on this host, borrowed by a replicated primary's transport:
+  // ZmqOptions::shm_borrow_all). Never read them where the value matters twice: copy them
+  // once, checking as the copy goes (a primary copies them straight into its backups'
+  // rings, or out), and use the copy. Every copy of the frame keeps the mark; lent() too.
+  bool unstable() const { return unstable_; }
+  // This frame marked as lent() and unstable().
+  Frame Unstable() const {
+    Frame f = Lent();
+    f.unstable_ = true;
+    return f;
+  }
   // True: the bytes are whole float32 values, every one finite, as found by the copy that
   // made this frame (CopyCheckingFinite) or copied it (CopyToCheckingFinite, or its parts:
   // CopiedCheckingFinite), or by the copy that wrote a lent frame (LentFinite). False: not
@@ -87,6 +99,7 @@ class Frame {
   std::shared_ptr<const void> owner_;
   bool finite_f32_ = false;
   bool lent_ = false;
+  bool unstable_ = false;
 };
 
 // A multipart message: frame 0 is the header, the rest are payloads.

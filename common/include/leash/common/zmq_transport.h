@@ -66,6 +66,12 @@ struct ZmqOptions {
   // server's state, as a replicated shard's replicas are (without CURVE any client could
   // append to the log anyway).
   std::string shm_lenders;
+  // A server: frames of same-host clients that do not lend are read in place too, marked
+  // Frame::unstable() (the client could still change them), instead of copied out and
+  // checked on receipt; the server must copy each before reading it (a replicated primary
+  // copies a push straight into its backups' rings, and applies that copy). Their ring's
+  // room goes back to the client when the server lets go of the frame.
+  bool shm_borrow_all = false;
   // Striping (common/src/stripes.h), for links faster than one connection carries: a
   // client with stripes >= 2 opens that many connections to each shard, each handled by
   // a ZeroMQ I/O thread of the context (give ZmqContext as many), and splits a message of

@@ -190,6 +190,10 @@ class Replica {
   // Log entries this replica received read in place from its primary's shared-memory ring
   // (the primary lends them, ZmqOptions::shm_lend): applied without a copy.
   uint64_t entries_lent() const { return entries_lent_; }
+  // A primary: pushed frames it copied once, from its worker's shared-memory ring (read in
+  // place: ZmqOptions::shm_borrow_all) straight into a backup's, and applied from there,
+  // where it would copy them out first and then into the backup's ring.
+  uint64_t frames_copied_once() const { return frames_copied_once_; }
   bool needs_snapshot() const { return needs_snapshot_; }
   // False from the start of a snapshot transfer to this replica (its old state dropped) until
   // one is installed; it writes no snapshots of its own meanwhile.
@@ -413,7 +417,10 @@ class Replica {
   uint64_t backup_answered_ = 0;
   uint64_t replies_left_to_backup_ = 0;
   uint64_t entries_lent_ = 0;
-  uint64_t lent_through_ = 0;  // the last entry received holding a lent frame
+  uint64_t frames_copied_once_ = 0;
+  // The last entry holding ring room: received holding a lent frame (a backup), or holding
+  // the copy this replica made into its backup's ring (a primary). Compacted once applied.
+  uint64_t lent_through_ = 0;
 
   // The durable log (ReplicaOptions::durable_log_dir), and how far it holds the log.
   std::unique_ptr<DurableLog> durable_;
