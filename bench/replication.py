@@ -489,11 +489,13 @@ COST_FIGURES = {"mlp_samples_per_second": ("mlp", "samples_per_second", True),
                 "push_4KB_p50_us": ("push_4KB", "p50_us", False),
                 "push_4MB_mb_per_s": ("push_4MB", "mb_per_s", True),
                 # only where the shards have shared memory (not --no-shm)
-                "push_4KB_shm_p50_us": ("push_4KB_shm", "p50_us", False)}
+                "push_4KB_shm_p50_us": ("push_4KB_shm", "p50_us", False),
+                "push_4MB_shm_mb_per_s": ("push_4MB_shm", "mb_per_s", True)}
 # The figures' names in the tables.
 COST_NAMES = {"mlp_samples_per_second": "MLP 1+1 s=1 samples/s", "push_4KB_p50_us": "4 KB push p50 (1 in flight)",
               "push_4MB_mb_per_s": "4 MB push MB/s (8 in flight)",
-              "push_4KB_shm_p50_us": "4 KB push p50 through shared memory (1 in flight)"}
+              "push_4KB_shm_p50_us": "4 KB push p50 through shared memory (1 in flight)",
+              "push_4MB_shm_mb_per_s": "4 MB push MB/s through shared memory (8 in flight)"}
 
 
 def per_round(rounds, new, base, row, key, higher):
@@ -535,7 +537,8 @@ def rows_line(g):
     """One configuration's cost rows, for a round's progress line."""
     return (f"MLP {g['mlp']['samples_per_second']:.0f} samples/s, 4 KB push p50 {g['push_4KB']['p50_us']:.0f} us, "
             f"4 MB push {g['push_4MB']['mb_per_s']:.0f} MB/s"
-            + (f", 4 KB push through shared memory p50 {g['push_4KB_shm']['p50_us']:.0f} us" if "push_4KB_shm" in g else ""))
+            + (f", 4 KB push through shared memory p50 {g['push_4KB_shm']['p50_us']:.0f} us" if "push_4KB_shm" in g else "")
+            + (f", 4 MB push through shared memory {g['push_4MB_shm']['mb_per_s']:.0f} MB/s" if "push_4MB_shm" in g else ""))
 
 
 def cost_one(build, c, tmp, tag, replicas, extra=()):
@@ -589,6 +592,10 @@ def cost_one(build, c, tmp, tag, replicas, extra=()):
         if "--no-shm" not in extra:
             # The same 4 KB push through shared memory, as leash-worker sends it on one host.
             measured("push_4KB_shm", lambda: pushpull(build, c, tmp, f"{tag}-pp4kshm", where, 1024, 1,
+                                                      c["pushpull_seconds"], mode="shm"), "ops")
+            # And the 4 MB push: the worker's ring read in place by the primary, which copies each
+            # push once, into the backup's ring (--primary-copies-once).
+            measured("push_4MB_shm", lambda: pushpull(build, c, tmp, f"{tag}-pp4mshm", where, 1048576, 8,
                                                       c["pushpull_seconds"], mode="shm"), "ops")
         return out
     finally:
@@ -892,7 +899,9 @@ def summary_md(res):
                "as leash-worker does)"
                + ("; and the 4 KB push again through shared memory (`--modes shm`: the client offers every shard, "
                   "and an answering backup, a segment, as leash-worker does on one host)"
-                  if "push_4KB_shm_p50_us" in s else "") + ". " + (
+                  if "push_4KB_shm_p50_us" in s else "")
+               + (", then the 4 MB push through it too (the primary reads it in the client's ring and copies it "
+                  "once, into its backup's)" if "push_4MB_shm_mb_per_s" in s else "") + ". " + (
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
                    "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
                    "runs on one core here. " if res["config"].get("backup_apart") else
@@ -1018,7 +1027,8 @@ def plot(res, out_dir):
         s = co["summary"]
         names = {k: v for k, v in {"mlp_samples_per_second": "MLP 1+1 s=1\nsamples/s",
                                    "push_4KB_p50_us": "4 KB push\np50 latency", "push_4MB_mb_per_s": "4 MB push\nMB/s",
-                                   "push_4KB_shm_p50_us": "4 KB push shm\np50 latency"}.items() if k in s}
+                                   "push_4KB_shm_p50_us": "4 KB push shm\np50 latency",
+                                   "push_4MB_shm_mb_per_s": "4 MB push shm\nMB/s"}.items() if k in s}
         answers = all("r2a_over_r1_per_round" in s[k] for k in names)
         width = 0.4 if answers else 0.8
         for j, (label, key) in enumerate([("R=2", "r2_over_r1_per_round")]
