@@ -495,6 +495,7 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   e.peer = peer;
   e.worker_id = worker_id;
   e.message = message;  // the frames are shared, not copied
+  const uint64_t index = e.index;
   log_bytes_ += EntryBytes(e);
   log_.push_back(std::move(e));
   // A push's frames may still lie in its worker's ring (Frame::unstable): the copy for a
@@ -509,8 +510,9 @@ void Replica::Log(ReplEntryWire::Kind kind, const PeerId& peer, uint64_t worker_
   // this replica applies it (the update is most of an entry's cost), instead of after.
   ReplicateAll();
   // Frames no backup's ring took (none on this host, no room, a backup being sent a
-  // snapshot): copied out now, as the transport would have.
-  if (role_ == ReplicaRole::kPrimary && !log_.empty())
+  // snapshot): copied out now, as the transport would have; whatever the role now, since
+  // the entry stays in the log (a replica that leads again applies it).
+  if (!log_.empty() && log_.back().index == index)
     ps::StabilizeShared(shard_->update_threads(), &log_.back().message);
   // On disk before it is applied and so before any reply it releases can go out.
   if (!Persist()) return;  // this replica stepped down
