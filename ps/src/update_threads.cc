@@ -121,12 +121,6 @@ bool Splits(UpdateThreads* threads, size_t bytes) {
 
 }  // namespace
 
-Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst) {
-  if (!Splits(threads, src.size())) return Frame::CopyToCheckingFinite(src, dst);
-  return Frame::CopiedCheckingFinite(src,
-                                     CopyAllFiniteInRanges(*threads, dst, src.data(), src.size()));
-}
-
 bool CopyAllFiniteShared(UpdateThreads* threads, void* dst, const void* src, size_t bytes) {
   if (!Splits(threads, bytes)) return bytes > 0 && CopyAllFinite(dst, src, bytes);
   return CopyAllFiniteInRanges(*threads, dst, static_cast<const uint8_t*>(src), bytes);
@@ -141,14 +135,9 @@ Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t 
   return Frame::CopiedCheckingFinite(Frame::Wrap(p, bytes, std::move(buf)), finite);
 }
 
-size_t StabilizeShared(UpdateThreads* threads, Message* m) {
-  size_t n = 0;
-  for (Frame& f : *m) {
-    if (!f.unstable()) continue;
-    f = CopyCheckingFiniteShared(threads, f.data(), f.size());
-    ++n;
-  }
-  return n;
+void StabilizeShared(UpdateThreads* threads, Message* m) {
+  for (Frame& f : *m)
+    if (f.unstable()) f = CopyCheckingFiniteShared(threads, f.data(), f.size());
 }
 
 bool HasUnstable(const Message& m) {

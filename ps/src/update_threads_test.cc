@@ -141,9 +141,7 @@ TEST(UpdateThreadsTest, SharedChecksAndCopiesGiveWhatOneCallGives) {
   EXPECT_TRUE(AllFiniteShared(&pool, src.data(), n));
   EXPECT_TRUE(AllFiniteShared(nullptr, src.data(), n));
   std::vector<float> to(n, -1.f);
-  EXPECT_TRUE(
-      CopyToCheckingFiniteShared(&pool, Frame::Copy(src.data(), n * sizeof(float)), to.data())
-          .finite_f32());
+  EXPECT_TRUE(CopyAllFiniteShared(&pool, to.data(), src.data(), n * sizeof(float)));
   EXPECT_EQ(to, src);
   EXPECT_EQ(pool.split_passes(), 2u);
   EXPECT_EQ(pool.split_runs(), 0u) << "passes are not updates";
@@ -153,26 +151,21 @@ TEST(UpdateThreadsTest, SharedChecksAndCopiesGiveWhatOneCallGives) {
       std::vector<float> v = src;
       v[at] = bad;
       EXPECT_FALSE(AllFiniteShared(&pool, v.data(), n)) << at;
-      Frame f = Frame::Copy(v.data(), n * sizeof(float));
       std::vector<float> copy(n);
-      Frame checked = CopyToCheckingFiniteShared(&pool, f, copy.data());
-      EXPECT_FALSE(checked.finite_f32()) << at;
+      EXPECT_FALSE(CopyAllFiniteShared(&pool, copy.data(), v.data(), n * sizeof(float))) << at;
       EXPECT_EQ(std::memcmp(copy.data(), v.data(), n * sizeof(float)), 0) << "copied anyway";
-      EXPECT_EQ(checked.data(), f.data()) << "the source frame, knowing the fact";
     }
   }
-  Frame f = Frame::Copy(src.data(), n * sizeof(float));
   std::vector<float> copy(n);
-  EXPECT_TRUE(CopyToCheckingFiniteShared(&pool, f, copy.data()).finite_f32());
+  EXPECT_TRUE(CopyAllFiniteShared(&pool, copy.data(), src.data(), n * sizeof(float)));
   EXPECT_EQ(copy, src);
   // Bytes past the last whole float: copied, and not whole float32 values.
   std::vector<uint8_t> odd(n * sizeof(float) + 3, 0);
   std::vector<uint8_t> odd_copy(odd.size(), 1);
-  Frame of = Frame::Copy(odd.data(), odd.size());
-  EXPECT_FALSE(CopyToCheckingFiniteShared(&pool, of, odd_copy.data()).finite_f32());
+  EXPECT_FALSE(CopyAllFiniteShared(&pool, odd_copy.data(), odd.data(), odd.size()));
   EXPECT_EQ(odd_copy, odd);
-  EXPECT_FALSE(CopyToCheckingFiniteShared(nullptr, of, odd_copy.data()).finite_f32());
-  EXPECT_FALSE(CopyToCheckingFiniteShared(&pool, Frame(), nullptr).finite_f32()) << "empty";
+  EXPECT_FALSE(CopyAllFiniteShared(nullptr, odd_copy.data(), odd.data(), odd.size()));
+  EXPECT_FALSE(CopyAllFiniteShared(&pool, nullptr, nullptr, 0)) << "empty";
   // A new frame, as Frame::CopyCheckingFinite makes one.
   Frame made = CopyCheckingFiniteShared(&pool, src.data(), n * sizeof(float));
   EXPECT_TRUE(made.finite_f32());

@@ -263,6 +263,11 @@ const ReplEntryWire& Replica::EntryAt(uint64_t index) const {
   return log_[index - base_index_ - 1];
 }
 
+ReplEntryWire* Replica::LoggedEntry(uint64_t index) {
+  if (index <= base_index_ || index > last_index()) return nullptr;
+  return &log_[index - base_index_ - 1];
+}
+
 uint64_t Replica::replication_lag() const {
   if (role_ != ReplicaRole::kPrimary) return 0;
   uint64_t low = last_index();
@@ -642,11 +647,11 @@ void Replica::SendAppend(uint32_t r) {
   // the logged entry is copied out first, and that copy sent, so the backup gets the bytes
   // this replica applies.
   for (ReplEntryWire& e : m.entries) {
-    if (!ps::HasUnstable(e.message) || e.index <= base_index_ || e.index > last_index()) continue;
-    Message& logged = log_[static_cast<size_t>(e.index - base_index_ - 1)].message;
-    ps::StabilizeShared(shard_->update_threads(), &logged);
-    for (size_t f = 0; f < e.message.size() && f < logged.size(); ++f)
-      if (e.message[f].unstable()) e.message[f] = logged[f];
+    ReplEntryWire* logged = ps::HasUnstable(e.message) ? LoggedEntry(e.index) : nullptr;
+    if (logged == nullptr) continue;
+    ps::StabilizeShared(shard_->update_threads(), &logged->message);
+    for (size_t f = 0; f < e.message.size() && f < logged->message.size(); ++f)
+      if (e.message[f].unstable()) e.message[f] = logged->message[f];
   }
   (void)peers_->Send(static_cast<int>(r), EncodeReplication(std::move(m)));
 }
@@ -657,9 +662,7 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
   for (ReplEntryWire& e : m->entries) {
     // The logged entry, whose frames the shard applies (entries resent after a compaction
     // are not there any more: only the copy is made then).
-    ReplEntryWire* logged = e.index > base_index_ && e.index <= last_index()
-                                ? &log_[static_cast<size_t>(e.index - base_index_ - 1)]
-                                : nullptr;
+    ReplEntryWire* logged = LoggedEntry(e.index);
     for (size_t f = 0; f < e.message.size(); ++f) {
       Frame& frame = e.message[f];
       // nullopt below the ring's smallest frame or without room: the transport decides.
@@ -668,7 +671,6 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
       // Shared by the shard's update threads, as its update of the entry is.
       const bool finite =
           ps::CopyAllFiniteShared(shard_->update_threads(), w->data, frame.data(), frame.size());
-      Frame checked = Frame::CopiedCheckingFinite(frame, finite);  // never so for an unstable one
       if (logged != nullptr && logged->message[f].unstable()) {
         // Still in the worker's ring, which may change: the ring's copy is the entry's bytes
         // from now on, applied here as in place on the backup, and kept until the entry is
@@ -677,7 +679,7 @@ void Replica::CopyIntoRing(uint32_t r, ReplAppendMsg* m) {
         lent_through_ = std::max(lent_through_, e.index);
         ++frames_copied_once_;
       } else if (logged != nullptr && finite && !logged->message[f].finite_f32()) {
-        logged->message[f] = std::move(checked);
+        logged->message[f] = Frame::CopiedCheckingFinite(frame, finite);
       }
       // The ring's copy holds the same bytes: the append says they were found finite, and a
       // backup reading them in place need not check them again (Frame::LentFinite).

@@ -30,7 +30,7 @@ class Frame {
   // `src` itself (the same storage) knowing that fact, as CopyCheckingFinite's copy would.
   static Frame CopyToCheckingFinite(const Frame& src, void* dst);
   // `src`, knowing what a CopyToCheckingFinite made in parts found: `finite` when every part's
-  // CopyAllFinite said true (ps::CopyToCheckingFiniteShared), or the destination of such a
+  // CopyAllFinite said true (ps::CopyAllFiniteShared), or the destination of such a
   // copy (the same bytes: a primary's copy of an entry into its backup's ring); for nothing
   // else.
   static Frame CopiedCheckingFinite(const Frame& src, bool finite) {

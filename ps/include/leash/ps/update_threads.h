@@ -116,16 +116,14 @@ class UpdateThreads {
 
 // AllFinite(p, n).
 bool AllFiniteShared(UpdateThreads* threads, const float* p, size_t n);
-// Frame::CopyToCheckingFinite(src, dst).
-Frame CopyToCheckingFiniteShared(UpdateThreads* threads, const Frame& src, void* dst);
 // CopyAllFinite(dst, src, bytes): true if the bytes written are whole float32s, all finite
 // (what was checked is what was written, even if `src` changes meanwhile).
 bool CopyAllFiniteShared(UpdateThreads* threads, void* dst, const void* src, size_t bytes);
 // Frame::CopyCheckingFinite(data, bytes): a FrameCopier for a shard's transport.
 Frame CopyCheckingFiniteShared(UpdateThreads* threads, const void* data, size_t bytes);
 // Copies every unstable frame of `m` (Frame::unstable: still in its sender's ring) out, as
-// CopyCheckingFiniteShared; the others stay as they are. How many it copied.
-size_t StabilizeShared(UpdateThreads* threads, Message* m);
+// CopyCheckingFiniteShared; the others stay as they are.
+void StabilizeShared(UpdateThreads* threads, Message* m);
 // True if a frame of `m` is unstable.
 bool HasUnstable(const Message& m);
 

@@ -287,6 +287,8 @@ class Replica {
   uint64_t TermAt(uint64_t index) const;  // 0 if unknown
   static size_t EntryBytes(const ReplEntryWire& e);
   const ReplEntryWire& EntryAt(uint64_t index) const;
+  // The logged entry `index`, to change in place; null if compacted away or not logged.
+  ReplEntryWire* LoggedEntry(uint64_t index);
   void SendAppend(uint32_t r);
   // Primary: copies the frames of `m` that backup r gets through shared memory into its ring
   // here (the transport then passes them as they are), checking their floats as it copies:
