@@ -58,8 +58,8 @@ def measure_r2(build, tmp, tag, seconds, extra=()):
         r = R.pushpull(build, {}, tmp, f"{tag}-pp", ["--etcd", cl.etcd.url, "--job", cl.job], FLOATS, 8, seconds)
         for k, v in procs.items():
             c1 = R.cpu_seconds(v.pid)
-            if cpu0[k] is not None and c1 is not None and r["ops"]:
-                r[f"{k}_cpu_us_per_push"] = (c1 - cpu0[k]) / r["ops"] * 1e6
+            if cpu0[k] is not None and c1 is not None and r["cpu_ops"]:
+                r[f"{k}_cpu_us_per_push"] = (c1 - cpu0[k]) / r["cpu_ops"] * 1e6
         return r
     finally:
         cl.stop()
@@ -77,8 +77,8 @@ def measure(build, tmp, tag, seconds, load=None):
         cpu0 = R.cpu_seconds(shard.proc.pid)
         r = R.pushpull(build, {}, tmp, f"{tag}-pp", ["--servers", shard.endpoint], FLOATS, 8, seconds)
         cpu1 = R.cpu_seconds(shard.proc.pid)
-        if cpu0 is not None and cpu1 is not None and r["ops"]:
-            r["shard_cpu_us_per_push"] = (cpu1 - cpu0) / r["ops"] * 1e6
+        if cpu0 is not None and cpu1 is not None and r["cpu_ops"]:
+            r["shard_cpu_us_per_push"] = (cpu1 - cpu0) / r["cpu_ops"] * 1e6
         if co:
             co.send_signal(signal.SIGTERM)
             out, err = co.communicate(timeout=30)

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include <future>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -46,6 +48,8 @@ using SteadyClock = std::chrono::steady_clock;
 int g_socket_buffer = 0;
 // Push rows: Push(const float*) (the client copies the gradient) instead of handing it over.
 bool g_push_copy = false;
+double g_warmup_seconds = 0;                                       // --warmup-seconds
+int64_t g_shm_ring_mb = leash::ZmqOptions{}.shm_ring_bytes >> 20;  // --shm-ring-mb
 
 void Tune(zmq::socket_t& s) {
   if (g_socket_buffer > 0) {
@@ -69,6 +73,7 @@ struct Sample {
                               // raw one-way between two processes: the sender's
   double server_cpu_us = -1;  // Leash rows with shards started here: the shards' CPU per op;
                               // raw one-way between two processes: the receiver's
+  int64_t warmup_ops = 0;     // Leash rows: ops run unmeasured first (--warmup-seconds)
 };
 
 // The CPU time (user and system) of a rusage, in µs.
@@ -232,6 +237,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
     o.directory_view = g_view;
     leash::ZmqOptions zo;
     zo.shared_memory = shm;
+    zo.shm_ring_bytes = g_shm_ring_mb << 20;
     zo.stripes = stripes;
     if (!g_curve_keys.empty()) zo.curve = leash::LoadCurveClientKeys(g_curve_keys, "bench").value();
     auto c =
@@ -271,11 +277,15 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
   std::vector<Sample> out;
   for (const std::string& op : op_names) {
     std::vector<std::vector<double>> lat(static_cast<size_t>(n));
-    std::vector<int64_t> ops(static_cast<size_t>(n));
+    std::vector<int64_t> ops(static_cast<size_t>(n)), unmeasured(static_cast<size_t>(n));
     std::vector<std::thread> threads;
-    auto t0 = SteadyClock::now();
-    const double cpu0 = ProcessCpuUs();
-    const double server_cpu0 = started ? started->CpuUs() : -1;
+    // Each worker first runs the op unmeasured for --warmup-seconds (first touches of the
+    // table, its optimizer state and the rings; connections' buffers growing), then waits
+    // until every worker has: the clock and the CPU counters start there.
+    std::mutex m;
+    std::condition_variable cv;
+    int warmed = 0;
+    bool go = false;
     for (int w = 0; w < n; ++w) {
       threads.emplace_back([&, w] {
         // The gradient handed over (Push of a shared_ptr: sent from these floats, never
@@ -290,15 +300,33 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
         // each kept until its slot is pulled into again, as a reader of them would.
         std::vector<leash::PulledValues> views(static_cast<size_t>(inflight));
         size_t k = 0;
-        lat[static_cast<size_t>(w)] = Drive(
-            [&] {
-              if (op == "push")
-                return g_push_copy ? c->Push(table, buf.data()) : c->Push(table, grad);
-              if (op == "pull_in_place") return c->PullInPlace(table, &views[k++ % views.size()]);
-              return c->Pull(table, outs[k++ % outs.size()].data());
-            },
-            inflight, seconds, &ops[static_cast<size_t>(w)]);
+        auto submit = [&] {
+          if (op == "push") return g_push_copy ? c->Push(table, buf.data()) : c->Push(table, grad);
+          if (op == "pull_in_place") return c->PullInPlace(table, &views[k++ % views.size()]);
+          return c->Pull(table, outs[k++ % outs.size()].data());
+        };
+        if (g_warmup_seconds > 0)
+          (void)Drive(submit, inflight, g_warmup_seconds, &unmeasured[static_cast<size_t>(w)]);
+        {
+          std::unique_lock<std::mutex> lock(m);
+          ++warmed;
+          cv.notify_all();
+          cv.wait(lock, [&] { return go; });
+        }
+        lat[static_cast<size_t>(w)] =
+            Drive(submit, inflight, seconds, &ops[static_cast<size_t>(w)]);
       });
+    }
+    SteadyClock::time_point t0;
+    double cpu0 = 0, server_cpu0 = -1;
+    {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return warmed == n; });
+      t0 = SteadyClock::now();
+      cpu0 = ProcessCpuUs();
+      server_cpu0 = started ? started->CpuUs() : -1;
+      go = true;
+      cv.notify_all();
     }
     for (auto& th : threads) th.join();
     double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
@@ -312,6 +340,7 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
              n,
              inflight};
     s.ops_per_s = static_cast<double>(total) / secs;
+    s.warmup_ops = std::accumulate(unmeasured.begin(), unmeasured.end(), int64_t{0});
     s.mb_per_s = s.ops_per_s * static_cast<double>(floats) * 4 / 1e6;
     s.p50_us = Percentile(all, 0.5);
     s.p99_us = Percentile(all, 0.99);
@@ -655,7 +684,12 @@ int main(int argc, char** argv) {
   flags.String("server-bin", &server, "leash-server executable");
   flags.String("sizes", &sizes, "floats per request");
   flags.Double("seconds", &seconds, "duration of each measurement");
+  flags.Double("warmup-seconds", &g_warmup_seconds,
+               "Leash cells: run each op this long unmeasured first (first touches of the "
+               "table, its optimizer state and the shared-memory rings), then measure");
   flags.String("out", &out, "directory for pushpull.json and pushpull.md");
+  flags.Int("shm-ring-mb", &g_shm_ring_mb,
+            "Leash shm rows: the most each of the clients' shared-memory rings grows to, in MiB");
   flags.Int("reply-spin-us", &spin_us,
             "ClientOptions::reply_spin_us of the Leash clients (0: sleep at once)");
   flags.String("curve-keys", &g_curve_keys,
@@ -698,6 +732,15 @@ int main(int argc, char** argv) {
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
   if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   g_socket_buffer = static_cast<int>(socket_buffer);
+  if (g_shm_ring_mb < 1 || g_shm_ring_mb > 4096) {
+    std::fprintf(stderr, "--shm-ring-mb: need MiB in [1, 4096], got %lld\n",
+                 static_cast<long long>(g_shm_ring_mb));
+    return 2;
+  }
+  if (g_warmup_seconds < 0) {
+    std::fprintf(stderr, "--warmup-seconds: need seconds >= 0\n");
+    return 2;
+  }
   for (const auto& op : leash::SplitList(ops)) {
     if (op != "push" && op != "pull" && op != "pull_in_place") {
       std::fprintf(stderr, "--ops: unknown op '%s' (push, pull, pull_in_place)\n", op.c_str());
@@ -838,7 +881,7 @@ int main(int argc, char** argv) {
        << ", \"ops_per_s\": " << s.ops_per_s << ", \"mb_per_s\": " << s.mb_per_s
        << ", \"p50_us\": " << s.p50_us << ", \"p99_us\": " << s.p99_us
        << ", \"client_cpu_us\": " << s.client_cpu_us << ", \"server_cpu_us\": " << s.server_cpu_us
-       << "}" << (i + 1 < samples.size() ? ",\n" : "\n");
+       << ", \"warmup_ops\": " << s.warmup_ops << "}" << (i + 1 < samples.size() ? ",\n" : "\n");
   }
   js << "  ],\n  \"ratios\": {";
   md << "\n## Against the raw ZeroMQ ceiling (socket rows; the issue's targets)\n\n";

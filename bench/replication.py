@@ -50,11 +50,14 @@ TICK = os.sysconf("SC_CLK_TCK")
 def config(quick):
     if quick:
         return {"ttl": 2, "rate": 1000, "kills": 3, "r1_kills": 1, "faults_repeats": 1, "rounds": 1, "mlp_epochs": 1,
-                "mlp_train_limit": 12800, "pushpull_seconds": 0.5}
+                "mlp_train_limit": 12800, "pushpull_seconds": 0.5, "pushpull_warmup": 0.1}
     # rate: the probe's pushes per second (a backup restarted after a kill catches up from
     # the log, so the log's growth is kept modest)
     return {"ttl": 2, "rate": 1000, "kills": 10, "r1_kills": 3, "faults_repeats": 2, "rounds": 3, "mlp_epochs": 2,
-            "mlp_train_limit": 0, "pushpull_seconds": 1.0}
+            "mlp_train_limit": 0, "pushpull_seconds": 1.0,
+            # each push row first runs 0.5 s unmeasured: a fresh cluster's first pushes touch the
+            # table, its momentum and (R=2) the backup's ring for the first time
+            "pushpull_warmup": 0.5}
 
 
 def load():
@@ -435,7 +438,9 @@ def pushpull(build, c, tmp, tag, where, floats, inflight, seconds, mode="socket"
     before = children_cpu_seconds()
     p = subprocess.run(pinned([L._bin(build, "bench", "leash-bench-pushpull")] + where + ["--sizes",
                                str(floats), "--inflight", str(inflight), "--ops", "push", "--modes", mode,
-                               "--raw=false", "--seconds", str(seconds), "--out", out], c),
+                               "--raw=false", "--seconds", str(seconds), "--out", out]
+                              + (["--warmup-seconds", str(c["pushpull_warmup"])] if c.get("pushpull_warmup") else []),
+                              c),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     client = children_cpu_seconds() - before  # the pushing client's (its start and connect too)
     if p.returncode != 0:
@@ -443,8 +448,10 @@ def pushpull(build, c, tmp, tag, where, floats, inflight, seconds, mode="socket"
     with open(os.path.join(out, "pushpull.json")) as f:
         s = json.load(f)["samples"][0]
     ops = s["ops_per_s"] * seconds
+    # CPU figures are per op over every op the run made, the unmeasured warm-up's too
+    cpu_ops = ops + s.get("warmup_ops", 0)
     return {"p50_us": s["p50_us"], "mb_per_s": s["mb_per_s"], "ops": ops, "ops_per_s": s["ops_per_s"],
-            "client_cpu_us_per_iteration": client / ops * 1e6 if ops else None}
+            "cpu_ops": cpu_ops, "client_cpu_us_per_iteration": client / cpu_ops * 1e6 if cpu_ops else None}
 
 
 def least_work(build, tmp, tag, floats=1048576, socket=False):
@@ -586,17 +593,17 @@ def cost_one(build, c, tmp, tag, replicas, extra=()):
 
         measured("mlp", lambda: mlp(build, tmp, f"{tag}-mlp", c, where), "iterations")
         measured("push_4KB", lambda: pushpull(build, c, tmp, f"{tag}-pp4k", where, 1024, 1,
-                                              c["pushpull_seconds"]), "ops")
+                                              c["pushpull_seconds"]), "cpu_ops")
         measured("push_4MB", lambda: pushpull(build, c, tmp, f"{tag}-pp4m", where, 1048576, 8,
-                                              c["pushpull_seconds"]), "ops")
+                                              c["pushpull_seconds"]), "cpu_ops")
         if "--no-shm" not in extra:
             # The same 4 KB push through shared memory, as leash-worker sends it on one host.
             measured("push_4KB_shm", lambda: pushpull(build, c, tmp, f"{tag}-pp4kshm", where, 1024, 1,
-                                                      c["pushpull_seconds"], mode="shm"), "ops")
+                                                      c["pushpull_seconds"], mode="shm"), "cpu_ops")
             # And the 4 MB push: the worker's ring read in place by the primary, which copies each
             # push once, into the backup's ring (--primary-copies-once).
             measured("push_4MB_shm", lambda: pushpull(build, c, tmp, f"{tag}-pp4mshm", where, 1048576, 8,
-                                                      c["pushpull_seconds"], mode="shm"), "ops")
+                                                      c["pushpull_seconds"], mode="shm"), "cpu_ops")
         return out
     finally:
         cl.stop()
@@ -901,7 +908,11 @@ def summary_md(res):
                   "and an answering backup, a segment, as leash-worker does on one host)"
                   if "push_4KB_shm_p50_us" in s else "")
                + (", then the 4 MB push through it too (the primary reads it in the client's ring and copies it "
-                  "once, into its backup's)" if "push_4MB_shm_mb_per_s" in s else "") + ". " + (
+                  "once, into its backup's)" if "push_4MB_shm_mb_per_s" in s else "")
+               + (f"; each push row measured for {res['config']['pushpull_seconds']:g} s after "
+                  f"{res['config']['pushpull_warmup']:g} s unmeasured (a fresh cluster's first pushes touch the table, "
+                  "its momentum and, at R=2, the backup's ring for the first time)"
+                  if res["config"].get("pushpull_warmup") else "") + ". " + (
                    "**Backup apart**: the worker, the primary (R=1: the shard) and the pushing client are pinned to "
                    "CPU 0, the backup and etcd to CPU 1 (`taskset`), as if the backup ran on another host; so R=1 "
                    "runs on one core here. " if res["config"].get("backup_apart") else
@@ -978,13 +989,26 @@ def summary_md(res):
                            f"it the least R=2 can cost is **{pf['floor_cost_cold'] * 100:.1f}%**.")
         lf = s.get("push_4KB_floor")
         if lf:
-            md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, an R=2 push waits at least "
-                   f"for R=1's ({lf['r1_us']:.0f} us p50) plus a raw round trip to the backup through "
-                   f"{lf.get('path', 'shared memory')} ({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s "
-                   f"{'rtt2' if lf.get('path') == 'loopback TCP' else 'shm2'} row, measured alone in each round): "
-                   f"a cost of at least **{lf['floor_cost'] * 100:.1f}%**. Measured at R=2: {lf['r2_us']:.0f} us, "
-                   f"{lf['r2_us'] - lf['r1_us']:.0f} us more than R=1, "
-                   f"{(lf['r2_us'] - lf['r1_us']) / lf['shm_rtt_us']:.1f}x the raw round trip."]
+            raw = (f"{lf.get('path', 'shared memory')} ({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s "
+                   f"{'rtt2' if lf.get('path') == 'loopback TCP' else 'shm2'} row, measured alone in each round)")
+            extra = lf["r2_us"] - lf["r1_us"]
+            if (res["config"].get("backup_answers_default") and not res["config"].get("answers")
+                    and lf.get("floor_cost_answers") is not None):
+                # R=2 ran at the defaults: its backup answers the worker, so the push takes one
+                # hop more than R=1's (worker -> primary -> backup -> worker), not a round trip.
+                md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, and answered by the "
+                       f"backup, an R=2 push takes one hop more than R=1's (worker, primary, backup, worker), so it "
+                       f"waits at least for R=1's ({lf['r1_us']:.0f} us p50) plus half a raw round trip between "
+                       f"two processes through {raw}: a cost of at least "
+                       f"**{lf['floor_cost_answers'] * 100:.1f}%**, over the 25% target wherever one hop takes "
+                       f"more than a quarter of R=1's round trip. Measured at R=2: {lf['r2_us']:.0f} us, "
+                       f"{extra:.0f} us more than R=1, {extra / (lf['shm_rtt_us'] / 2):.1f}x that hop."]
+            else:
+                md += ["", f"And the 4 KB push's: acknowledged only once the backup holds it, an R=2 push waits at "
+                       f"least for R=1's ({lf['r1_us']:.0f} us p50) plus a raw round trip to the backup through "
+                       f"{raw}: a cost of at least **{lf['floor_cost'] * 100:.1f}%**. Measured at R=2: "
+                       f"{lf['r2_us']:.0f} us, {extra:.0f} us more than R=1, {extra / lf['shm_rtt_us']:.1f}x the "
+                       f"raw round trip."]
             if lf.get("r2a_us") is not None and lf.get("floor_cost_answers") is not None:
                 md[-1] += (f" A backup that answers saves a hop: the least is R=1's push plus one hop to the backup "
                            f"(half that round trip), a cost of at least **{lf['floor_cost_answers'] * 100:.1f}%**; "
@@ -1079,6 +1103,9 @@ def main():
                                      "(e.g. '--backups-read-in-place=false'), interleaved with R=1 and R=2")
     p.add_argument("--shard-args", help="cost part: more leash-server flags for every shard process of both "
                                          "configurations, e.g. '--update-threads 4'")
+    p.add_argument("--pushpull-warmup", type=float,
+                   help="cost part: seconds each push row runs unmeasured first (default 0.5; 0: measure "
+                        "from a fresh cluster's first push)")
     p.add_argument("--keep-tmp", action="store_true")
     p.add_argument("--summary-only", action="store_true",
                    help="rewrite replication.md and replication.png from --out/replication.json")
@@ -1098,7 +1125,7 @@ def main():
     if a.backup_apart and a.worker_apart:
         p.error("--backup-apart and --worker-apart place the processes differently: give one")
     for k in ("kills", "ttl", "rounds", "wire_dtype", "backup_apart", "worker_apart", "shard_args", "answers",
-              "versus"):
+              "versus", "pushpull_warmup"):
         if getattr(a, k) is not None:
             c[k] = getattr(a, k)
     os.makedirs(a.out, exist_ok=True)
