@@ -208,6 +208,7 @@ TEST(ClusterTest, AGradientComputedIntoAPushBufferIsSentWithoutACopyAndAppliedEx
   Cluster cluster(2, dir.path());
   ZmqOptions shm;
   shm.shared_memory = true;
+  shm.shm_ring_bytes = int64_t{16} << 20;  // the 600 dropped buffers below are more than this
   auto c = cluster.Connect("a", true, shm);
   ASSERT_TRUE(c);
   auto one = c->CreateTable(Sgd1("one", 1, 16384));     // one row, on shard 0 alone: 64 KiB
@@ -295,6 +296,7 @@ TEST(ClusterTest, APullInPlaceKeepsTheSocketsBytesAndAQuarterOfASharedMemoryRing
     SCOPED_TRACE(with_shm ? "shared memory" : "socket");
     ZmqOptions zo;
     zo.shared_memory = with_shm;
+    zo.shm_ring_bytes = int64_t{16} << 20;  // the budget: a quarter of it, 4 MiB
     auto c = cluster.Connect(with_shm ? "shm" : "socket", true, zo);
     ASSERT_TRUE(c);
     auto t = c->CreateTable(Sgd1("t", 64, 1024));  // 128 KiB on each shard

@@ -419,7 +419,7 @@ TEST(OneShardTrainingTest, AWorkerComputesItsLargeGradientsWhereItsShardReadsThe
     // The MLP's two large weight matrices (784 x 256 and 256 x 128 floats) are over the
     // 32 KiB a frame needs to go through shared memory; its other four tables are not.
     // Every iteration pulls each table once; an evaluation adds a pull. Every table is read
-    // where its reply lies, the large ones in the shard's ring (1.8 MB held of its 16 MiB).
+    // where its reply lies, the large ones in the shard's ring (1.8 MB held of its 64 MiB).
     if (shm && room && JsonNumbers(metrics, "shared_memory_shards") == std::vector<double>{1}) {
       EXPECT_LE(from_ring[0], 2 * iterations[0]);
       EXPECT_GE(from_ring[0], 2 * (iterations[0] - 5)) << "the link came on late";

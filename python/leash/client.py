@@ -69,6 +69,13 @@ def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
     return int(value)
 
 
+def _check_shm_ring_mb(value: Any) -> int:
+    n = _check_int("shm_ring_mb", value, 1)
+    if n > 4096:
+        raise _bad(f"shm_ring_mb must be 1 to 4096 MiB, got {n}")
+    return n
+
+
 def _check_stripes(value: Any) -> int:
     n = _check_int("stripes", value, 1)
     if n > 16:
@@ -236,6 +243,10 @@ class Client:
         wire_dtype: "fp32", "fp16" or "bf16": the encoding of pushes and pull replies.
         connect_timeout: seconds to wait for every shard to answer.
         shared_memory: exchange every message with shards on this host through /dev/shm.
+        shm_ring_mb: the most each shared-memory ring to a shard on this host grows to, in
+            MiB (1 to 4096); it reserves /dev/shm only as the requests in flight need it
+            (a memory-backed /dev/shm counts toward a container's memory). Frames that find
+            no room go through the socket.
         stripes: connections per shard (1 to 16), each with a ZeroMQ I/O thread of its own;
             pushes and pulls of 1 MiB and more are split over them and put back together in
             order (leash-worker --stripes; give the shards --io-threads as many).
@@ -256,7 +267,7 @@ class Client:
                  etcd: Optional[Servers] = None, job: Optional[str] = None,
                  curve_client: str = "client", wire_dtype: str = "fp32",
                  connect_timeout: float = 30.0, shared_memory: bool = True, stripes: int = 1,
-                 register: bool = True, worker_id: int = 0, heartbeat_ms: int = 0,
+                 shm_ring_mb: int = 64, register: bool = True, worker_id: int = 0, heartbeat_ms: int = 0,
                  handle_sigterm: bool = True) -> None:
         endpoints, etcd_urls, job = _endpoints(servers, etcd, job)
         if name is None:
@@ -278,7 +289,7 @@ class Client:
             wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
-            stripes=_check_stripes(stripes), register_worker=bool(register),
+            shm_ring_mb=_check_shm_ring_mb(shm_ring_mb), stripes=_check_stripes(stripes), register_worker=bool(register),
             worker_id=_check_int("worker_id", worker_id, 0),
             heartbeat_ms=_check_int("heartbeat_ms", heartbeat_ms, 0))
         self.name = name

@@ -675,6 +675,7 @@ struct ConnectOptions {
   std::optional<std::string> curve_keys;
   std::string curve_client = kDefaultCurveClient;
   bool shared_memory = true;
+  int64_t shm_ring_mb = 64;
   int stripes = 1;
   bool register_worker = true;
   uint64_t worker_id = 0;
@@ -787,6 +788,10 @@ class Client {
     }
     ZmqOptions zo;
     zo.shared_memory = o.shared_memory;
+    if (o.shm_ring_mb < 1 || o.shm_ring_mb > 4096) {
+      Raise(StatusCode::kInvalidArgument, "shm_ring_mb must be 1 to 4096 MiB");
+    }
+    zo.shm_ring_bytes = o.shm_ring_mb << 20;
     zo.stripes = o.stripes;
     if (o.curve_keys) {
       zo.curve = ValueOrThrow(LoadCurveClientKeys(*o.curve_keys, o.curve_client), "curve_keys");
@@ -1680,35 +1685,37 @@ PYBIND11_MODULE(_leash, m) {
       .def("in_place", &PullBatch::InPlace);
 
   py::class_<python::Client>(m, "Client")
-      .def(py::init([](std::vector<std::string> servers, std::vector<std::string> etcd,
-                       std::string job, std::string name, int64_t staleness, std::string wire_dtype,
-                       int64_t connect_timeout_ms, std::optional<std::string> curve_keys,
-                       std::string curve_client, bool shared_memory, int stripes,
-                       bool register_worker, uint64_t worker_id, int64_t heartbeat_ms) {
-             ConnectOptions o;
-             o.servers = std::move(servers);
-             o.etcd = std::move(etcd);
-             o.job = std::move(job);
-             o.name = std::move(name);
-             o.staleness = staleness;
-             o.wire_dtype = std::move(wire_dtype);
-             o.connect_timeout_ms = connect_timeout_ms;
-             o.curve_keys = std::move(curve_keys);
-             o.curve_client = std::move(curve_client);
-             o.shared_memory = shared_memory;
-             o.stripes = stripes;
-             o.register_worker = register_worker;
-             o.worker_id = worker_id;
-             o.heartbeat_ms = heartbeat_ms;
-             auto c = std::make_unique<python::Client>(o);
-             c->set_registered(register_worker);
-             return c;
-           }),
-           py::arg("servers"), py::arg("etcd"), py::arg("job"), py::arg("name"),
-           py::arg("staleness"), py::arg("wire_dtype"), py::arg("connect_timeout_ms"),
-           py::arg("curve_keys"), py::arg("curve_client"), py::arg("shared_memory"),
-           py::arg("stripes"), py::arg("register_worker"), py::arg("worker_id"),
-           py::arg("heartbeat_ms"))
+      .def(
+          py::init([](std::vector<std::string> servers, std::vector<std::string> etcd,
+                      std::string job, std::string name, int64_t staleness, std::string wire_dtype,
+                      int64_t connect_timeout_ms, std::optional<std::string> curve_keys,
+                      std::string curve_client, bool shared_memory, int64_t shm_ring_mb,
+                      int stripes, bool register_worker, uint64_t worker_id, int64_t heartbeat_ms) {
+            ConnectOptions o;
+            o.servers = std::move(servers);
+            o.etcd = std::move(etcd);
+            o.job = std::move(job);
+            o.name = std::move(name);
+            o.staleness = staleness;
+            o.wire_dtype = std::move(wire_dtype);
+            o.connect_timeout_ms = connect_timeout_ms;
+            o.curve_keys = std::move(curve_keys);
+            o.curve_client = std::move(curve_client);
+            o.shared_memory = shared_memory;
+            o.shm_ring_mb = shm_ring_mb;
+            o.stripes = stripes;
+            o.register_worker = register_worker;
+            o.worker_id = worker_id;
+            o.heartbeat_ms = heartbeat_ms;
+            auto c = std::make_unique<python::Client>(o);
+            c->set_registered(register_worker);
+            return c;
+          }),
+          py::arg("servers"), py::arg("etcd"), py::arg("job"), py::arg("name"),
+          py::arg("staleness"), py::arg("wire_dtype"), py::arg("connect_timeout_ms"),
+          py::arg("curve_keys"), py::arg("curve_client"), py::arg("shared_memory"),
+          py::arg("shm_ring_mb"), py::arg("stripes"), py::arg("register_worker"),
+          py::arg("worker_id"), py::arg("heartbeat_ms"))
       .def("create_table", &python::Client::CreateTable, py::arg("name"), py::arg("shape"),
            py::arg("optimizer"), py::arg("lr"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("init"),

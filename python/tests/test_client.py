@@ -218,6 +218,24 @@ def test_striped_pushes_and_pulls_are_exact(cluster2):
     assert "1 to 16" in e.value.message
 
 
+def test_a_ring_smaller_than_the_pushes_sends_them_through_the_socket_exactly(cluster2):
+    # 2 MB per shard per push, through rings that may grow to 1 MiB only: every large frame
+    # finds no room in its ring and goes through the socket instead, applied all the same.
+    with leash.Client(cluster2.servers, name="small-ring", shm_ring_mb=1) as c:
+        t = sgd1(c, "ringed", (8192, 128))
+        g = (np.arange(8192 * 128, dtype=np.float32) % 89 + 1).reshape(8192, 128)
+        for _ in range(3):
+            c.push(t, g)
+        c.clock()
+        np.testing.assert_array_equal(c.pull(t), -3 * g)
+    with pytest.raises(leash.InvalidArgumentError) as e:
+        leash.Client(cluster2.servers, shm_ring_mb=0)
+    assert ">= 1" in e.value.message
+    with pytest.raises(leash.InvalidArgumentError) as e:
+        leash.Client(cluster2.servers, shm_ring_mb=4097)
+    assert "1 to 4096" in e.value.message
+
+
 def test_unreachable_shards_raise_unavailable_with_the_code(tmp_path):
     from conftest import free_port
     with pytest.raises(leash.UnavailableError) as e:

@@ -216,7 +216,7 @@ def test_pulled_in_place_through_shared_memory_the_replies_are_read_in_the_shard
     ring (its room goes back to the shard when the parameters move on), the small bias where
     it came over the socket: nothing is copied, and the values are exact throughout."""
     monkeypatch.setattr(leash.torch, "_IN_PLACE_MIN_BYTES", 0)
-    with leash.Client(cluster.servers, staleness=1, shared_memory=True) as c:
+    with leash.Client(cluster.servers, staleness=1, shared_memory=True, shm_ring_mb=16) as c:
         torch.manual_seed(0)
         model = torch.nn.Linear(256, 64)  # a 64 KiB weight: through the ring
         ps = leash.torch.Parameters(c, model, optimizer="sgd", lr=1.0, init=zeros)

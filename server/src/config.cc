@@ -77,6 +77,7 @@ ServerCommandLine::ServerCommandLine()
   v.curve_keys = d.curve_keys;
   v.insecure = d.insecure;
   v.no_shm = !d.shared_memory;
+  v.shm_ring_mb = d.shm_ring_mb;
   v.memory_budget = std::to_string(d.memory_budget_bytes);
   v.sparse_readers = d.sparse_readers;
   v.sparse_direct_reads = d.sparse_direct_reads;
@@ -124,6 +125,10 @@ ServerCommandLine::ServerCommandLine()
   f.Bool("no-shm", &v.no_shm,
          "no shared memory with workers or other replicas on this host (everything through the "
          "socket)");
+  f.Int("shm-ring-mb", &v.shm_ring_mb,
+        "with --replicas 2 or more: the most each shared-memory ring to a same-host backup "
+        "grows to, in MiB (1 to 4096); it reserves /dev/shm only as the entries in flight need "
+        "it. Appends that find no room go through the socket");
   f.Int("io-threads", &v.io_threads,
         "ZeroMQ I/O threads for the workers' connections (1 to 16): give as many as the workers' "
         "--stripes, with cores to spare, so that a striped push or pull is read in parallel");
@@ -248,6 +253,10 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.max_queued_reply_mb = v.max_queued_reply_mb;
   c.shared_memory = !v.no_shm;
+  if (v.shm_ring_mb < 1 || v.shm_ring_mb > 4096) {
+    return bad_int("shm-ring-mb", v.shm_ring_mb, "need an integer in [1, 4096]");
+  }
+  c.shm_ring_mb = v.shm_ring_mb;
   if (v.io_threads < 1 || v.io_threads > 16) {
     return bad_int("io-threads", v.io_threads, "need an integer in [1, 16]");
   }

@@ -31,6 +31,7 @@ struct ServerConfig {
   std::string curve_keys;     // empty: no CURVE
   bool insecure = false;      // allow a non-loopback --bind without --curve-keys
   bool shared_memory = true;  // with workers on this host
+  int64_t shm_ring_mb = 64;   // the most a ring to a same-host backup grows to (ZmqOptions)
   int io_threads = 1;         // the workers' socket's ZeroMQ I/O threads (striping clients)
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
@@ -96,7 +97,7 @@ class ServerCommandLine {
     int64_t replicas, replica, etcd_ttl_s;
     bool backup_answers, backups_read_in_place, primary_copies_once;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
-    int64_t sparse_readers, backup_workers, io_threads, update_threads;
+    int64_t sparse_readers, backup_workers, io_threads, update_threads, shm_ring_mb;
     bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;

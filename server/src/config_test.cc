@@ -45,6 +45,7 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->max_parked_per_peer, 4096);
   EXPECT_EQ(c->max_queued_reply_mb, 1024);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_EQ(c->shm_ring_mb, 64);
   EXPECT_EQ(c->io_threads, 1);
   EXPECT_EQ(c->update_threads, 1);
   EXPECT_FALSE(c->insecure);
@@ -52,9 +53,10 @@ TEST(ServerConfigTest, DefaultsAreTheDocumentedOnes) {
 }
 
 TEST(ServerConfigTest, FlagsAreParsed) {
-  auto c = Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
-                  "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100",
-                  "--backup-workers=2", "--io-threads=4", "--update-threads=3"});
+  auto c =
+      Parse({"--shard=1", "--num-shards=3", "--lease-timeout=500ms", "--checkpoint-interval=0",
+             "--nonfinite=skip-rows", "--no-sync", "--no-shm", "--max-keys=100",
+             "--backup-workers=2", "--io-threads=4", "--update-threads=3", "--shm-ring-mb=16"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, 1);
   EXPECT_EQ(c->num_shards, 3);
@@ -67,6 +69,7 @@ TEST(ServerConfigTest, FlagsAreParsed) {
   EXPECT_EQ(c->backup_workers, 2);
   EXPECT_EQ(c->io_threads, 4);
   EXPECT_EQ(c->update_threads, 3);
+  EXPECT_EQ(c->shm_ring_mb, 16);
 }
 
 // Secure by default: a --bind other hosts can reach needs CURVE keys or --insecure;
@@ -127,6 +130,9 @@ TEST(ServerConfigTest, EachBadValueGetsItsOwnError) {
       {{"--max-queued-reply-mb=0"},
        "bad value for --max-queued-reply-mb: '0' (need an integer in [1, 1048576])"},
       {{"--io-threads=0"}, "bad value for --io-threads: '0' (need an integer in [1, 16])"},
+      {{"--shm-ring-mb=0"}, "bad value for --shm-ring-mb: '0' (need an integer in [1, 4096])"},
+      {{"--shm-ring-mb=4097"},
+       "bad value for --shm-ring-mb: '4097' (need an integer in [1, 4096])"},
       {{"--log-level=chatty"}, "bad value for --log-level: 'chatty'"},
       {{"--no-sync=perhaps"}, "bad value for --no-sync: 'perhaps' is not a boolean"},
       {{"--shard=one"}, "bad value for --shard: 'one' is not an integer"},

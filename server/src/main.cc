@@ -292,6 +292,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       // a worker's (one copy in, one out, no loopback TCP on either side's CPU); a replica on
       // another host refuses the offer and everything goes through the socket.
       po.shared_memory = c.shared_memory;
+      po.shm_ring_bytes = c.shm_ring_mb << 20;
       // ...and applies them where the primary wrote them, in its ring, instead of copying
       // each out first: a backup lets an entry's frames go once it applied the entry
       // (Replica::Compact), and the primary renews the link when a backup restarts.

@@ -55,6 +55,7 @@ WorkerCommandLine::Values WorkerCommandLine::ValuesOf(const WorkerConfig& d) {
   v.connect_timeout_s = d.connect_timeout_s;
   v.leave_timeout_s = d.leave_timeout_s;
   v.no_shm = !d.shared_memory;
+  v.shm_ring_mb = d.shm_ring_mb;
   v.pull_in_place = d.pull_in_place;
   v.send_delay_ms = d.send_delay_ms;
   v.stripes = d.stripes;
@@ -187,6 +188,11 @@ WorkerCommandLine::WorkerCommandLine()
   f.Bool("no-shm", &v.no_shm,
          "send every message through the socket even to a shard on this host (by default "
          "they all go through shared memory there)");
+  f.Int("shm-ring-mb", &v.shm_ring_mb,
+        "the most each shared-memory ring to a shard on this host grows to, in MiB (1 to "
+        "4096); it reserves /dev/shm only as the pushes and pulls in flight need it (where "
+        "/dev/shm is a memory-backed volume, that counts toward the container's memory). "
+        "Frames that find no room go through the socket");
   f.Bool("pull-in-place", &v.pull_in_place,
          "read each pulled table where the shard's reply arrived (the socket's message, or "
          "the shard's shared-memory ring on this host) instead of copying it into the worker's "
@@ -338,6 +344,10 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.clock_steps = v.clock_steps;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
+  if (v.shm_ring_mb < 1 || v.shm_ring_mb > 4096) {
+    return bad_int("shm-ring-mb", v.shm_ring_mb, "need an integer in [1, 4096]");
+  }
+  c.shm_ring_mb = v.shm_ring_mb;
   c.pull_in_place = v.pull_in_place;
   c.wait_when_done = v.wait_when_done;
   if (v.send_delay_ms < 0 || v.send_delay_ms > 10000) {

@@ -30,6 +30,7 @@ struct WorkerConfig {
   int64_t connect_timeout_s = 60;
   int64_t leave_timeout_s = 30;
   bool shared_memory = true;  // large pushes and pulls to a shard on this host
+  int64_t shm_ring_mb = 64;   // the most each shared-memory ring grows to (ZmqOptions)
   bool pull_in_place = true;  // read a pulled table where its reply lies (MakeRemoteParams)
   int stripes = 1;            // connections (and ZeroMQ I/O threads) per shard
   int64_t send_delay_ms = 0;  // fault injection: each message to a shard waits this long first
@@ -102,7 +103,7 @@ class WorkerCommandLine {
     std::string device, curve_keys, curve_client, data, sparse_optimizer, slow_spells;
     int64_t staleness, batch, epochs, seed, threads, chunk_size, accumulate, log_every;
     int64_t connect_timeout_s, train_limit, test_limit, leave_timeout_s, eval_every;
-    int64_t embedding_dim, send_delay_ms, global_batch, stripes;
+    int64_t embedding_dim, send_delay_ms, global_batch, stripes, shm_ring_mb;
     double lr, momentum, weight_decay, step_delay_factor, sparse_lr, embedding_scale;
     bool local, no_eval, no_shm, insecure, wait_when_done, clock_steps, pull_in_place;
   };

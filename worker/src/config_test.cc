@@ -49,6 +49,7 @@ TEST(WorkerConfigTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c->curve_client, "client");
   EXPECT_TRUE(c->evaluate);
   EXPECT_TRUE(c->shared_memory);
+  EXPECT_EQ(c->shm_ring_mb, 64);
   EXPECT_TRUE(c->pull_in_place);
   EXPECT_EQ(c->stripes, 1);
   EXPECT_FALSE(c->wait_when_done);
@@ -71,11 +72,11 @@ TEST(WorkerConfigTest, EtcdFindsReplicatedShardsInsteadOfServers) {
 }
 
 TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
-  auto c =
-      Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
-             "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
-             "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
-             "--global-batch=192", "--wait-when-done", "--stripes=4", "--pull-in-place=false"});
+  auto c = Parse({"--servers", "tcp://a:1, tcp://b:2", "--optimizer=adam", "--wire-dtype=bf16",
+                  "--model=cnn", "--hidden=64", "--no-eval", "--no-shm", "--device=cuda:1",
+                  "--staleness=2", "--eval-every=5", "--log-level=debug", "--insecure",
+                  "--global-batch=192", "--wait-when-done", "--stripes=4", "--pull-in-place=false",
+                  "--shm-ring-mb=8"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(c->optimizer, OptimizerKind::kAdam);
@@ -91,6 +92,7 @@ TEST(WorkerConfigTest, FlagsAreParsedIntoDomainTypes) {
   EXPECT_EQ(c->log_level, "debug");
   EXPECT_EQ(c->global_batch, 192);
   EXPECT_EQ(c->stripes, 4);
+  EXPECT_EQ(c->shm_ring_mb, 8);
   EXPECT_TRUE(c->insecure);
   EXPECT_TRUE(c->wait_when_done);
 }
@@ -176,6 +178,7 @@ TEST(WorkerConfigTest, EachBadValueGetsItsOwnError) {
       {"--eval-every=-1", "bad value for --eval-every: '-1' (need an integer >= 0"},
       {"--stripes=0", "bad value for --stripes: '0' (need an integer in [1, 16])"},
       {"--stripes=17", "bad value for --stripes: '17' (need an integer in [1, 16])"},
+      {"--shm-ring-mb=0", "bad value for --shm-ring-mb: '0' (need an integer in [1, 4096])"},
       {"--inject-send-delay-ms=-3",
        "bad value for --inject-send-delay-ms: '-3' (need milliseconds in [0, 10000])"},
       {"--metrics-bind=tcp://0.0.0.0:9100",

@@ -243,6 +243,7 @@ std::optional<Failure> BuildTraining(const WorkerConfig& c, Worker& w) {
   } else {
     leash::ZmqOptions zopts;
     zopts.shared_memory = c.shared_memory;
+    zopts.shm_ring_bytes = c.shm_ring_mb << 20;
     zopts.send_delay_ms = static_cast<int>(c.send_delay_ms);
     zopts.stripes = c.stripes;
     w.zmq = std::make_unique<leash::ZmqContext>(c.stripes);

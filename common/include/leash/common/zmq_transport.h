@@ -45,8 +45,10 @@ struct ZmqOptions {
   // ring at the moment go through the socket too.
   bool shared_memory = false;
   // The most a ring (one per direction and connection) grows to; it reserves /dev/shm
-  // only as its frames in flight need it, in steps of 1 MiB.
-  int64_t shm_ring_bytes = int64_t{16} << 20;
+  // only as its frames in flight need it, in steps of 1 MiB. 64 MiB holds 8 pushes of 4 MB
+  // in flight with room to spare (bench/results/shm_ring_size_ab.md: 16 MiB held about 3,
+  // and the rest took the socket).
+  int64_t shm_ring_bytes = int64_t{64} << 20;
   int64_t shm_min_frame_bytes = int64_t{32} << 10;
   // With shared_memory on both ends: every message of a same-host connection goes through
   // its segment too (a queue per direction, the reader woken through a FIFO), not only the
