@@ -689,36 +689,41 @@ def part_cost(build, c, tmp, log):
     return {"rounds": rounds, "summary": summary}
 
 
-def push_floor(rounds, cores=2):
-    """The least R=2 can cost the 4 MB push row on this machine, from CPU. R=1's pushes already
+def push_floor(rounds, cores=2, row="push_4MB"):
+    """The least R=2 can cost the 4 MB push row (`row`) on this machine, from CPU. R=1's pushes already
     take the pushing client's and the shard's CPU per push (measured); R=2 adds at least the
     backup's update and one copy of the push (least_work, measured in the same round). With the
     cores busy, a push then takes at least all of that CPU over the cores, so R=2's time per push
     is at least max(R=1's, (client + shard + update + copy) / cores). Also what R=2 measured: its
     CPU per push (client + primary + backup) over the cores against its time per push, which says
     how CPU-bound it ran, and the CPU it added beyond the least. R=1's CPU is capped at the cores'
-    time (the client's figure includes its start)."""
-    out = {"cores": cores, "per_round": []}
+    time (the client's figure includes its start). Through shared memory (`row` push_4MB_shm) R=2
+    adds no copy: R=1's shard copies each push out of the client's ring, and R=2's primary copies
+    it once, into its backup's ring, instead; only the backup's update is added."""
+    out = {"cores": cores, "per_round": [], "row": row}
     for g in rounds:
-        r1, r2, lw = g["r1"]["push_4MB"], g["r2"]["push_4MB"], g.get("least_work")
+        if row not in g["r1"] or row not in g["r2"]:
+            continue
+        r1, r2, lw = g["r1"][row], g["r2"][row], g.get("least_work")
         c1, s1 = r1.get("client_cpu_us_per_iteration"), r1.get("primary_cpu_us_per_iteration")
         c2, p2, b2 = (r2.get("client_cpu_us_per_iteration"), r2.get("primary_cpu_us_per_iteration"),
                       r2.get("backup_cpu_us_per_iteration"))
         if None in (c1, s1, c2, p2, b2) or not lw or not r1.get("ops_per_s") or not r2.get("ops_per_s"):
             continue
         t1, t2 = 1e6 / r1["ops_per_s"], 1e6 / r2["ops_per_s"]
-        least = lw["update_us"] + lw["copy_us"]
+        copy = 0.0 if row == "push_4MB_shm" else lw["copy_us"]
+        least = lw["update_us"] + copy
         # The client's figure includes its start, so R=1 may seem to use more than the cores:
         # capped, the bound stays a bound (busy cores: every added microsecond of CPU adds 1/cores).
         floor_t2 = max(t1, (min(c1 + s1, cores * t1) + least) / cores)
         out["per_round"].append({
             "r1_push_us": t1, "r2_push_us": t2, "r1_client_us": c1, "r1_shard_us": s1,
-            "r1_cpu_busy": (c1 + s1) / (cores * t1), "update_us": lw["update_us"], "copy_us": lw["copy_us"],
+            "r1_cpu_busy": (c1 + s1) / (cores * t1), "update_us": lw["update_us"], "copy_us": copy,
             "least_added_us": least, "floor_cost": 1 - t1 / floor_t2,
             # The same with the backup's update out of the caches (update_cold).
             "update_cold_us": lw.get("update_cold_us"),
             "floor_cost_cold": (1 - t1 / max(t1, (min(c1 + s1, cores * t1) + lw["update_cold_us"] +
-                                                  lw["copy_us"]) / cores))
+                                                  copy) / cores))
             if lw.get("update_cold_us") is not None else None,
             "r2_client_us": c2, "r2_primary_us": p2, "r2_backup_us": b2,
             "r2_cpu_busy": (c2 + p2 + b2) / (cores * t2),
@@ -740,6 +745,8 @@ def set_cpu_floors(summary, rounds, cores):
     to R=1's own time)."""
     summary["mlp_cpu_floor"] = cpu_floor(rounds, cores)
     summary["push_4MB_floor"] = push_floor(rounds, cores)
+    if any("push_4MB_shm" in g["r2"] for g in rounds):
+        summary["push_4MB_shm_floor"] = push_floor(rounds, cores, "push_4MB_shm")
 
 
 def cpu_floor(rounds, cores=2):
@@ -987,6 +994,21 @@ def summary_md(res):
                            f"the backup's update on state out of the caches takes {pf['update_cold_us']:.0f} us "
                            f"(`leash-bench-pushpull`'s update_cold row) against {pf['update_us']:.0f} us, and with "
                            f"it the least R=2 can cost is **{pf['floor_cost_cold'] * 100:.1f}%**.")
+        sf = s.get("push_4MB_shm_floor")
+        if sf and sf.get("floor_cost") is not None:
+            md += ["", f"And the 4 MB row through shared memory's (medians): at R=1 a push took "
+                   f"{sf['r1_push_us']:.0f} us, the client used {sf['r1_client_us']:.0f} us of CPU (its copy into "
+                   f"its ring) and the shard {sf['r1_shard_us']:.0f} us (its copy out of the ring, checking for NaN, "
+                   f"and the update), the {sf['cores']} cores {sf['r1_cpu_busy'] * 100:.0f}% busy. R=2 copies no more "
+                   f"(the primary's one copy, into its backup's ring, takes the place of that copy out) but adds "
+                   f"the backup's update: at least {sf['update_us']:.0f} us on state in the caches, so R=2 costs "
+                   f"at least **{sf['floor_cost'] * 100:.1f}%**"
+                   + (f", and **{sf['floor_cost_cold'] * 100:.1f}%** with the backup's update on state out of them "
+                      f"({sf['update_cold_us']:.0f} us)" if sf.get("floor_cost_cold") is not None else "")
+                   + f". Measured at R=2: {sf['r2_push_us']:.0f} us per push, the client {sf['r2_client_us']:.0f}, "
+                   f"the primary {sf['r2_primary_us']:.0f} and the backup {sf['r2_backup_us']:.0f} us of CPU "
+                   f"({sf['r2_cpu_busy'] * 100:.0f}% of the cores); with the backup on a host of its own about "
+                   f"{sf['backup_apart_estimate_cost'] * 100:.0f}%."]
         lf = s.get("push_4KB_floor")
         if lf:
             raw = (f"{lf.get('path', 'shared memory')} ({lf['shm_rtt_us']:.1f} us p50, `leash-bench-pushpull`'s "
