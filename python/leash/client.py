@@ -267,7 +267,8 @@ class Client:
                  etcd: Optional[Servers] = None, job: Optional[str] = None,
                  curve_client: str = "client", wire_dtype: str = "fp32",
                  connect_timeout: float = 30.0, shared_memory: bool = True, stripes: int = 1,
-                 shm_ring_mb: int = 64, register: bool = True, worker_id: int = 0, heartbeat_ms: int = 0,
+                 shm_ring_mb: int = 64, register: bool = True, worker_id: int = 0,
+                 heartbeat_ms: int = 0,
                  handle_sigterm: bool = True) -> None:
         endpoints, etcd_urls, job = _endpoints(servers, etcd, job)
         if name is None:
@@ -289,7 +290,8 @@ class Client:
             wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
-            shm_ring_mb=_check_shm_ring_mb(shm_ring_mb), stripes=_check_stripes(stripes), register_worker=bool(register),
+            shm_ring_mb=_check_shm_ring_mb(shm_ring_mb), stripes=_check_stripes(stripes),
+            register_worker=bool(register),
             worker_id=_check_int("worker_id", worker_id, 0),
             heartbeat_ms=_check_int("heartbeat_ms", heartbeat_ms, 0))
         self.name = name
