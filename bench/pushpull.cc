@@ -732,8 +732,9 @@ int main(int argc, char** argv) {
             "SO_SNDBUF/SO_RCVBUF of the raw ZeroMQ sockets in bytes (0: kernel autotuning)");
   if (auto code = flags.ParseOrExitCode(argc, argv)) return *code;
   g_socket_buffer = static_cast<int>(socket_buffer);
-  if (g_shm_ring_mb < 1 || g_shm_ring_mb > 4096) {
-    std::fprintf(stderr, "--shm-ring-mb: need MiB in [1, 4096], got %lld\n",
+  if (g_shm_ring_mb < 1 || g_shm_ring_mb > leash::kMaxShmRingMb) {
+    std::fprintf(stderr, "--shm-ring-mb: need MiB in [1, %lld], got %lld\n",
+                 static_cast<long long>(leash::kMaxShmRingMb),
                  static_cast<long long>(g_shm_ring_mb));
     return 2;
   }

@@ -69,13 +69,6 @@ def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
     return int(value)
 
 
-def _check_shm_ring_mb(value: Any) -> int:
-    n = _check_int("shm_ring_mb", value, 1)
-    if n > 4096:
-        raise _bad(f"shm_ring_mb must be 1 to 4096 MiB, got {n}")
-    return n
-
-
 def _check_stripes(value: Any) -> int:
     n = _check_int("stripes", value, 1)
     if n > 16:
@@ -290,7 +283,7 @@ class Client:
             wire_dtype=wire, connect_timeout_ms=timeout_ms,
             curve_keys=os.fspath(curve_keys) if curve_keys is not None else None,
             curve_client=curve_client, shared_memory=bool(shared_memory),
-            shm_ring_mb=_check_shm_ring_mb(shm_ring_mb), stripes=_check_stripes(stripes),
+            shm_ring_mb=_check_int("shm_ring_mb", shm_ring_mb, 1), stripes=_check_stripes(stripes),
             register_worker=bool(register),
             worker_id=_check_int("worker_id", worker_id, 0),
             heartbeat_ms=_check_int("heartbeat_ms", heartbeat_ms, 0))

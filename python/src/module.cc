@@ -788,8 +788,9 @@ class Client {
     }
     ZmqOptions zo;
     zo.shared_memory = o.shared_memory;
-    if (o.shm_ring_mb < 1 || o.shm_ring_mb > 4096) {
-      Raise(StatusCode::kInvalidArgument, "shm_ring_mb must be 1 to 4096 MiB");
+    if (o.shm_ring_mb < 1 || o.shm_ring_mb > kMaxShmRingMb) {
+      Raise(StatusCode::kInvalidArgument,
+            "shm_ring_mb must be 1 to " + std::to_string(kMaxShmRingMb) + " MiB");
     }
     zo.shm_ring_bytes = o.shm_ring_mb << 20;
     zo.stripes = o.stripes;

@@ -6,6 +6,7 @@
 #include "leash/common/endpoint.h"
 #include "leash/common/flags.h"
 #include "leash/common/metrics.h"
+#include "leash/common/zmq_transport.h"
 
 namespace leash::server {
 namespace {
@@ -127,8 +128,10 @@ ServerCommandLine::ServerCommandLine()
          "socket)");
   f.Int("shm-ring-mb", &v.shm_ring_mb,
         "with --replicas 2 or more: the most each shared-memory ring to a same-host backup "
-        "grows to, in MiB (1 to 4096); it reserves /dev/shm only as the entries in flight need "
-        "it. Appends that find no room go through the socket");
+        "grows to, in MiB (1 to " +
+            std::to_string(kMaxShmRingMb) +
+            "); it reserves /dev/shm only as the entries in flight need it. Appends that find no "
+            "room go through the socket");
   f.Int("io-threads", &v.io_threads,
         "ZeroMQ I/O threads for the workers' connections (1 to 16): give as many as the workers' "
         "--stripes, with cores to spare, so that a striped push or pull is read in parallel");
@@ -253,8 +256,9 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   }
   c.max_queued_reply_mb = v.max_queued_reply_mb;
   c.shared_memory = !v.no_shm;
-  if (v.shm_ring_mb < 1 || v.shm_ring_mb > 4096) {
-    return bad_int("shm-ring-mb", v.shm_ring_mb, "need an integer in [1, 4096]");
+  if (v.shm_ring_mb < 1 || v.shm_ring_mb > kMaxShmRingMb) {
+    return bad_int("shm-ring-mb", v.shm_ring_mb,
+                   "need an integer in [1, " + std::to_string(kMaxShmRingMb) + "]");
   }
   c.shm_ring_mb = v.shm_ring_mb;
   if (v.io_threads < 1 || v.io_threads > 16) {

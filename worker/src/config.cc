@@ -9,6 +9,7 @@
 #include "leash/common/endpoint.h"
 #include "leash/common/flags.h"
 #include "leash/common/metrics.h"
+#include "leash/common/zmq_transport.h"
 
 namespace leash::worker {
 namespace {
@@ -189,10 +190,11 @@ WorkerCommandLine::WorkerCommandLine()
          "send every message through the socket even to a shard on this host (by default "
          "they all go through shared memory there)");
   f.Int("shm-ring-mb", &v.shm_ring_mb,
-        "the most each shared-memory ring to a shard on this host grows to, in MiB (1 to "
-        "4096); it reserves /dev/shm only as the pushes and pulls in flight need it (where "
-        "/dev/shm is a memory-backed volume, that counts toward the container's memory). "
-        "Frames that find no room go through the socket");
+        "the most each shared-memory ring to a shard on this host grows to, in MiB (1 to " +
+            std::to_string(kMaxShmRingMb) +
+            "); it reserves /dev/shm only as the pushes and pulls in flight need it (where "
+            "/dev/shm is a memory-backed volume, that counts toward the container's memory). "
+            "Frames that find no room go through the socket");
   f.Bool("pull-in-place", &v.pull_in_place,
          "read each pulled table where the shard's reply arrived (the socket's message, or "
          "the shard's shared-memory ring on this host) instead of copying it into the worker's "
@@ -344,8 +346,9 @@ Result<WorkerConfig> WorkerCommandLine::Config() const {
   c.clock_steps = v.clock_steps;
   c.evaluate = !v.no_eval;
   c.shared_memory = !v.no_shm;
-  if (v.shm_ring_mb < 1 || v.shm_ring_mb > 4096) {
-    return bad_int("shm-ring-mb", v.shm_ring_mb, "need an integer in [1, 4096]");
+  if (v.shm_ring_mb < 1 || v.shm_ring_mb > kMaxShmRingMb) {
+    return bad_int("shm-ring-mb", v.shm_ring_mb,
+                   "need an integer in [1, " + std::to_string(kMaxShmRingMb) + "]");
   }
   c.shm_ring_mb = v.shm_ring_mb;
   c.pull_in_place = v.pull_in_place;

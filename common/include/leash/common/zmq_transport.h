@@ -18,6 +18,10 @@ class context_t;
 
 namespace leash {
 
+// The most a caller may let a shared-memory ring grow to, in MiB (--shm-ring-mb and its
+// likes check against it: 1 to this).
+inline constexpr int64_t kMaxShmRingMb = 4096;
+
 struct ZmqOptions {
   // Hard cap on one frame; ZeroMQ drops the connection of a peer sending more. The
   // shard's own, lower limit answers with an error reply first.
