@@ -816,14 +816,26 @@ void ServerLinks::Sweep(int64_t now) {
   last_sweep_ms_ = now;
   bool erased = false;
   for (auto it = links_.begin(); it != links_.end();) {
-    const Link& l = it->second;
+    Link& l = it->second;
     // A link whose queue is read stays while its client keeps the segment: it may be idle
     // for long, and its next message would otherwise go unread. It goes at once when the
-    // client said bye or let the segment's name go (and nothing is left to read).
+    // client said bye or let the segment's name go (and nothing is left to read). A client
+    // that died (its name removed by the host's next client, ShmSegment::RemoveStale) sends
+    // nothing more: its link goes at once whether or not its queue was read yet (it died
+    // between its offer and its notice, or its queue turned out corrupt), and what it sent
+    // on the socket while its queue was read, held for a pause it never queued, is taken
+    // now, after everything its queue held.
     bool gone = l.closed;
-    if (!gone && l.reading) {
-      auto front = l.segment->Front(0);
-      gone = front.ok() && *front == nullptr && l.held.empty() && l.segment->NameGone();
+    if (!gone && l.segment->NameGone()) {
+      if (!l.reading) {
+        gone = l.segment->CreatorDead();
+      } else if (auto front = l.segment->Front(0); front.ok() && *front == nullptr) {
+        if (l.held.empty()) {
+          gone = true;
+        } else if (!l.paused && l.segment->CreatorDead()) {
+          l.paused = true;
+        }
+      }
     }
     if (!gone && now - l.last_used_ms > kIdleMs)
       gone = !l.reading || l.segment->NameGone() || l.segment->CreatorDead();

@@ -253,6 +253,12 @@ class ServerLinks {
   // that follows): the caller drops it.
   std::optional<std::string> OnMessage(const PeerId& peer, const Trailer* trailer, Message* message,
                                        bool* stale = nullptr);
+  // Segments not used for this long are unmapped (their clients left or died; a live
+  // client sends heartbeats far more often, and a client idle for longer has its
+  // segment mapped again from its next trailer).
+  static constexpr int64_t kIdleMs = 30000;
+  static constexpr int64_t kSweepMs = 1000;
+
   // Lets go of the segments (and their bells) of clients that said bye or are gone: when one
   // said bye, otherwise at most every kSweepMs. The transport calls it on every turn.
   void Sweep(int64_t now_ms);
@@ -300,12 +306,6 @@ class ServerLinks {
     };
     std::deque<Held> held;
   };
-  // Segments not used for this long are unmapped (their clients left or died; a live
-  // client sends heartbeats far more often, and a client idle for longer has its
-  // segment mapped again from its next trailer).
-  static constexpr int64_t kIdleMs = 30000;
-  static constexpr int64_t kSweepMs = 1000;
-
   // The segment `peer`'s replies go through, or nullptr.
   Link* LinkOf(const PeerId& peer);
   // Maps (or finds) the segment `name` holding `token`; nullptr and the reason if not.

@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -399,6 +404,127 @@ TEST(ShmLinkTest, AClientThatClosesSaysByeAndTheShardLetsItsSegmentGo) {
   server.Sweep(0);  // due at once after a bye, whatever the time
   EXPECT_FALSE(server.Post(queue_peer, {Pattern(8, 3)}).ok()) << "its link is gone";
   EXPECT_FALSE(server.Take());
+}
+
+// A client on another process: it offers its segment (the offer and the answer through
+// pipes), sends its notice if `notice`, queues one message if `queue`, then waits to be
+// killed. Its pid is what the segment's name carries.
+struct ChildClient {
+  pid_t pid = -1;
+  std::string notice;
+};
+
+bool WriteAll(int fd, const std::string& s) {
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  return ::write(fd, &n, sizeof n) == sizeof n &&
+         (n == 0 || ::write(fd, s.data(), n) == static_cast<ssize_t>(n));
+}
+
+std::optional<std::string> ReadAll(int fd) {
+  uint32_t n = 0;
+  if (::read(fd, &n, sizeof n) != sizeof n) return std::nullopt;
+  std::string s(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::read(fd, s.data() + got, n - got);
+    if (r <= 0) return std::nullopt;
+    got += static_cast<size_t>(r);
+  }
+  return s;
+}
+
+ChildClient StartChildClient(ServerLinks& server, const PeerId& peer, bool notice, bool queue) {
+  int up[2], down[2];
+  if (::pipe(up) != 0 || ::pipe(down) != 0) return {};
+  ChildClient c;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::close(up[0]);
+    ::close(down[1]);
+    ClientLink client(kRing, kMin, "shard 0", /*messages=*/true);
+    std::optional<std::string> offer = client.Offer();
+    if (!offer || !WriteAll(up[1], *offer)) ::_exit(1);
+    std::optional<std::string> answer = ReadAll(down[0]);
+    if (!answer) ::_exit(1);
+    client.OnAnswer(answer->data(), answer->size());
+    std::string n;
+    if (notice) n = client.TakeNotice().value_or("");
+    if (queue) {
+      Result<bool> posted = client.Post({Pattern(8, 7)}, std::nullopt);
+      if (!posted.ok() || !*posted) ::_exit(1);
+    }
+    if (!WriteAll(up[1], n)) ::_exit(1);
+    while (true) ::pause();  // until killed: no bye, nothing unlinked
+  }
+  ::close(up[1]);
+  ::close(down[0]);
+  std::optional<std::string> offer = ReadAll(up[0]);
+  if (offer) WriteAll(down[1], server.AnswerOffer(peer, offer->data(), offer->size()));
+  std::optional<std::string> n = ReadAll(up[0]);
+  if (n) c.notice = *n;
+  ::close(up[0]);
+  ::close(down[1]);
+  if (!offer || !n) {
+    ::kill(c.pid, SIGKILL);
+    ::waitpid(c.pid, nullptr, 0);
+    c.pid = -1;
+  }
+  return c;
+}
+
+void Kill(ChildClient& c) {
+  ::kill(c.pid, SIGKILL);
+  ::waitpid(c.pid, nullptr, 0);
+}
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A client killed between its offer and its notice: its segment (and the bells its offer
+// opened) go within a sweep of the host removing the dead's names, not 30 s later.
+TEST(ShmLinkTest, AClientKilledBeforeItsNoticeIsLetGoOnceItsNameIsRemoved) {
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  ChildClient child = StartChildClient(server, "socket-peer", /*notice=*/false, /*queue=*/false);
+  ASSERT_GT(child.pid, 0);
+  int64_t now = SteadyMs();
+  server.Sweep(now);
+  EXPECT_FALSE(server.empty()) << "a live client may be idle for long";
+  Kill(child);
+  ShmSegment::RemoveStale();
+  server.Sweep(now += ServerLinks::kSweepMs);
+  EXPECT_TRUE(server.empty()) << "a dead client's segment is let go once its name is removed";
+}
+
+// A client killed while its queue is read, after a message of its went on the socket
+// without the pause that would let it be taken: what its queue held comes first, then what
+// was held for the pause, then its link goes.
+TEST(ShmLinkTest, AClientKilledWhileItsQueueIsReadHasWhatItSentTakenThenIsLetGo) {
+  ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
+  ChildClient child = StartChildClient(server, "socket-peer", /*notice=*/true, /*queue=*/true);
+  ASSERT_GT(child.pid, 0);
+  ASSERT_FALSE(child.notice.empty());
+  EXPECT_FALSE(server.OnNotice("socket-peer", "", child.notice.data(), child.notice.size()));
+  Inbound on_socket{"socket-peer", {Pattern(8, 9)}, ""};
+  ASSERT_TRUE(server.Hold(on_socket)) << "held until a pause";
+  Kill(child);
+  ShmSegment::RemoveStale();
+  int64_t now = SteadyMs();
+  server.Sweep(now);
+  EXPECT_FALSE(server.empty()) << "its queue still holds a message";
+  std::vector<Inbound> got = TakeAll(server);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 7)));
+  server.Sweep(now += ServerLinks::kSweepMs);
+  got = TakeAll(server);
+  ASSERT_EQ(got.size(), 1u) << "what it sent on the socket, once its queue is empty";
+  EXPECT_TRUE(Same(got[0].message.at(0), Pattern(8, 9)));
+  EXPECT_EQ(got[0].peer, "socket-peer");
+  EXPECT_FALSE(server.empty());
+  server.Sweep(now += ServerLinks::kSweepMs);
+  EXPECT_TRUE(server.empty());
 }
 
 // A resend restamps a payload written in place, so a copy of the request still queued
