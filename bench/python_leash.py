@@ -242,7 +242,7 @@ def run_pairs(a, model_name):
     env = dict(os.environ, PYTHONPATH=os.path.join(a.build, "python"))
     example = os.path.join(os.path.dirname(HERE), "examples", "torch_fashion_mnist.py")
     opt = LEASH_OPT[model_name]
-    common = [f"--model={model_name}", f"--epochs={a.epochs}", f"--train-limit={a.pairs_train_limit}",
+    shared_flags = [f"--model={model_name}", f"--epochs={a.epochs}", f"--train-limit={a.pairs_train_limit}",
               f"--test-limit={a.test_limit}", f"--batch={a.batch}", "--threads=1"]
     tmp = f"/tmp/leash-bench-pairs-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
@@ -254,7 +254,7 @@ def run_pairs(a, model_name):
                 procs = [subprocess.Popen(
                     ["/usr/bin/python3", example, f"--servers={servers}", f"--name=p{i}",
                      f"--optimizer={opt['optimizer']}", f"--lr={opt['lr']}",
-                     f"--staleness={a.staleness}", f"--metrics-out={tmp}/p{i}.json"] + common,
+                     f"--staleness={a.staleness}", f"--metrics-out={tmp}/p{i}.json"] + shared_flags,
                     env=env, stdout=subprocess.DEVNULL) for i in range(2)]
                 if any(p.wait() != 0 for p in procs):
                     raise RuntimeError("a Leash Python worker failed")
@@ -269,7 +269,7 @@ def run_pairs(a, model_name):
                 out = f"{tmp}/{mode}.json"
                 subprocess.run(["/usr/bin/python3", os.path.join(HERE, "torch_train.py"),
                                 f"--mode={mode}", "--procs=2", f"--out={out}"] +
-                               [f for f in common if not f.startswith("--threads")],
+                               [f for f in shared_flags if not f.startswith("--threads")],
                                check=True, stdout=subprocess.DEVNULL)
                 j = json.load(open(out))
                 res[f"{mode}_x2"].append({"samples_per_second": j["samples_per_second"],

@@ -556,9 +556,9 @@ def cost_one(build, c, tmp, tag, replicas, extra=()):
         if replicas == 2:
             p = cl.primary()
             primary, backup = cl.procs[p["replica"]], cl.procs[1 - p["replica"]]
-            endpoint, where = p["endpoint"], ["--etcd", cl.etcd.url, "--job", cl.job]
+            where = ["--etcd", cl.etcd.url, "--job", cl.job]
         else:
-            primary, backup, endpoint, where = cl.proc, None, cl.endpoint, ["--servers", cl.endpoint]
+            primary, backup, where = cl.proc, None, ["--servers", cl.endpoint]
         if c.get("backup_apart") or c.get("worker_apart"):
             # Backup apart (as on another host): the worker, the primary and the pushing
             # client share CPU 0; the backup and etcd have CPU 1. R=1 uses CPU 0 only.

@@ -422,7 +422,7 @@ def summarize(res, out):
               f"{(st.get('cgroup_peak_bytes') or 0) / gib:.2f} GiB, against a budget of "
               f"{res['budget_bytes'] / gib:.2f} GiB; memory tier + caches by its own count "
               f"{st.get('memory_used_bytes', 0) / gib:.2f} GiB.",
-              f"- Bytes on disk per row: " + ", ".join(f"{k} {v:.0f}" for k, v in res.get('disk_bytes_per_row', {}).items()),
+              "- Bytes on disk per row: " + ", ".join(f"{k} {v:.0f}" for k, v in res.get('disk_bytes_per_row', {}).items()),
               "- Populate (every key pulled once): " + ", ".join(
                   f"{k} {v['keys_per_s']:,.0f} keys/s" for k, v in res["populate"].items())]
     for k in res["one_percent_snapshot"]:

@@ -60,6 +60,8 @@ MODES = {
                         ["--global-batch", str(GLOBAL_BATCH)], []),
     "proportional_s0_clock_steps": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --clock-steps)", 0,
                                     ["--global-batch", str(GLOBAL_BATCH), "--clock-steps"], []),
+    "proportional_s1_clock_steps": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH}, --clock-steps)", 1,
+                                    ["--global-batch", str(GLOBAL_BATCH), "--clock-steps"], []),
     "proportional_s0_c256": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --chunk-size 256)", 0,
                              ["--global-batch", str(GLOBAL_BATCH), "--chunk-size", "256"], []),
     # The shard's updates of 256K floats and more (the CNN's 3136 x 128 layer; not the MLP's,

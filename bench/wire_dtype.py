@@ -11,7 +11,6 @@ the final test accuracy, to show the narrower wire trains as well.
 Writes wire_dtype.json and wire_dtype.md.
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
