@@ -3,12 +3,13 @@
 
 Each round runs leash-bench-pushpull twice over the loopback socket, 1 shard and 1 worker:
   - small: 4 KB and 256 KB at 1 in flight (push, pull, pull in place), with the raw ZeroMQ
-    round trip between two processes and the optimizer update alone;
+    round trip between two processes (the payload one way, an 8-byte answer back), the same
+    with the echo reading the payload once, and the optimizer update alone;
   - large: 4 MB at 8 in flight (the same three ops), with raw ZeroMQ one-way between two
     processes.
 leash-bench-pushpull computes the targets' ratios from the figures of the same run (4 KB p50
-over the raw round trip, target <= 1.2; 256 KB p50 over the raw round trip plus the update,
-target <= 1; here also 4 MB MB/s over raw one-way, target >= 1.5). This script collects them
+over the raw round trip, target <= 1.2; 256 KB p50 over the raw round trip, plus the update
+for a push, target <= 1; here also 4 MB MB/s over raw one-way, target >= 1.5). This script collects them
 per round and reports the medians and the share of rounds that met each target: on a shared
 machine one run is noise, a median over interleaved rounds is a figure. JSON, Markdown and a
 plot.
@@ -27,8 +28,13 @@ import time
 
 OPS = ("push", "pull", "pull_in_place")
 # (ratio name as the bench writes it or as computed here, target, "le" or "ge")
+# The bench names every 256 KB ratio "_plus_update", but adds the update to the bound for a
+# push only (a pull updates nothing): a pull's 256 KB bound is the raw round trip alone.
 SMALL = [(f"{op}_{size}_p50_over_raw_rtt{extra}", limit, "le")
          for op in OPS for size, extra, limit in (("4KB", "", 1.2), ("256KB", "_plus_update", 1.0))]
+# Not a target of the issue: the 256 KB push against the raw round trip whose echo reads
+# the payload once (as any server must) plus the update.
+SMALL.append(("push_256KB_p50_over_raw_checked_rtt_plus_update", 1.0, "le"))
 LARGE = [(f"{op}_4MB_8inflight_over_raw_oneway", 1.5, "ge") for op in OPS]
 
 
@@ -38,7 +44,7 @@ def pushpull(build, out, seconds, warmup, small):
             "--ops", ",".join(OPS), "--stripes", "", "--seconds", str(seconds),
             "--warmup-seconds", str(warmup), "--out", out]
     if small:
-        args += ["--sizes", "1024,65536", "--inflight", "1", "--raw-rows", "rtt2,update"]
+        args += ["--sizes", "1024,65536", "--inflight", "1", "--raw-rows", "rtt2,rtt2check,update"]
     else:
         args += ["--sizes", "1048576", "--inflight", "8", "--raw-rows", "oneway"]
     p = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
