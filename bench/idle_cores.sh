@@ -24,13 +24,15 @@
 #      idle cores;
 #   5. 4 MB at 8 in flight against the loopback wire (bench/wire_ceiling.py, where iperf3 is
 #      installed or bundled): push, pull and pull in place over one connection and 2 stripes,
-#      raw ZeroMQ one-way, iperf3's TCP ceiling, and each one's CPU per request (issue 19).
+#      raw ZeroMQ one-way, iperf3's TCP ceiling, and each one's CPU per request (issue 19);
+#   6. every socket target of issue 19 round by round (bench/net_targets.py: 4 KB and 256 KB
+#      at 1 in flight, 4 MB at 8; push, pull and pull in place against the raw rows).
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
 # STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
-# WIRE_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
+# WIRE_ROUNDS, NET_S, NET_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
 # comma-separated (default straggler,straggler_cnn_ut,stripes,replication,replication_ut,
-# replication_socket,update_threads,wire_ceiling; their limits add up to more than one 10-minute call, so a lent
+# replication_socket,update_threads,wire_ceiling,net_targets; their limits add up to more than one 10-minute call, so a lent
 # machine takes them in two or three).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
 # through bench/unbundle.sh, e.g. `bash bench/unbundle.sh B.tar.xz /tmp/leash bash -c
@@ -47,7 +49,7 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
-PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,replication_socket,update_threads,wire_ceiling},"
+PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,replication_socket,update_threads,wire_ceiling,net_targets},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
   [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
@@ -95,4 +97,6 @@ if command -v iperf3 >/dev/null; then
 else
   echo "wire_ceiling: skipped, no iperf3 here (apt-get install iperf3, or bundle it)" | tee -a "$OUT/machine.txt"
 fi
+part net_targets "${NET_S:-150}" "$PY" bench/net_targets.py --build "$B" --out "$OUT/net_targets" \
+  --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${NET_ROUNDS:-5}")" --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.3 || echo 1)"
 echo "results under $OUT"
