@@ -94,12 +94,12 @@ def main():
         vals = [x["ratios"][name] for x in rounds if name in x["ratios"]]
         if not vals:
             continue
-        met = [v <= limit if how == "le" else v >= limit for v in vals]
-        summary[name] = {"target": ("<= " if how == "le" else ">= ") + str(limit),
-                         "median": statistics.median(vals), "per_round": vals,
-                         "rounds_met": sum(met), "rounds": len(vals),
-                         "met_by_median": statistics.median(vals) <= limit if how == "le"
-                         else statistics.median(vals) >= limit}
+        def meets(v):
+            return v <= limit if how == "le" else v >= limit
+        median = statistics.median(vals)
+        summary[name] = {"target": ("<= " if how == "le" else ">= ") + str(limit), "limit": limit,
+                         "median": median, "per_round": vals, "rounds_met": sum(map(meets, vals)),
+                         "rounds": len(vals), "met_by_median": meets(median)}
     out = {"benchmark": "net_targets", "rounds": a.rounds, "seconds": a.seconds, "warmup": a.warmup,
            "cores": os.cpu_count(), "minutes": (time.time() - started) / 60, "summary": summary,
            "runs": rounds}
@@ -128,8 +128,7 @@ def main():
         for i, n in enumerate(names):
             ax.scatter([i] * len(summary[n]["per_round"]), summary[n]["per_round"], s=14, alpha=0.6)
             ax.hlines(summary[n]["median"], i - 0.3, i + 0.3, color="black")
-            limit = float(summary[n]["target"].split()[1])
-            ax.hlines(limit, i - 0.4, i + 0.4, color="red", linestyles="dashed")
+            ax.hlines(summary[n]["limit"], i - 0.4, i + 0.4, color="red", linestyles="dashed")
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels([n.replace("_over_", "\nover ") for n in names], rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("ratio (black: median, red: target)")

@@ -89,6 +89,16 @@ class StragglerTest : public ::testing::Test {
     return 0;
   }
 
+  // Coverage is exact: the three workers together trained every sample of each of the
+  // job's `epochs` once.
+  void ExpectEachEpochTrainedOnce(const Cluster& cluster, int epochs) {
+    for (int e = 1; e <= epochs; ++e) {
+      double n = 0;
+      for (int i = 0; i < 3; ++i) n += EpochSamples(cluster, i, e);
+      EXPECT_EQ(n, kTrainSamples) << "epoch " << e;
+    }
+  }
+
   TempDir dir_;
 };
 
@@ -129,11 +139,7 @@ TEST_F(StragglerTest, WithABackupWorkerTheFastWorkersAdvanceAtTheirOwnRate) {
   // The straggler caught up with the minimum rather than trailing it by its own count.
   EXPECT_GT(slow_clock, slow);
   // Coverage is exact: every sample of each epoch trained once, by one worker or another.
-  for (int e = 1; e <= 2; ++e) {
-    double n = 0;
-    for (int i = 0; i < 3; ++i) n += EpochSamples(cluster, i, e);
-    EXPECT_EQ(n, kTrainSamples) << "epoch " << e;
-  }
+  ExpectEachEpochTrainedOnce(cluster, 2);
   // Its pushes, computed on values the fast workers had moved more than one clock past
   // by the time they arrived, were dropped and counted.
   auto stats = cluster.Stats();
@@ -169,11 +175,7 @@ TEST_F(StragglerTest, WorkInProportionToSpeedKeepsClocksTogetherWhileTheStraggle
   const double fast_mean = (samples[0] + samples[1]) / 2;
   EXPECT_LT(samples[2], 0.6 * fast_mean) << samples[2] << " vs " << fast_mean;
   // Coverage is exact, epoch by epoch.
-  for (int e = 1; e <= 2; ++e) {
-    double n = 0;
-    for (int i = 0; i < 3; ++i) n += EpochSamples(cluster, i, e);
-    EXPECT_EQ(n, kTrainSamples) << "epoch " << e;
-  }
+  ExpectEachEpochTrainedOnce(cluster, 2);
   // A step per push (the default): nothing summed.
   auto stats = cluster.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();

@@ -3,13 +3,13 @@
 // ZeroMQ adapter would pass them (frames that went into the segment left empty, the
 // trailer as the last frame). Single-threaded.
 #include "shm_link.h"
+#include "zmq_util.h"
 
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <vector>
@@ -477,19 +477,13 @@ void Kill(ChildClient& c) {
   ::waitpid(c.pid, nullptr, 0);
 }
 
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // A client killed between its offer and its notice: its segment (and the bells its offer
 // opened) go within a sweep of the host removing the dead's names, not 30 s later.
 TEST(ShmLinkTest, AClientKilledBeforeItsNoticeIsLetGoOnceItsNameIsRemoved) {
   ServerLinks server(/*enabled=*/true, kMin, /*messages=*/true);
   ChildClient child = StartChildClient(server, "socket-peer", /*notice=*/false, /*queue=*/false);
   ASSERT_GT(child.pid, 0);
-  int64_t now = SteadyMs();
+  int64_t now = zmq_util::NowMs();
   server.Sweep(now);
   EXPECT_FALSE(server.empty()) << "a live client may be idle for long";
   Kill(child);
@@ -511,7 +505,7 @@ TEST(ShmLinkTest, AClientKilledWhileItsQueueIsReadHasWhatItSentTakenThenIsLetGo)
   ASSERT_TRUE(server.Hold(on_socket)) << "held until a pause";
   Kill(child);
   ShmSegment::RemoveStale();
-  int64_t now = SteadyMs();
+  int64_t now = zmq_util::NowMs();
   server.Sweep(now);
   EXPECT_FALSE(server.empty()) << "its queue still holds a message";
   std::vector<Inbound> got = TakeAll(server);
