@@ -62,6 +62,13 @@ MODES = {
                                     ["--global-batch", str(GLOBAL_BATCH), "--clock-steps"], []),
     "proportional_s1_clock_steps": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH}, --clock-steps)", 1,
                                     ["--global-batch", str(GLOBAL_BATCH), "--clock-steps"], []),
+    # Whether s=1's accuracy loss is the momentum that asynchrony adds (Mitliagkas et al. 2016,
+    # "Asynchrony begets momentum"): the MLP's momentum 0.9 lowered to 0.5 at the same
+    # lr / (1 - momentum), and s=1 at 0.7x the rate. MLP only (the CNN's Adam has no momentum flag).
+    "proportional_s1_m05": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH}, --momentum 0.5 --lr 0.05)", 1,
+                            ["--global-batch", str(GLOBAL_BATCH), "--momentum", "0.5", "--lr", "0.05"], []),
+    "proportional_s1_lr07": (f"proportional work (s=1, --global-batch {GLOBAL_BATCH}, --lr 0.007)", 1,
+                             ["--global-batch", str(GLOBAL_BATCH), "--lr", "0.007"], []),
     "proportional_s0_c256": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}, --chunk-size 256)", 0,
                              ["--global-batch", str(GLOBAL_BATCH), "--chunk-size", "256"], []),
     # The shard's updates of 256K floats and more (the CNN's 3136 x 128 layer; not the MLP's,

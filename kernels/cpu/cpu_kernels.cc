@@ -138,6 +138,30 @@ inline void MomentumBlock(int64_t n, float lr, float mu, float wd, const float* 
   }
 }
 
+// Adam and Adagrad take a square root: vectorized only where math-errno is off (this
+// library is built with -fno-math-errno; nothing here reads errno). The parameters are
+// copied into locals, which the stores through w, m and v cannot alias.
+inline void AdamBlock(int64_t n, const AdamParams& p, float c1, float c2, const float* __restrict g,
+                      float* __restrict w, float* __restrict m, float* __restrict v) {
+  const float lr = p.lr, b1 = p.beta1, b2 = p.beta2, eps = p.epsilon, wd = p.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * w[i];
+    m[i] = b1 * m[i] + (1.f - b1) * gi;
+    v[i] = b2 * v[i] + (1.f - b2) * gi * gi;
+    w[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+  }
+}
+
+inline void AdagradBlock(int64_t n, const AdagradParams& p, const float* __restrict g,
+                         float* __restrict w, float* __restrict acc) {
+  const float lr = p.lr, eps = p.epsilon, wd = p.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * w[i];
+    acc[i] += gi * gi;
+    w[i] -= lr * gi / (std::sqrt(acc[i]) + eps);
+  }
+}
+
 }  // namespace
 
 void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
@@ -157,20 +181,15 @@ void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, fl
                 float* v) {
   const float c1 = AdamBiasCorrection(p.beta1, step);
   const float c2 = AdamBiasCorrection(p.beta2, step);
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + p.weight_decay * w[i];
-    m[i] = p.beta1 * m[i] + (1.f - p.beta1) * gi;
-    v[i] = p.beta2 * v[i] + (1.f - p.beta2) * gi * gi;
-    w[i] -= p.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + p.epsilon);
-  }
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) AdamBlock(kBlock, p, c1, c2, g + i, w + i, m + i, v + i);
+  AdamBlock(n - i, p, c1, c2, g + i, w + i, m + i, v + i);
 }
 
 void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, float* acc) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + p.weight_decay * w[i];
-    acc[i] += gi * gi;
-    w[i] -= p.lr * gi / (std::sqrt(acc[i]) + p.epsilon);
-  }
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) AdagradBlock(kBlock, p, g + i, w + i, acc + i);
+  AdagradBlock(n - i, p, g + i, w + i, acc + i);
 }
 
 void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16) {

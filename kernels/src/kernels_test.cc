@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "leash/common/half.h"
@@ -466,6 +467,78 @@ TEST_F(KernelsOptimizerTest, RawCpuKernelsAgreeWithEntryPoints) {
     cpu::AdamUpdate(n, p, step, g.data(), w2.data(), m2.data(), v2.data());
   }
   EXPECT_EQ(w1, w2);
+}
+
+// The update loops run vectorized in blocks of 16 with a scalar remainder (cpu_kernels.cc);
+// every element must still get exactly the arithmetic of the scalar formula, whichever lane
+// or remainder it falls in, so an update split at any offset (update threads, a backup with
+// another thread count) is the same bit for bit.
+TEST_F(KernelsOptimizerTest, EveryOptimizerIsItsScalarFormulaBitForBitWhereverTheArrayIsSplit) {
+  const int64_t n = 83;  // 5 blocks and a remainder of 3
+  const AdamParams ap{0.01f, 0.8f, 0.99f, 1e-6f, 0.05f};
+  const AdagradParams gp{0.1f, 1e-7f, 0.02f};
+  const MomentumParams mp{0.05f, 0.9f, 0.01f};
+  const SgdParams sp{0.05f, 0.01f};
+  // One step of every optimizer on element i of state {w, a, b}, as the formulas read.
+  auto reference = [&](int64_t step, float g, float& w, float& a, float& b) {
+    const float c1 = AdamBiasCorrection(ap.beta1, step), c2 = AdamBiasCorrection(ap.beta2, step);
+    const float gi = g + ap.weight_decay * w;
+    a = ap.beta1 * a + (1.f - ap.beta1) * gi;
+    b = ap.beta2 * b + (1.f - ap.beta2) * gi * gi;
+    w -= ap.lr * (a / c1) / (std::sqrt(b / c2) + ap.epsilon);
+  };
+  auto reference_adagrad = [&](float g, float& w, float& acc) {
+    const float gi = g + gp.weight_decay * w;
+    acc += gi * gi;
+    w -= gp.lr * gi / (std::sqrt(acc) + gp.epsilon);
+  };
+  auto reference_momentum = [&](float g, float& w, float& v) {
+    const float gi = g + mp.weight_decay * w;
+    v = mp.momentum * v + gi;
+    w -= mp.lr * v;
+  };
+  auto reference_sgd = [&](float g, float& w) { w -= sp.lr * (g + sp.weight_decay * w); };
+  auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (int64_t split :
+       {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, int64_t{70}}) {
+    SCOPED_TRACE(testing::Message() << "split at " << split);
+    const auto w0 = RandomVector(n, 150, -1.f, 1.f);
+    // Per optimizer: the reference state, the whole array's and the split array's.
+    std::vector<float> rw = w0, ra(n), rb(n), ww = w0, wa(n), wb(n), sw = w0, sa(n), sb(n);
+    std::vector<float> gw = w0, gacc(n), wgw = w0, wgacc(n), sgw = w0, sgacc(n);
+    std::vector<float> mw = w0, mv(n), wmw = w0, wmv(n), smw = w0, smv(n);
+    std::vector<float> qw = w0, wqw = w0, sqw = w0;
+    for (int64_t step = 1; step <= 3; ++step) {
+      const auto g = RandomVector(n, 150 + static_cast<uint32_t>(step), -2.f, 2.f);
+      for (int64_t i = 0; i < n; ++i) {
+        reference(step, g[i], rw[i], ra[i], rb[i]);
+        reference_adagrad(g[i], gw[i], gacc[i]);
+        reference_momentum(g[i], mw[i], mv[i]);
+        reference_sgd(g[i], qw[i]);
+      }
+      cpu::AdamUpdate(n, ap, step, g.data(), ww.data(), wa.data(), wb.data());
+      cpu::AdagradUpdate(n, gp, g.data(), wgw.data(), wgacc.data());
+      cpu::MomentumUpdate(n, mp, g.data(), wmw.data(), wmv.data());
+      cpu::SgdUpdate(n, sp, g.data(), wqw.data());
+      for (auto [b, e] : {std::pair{int64_t{0}, split}, std::pair{split, n}}) {
+        cpu::AdamUpdate(e - b, ap, step, g.data() + b, sw.data() + b, sa.data() + b, sb.data() + b);
+        cpu::AdagradUpdate(e - b, gp, g.data() + b, sgw.data() + b, sgacc.data() + b);
+        cpu::MomentumUpdate(e - b, mp, g.data() + b, smw.data() + b, smv.data() + b);
+        cpu::SgdUpdate(e - b, sp, g.data() + b, sqw.data() + b);
+      }
+    }
+    EXPECT_TRUE(same_bits(rw, ww) && same_bits(ra, wa) && same_bits(rb, wb)) << "adam, whole";
+    EXPECT_TRUE(same_bits(rw, sw) && same_bits(ra, sa) && same_bits(rb, sb)) << "adam, split";
+    EXPECT_TRUE(same_bits(gw, wgw) && same_bits(gacc, wgacc)) << "adagrad, whole";
+    EXPECT_TRUE(same_bits(gw, sgw) && same_bits(gacc, sgacc)) << "adagrad, split";
+    EXPECT_TRUE(same_bits(mw, wmw) && same_bits(mv, wmv)) << "momentum, whole";
+    EXPECT_TRUE(same_bits(mw, smw) && same_bits(mv, smv)) << "momentum, split";
+    EXPECT_TRUE(same_bits(qw, wqw)) << "sgd, whole";
+    EXPECT_TRUE(same_bits(qw, sqw)) << "sgd, split";
+    EXPECT_FALSE(same_bits(rw, w0));  // the steps moved the weights
+  }
 }
 
 // ---------------------------------------------------------------- validation

@@ -52,7 +52,8 @@ void MaxPool2dBackward(int64_t n, int64_t c, int64_t h, int64_t w, const float* 
 void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
                          float* dlogits, float* loss, int64_t* correct);
 
-// Optimizer updates, exactly as documented in kernels.h. AdamUpdate's step is 1-based.
+// Optimizer updates, exactly as documented in kernels.h. AdamUpdate's step is 1-based. The
+// arrays must not overlap (the loops are vectorized on that promise).
 void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w);
 void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v);
 void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,

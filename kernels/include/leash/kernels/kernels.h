@@ -233,7 +233,7 @@ Status SoftmaxCrossEntropy(Context& ctx, int64_t rows, int64_t classes, const fl
 
 // Optimizer updates of n parameters w with gradient g (SgdParams etc. in types.h). Weight
 // decay adds wd * w to g. Hyper-parameters must be finite (Adam betas in [0, 1), epsilons
-// >= 0, step >= 1); InvalidArgument otherwise.
+// >= 0, step >= 1); InvalidArgument otherwise. The arrays must not overlap.
 // w -= lr * g
 Status SgdUpdate(Context& ctx, int64_t n, const SgdParams& p, const float* g, float* w);
 // v = momentum * v + g; w -= lr * v
