@@ -15,9 +15,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -754,6 +756,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!g_servers.empty()) shard_counts = std::to_string(g_servers.size());
+  // Shards it starts itself: a path that is not an executable would only show as a client
+  // waiting 30 s for shards that never came up.
+  const bool leash_cells = !leash::SplitList(modes).empty() && !leash::SplitList(ops).empty();
+  if (g_servers.empty() && g_etcd.empty() && leash_cells && access(server.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "--server-bin '%s' is not an executable file (%s): build leash-server, or give "
+                 "its path (e.g. --server-bin build/server/leash-server from the repository)\n",
+                 server.c_str(), std::strerror(errno));
+    return 2;
+  }
   if (!g_etcd.empty()) {
     leash::EtcdOptions eo;
     eo.job = g_job;
