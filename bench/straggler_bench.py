@@ -76,6 +76,10 @@ MODES = {
     # turnaround, of which the updates are part. For cores that are idle (idle_cores.sh).
     "proportional_s0_ut4": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --update-threads 4", 0,
                             ["--global-batch", str(GLOBAL_BATCH)], ["--update-threads", "4"]),
+    # The same on 2 cores: at s=0 every worker waits during the shard's turnaround, so its
+    # second core is free to share the MLP's 200K-float fc1 update and the replies' copies.
+    "proportional_s0_ut2": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --update-threads 2", 0,
+                            ["--global-batch", str(GLOBAL_BATCH)], ["--update-threads", "2"]),
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
     "ssp_spell": (f"SSP (s={SPELL_STALENESS})", SPELL_STALENESS, [], []),
 }
