@@ -13,7 +13,11 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.util import write_json  # noqa: E402
 
 
 def run(build, floats, repeats):
@@ -56,9 +60,7 @@ def main():
     loads = [x["load_before"] for x in rounds]
     res = {"benchmark": "optimizer_ab", "a": a.a, "b": a.b, "floats": a.floats, "repeats": a.repeats,
            "cores": os.cpu_count(), "minutes": (time.time() - started) / 60, "summary": summary, "rounds": rounds}
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, a.name + ".json"), "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(os.path.join(a.out, a.name + ".json"), res)
     md = [f"# A shard's optimizer update, two builds alternated ({a.rounds} rounds)", "",
           f"`bench/optimizer_ab.py --rounds {a.rounds} --floats {a.floats}`: one dense table of {a.floats} floats, "
           f"ps::Table::Apply of one gradient (Accumulate for `accumulate`), median µs of {a.repeats} updates per run; "
