@@ -7,18 +7,19 @@ all. This measures the least CPU a trained sample takes and so the most samples/
 can give (its cores over that CPU), against what the cluster gets and how many cores it
 keeps busy.
 
-Each round runs, in alternating order, the MLP as
+Each round runs, in alternating order, the model (the MLP, or --model cnn) as
   solo     1 worker + 1 shard at staleness 0 (a fast worker's solo job), and
   cluster  3 workers + 1 shard, w2 at --step-delay-factor 3, the given mode (default:
            proportional work at s=0, --global-batch 192),
-each for 1 and for N epochs of 60,000 samples; the CPU time of all the job's processes
+each for 1 and for N epochs of --samples (60,000); the CPU time of all the job's processes
 (user + system, from the children's rusage) over the extra samples of the longer run is the
 CPU per sample with start-up, data loading and the last evaluation taken out. Reported per
 round and as medians: that CPU, the samples/s and cores kept busy of the longer run, and
 the machine's limit (cores / solo CPU per sample).
 
 Usage: bench/cpu_per_sample.py [--build build] [--rounds 3] [--epochs 5] [--mode proportional_s0]
-                               [--out bench/results] [--name cpu_per_sample]
+                               [--model mlp|cnn] [--samples 60000] [--out bench/results]
+                               [--name cpu_per_sample]
 """
 import argparse
 import os
@@ -38,19 +39,19 @@ from straggler_bench import FACTOR, MODES  # noqa: E402
 SAMPLES = 60000
 
 
-def job(build, tmp, tag, workers, staleness, wargs, sargs, epochs):
+def job(build, tmp, tag, model, samples, workers, staleness, wargs, sargs, epochs):
     """One job; returns (samples, CPU seconds of its processes, wall seconds, samples/s)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    out = L.run_cluster(build, tmp, "mlp", epochs, tag, shards=1, workers=workers, staleness=staleness,
+    out = L.run_cluster(build, tmp, model, epochs, tag, shards=1, workers=workers, staleness=staleness,
                         delay_factors=[1] * (workers - 1) + [FACTOR] if workers > 1 else [1],
-                        train_limit=SAMPLES, timeout=900, worker_args=wargs, server_args=sargs,
+                        train_limit=samples, timeout=900, worker_args=wargs, server_args=sargs,
                         per_worker_args=lambda i: ["--no-eval"])
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    samples = sum(e["samples"] for m in out["metrics"] for e in m["epochs"])
-    return samples, cpu, wall, out["samples_per_second"]
+    trained = sum(e["samples"] for m in out["metrics"] for e in m["epochs"])
+    return trained, cpu, wall, out["samples_per_second"]
 
 
 def main():
@@ -59,11 +60,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5, help="the longer run's epochs (the shorter has 1)")
     ap.add_argument("--mode", default="proportional_s0", help="the cluster's straggler_bench mode")
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="training samples per epoch")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="cpu_per_sample")
     a = ap.parse_args()
-    if a.rounds < 1 or a.epochs < 2:
-        ap.error("--rounds >= 1 and --epochs >= 2")
+    if a.rounds < 1 or a.epochs < 2 or not 640 <= a.samples <= SAMPLES:
+        ap.error(f"--rounds >= 1, --epochs >= 2, --samples in [640, {SAMPLES}]")
     if a.mode not in MODES:
         ap.error(f"--mode: unknown {a.mode}; known: {', '.join(MODES)}")
     label, staleness, wargs, sargs = MODES[a.mode]
@@ -77,8 +80,8 @@ def main():
             row = {"round": r + 1, "load_before": load}
             for kind in (("solo", "cluster") if r % 2 == 0 else ("cluster", "solo")):
                 w, s, wa, sa = kinds[kind]
-                short = job(a.build, tmp, f"{kind}-{r}-1", w, s, wa, sa, 1)
-                long_ = job(a.build, tmp, f"{kind}-{r}-{a.epochs}", w, s, wa, sa, a.epochs)
+                short = job(a.build, tmp, f"{kind}-{r}-1", a.model, a.samples, w, s, wa, sa, 1)
+                long_ = job(a.build, tmp, f"{kind}-{r}-{a.epochs}", a.model, a.samples, w, s, wa, sa, a.epochs)
                 extra = long_[0] - short[0]
                 row[kind] = {"cpu_us_per_sample": (long_[1] - short[1]) / extra * 1e6,
                              "samples_per_second": long_[3], "cores_busy": long_[1] / long_[2],
@@ -105,16 +108,16 @@ def main():
         "machine_limit_samples_per_second": med(lambda x: x["machine_limit_samples_per_second"]),
         "cluster_over_limit": med(lambda x: x["cluster_over_limit"]),
     }
-    res = {"benchmark": "cpu_per_sample", "mode": a.mode, "label": label, "epochs": [1, a.epochs],
-           "samples_per_epoch": SAMPLES, "cores": cores, "minutes": (time.time() - started) / 60,
+    res = {"benchmark": "cpu_per_sample", "model": a.model, "mode": a.mode, "label": label,
+           "epochs": [1, a.epochs], "samples_per_epoch": a.samples, "cores": cores, "minutes": (time.time() - started) / 60,
            "summary": summary, "rounds": rounds}
     write_json(os.path.join(a.out, a.name + ".json"), res)
     loads = [x["load_before"] for x in rounds]
     s = summary
     per_round = ", ".join(f"{x['cluster_over_limit']:.2f}" for x in rounds)
     md = [f"# CPU per trained sample, solo and clustered ({a.rounds} rounds)", "",
-          f"`bench/cpu_per_sample.py --rounds {a.rounds} --epochs {a.epochs} --mode {a.mode}`: the MLP, "
-          f"1 and {a.epochs} epochs of {SAMPLES} samples each; solo: 1 worker + 1 shard at s=0; cluster: 3 workers "
+          f"`bench/cpu_per_sample.py --rounds {a.rounds} --epochs {a.epochs} --mode {a.mode} --model {a.model} "
+          f"--samples {a.samples}`: the {a.model.upper()}, 1 and {a.epochs} epochs of {a.samples} samples each; solo: 1 worker + 1 shard at s=0; cluster: 3 workers "
           f"+ 1 shard, w2 {FACTOR}x slower, {label}. CPU per sample: all the job's processes' CPU over the "
           f"longer run's extra samples. {cores} cores, load average before the rounds "
           f"{min(loads):.1f}-{max(loads):.1f}, {res['minutes']:.1f} min.", "",
