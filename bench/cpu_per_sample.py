@@ -37,6 +37,8 @@ from common.util import write_json  # noqa: E402
 from straggler_bench import FACTOR, MODES  # noqa: E402
 
 SAMPLES = 60000
+# The longer run's extra CPU must dwarf the start-up's spread between runs (about 0.1 s).
+MIN_EXTRA_CPU_SECONDS = 2.0
 
 
 def job(build, tmp, tag, model, samples, workers, staleness, wargs, sargs, epochs):
@@ -83,6 +85,10 @@ def main():
                 short = job(a.build, tmp, f"{kind}-{r}-1", a.model, a.samples, w, s, wa, sa, 1)
                 long_ = job(a.build, tmp, f"{kind}-{r}-{a.epochs}", a.model, a.samples, w, s, wa, sa, a.epochs)
                 extra = long_[0] - short[0]
+                if long_[1] - short[1] < MIN_EXTRA_CPU_SECONDS:
+                    print(f"warning: {kind}'s longer run took only {long_[1] - short[1]:.2f} s more CPU: "
+                          f"start-up varies by about 0.1 s, so its CPU per sample is noise; raise --samples "
+                          f"or --epochs", file=sys.stderr, flush=True)
                 row[kind] = {"cpu_us_per_sample": (long_[1] - short[1]) / extra * 1e6,
                              "samples_per_second": long_[3], "cores_busy": long_[1] / long_[2],
                              "samples": [short[0], long_[0]], "cpu_seconds": [short[1], long_[1]],
