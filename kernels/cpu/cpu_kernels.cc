@@ -121,6 +121,15 @@ constexpr int64_t kBlock = 16;
 
 namespace {
 
+// Calls block(offset, length) for [0, n) in blocks of kBlock and one shorter block after
+// them; inlined, each call of the full blocks has the constant length the vectorizer needs.
+template <typename Block>
+inline void InBlocks(int64_t n, Block&& block) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) block(i, kBlock);
+  block(i, n - i);
+}
+
 inline void SgdBlock(int64_t n, float lr, float wd, const float* __restrict g,
                      float* __restrict w) {
   for (int64_t i = 0; i < n; ++i) {
@@ -162,34 +171,44 @@ inline void AdagradBlock(int64_t n, const AdagradParams& p, const float* __restr
   }
 }
 
+inline void ScaleBlock(int64_t n, float a, const float* __restrict x, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+}
+
+inline void AxpyBlock(int64_t n, float a, const float* __restrict x, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 }  // namespace
 
 void SgdUpdate(int64_t n, const SgdParams& p, const float* g, float* w) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) SgdBlock(kBlock, p.lr, p.weight_decay, g + i, w + i);
-  SgdBlock(n - i, p.lr, p.weight_decay, g + i, w + i);
+  InBlocks(n, [&](int64_t i, int64_t len) { SgdBlock(len, p.lr, p.weight_decay, g + i, w + i); });
 }
 
 void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w, float* v) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    MomentumBlock(kBlock, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
-  MomentumBlock(n - i, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
+  InBlocks(n, [&](int64_t i, int64_t len) {
+    MomentumBlock(len, p.lr, p.momentum, p.weight_decay, g + i, w + i, v + i);
+  });
 }
 
 void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
                 float* v) {
   const float c1 = AdamBiasCorrection(p.beta1, step);
   const float c2 = AdamBiasCorrection(p.beta2, step);
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) AdamBlock(kBlock, p, c1, c2, g + i, w + i, m + i, v + i);
-  AdamBlock(n - i, p, c1, c2, g + i, w + i, m + i, v + i);
+  InBlocks(n,
+           [&](int64_t i, int64_t len) { AdamBlock(len, p, c1, c2, g + i, w + i, m + i, v + i); });
 }
 
 void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, float* acc) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) AdagradBlock(kBlock, p, g + i, w + i, acc + i);
-  AdagradBlock(n - i, p, g + i, w + i, acc + i);
+  InBlocks(n, [&](int64_t i, int64_t len) { AdagradBlock(len, p, g + i, w + i, acc + i); });
+}
+
+void Scale(int64_t n, float a, const float* x, float* y) {
+  InBlocks(n, [&](int64_t i, int64_t len) { ScaleBlock(len, a, x + i, y + i); });
+}
+
+void Axpy(int64_t n, float a, const float* x, float* y) {
+  InBlocks(n, [&](int64_t i, int64_t len) { AxpyBlock(len, a, x + i, y + i); });
 }
 
 void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16) {

@@ -498,6 +498,7 @@ TEST_F(KernelsOptimizerTest, EveryOptimizerIsItsScalarFormulaBitForBitWhereverTh
     w -= mp.lr * v;
   };
   auto reference_sgd = [&](float g, float& w) { w -= sp.lr * (g + sp.weight_decay * w); };
+  const float a = 0.37f;  // Scale and Axpy: a weighted push and a sum of them
   auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
   };
@@ -510,6 +511,7 @@ TEST_F(KernelsOptimizerTest, EveryOptimizerIsItsScalarFormulaBitForBitWhereverTh
     std::vector<float> gw = w0, gacc(n), wgw = w0, wgacc(n), sgw = w0, sgacc(n);
     std::vector<float> mw = w0, mv(n), wmw = w0, wmv(n), smw = w0, smv(n);
     std::vector<float> qw = w0, wqw = w0, sqw = w0;
+    std::vector<float> rs(n), ws(n), ss(n), ry = w0, wy = w0, sy = w0;
     for (int64_t step = 1; step <= 3; ++step) {
       const auto g = RandomVector(n, 150 + static_cast<uint32_t>(step), -2.f, 2.f);
       for (int64_t i = 0; i < n; ++i) {
@@ -517,16 +519,22 @@ TEST_F(KernelsOptimizerTest, EveryOptimizerIsItsScalarFormulaBitForBitWhereverTh
         reference_adagrad(g[i], gw[i], gacc[i]);
         reference_momentum(g[i], mw[i], mv[i]);
         reference_sgd(g[i], qw[i]);
+        rs[i] = a * g[i];
+        ry[i] += a * g[i];
       }
       cpu::AdamUpdate(n, ap, step, g.data(), ww.data(), wa.data(), wb.data());
       cpu::AdagradUpdate(n, gp, g.data(), wgw.data(), wgacc.data());
       cpu::MomentumUpdate(n, mp, g.data(), wmw.data(), wmv.data());
       cpu::SgdUpdate(n, sp, g.data(), wqw.data());
+      cpu::Scale(n, a, g.data(), ws.data());
+      cpu::Axpy(n, a, g.data(), wy.data());
       for (auto [b, e] : {std::pair{int64_t{0}, split}, std::pair{split, n}}) {
         cpu::AdamUpdate(e - b, ap, step, g.data() + b, sw.data() + b, sa.data() + b, sb.data() + b);
         cpu::AdagradUpdate(e - b, gp, g.data() + b, sgw.data() + b, sgacc.data() + b);
         cpu::MomentumUpdate(e - b, mp, g.data() + b, smw.data() + b, smv.data() + b);
         cpu::SgdUpdate(e - b, sp, g.data() + b, sqw.data() + b);
+        cpu::Scale(e - b, a, g.data() + b, ss.data() + b);
+        cpu::Axpy(e - b, a, g.data() + b, sy.data() + b);
       }
     }
     EXPECT_TRUE(same_bits(rw, ww) && same_bits(ra, wa) && same_bits(rb, wb)) << "adam, whole";
@@ -537,6 +545,8 @@ TEST_F(KernelsOptimizerTest, EveryOptimizerIsItsScalarFormulaBitForBitWhereverTh
     EXPECT_TRUE(same_bits(mw, smw) && same_bits(mv, smv)) << "momentum, split";
     EXPECT_TRUE(same_bits(qw, wqw)) << "sgd, whole";
     EXPECT_TRUE(same_bits(qw, sqw)) << "sgd, split";
+    EXPECT_TRUE(same_bits(rs, ws) && same_bits(ry, wy)) << "scale and axpy, whole";
+    EXPECT_TRUE(same_bits(rs, ss) && same_bits(ry, sy)) << "scale and axpy, split";
     EXPECT_FALSE(same_bits(rw, w0));  // the steps moved the weights
   }
 }

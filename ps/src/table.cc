@@ -445,41 +445,13 @@ void Table::ApplyRow(size_t offset, size_t n, const float* g) {
   }
 }
 
-namespace {
-
-// d[i] = g[i] * scale and d[i] += g[i] * scale, in runs of a fixed length over
-// non-aliasing pointers so that GCC vectorizes them at -O2 (cpu_kernels.cc says why).
-constexpr size_t kRun = 16;
-
-inline void ScaleRun(size_t n, const float* __restrict g, float scale, float* __restrict d) {
-  for (size_t i = 0; i < n; ++i) d[i] = g[i] * scale;
-}
-
-inline void AddScaledRun(size_t n, const float* __restrict g, float scale, float* __restrict d) {
-  for (size_t i = 0; i < n; ++i) d[i] += g[i] * scale;
-}
-
-void Scale(size_t n, const float* g, float scale, float* d) {
-  size_t i = 0;
-  for (; i + kRun <= n; i += kRun) ScaleRun(kRun, g + i, scale, d + i);
-  ScaleRun(n - i, g + i, scale, d + i);
-}
-
-void AddScaled(size_t n, const float* g, float scale, float* d) {
-  size_t i = 0;
-  for (; i + kRun <= n; i += kRun) AddScaledRun(kRun, g + i, scale, d + i);
-  AddScaledRun(n - i, g + i, scale, d + i);
-}
-
-}  // namespace
-
 void Table::ApplyRowScaled(size_t offset, size_t n, const float* g, float scale) {
   // Every optimizer here is elementwise, so updating block by block is the whole update.
   constexpr size_t kBlock = 2048;  // 8 KB of scaled gradient
   std::array<float, kBlock> scaled;
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t len = std::min(kBlock, n - i);
-    Scale(len, g + i, scale, scaled.data());
+    kernels::cpu::Scale(static_cast<int64_t>(len), scale, g + i, scaled.data());
     ApplyRow(offset + i, len, scaled.data());
   }
 }
@@ -509,7 +481,7 @@ void Table::Accumulate(int64_t clock, const Rows& rows, const float* grad, float
   std::vector<float>& sum = it->second;
   if (fresh) sum.assign(values_->size(), 0.f);
   auto add = [&](size_t offset, size_t n, const float* g) {
-    AddScaled(n, g, scale, sum.data() + offset);
+    kernels::cpu::Axpy(static_cast<int64_t>(n), scale, g, sum.data() + offset);
   };
   ForEachSpan(rows, grad, [&](size_t offset, size_t n, const float* g) {
     if (threads == nullptr) return add(offset, n, g);

@@ -59,6 +59,10 @@ void MomentumUpdate(int64_t n, const MomentumParams& p, const float* g, float* w
 void AdamUpdate(int64_t n, const AdamParams& p, int64_t step, const float* g, float* w, float* m,
                 float* v);
 void AdagradUpdate(int64_t n, const AdagradParams& p, const float* g, float* w, float* acc);
+// y = a * x and y += a * x (a weighted push, a sum of weighted pushes); x and y must not
+// overlap.
+void Scale(int64_t n, float a, const float* x, float* y);
+void Axpy(int64_t n, float a, const float* x, float* y);
 
 // fp32 <-> fp16 / bf16 bit patterns, as leash/common/half.h.
 void ConvertToHalf(int64_t n, const float* x, uint16_t* y, bool bf16);
