@@ -153,10 +153,11 @@ class Shards {
   // Stops the shards with SIGTERM (so a profiler wrapped around one writes its output),
   // SIGKILL for any still running after 30 s.
   ~Shards() {
-    for (pid_t p : pids_) kill(p, SIGTERM);
+    for (pid_t p : pids_)
+      if (p > 0) kill(p, SIGTERM);  // <= 0: reaped by Exited()
     auto until = SteadyClock::now() + std::chrono::seconds(30);
     for (pid_t p : pids_) {
-      while (waitpid(p, nullptr, WNOHANG) == 0) {
+      while (p > 0 && waitpid(p, nullptr, WNOHANG) == 0) {
         if (SteadyClock::now() > until) {
           kill(p, SIGKILL);
           waitpid(p, nullptr, 0);
@@ -167,6 +168,22 @@ class Shards {
     }
   }
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // The shards that have exited (reaped here), each as "shard I exited with status S (see
+  // LOG)"; empty if all still run. For a client that could not reach them.
+  std::string Exited(const std::string& dir) {
+    std::string out;
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      int status = 0;
+      if (pids_[i] <= 0 || waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
+      pids_[i] = -1;
+      std::string how = WIFEXITED(status)
+                            ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                            : "was killed by signal " + std::to_string(WTERMSIG(status));
+      out += (out.empty() ? "" : "; ") + std::string("shard ") + std::to_string(i) + " " + how +
+             " (its log: " + dir + "/shard" + std::to_string(i) + ".log)";
+    }
+    return out;
+  }
   // The shards' CPU time so far (user and system, all threads) in µs, from /proc; -1 if
   // unreadable.
   double CpuUs() const {
@@ -246,6 +263,10 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
         leash::Client::Connect(std::move(leash::ConnectZmqClient(ctx, endpoints, zo).value()), o);
     if (!c.ok()) {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      if (started) {
+        const std::string exited = started->Exited(dir);
+        if (!exited.empty()) std::fprintf(stderr, "%s\n", exited.c_str());
+      }
       std::exit(1);
     }
     clients.push_back(std::move(*c));
