@@ -234,10 +234,14 @@ def main():
                 steps, samples = steps + 1, samples + len(idx)
         report(epoch if epoch is not None else 0)
         name = client.name
+        # What the transport did (shared memory or socket, resends, rejoins): what a run
+        # that trained worse than usual is checked against.
+        counters = {**client.counters(), "rejoins": client.rejoins}
     summary = {"system": "leash", "model": "ctr", "name": name, "train_samples": n,
                "test_samples": len(test[2]), "samples": samples, "steps": steps,
                "seconds": time.perf_counter() - start, "epochs": epochs,
-               "test_auc": epochs[-1]["test_auc"], "test_loss": epochs[-1]["test_loss"]}
+               "test_auc": epochs[-1]["test_auc"], "test_loss": epochs[-1]["test_loss"],
+               "counters": counters}
     if a.metrics_out:
         with open(a.metrics_out, "w") as f:
             json.dump(summary, f)

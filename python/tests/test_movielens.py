@@ -28,9 +28,15 @@ def test_two_python_workers_on_two_shards_learn_click_through(cluster2, workers,
     for i in range(2):
         with open(tmp_path / f"w{i}.json") as f:
             w.append(json.load(f))
-    assert w[0]["samples"] + w[1]["samples"] == 2 * w[0]["train_samples"]
-    assert min(w[0]["samples"], w[1]["samples"]) > 0
+    # On a failure, everything a rare bad run leaves to look at: both workers' epochs and
+    # transport counters, and what the shards warned about.
+    why = json.dumps(w, indent=1) + "".join(
+        f"\n--- shard {i} warnings:\n" + "\n".join(
+            line for line in cluster2.log(i).splitlines() if "[warning]" in line or "[error]" in line)
+        for i in range(2))
+    assert w[0]["samples"] + w[1]["samples"] == 2 * w[0]["train_samples"], why
+    assert min(w[0]["samples"], w[1]["samples"]) > 0, why
     for s in w:
-        assert s["test_auc"] > 0.75, s
-        assert s["test_loss"] < 0.62, s  # a constant guess of the click rate: 0.69
-        assert s["epochs"][-1]["epoch"] == 1, s
+        assert s["test_auc"] > 0.75, why
+        assert s["test_loss"] < 0.62, why  # a constant guess of the click rate: 0.69
+        assert s["epochs"][-1]["epoch"] == 1, why
