@@ -29,17 +29,24 @@ def key(s):
     return (s["system"], s["op"], s["shards"], s["inflight"])
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
+def parse_args(p, rounds):
+    """--out, --rounds, --stripes, --seconds and --floats added to `p`, parsed and checked
+    (also bench/stripes_ab.py's)."""
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--stripes", type=int, default=2)
     p.add_argument("--seconds", type=float, default=2)
     p.add_argument("--floats", type=int, default=1048576)
     a = p.parse_args()
     if a.rounds < 1 or not 2 <= a.stripes <= 16 or a.seconds <= 0:
         p.error("need --rounds >= 1, --stripes 2..16 and --seconds > 0")
+    return a
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
+    a = parse_args(p, rounds=3)
     bench = os.path.join(a.build, "bench", "leash-bench-pushpull")
     server = os.path.join(a.build, "server", "leash-server")
     for exe in (bench, server):

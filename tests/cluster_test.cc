@@ -456,6 +456,18 @@ TEST(ClusterTest, StripedPushesAndPullsSumExactlyAcrossTwoShards) {
   for (size_t i = 0; i < v.size(); ++i) {
     ASSERT_EQ(v[i], -2 * kSteps * 1.5f * static_cast<float>(i % 97 + 1)) << "value " << i;
   }
+  // A striped push with a NaN in each shard's range (the first value and the last) is
+  // refused by both, and changes nothing: the parts' checking copy found the NaN, so the
+  // shard read the gradient again and named what was wrong.
+  std::vector<float> bad(ta->size(), 1.f);
+  bad.front() = std::numeric_limits<float>::quiet_NaN();
+  bad.back() = std::numeric_limits<float>::infinity();
+  Status nan = a->Push(*ta, bad.data()).get();
+  EXPECT_EQ(nan.code(), StatusCode::kInvalidArgument) << nan;
+  EXPECT_NE(nan.message().find("NaN or Inf"), std::string::npos) << nan;
+  std::vector<float> after(ta->size());
+  ASSERT_TRUE(a->Pull(*ta, after.data()).get().ok());
+  EXPECT_EQ(after, v);
   EXPECT_TRUE(a->Leave().ok());
   EXPECT_TRUE(b->Leave().ok());
   a.reset();
@@ -464,10 +476,13 @@ TEST(ClusterTest, StripedPushesAndPullsSumExactlyAcrossTwoShards) {
     cluster.shard(s).Signal(SIGTERM);
     ASSERT_EQ(cluster.shard(s).Wait(std::chrono::seconds(30)), 0);
     const std::string log = cluster.shard(s).ReadLog();
-    // Each worker's 2 x kSteps pushes, and the pulls' replies.
-    EXPECT_GE(testing::CountInFinalLog(log, "messages received"), 4 * kSteps) << log;
+    // Each worker's 2 x kSteps pushes and the NaN one, and the pulls' replies.
+    EXPECT_GE(testing::CountInFinalLog(log, "messages received"), 4 * kSteps + 1) << log;
     EXPECT_GE(testing::CountInFinalLog(log, "replies sent"), 2 * kSteps) << log;
     EXPECT_EQ(testing::CountInFinalLog(log, "dropped incomplete"), 0) << log;
+    // The finite pushes were checked by the copy that put their parts together, not read
+    // again by the shard; the NaN push was not.
+    EXPECT_EQ(testing::CountInFinalLog(log, "pushes checked"), 4 * kSteps) << log;
   }
 }
 

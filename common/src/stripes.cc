@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "le_bytes.h"
+#include "leash/common/finite.h"
 
 namespace leash::stripes {
 namespace {
@@ -20,8 +21,19 @@ constexpr uint64_t kAlign = 64;
 using le_bytes::Get;
 using le_bytes::Put;
 
-uint64_t SliceBegin(uint64_t total, uint32_t index, uint32_t count) {
-  return total * index / count;
+// Where part `index` of `count` begins, end to end over frames of `sizes` (`total` bytes
+// in all): the count-th share, moved back to a 64-byte multiple within the frame it falls
+// in, so that a frame's slices start on whole float32s and the receiver can check them as
+// it copies. Never decreasing in `index`; 0 for index 0, total for index count.
+uint64_t SliceBegin(const std::vector<uint64_t>& sizes, uint64_t total, uint32_t index,
+                    uint32_t count) {
+  const uint64_t share = total * index / count;
+  uint64_t at = 0;  // where frame f starts, end to end
+  for (uint64_t s : sizes) {
+    if (share < at + s) return at + (share - at) / kAlign * kAlign;
+    at += s;
+  }
+  return total;
 }
 
 struct Header {
@@ -58,8 +70,8 @@ Result<Header> Parse(const Frame& f) {
     h.sizes.push_back(s);
     h.total += s;
   }
-  const uint64_t begin = SliceBegin(h.total, h.index, h.count);
-  const uint64_t end = SliceBegin(h.total, h.index + 1, h.count);
+  const uint64_t begin = SliceBegin(h.sizes, h.total, h.index, h.count);
+  const uint64_t end = SliceBegin(h.sizes, h.total, h.index + 1, h.count);
   if (h.offset != begin || h.length != end - begin)
     return InvalidArgument("stripe header: part " + std::to_string(h.index) + " holds bytes [" +
                            std::to_string(h.offset) + ", +" + std::to_string(h.length) + ") of " +
@@ -98,12 +110,17 @@ bool IsPart(const Frame& f) {
 
 std::vector<Message> Split(const Message& message, uint64_t seq, uint32_t count) {
   uint64_t total = 0;
-  for (const Frame& f : message) total += f.size();
+  std::vector<uint64_t> sizes;
+  sizes.reserve(message.size());
+  for (const Frame& f : message) {
+    total += f.size();
+    sizes.push_back(f.size());
+  }
   std::vector<Message> parts;
   parts.reserve(count);
   for (uint32_t k = 0; k < count; ++k) {
-    const uint64_t begin = SliceBegin(total, k, count);
-    const uint64_t end = SliceBegin(total, k + 1, count);
+    const uint64_t begin = SliceBegin(sizes, total, k, count);
+    const uint64_t end = SliceBegin(sizes, total, k + 1, count);
     std::string head(kMagic, sizeof kMagic);
     Put(&head, seq);
     Put(&head, k);
@@ -153,6 +170,7 @@ Status Assembler::Add(const Message& m, uint32_t index, int64_t now_ms, uint64_t
       at += (s + kAlign - 1) / kAlign * kAlign;
     }
     p.held = static_cast<size_t>(std::max<uint64_t>(at, 1));
+    p.finite_bytes.assign(p.sizes.size(), 0);
     if (held_ + p.held > max_bytes_) {
       ++dropped_;
       return ResourceExhausted("a striped message of " + std::to_string(h.total) +
@@ -181,7 +199,13 @@ Status Assembler::Add(const Message& m, uint32_t index, int64_t now_ms, uint64_t
     while (left > 0) {
       while (frame_at + p.sizes[frame] <= pos) frame_at += p.sizes[frame++];
       const uint64_t n = std::min(left, frame_at + p.sizes[frame] - pos);
-      std::memcpy(p.buffer.get() + p.offsets[frame] + (pos - frame_at), src, n);
+      uint8_t* dst = p.buffer.get() + p.offsets[frame] + (pos - frame_at);
+      // Whole float32s (slices start on them: SliceBegin): copied and checked in one pass.
+      if (check_finite_ && (pos - frame_at) % sizeof(float) == 0 && n % sizeof(float) == 0) {
+        if (CopyAllFinite(dst, src, n)) p.finite_bytes[frame] += n;
+      } else {
+        std::memcpy(dst, src, n);
+      }
       src += n;
       left -= n;
       pos += n;
@@ -251,8 +275,11 @@ std::optional<Message> Assembler::Pop(int64_t now_ms) {
       Message m;
       m.reserve(p.sizes.size());
       std::shared_ptr<const void> owner(p.buffer, p.buffer.get());
-      for (size_t i = 0; i < p.sizes.size(); ++i)
-        m.push_back(Frame::Wrap(p.buffer.get() + p.offsets[i], p.sizes[i], owner));
+      for (size_t i = 0; i < p.sizes.size(); ++i) {
+        m.push_back(Frame::CopiedCheckingFinite(
+            Frame::Wrap(p.buffer.get() + p.offsets[i], p.sizes[i], owner),
+            p.finite_bytes[i] == p.sizes[i]));
+      }
       Forget(it);
       order_.pop_front();
       ++assembled_;

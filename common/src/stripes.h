@@ -10,8 +10,11 @@
 // frames end to end) becomes `count` parts, part k carrying bytes [T*k/count,
 // T*(k+1)/count) behind a header (EncodePartHeader); part 0 travels on the main
 // connection, in the message order, and the other parts on their own connections, sent
-// before it. The receiver copies each part into one buffer for the message (its frames
-// 64-byte aligned in it) and delivers the message when every part is there; messages
+// before it. Part boundaries fall on 64-byte multiples within the frame they cut (SliceBegin), so
+// that every slice of a frame starts on a whole float32. The receiver copies each part into
+// one buffer for the message (its frames 64-byte aligned in it), learning in the same pass
+// whether each frame is finite float32s (CopyAllFinite: a shard then does not read a pushed
+// gradient again to check it), and delivers the message when every part is there; messages
 // behind a part 0 on the main connection wait for it, so the order holds. A message whose
 // parts do not all arrive within the timeout (a connection dropped under it) is dropped
 // and counted, as a message on a dropped connection is: the client resends what was not
@@ -69,8 +72,11 @@ class Assembler {
  public:
   // `max_bytes`: the most bytes of incomplete messages held; a part that would pass it is
   // dropped (and counted). `timeout_ms`: how long an incomplete message is waited for.
-  Assembler(size_t max_bytes, int64_t timeout_ms)
-      : max_bytes_(max_bytes), timeout_ms_(timeout_ms) {}
+  // `check_finite`: copy whole float32s with CopyAllFinite, so that a frame of finite ones
+  // arrives finite_f32() (a shard's, for the pushes it would check again); else memcpy (a
+  // client's: nothing reads the mark on a reply, and memcpy copies faster).
+  Assembler(size_t max_bytes, int64_t timeout_ms, bool check_finite = false)
+      : max_bytes_(max_bytes), timeout_ms_(timeout_ms), check_finite_(check_finite) {}
 
   // A message from the main connection: a whole message or a part 0. InvalidArgument for a
   // malformed part (the part is dropped; the stream goes on).
@@ -95,6 +101,9 @@ class Assembler {
     std::vector<uint64_t> offsets;  // where each frame starts in buffer (64-byte aligned)
     uint64_t total = 0;             // the frames' bytes end to end
     uint64_t received = 0;
+    // Bytes of each frame copied in with CopyAllFinite finding them finite float32s: all
+    // of a frame's, and the delivered frame is finite_f32() (the shard skips its check).
+    std::vector<uint64_t> finite_bytes;
     uint32_t count = 0;
     uint64_t seen = 0;  // bit k: part k arrived
     int64_t since_ms = 0;
@@ -110,6 +119,7 @@ class Assembler {
 
   size_t max_bytes_;
   int64_t timeout_ms_;
+  bool check_finite_;
   std::deque<Slot> order_;
   std::map<uint64_t, Partial> partial_;
   size_t held_ = 0;

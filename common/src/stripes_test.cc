@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 
 namespace leash::stripes {
@@ -87,6 +88,70 @@ TEST(StripesTest, PartsInAnyOrderGiveTheMessageBack) {
     for (const Frame& f : *out) EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % 8, 0u);
     EXPECT_TRUE(a.idle());
     EXPECT_EQ(a.held_bytes(), 0u);
+  }
+}
+
+Frame Floats(size_t n, float seed) {
+  std::vector<uint8_t> v(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) {
+    const float x = seed + static_cast<float>(i % 1009) * 0.25f;
+    std::memcpy(v.data() + i * sizeof(float), &x, sizeof x);
+  }
+  return Frame::Own(std::move(v));
+}
+
+Message Assembled(const std::vector<Message>& parts, bool check_finite = true) {
+  Assembler a(1 << 30, 1000, check_finite);
+  for (uint32_t k = 0; k < parts.size(); ++k) {
+    Status st = k == 0 ? a.OnMain(parts[k], 0) : a.OnPart(parts[k], k, 0);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  std::optional<Message> out = a.Pop(0);
+  EXPECT_TRUE(out);
+  return out ? *out : Message{};
+}
+
+// Parts are cut on 64-byte multiples within the frame they cut, whatever the frames before
+// it hold (an odd-sized header here), so the receiver copies every slice of a float frame
+// checking it (a shard's assembler): a finite frame arrives marked finite_f32() (the shard
+// then does not read it again), a frame with a NaN or an Inf anywhere, or bytes that are not
+// whole floats, do not.
+TEST(StripesTest, PartsAreCutOnWholeFloatsAndFiniteFramesArriveCheckedByTheCopy) {
+  for (uint32_t count : {2u, 3u, 7u, 16u}) {
+    Message m = {Frame::Copy("hdr"), Floats(100'003, 0.5f), Pattern(17, 4), Floats(4099, -2.f)};
+    std::vector<Message> parts = Split(m, 0, count);
+    for (const Message& p : parts) {
+      for (size_t i = 1; i < p.size(); ++i) {
+        for (const Frame& f : m) {
+          if (f.size() > 0 && p[i].data() >= f.data() && p[i].data() < f.data() + f.size()) {
+            EXPECT_EQ((p[i].data() - f.data()) % 64, 0) << count << " parts";
+          }
+        }
+      }
+    }
+    Message out = Assembled(parts);
+    ASSERT_TRUE(Same(out, m)) << count << " parts";
+    EXPECT_FALSE(out[0].finite_f32()) << "3 bytes are not whole floats";
+    EXPECT_TRUE(out[1].finite_f32()) << count << " parts";
+    EXPECT_FALSE(out[2].finite_f32()) << "17 bytes";
+    EXPECT_TRUE(out[3].finite_f32()) << count << " parts";
+    // A client's assembler (replies) copies without checking: nothing is marked.
+    Message plain = Assembled(parts, /*check_finite=*/false);
+    ASSERT_TRUE(Same(plain, m));
+    for (const Frame& f : plain) EXPECT_FALSE(f.finite_f32());
+  }
+  const size_t n = 100'003;
+  for (size_t bad : {size_t{0}, n / 3, n / 2 + 1, n - 1}) {
+    for (float value :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      Frame floats = Floats(n, 1.f);
+      std::vector<uint8_t> v(floats.data(), floats.data() + floats.size());
+      std::memcpy(v.data() + bad * sizeof(float), &value, sizeof value);
+      Message m = {Frame::Copy("hdr"), Frame::Own(std::move(v))};
+      Message out = Assembled(Split(m, 0, 3));
+      ASSERT_TRUE(Same(out, m));
+      EXPECT_FALSE(out[1].finite_f32()) << value << " at " << bad;
+    }
   }
 }
 

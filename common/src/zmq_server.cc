@@ -279,7 +279,8 @@ class ZmqServer final : public ServerTransport {
       it =
           striped_
               .emplace(main, stripes::Assembler(static_cast<size_t>(2 * options_.max_message_bytes),
-                                                options_.stripe_timeout_ms))
+                                                options_.stripe_timeout_ms,
+                                                /*check_finite=*/true))
               .first;
     }
     return it->second;
