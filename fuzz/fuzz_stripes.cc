@@ -10,7 +10,10 @@
 //   aligned.
 // - Round trip: the chunks are a message's frames; it is split and its parts fed in an
 //   order the input chooses, with a small message before and after; the three must come
-//   out whole and in order.
+//   out whole and in order. With a shard's assembler (checking: a mode bit), a frame of
+//   the message comes out finite_f32() exactly when it is whole float32s, none NaN or Inf.
+// A mode bit also picks a shard's assembler (checking finiteness as it copies) or a
+// client's for the forged parts.
 // Each frame is copied into its own allocation, as ZeroMQ delivers it, so a read past a
 // frame's end is caught by AddressSanitizer. `fuzz_stripes --write-seeds=DIR` writes seeds.
 #include <cstdint>
@@ -18,11 +21,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fuzz_util.h"
+#include "leash/common/finite.h"
 #include "stripes.h"
 
 namespace {
@@ -60,8 +65,8 @@ bool Same(const Message& a, const Message& b) {
   return true;
 }
 
-void Forged(const std::vector<std::string_view>& chunks) {
-  stripes::Assembler a(kLimit, 50);
+void Forged(bool check_finite, const std::vector<std::string_view>& chunks) {
+  stripes::Assembler a(kLimit, 50, check_finite);
   int64_t now = 0;
   for (std::string_view c : chunks) {
     if (c.empty()) continue;
@@ -91,10 +96,11 @@ void RoundTrip(uint32_t count, uint8_t mode, const std::vector<std::string_view>
   for (std::string_view f : chunks) m.push_back(Own(f));
   std::vector<Message> parts = stripes::Split(m, 5, count);
   CHECK(parts.size() == count);
-  stripes::Assembler a(kLimit * 64, 1000);
+  const bool check_finite = (mode & 1) != 0;
+  stripes::Assembler a(kLimit * 64, 1000, check_finite);
   CHECK(a.OnMain({Own("before")}, 0).ok());
   // Part 0 goes at the position `mode` picks among the others (as the connections race).
-  const uint32_t zero_at = mode % count;
+  const uint32_t zero_at = (mode >> 1) % count;
   uint32_t side = 1;
   for (uint32_t k = 0; k < count; ++k) {
     if (k == zero_at) {
@@ -109,6 +115,12 @@ void RoundTrip(uint32_t count, uint8_t mode, const std::vector<std::string_view>
   CHECK(first && (*first)[0].view() == "before");
   auto whole = a.Pop(0);
   CHECK(whole && Same(*whole, m));
+  for (const Frame& f : *whole) {
+    const bool floats =
+        f.size() > 0 && f.size() % sizeof(float) == 0 &&
+        leash::AllFinite(reinterpret_cast<const float*>(f.data()), f.size() / sizeof(float));
+    CHECK(f.finite_f32() == (check_finite && floats));
+  }
   auto last = a.Pop(0);
   CHECK(last && (*last)[0].view() == "after");
   CHECK(a.idle());
@@ -129,8 +141,16 @@ void WriteSeeds(const std::string& dir) {
   }
   std::string round = std::string("\1\1") + "header" + std::string(kChunkMarker) +
                       std::string(100, 'y') + std::string(kChunkMarker) + "tail";
+  // A shard's assembler (mode bit) on float frames: finite ones, and one with a NaN.
+  std::string floats = std::string("\2\3") + "hdr" + std::string(kChunkMarker);
+  const float one = 1.f, nan = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < 96; ++i) floats.append(reinterpret_cast<const char*>(&one), sizeof one);
+  floats += std::string(kChunkMarker);
+  for (int i = 0; i < 40; ++i)
+    floats.append(reinterpret_cast<const char*>(i == 29 ? &nan : &one), sizeof one);
   std::ofstream(dir + "/forged") << forged;
   std::ofstream(dir + "/roundtrip") << round;
+  std::ofstream(dir + "/roundtrip_floats") << floats;
 }
 
 }  // namespace
@@ -142,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view rest(reinterpret_cast<const char*>(data) + 2, size - 2);
   std::vector<std::string_view> chunks = SplitAt(rest, kChunkMarker);
   if (mode % 2 == 0) {
-    Forged(chunks);
+    Forged((mode & 2) != 0, chunks);
   } else {
     RoundTrip(count, static_cast<uint8_t>(mode / 2), chunks);
   }
