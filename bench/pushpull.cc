@@ -7,10 +7,13 @@
 // With --servers it measures running shards instead, or with --etcd replicated shards that
 // the clients follow through the directory, as leash-worker does (bench/replication.py). Writes
 // JSON and a markdown summary. Single-threaded driver plus one thread per worker.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -184,6 +187,34 @@ class Shards {
     }
     return out;
   }
+  // Waits (at most 30 s) until every shard accepts connections on its port; false, with
+  // why, as soon as one has exited (Exited()) or at the deadline. So that a shard that
+  // cannot start is named at once, not after the client's 30 s connect timeout.
+  bool WaitListening(const std::string& dir, std::string* why) {
+    const auto until = SteadyClock::now() + std::chrono::seconds(30);
+    for (size_t i = 0; i < endpoints_.size(); ++i) {
+      const int port = std::stoi(endpoints_[i].substr(endpoints_[i].rfind(':') + 1));
+      while (true) {
+        *why = Exited(dir);
+        if (!why->empty()) return false;
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const bool up = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        if (fd >= 0) close(fd);
+        if (up) break;
+        if (SteadyClock::now() > until) {
+          *why = "shard " + std::to_string(i) + " did not listen on " + endpoints_[i] +
+                 " within 30 s (its log: " + dir + "/shard" + std::to_string(i) + ".log)";
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return true;
+  }
   // The shards' CPU time so far (user and system, all threads) in µs, from /proc; -1 if
   // unreadable.
   double CpuUs() const {
@@ -242,6 +273,13 @@ std::vector<Sample> RunLeash(const std::string& bin, const std::string& dir, int
                              const std::vector<std::string>& op_names) {
   std::unique_ptr<Shards> started;
   if (g_servers.empty() && g_etcd.empty()) started = std::make_unique<Shards>(bin, n, dir, stripes);
+  if (started) {
+    std::string why;
+    if (!started->WaitListening(dir, &why)) {
+      std::fprintf(stderr, "%s\n", why.c_str());
+      std::exit(1);
+    }
+  }
   std::vector<std::string> endpoints = started ? started->endpoints() : g_servers;
   if (g_directory) endpoints = leash::PrimaryEndpoints(g_view);
   leash::ZmqContext ctx(stripes);
