@@ -30,9 +30,11 @@ def test_two_python_workers_on_two_shards_learn_click_through(cluster2, workers,
             w.append(json.load(f))
     # On a failure, everything a rare bad run leaves to look at: both workers' epochs and
     # transport counters, and what the shards warned about.
+    # (A shard's log line: date, time, level, [logger], message.)
     why = json.dumps(w, indent=1) + "".join(
         f"\n--- shard {i} warnings:\n" + "\n".join(
-            line for line in cluster2.log(i).splitlines() if "[warning]" in line or "[error]" in line)
+            line for line in cluster2.log(i).splitlines()
+            if line.split(" ", 3)[2:3] in (["warning"], ["error"], ["critical"]))
         for i in range(2))
     assert w[0]["samples"] + w[1]["samples"] == 2 * w[0]["train_samples"], why
     assert min(w[0]["samples"], w[1]["samples"]) > 0, why
