@@ -7,13 +7,10 @@
 // With --servers it measures running shards instead, or with --etcd replicated shards that
 // the clients follow through the directory, as leash-worker does (bench/replication.py). Writes
 // JSON and a markdown summary. Single-threaded driver plus one thread per worker.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -7,13 +7,13 @@
 // The protocol. A client that stripes opens `count` DEALER sockets to a shard, each with the
 // routing id StripeRoutingId(token, index, count); connection 0 is the main one and carries
 // every message that is not striped. A striped message of total payload T bytes (all its
-// frames end to end) becomes `count` parts, part k carrying bytes [T*k/count,
-// T*(k+1)/count) behind a header (EncodePartHeader); part 0 travels on the main
-// connection, in the message order, and the other parts on their own connections, sent
-// before it. Part boundaries fall on 64-byte multiples within the frame they cut (SliceBegin), so
-// that every slice of a frame starts on a whole float32. The receiver copies each part into
-// one buffer for the message (its frames 64-byte aligned in it), learning in the same pass
-// whether each frame is finite float32s (CopyAllFinite: a shard then does not read a pushed
+// frames end to end) becomes `count` parts, part k carrying the bytes from about T*k/count
+// to about T*(k+1)/count, each boundary moved back to a 64-byte multiple within the frame
+// it cuts (so that every slice of a frame starts on a whole float32), behind a header;
+// part 0 travels on the main connection, in the message order, and the other parts on
+// their own connections, sent before it. The receiver copies each part into one buffer
+// for the message (its frames 64-byte aligned in it), a shard's learning in the same pass
+// whether each frame is finite float32s (CopyAllFinite: it then does not read a pushed
 // gradient again to check it), and delivers the message when every part is there; messages
 // behind a part 0 on the main connection wait for it, so the order holds. A message whose
 // parts do not all arrive within the timeout (a connection dropped under it) is dropped
