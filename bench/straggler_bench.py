@@ -646,7 +646,13 @@ def summary_md(res):
            f"SSP(s={res.get('spell_staleness')}) {g(tr, 'ssp_spell', 'median_over_bsp')}x; the mechanisms that "
            f"stop fast workers waiting: 1 backup worker {g(tr, 'backup', 'median_over_bsp')}x, proportional work "
            f"{g(tr, 'proportional_s0', 'median_over_bsp')}x at s=0 and {g(tr, 'proportional', 'median_over_bsp')}x "
-           "at s=3 (it rebalances within a few clocks of a spell's start and end).", ""]
+           "at s=3 (it rebalances within a few clocks of a spell's start and end).",
+           "- *What 2 cores allow.* The 0.9x-of-the-solo-sum target asks more CPU than 2 cores have: a solo MLP job "
+           "takes 18.8 us of CPU per trained sample, all its processes together, so 2 cores train at most about "
+           "106k samples/s of it however the work is arranged, less than the three solo speeds summed alone "
+           "([cpu_per_sample.md](cpu_per_sample.md), 2026-12-02). The same part on 16 idle cores is in "
+           "[stragglers_idle16_timed.md](stragglers_idle16_timed.md) and, with what changed since, "
+           "[docs/semantics.md](../../docs/semantics.md#defaults-both-off-from-the-measurements).", ""]
     failed = [f"{n} (round {x['round'] + 1}): {x['error']}" for n, rs in res["runs"].items() for x in rs if "error" in x]
     if failed:
         md += ["Failed runs (left out of the medians): " + "; ".join(failed), ""]
