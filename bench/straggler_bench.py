@@ -94,6 +94,9 @@ LR_RULE = ("Learning rate: every mode at the same --lr (MLP: momentum 0.01, CNN:
            "gradient's scale out and keep lr), so a clock of proportional work applies BSP's update to the same "
            "samples (exactly for SGD; for momentum and Adam, which keep state per push, approximately). Backup workers: the straggler's pushes more than s clocks late are "
            "dropped, so fewer of the samples reach the model (dropped share below).")
+# 2 cores over the 3 + 1 MLP cluster's CPU per trained sample (proportional work at s=0, all
+# its processes together; bench/cpu_per_sample.py, 2026-12-02: 21.2 us).
+CLUSTER_LIMIT_MLP = 2 / 21.2e-6
 MLP_FLOATS = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # 235146
 
 
@@ -611,6 +614,7 @@ def summary_md(res):
         spread.append(fmt((max(accs) - min(accs)) * 100 if len(accs) > 1 else None, ".1f"))
     it = tr.get("ssp_spell", {}).get("median_w0_seconds_per_iteration")
     lag = res["spell"][1] * (1 - 1 / res["spell"][0]) / it if it else None
+    need = mlp.get("solo_sum_alone") and 0.9 * mlp["solo_sum_alone"]
     md += ["", "Reading:",
            f"- *Noise.* BSP's own accuracy after equal samples differed by {spread[0]} (MLP) and {spread[1]} (CNN) "
            "points between rounds: a difference under about 1 point is within what single runs here resolve.",
@@ -647,10 +651,12 @@ def summary_md(res):
            f"stop fast workers waiting: 1 backup worker {g(tr, 'backup', 'median_over_bsp')}x, proportional work "
            f"{g(tr, 'proportional_s0', 'median_over_bsp')}x at s=0 and {g(tr, 'proportional', 'median_over_bsp')}x "
            "at s=3 (it rebalances within a few clocks of a spell's start and end).",
-           "- *What 2 cores allow.* The 0.9x-of-the-solo-sum target asks more CPU than 2 cores have: a solo MLP job "
-           "takes 18.8 us of CPU per trained sample, all its processes together, so 2 cores train at most about "
-           "106k samples/s of it however the work is arranged, less than the three solo speeds summed alone "
-           "([cpu_per_sample.md](cpu_per_sample.md), 2026-12-02). The same part on 16 idle cores is in "
+           "- *What 2 cores allow.* A solo MLP job takes 18.8 us of CPU per trained sample, all its processes "
+           "together, and the 3 + 1 cluster under proportional work 21.2 us ([cpu_per_sample.md](cpu_per_sample.md), "
+           "2026-12-02): 2 cores train at most about 106k and 94k samples/s of it however the work is arranged. 0.9x "
+           f"the alone-measured sum here is {fmt(need, '.0f')} samples/s, "
+           f"{fmt(need and need / CLUSTER_LIMIT_MLP)}x of what the cluster can train on 2 cores kept busy all the "
+           "time. The same part on 16 idle cores is in "
            "[stragglers_idle16_timed.md](stragglers_idle16_timed.md) and, with what changed since, "
            "[docs/semantics.md](../../docs/semantics.md#defaults-both-off-from-the-measurements).", ""]
     failed = [f"{n} (round {x['round'] + 1}): {x['error']}" for n, rs in res["runs"].items() for x in rs if "error" in x]
