@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Leash benchmark suite, one command:
 
-  /usr/bin/python3 bench/run_all.py            # full (about 30-40 min on 2 busy cores)
+  /usr/bin/python3 bench/run_all.py            # full (about 45 min on 2 cores)
   /usr/bin/python3 bench/run_all.py --quick    # smoke run (a few minutes), to bench/results/quick (gitignored)
 
 Parts (--parts picks some):
