@@ -79,6 +79,7 @@ ServerCommandLine::ServerCommandLine()
   v.insecure = d.insecure;
   v.no_shm = !d.shared_memory;
   v.shm_ring_mb = d.shm_ring_mb;
+  v.replica_log_mb = d.replica_log_mb;
   v.memory_budget = std::to_string(d.memory_budget_bytes);
   v.sparse_readers = d.sparse_readers;
   v.sparse_direct_reads = d.sparse_direct_reads;
@@ -188,6 +189,12 @@ ServerCommandLine::ServerCommandLine()
          "or checking them for NaN again (the primary's copy into the ring checked them); a "
          "backup lets each go once applied. On by default; =false: backups copy each entry out "
          "of the ring and check it");
+  f.Int("replica-log-mb", &v.replica_log_mb,
+        "with --replicas 2 or more: the committed log entries a replica keeps for a backup that "
+        "falls behind or restarts, in MiB of their pushes (0 to 65536); one further behind "
+        "catches up from a snapshot. Entries a backup has yet to acknowledge are kept whatever "
+        "this says. Each entry held keeps its push's receive buffer: a smaller tail lets the "
+        "primary reuse buffers still in its caches (docs/replication.md)");
   f.Bool("primary-copies-once", &v.primary_copies_once,
          "with --replicas 2 or more and shared memory: a primary reads a same-host worker's "
          "pushed gradients where the worker wrote them and copies them once, checking for NaN, "
@@ -326,6 +333,14 @@ Result<ServerConfig> ServerCommandLine::Config() const {
                          "only a replicated shard copies pushes into backups: add --replicas 2");
   }
   c.primary_copies_once = v.primary_copies_once && v.replicas >= 2;
+  if (v.replica_log_mb < 0 || v.replica_log_mb > 65536) {
+    return bad_int("replica-log-mb", v.replica_log_mb, "need MiB in [0, 65536]");
+  }
+  if (v.replicas < 2 && !cli_.Source("replica-log-mb").ends_with("(default)")) {
+    return cli_.BadValue("replica-log-mb", std::to_string(v.replica_log_mb),
+                         "only a replicated shard keeps a log for backups: add --replicas 2");
+  }
+  c.replica_log_mb = v.replica_log_mb;
   if (c.replicas > 1) {
     for (size_t at = 0; at <= v.peers.size();) {
       size_t comma = v.peers.find(',', at);

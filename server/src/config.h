@@ -32,6 +32,10 @@ struct ServerConfig {
   bool insecure = false;      // allow a non-loopback --bind without --curve-keys
   bool shared_memory = true;  // with workers on this host
   int64_t shm_ring_mb = 64;   // the most a ring to a same-host backup grows to (ZmqOptions)
+  // Committed log entries a replica keeps for backups that fall behind, in MiB of their
+  // frames (ReplicaOptions::max_log_bytes); a backup further behind catches up from a
+  // snapshot. Entries not yet committed are kept whatever this says.
+  int64_t replica_log_mb = 64;
   int io_threads = 1;         // the workers' socket's ZeroMQ I/O threads (striping clients)
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
@@ -98,6 +102,7 @@ class ServerCommandLine {
     bool backup_answers, backups_read_in_place, primary_copies_once;
     int64_t shard, num_shards, max_message_mb, max_keys, max_parked, max_queued_reply_mb;
     int64_t sparse_readers, backup_workers, io_threads, update_threads, shm_ring_mb;
+    int64_t replica_log_mb;
     bool no_sync, no_shm, sparse_direct_reads, insecure;
   };
   Values values_;

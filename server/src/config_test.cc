@@ -318,6 +318,14 @@ TEST(ServerConfigTest, ReplicationFlagsNeedPeersAndEtcdOnlyWhenReplicated) {
   EXPECT_FALSE(Parse(with("--primary-copies-once=false"))->primary_copies_once);
   EXPECT_FALSE(solo->primary_copies_once);
   EXPECT_NE(Error({"--primary-copies-once"}).find("add --replicas 2"), std::string::npos);
+  // The log tail kept for lagging backups: 64 MiB unless told, 0 allowed (only what a backup
+  // has yet to acknowledge), bounded above; an unreplicated shard keeps none to size.
+  EXPECT_EQ(c->replica_log_mb, 64);
+  EXPECT_EQ(Parse(with("--replica-log-mb=8"))->replica_log_mb, 8);
+  EXPECT_EQ(Parse(with("--replica-log-mb=0"))->replica_log_mb, 0);
+  EXPECT_NE(Error(with("--replica-log-mb=-1")).find("[0, 65536]"), std::string::npos);
+  EXPECT_NE(Error(with("--replica-log-mb=65537")).find("--replica-log-mb"), std::string::npos);
+  EXPECT_NE(Error({"--replica-log-mb=8"}).find("add --replicas 2"), std::string::npos);
 }
 
 }  // namespace

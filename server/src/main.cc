@@ -326,6 +326,7 @@ std::optional<int> Build(const ServerConfig& c, Server& s) {
       rep.durable_log_fsync = c.durable_log == "fsync";
     }
     rep.backup_answers = c.backup_answers;
+    rep.max_log_bytes = static_cast<size_t>(c.replica_log_mb) << 20;
     s.replica = std::make_unique<leash::server::Replica>(
         rep, opts, s.store.get(), SteadyMs, s.coordination.coordinator.get(),
         s.coordination.directory.get(), s.peers.get(), s.sparse.get());
