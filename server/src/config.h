@@ -36,7 +36,7 @@ struct ServerConfig {
   // frames (ReplicaOptions::max_log_bytes); a backup further behind catches up from a
   // snapshot. Entries not yet committed are kept whatever this says.
   int64_t replica_log_mb = 64;
-  int io_threads = 1;         // the workers' socket's ZeroMQ I/O threads (striping clients)
+  int io_threads = 1;  // the workers' socket's ZeroMQ I/O threads (striping clients)
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
   int64_t sparse_readers = 32;       // threads reading cold sparse rows: the disk queue depth
