@@ -336,7 +336,7 @@ Result<ServerConfig> ServerCommandLine::Config() const {
   if (v.replica_log_mb < 0 || v.replica_log_mb > 65536) {
     return bad_int("replica-log-mb", v.replica_log_mb, "need MiB in [0, 65536]");
   }
-  if (v.replicas < 2 && !cli_.Source("replica-log-mb").ends_with("(default)")) {
+  if (asked_without_backups("replica-log-mb", true)) {
     return cli_.BadValue("replica-log-mb", std::to_string(v.replica_log_mb),
                          "only a replicated shard keeps a log for backups: add --replicas 2");
   }
