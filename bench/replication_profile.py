@@ -12,8 +12,6 @@ Writes replication_profile.json and replication_profile.md (bench/results by def
 Needs perf. Every process is started here and stopped by its handle.
 """
 import argparse
-import collections
-import json
 import os
 import re
 import signal
@@ -41,11 +39,28 @@ def perf_symbols(path):
     return shares
 
 
+def wait_for_io_thread(pid, timeout=30):
+    """Until process `pid` has its ZeroMQ I/O thread: perf follows only the threads there are
+    when it attaches."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as f:
+                    if f.read().startswith("ZMQbg/IO"):
+                        return
+            except OSError:  # the thread ended meanwhile
+                pass
+        time.sleep(0.05)
+    raise R.L.RunError(f"process {pid} started no ZeroMQ I/O thread within {timeout} s")
+
+
 def profiled_row(build, c, tmp, tag, where, pids, seconds):
     """The 4 MB push row with perf recording each of `pids` ({name: pid}); per process its
     CPU per push and its symbols' shares."""
     perfs = {}
     for name, pid in pids.items():
+        wait_for_io_thread(pid)
         data = os.path.join(tmp, f"{tag}-{name}.perf")
         perfs[name] = (data, subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-p", str(pid),
                                                "-o", data, "-q"], stdout=subprocess.DEVNULL,
@@ -90,9 +105,6 @@ def main():
                 else:
                     cl = R.Single(a.build, tmp, tag)
                     try:
-                        # perf follows the threads there are when it attaches: let the shard
-                        # start its ZeroMQ I/O thread (R=2's replicas have, once in sync)
-                        time.sleep(1.0)
                         rnd["R1"] = profiled_row(a.build, c, tmp, tag, ["--servers", cl.endpoint],
                                                  {"shard": cl.proc.pid}, a.seconds)
                     finally:
@@ -104,10 +116,9 @@ def main():
             rounds.append(rnd)
 
     def med(get):
-        vals = [get(x) for x in rounds]
-        return median([v for v in vals if v is not None]) if any(v is not None for v in vals) else None
+        return median([get(x) for x in rounds])
 
-    syms = collections.OrderedDict()
+    syms = {}
     for who, proc in (("R1", "shard"), ("R2", "primary"), ("R2", "backup")):
         names = set()
         for x in rounds:
@@ -131,9 +142,9 @@ def main():
           f"{m['R2_mb_per_s']:.0f} MB/s, primary {m['R2_primary_cpu_us']:.0f} µs, backup {m['R2_backup_cpu_us']:.0f} µs.",
           "", "| symbol | R=1 shard µs/push | R=2 primary µs/push | primary - shard | R=2 backup µs/push |",
           "|---|---|---|---|---|"]
-    order = sorted(syms.items(), key=lambda kv: -max(v or 0 for v in kv[1].values()))
+    order = sorted(syms.items(), key=lambda kv: -max(kv[1].values()))
     for n, v in order[:30]:
-        a1, p2, b2 = (v.get(k) or 0.0 for k in ("R1 shard", "R2 primary", "R2 backup"))
+        a1, p2, b2 = (v.get(k, 0.0) for k in ("R1 shard", "R2 primary", "R2 backup"))
         md.append(f"| `{n}` | {a1:.0f} | {p2:.0f} | {p2 - a1:+.0f} | {b2:.0f} |")
     with open(os.path.join(a.out, "replication_profile.md"), "w") as f:
         f.write("\n".join(md) + "\n")
