@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 
 import faults  # noqa: E402  (the snapshot-only loss figure, measured in the same run)
 from common import leash as L  # noqa: E402
-from common.util import cpu_model, free_port, median, stop, verdict, write_json  # noqa: E402
+from common.util import cpu_model, free_port, median, pyplot, stop, verdict, write_json  # noqa: E402
 
 ETCD = os.environ.get("LEASH_ETCD_BIN", "/usr/bin/etcd")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -1043,9 +1043,9 @@ def summary_md(res):
 
 
 def plot(res, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
     fo, co = res.get("failover"), res.get("cost")
     panels = (1 if fo else 0) + (1 if co else 0)
     if not panels:

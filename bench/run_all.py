@@ -54,7 +54,7 @@ import ctr_bench  # noqa: E402
 import replication as replication_bench  # noqa: E402
 import straggler_bench  # noqa: E402
 from common import leash as L  # noqa: E402
-from common.util import cpu_budget_us, iperf3_loopback, median, now, time_to_accuracy, verdict, write_json  # noqa: E402
+from common.util import cpu_budget_us, iperf3_loopback, median, now, pyplot, time_to_accuracy, verdict, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 ALL_PARTS = ("pushpull", "training", "stragglers", "durability", "ctr", "replication")
@@ -662,9 +662,9 @@ def write_summary(a, c, res, plots, durations):
 
 
 def make_plots(a, res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return []
     plots = []
     tr = res.get("training")
     if tr:
@@ -708,7 +708,9 @@ def make_plots(a, res):
         plots.append("training_throughput.png")
     st = res.get("stragglers")
     if st and "summary" in st and "persistent/mlp" in st["summary"]:
-        plots.append(straggler_bench.plot(st, a.out))
+        made = straggler_bench.plot(st, a.out)
+        if made:
+            plots.append(made)
     du = res.get("durability")
     if du:
         ks = list(du["summary"])

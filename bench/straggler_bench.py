@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import leash as L  # noqa: E402
-from common.util import iteration_breakdown, median, time_to_accuracy, write_json  # noqa: E402
+from common.util import iteration_breakdown, median, pyplot, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 FACTOR = 3  # the persistent straggler
@@ -672,9 +672,9 @@ SHORT = {"proportional_s1": "proportional s=1", "bsp": "BSP", "ssp3": "SSP s=3",
 
 
 def plot(res, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
     s = res["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
 

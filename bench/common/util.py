@@ -3,6 +3,7 @@ range (17500-17699 unless LEASH_BENCH_PORTS=lo-hi says otherwise) and are checke
 before use. Not thread-safe (the port cursor is module state)."""
 import json
 import os
+import sys
 import shutil
 import signal
 import socket
@@ -90,6 +91,22 @@ def time_to_accuracy(curve, target):
         if point.get("test_accuracy") is not None and point["test_accuracy"] >= target:
             return point["elapsed_seconds"]
     return None
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (said once on stderr) where matplotlib is
+    not installed: the figures are in the JSON and Markdown already, the plots are extra."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        if not getattr(pyplot, "said", False):
+            pyplot.said = True
+            print("matplotlib is not installed (bash scripts/install-deps.sh bench): no plots",
+                  file=sys.stderr)
+        return None
 
 
 def write_json(path, obj):
