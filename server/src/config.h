@@ -9,6 +9,8 @@
 
 #include "leash/common/cli.h"
 #include "leash/common/status.h"
+#include "leash/common/zmq_transport.h"
+#include "leash/server/replica.h"
 #include "leash/server/shard.h"
 
 namespace leash::server {
@@ -31,11 +33,12 @@ struct ServerConfig {
   std::string curve_keys;     // empty: no CURVE
   bool insecure = false;      // allow a non-loopback --bind without --curve-keys
   bool shared_memory = true;  // with workers on this host
-  int64_t shm_ring_mb = 64;   // the most a ring to a same-host backup grows to (ZmqOptions)
+  // The most a ring to a same-host backup grows to (ZmqOptions::shm_ring_bytes).
+  int64_t shm_ring_mb = ZmqOptions{}.shm_ring_bytes >> 20;
   // Committed log entries a replica keeps for backups that fall behind, in MiB of their
   // frames (ReplicaOptions::max_log_bytes); a backup further behind catches up from a
   // snapshot. Entries not yet committed are kept whatever this says.
-  int64_t replica_log_mb = 64;
+  int64_t replica_log_mb = static_cast<int64_t>(ReplicaOptions{}.max_log_bytes >> 20);
   int io_threads = 1;  // the workers' socket's ZeroMQ I/O threads (striping clients)
   std::string log_level = "info";
   uint64_t memory_budget_bytes = 0;  // 0: unbounded (SplitMemoryBudget in shard.h)
