@@ -8,8 +8,9 @@ cores moves by several points; the pooled median is the firmer figure.
 
 Prints a Markdown table (and writes it to --md): per figure, the rounds, the median cost
 and the runs' own medians; for the 4 KB socket push also its least cost, one hop (half the
-raw shared-memory round trip each round measured) over R=1's round trip, pooled the same way. Costs: 1 - R2/R1 for throughputs, R2/R1 - 1 for
-latencies, as replication.py reports them. A run's --versus rows are not pooled.
+raw shared-memory round trip each round measured) over R=1's round trip, pooled the same
+way. Costs: 1 - R2/R1 for throughputs, R2/R1 - 1 for latencies, as replication.py reports
+them. A run's --versus rows are not pooled.
 """
 import argparse
 import json

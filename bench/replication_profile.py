@@ -2,9 +2,10 @@
 """Where a replicated primary's extra CPU goes: `perf record` (cpu-clock samples, no call
 graphs) of R=1's shard and of R=2's primary and backup while leash-bench-pushpull pushes
 4 MB at 8 in flight over the socket (replication.py's 4 MB row; `--mode shm`: through
-shared memory, its 4 MB shared-memory row), R=1 and R=2 alternated round by round. Each process's CPU per push (/proc, over the row's pushes, warm-up
-included) is split by the share of its samples in each symbol, so the table reads in µs of
-CPU per push: what R=2's primary spends beyond R=1's shard, function by function.
+shared memory, its 4 MB shared-memory row), R=1 and R=2 alternated round by round. Each
+process's CPU per push (/proc, over the row's pushes, warm-up included) is split by the
+share of its samples in each symbol, so the table reads in µs of CPU per push: what R=2's
+primary spends beyond R=1's shard, function by function.
 
     /usr/bin/python3 bench/replication_profile.py [--rounds 3] [--seconds 3] [--mode socket|shm]
                                                   [--name replication_profile]

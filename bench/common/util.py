@@ -3,12 +3,12 @@ range (17500-17699 unless LEASH_BENCH_PORTS=lo-hi says otherwise) and are checke
 before use. Not thread-safe (the port cursor is module state)."""
 import json
 import os
-import sys
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 _lo, _hi = (int(v) for v in os.environ.get("LEASH_BENCH_PORTS", "17500-17699").split("-"))
