@@ -614,7 +614,8 @@ def write_summary(a, c, res, plots, durations):
                        "reason: no transport makes a bulk-synchronous round trip free.", ""]
     st = res.get("stragglers")
     if st and "summary" in st and "persistent/mlp" in st["summary"]:
-        md += straggler_bench.summary_md(st)
+        md += straggler_bench.summary_md(st, results=os.path.relpath(os.path.join(HERE, "results"), a.out),
+                                         docs=os.path.relpath(os.path.join(ROOT, "docs"), a.out))
     du = res.get("durability")
     if du:
         md += ["## 4. Durability cost", "",

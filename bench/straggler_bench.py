@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import leash as L  # noqa: E402
-from common.util import iteration_breakdown, median, pyplot, time_to_accuracy, write_json  # noqa: E402
+from common.util import cpu_model, iteration_breakdown, median, pyplot, time_to_accuracy, write_json  # noqa: E402
 
 TARGET_ACC = 0.85
 FACTOR = 3  # the persistent straggler
@@ -94,9 +94,10 @@ LR_RULE = ("Learning rate: every mode at the same --lr (MLP: momentum 0.01, CNN:
            "gradient's scale out and keep lr), so a clock of proportional work applies BSP's update to the same "
            "samples (exactly for SGD; for momentum and Adam, which keep state per push, approximately). Backup workers: the straggler's pushes more than s clocks late are "
            "dropped, so fewer of the samples reach the model (dropped share below).")
-# 2 cores over the 3 + 1 MLP cluster's CPU per trained sample (proportional work at s=0, all
-# its processes together; bench/cpu_per_sample.py, 2026-12-02: 21.2 us).
-CLUSTER_LIMIT_MLP = 2 / 21.2e-6
+# The CPU per trained MLP sample of a solo 1+1 job and of the 3 + 1 cluster under proportional
+# work at s=0, all processes together (bench/cpu_per_sample.py, 2026-12-02), on the CPU named
+# (common.util.cpu_model): what 2 cores allow is stated only for runs on that CPU.
+CPU_PER_SAMPLE = {"cpu": "Intel(R) Xeon(R) Processor", "solo_us": 18.8, "cluster_us": 21.2}
 MLP_FLOATS = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # 235146
 
 
@@ -333,7 +334,7 @@ def run(build, c, tmp, out_dir, log):
 def _result(c, runs, t_start, rounds_done, carried_summary):
     res = {"config": dict(c, rounds_done=rounds_done), "factor": FACTOR, "spell": [SPELL_FACTOR, SPELL_SECONDS],
            "modes": {k: v[0] for k, v in MODES.items()}, "runs": runs, "seconds": time.monotonic() - t_start,
-           "lr_rule": LR_RULE, "spell_staleness": SPELL_STALENESS}
+           "lr_rule": LR_RULE, "spell_staleness": SPELL_STALENESS, "cpu": cpu_model()}
     if carried_summary:
         res["carried"] = {"from": c.get("carry_from"), "summary": carried_summary}
     res["summary"] = summarize(res)
@@ -519,7 +520,34 @@ def targets(res, verdict):
     return rows
 
 
-def summary_md(res):
+def _cores_text(res, need, results, docs):
+    """The reading's "what 2 cores allow": the cluster's limit from CPU_PER_SAMPLE where this run
+    is on the CPU it was measured on; elsewhere only where it was measured."""
+    cps, cpu = CPU_PER_SAMPLE, res.get("cpu")
+    where = (f"[cpu_per_sample.md]({_link(results, 'cpu_per_sample.md')}), 2026-12-02, on the {cps['cpu']}")
+    text = (f"- *What 2 cores allow.* A solo MLP job takes {cps['solo_us']} us of CPU per trained sample, all its "
+            f"processes together, and the 3 + 1 cluster under proportional work {cps['cluster_us']} us ({where}): "
+            f"2 cores train at most about {2 / cps['solo_us'] * 1e3:.0f}k and {2 / cps['cluster_us'] * 1e3:.0f}k "
+            "samples/s of it however the work is arranged. ")
+    if cpu == cps["cpu"]:
+        text += (f"0.9x the alone-measured sum here is {fmt(need, '.0f')} samples/s, "
+                 f"{fmt(need and need * cps['cluster_us'] * 1e-6 / 2)}x of what the cluster can train on 2 cores "
+                 "kept busy all the time. ")
+    else:
+        text += (f"This run's CPU ({cpu or 'not recorded'}) is another, where it was not measured "
+                 "(`bench/cpu_per_sample.py` measures it), so the sum is not held against it here. ")
+    return text + (f"The same part on 16 idle cores is in "
+                   f"[stragglers_idle16_timed.md]({_link(results, 'stragglers_idle16_timed.md')}) and, with what "
+                   f"changed since, [docs/semantics.md]({docs}/semantics.md#defaults-both-off-from-the-measurements).")
+
+
+def _link(directory, name):
+    return name if directory in ("", ".") else f"{directory}/{name}"
+
+
+def summary_md(res, results=".", docs="../../docs"):
+    """The part's Markdown. `results` and `docs`: bench/results and docs/ relative to where it
+    is written (bench/results itself by default)."""
     s, c = res["summary"], res["config"]
     md = ["## 3. Stragglers", "",
           f"3 Leash workers + 1 shard (`bench/straggler_bench.py`), {_rounds_text(res)}; every configuration once per "
@@ -651,14 +679,7 @@ def summary_md(res):
            f"stop fast workers waiting: 1 backup worker {g(tr, 'backup', 'median_over_bsp')}x, proportional work "
            f"{g(tr, 'proportional_s0', 'median_over_bsp')}x at s=0 and {g(tr, 'proportional', 'median_over_bsp')}x "
            "at s=3 (it rebalances within a few clocks of a spell's start and end).",
-           "- *What 2 cores allow.* A solo MLP job takes 18.8 us of CPU per trained sample, all its processes "
-           "together, and the 3 + 1 cluster under proportional work 21.2 us ([cpu_per_sample.md](cpu_per_sample.md), "
-           "2026-12-02): 2 cores train at most about 106k and 94k samples/s of it however the work is arranged. 0.9x "
-           f"the alone-measured sum here is {fmt(need, '.0f')} samples/s, "
-           f"{fmt(need and need / CLUSTER_LIMIT_MLP)}x of what the cluster can train on 2 cores kept busy all the "
-           "time. The same part on 16 idle cores is in "
-           "[stragglers_idle16_timed.md](stragglers_idle16_timed.md) and, with what changed since, "
-           "[docs/semantics.md](../../docs/semantics.md#defaults-both-off-from-the-measurements).", ""]
+           _cores_text(res, need, results, docs), ""]
     failed = [f"{n} (round {x['round'] + 1}): {x['error']}" for n, rs in res["runs"].items() for x in rs if "error" in x]
     if failed:
         md += ["Failed runs (left out of the medians): " + "; ".join(failed), ""]
