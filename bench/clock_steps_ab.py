@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import straggler_bench as S  # noqa: E402
-from common.util import median, write_json  # noqa: E402
+from common.util import median, pyplot, write_json  # noqa: E402
 
 MODES = {"clock": "proportional_s0_clock_steps", "push": "proportional_s0", "bsp": "bsp"}
 
@@ -34,11 +34,8 @@ LABELS = (("push", "a step per push"), ("clock", "clock steps"), ("bsp", "BSP"))
 def plot(runs, path):
     """Samples/s and accuracy of every run, by model and mode (a dot per run, a bar at the
     median). Returns False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     models = list(runs)
     fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 6.5), squeeze=False)

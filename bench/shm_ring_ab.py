@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import replication as R  # noqa: E402
-from common.util import cpu_model, write_json  # noqa: E402
+from common.util import cpu_model, pyplot, write_json  # noqa: E402
 
 FLOATS = 1048576  # 4 MB
 SIZES = (16, 64)  # MiB: the size before, the default
@@ -117,12 +117,8 @@ def write_md(res, out, name):
 
 
 def plot(res, out, name):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot (bash scripts/install-deps.sh bench)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     s = res["summary"]
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.util import free_port, stop, write_json, now  # noqa: E402
+from common.util import free_port, now, pyplot, stop, write_json  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -448,12 +448,8 @@ def summarize(res, out):
     with open(os.path.join(out, "sparse_scale.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("sparse_scale: no matplotlib, no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(res["summary"]))

@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common.util import cpu_budget_us, iperf3_loopback, loads_before, median, spaced, write_json  # noqa: E402
+from common.util import cpu_budget_us, iperf3_loopback, loads_before, median, pyplot, spaced, write_json  # noqa: E402
 
 OPS = ("push", "pull", "pull_in_place")
 FLOATS = 1048576  # 4 MiB of float32 per request
@@ -198,12 +198,8 @@ def main():
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot (scripts/install-deps.sh bench)")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
     meds = [summary["mb_per_s"][n]["median"] for n in names]
