@@ -54,10 +54,8 @@ def pool(runs):
             run_costs.append(s["median_cost"])
         if ratios:
             floors = hop_floors(runs) if key == "push_4KB_p50_us" else []
-            rows.append({"figure": label, "key": key, "rounds": len(ratios), "runs": len(run_costs),
-                         "median_cost": cost(median(ratios), higher),
-                         "least": median(floors) if floors else None,
-                         "run_costs": run_costs, "ratios": ratios})
+            rows.append({"figure": label, "rounds": len(ratios), "median_cost": cost(median(ratios), higher),
+                         "least": median(floors) if floors else None, "run_costs": run_costs})
     return rows
 
 
