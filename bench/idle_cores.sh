@@ -10,6 +10,10 @@
 #   1b. straggler_cnn_ut: the CNN's BSP, proportional work at s=0 and the same with the shard
 #      at --update-threads 4 (its 3136 x 128 layer's updates shared: part of the s=0 clock's
 #      turnaround), and the solo speeds;
+#   1c. straggler_control: the same 3 + 1 MLP with equal workers beside the 3x straggler, in
+#      the same rounds (bench/straggler_control.py, 3 epochs): BSP and proportional work at
+#      s=0 over each one's solo sum, and the time each worker waits at the clock (whether the
+#      fast workers wait for the slow one, or every worker for the shard);
 #   2. 4 MB requests over one connection against two (bench/stripes.py; issue 19's 1.5x
 #      target and striping's default);
 #   3. R=2 against R=1 (bench/replication.py --only cost), where etcd is installed (issue 16),
@@ -29,9 +33,9 @@
 #      at 1 in flight, 4 MB at 8; push, pull and pull in place against the raw rows).
 # Usage: bash bench/idle_cores.sh [BUILD_DIR] [OUT_DIR]     (QUICK=1: a smoke run of each part)
 # Each part's time limit and rounds: STRAGGLER_S, STRAGGLER_ROUNDS, STRIPES_S, STRIPES_ROUNDS,
-# STRIPES_N, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
+# STRIPES_N, CONTROL_ROUNDS, REPLICATION_S, REPLICATION_ROUNDS, UPDATE_S, UPDATE_ROUNDS, UPDATE_THREADS, WIRE_S,
 # WIRE_ROUNDS, NET_S, NET_ROUNDS; PYTHON: the interpreter (numpy; /usr/bin/python3). PARTS: the parts to run,
-# comma-separated (default straggler,straggler_cnn_ut,stripes,replication,replication_ut,
+# comma-separated (default straggler,straggler_cnn_ut,straggler_control,stripes,replication,replication_ut,
 # replication_socket,update_threads,wire_ceiling,net_targets; their limits add up to more than one 10-minute call, so a lent
 # machine takes them in two or three).
 # On a machine without Leash's Debian packages, carry a bundle (bench/bundle.sh) and run this
@@ -49,7 +53,7 @@ mkdir -p "$OUT"
 quick=(); [ "${QUICK:-0}" = 1 ] && quick=(--quick)
 { echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"; echo "cores: $(nproc)"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
 
-PARTS=",${PARTS:-straggler,straggler_cnn_ut,stripes,replication,replication_ut,replication_socket,update_threads,wire_ceiling,net_targets},"
+PARTS=",${PARTS:-straggler,straggler_cnn_ut,straggler_control,stripes,replication,replication_ut,replication_socket,update_threads,wire_ceiling,net_targets},"
 part() {  # name seconds command...: runs it with a time limit, its output in OUT/name.log
   local name=$1 limit=$2; shift 2
   [[ $PARTS == *",$name,"* ]] || { echo "$name: not in PARTS" | tee -a "$OUT/machine.txt"; return; }
@@ -67,6 +71,9 @@ part straggler "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B"
 part straggler_cnn_ut "${STRAGGLER_S:-300}" "$PY" bench/straggler_bench.py --build "$B" --out "$OUT/straggler_cnn_ut" \
   --rounds "${STRAGGLER_ROUNDS:-2}" "${quick[@]}" --only persistent/cnn/bsp,persistent/cnn/proportional_s0,persistent/cnn/solo_alone \
   --modes bsp,proportional_s0,proportional_s0_ut4
+part straggler_control "${STRAGGLER_S:-300}" "$PY" bench/straggler_control.py --build "$B" \
+  --out "$OUT/straggler_control" --models mlp --rounds "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo "${CONTROL_ROUNDS:-3}")" \
+  --epochs "$([ "${QUICK:-0}" = 1 ] && echo 1 || echo 3)"
 part stripes "${STRIPES_S:-120}" "$PY" bench/stripes.py --build "$B" --out "$OUT/stripes" --rounds "${STRIPES_ROUNDS:-1}" --stripes "${STRIPES_N:-2}" \
   --seconds "$([ "${QUICK:-0}" = 1 ] && echo 0.5 || echo "${STRIPES_SECONDS:-2}")"
 if command -v etcd >/dev/null; then

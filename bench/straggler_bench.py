@@ -77,9 +77,20 @@ MODES = {
     "proportional_s0_ut4": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --update-threads 4", 0,
                             ["--global-batch", str(GLOBAL_BATCH)], ["--update-threads", "4"]),
     # The same on 2 cores: at s=0 every worker waits during the shard's turnaround, so its
-    # second core is free to share the MLP's 200K-float fc1 update and the replies' copies.
+    # second core is free to share the copies of the replies a clock releases (3 x 235K floats
+    # into the workers' rings). The MLP's updates are not shared: its largest table (fc1, 200K
+    # floats) is under two ranges' minimum (ps::UpdateThreads::kDefaultMinRange, 128 Ki each).
     "proportional_s0_ut2": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --update-threads 2", 0,
                             ["--global-batch", str(GLOBAL_BATCH)], ["--update-threads", "2"]),
+    # The shard's workers' connections spread over 3 ZeroMQ I/O threads instead of one: at s=0
+    # a clock's three pushes arrive together and its three replies leave together, through one
+    # I/O thread in series where they go over the socket. On one host leash-worker's pulls and
+    # pushes go through shared memory, which the I/O threads do not carry: 4 rounds on 2 cores
+    # (2026-12-02) gave 1.31x BSP with 3 threads against 1.33x with one. For workers on other
+    # hosts (idle_cores.sh's machine, or --no-shm).
+    "proportional_s0_io3": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --io-threads 3", 0,
+                            ["--global-batch", str(GLOBAL_BATCH)], ["--io-threads", "3"]),
+    "bsp_io3": ("BSP (s=0), shard --io-threads 3", 0, [], ["--io-threads", "3"]),
     "backup": ("1 backup worker (s=3, --backup-workers 1)", 3, [], ["--backup-workers", "1"]),
     "ssp_spell": (f"SSP (s={SPELL_STALENESS})", SPELL_STALENESS, [], []),
 }
@@ -734,6 +745,8 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="", help="the persistent modes (default: " + ",".join(PERSISTENT_MODES) + ")")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--epochs", type=int, help="epochs of the persistent part's jobs (default: the suite's, 1): "
+                    "longer jobs, where the end of the job (its last chunks, with fewer workers busy) weighs less")
     ap.add_argument("--factor", type=float, default=FACTOR,
                     help="how much slower w2 computes in the persistent part; 1 is the control (equal workers), "
                     "e.g. to tell what unequal shares of proportional work cost from what the mode costs")
@@ -743,6 +756,8 @@ if __name__ == "__main__":
     cfg["carry"] = []
     if a.rounds:
         cfg["rounds"] = a.rounds
+    if a.epochs:
+        cfg["mlp"], cfg["cnn"] = (cfg["mlp"][0], a.epochs), (cfg["cnn"][0], a.epochs)
     if a.only:
         cfg["only"] = a.only.split(",")
     if a.modes:
