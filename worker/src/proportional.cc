@@ -8,8 +8,14 @@ namespace leash::worker {
 
 void StepRate::Add(int64_t samples, double seconds) {
   if (samples <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  const double r = static_cast<double>(samples) / seconds;
-  rate_ = rate_ == 0 ? r : weight_ * r + (1 - weight_) * rate_;
+  const double n = static_cast<double>(samples);
+  if (seconds_ == 0) {
+    samples_ = n;
+    seconds_ = seconds;
+    return;
+  }
+  samples_ = weight_ * n + (1 - weight_) * samples_;
+  seconds_ = weight_ * seconds + (1 - weight_) * seconds_;
 }
 
 int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback) {

@@ -11,19 +11,25 @@ namespace leash::worker {
 
 // A worker's speed in samples per second of its own work on a batch (forward, backward,
 // and any injected delay), never the time it waits for pulls: a fast worker waiting for
-// others must not look slow. A moving average over iterations that gives the newest
-// `weight` of the say, so a change of speed shows within a few iterations.
+// others must not look slow. Moving averages over iterations of the samples and of the
+// seconds, each giving the newest `weight` of the say, so a change of speed shows within a
+// few iterations; the speed is their ratio. Not an average of each iteration's rate: where
+// a worker's time per sample varies from one iteration to the next (a worker sharing cores,
+// or one whose delay multiplies its compute's jitter), the mean of samples / seconds
+// exceeds samples / mean seconds, and such a worker would get more of each clock's batch
+// than it can train in the others' time.
 class StepRate {
  public:
   explicit StepRate(double weight = 0.5) : weight_(weight) {}
   // One iteration of `samples` that took `seconds`; ignored unless both are positive.
   void Add(int64_t samples, double seconds);
   // 0 before the first iteration.
-  double samples_per_second() const { return rate_; }
+  double samples_per_second() const { return seconds_ > 0 ? samples_ / seconds_ : 0; }
 
  private:
   double weight_;
-  double rate_ = 0;
+  double samples_ = 0;  // moving averages, 0 before the first iteration
+  double seconds_ = 0;
 };
 
 // This worker's batch for a clock: its share `rate / total_rate` of `global_batch`,

@@ -48,11 +48,30 @@ TEST(StepRateTest, FollowsAChangeOfSpeedWithinAFewIterations) {
   r.Add(64, 0);
   EXPECT_DOUBLE_EQ(r.samples_per_second(), 640);
   // The worker becomes 4x slower: within 5 iterations the estimate is within 10% of it
-  // (640, 400, 280, 220, 190, 175).
+  // (seconds 0.25, 0.325, 0.3625, 0.381, 0.391: 256, 197, 177, 168, 164 samples/s).
   for (int i = 0; i < 5; ++i) r.Add(64, 0.4);
   EXPECT_NEAR(r.samples_per_second(), 160, 16);
   // Its batch follows: its share of 192 beside two workers of 640 samples/s each.
-  EXPECT_EQ(ProportionalBatch(192, r.samples_per_second(), r.samples_per_second() + 1280, 64), 23);
+  EXPECT_EQ(ProportionalBatch(192, r.samples_per_second(), r.samples_per_second() + 1280, 64), 22);
+  // And 4x faster again: within 5 iterations within 10% of 640 (256, 366, 465, 539, 587).
+  for (int i = 0; i < 5; ++i) r.Add(64, 0.1);
+  EXPECT_NEAR(r.samples_per_second(), 640, 64);
+}
+
+TEST(StepRateTest, AWorkerWhoseTimePerSampleVariesIsRatedAtWhatItTrains) {
+  // Iterations of 64 samples alternately 0.1 s and 0.3 s: 320 samples/s over any two. An
+  // average of each iteration's rate (640 and 213) would rate it 356-498 samples/s and give
+  // it more of each clock than it trains while the others train theirs.
+  StepRate r;
+  for (int i = 0; i < 20; ++i) r.Add(64, i % 2 == 0 ? 0.1 : 0.3);
+  // The averaged seconds settle at 0.233 after a slow iteration and 0.167 after a fast one.
+  EXPECT_NEAR(r.samples_per_second(), 64 / (0.7 / 3), 0.5);
+  r.Add(64, 0.1);
+  EXPECT_NEAR(r.samples_per_second(), 64 / (0.5 / 3), 0.5);
+  // Batches of different sizes at one speed: the rate is that speed.
+  StepRate sizes;
+  for (int n : {64, 20, 90, 7, 33}) sizes.Add(n, n / 500.0);
+  EXPECT_NEAR(sizes.samples_per_second(), 500, 1e-9);
 }
 
 OptimizerOptions Opt(OptimizerKind kind, float lr, float weight_decay = 0) {
