@@ -86,8 +86,8 @@ MODES = {
     # a clock's three pushes arrive together and its three replies leave together, through one
     # I/O thread in series where they go over the socket. On one host leash-worker's pulls and
     # pushes go through shared memory, which the I/O threads do not carry: 4 rounds on 2 cores
-    # (2026-12-02) gave 1.31x BSP with 3 threads against 1.33x with one. For workers on other
-    # hosts (idle_cores.sh's machine, or --no-shm).
+    # (2026-12-02) gave 1.31x BSP with 3 threads against 1.33x with one. Meant for workers on
+    # other hosts, whose pushes and pulls the I/O threads do carry.
     "proportional_s0_io3": (f"proportional work (s=0, --global-batch {GLOBAL_BATCH}), shard --io-threads 3", 0,
                             ["--global-batch", str(GLOBAL_BATCH)], ["--io-threads", "3"]),
     "bsp_io3": ("BSP (s=0), shard --io-threads 3", 0, [], ["--io-threads", "3"]),
