@@ -26,6 +26,11 @@ import sys
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common.util import pyplot  # noqa: E402
+
 OPS = ("push", "pull", "pull_in_place")
 # (ratio name as the bench writes it or as computed here, target, "le" or "ge")
 # The bench names every 256 KB ratio "_plus_update", but adds the update to the bound for a
@@ -119,10 +124,8 @@ def main():
                   + ", ".join(f"{v:.2f}" for v in s["per_round"]) + " |")
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is not None:
         names = list(summary)
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for i, n in enumerate(names):
@@ -135,8 +138,6 @@ def main():
         ax.set_title(f"Issue 19's socket targets, {a.rounds} rounds")
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, a.name + ".png"), dpi=110)
-    except ImportError:
-        print("matplotlib missing: no plot (bash scripts/install-deps.sh bench)", file=sys.stderr)
     print("\n".join(md))
 
 

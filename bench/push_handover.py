@@ -26,6 +26,11 @@ import sys
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common.util import pyplot  # noqa: E402
+
 SIZES = {1024: "4 KB", 65536: "256 KB", 1048576: "4 MB"}
 
 
@@ -141,10 +146,8 @@ def main():
         json.dump(result, f, indent=1)
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
         f.write("\n".join(md))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(8, 4))
         labels = [f"{c['size']}\n{c['inflight']} in flight\n({'p50' if c['inflight'] == 1 else 'MB/s'})"
                   for c in result["cells"]]
@@ -157,8 +160,6 @@ def main():
         ax.set_title("Push of a shared_ptr against Push(const float*), same run, interleaved")
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, a.name + ".png"), dpi=110)
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
     print("\n".join(md))
 
 

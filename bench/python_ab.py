@@ -26,6 +26,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common.util import pyplot  # noqa: E402
 
 
 def one(a, side, tmp, tag):
@@ -136,10 +139,8 @@ def main():
                  ", ".join(f"{x['load_average']:.1f}" for x in runs["b"]) + ".")
     with open(base + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is not None:
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
         for ax, (k, label) in zip(axes, [FIGURES[0], FIGURES[2], FIGURES[3]]):
             for s, c in (("a", "tab:gray"), ("b", "tab:blue")):
@@ -151,8 +152,6 @@ def main():
         axes[0].legend()
         fig.tight_layout()
         fig.savefig(base + ".png", dpi=90)
-    except ImportError:
-        pass
     print("\n".join(lines))
 
 
