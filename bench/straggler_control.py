@@ -86,7 +86,7 @@ def ratios(round_rows):
         for f in FACTORS:
             k = f"f{f}/{m}"
             out[k] = {"over_solo_alone": [], "over_solo_contended": [], "accuracy": [], "samples_per_second": [],
-                      "fast_wait_us": [], "slow_wait_us": []}
+                      "fast_wait_us": [], "slow_wait_us": [], "accuracy_minus_bsp_points": []}
         out[f"f3/{m}"].update({"straggler_cost": [], "straggler_cost_contended": [], "over_capacity": []})
     out["control_bsp_over_target"] = []
     for rr in round_rows:
@@ -103,6 +103,9 @@ def ratios(round_rows):
                 sps = v["samples_per_second"]
                 o["samples_per_second"].append(sps)
                 o["accuracy"].append(v["accuracy"])
+                bsp = row.get("bsp")
+                if bsp and bsp["accuracy"] is not None and v["accuracy"] is not None:
+                    o["accuracy_minus_bsp_points"].append((v["accuracy"] - bsp["accuracy"]) * 100)
                 if row["solo_sum_alone"]:
                     o["over_solo_alone"].append(sps / row["solo_sum_alone"])
                 if row["solo_sum_contended"]:
@@ -168,6 +171,10 @@ def summary_md(res):
                   f"**{med(r['control_bsp_over_target'])}** ({spaced(r['control_bsp_over_target'])}): below 1, "
                   "three workers at full speed, with no straggler and more compute, train less than the target asks "
                   "of the cluster with a straggler.",
+                  f"- Accuracy after equal samples, proportional s=0 minus BSP in the same invocation: with the "
+                  f"straggler {med(p['accuracy_minus_bsp_points'])} points ({spaced(p['accuracy_minus_bsp_points'])}), "
+                  f"with equal workers {med(r['f1/proportional_s0']['accuracy_minus_bsp_points'])} "
+                  f"({spaced(r['f1/proportional_s0']['accuracy_minus_bsp_points'])}).",
                   f"- Waiting for the straggler: under BSP the fast workers wait {med(b['fast_wait_us'], '.0f')} µs "
                   f"per iteration against its {med(b['slow_wait_us'], '.0f')}; under proportional work "
                   f"{med(p['fast_wait_us'], '.0f')} against {med(p['slow_wait_us'], '.0f')}.", ""]
