@@ -8,14 +8,9 @@ namespace leash::worker {
 
 void StepRate::Add(int64_t samples, double seconds) {
   if (samples <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  const double n = static_cast<double>(samples);
-  if (seconds_ == 0) {
-    samples_ = n;
-    seconds_ = seconds;
-    return;
-  }
-  samples_ = weight_ * n + (1 - weight_) * samples_;
-  seconds_ = weight_ * seconds + (1 - weight_) * seconds_;
+  const double w = seconds_ == 0 ? 1 : weight_;  // the first iteration is the whole average
+  samples_ = w * static_cast<double>(samples) + (1 - w) * samples_;
+  seconds_ = w * seconds + (1 - w) * seconds_;
 }
 
 int64_t ProportionalBatch(int64_t global_batch, double rate, double total_rate, int64_t fallback) {
