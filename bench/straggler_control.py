@@ -237,10 +237,11 @@ def main():
     loads = [rr[k].get("load_before") for m in models for rr in res["rows"][m] for k in rr if "error" not in rr[k]]
     res["loads"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
     write_json(path, res)
+    md = summary_md(res)
     with open(os.path.join(a.out, "straggler_control.md"), "w") as f:
-        f.write(summary_md(res))
+        f.write(md)
     plot(res, a.out)
-    print(summary_md(res))
+    print(md)
 
 
 if __name__ == "__main__":
